@@ -1,0 +1,35 @@
+# The README's two commands: `make demo` and `make test`.  Both build .venv from the repo's own
+# files (CPU torch pinned by constraints.txt) on a fresh clone with only Python 3.11 present.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.torchprof-installed
+export DS_BUILD_OPS := 0
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test lint bench setup clean
+
+$(STAMP): setup.py constraints.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -c constraints.txt torch
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python integrations/demo/run_demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) prof demo_output

@@ -1,0 +1,41 @@
+"""Packaging for torchprof-args.  torch is a dependency but never pinned: users bring their own
+(CUDA) build.  The repository's Makefile pins the CPU build for its own demo and CI."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+EXTRAS = {
+    "wandb": ["wandb>=0.16"],
+    "tensorboard": ["tensorboard>=2.12"],
+    "deepspeed": ["deepspeed>=0.14"],
+    "megatron": ["megatron-core>=0.9"],
+    "analysis": ["isal>=1.6"],
+    "pyspy": ["py-spy>=0.3.14"],
+}
+EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+EXTRAS["dev"] = EXTRAS["all"] + [
+    "pytest>=7",
+    "pytest-timeout>=2.1",
+    "ruff>=0.4",
+    "HolisticTraceAnalysis>=0.2",
+    "psutil>=5.9",
+]
+
+setup(
+    name="torchprof-args",
+    version="0.1.0",
+    description=(
+        "Command-line profiling for large-model training: --torch-profile-* flags, "
+        "NCCL-timeout-safe trace flushing, step timers on wandb, fast multi-GB trace tools."
+    ),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["torchprof_args", "torchprof_args.*"]),
+    package_data={"torchprof_args": ["py.typed", "assets/*"]},
+    install_requires=["torch", "msgspec>=0.18", "numpy", "tqdm"],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["torchprof=torchprof_args.console:main"]},
+    classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
+)

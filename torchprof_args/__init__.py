@@ -1,0 +1,31 @@
+"""torchprof-args: production profiling for large-model training from the command line.
+
+``import torchprof_args`` is light: it does not import torch, wandb, deepspeed or megatron.
+Heavier parts load on first use through :func:`__getattr__`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from torchprof_args.flags import TorchProfileArgsError, add_torch_profile_args, validate_args
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it (loaded lazily).
+_LAZY = {
+    "TorchProfiler": "torchprof_args.profiler",
+    "ProfileSchedule": "torchprof_args.schedule",
+}
+
+__all__ = ["TorchProfileArgsError", "add_torch_profile_args", "validate_args", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'torchprof_args' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
