@@ -288,6 +288,14 @@ PROFILE_FLAGS = FlagGroup(
             default_doc="auto",
         ),
         Flag(
+            "--torch-profile-export",
+            "How the trace leaves the training process: 'fork' serialises it in a forked child "
+            "(the training thread pays only for stop()); 'inline' serialises it on the training "
+            "thread. Compression and publishing always run in a separate process.",
+            default="fork",
+            choices=("fork", "inline"),
+        ),
+        Flag(
             "--torch-profile-flush-timeout",
             "Seconds all ranks may wait at the flush barrier (a dedicated gloo group, not NCCL).",
             default=1800.0,
