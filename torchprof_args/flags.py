@@ -294,6 +294,7 @@ PROFILE_FLAGS = FlagGroup(
             "thread. Compression and publishing always run in a separate process.",
             default="fork",
             choices=("fork", "inline"),
+            metavar="MODE",
         ),
         Flag(
             "--torch-profile-flush-timeout",

@@ -1,0 +1,53 @@
+"""Shared test helpers: repository paths and a real ``torchrun`` launcher."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def find_shared_dir() -> Path | None:
+    """``shared/`` beside the checkout (CI: a fresh clone with shared/ next to it)."""
+    for parent in REPO.parents:
+        candidate = parent / "shared"
+        if (candidate / "traces").is_dir():
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra)
+    return env
+
+
+def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 300,
+                 cwd: str | Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=subprocess_env(**env), cwd=cwd)
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    shared = find_shared_dir()
+    if shared is None:
+        pytest.skip("shared/traces not found beside the checkout")
+    return shared

@@ -1,0 +1,99 @@
+"""A 2-rank job whose trace flush on rank 0 is slow, with a short collective timeout.
+
+``--mode stock`` profiles rank 0 with ``torch.profiler`` and the stock
+``tensorboard_trace_handler(use_gzip=True)``; ``--mode torchprof`` uses ``TorchProfiler`` with the
+same schedule and options.  Every iteration ends with an all-reduce (like gradient sync), so a
+rank that spends longer than ``--pg-timeout`` flushing makes the other rank's collective time out.
+
+Prints one ``RESULT {json}`` line per rank with the per-iteration wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "integrations" / "demo"))
+from model import TinyGPT, synthetic_batches  # noqa: E402
+
+from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("stock", "torchprof", "none"), required=True)
+    parser.add_argument("--pg-timeout", type=float, default=3.0)
+    parser.add_argument("--iters", type=int, default=6)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=64)
+    add_torch_profile_args(parser)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=256, hidden=args.hidden, layers=args.layers, heads=4, seq_len=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = synthetic_batches(256, 32, 4, seed=rank)
+    grad_sync = torch.zeros(1024)
+
+    def train_step() -> None:
+        tokens, targets = next(batches)
+        loss = torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 256), targets.reshape(-1))
+        loss.backward()
+        dist.all_reduce(grad_sync)  # the collective a slow flush makes the other rank wait in
+        optimizer.step()
+        optimizer.zero_grad()
+
+    times: list[float] = []
+    if args.mode == "stock":
+        schedule = torch.profiler.schedule(
+            wait=args.torch_profile_wait or 0, warmup=args.torch_profile_warmup or 1,
+            active=args.torch_profile_active or 1, repeat=args.torch_profile_repeat or 1,
+            skip_first=args.torch_profile_skip_first or 1,
+        )
+        profiler = None
+        if rank == 0:
+            profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True),
+                record_shapes=args.torch_profile_record_shapes, profile_memory=args.torch_profile_profile_memory,
+                with_stack=args.torch_profile_with_stack,
+            )
+            profiler.start()
+        for _ in range(args.iters):
+            started = time.perf_counter()
+            train_step()
+            if profiler is not None:
+                profiler.step()
+            times.append(time.perf_counter() - started)
+        if profiler is not None:
+            profiler.stop()
+    else:
+        if args.mode == "none":
+            args.torch_profile = False
+        with TorchProfiler.from_args(args) as prof:
+            for iteration in range(1, args.iters + 1):
+                started = time.perf_counter()
+                train_step()
+                prof.step(iteration)
+                times.append(time.perf_counter() - started)
+    dist.barrier()
+    print("RESULT " + json.dumps({"rank": rank, "mode": args.mode, "times": times,
+                                  "traces": sorted(os.listdir(args.torch_profile_dir))
+                                  if args.torch_profile_dir and os.path.isdir(args.torch_profile_dir) else []}),
+          flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

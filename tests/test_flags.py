@@ -1,0 +1,173 @@
+"""The flag plugin: parsing, single-flag errors, cross-flag validation, host parsers, docs."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, subprocess_env
+
+from torchprof_args import TorchProfileArgsError, add_torch_profile_args, validate_args
+from torchprof_args.flags import flag_table_markdown, resolve_profile_dir
+from torchprof_args.flags_command import BEGIN_MARKER, END_MARKER
+
+
+def parse(*argv: str, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    return add_torch_profile_args(parser or argparse.ArgumentParser()).parse_args(list(argv))
+
+
+def test_defaults_and_seed_flag_block(tmp_path):
+    args = parse(
+        "--tensorboard-dir", str(tmp_path), "--torch-profile", "--torch-profile-wait", "0",
+        "--torch-profile-ranks", "0", "1", "--torch-profile-warmup", "1", "--torch-profile-active", "1",
+        "--torch-profile-repeat", "1", "--torch-profile-skip-first", "1", "--torch-profile-with-flops",
+        "--torch-profile-profile-memory", "--torch-profile-with-stack", "--torch-profile-with-modules",
+    )
+    validate_args(args, world_size=2)
+    assert args.torch_profile and args.torch_profile_ranks == [0, 1]
+    assert (args.torch_profile_wait, args.torch_profile_warmup, args.torch_profile_active) == (0, 1, 1)
+    assert args.torch_profile_with_flops and args.torch_profile_with_modules
+    assert not args.torch_profile_record_shapes
+    assert resolve_profile_dir(args) == str(tmp_path)  # --tensorboard-dir is the default output dir
+
+
+def test_schedule_defaults_filled_by_validation():
+    args = validate_args(parse(), world_size=1)
+    assert (args.torch_profile_wait, args.torch_profile_warmup, args.torch_profile_active,
+            args.torch_profile_repeat, args.torch_profile_skip_first) == (0, 1, 1, 1, 1)
+    assert resolve_profile_dir(args) == "./prof"
+    assert args.torch_profile_gzip and args.torch_profile_export == "fork"
+
+
+def test_ranks_accept_all():
+    assert parse("--torch-profile-ranks", "all").torch_profile_ranks == ["all"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "words"),
+    [
+        (["--torch-profile-wait", "-1"], "--torch-profile-wait", "must be >= 0"),
+        (["--torch-profile-active", "0"], "--torch-profile-active", "must be >= 1"),
+        (["--torch-profile-warmup", "two"], "--torch-profile-warmup", "whole number"),
+        (["--torch-profile-ranks", "0", "-3"], "--torch-profile-ranks", "ranks must be >= 0"),
+        (["--torch-profile-ranks", "zero"], "--torch-profile-ranks", "'all'"),
+        (["--torch-profile-flush-timeout", "0"], "--torch-profile-flush-timeout", "must be > 0"),
+        (["--torch-profile-gzip-level", "11"], "--torch-profile-gzip-level", "between 1 and 9"),
+        (["--torch-profile-activities", "tpu"], "--torch-profile-activities", "invalid choice"),
+    ],
+)
+def test_single_flag_errors_fail_in_parse_args(argv, flag, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:")
+    assert f"error: argument {flag}" in err and words in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--torch-profile-step-start", "10", "--torch-profile-step-end", "10"],
+         "--torch-profile-step-end (10) must be greater than --torch-profile-step-start (10)"),
+        (["--torch-profile-step-end", "10"], "--torch-profile-step-end needs --torch-profile-step-start"),
+        (["--torch-profile-step-start", "5", "--torch-profile-wait", "2"],
+         "cannot be combined with --torch-profile-wait"),
+        (["--torch-profile-step-start", "5", "--torch-profile-step-end", "8", "--torch-profile-active", "2"],
+         "--torch-profile-active cannot be combined with --torch-profile-step-end"),
+        (["--torch-profile", "--torch-profile-ranks", "0", "5"], "--torch-profile-ranks 5 outside the world size 4"),
+        (["--torch-profile", "--torch-profile-ranks", "all", "1"], "either 'all' or rank numbers"),
+    ],
+)
+def test_cross_flag_errors_name_the_flags(argv, words):
+    with pytest.raises(TorchProfileArgsError) as err:
+        validate_args(parse(*argv), world_size=4)
+    assert words in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_unwritable_output_dir_is_reported(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(TorchProfileArgsError, match=r"--torch-profile-dir .*cannot be created"):
+        validate_args(parse("--torch-profile", "--torch-profile-dir", str(blocker / "prof")), world_size=1)
+    with pytest.raises(TorchProfileArgsError, match="--torch-profile-staging-dir"):
+        validate_args(parse("--torch-profile", "--torch-profile-dir", str(tmp_path / "ok"),
+                            "--torch-profile-staging-dir", str(blocker / "stage")), world_size=1)
+
+
+def test_directory_checks_only_when_enabled(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    validate_args(parse("--torch-profile-dir", str(blocker / "prof")), world_size=1)
+
+
+def megatron_like_parser() -> argparse.ArgumentParser:
+    """The Megatron-LM options this plugin must not clash with (megatron/training/arguments.py)."""
+    parser = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
+    group = parser.add_argument_group(title="profiling")
+    group.add_argument("--profile", action="store_true")
+    group.add_argument("--use-pytorch-profiler", action="store_true")
+    group.add_argument("--profile-ranks", nargs="+", type=int, default=[0])
+    group.add_argument("--profile-step-start", type=int, default=10)
+    group.add_argument("--profile-step-end", type=int, default=12)
+    logging_group = parser.add_argument_group(title="logging")
+    logging_group.add_argument("--tensorboard-dir", type=str, default=None)
+    logging_group.add_argument("--log-interval", type=int, default=100)
+    return parser
+
+
+def test_megatron_extra_args_provider_reuses_host_options(tmp_path):
+    parser = add_torch_profile_args(megatron_like_parser())  # what extra_args_provider does
+    args = parser.parse_args([
+        "--profile", "--profile-ranks", "3", "--profile-step-start", "4", "--tensorboard-dir", str(tmp_path),
+        "--torch-profile", "--torch-profile-ranks", "0", "1", "--torch-profile-step-start", "7",
+    ])
+    assert args.profile and args.profile_ranks == [3] and args.profile_step_start == 4
+    assert args.torch_profile_ranks == [0, 1] and args.torch_profile_step_start == 7
+    validate_args(args, world_size=2)
+    assert resolve_profile_dir(args) == str(tmp_path)
+    # --tensorboard-dir is defined once, by the host; the plugin added no second definition.
+    assert sum("--tensorboard-dir" in action.option_strings for action in parser._actions) == 1
+
+
+def test_no_abbreviation_clash_with_allow_abbrev_false(capsys):
+    parser = add_torch_profile_args(megatron_like_parser())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--torch-prof"])  # abbreviations are refused, not guessed
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_beside_deepspeed_config_arguments():
+    deepspeed = pytest.importorskip("deepspeed")
+    parser = add_torch_profile_args(deepspeed.add_config_arguments(argparse.ArgumentParser()))
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", "ds.json", "--torch-profile"])
+    assert args.deepspeed and args.deepspeed_config == "ds.json" and args.torch_profile
+
+
+def test_adding_twice_is_harmless():
+    parser = add_torch_profile_args(add_torch_profile_args(argparse.ArgumentParser()))
+    assert parser.parse_args(["--torch-profile"]).torch_profile
+
+
+def test_readme_flag_table_is_generated_from_the_registry():
+    readme = (REPO / "README.md").read_text()
+    table = readme.split(BEGIN_MARKER, 1)[1].split(END_MARKER, 1)[0].strip()
+    assert table == flag_table_markdown().strip(), "run: torchprof flags --update-readme README.md"
+
+
+def test_import_is_light():
+    code = ("import sys, torchprof_args, torchprof_args.console; "
+            "heavy = [m for m in ('torch', 'wandb', 'deepspeed', 'megatron') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_console_flags_command():
+    result = subprocess.run([sys.executable, "-m", "torchprof_args", "flags"], capture_output=True, text=True,
+                            env=subprocess_env())
+    assert result.returncode == 0
+    assert "--torch-profile-step-start" in result.stdout and "torch profiler" in result.stdout
