@@ -30,7 +30,8 @@ from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("stock", "torchprof", "none"), required=True)
+    parser.add_argument("--mode", choices=("stock", "floor", "torchprof", "none"), required=True,
+                        help="floor: torch.profiler whose trace handler does nothing (stop() alone)")
     parser.add_argument("--pg-timeout", type=float, default=3.0)
     parser.add_argument("--iters", type=int, default=6)
     parser.add_argument("--layers", type=int, default=8)
@@ -54,7 +55,7 @@ def main() -> int:
         optimizer.zero_grad()
 
     times: list[float] = []
-    if args.mode == "stock":
+    if args.mode in ("stock", "floor"):
         schedule = torch.profiler.schedule(
             wait=args.torch_profile_wait or 0, warmup=args.torch_profile_warmup or 1,
             active=args.torch_profile_active or 1, repeat=args.torch_profile_repeat or 1,
@@ -64,7 +65,8 @@ def main() -> int:
         if rank == 0:
             profiler = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
-                on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True),
+                on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True)
+                if args.mode == "stock" else (lambda _prof: None),
                 record_shapes=args.torch_profile_record_shapes, profile_memory=args.torch_profile_profile_memory,
                 with_stack=args.torch_profile_with_stack,
             )

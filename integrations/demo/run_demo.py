@@ -1,0 +1,73 @@
+"""``make demo``: a 2-rank CPU training job of a small GPT with the seed's profiling flag block.
+
+Launches ``torchrun --nproc_per_node 2 integrations/demo/train_lm.py`` (gloo), then prints where
+the traces and summaries went and how to open them.  Extra arguments are passed to the trainer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OUTPUT = REPO / "demo_output"
+
+SEED_FLAG_BLOCK = [
+    "--torch-profile",
+    "--torch-profile-ranks", "0", "1",
+    "--torch-profile-wait", "0",
+    "--torch-profile-warmup", "1",
+    "--torch-profile-active", "1",
+    "--torch-profile-repeat", "1",
+    "--torch-profile-skip-first", "1",
+    "--torch-profile-with-flops",
+    "--torch-profile-profile-memory",
+    "--torch-profile-with-stack",
+    "--torch-profile-with-modules",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str]) -> int:
+    if OUTPUT.exists():
+        shutil.rmtree(OUTPUT)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}", str(HERE / "train_lm.py"), "--train-iters", "10",
+        "--tensorboard-dir", str(OUTPUT / "tensorboard"), *SEED_FLAG_BLOCK, *argv,
+    ]
+    print("$ " + " ".join(command[2:]), flush=True)
+    code = subprocess.run(command, cwd=REPO).returncode
+    if code != 0:
+        print(f"demo: the training job failed with exit code {code}", file=sys.stderr)
+        return code
+    traces = sorted((OUTPUT / "tensorboard").glob("*.pt.trace.json*"))
+    summaries = sorted((OUTPUT / "tensorboard").glob("*.profiler_list.dat"))
+    print("\n=== torchprof-args demo finished ===")
+    print(f"traces ({len(traces)}):")
+    for trace in traces:
+        print(f"  {trace.relative_to(REPO)}  ({trace.stat().st_size / 1e6:.1f} MB)")
+    if summaries:
+        print(f"per-rank operator summaries ({len(summaries)}):")
+        for summary in summaries:
+            print(f"  {summary.relative_to(REPO)}")
+    print("\nhow to open them:")
+    print("  Perfetto UI: open https://ui.perfetto.dev and drag a .pt.trace.json.gz file onto it")
+    print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")
+    print("  TensorBoard: pip install torch-tb-profiler tensorboard; "
+          f"tensorboard --logdir {(OUTPUT / 'tensorboard').relative_to(REPO)}")
+    print(f"  summary:     torchprof summary {(OUTPUT / 'tensorboard').relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
