@@ -21,7 +21,7 @@ from torchprof_args._pyspy_parse import NATIVE, PROCESS, PYTHON, THREAD, Frame, 
 
 WIDTH = 1200
 ROW = 17
-TOP = 44
+TOP = 50
 FONT_CHAR_PX = 7.0  # average width of a 12px monospace glyph
 
 
@@ -188,7 +188,7 @@ def render_svg(root: Node, title: str, min_fraction: float = 0.0002, for_html: b
         emit(root, 0.0, 0)
     finally:
         sys.setrecursionlimit(limit)
-    height = TOP + (max_depth + 1) * ROW + 30
+    height = TOP + (max_depth + 1) * ROW + 10
     script = _SCRIPT % {"width": WIDTH, "char": repr(FONT_CHAR_PX)}
     head = "" if for_html else '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
     parts = [
@@ -202,8 +202,8 @@ def render_svg(root: Node, title: str, min_fraction: float = 0.0002, for_html: b
         f'<text id="fg-title" x="{WIDTH / 2}" y="22" text-anchor="middle">{_esc(title)}</text>',
         '<text id="fg-unzoom" class="ctl" x="10" y="22" style="display:none">Reset zoom</text>',
         f'<text id="fg-search" class="ctl" x="{WIDTH - 10}" y="22" text-anchor="end">Search</text>',
-        f'<text id="fg-matched" x="{WIDTH - 10}" y="{height - 10}" text-anchor="end"> </text>',
-        f'<text id="fg-details" x="10" y="{height - 10}"> </text>',
+        f'<text id="fg-matched" x="{WIDTH - 10}" y="{TOP - 6}" text-anchor="end"> </text>',
+        f'<text id="fg-details" x="10" y="{TOP - 6}"> </text>',
         *rows,
     ]
     if not for_html:
