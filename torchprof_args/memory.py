@@ -40,6 +40,7 @@ logger = get_logger("torchprof_args.memory")
 #: Python stacks at the default).
 DEFAULT_MAX_ENTRIES = 100_000
 SNAPSHOT_SUBDIR = "memory_snapshots"
+_DUMPED_MARK = "_torchprof_memory_snapshot_written"
 
 
 def snapshot_file_name(host: str, rank: int, iteration: int, reason: str | None = None) -> str:
@@ -92,9 +93,11 @@ class _Guard(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is not None and self._owner._is_oom(exc):
+        if exc is not None and self._owner._is_oom(exc) and not getattr(exc, _DUMPED_MARK, False):
             iteration = self._iteration if self._iteration is not None else self._owner.next_iteration
             self._owner.on_oom(iteration)
+            with contextlib.suppress(AttributeError):
+                setattr(exc, _DUMPED_MARK, True)  # nested guards dump once
         return False  # never swallow the error
 
 
