@@ -310,3 +310,50 @@ def test_report_rows_pick_leaf_and_library_frame() -> None:
     assert {r.library_function_path for r in by_torch} == {"site-packages/torch/nn/modules/linear.py"}
     merged = report_rows(parse_raw_text(text), library="torch", aggregate_leaf_paths=True)
     assert [(r.name, r.samples) for r in merged] == [("forward", 10)]
+
+
+@needs_py_spy
+def test_sigterm_to_the_wrapper_still_writes_the_profile_and_stops_the_command(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "long.py"
+    script.write_text(
+        "import os, sys, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "t = time.time()\n"
+        "while time.time() - t < 60: pass\n"
+    )
+    out_dir = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchprof_args", "pyspy", "record", "-o", str(out_dir), "--",
+         sys.executable, str(script)],
+        env=_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.time() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.time() < deadline, "the profiled command did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # let py-spy take some samples
+        proc.send_signal(signal.SIGTERM)  # like a job script's `kill`, to the wrapper only
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    (profile,) = out_dir.iterdir()
+    assert "<module> (" in profile.read_text()
+    child = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while True:  # the command got SIGTERM when py-spy's launcher went away
+        try:
+            os.kill(child, 0)
+            status = Path(f"/proc/{child}/status").read_text()
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        if re.search(r"^State:\s+Z", status, re.M):  # exited, not yet reaped by init
+            break
+        assert time.time() < deadline, "the profiled command outlived py-spy"
+        time.sleep(0.1)

@@ -25,13 +25,27 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _die_with_parent() -> None:
+    """In the command's process: get SIGTERM if this launcher dies.  py-spy kills the process it
+    started (this launcher) when it is stopped with Ctrl-C, as it would kill CMD itself without
+    the launcher in between; the command must not outlive it unnoticed."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the command may outlive py-spy
+        pass
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: _pyspy_child.py STATUS_FILE -- CMD...", file=sys.stderr)
         return 2
     status_file, command = argv[0], argv[2:]
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, preexec_fn=_die_with_parent)
     except OSError as err:
         print(f"torchprof pyspy: cannot start {command[0]!r}: {err.strerror or err}", file=sys.stderr)
         code = 127

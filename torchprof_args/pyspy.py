@@ -185,8 +185,14 @@ def _run_record(args: argparse.Namespace) -> int:
 
     # Ctrl-C reaches py-spy (which then writes its file) and the command by themselves; we wait.
     # A SIGTERM sent to us alone (a job script's `kill`) asks py-spy to stop and write.
-    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    previous_term = signal.signal(signal.SIGTERM, lambda *_: spy.send_signal(signal.SIGINT))
+    interrupted: list[int] = []
+
+    def on_term(signum: int, _frame: object) -> None:
+        interrupted.append(signum)
+        spy.send_signal(signal.SIGINT)
+
+    previous_int = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
+    previous_term = signal.signal(signal.SIGTERM, on_term)
     try:
         spy_code = spy.wait()
     finally:
@@ -203,7 +209,10 @@ def _run_record(args: argparse.Namespace) -> int:
             os.remove(partial)
         print(f"torchprof pyspy: py-spy wrote no samples (py-spy exit code {spy_code}).", file=sys.stderr)
     if child_code is None:
-        # The launcher never ran to completion (py-spy could not start it, or was killed).
+        # The launcher did not finish: py-spy was interrupted (it then kills what it started),
+        # could not start it, or died.
+        if interrupted:
+            return 128 + interrupted[0]
         return spy_code if spy_code != 0 else 1
     return child_code
 
