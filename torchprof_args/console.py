@@ -14,6 +14,8 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.flags_command",
+    "torchprof_args.pyspy",
+    "torchprof_args.nsys",
 )
 
 
