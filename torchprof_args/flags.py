@@ -428,6 +428,12 @@ def _world_size() -> int | None:
     return int(env) if env and env.isdigit() else None
 
 
+def any_profiling_feature(args: argparse.Namespace) -> bool:
+    """Whether a flag that follows the schedule is on (traces, memory snapshots, nsys ranges)."""
+    return any(getattr(args, name, False) for name in
+               ("torch_profile", "torch_profile_memory_snapshot", "torch_profile_nsys"))
+
+
 def resolve_profile_dir(args: argparse.Namespace) -> str:
     """``--torch-profile-dir``, else ``--tensorboard-dir`` when set, else ``./prof``."""
     explicit = getattr(args, "torch_profile_dir", None)
@@ -496,7 +502,10 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
         if getattr(args, attr, None) is None:
             setattr(args, attr, default)
 
-    if not getattr(args, "torch_profile", False):
+    from torchprof_args.memory import check_memory_snapshot_args
+
+    check_memory_snapshot_args(args)
+    if not any_profiling_feature(args):
         return args
 
     world_size = world_size if world_size is not None else _world_size()

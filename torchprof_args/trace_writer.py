@@ -146,6 +146,7 @@ def publish(job: PublishJob) -> dict[str, Any]:
     try:
         status["raw_mb"] = staged.stat().st_size / 1e6
         trace_path = Path(job.trace_path)
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
         _copy_compressed(staged, trace_path, job.gzip_level)
         status["trace_mb"] = trace_path.stat().st_size / 1e6
         status["publish_seconds"] = time.perf_counter() - started
