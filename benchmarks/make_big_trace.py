@@ -53,7 +53,7 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
     head = {k: v for k, v in doc.items()}
     target = int(size_mb * 1e6)
     tmp = out.with_name(out.name + ".tmp")
-    opener = gzip.open(tmp, "wb", compresslevel=1) if compress else open(tmp, "wb")
+    opener = gzip.open(tmp, "wb", compresslevel=1) if compress else open(tmp, "wb")  # noqa: SIM115
     written = 0
     with opener as fh:
 

@@ -7,6 +7,7 @@ sorted by rank), and flow ids are made unique per rank.  Every event of every ra
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -103,10 +104,8 @@ def merge_traces(directory: str | Path, output: str | Path, progress: bool = Fal
                     pid = e.get("pid", 0)
                     e["pid"] = new_pid(pid)
                     if "ts" in e:
-                        try:
+                        with contextlib.suppress(TypeError, ValueError):
                             e["ts"] = round(float(e["ts"]) + shift_us, 3)
-                        except (TypeError, ValueError):
-                            pass
                     if isinstance(e.get("id"), int):
                         e["id"] = e["id"] * n + slot
                     if e.get("ph") == "M":

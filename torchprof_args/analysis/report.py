@@ -64,7 +64,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def render_report(summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
-    ranked = sorted(zip(summaries, view["ranks"]), key=lambda p: p[1]["rank"])
+    ranked = sorted(zip(summaries, view["ranks"], strict=False), key=lambda p: p[1]["rank"])
     labels = [f"rank {r['rank']}" for _, r in ranked]
     ms = [(r["step_mean_us"] or 0) / 1e3 for _, r in ranked]
     slow_index = next((i for i, (_, r) in enumerate(ranked) if r["rank"] == view.get("slowest_rank")), None)

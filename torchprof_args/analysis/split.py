@@ -152,7 +152,7 @@ def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = No
         for raws in TraceStream(path).batches(_raw.decode):
             pieces = piece_of[ordinal : ordinal + len(raws)]
             ordinal += len(raws)
-            for raw, k in zip(raws, pieces.tolist()):
+            for raw, k in zip(raws, pieces.tolist(), strict=False):
                 if k < 0:
                     continue
                 fh = handles[k]
@@ -165,12 +165,12 @@ def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = No
         for fh in handles:
             fh.write(b"\n]}\n")
     except BaseException:
-        for fh, tmp in zip(handles, temps):
+        for fh, tmp in zip(handles, temps, strict=False):
             fh.close()
             tmp.unlink(missing_ok=True)
         raise
     for fh in handles:
         fh.close()
-    for tmp, final in zip(temps, finals):
+    for tmp, final in zip(temps, finals, strict=False):
         os.replace(tmp, final)
     return finals
