@@ -33,7 +33,7 @@ try:  # isal is several times faster than zlib and reads the same format.
 except ImportError:  # pragma: no cover - isal is an optional extra
     _gzip_impl = gzip  # type: ignore[assignment]
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 4 << 20
 #: files at least this large get a progress bar when the caller asks for one.
 PROGRESS_MIN_BYTES = 64 << 20
 _GZIP_MAGIC = b"\x1f\x8b"

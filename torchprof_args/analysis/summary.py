@@ -188,38 +188,47 @@ def _top_kernels(trace: Trace, mask: np.ndarray, top: int) -> list[dict[str, Any
 
 
 def _cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
-    """Nesting of CPU events per thread: parent index and depth (vectorised, no per-event loop)."""
+    """Nesting of CPU events per thread: parent index and depth (vectorised, no per-event loop).
+
+    Events are sorted by (thread, start, longest first); an event's depth is the number of
+    earlier events of its thread still open at its start, its parent the closest earlier event
+    one level up.  Arrays are int32 and temporaries are freed early: this runs on millions of ops.
+    """
     cached = trace._cache.get("cpu_tree")
     if cached is not None:
         return cached
-    idx = np.flatnonzero(np.isin(trace.cat_id, _ids(trace.cats, CPU_OP_CATS)) & (trace.stream == -1))
-    thread = trace.thread_id[idx]
-    ts = trace.ts[idx]
-    end = ts + np.maximum(trace.dur[idx], 0.0)
-    order = np.lexsort((-end, ts, thread))
-    idx, thread, ts, end = idx[order], thread[order], ts[order], end[order]
+    idx = np.flatnonzero(np.isin(trace.cat_id, _ids(trace.cats, CPU_OP_CATS)) & (trace.stream == -1)).astype(np.int32)
     n = len(idx)
-    parent = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int32)
+    depth = np.zeros(n, dtype=np.int32)
     if n:
+        ts = trace.ts[idx]
+        end = ts + np.maximum(trace.dur[idx], 0.0)
+        thread = trace.thread_id[idx]
+        order = np.lexsort((-end, ts, thread))
+        idx, thread = idx[order], thread[order]
         lo = float(min(ts.min(), 0.0))
         width = float(end.max() - lo) * 2 + 10.0
         off = thread.astype(np.float64) * width - lo
-        s_key, e_key = ts + off, end + off
-        depth = np.maximum(np.arange(n) - np.searchsorted(np.sort(e_key), s_key, side="right"), 0)
+        s_key = ts[order] + off
+        e_key = end[order] + off
+        del ts, end, order, off
+        e_key.sort()
+        depth = np.maximum(np.arange(n, dtype=np.int64) - np.searchsorted(e_key, s_key, side="right"), 0).astype(np.int32)
+        del s_key, e_key
         # The parent of an event at depth d is the closest earlier event at depth d - 1.
-        by_depth = {int(d): np.flatnonzero(depth == d) for d in np.unique(depth)}
-        for d, members in by_depth.items():
-            above = by_depth.get(d - 1)
+        levels = np.unique(depth)
+        by_depth = {int(d): np.flatnonzero(depth == d).astype(np.int32) for d in levels}
+        for d in levels[::-1]:
+            d = int(d)
+            members, above = by_depth[d], by_depth.get(d - 1)
             if d == 0 or above is None:
                 continue
-            pos = np.searchsorted(above, members) - 1
-            ok = pos >= 0
-            cand = above[np.maximum(pos, 0)]
-            ok &= thread[cand] == thread[members]
+            cand = above[np.maximum(np.searchsorted(above, members) - 1, 0)]
+            ok = (cand < members) & (thread[cand] == thread[members])
             parent[members[ok]] = cand[ok]
             depth[members[~ok]] = 0
-    tree = {"idx": idx, "parent": parent, "depth": depth, "ts": ts, "end": end, "thread": thread}
+    tree = {"idx": idx, "parent": parent, "depth": depth}
     trace._cache["cpu_tree"] = tree
     return tree
 
@@ -306,13 +315,14 @@ def cpu_view(trace: Trace) -> dict[str, Any] | None:
     tree = _cpu_tree(trace)
     if len(tree["idx"]) == 0:
         return None
-    top_level = tree["depth"] == 0
-    span_start, span_end = float(tree["ts"].min()), float(tree["end"].max())
-    span = span_end - span_start
+    top = tree["idx"][tree["depth"] == 0]
+    ts, thread = trace.ts[top], trace.thread_id[top]
+    end = ts + np.maximum(trace.dur[top], 0.0)
+    span = float(end.max() - ts.min())
     threads = []
-    for t in np.unique(tree["thread"]):
-        sel = top_level & (tree["thread"] == t)
-        s, e = merge_intervals(tree["ts"][sel], tree["end"][sel])
+    for t in np.unique(thread):
+        sel = thread == t
+        s, e = merge_intervals(ts[sel], end[sel])
         busy = float((e - s).sum())
         pid, tid = trace.threads[int(t)]
         threads.append(

@@ -191,7 +191,11 @@ class _Columns:
         name_id = np.array([names.setdefault(e.name, len(names)) for e in xs], dtype=np.int32)
         cat_id = np.array([cats.setdefault(e.cat, len(cats)) for e in xs], dtype=np.int32)
         thread_id = np.array([threads.setdefault((e.pid, e.tid), len(threads)) for e in xs], dtype=np.int32)
-        stream = np.array([e.args.stream for e in xs], dtype=np.int64)
+        streams = [e.args.stream for e in xs]
+        try:
+            stream = np.array(streams, dtype=np.int32)
+        except OverflowError:  # absurd stream numbers: clamp, they only need to be >= 0 or -1
+            stream = np.clip(np.array(streams, dtype=np.int64), -1, 2**31 - 1).astype(np.int32)
         corr = np.array([e.args.correlation for e in xs], dtype=np.int64)
         keep = ~(np.isnan(ts) | np.isnan(dur))
         missing_cat = cats.get(_NO_CAT)
