@@ -88,11 +88,13 @@ def main() -> int:
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
-    # Everything is written and closed; skip interpreter teardown, where torch's C++ threads
-    # occasionally abort ("terminate called without an active exception") on this CPU build.
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # Everything is written and closed; skip interpreter teardown, where torch's C++ threads
+    # occasionally abort ("terminate called without an active exception") on this CPU build.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
