@@ -99,9 +99,13 @@ def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) ->
         per_rank = record["per_rank"]
         assert per_rank["profiler/trace_mb"] == [1.5, 2.5]
         assert len(per_rank["timers/forward-backward-time"]) == 2
-        # rank 1 sleeps twice as long in batch-generator: the max is rank 1's value
-        low, high = per_rank["timers/batch-generator-time"]
-        assert low < high and metrics["timers/batch-generator-time"] == high
+        # rank 1 sleeps 10 ms longer in batch-generator: the max is rank 1's value
+        rank0, rank1 = per_rank["timers/batch-generator-time"]
+        assert rank0 < rank1 and metrics["timers/batch-generator-time"] == rank1
+        assert metrics["timers/batch-generator-time-min"] == rank0
+        for name in ("forward-backward",):
+            values = per_rank[f"timers/{name}-time"]
+            assert (metrics[f"timers/{name}-time-min"], metrics[f"timers/{name}-time"]) == (min(values), max(values))
     flush = [r["metrics"]["profiler/flush_seconds"] for r in records]
     assert flush == sorted(flush) and flush[-1] == pytest.approx(0.16)
 

@@ -5,7 +5,7 @@
 Trains a small MLP with gloo DDP on CPU for --train-iters iterations, timing the steps with
 ``torchprof_args.Timers`` and writing every --log-interval iterations with ``MetricsWriter``
 (one ``log_step`` call) plus a Megatron-style ``timers.write(names, writer, iteration)``.
-Rank 1 sleeps a little longer in "batch-generator" so min and max across ranks differ.
+Rank 1 sleeps 10 ms longer in "batch-generator" so min and max across ranks differ.
 With --mismatch the ranks log different timer names and must both get a clear error.
 """
 
@@ -60,7 +60,7 @@ def main() -> int:
     for iteration in range(1, args.train_iters + 1):
         timers("batch-generator", log_level=0).start()
         inputs, targets = torch.randn(batch, 32), torch.randn(batch, 1)
-        time.sleep(0.002 * (1 + rank))
+        time.sleep(0.002 + 0.010 * rank)
         timers("batch-generator").stop()
         timers("forward-backward", log_level=0).start()
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
