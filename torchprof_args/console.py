@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.analysis.commands",
     "torchprof_args.pyspy",
     "torchprof_args.nsys",
+    "torchprof_args.dashboard",
 )
 
 
