@@ -171,3 +171,11 @@ def test_console_flags_command():
                             env=subprocess_env())
     assert result.returncode == 0
     assert "--torch-profile-step-start" in result.stdout and "torch profiler" in result.stdout
+
+
+def test_validate_args_is_idempotent(tmp_path):
+    args = parse("--torch-profile", "--torch-profile-dir", str(tmp_path), "--torch-profile-step-start", "5",
+                 "--torch-profile-step-end", "7")
+    validate_args(args, world_size=1)
+    validate_args(args, world_size=1)  # e.g. the application validates, then TorchProfiler.from_args again
+    assert (args.torch_profile_step_start, args.torch_profile_step_end) == (5, 7)

@@ -492,6 +492,9 @@ FLAG_GROUPS.append(TIMER_FLAGS)
 #: The schedule defaults applied by :func:`validate_args` (``None`` in argparse so that
 #: explicitly given values can be told apart from defaults).
 SCHEDULE_DEFAULTS = {"wait": 0, "warmup": 1, "active": 1, "repeat": 1, "skip_first": 1}
+#: Attribute on ``args`` naming the schedule options :func:`validate_args` filled in, so a
+#: second call does not mistake them for options the user gave.
+_FILLED_DEFAULTS = "_torch_profile_filled_defaults"
 
 
 def _host_has_option(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -581,17 +584,18 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
             raise TorchProfileArgsError(
                 "--torch-profile-step-end needs --torch-profile-step-start."
             )
+        filled = getattr(args, _FILLED_DEFAULTS, set())  # validate_args may run more than once
         given = [
             f"--torch-profile-{name.replace('_', '-')}"
             for name in ("wait", "skip_first", "repeat")
-            if getattr(args, f"torch_profile_{name}", None) is not None
+            if getattr(args, f"torch_profile_{name}", None) is not None and name not in filled
         ]
         if given:
             raise TorchProfileArgsError(
                 f"--torch-profile-step-start/-end cannot be combined with {', '.join(given)}: "
                 "choose absolute iterations or a relative schedule."
             )
-        if end is not None and getattr(args, "torch_profile_active", None) is not None:
+        if end is not None and getattr(args, "torch_profile_active", None) is not None and "active" not in filled:
             raise TorchProfileArgsError(
                 "--torch-profile-active cannot be combined with --torch-profile-step-end "
                 "(the window is step-end - step-start)."
@@ -604,10 +608,13 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
     from torchprof_args.metrics import validate_timer_args
 
     validate_timer_args(args, world_size)
+    filled = set(getattr(args, _FILLED_DEFAULTS, set()))
     for name, default in SCHEDULE_DEFAULTS.items():
         attr = f"torch_profile_{name}"
         if getattr(args, attr, None) is None:
             setattr(args, attr, default)
+            filled.add(name)
+    setattr(args, _FILLED_DEFAULTS, filled)
 
     from torchprof_args.memory import check_memory_snapshot_args
 
