@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "TorchProfiler": "torchprof_args.profiler",
     "ProfileSchedule": "torchprof_args.schedule",
+    "Timers": "torchprof_args.timers",
+    "MetricsWriter": "torchprof_args.metrics",
 }
 
 __all__ = ["TorchProfileArgsError", "add_torch_profile_args", "validate_args", *_LAZY]

@@ -14,6 +14,7 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.flags_command",
+    "torchprof_args.dashboard",
 )
 
 

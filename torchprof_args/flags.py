@@ -335,6 +335,111 @@ PROFILE_FLAGS = FlagGroup(
 #: Every group the plugin adds, in order.  Later features append their group here.
 FLAG_GROUPS: list[FlagGroup] = [PROFILE_FLAGS]
 
+
+def timing_log_level(text: str) -> int:
+    """Megatron's timer log level: 0, 1 or 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, got {text!r}") from None
+    if value not in (0, 1, 2):
+        raise argparse.ArgumentTypeError(f"must be 0, 1 or 2, got {value}")
+    return value
+
+
+TIMER_FLAGS = FlagGroup(
+    title="step timers and metrics",
+    description=(
+        "Megatron-compatible step timers (CUDA events, no device synchronize per start/stop) "
+        "written to wandb, TensorBoard and a local metrics.jsonl (torchprof-args)."
+    ),
+    flags=(
+        Flag(
+            "--timing-log-level",
+            "Timers up to this level are measured; higher ones are free no-ops (Megatron-LM's flag).",
+            default=0,
+            type=timing_log_level,
+            metavar="{0,1,2}",
+            host_owned=True,
+        ),
+        Flag(
+            "--timing-log-option",
+            "How timers are reduced across ranks: max, minmax, or all (Megatron-LM's flag).",
+            default="minmax",
+            choices=("max", "minmax", "all"),
+            host_owned=True,
+        ),
+        Flag(
+            "--log-interval",
+            "Iterations between two metric writes (Megatron-LM's flag).",
+            default=100,
+            type=positive_int,
+            metavar="N",
+            host_owned=True,
+        ),
+        Flag(
+            "--timing-synchronize",
+            "Synchronize the device at every timer start/stop (Megatron's behaviour) instead of "
+            "timing with CUDA events resolved at log time.",
+            default=False,
+            action="store_true",
+        ),
+        Flag(
+            "--wandb-project",
+            "wandb project (Megatron-LM's flag).",
+            metavar="NAME",
+            host_owned=True,
+            default_doc="torchprof",
+        ),
+        Flag("--wandb-exp-name", "wandb run name (Megatron-LM's flag).", metavar="NAME", host_owned=True),
+        Flag("--wandb-entity", "wandb entity (team or user).", metavar="NAME", host_owned=True),
+        Flag(
+            "--wandb-save-dir",
+            "Directory for wandb's local run files (Megatron-LM's flag).",
+            metavar="DIR",
+            host_owned=True,
+            default_doc="the metrics directory",
+        ),
+        Flag(
+            "--wandb-mode",
+            "online uploads live; offline writes locally for a later `wandb sync`; disabled skips "
+            "wandb.",
+            choices=("online", "offline", "disabled"),
+            default_doc="online with wandb credentials, else offline",
+        ),
+        Flag(
+            "--metrics-dir",
+            "Directory for metrics.jsonl and the TensorBoard event files.",
+            metavar="DIR",
+            default_doc="`--torch-profile-dir`'s default",
+        ),
+        Flag(
+            "--metrics-sinks",
+            "Where the metrics writer writes.",
+            default=["wandb", "tensorboard", "jsonl"],
+            type=str.lower,
+            nargs="+",
+            choices=("wandb", "tensorboard", "jsonl"),
+            metavar="SINK",
+        ),
+        Flag(
+            "--metrics-rank",
+            "Global rank that writes the metrics (wandb, TensorBoard, metrics.jsonl); default the "
+            "last rank, as in Megatron-LM.",
+            type=non_negative_int,
+            metavar="R",
+            default_doc="last rank",
+        ),
+        Flag(
+            "--metrics-flops-per-iteration",
+            "Model FLOPs of one training iteration (all ranks together), for TFLOP/s per GPU.",
+            type=positive_float,
+            metavar="F",
+        ),
+    ),
+)
+FLAG_GROUPS.append(TIMER_FLAGS)
+
 #: The schedule defaults applied by :func:`validate_args` (``None`` in argparse so that
 #: explicitly given values can be told apart from defaults).
 SCHEDULE_DEFAULTS = {"wait": 0, "warmup": 1, "active": 1, "repeat": 1, "skip_first": 1}
@@ -441,6 +546,9 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
                 f"--torch-profile-step-end ({end}) must be greater than "
                 f"--torch-profile-step-start ({start})."
             )
+    from torchprof_args.metrics import validate_timer_args
+
+    validate_timer_args(args, world_size)
     for name, default in SCHEDULE_DEFAULTS.items():
         attr = f"torch_profile_{name}"
         if getattr(args, attr, None) is None:
