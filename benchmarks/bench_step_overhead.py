@@ -30,7 +30,7 @@ def per_call(loop, calls: int, rounds: int = 5) -> float:
 
 
 def empty_loop(calls: int) -> None:
-    for iteration in range(1, calls + 1):
+    for _iteration in range(1, calls + 1):
         pass
 
 

@@ -213,3 +213,17 @@ def test_sigterm_finishes_pending_traces_before_exit(tmp_path):
 
 def test_partial_path_is_hidden():
     assert partial_path("/x/y/trace.json.gz") == Path("/x/y/.partial-trace.json.gz")
+
+
+def test_per_rank_summary_is_written_next_to_the_trace(tmp_path):
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"),
+                              "--torch-profile-profile-memory", "--torch-profile-summary-rows", "12"])
+    prof = TorchProfiler.from_args(args)
+    train(prof, range(1, 5))
+    (trace,) = prof.published_traces
+    summary = Path(trace.replace(".pt.trace.json.gz", ".profiler_list.dat")).read_text()
+    assert summary.startswith(f"Trace: {trace}")
+    assert "ProfilerStep#3" in summary and "aten::addmm" in summary
+    assert "Memory (from [memory] events)" in summary and "peak allocated" in summary
+    assert not any(name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))

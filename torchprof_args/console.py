@@ -15,6 +15,9 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.flags_command",
     "torchprof_args.dashboard",
+    "torchprof_args.analysis.commands",
+    "torchprof_args.pyspy",
+    "torchprof_args.nsys",
 )
 
 

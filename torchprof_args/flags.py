@@ -513,6 +513,56 @@ CLI_DECORATOR_FLAGS = FlagGroup(
     ),
 )
 
+MEMORY_NSYS_FLAGS = FlagGroup(
+    title="torch profiler: memory snapshots, nsys",
+    description=(
+        "CUDA allocator snapshots per rank (pytorch.org/memory_viz) and Nsight Systems capture "
+        "ranges around the scheduled steps (torchprof-args)."
+    ),
+    flags=(
+        Flag(
+            "--torch-profile-memory-snapshot",
+            "Record CUDA allocator history on the --torch-profile-ranks and dump a snapshot pickle "
+            "per rank after each profiled cycle, every --torch-profile-memory-snapshot-interval "
+            "iterations and on CUDA out-of-memory errors. Needs CUDA.",
+            default=False,
+            action="store_true",
+        ),
+        Flag(
+            "--torch-profile-memory-snapshot-max-entries",
+            "Allocation/free events kept (a ring buffer; older ones are dropped).",
+            type=positive_int,
+            metavar="N",
+            default_doc="100000",
+        ),
+        Flag(
+            "--torch-profile-memory-snapshot-stacks",
+            "Stacks recorded per event: python (cheap) or all (adds C++ frames; symbolising "
+            "them can take minutes per dump).",
+            type=str.lower,
+            choices=("python", "all"),
+            metavar="S",
+            default_doc="python",
+        ),
+        Flag(
+            "--torch-profile-memory-snapshot-interval",
+            "Also dump every N iterations (0 = only after profiled cycles and on OOM).",
+            type=non_negative_int,
+            metavar="N",
+            default_doc="0",
+        ),
+        Flag(
+            "--torch-profile-nsys",
+            "Call cudaProfilerStart/Stop around the scheduled active steps and emit NVTX ranges for "
+            "steps and timers, for `nsys profile --capture-range=cudaProfilerApi` (see `torchprof "
+            "nsys`). Needs CUDA.",
+            default=False,
+            action="store_true",
+        ),
+    ),
+)
+FLAG_GROUPS.append(MEMORY_NSYS_FLAGS)
+
 #: The schedule defaults applied by :func:`validate_args` (``None`` in argparse so that
 #: explicitly given values can be told apart from defaults).
 SCHEDULE_DEFAULTS = {"wait": 0, "warmup": 1, "active": 1, "repeat": 1, "skip_first": 1}
@@ -554,6 +604,12 @@ def _world_size() -> int | None:
         pass
     env = os.environ.get("WORLD_SIZE")
     return int(env) if env and env.isdigit() else None
+
+
+def any_profiling_feature(args: argparse.Namespace) -> bool:
+    """Whether a flag that follows the schedule is on (traces, memory snapshots, nsys ranges)."""
+    return any(getattr(args, name, False) for name in
+               ("torch_profile", "torch_profile_memory_snapshot", "torch_profile_nsys"))
 
 
 def resolve_profile_dir(args: argparse.Namespace) -> str:
@@ -627,7 +683,10 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
         if getattr(args, attr, None) is None:
             setattr(args, attr, default)
 
-    if not getattr(args, "torch_profile", False):
+    from torchprof_args.memory import check_memory_snapshot_args
+
+    check_memory_snapshot_args(args)
+    if not any_profiling_feature(args):
         return args
 
     world_size = world_size if world_size is not None else _world_size()

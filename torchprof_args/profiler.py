@@ -36,8 +36,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchprof_args.flags import resolve_profile_dir, validate_args
+from torchprof_args.flags import any_profiling_feature, resolve_profile_dir, validate_args
 from torchprof_args.log import get_logger
+from torchprof_args.memory import MemorySnapshotter
+from torchprof_args.nsys import NsysController
 from torchprof_args.schedule import Action, ProfileSchedule
 from torchprof_args.trace_writer import TraceWriter, choose_staging_dir, short_hostname, trace_stem
 
@@ -100,6 +102,8 @@ class TorchProfiler:
         flush_timeout: float = 1800.0,
         exit_timeout: float = 600.0,
         settings: dict[str, Any] | None = None,
+        memory: MemorySnapshotter | None = None,
+        nsys: NsysController | None = None,
     ) -> None:
         default_rank, default_world = _rank_and_world()
         self.rank = default_rank if rank is None else rank
@@ -127,6 +131,10 @@ class TorchProfiler:
         self._writer: TraceWriter | None = None
         self._activities = activities
         self._profiler_options = dict(profiler_options or {})
+        self._memory = memory if memory is not None and memory.enabled else None
+        self._nsys = nsys if nsys is not None and nsys.enabled else None
+        #: nsys step ranges and memory-snapshot intervals need a look at every step.
+        self._every_step = self._memory is not None or self._nsys is not None
         if self.enabled and self.world_size > 1 and dist.is_available() and dist.is_initialized():
             # Collective: every rank constructs the profiler, so every rank creates the group.
             self._barrier_group = dist.new_group(
@@ -157,7 +165,7 @@ class TorchProfiler:
         validate_args(args, world_size=world_size)
         if start_iteration is None:
             start_iteration = int(getattr(args, "iteration", 0) or 0)
-        if not args.torch_profile:
+        if not any_profiling_feature(args):
             return cls(None, enabled=False, rank=rank, world_size=world_size, start_iteration=start_iteration)
         ranks = args.torch_profile_ranks or [0]
         schedule = ProfileSchedule.from_args(args)
@@ -175,7 +183,7 @@ class TorchProfiler:
         return cls(
             schedule,
             output_dir=output_dir,
-            record="all" in ranks or rank in ranks,
+            record=bool(args.torch_profile) and ("all" in ranks or rank in ranks),
             rank=rank,
             world_size=world_size,
             start_iteration=start_iteration,
@@ -188,6 +196,8 @@ class TorchProfiler:
             flush_timeout=args.torch_profile_flush_timeout,
             exit_timeout=args.torch_profile_exit_timeout,
             settings=settings,
+            memory=MemorySnapshotter.from_args(args, rank=rank),
+            nsys=NsysController.from_args(args),
         )
 
     # -- context manager --------------------------------------------------------------------
@@ -197,6 +207,8 @@ class TorchProfiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
+            self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
         self.stop(clean=exc_type is None)
 
     def start(self) -> None:
@@ -206,6 +218,10 @@ class TorchProfiler:
         self._started = True
         first = self._first_iteration
         self._install_sigterm_handler()
+        if self._memory is not None:
+            self._memory.start()
+        if self._nsys is not None:
+            self._nsys.on_step(first, recording=self.schedule.action(first, first) in _RECORDING)
         if self.record:
             logger.info("rank %d: profiling %s; traces go to %s", self.rank, self.schedule.describe(),
                         os.path.abspath(self.output_dir))
@@ -248,6 +264,10 @@ class TorchProfiler:
         self._torch_profiler = None
         if partial:
             self._flush_barrier(last)
+        if self._nsys is not None:
+            self._nsys.close()
+        if self._memory is not None:
+            self._memory.close()
         if self._writer is not None:
             self._writer.close(self.exit_timeout)
         self._restore_sigterm_handler()
@@ -282,15 +302,19 @@ class TorchProfiler:
             else:
                 if self._window_first == iteration + 1:
                     self._add_trace_metadata(iteration + 1)
+        if self._memory is not None:  # before the barrier, so a slow dump is fenced too
+            self._memory.on_step(iteration, profiled_cycle_ended=current is Action.RECORD_AND_SAVE)
         if current is Action.RECORD_AND_SAVE:
             self._flush_barrier(iteration)
             self._last_flush_seconds = time.perf_counter() - started
+        if self._nsys is not None:
+            self._nsys.on_step(iteration + 1, recording=upcoming in _RECORDING)
         self._plan_next(iteration)
 
     def _plan_next(self, iteration: int) -> None:
         """Set the next iteration whose ``step`` has work (a transition or a flush)."""
         first = self._first_iteration
-        if self.schedule.action(iteration + 1, first) is not Action.NONE:
+        if self._every_step or self.schedule.action(iteration + 1, first) is not Action.NONE:
             self._next_busy_step = iteration + 1
             return
         busy = self.schedule.next_busy_iteration(iteration + 1, first)

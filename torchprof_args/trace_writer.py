@@ -146,12 +146,13 @@ def publish(job: PublishJob) -> dict[str, Any]:
     try:
         status["raw_mb"] = staged.stat().st_size / 1e6
         trace_path = Path(job.trace_path)
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
         _copy_compressed(staged, trace_path, job.gzip_level)
         status["trace_mb"] = trace_path.stat().st_size / 1e6
         status["publish_seconds"] = time.perf_counter() - started
         if job.summary_path:
             try:
-                status["summary_path"] = _write_summary(staged, Path(job.summary_path), job.summary_rows)
+                status["summary_path"] = _write_summary(staged, job, trace_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status["summary_error"] = f"{type(err).__name__}: {err}"
     except Exception as err:
@@ -163,10 +164,14 @@ def publish(job: PublishJob) -> dict[str, Any]:
     return status
 
 
-def _write_summary(trace: Path, summary_path: Path, rows: int) -> str:
+def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
+    """The per-rank operator table, read from the uncompressed staged copy (fast, local)."""
     from torchprof_args.analysis import format_profiler_list, load_trace, summarize
 
-    text = format_profiler_list(summarize(load_trace(trace, progress=False), top=rows), rows=rows)
+    summary = summarize(load_trace(staged, progress=False), top=job.summary_rows)
+    summary["file"] = str(published)
+    text = format_profiler_list(summary, rows=job.summary_rows)
+    summary_path = Path(job.summary_path)
     _write_atomically(summary_path, lambda handle: handle.write(text), mode="w")
     return str(summary_path)
 

@@ -60,6 +60,9 @@ def main(argv: list[str]) -> int:
         print(f"per-rank operator summaries ({len(summaries)}):")
         for summary in summaries:
             print(f"  {summary.relative_to(REPO)}")
+    if traces:
+        print("\n$ torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)), flush=True)
+        subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")], cwd=REPO)
     print("\nhow to open them:")
     print("  Perfetto UI: open https://ui.perfetto.dev and drag a .pt.trace.json.gz file onto it")
     print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")

@@ -1,0 +1,70 @@
+"""Launcher that ``torchprof pyspy record`` runs under py-spy to learn the command's exit code.
+
+``py-spy record -- CMD`` always exits 0, whatever CMD returned, so a job script could not tell a
+crashed training run from a finished one.  py-spy therefore runs this small script, which starts
+CMD as its child (sampled through ``py-spy -s``), forwards SIGTERM/SIGHUP to it, writes the exit
+code to STATUS_FILE and exits with it.  Its own samples (it only waits) are dropped by the report.
+
+Usage: ``python _pyspy_child.py STATUS_FILE -- CMD...``.  Kept free of package imports so that
+it runs with any interpreter, installed package or not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+#: The marker :mod:`torchprof_args.pyspy` looks for in py-spy's process frames.
+LAUNCHER_MARKER = "_pyspy_child.py"
+
+
+def exit_code(returncode: int) -> int:
+    """A shell-style exit code: 128 + signal number for a child killed by a signal."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _die_with_parent() -> None:
+    """In the command's process: get SIGTERM if this launcher dies.  py-spy kills the process it
+    started (this launcher) when it is stopped with Ctrl-C, as it would kill CMD itself without
+    the launcher in between; the command must not outlive it unnoticed."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the command may outlive py-spy
+        pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: _pyspy_child.py STATUS_FILE -- CMD...", file=sys.stderr)
+        return 2
+    status_file, command = argv[0], argv[2:]
+    try:
+        child = subprocess.Popen(command, preexec_fn=_die_with_parent)
+    except OSError as err:
+        print(f"torchprof pyspy: cannot start {command[0]!r}: {err.strerror or err}", file=sys.stderr)
+        code = 127
+    else:
+        def forward(signum: int, _frame: object) -> None:
+            child.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGHUP, forward)
+        # Ctrl-C reaches the whole foreground process group, the command included: don't die
+        # before the command does, so its exit code is still recorded.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        code = exit_code(child.wait())
+    partial = f"{status_file}.partial"
+    with open(partial, "w") as handle:
+        handle.write(f"{code}\n")
+    os.replace(partial, status_file)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,292 @@
+"""Streaming reader for Kineto (Chrome trace JSON) files of any size.
+
+A trace is one JSON object whose ``traceEvents`` array holds millions of small objects.  Instead of
+``json.loads`` on the whole file, :class:`TraceStream` reads the (decompressed) bytes in large
+chunks, cuts the array at event boundaries with a byte search, and hands out each batch as the
+text of a complete JSON array, which callers decode with ``msgspec`` into compact structs.  A cut
+is only accepted when the batch decodes as a valid array, so a wrong guess (a ``},`` inside a
+nested ``args`` object) is detected and the previous candidate is tried; files whose layout the
+fast path cannot cut are decoded whole as a fallback, which is slower but still correct.
+
+The top-level keys around ``traceEvents`` (``distributedInfo``, ``deviceProperties``,
+``baseTimeNanoseconds`` ...) are available as :attr:`TraceStream.metadata` once the events have
+been consumed (some writers put them after the array).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from torchprof_args.analysis.errors import TraceError
+
+try:  # isal is several times faster than zlib and reads the same format.
+    from isal import igzip as _gzip_impl
+except ImportError:  # pragma: no cover - isal is an optional extra
+    _gzip_impl = gzip  # type: ignore[assignment]
+
+CHUNK_BYTES = 4 << 20
+#: files at least this large get a progress bar when the caller asks for one.
+PROGRESS_MIN_BYTES = 64 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_KEY = b'"traceEvents"'
+_WS = b" \t\r\n"
+# The end of the events array: the last event's "}" then "]" then either more keys or the end.
+_ARRAY_END_RE = re.compile(rb"\}\s*\](\s*,\s*\"|\s*\}\s*$)")
+_EMPTY_ARRAY_RE = re.compile(rb"^\s*\]")
+_json_any = msgspec.json.Decoder()
+
+
+def is_gzip(path: str | Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == _GZIP_MAGIC
+
+
+class _CountingFile(io.RawIOBase):
+    """Wraps a raw file to count bytes read, for progress bars over compressed input."""
+
+    def __init__(self, fh: IO[bytes], callback: Any) -> None:
+        self._fh = fh
+        self._callback = callback
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._fh.readinto(buffer)
+        if n and self._callback is not None:
+            self._callback(n)
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+class TraceStream:
+    """Iterate over a trace's ``traceEvents`` as batches of JSON array text.
+
+    ``for batch in stream.batches(): events = decoder.decode(batch)``; after the loop,
+    :attr:`metadata` holds every other top-level key.  Errors are :class:`TraceError` naming the
+    file.
+    """
+
+    def __init__(
+        self, path: str | Path, *, progress: bool = False, chunk_bytes: int = CHUNK_BYTES, validate: bool = True
+    ) -> None:
+        self.path = Path(path)
+        #: with ``validate=False`` cuts are not checked by decoding here; the consumer must then
+        #: treat a batch that fails to decode as a wrong cut (see ``trace._load_parallel``).
+        self.validate = validate
+        self.chunk_bytes = chunk_bytes
+        self.progress = progress
+        self.metadata: dict[str, Any] = {}
+        self.compressed = False
+        self.file_bytes = 0
+        self.uncompressed_bytes = 0
+        self._bar: Any = None
+        self._decode: Callable[[bytes], Any] = msgspec.json.Decoder(list[msgspec.Raw]).decode
+
+    # -- opening -----------------------------------------------------------------------------
+    def _open(self) -> IO[bytes]:
+        if not self.path.exists():
+            raise TraceError(f"{self.path}: no such file")
+        if self.path.is_dir():
+            raise TraceError(f"{self.path}: is a directory, expected a .json or .json.gz trace file")
+        self.file_bytes = self.path.stat().st_size
+        self.compressed = is_gzip(self.path)
+        raw = open(self.path, "rb")  # noqa: SIM115 - closed by the caller
+        callback = None
+        if self.progress and self.file_bytes >= PROGRESS_MIN_BYTES:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self.file_bytes, unit="B", unit_scale=True, desc=f"reading {self.path.name}", leave=False
+            )
+            callback = self._bar.update
+        counted = io.BufferedReader(_CountingFile(raw, callback), buffer_size=1 << 20)
+        if self.compressed:
+            return _gzip_impl.open(counted, "rb")  # type: ignore[return-value]
+        return counted
+
+    def _read(self, fh: IO[bytes], n: int) -> bytes:
+        try:
+            data = fh.read(n)
+        except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceError(f"{self.path}: the gzip stream is truncated or corrupt ({exc})") from None
+        self.uncompressed_bytes += len(data)
+        return data
+
+    # -- iteration ---------------------------------------------------------------------------
+    def batches(self, decode: Callable[[bytes], Any] | None = None) -> Iterator[Any]:
+        """Yield ``decode(text)`` for successive ``[...]`` JSON texts of events.
+
+        ``decode`` must raise ``msgspec.DecodeError`` only for malformed JSON (that is how a wrong
+        cut is detected); the default yields lists of ``msgspec.Raw``.  Fills :attr:`metadata`.
+        """
+        if decode is not None:
+            self._decode = decode
+        fh = self._open()
+        try:
+            yield from self._batches(fh)
+        finally:
+            fh.close()
+            if self._bar is not None:
+                self._bar.close()
+
+    def _batches(self, fh: IO[bytes]) -> Iterator[bytes]:
+        head = b""
+        while True:
+            data = self._read(fh, 1 << 20)
+            head += data
+            key = head.find(_KEY)
+            if key >= 0 and head.find(b"[", key) >= 0:
+                break
+            if not data:
+                self._no_events(head)
+            if len(head) > (64 << 20):  # the key is not near the start: decode the whole file.
+                yield from self._whole_file(head + self._read(fh, -1))
+                return
+        key = head.find(_KEY)
+        after = head[key + len(_KEY) :].lstrip(_WS)
+        if not after.startswith(b":") or not after[1:].lstrip(_WS).startswith(b"["):
+            yield from self._whole_file(head + self._read(fh, -1))
+            return
+        try:
+            meta = _json_any.decode(head[:key] + b'"traceEvents": null}')
+        except msgspec.DecodeError:
+            yield from self._whole_file(head + self._read(fh, -1))
+            return
+        if not isinstance(meta, dict):
+            self._no_events(head)
+        meta.pop("traceEvents", None)
+        self.metadata.update(meta)
+
+        buf = after[1:].lstrip(_WS)[1:]
+        eof = False
+        while True:
+            while not eof and len(buf) < self.chunk_bytes:
+                data = self._read(fh, self.chunk_bytes)
+                if not data:
+                    eof = True
+                buf += data
+            if _EMPTY_ARRAY_RE.match(buf):
+                tail = buf.lstrip(_WS)[1:]
+                if not eof:
+                    tail += self._read(fh, -1)
+                self._parse_tail(tail)
+                return
+            found = None if eof else self._find_cut(buf)
+            if found is not None:
+                cut, decoded = found
+                yield decoded
+                buf = buf[cut + 1 :].lstrip(_WS)
+                if buf.startswith(b","):
+                    buf = buf[1:]
+                continue
+            # No event boundary found: the array may end in this buffer.
+            end = self._find_array_end(buf)
+            if end is not None:
+                events, tail = end
+                if not eof:
+                    tail += self._read(fh, -1)
+                self._parse_tail(tail)
+                yield events
+                return
+            if eof:
+                raise TraceError(
+                    f"{self.path}: the trace ends before its traceEvents array is closed "
+                    "(the file is truncated or not valid JSON)"
+                )
+            # One event (or a nested structure) larger than the chunk: read more and retry.
+            data = self._read(fh, max(self.chunk_bytes, len(buf)))
+            if not data:
+                eof = True
+            buf += data
+
+    def _find_cut(self, buf: bytes) -> tuple[int, Any] | None:
+        """The ``}`` closing the last complete event in ``buf`` and the decoded batch before it.
+
+        A candidate is accepted only if the batch decodes: a prefix of the array that parses as
+        an array necessarily ends at an event boundary.
+        """
+        pos = len(buf)
+        for _ in range(4):
+            pos = buf.rfind(b"},", 0, pos)
+            if pos < 0:
+                return None
+            if not self.validate:
+                if buf[pos + 2 : pos + 64].lstrip(_WS).startswith(b"{"):
+                    return pos, b"[" + buf[: pos + 1] + b"]"
+                continue
+            try:
+                return pos, self._decode(b"[" + buf[: pos + 1] + b"]")
+            except msgspec.DecodeError:
+                continue
+        return None
+
+    def _find_array_end(self, buf: bytes) -> tuple[Any, bytes] | None:
+        for match in _ARRAY_END_RE.finditer(buf):
+            tail = buf[match.start() + 1 :].lstrip(_WS)[1:]
+            try:
+                _json_any.decode(b'{"traceEvents": null' + tail)
+                events = b"[" + buf[: match.start() + 1] + b"]"
+                if self.validate:
+                    events = self._decode(events)
+            except msgspec.DecodeError:
+                continue
+            return events, tail
+        return None
+
+    def _parse_tail(self, tail: bytes) -> None:
+        try:
+            rest = _json_any.decode(b'{"traceEvents": null' + tail)
+        except msgspec.DecodeError as exc:
+            raise TraceError(f"{self.path}: invalid JSON after the traceEvents array ({exc})") from None
+        rest.pop("traceEvents", None)
+        self.metadata.update(rest)
+
+    def _whole_file(self, data: bytes) -> Iterator[bytes]:
+        """Fallback for layouts the chunked path cannot cut: decode the document at once."""
+        try:
+            doc = _json_any.decode(data)
+        except msgspec.DecodeError as exc:
+            raise TraceError(f"{self.path}: not valid JSON ({exc})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            self._no_events(data[:200])
+        events = doc.pop("traceEvents")
+        self.metadata.update(doc)
+        del data
+        step = 200_000
+        for i in range(0, len(events), step):
+            yield self._decode(msgspec.json.encode(events[i : i + step]))
+
+    def _no_events(self, head: bytes) -> None:
+        text = head.lstrip()
+        if not text:
+            raise TraceError(f"{self.path}: the file is empty")
+        if not text.startswith((b"{", b"[")):
+            raise TraceError(f"{self.path}: not a JSON trace (it does not start with '{{')")
+        if text.startswith(b"["):
+            raise TraceError(
+                f"{self.path}: a bare JSON array is not a Kineto trace; expected an object with 'traceEvents'"
+            )
+        try:
+            _json_any.decode(head)
+        except msgspec.DecodeError as exc:
+            raise TraceError(f"{self.path}: not valid JSON ({exc})") from None
+        raise TraceError(
+            f"{self.path}: not a Kineto trace: it has no 'traceEvents' array (is it a torch.profiler export?)"
+        )
+
+
+def file_size(path: str | Path) -> int:
+    return os.stat(path).st_size

@@ -1,0 +1,301 @@
+"""CUDA memory snapshots: allocator history dumped per rank at profiled cycles, intervals and OOM.
+
+``--torch-profile-memory-snapshot`` turns on ``torch.cuda.memory._record_memory_history`` (Python
+stacks by default: C++ symbolisation of every allocation can take minutes at dump time) and
+dumps ``torch.cuda.memory._snapshot()`` as a pickle (protocol 4) that pytorch.org/memory_viz
+(and ``torchprof mem``) read.  Files are written to a temporary name and renamed, so a reader
+never sees half a snapshot:
+
+    <profile dir>/memory_snapshots/memory_snapshot_<host>_rank<R>_iter<I>[_oom].pickle
+
+Import-light: torch is imported when a snapshotter is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import pickle
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torchprof_args.log import current_rank, get_logger
+
+__all__ = [
+    "MemorySnapshotter",
+    "check_memory_snapshot_args",
+    "snapshot_file_name",
+    "write_snapshot",
+    "DEFAULT_MAX_ENTRIES",
+]
+
+logger = get_logger("torchprof_args.memory")
+
+#: Allocation/free events kept in the allocator's ring buffer (about 100 MB of pickle with
+#: Python stacks at the default).
+DEFAULT_MAX_ENTRIES = 100_000
+SNAPSHOT_SUBDIR = "memory_snapshots"
+_DUMPED_MARK = "_torchprof_memory_snapshot_written"
+
+
+def snapshot_file_name(host: str, rank: int, iteration: int, reason: str | None = None) -> str:
+    """``memory_snapshot_<host>_rank<R>_iter<I>[_<reason>].pickle`` (iteration zero-padded so
+    the files sort in order)."""
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in host.split(".")[0]) or "host"
+    suffix = f"_{reason}" if reason else ""
+    return f"memory_snapshot_{host}_rank{rank}_iter{iteration:07d}{suffix}.pickle"
+
+
+def write_snapshot(snapshot: Any, path: str) -> None:
+    """Pickle ``snapshot`` (protocol 4) to ``path`` through a temporary name and ``os.replace``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    partial = os.path.join(directory, f".{os.path.basename(path)}.partial-{os.getpid()}")
+    try:
+        with open(partial, "wb") as handle:
+            pickle.dump(snapshot, handle, protocol=4)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+
+
+def _torch_cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _selected(ranks: Any, rank: int) -> bool:
+    if ranks is None:
+        return True
+    ranks = list(ranks)
+    return "all" in ranks or rank in ranks
+
+
+class _Guard(contextlib.ContextDecorator):
+    """Dumps a snapshot when ``torch.OutOfMemoryError`` escapes the block, then re-raises it."""
+
+    def __init__(self, owner: MemorySnapshotter, iteration: int | None) -> None:
+        self._owner = owner
+        self._iteration = iteration
+
+    def __enter__(self) -> _Guard:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and self._owner._is_oom(exc) and not getattr(exc, _DUMPED_MARK, False):
+            iteration = self._iteration if self._iteration is not None else self._owner.next_iteration
+            self._owner.on_oom(iteration)
+            with contextlib.suppress(AttributeError):
+                setattr(exc, _DUMPED_MARK, True)  # nested guards dump once
+        return False  # never swallow the error
+
+
+class MemorySnapshotter:
+    """Records CUDA allocator history and dumps per-rank snapshots.
+
+    Hooks (the profiler calls them on every rank; unselected ranks do nothing):
+
+    * ``start()``: begin recording allocator history (call once, before training).
+    * ``on_step(iteration, profiled_cycle_ended)``: after ``iteration`` has finished.  Dumps when
+      a profiled (recorded) cycle ended with this iteration, or every ``interval`` iterations.
+    * ``guard(iteration=None)``: context manager / decorator around a training step; on
+      ``torch.OutOfMemoryError`` it dumps ``..._oom.pickle`` and re-raises the error.
+      ``on_oom(iteration)`` does the dump directly.
+    * ``close()``: stop recording.
+
+    Without CUDA, one warning (with the rank) and nothing else.  ``snapshot_fn``,
+    ``record_fn`` and ``cuda_available`` default to the real torch calls; they exist so that
+    the dump path can be tested where there is no GPU.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        enabled: bool = True,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        stacks: str = "python",
+        interval: int = 0,
+        ranks: Any = None,
+        rank: int | None = None,
+        host: str | None = None,
+        snapshot_fn: Callable[[], Any] | None = None,
+        record_fn: Callable[..., Any] | None = None,
+        cuda_available: bool | None = None,
+    ) -> None:
+        if stacks not in ("python", "all"):
+            raise ValueError(f"--torch-profile-memory-snapshot-stacks must be 'python' or 'all', got {stacks!r}")
+        self.output_dir = output_dir
+        self.max_entries = max_entries
+        self.stacks = stacks
+        self.interval = interval
+        self.rank = current_rank() if rank is None else rank
+        self.host = host or socket.gethostname()
+        self.enabled = enabled and _selected(ranks, self.rank)
+        self.recording = False
+        self.next_iteration = 0
+        self.written: list[str] = []
+        self._snapshot_fn = snapshot_fn
+        self._record_fn = record_fn
+        self._cuda_available = cuda_available
+        self._checked = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **kwargs: Any) -> MemorySnapshotter:
+        """A snapshotter for the ``--torch-profile-memory-snapshot*`` flags.
+
+        Snapshots go to ``<--torch-profile-dir or --tensorboard-dir or ./prof>/memory_snapshots``
+        on the ranks of ``--torch-profile-ranks``.
+        """
+        from torchprof_args.flags import resolve_profile_dir
+
+        check_memory_snapshot_args(args)
+        enabled = bool(getattr(args, "torch_profile_memory_snapshot", False))
+        stacks = getattr(args, "torch_profile_memory_snapshot_stacks", None) or "python"
+        max_entries = getattr(args, "torch_profile_memory_snapshot_max_entries", None) or DEFAULT_MAX_ENTRIES
+        interval = getattr(args, "torch_profile_memory_snapshot_interval", None) or 0
+        kwargs.setdefault("ranks", getattr(args, "torch_profile_ranks", None) or [0])
+        return cls(
+            output_dir=os.path.join(resolve_profile_dir(args), SNAPSHOT_SUBDIR),
+            enabled=enabled, max_entries=max_entries, stacks=stacks, interval=interval, **kwargs,
+        )
+
+    # -----------------------------------------------------------------------------------------
+
+    def _usable(self) -> bool:
+        """Enabled and CUDA present; warns once (with the rank) when CUDA is missing."""
+        if not self.enabled:
+            return False
+        if not self._checked:
+            self._checked = True
+            available = _torch_cuda_available() if self._cuda_available is None else self._cuda_available
+            if not available:
+                logger.warning(
+                    "--torch-profile-memory-snapshot needs CUDA, which is not available on rank %d: "
+                    "no memory history is recorded and no snapshots are written.", self.rank)
+                self.enabled = False
+                return False
+        return True
+
+    def start(self) -> None:
+        """Begin recording allocator history (alloc/free events with their stacks)."""
+        if not self._usable() or self.recording:
+            return
+        record = self._record_fn
+        if record is None:
+            import torch
+
+            record = torch.cuda.memory._record_memory_history
+        record(enabled="all", context="all", stacks=self.stacks, max_entries=self.max_entries)
+        self.recording = True
+        logger.info("recording CUDA memory history (%s stacks, up to %d events) -> %s",
+                    self.stacks, self.max_entries, self.output_dir)
+
+    def on_step(self, iteration: int, profiled_cycle_ended: bool = False) -> str | None:
+        """Call after ``iteration`` finished; returns the written path, if any."""
+        self.next_iteration = iteration + 1
+        if not self._usable():
+            return None
+        due = profiled_cycle_ended or (self.interval > 0 and iteration > 0 and iteration % self.interval == 0)
+        return self.dump(iteration) if due else None
+
+    def on_oom(self, iteration: int) -> str | None:
+        """Dump ``..._oom.pickle`` for ``iteration``; never raises (the OOM is what matters)."""
+        if not self._usable():
+            return None
+        return self.dump(iteration, reason="oom")
+
+    def guard(self, iteration: int | None = None) -> _Guard:
+        """``with snapshotter.guard(it): train_step()`` or ``@snapshotter.guard()``: dumps a
+        snapshot if ``torch.OutOfMemoryError`` escapes, then re-raises it.  Without
+        ``iteration`` the one after the last ``on_step`` is used."""
+        return _Guard(self, iteration)
+
+    def wrap(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``step_fn`` with :meth:`guard` around every call."""
+
+        @functools.wraps(step_fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self.guard():
+                return step_fn(*args, **kwargs)
+
+        return wrapped
+
+    def dump(self, iteration: int, reason: str | None = None) -> str | None:
+        """Write one snapshot now; errors are logged, never raised into training."""
+        if not self._usable():
+            return None
+        path = os.path.join(self.output_dir, snapshot_file_name(self.host, self.rank, iteration, reason))
+        started = time.perf_counter()
+        try:
+            snapshot_fn = self._snapshot_fn
+            if snapshot_fn is None:
+                import torch
+
+                snapshot_fn = torch.cuda.memory._snapshot
+            write_snapshot(snapshot_fn(), path)
+        except Exception as err:  # noqa: BLE001  (a failed snapshot must not end the run)
+            logger.error("could not write the memory snapshot %s: %s", path, err)
+            return None
+        self.written.append(path)
+        logger.info("memory snapshot %s written in %.1f s (view it at https://pytorch.org/memory_viz)",
+                    path, time.perf_counter() - started)
+        return path
+
+    def close(self) -> None:
+        """Stop recording allocator history; safe to call twice."""
+        if not self.recording:
+            return
+        self.recording = False
+        record = self._record_fn
+        if record is None:
+            import torch
+
+            record = torch.cuda.memory._record_memory_history
+        try:
+            record(enabled=None)
+        except Exception as err:  # noqa: BLE001
+            logger.warning("could not stop recording CUDA memory history: %s", err)
+
+    @staticmethod
+    def _is_oom(exc: BaseException) -> bool:
+        torch = sys.modules.get("torch")
+        oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+        return oom_type is not None and isinstance(exc, oom_type)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[MemorySnapshotter]:
+        """``start()`` ... ``close()`` as a context manager."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.close()
+
+
+def check_memory_snapshot_args(args: argparse.Namespace) -> None:
+    """Raise :class:`~torchprof_args.flags.TorchProfileArgsError` when a
+    ``--torch-profile-memory-snapshot-*`` option is given without ``--torch-profile-memory-snapshot``."""
+    from torchprof_args.flags import TorchProfileArgsError
+
+    if getattr(args, "torch_profile_memory_snapshot", False):
+        return
+    given = [
+        f"--torch-profile-memory-snapshot-{name.replace('_', '-')}"
+        for name in ("max_entries", "stacks", "interval")
+        if getattr(args, f"torch_profile_memory_snapshot_{name}", None) is not None
+    ]
+    if given:
+        raise TorchProfileArgsError(
+            f"{', '.join(given)} only take effect with --torch-profile-memory-snapshot; add it or drop them."
+        )
