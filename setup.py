@@ -6,7 +6,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 EXTRAS = {
-    "wandb": ["wandb>=0.16"],
+    "wandb": ["wandb>=0.16", "wandb-workspaces>=0.1"],
     "tensorboard": ["tensorboard>=2.12"],
     "deepspeed": ["deepspeed>=0.14"],
     "megatron": ["megatron-core>=0.9"],
@@ -20,6 +20,7 @@ EXTRAS["dev"] = EXTRAS["all"] + [
     "ruff>=0.4",
     "HolisticTraceAnalysis>=0.2",
     "psutil>=5.9",
+    "Pillow>=9",
 ]
 
 setup(

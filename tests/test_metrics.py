@@ -1,0 +1,268 @@
+"""MetricsWriter: a real 2-rank gloo run read back from wandb (offline), TensorBoard and metrics.jsonl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchprof_args import MetricsWriter, Timers, TorchProfileArgsError, add_torch_profile_args, validate_args
+from torchprof_args.metrics import (
+    default_wandb_mode,
+    read_metrics_file,
+    transformer_flops_per_iteration,
+    wandb_credentials_present,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TIMER_NAMES = ("batch-generator", "forward-backward", "optimizer")
+
+
+@pytest.fixture(autouse=True)
+def _offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing touches the network or the real home directory."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("NETRC", raising=False)
+
+
+def _child_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _read_wandb_history(run_dir: Path) -> list[dict]:
+    """History rows of the offline run, read by wandb's own reader (`wandb leet inspect`)."""
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, f"expected one offline run under {run_dir}, found {files}"
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(files[0])],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    metric_defs = [r["metric"] for r in records if r.get("type") == "metric"]
+    assert {"glob_name": "*", "options": {"defined": True, "step_sync": True}, "step_metric": "iteration"} in metric_defs
+    return [r["history"]["item"] for r in records if r.get("type") == "history"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real torchrun --nproc_per_node 2 (gloo) training run; returns its metrics dir."""
+    base = tmp_path_factory.mktemp("two_rank")
+    env = _child_env(base)
+    env.update(
+        WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(base), HOME=str(base / "home"),
+        WANDB_CONFIG_DIR=str(base / "wandb-config"), WANDB_CACHE_DIR=str(base / "wandb-cache"),
+        WANDB_DATA_DIR=str(base / "wandb-data"),
+    )
+    env.pop("WANDB_API_KEY", None)
+    run_dir = base / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(REPO / "tests" / "timers_train_script.py"),
+        "--metrics-dir", str(run_dir), "--log-interval", "2", "--train-iters", "8",
+        "--wandb-project", "torchprof-test", "--wandb-exp-name", "two-ranks",
+    ]
+    result = subprocess.run(command, env=env, cwd=base, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 0 done" in result.stdout and "rank 1 done" in result.stdout
+    return run_dir
+
+
+@pytest.mark.slow
+def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) -> None:
+    records = read_metrics_file(two_rank_run / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [2, 4, 6, 8]
+    for record in records:
+        metrics = record["metrics"]
+        for name in TIMER_NAMES:
+            assert 0 < metrics[f"timers/{name}-time-min"] <= metrics[f"timers/{name}-time"], name
+        assert "timers/not-logged-time" not in metrics  # level 2 timer above --timing-log-level 0
+        assert metrics["throughput/samples-per-sec"] == pytest.approx(32 / metrics["iteration-time"])
+        assert metrics["throughput/tokens-per-sec"] == pytest.approx(32 * 32 / metrics["iteration-time"])
+        assert metrics["throughput/tflops-per-gpu"] > 0
+        assert metrics["memory/host-max-rss-gb"] > 0
+        assert metrics["profiler/trace_mb"] == 2.5 and metrics["profiler/trace_mb-min"] == 1.5
+        per_rank = record["per_rank"]
+        assert per_rank["profiler/trace_mb"] == [1.5, 2.5]
+        assert len(per_rank["timers/forward-backward-time"]) == 2
+        # rank 1 sleeps 10 ms longer in batch-generator: the max is rank 1's value
+        rank0, rank1 = per_rank["timers/batch-generator-time"]
+        assert rank0 < rank1 and metrics["timers/batch-generator-time"] == rank1
+        assert metrics["timers/batch-generator-time-min"] == rank0
+        for name in ("forward-backward",):
+            values = per_rank[f"timers/{name}-time"]
+            assert (metrics[f"timers/{name}-time-min"], metrics[f"timers/{name}-time"]) == (min(values), max(values))
+    flush = [r["metrics"]["profiler/flush_seconds"] for r in records]
+    assert flush == sorted(flush) and flush[-1] == pytest.approx(0.16)
+
+
+@pytest.mark.slow
+def test_tensorboard_events_hold_the_same_series(two_rank_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(two_rank_run), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for name in TIMER_NAMES:
+        assert {f"timers/{name}-time", f"timers/{name}-time-min"} <= tags
+    assert {"iteration-time", "throughput/samples-per-sec", "profiler/flush_seconds"} <= tags
+    jsonl = {r["iteration"]: r["metrics"] for r in read_metrics_file(two_rank_run / "metrics.jsonl")}
+    for name in TIMER_NAMES:
+        highs = events.Scalars(f"timers/{name}-time")
+        lows = events.Scalars(f"timers/{name}-time-min")
+        assert [s.step for s in highs] == [2, 4, 6, 8]
+        for high, low in zip(highs, lows, strict=True):
+            assert low.value <= high.value
+            assert high.value == pytest.approx(jsonl[high.step][f"timers/{name}-time"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_the_same_series(two_rank_run: Path) -> None:
+    history = _read_wandb_history(two_rank_run)
+    assert [row["iteration"] for row in history] == [2, 4, 6, 8]
+    jsonl = {r["iteration"]: r["metrics"] for r in read_metrics_file(two_rank_run / "metrics.jsonl")}
+    for row in history:
+        for name in TIMER_NAMES:
+            assert row[f"timers/{name}-time-min"] <= row[f"timers/{name}-time"]
+            assert row[f"timers/{name}-time"] == pytest.approx(jsonl[row["iteration"]][f"timers/{name}-time"])
+        assert row["iteration-time"] > 0
+    run_info = json.loads((two_rank_run / "wandb_run.json").read_text())
+    assert run_info["project"] == "torchprof-test" and run_info["name"] == "two-ranks"
+    assert run_info["mode"] == "offline"
+
+
+def test_wandb_failing_mid_run_warns_once_and_other_sinks_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import wandb
+
+    timers = Timers(0, "minmax")
+    writer = MetricsWriter(tmp_path / "run", timers=timers, rank=0, world_size=1, wandb_mode="offline")
+    assert writer.sink_names == ["metrics.jsonl", "TensorBoard", "wandb"]
+    timers("step", log_level=0).start()
+    timers("step").stop()
+    writer.log_step(1)
+    wandb.run.finish()  # wandb's run dies behind the writer's back
+    for iteration in (2, 3, 4):
+        timers("step").start()
+        timers("step").stop()
+        writer.log_step(iteration)
+    writer.close()
+    assert writer.sink_names == []
+    assert caplog.text.count("wandb metrics stopped") == 1
+    assert "wandb metrics stopped at iteration 2" in caplog.text
+    records = read_metrics_file(tmp_path / "run" / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    assert all("timers/step-time" in r["metrics"] for r in records)
+
+
+def test_wandb_not_installed_warns_and_the_rest_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what an environment without wandb looks like
+    writer = MetricsWriter(tmp_path / "run", rank=0, world_size=1, wandb_mode="offline", console=False)
+    assert writer.sink_names == ["metrics.jsonl", "TensorBoard"]
+    writer.log_step(1, iteration_time=0.5, samples=4)
+    writer.close()
+    assert "wandb metrics are off" in caplog.text
+    (record,) = read_metrics_file(tmp_path / "run" / "metrics.jsonl")
+    assert record["metrics"]["throughput/samples-per-sec"] == 8.0
+
+
+def test_add_scalar_and_log_buffer_per_iteration(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path, rank=0, world_size=1, sinks=["jsonl"], console=False)
+    writer.add_scalar("a", 1.0, 10)
+    writer.log({"b": 2.0}, step=10)
+    writer.add_scalar("a", 3.0, 20)  # a new iteration flushes the previous one
+    writer.log_step(20, iteration_time=1.0)
+    writer.close()
+    records = read_metrics_file(tmp_path / "metrics.jsonl")
+    assert records[0]["metrics"] == {"a": 1.0, "b": 2.0}
+    assert records[1]["metrics"]["a"] == 3.0 and records[1]["metrics"]["iteration-time"] == 1.0
+
+
+def test_non_writing_rank_has_no_sinks(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path / "run", rank=0, world_size=4)
+    assert writer.metrics_rank == 3 and not writer.is_writer and writer.sink_names == []
+    writer.add_scalar("a", 1.0, 1)
+    writer.close()
+    assert not (tmp_path / "run").exists()
+
+
+def test_from_args_uses_flags_and_megatron_names(tmp_path: Path) -> None:
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    args = parser.parse_args(
+        ["--tensorboard-dir", str(tmp_path / "tb"), "--metrics-sinks", "jsonl", "--metrics-flops-per-iteration", "4e12"]
+    )
+    args.global_batch_size, args.seq_length = 8, 128  # what Megatron-LM's namespace carries
+    writer = MetricsWriter.from_args(args, rank=1, world_size=2, console=False)
+    assert writer.metrics_dir == tmp_path / "tb" and writer.sink_names == ["metrics.jsonl"]
+    assert (writer.samples_per_iteration, writer.tokens_per_iteration) == (8, 1024)
+    metrics = writer.log_step(1, iteration_time=2.0)
+    writer.close()
+    assert metrics["throughput/tflops-per-gpu"] == pytest.approx(1.0)  # 4e12 / 2 s / 2 GPUs
+    assert metrics["throughput/tokens-per-sec"] == 512
+
+
+def test_validation_errors_name_the_flags(tmp_path: Path) -> None:
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    with pytest.raises(TorchProfileArgsError, match="--metrics-rank 4 is outside the world size 4"):
+        validate_args(parser.parse_args(["--metrics-rank", "4"]), world_size=4)
+    with pytest.raises(TorchProfileArgsError, match="--wandb-mode online needs wandb credentials"):
+        validate_args(parser.parse_args(["--wandb-mode", "online"]), world_size=1)
+    with pytest.raises(TorchProfileArgsError, match="needs 'wandb' in --metrics-sinks"):
+        validate_args(parser.parse_args(["--wandb-mode", "offline", "--metrics-sinks", "jsonl"]), world_size=1)
+    validate_args(parser.parse_args(["--metrics-rank", "3", "--wandb-mode", "disabled"]), world_size=4)
+
+
+def test_wandb_mode_default_follows_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_MODE")
+    assert not wandb_credentials_present() and default_wandb_mode() == "offline"
+    netrc_file = tmp_path / "home" / ".netrc"
+    netrc_file.parent.mkdir(parents=True, exist_ok=True)
+    netrc_file.write_text("machine api.wandb.ai\n  login user\n  password not-a-real-key\n")
+    netrc_file.chmod(0o600)
+    assert wandb_credentials_present() and default_wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    assert default_wandb_mode() == "offline"
+
+
+def test_transformer_flops_match_the_closed_form() -> None:
+    # GPT-3 style (no GQA, ffn = 4h): 72 * B * s * L * h^2 * (1 + s/(6h) + V/(12 L h))
+    batch, seq, layers, hidden, vocab = 512, 2048, 24, 2048, 51200
+    expected = 72 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+    got = transformer_flops_per_iteration(
+        num_layers=layers, hidden_size=hidden, seq_length=seq, vocab_size=vocab, global_batch_size=batch,
+        num_attention_heads=16,
+    )
+    assert got == pytest.approx(expected, rel=1e-12)
+    gqa = transformer_flops_per_iteration(
+        num_layers=layers, hidden_size=hidden, seq_length=seq, vocab_size=vocab, global_batch_size=batch,
+        num_attention_heads=16, num_query_groups=4, swiglu=True, ffn_hidden_size=5632,
+    )
+    assert 0 < gqa != got
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, torchprof_args; "
+        "bad = [m for m in ('torch', 'wandb', 'tensorboard', 'torchprof_args.metrics') if m in sys.modules]; "
+        "print(bad)"
+    )
+    env = _child_env(Path("."))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,263 @@
+"""torchprof_args.Timers: Megatron semantics on CPU, the CUDA-event bookkeeping, flags, rank mismatch."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchprof_args import Timers, add_torch_profile_args, validate_args
+from torchprof_args.timers import (
+    DummyTimer,
+    TimerError,
+    TimerSnapshot,
+    _CudaEventTimer,
+    _EventPool,
+    format_snapshot,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_start_stop_accumulates_and_elapsed_resets() -> None:
+    timers = Timers(0, "minmax")
+    assert timers.device == "cpu"
+    timer = timers("step", log_level=0)
+    for _ in range(3):
+        timer.start()
+        _spin(0.002)
+        timer.stop()
+    first = timer.elapsed(reset=False)
+    assert 0.006 <= first < 0.5
+    assert timer.elapsed(reset=True) == first
+    assert timer.elapsed() == 0.0
+    assert timer.active_time() >= first  # active time survives resets, as in Megatron
+
+
+def test_elapsed_of_a_running_timer_keeps_it_running() -> None:
+    timer = Timers(0, "max")("running", log_level=0)
+    timer.start()
+    _spin(0.002)
+    assert timer.elapsed() >= 0.002
+    _spin(0.002)
+    timer.stop()
+    assert timer.elapsed() >= 0.002
+
+
+def test_misuse_is_a_clear_error_that_is_also_an_assertion_error() -> None:
+    timer = Timers(0, "max")("t", log_level=0)
+    with pytest.raises(TimerError, match="is not started"):
+        timer.stop()
+    timer.start()
+    with pytest.raises(AssertionError, match="already been started"):
+        timer.start()
+
+
+def test_log_levels_and_dummy_timers() -> None:
+    timers = Timers(1, "minmax")
+    assert isinstance(timers("level-2"), DummyTimer)  # no level given means the max level, 2
+    assert isinstance(timers("level-2b", log_level=2), DummyTimer)
+    measured = timers("level-1", log_level=1)
+    assert not isinstance(measured, DummyTimer)
+    dummy = timers("level-2")
+    dummy.start()
+    dummy.stop()
+    with pytest.raises(TimerError, match="log level"):
+        dummy.elapsed()
+    with pytest.raises(TimerError, match="created with log level 1"):
+        timers("level-1", log_level=0)
+    with pytest.raises(TimerError, match="outside 0..2"):
+        timers("bad", log_level=3)
+    assert timers.names() == ["level-1"]
+    with pytest.raises(ValueError, match="log_option"):
+        Timers(0, "mean")
+
+
+def test_log_text_for_each_option_in_milliseconds() -> None:
+    snapshot = TimerSnapshot(["fwd", "opt"], [[0.010, math.nan], [0.030, 0.002]], [None, None])
+    assert snapshot.min_max() == {"fwd": (0.010, 0.030), "opt": (0.002, 0.002)}
+    text = format_snapshot(snapshot, "minmax", normalizer=2.0)
+    assert text.splitlines()[0] == "(min, max) time across ranks (ms):"
+    assert "fwd " in text and "(5.00, 15.00)" in text
+    assert "15.00" in format_snapshot(snapshot, "max", normalizer=2.0)
+    all_text = format_snapshot(snapshot, "all")
+    assert "rank  1: 30.00" in all_text and "rank  0: 2.00" not in all_text  # NaN ranks left out
+    assert format_snapshot(TimerSnapshot(["x"], [[math.nan]], [None]), "max") is None
+
+
+def test_single_process_log_and_write_to_tensorboard(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    timers = Timers(0, "minmax")
+    for _ in range(4):
+        timers("forward", log_level=0).start()
+        _spin(0.001)
+        timers("forward").stop()
+    timers("never-run", log_level=0)
+    text = timers.log(["forward", "never-run"], normalizer=4, reset=False)
+    assert text is not None and "forward" in text and "never-run" not in text
+    writer = SummaryWriter(str(tmp_path))
+    written = timers.write(["forward", "never-run"], writer, 7, normalizer=4)
+    writer.close()
+    assert set(written) == {"timers/forward-time", "timers/forward-time-min"}
+    assert 0.001 <= written["timers/forward-time"] < 0.1
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = events.Scalars("timers/forward-time")
+    assert [s.step for s in scalars] == [7]
+    assert scalars[0].value == pytest.approx(written["timers/forward-time"], rel=1e-5)
+    assert timers("forward").elapsed() == 0.0  # write reset it
+
+
+def test_write_with_max_option_writes_only_the_max() -> None:
+    timers = Timers(0, "max")
+    timers("a", log_level=0).start()
+    timers("a").stop()
+    assert list(timers.write(["a"], None, 1)) == ["timers/a-time"]
+    with pytest.raises(TypeError, match="add_scalar"):
+        timers("a").start()
+        timers("a").stop()
+        timers.write(["a"], object(), 1)
+
+
+class _HostEvent:
+    """Stand-in for ``torch.cuda.Event`` backed by the host clock (no GPU on CI): it exercises
+    the event timer's pairing, lazy resolution and pooling; the CUDA calls themselves are the
+    documented ``record``/``query``/``synchronize``/``elapsed_time``."""
+
+    created = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        type(self).created += 1
+        self.time: float | None = None
+
+    def record(self) -> None:
+        self.time = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.time is not None
+
+    def synchronize(self) -> None:
+        assert self.time is not None
+
+    def elapsed_time(self, end: _HostEvent) -> float:
+        return (end.time - self.time) * 1000.0
+
+
+class _HostCuda:
+    class cuda:  # noqa: N801  (mirrors torch.cuda)
+        Event = _HostEvent
+
+
+def test_cuda_event_timer_bookkeeping_resolves_lazily_and_reuses_events() -> None:
+    _HostEvent.created = 0
+    timer = _CudaEventTimer("fwd", _EventPool(_HostCuda))
+    for _ in range(3):
+        timer.start()
+        _spin(0.001)
+        timer.stop()
+    assert len(timer._pending) == 3 and timer._elapsed == 0.0  # nothing resolved at stop
+    seconds = timer.elapsed()
+    assert 0.003 <= seconds < 0.5 and timer._pending == []
+    for _ in range(3):
+        timer.start()
+        timer.stop()
+    assert _HostEvent.created == 6  # the second round reused the pooled events
+    for _ in range(300):  # past the pending cap, completed pairs are folded in without blocking
+        timer.start()
+        timer.stop()
+    assert len(timer._pending) < 256
+    assert timer.active_time() >= seconds
+    timer.start()
+    running = timer.elapsed()
+    assert running >= 0.0 and timer._started
+
+
+def test_timers_device_auto_is_cpu_without_cuda() -> None:
+    import torch
+
+    timers = Timers(0, "minmax", device="cuda")
+    assert timers.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert Timers(0, "minmax", device="cpu").device == "cpu"
+
+
+def test_from_args_reads_the_flags(tmp_path: Path) -> None:
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    args = validate_args(
+        parser.parse_args(
+            ["--timing-log-level", "2", "--timing-log-option", "all", "--timing-synchronize", "--metrics-dir", str(tmp_path)]
+        ),
+        world_size=1,
+    )
+    timers = Timers.from_args(args)
+    assert (timers.log_level, timers.log_option, timers.synchronize) == (2, "all", True)
+    defaults = Timers.from_args(parser.parse_args([]))
+    assert (defaults.log_level, defaults.log_option, defaults.synchronize) == (0, "minmax", False)
+
+
+def test_bad_timing_flags_fail_in_argparse(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--timing-log-level", "3"])
+    assert exit_info.value.code == 2
+    assert "--timing-log-level: must be 0, 1 or 2" in capsys.readouterr().err
+
+
+def test_megatron_host_options_are_reused_not_redefined() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-interval", type=int, default=100)
+    parser.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3))
+    parser.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"])
+    parser.add_argument("--wandb-project", default="")
+    parser.add_argument("--wandb-exp-name", default="")
+    parser.add_argument("--wandb-save-dir", default="")
+    add_torch_profile_args(parser)  # would raise argparse.ArgumentError on a clash
+    args = parser.parse_args(["--log-interval", "5", "--wandb-mode", "offline"])
+    assert args.log_interval == 5 and args.wandb_project == "" and args.wandb_mode == "offline"
+
+
+def _torchrun(script_args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(tmp_path),
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wandb-data"),
+        HOME=str(tmp_path / "home"),
+        OMP_NUM_THREADS="1",
+    )
+    env.pop("WANDB_API_KEY", None)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(REPO / "tests" / "timers_train_script.py"), *script_args,
+    ]
+    return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_two_ranks_with_different_names_get_a_clear_error_not_a_hang(tmp_path: Path) -> None:
+    result = _torchrun(["--mismatch", "--metrics-dir", str(tmp_path / "run")], tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for rank in (0, 1):
+        line = next(line for line in output.splitlines() if line.startswith(f"MISMATCH rank {rank}:"))
+        assert "same timer names on every rank" in line
+        assert "rank 1 has extra ['optimizer']" in line
+

@@ -1,0 +1,510 @@
+"""``torchprof dashboard``: the step-timing dashboard, as a self-contained HTML page or a wandb view.
+
+One panel specification (:data:`DEFAULT_SPEC`, also shipped as ``configs/wandb_dashboard.json``)
+drives both renderings, so the HTML page and the wandb workspace show the same panels: iteration
+time, each timer's min/max across ranks, throughput, memory and the profiler's own figures, all
+against the training iteration.
+
+    torchprof dashboard RUN_DIR -o timings.html         # from RUN_DIR/metrics.jsonl, no network
+    torchprof dashboard RUN_DIR --wandb --dry-run       # print the wandb workspace it would save
+    torchprof dashboard RUN_DIR --wandb                 # save it (needs wandb login and a synced run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import html
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_SPEC",
+    "Panel",
+    "expand_panels",
+    "load_spec",
+    "render_html",
+    "build_wandb_workspace",
+    "register",
+]
+
+#: The dashboard: sections of line panels over ``x``.  A panel with ``for_each`` is repeated
+#: for every metric key matching the pattern (``{name}`` is the varying part; names matching
+#: ``skip`` are left out); ``band`` shades between the first two series (max and min).
+DEFAULT_SPEC: dict[str, Any] = {
+    "title": "torchprof step timings",
+    "x": "iteration",
+    "sections": [
+        {
+            "name": "Step time",
+            "panels": [{"title": "iteration time", "unit": "s", "y": ["iteration-time"]}],
+        },
+        {
+            "name": "Timers: max and min across ranks (per iteration)",
+            "panels": [
+                {
+                    "for_each": "timers/{name}-time",
+                    "title": "{name}",
+                    "unit": "s",
+                    "y": ["timers/{name}-time", "timers/{name}-time-min"],
+                    "labels": ["max across ranks", "min across ranks"],
+                    "band": True,
+                }
+            ],
+        },
+        {
+            "name": "Throughput",
+            "panels": [
+                {"title": "samples per second", "unit": "samples/s", "y": ["throughput/samples-per-sec"]},
+                {"title": "tokens per second", "unit": "tokens/s", "y": ["throughput/tokens-per-sec"]},
+                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput/tflops-per-gpu"]},
+            ],
+        },
+        {
+            "name": "Memory (max across ranks)",
+            "panels": [
+                {
+                    "title": "device memory",
+                    "unit": "GB",
+                    "y": ["memory/max-allocated-gb", "memory/max-reserved-gb"],
+                    "labels": ["max allocated", "max reserved"],
+                },
+                {"title": "host peak RSS", "unit": "GB", "y": ["memory/host-max-rss-gb"]},
+            ],
+        },
+        {
+            "name": "Profiler: max and min across ranks",
+            "panels": [
+                {
+                    "for_each": "profiler/{name}",
+                    "skip": "-min$",
+                    "title": "{name}",
+                    "unit": "",
+                    "y": ["profiler/{name}", "profiler/{name}-min"],
+                    "labels": ["max across ranks", "min across ranks"],
+                    "band": True,
+                }
+            ],
+        },
+    ],
+}
+
+_SPEC_FILE = Path(__file__).resolve().parents[1] / "configs" / "wandb_dashboard.json"
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+class Panel:
+    """One expanded panel: a title, a unit and the metric keys it plots."""
+
+    def __init__(
+        self, title: str, unit: str, keys: list[str], labels: list[str], band: bool, regex: str | None = None
+    ) -> None:
+        self.title = title
+        self.unit = unit
+        self.keys = keys
+        self.labels = labels
+        self.band = band
+        #: For wandb when the keys are not known yet: plot every metric matching this.
+        self.regex = regex
+
+    def __repr__(self) -> str:
+        return f"Panel({self.title!r}, {self.keys!r})"
+
+
+def load_spec(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The panel spec from ``path`` (JSON), else :data:`DEFAULT_SPEC`."""
+    if path is None:
+        return copy.deepcopy(DEFAULT_SPEC)
+    try:
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"dashboard spec {path}: cannot be read as JSON ({err}).") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("sections"), list):
+        raise ValueError(f"dashboard spec {path}: expected an object with a 'sections' list.")
+    return spec
+
+
+def _pattern_regex(pattern: str) -> str:
+    head, _, tail = pattern.partition("{name}")
+    return f"^{re.escape(head)}(?P<name>.+){re.escape(tail)}$"
+
+
+def expand_panels(spec: Mapping[str, Any], keys: Sequence[str] | None) -> list[tuple[str, list[Panel]]]:
+    """``[(section name, panels)]`` for the metric ``keys`` present (``None``: keys unknown,
+    ``for_each`` panels become one regex panel each).  Panels without data are dropped."""
+    present = None if keys is None else set(keys)
+    sections: list[tuple[str, list[Panel]]] = []
+    for section in spec.get("sections", []):
+        panels: list[Panel] = []
+        for entry in section.get("panels", []):
+            unit = entry.get("unit", "")
+            band = bool(entry.get("band", False))
+            templates = list(entry.get("y", []))
+            labels = list(entry.get("labels", []))
+            pattern = entry.get("for_each")
+            if pattern is None:
+                shown = [k for k in templates if present is None or k in present]
+                if shown:
+                    shown_labels = [labels[templates.index(k)] if templates.index(k) < len(labels) else k for k in shown]
+                    panels.append(Panel(entry.get("title", shown[0]), unit, shown, shown_labels, band))
+                continue
+            regex = _pattern_regex(pattern)
+            if present is None:
+                title = entry.get("title", "{name}").replace("{name}", "all")
+                panels.append(Panel(title, unit, [], [], False, regex=regex))
+                continue
+            skip = entry.get("skip")
+            names = []
+            for key in sorted(present):
+                match = re.match(regex, key)
+                if match and not (skip and re.search(skip, match["name"])):
+                    names.append(match["name"])
+            for name in names:
+                shown = [t.replace("{name}", name) for t in templates]
+                keep = [i for i, k in enumerate(shown) if k in present]
+                panels.append(
+                    Panel(
+                        entry.get("title", "{name}").replace("{name}", name),
+                        unit,
+                        [shown[i] for i in keep],
+                        [labels[i] if i < len(labels) else shown[i] for i in keep],
+                        band and len(keep) == 2,
+                    )
+                )
+        if panels:
+            sections.append((section.get("name", ""), panels))
+    return sections
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML rendering (inline SVG, no network)
+
+
+def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    if not math.isfinite(low) or not math.isfinite(high):
+        return [0.0]
+    if high <= low:
+        high = low + (abs(low) * 0.1 or 1.0)
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    start = math.floor(low / step) * step
+    ticks = []
+    value = start
+    while value <= high + step * 1e-9:
+        ticks.append(round(value, 12))
+        value += step
+    if ticks[-1] < high:
+        ticks.append(round(value, 12))
+    return ticks
+
+
+def _fmt(value: float) -> str:
+    magnitude = abs(value)
+    if magnitude == 0:
+        return "0"
+    for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if magnitude >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _scale_unit(unit: str, peak: float) -> tuple[str, float]:
+    """Show seconds as ms when every value is below one second."""
+    if unit == "s" and peak < 1.0:
+        return "ms", 1000.0
+    return unit, 1.0
+
+
+def _svg_panel(panel: Panel, series: list[tuple[list[float], list[float | None]]]) -> str:
+    width, height = 420, 270
+    left, right, top, bottom = 62, 14, 34, 58
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs_all = [x for xs, _ in series for x in xs]
+    ys_all = [y for _, ys in series for y in ys if y is not None]
+    unit, factor = _scale_unit(panel.unit, max(ys_all) if ys_all else 0.0)
+    x_low, x_high = min(xs_all), max(xs_all)
+    if x_high == x_low:
+        x_low, x_high = x_low - 1, x_high + 1
+    y_low = min(0.0, min(ys_all) * factor)
+    y_high = max(ys_all) * factor
+    y_ticks = _nice_ticks(y_low, y_high)
+    y_low, y_high = y_ticks[0], y_ticks[-1]
+    if y_high == y_low:
+        y_high = y_low + 1
+    x_ticks = [t for t in _nice_ticks(x_low, x_high) if x_low <= t <= x_high] or [x_low, x_high]
+
+    def px(x: float) -> float:
+        return left + (x - x_low) / (x_high - x_low) * plot_w
+
+    def py(y: float) -> float:
+        return top + plot_h - (y - y_low) / (y_high - y_low) * plot_h
+
+    out = [
+        f'<svg class="panel" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(panel.title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{left}" y="20" class="title">{html.escape(panel.title)}'
+        + (f' <tspan class="unit">({html.escape(unit)})</tspan>' if unit else "")
+        + "</text>",
+    ]
+    for tick in y_ticks:
+        y = py(tick)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="grid"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(tick)}</text>')
+    for tick in x_ticks:
+        x = px(tick)
+        out.append(f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" class="axis"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 17}" class="tick" text-anchor="middle">{_fmt(tick)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
+    out.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="axislabel" text-anchor="middle">iteration</text>'
+    )
+
+    if panel.band and len(series) == 2:
+        (xs_hi, ys_hi), (xs_lo, ys_lo) = series
+        upper = [(px(x), py(y * factor)) for x, y in zip(xs_hi, ys_hi, strict=True) if y is not None]
+        lower = [(px(x), py(y * factor)) for x, y in zip(xs_lo, ys_lo, strict=True) if y is not None]
+        if upper and lower:
+            points = upper + lower[::-1]
+            out.append(
+                '<polygon class="band" fill="' + _PALETTE[0] + '" points="'
+                + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>'
+            )
+    for index, ((xs, ys), label) in enumerate(zip(series, panel.labels, strict=True)):
+        color = _PALETTE[index % len(_PALETTE)]
+        dash = ' stroke-dasharray="5,3"' if panel.band and index == 1 else ""
+        points = [(x, y * factor) for x, y in zip(xs, ys, strict=True) if y is not None]
+        if not points:
+            continue
+        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+        out.append(f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2"{dash} points="{coords}"/>')
+        if len(points) <= 200:
+            for x, y in points:
+                out.append(
+                    f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.6" fill="{color}">'
+                    f"<title>{html.escape(label)}: iteration {x:g}, {y:.4g} {html.escape(unit)}</title></circle>"
+                )
+        legend_x = left + index * (plot_w / max(1, len(series)))
+        legend_y = height - 10
+        out.append(
+            f'<line x1="{legend_x:.1f}" y1="{legend_y - 4}" x2="{legend_x + 18:.1f}" y2="{legend_y - 4}" '
+            f'stroke="{color}" stroke-width="2"{dash}/>'
+        )
+        out.append(f'<text x="{legend_x + 22:.1f}" y="{legend_y}" class="legend">{html.escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222;
+       background: #f4f5f7; }
+h1 { font-size: 22px; margin: 0 0 4px 0; }
+.meta { color: #666; font-size: 13px; margin-bottom: 18px; }
+h2 { font-size: 16px; margin: 22px 0 8px 0; color: #333; }
+.grid-panels { display: flex; flex-wrap: wrap; gap: 14px; }
+svg.panel { border: 1px solid #d8dbe0; border-radius: 6px; box-shadow: 0 1px 2px rgba(0,0,0,.05); }
+svg .title { font-size: 14px; font-weight: 600; fill: #222; }
+svg .unit { font-weight: 400; fill: #666; }
+svg .tick { font-size: 11px; fill: #555; }
+svg .axislabel { font-size: 11px; fill: #777; }
+svg .legend { font-size: 11px; fill: #333; }
+svg .grid { stroke: #e6e8eb; stroke-width: 1; }
+svg .axis { stroke: #999; }
+svg .frame { fill: none; stroke: #bbb; }
+svg .band { opacity: 0.16; }
+svg circle:hover { r: 5; }
+"""
+
+
+def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], source: str = "") -> str:
+    """The dashboard page for metrics ``records`` (from :func:`read_metrics_file`)."""
+    x_key = spec.get("x", "iteration")
+    keys: set[str] = set()
+    for record in records:
+        keys.update(record.get("metrics", {}))
+    title = spec.get("title", "torchprof step timings")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    if records:
+        first, last = records[0][x_key], records[-1][x_key]
+        parts.append(
+            f'<div class="meta">{html.escape(source)} &middot; {len(records)} log intervals, '
+            f"iterations {first}&ndash;{last} &middot; hover a point for its value</div>"
+        )
+    else:
+        parts.append(f'<div class="meta">{html.escape(source)}: no metrics recorded yet.</div>')
+    panel_count = 0
+    for section_name, panels in expand_panels(spec, sorted(keys)):
+        svgs = []
+        for panel in panels:
+            series = []
+            for key in panel.keys:
+                xs, ys = [], []
+                for record in records:
+                    value = record.get("metrics", {}).get(key)
+                    if value is not None:
+                        xs.append(record[x_key])
+                        ys.append(value)
+                series.append((xs, ys))
+            if any(ys for _, ys in series):
+                svgs.append(_svg_panel(panel, series))
+        if svgs:
+            panel_count += len(svgs)
+            parts.append(f'<section><h2>{html.escape(section_name)}</h2><div class="grid-panels">')
+            parts += svgs
+            parts.append("</div></section>")
+    parts.append(f"<!-- torchprof dashboard: {panel_count} panels -->")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# wandb workspace
+
+
+def build_wandb_workspace(
+    spec: Mapping[str, Any], keys: Sequence[str] | None, *, entity: str, project: str, name: str | None = None
+) -> Any:
+    """The ``wandb_workspaces`` Workspace (a saved view) with the spec's panels; no network.
+
+    ``keys`` are the metric keys of the run (from its metrics.jsonl) so per-timer panels can be
+    laid out; ``None`` gives one regex panel per repeated group instead.
+    """
+    try:
+        import wandb_workspaces.reports.v2 as wr
+        import wandb_workspaces.workspaces as ws
+    except ImportError:
+        raise ImportError(
+            "the wandb dashboard needs the wandb-workspaces package: pip install wandb-workspaces"
+        ) from None
+    x_key = spec.get("x", "iteration")
+    sections = []
+    for section_name, panels in expand_panels(spec, keys):
+        plots = []
+        for panel in panels:
+            title = f"{panel.title} ({panel.unit})" if panel.unit else panel.title
+            if panel.regex is not None:
+                plots.append(wr.LinePlot(title=title, x=x_key, metric_regex=panel.regex))
+            else:
+                plots.append(wr.LinePlot(title=title, x=x_key, y=list(panel.keys)))
+        sections.append(ws.Section(name=section_name, panels=plots, is_open=True))
+    return ws.Workspace(
+        entity=entity, project=project, name=name or spec.get("title", "torchprof step timings"), sections=sections
+    )
+
+
+def workspace_json(workspace: Any) -> dict[str, Any]:
+    """The view exactly as it would be sent to wandb (``wandb_workspaces``' own model)."""
+    return workspace._to_model().model_dump(mode="json")  # noqa: SLF001
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "dashboard",
+        help="step-timing dashboard: self-contained HTML from metrics.jsonl, or a wandb workspace",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="metrics directory (or its metrics.jsonl)")
+    parser.add_argument("-o", "--output", metavar="HTML", help="HTML file to write (default RUN_DIR/timings.html)")
+    parser.add_argument("--spec", metavar="JSON", help="panel spec (default: the built-in, configs/wandb_dashboard.json)")
+    parser.add_argument("--wandb", action="store_true", help="save the panels as a wandb workspace view")
+    parser.add_argument("--entity", help="wandb entity (default: from RUN_DIR/wandb_run.json)")
+    parser.add_argument("--project", help="wandb project (default: from RUN_DIR/wandb_run.json)")
+    parser.add_argument("--view-name", help="name of the wandb view (default: the spec's title)")
+    parser.add_argument("--dry-run", action="store_true", help="with --wandb: print the view as JSON, send nothing")
+    parser.add_argument("--write-spec", metavar="JSON", help="write the built-in panel spec to JSON and exit")
+    parser.set_defaults(func=_run)
+
+
+def _fail(message: str) -> int:
+    print(f"torchprof dashboard: {message}", file=sys.stderr)
+    return 2
+
+
+def _metrics_path(run_dir: str) -> Path:
+    from torchprof_args.metrics import METRICS_FILENAME
+
+    path = Path(run_dir)
+    return path if path.is_file() else path / METRICS_FILENAME
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.metrics import WANDB_RUN_FILENAME, read_metrics_file, wandb_credentials_present
+
+    if args.write_spec:
+        _write_atomic(Path(args.write_spec), json.dumps(DEFAULT_SPEC, indent=2) + "\n")
+        return 0
+    if not args.run_dir:
+        return _fail("give RUN_DIR (the --metrics-dir of a run) or --write-spec JSON.")
+    try:
+        spec = load_spec(args.spec)
+    except ValueError as err:
+        return _fail(str(err))
+    metrics_path = _metrics_path(args.run_dir)
+    records: list[dict[str, Any]] | None = None
+    if metrics_path.is_file():
+        try:
+            records = read_metrics_file(metrics_path)
+        except ValueError as err:
+            return _fail(str(err))
+    elif not args.wandb:
+        return _fail(f"{metrics_path} not found: point RUN_DIR at a run's --metrics-dir.")
+
+    if not args.wandb:
+        output = Path(args.output) if args.output else metrics_path.parent / "timings.html"
+        _write_atomic(output, render_html(records or [], spec, source=str(metrics_path)))
+        print(f"wrote {output}")
+        return 0
+
+    run_info: dict[str, Any] = {}
+    run_file = Path(args.run_dir) / WANDB_RUN_FILENAME
+    if run_file.is_file():
+        run_info = json.loads(run_file.read_text(encoding="utf-8"))
+    entity = args.entity or run_info.get("entity")
+    project = args.project or run_info.get("project")
+    if not project:
+        return _fail("--wandb needs --project (no wandb_run.json in RUN_DIR to take it from).")
+    if not entity and not args.dry_run:
+        return _fail("--wandb needs --entity (the run was logged without one): pass your wandb user or team.")
+    keys = sorted({k for r in records for k in r.get("metrics", {})}) if records else None
+    try:
+        workspace = build_wandb_workspace(spec, keys, entity=entity or "ENTITY", project=project, name=args.view_name)
+    except ImportError as err:
+        return _fail(str(err))
+    if args.dry_run:
+        print(json.dumps(workspace_json(workspace), indent=2))
+        return 0
+    if not wandb_credentials_present():
+        hint = ""
+        if run_info.get("mode") == "offline" and run_info.get("dir"):
+            hint = f" Upload the offline run too: wandb sync {Path(run_info['dir']).parent}"
+        return _fail("--wandb needs wandb credentials: run `wandb login` or set WANDB_API_KEY." + hint)
+    if run_info.get("mode") == "offline" and run_info.get("dir"):
+        print(f"note: the run was logged offline; upload it with: wandb sync {Path(run_info['dir']).parent}")
+    workspace.save()  # the network call
+    print(f"saved wandb view: {workspace.url}")
+    return 0
