@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 from megatron.core.enums import ModelType
-from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.training import get_args, pretrain
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from .arguments import parse_and_validate_args
-from .global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer, set_global_variables
+from .global_vars import get_args, get_tensorboard_writer, get_timers, set_global_variables
 
 
 def initialize_megatron(extra_args_provider=None, args_defaults=None):
