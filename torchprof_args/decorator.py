@@ -226,7 +226,9 @@ def cli(
             args = parser.parse_args(argv)
             try:
                 apply_cli_aliases(args)
-                validate_args(args)
+                # Early check on a copy: validate_args fills in schedule defaults, and the
+                # profiler validates the flags again when it is built.
+                validate_args(argparse.Namespace(**vars(args)))
             except TorchProfileArgsError as err:
                 print(f"{parser.prog}: error: {err}", file=sys.stderr)  # one line, argparse's status
                 raise SystemExit(2) from None
