@@ -21,8 +21,9 @@ SEED_FLAG_BLOCK = [
 
 
 def test_two_rank_training_job_traces_both_ranks(tmp_path):
-    run = run_torchrun(REPO / "integrations" / "demo" / "train_lm.py", "--train-iters", "5",
-                       "--tensorboard-dir", str(tmp_path / "tb"), *SEED_FLAG_BLOCK)
+    run = run_torchrun(REPO / "integrations" / "demo" / "train_lm.py", "--train-iters", "6", "--log-interval", "2",
+                       "--tensorboard-dir", str(tmp_path / "tb"), *SEED_FLAG_BLOCK,
+                       WANDB_MODE="offline", WANDB_SILENT="true")
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     traces = sorted((tmp_path / "tb").glob("*.pt.trace.json.gz"))  # --tensorboard-dir is the default dir
     assert [t.name[:9] for t in traces] == ["rank00000", "rank00001"]
@@ -32,7 +33,18 @@ def test_two_rank_training_job_traces_both_ranks(tmp_path):
         assert data["distributedInfo"]["rank"] == rank
         assert any(e.get("name") == "ProfilerStep#3" for e in data["traceEvents"])
         assert any(e.get("name") == "[memory]" for e in data["traceEvents"])
-    assert "iteration    5/5" in run.stdout
+    assert "iteration    6/6" in run.stdout
+    # Step timers of both ranks reach the metrics file, including the profiler's own step.
+    records = [json.loads(line) for line in (tmp_path / "tb" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [2, 4, 6]
+    for key in ("timers/forward-backward-time", "timers/optimizer-time", "timers/batch-generator-time",
+                "timers/profiler-step-time", "iteration-time", "throughput/tokens-per-sec"):
+        assert all(key in r["metrics"] for r in records), key
+    html = tmp_path / "timings.html"
+    dashboard = subprocess.run([sys.executable, "-m", "torchprof_args", "dashboard", str(tmp_path / "tb"),
+                                "-o", str(html)], capture_output=True, text=True, env=subprocess_env())
+    assert dashboard.returncode == 0, dashboard.stderr
+    assert html.read_text().count("<svg") >= 5
 
 
 def test_bad_flags_fail_before_training_with_one_line(tmp_path):

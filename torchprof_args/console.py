@@ -14,10 +14,10 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.flags_command",
-    "torchprof_args.dashboard",
     "torchprof_args.analysis.commands",
     "torchprof_args.pyspy",
     "torchprof_args.nsys",
+    "torchprof_args.dashboard",
 )
 
 

@@ -335,6 +335,55 @@ PROFILE_FLAGS = FlagGroup(
 #: Every group the plugin adds, in order.  Later features append their group here.
 FLAG_GROUPS: list[FlagGroup] = [PROFILE_FLAGS]
 
+MEMORY_NSYS_FLAGS = FlagGroup(
+    title="torch profiler: memory snapshots, nsys",
+    description=(
+        "CUDA allocator snapshots per rank (pytorch.org/memory_viz) and Nsight Systems capture "
+        "ranges around the scheduled steps (torchprof-args)."
+    ),
+    flags=(
+        Flag(
+            "--torch-profile-memory-snapshot",
+            "Record CUDA allocator history on the --torch-profile-ranks and dump a snapshot pickle "
+            "per rank after each profiled cycle, every --torch-profile-memory-snapshot-interval "
+            "iterations and on CUDA out-of-memory errors. Needs CUDA.",
+            default=False,
+            action="store_true",
+        ),
+        Flag(
+            "--torch-profile-memory-snapshot-max-entries",
+            "Allocation/free events kept (a ring buffer; older ones are dropped).",
+            type=positive_int,
+            metavar="N",
+            default_doc="100000",
+        ),
+        Flag(
+            "--torch-profile-memory-snapshot-stacks",
+            "Stacks recorded per event: python (cheap) or all (adds C++ frames; symbolising "
+            "them can take minutes per dump).",
+            type=str.lower,
+            choices=("python", "all"),
+            metavar="S",
+            default_doc="python",
+        ),
+        Flag(
+            "--torch-profile-memory-snapshot-interval",
+            "Also dump every N iterations (0 = only after profiled cycles and on OOM).",
+            type=non_negative_int,
+            metavar="N",
+            default_doc="0",
+        ),
+        Flag(
+            "--torch-profile-nsys",
+            "Call cudaProfilerStart/Stop around the scheduled active steps and emit NVTX ranges for "
+            "steps and timers, for `nsys profile --capture-range=cudaProfilerApi` (see `torchprof "
+            "nsys`). Needs CUDA.",
+            default=False,
+            action="store_true",
+        ),
+    ),
+)
+FLAG_GROUPS.append(MEMORY_NSYS_FLAGS)
 
 def timing_log_level(text: str) -> int:
     """Megatron's timer log level: 0, 1 or 2."""
@@ -439,7 +488,6 @@ TIMER_FLAGS = FlagGroup(
     ),
 )
 FLAG_GROUPS.append(TIMER_FLAGS)
-
 
 # -- framework integrations (torchprof_args.megatron / .deepspeed / .decorator) ----------------
 

@@ -42,8 +42,8 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(OUTPUT)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}", str(HERE / "train_lm.py"), "--train-iters", "10",
-        "--tensorboard-dir", str(OUTPUT / "tensorboard"), *SEED_FLAG_BLOCK, *argv,
+        f"--master_port={free_port()}", str(HERE / "train_lm.py"), "--train-iters", "20",
+        "--log-interval", "2", "--tensorboard-dir", str(OUTPUT / "tensorboard"), *SEED_FLAG_BLOCK, *argv,
     ]
     print("$ " + " ".join(command[2:]), flush=True)
     code = subprocess.run(command, cwd=REPO).returncode
@@ -63,12 +63,17 @@ def main(argv: list[str]) -> int:
     if traces:
         print("\n$ torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)), flush=True)
         subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")], cwd=REPO)
+    dashboard = OUTPUT / "timings.html"
+    subprocess.run([sys.executable, "-m", "torchprof_args", "dashboard", str(OUTPUT / "tensorboard"),
+                    "-o", str(dashboard)], cwd=REPO, check=False)
     print("\nhow to open them:")
     print("  Perfetto UI: open https://ui.perfetto.dev and drag a .pt.trace.json.gz file onto it")
     print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")
     print("  TensorBoard: pip install torch-tb-profiler tensorboard; "
           f"tensorboard --logdir {(OUTPUT / 'tensorboard').relative_to(REPO)}")
     print(f"  summary:     torchprof summary {(OUTPUT / 'tensorboard').relative_to(REPO)}")
+    print(f"  step timers: open {dashboard.relative_to(REPO)} in a browser (no network needed); "
+          "wandb offline run: wandb sync " + str((OUTPUT / 'tensorboard' / 'wandb').relative_to(REPO)))
     return 0
 
 

@@ -20,7 +20,14 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model import TinyGPT, synthetic_batches  # noqa: E402
 
-from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args  # noqa: E402
+from torchprof_args import (  # noqa: E402
+    MetricsWriter,
+    Timers,
+    TorchProfileArgsError,
+    TorchProfiler,
+    add_torch_profile_args,
+)
+from torchprof_args.metrics import transformer_flops_per_iteration  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except TorchProfileArgsError as err:
         print(f"train_lm.py: error: {err}", file=sys.stderr)
         return 2
+    global_batch = args.micro_batch_size * world_size
+    timers = Timers.from_args(args)
 
     torch.manual_seed(args.seed)
     model = TinyGPT(args.vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads, args.seq_length)
@@ -65,20 +74,39 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     batches = synthetic_batches(args.vocab_size, args.seq_length, args.micro_batch_size, args.seed + rank)
     loss_fn = torch.nn.CrossEntropyLoss()
+    writer = MetricsWriter.from_args(
+        args, timers=timers, samples_per_iteration=global_batch,
+        tokens_per_iteration=global_batch * args.seq_length,
+        flops_per_iteration=transformer_flops_per_iteration(
+            num_layers=args.num_layers, hidden_size=args.hidden_size, seq_length=args.seq_length,
+            vocab_size=args.vocab_size, global_batch_size=global_batch,
+            num_attention_heads=args.num_attention_heads),
+    )
 
     with prof:
         for iteration in range(args.start_iteration + 1, args.train_iters + 1):
             started = time.perf_counter()
+            timers("batch-generator", log_level=0).start()
             tokens, targets = next(batches)
+            timers("batch-generator").stop()
+            timers("forward-backward", log_level=0).start()
             logits = model(tokens)
             loss = loss_fn(logits.reshape(-1, args.vocab_size), targets.reshape(-1))
             loss.backward()
+            timers("forward-backward").stop()
+            timers("optimizer", log_level=0).start()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            prof.step(iteration)
+            timers("optimizer").stop()
+            timers("profiler-step", log_level=0).start()
+            prof.step(iteration)  # the trace flush happens inside, at flush iterations
+            timers("profiler-step").stop()
+            if iteration % args.log_interval == 0:
+                writer.log_step(iteration, extra=prof.stats)  # one collective for all timers
             if rank == 0:
                 print(f"iteration {iteration:4d}/{args.train_iters} | loss {loss.item():.4f} | "
                       f"{(time.perf_counter() - started) * 1e3:.1f} ms", flush=True)
+    writer.close()
 
     if prof.published_traces:
         for path in prof.published_traces:

@@ -27,11 +27,21 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def trace_files(directory: str | Path) -> list[Path]:
-    """The ``.json`` / ``.json.gz`` files of a directory (sorted); TraceError when there are none."""
+    """The traces of a directory (sorted); TraceError when there are none.
+
+    torch.profiler's ``*.pt.trace.json[.gz]`` files when there are any (a run directory also holds
+    other JSON, e.g. wandb's), else every ``.json`` / ``.json.gz`` file.  Hidden files (such as
+    traces still being published) are skipped.
+    """
+    from torchprof_args.trace_writer import TRACE_SUFFIX
+
     directory = Path(directory)
     if not directory.is_dir():
         raise TraceError(f"{directory}: not a directory")
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    candidates = sorted(p for p in directory.iterdir()
+                        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_SUFFIXES))
+    profiler_traces = [p for p in candidates if TRACE_SUFFIX in p.name]
+    files = profiler_traces or candidates
     if not files:
         raise TraceError(f"{directory}: no .json or .json.gz trace files in this directory")
     return files
