@@ -561,55 +561,6 @@ CLI_DECORATOR_FLAGS = FlagGroup(
     ),
 )
 
-MEMORY_NSYS_FLAGS = FlagGroup(
-    title="torch profiler: memory snapshots, nsys",
-    description=(
-        "CUDA allocator snapshots per rank (pytorch.org/memory_viz) and Nsight Systems capture "
-        "ranges around the scheduled steps (torchprof-args)."
-    ),
-    flags=(
-        Flag(
-            "--torch-profile-memory-snapshot",
-            "Record CUDA allocator history on the --torch-profile-ranks and dump a snapshot pickle "
-            "per rank after each profiled cycle, every --torch-profile-memory-snapshot-interval "
-            "iterations and on CUDA out-of-memory errors. Needs CUDA.",
-            default=False,
-            action="store_true",
-        ),
-        Flag(
-            "--torch-profile-memory-snapshot-max-entries",
-            "Allocation/free events kept (a ring buffer; older ones are dropped).",
-            type=positive_int,
-            metavar="N",
-            default_doc="100000",
-        ),
-        Flag(
-            "--torch-profile-memory-snapshot-stacks",
-            "Stacks recorded per event: python (cheap) or all (adds C++ frames; symbolising "
-            "them can take minutes per dump).",
-            type=str.lower,
-            choices=("python", "all"),
-            metavar="S",
-            default_doc="python",
-        ),
-        Flag(
-            "--torch-profile-memory-snapshot-interval",
-            "Also dump every N iterations (0 = only after profiled cycles and on OOM).",
-            type=non_negative_int,
-            metavar="N",
-            default_doc="0",
-        ),
-        Flag(
-            "--torch-profile-nsys",
-            "Call cudaProfilerStart/Stop around the scheduled active steps and emit NVTX ranges for "
-            "steps and timers, for `nsys profile --capture-range=cudaProfilerApi` (see `torchprof "
-            "nsys`). Needs CUDA.",
-            default=False,
-            action="store_true",
-        ),
-    ),
-)
-FLAG_GROUPS.append(MEMORY_NSYS_FLAGS)
 
 #: The schedule defaults applied by :func:`validate_args` (``None`` in argparse so that
 #: explicitly given values can be told apart from defaults).
@@ -760,10 +711,10 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
 # Documentation.
 
 
-def flag_table_markdown(groups: Sequence[FlagGroup] | None = None) -> str:
-    """The README's flag table, generated from :data:`FLAG_GROUPS` (or the given ``groups``)."""
+def flag_table_markdown() -> str:
+    """The README's flag table, generated from :data:`FLAG_GROUPS`."""
     lines: list[str] = []
-    for group in FLAG_GROUPS if groups is None else groups:
+    for group in FLAG_GROUPS:
         lines += [f"**{group.title}**: {group.description}", "", "| flag | default | meaning |", "|---|---|---|"]
         for flag in group.flags:
             option = flag.option
