@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "TorchProfiler": "torchprof_args.profiler",
     "ProfileSchedule": "torchprof_args.schedule",
+    "cli": "torchprof_args.decorator",
     "Timers": "torchprof_args.timers",
     "MetricsWriter": "torchprof_args.metrics",
 }

@@ -489,6 +489,79 @@ TIMER_FLAGS = FlagGroup(
 )
 FLAG_GROUPS.append(TIMER_FLAGS)
 
+# -- framework integrations (torchprof_args.megatron / .deepspeed / .decorator) ----------------
+
+#: Megatron-core parallel axes a rank can be selected by.
+PARALLEL_AXES = ("dp", "tp", "pp", "cp", "ep")
+
+
+def parallel_selector(text: str) -> tuple[str, tuple[int, ...]]:
+    """``AXIS=VALUES``: an axis of :data:`PARALLEL_AXES` and indices like ``0``, ``0,2`` or ``0-3``."""
+    axis, sep, values = text.partition("=")
+    axis = axis.strip().lower()
+    if not sep or axis not in PARALLEL_AXES or not values.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected AXIS=INDICES with AXIS one of {', '.join(PARALLEL_AXES)} (e.g. dp=0, tp=0-1, "
+            f"pp=0,3), got {text!r}"
+        )
+    indices: list[int] = []
+    for part in values.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{axis}: expected indices like 0, 0,2 or 0-3, got {values!r}") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"{axis}: bad index range {part.strip()!r}")
+        indices.extend(range(first, last + 1))
+    return axis, tuple(sorted(set(indices)))
+
+
+PARALLEL_FLAGS = FlagGroup(
+    title="parallel rank selection",
+    description=(
+        "Choose traced ranks by their megatron-core parallel coordinates instead of global rank "
+        "numbers (torchprof-args)."
+    ),
+    flags=(
+        Flag(
+            "--torch-profile-parallel-ranks",
+            "Trace the ranks whose parallel coordinates match every AXIS=INDICES given (axes dp, tp, "
+            "pp, cp, ep; e.g. 'dp=0' traces one full model replica, 'dp=0 tp=0' its first tensor-"
+            "parallel rank of every stage). Replaces --torch-profile-ranks. Without megatron-core's "
+            "parallel_state every rank is a data-parallel replica (dp = global rank).",
+            type=parallel_selector,
+            nargs="+",
+            metavar="AXIS=I",
+        ),
+    ),
+)
+FLAG_GROUPS.append(PARALLEL_FLAGS)
+
+#: The ``torchprof_args.cli`` decorator's own short flags (seed-style); only the decorator adds
+#: them, next to the full flag set, so they are not part of :data:`FLAG_GROUPS`.
+CLI_DECORATOR_FLAGS = FlagGroup(
+    title="profiling decorator",
+    description="Short flags added by the `torchprof_args.cli` decorator (torchprof-args).",
+    flags=(
+        Flag("--profiling", "Enable profiling (same as --torch-profile).", default=False, action="store_true"),
+        Flag(
+            "--ptensorboard",
+            "Also write TensorBoard output: step-time scalars and the traces in a run directory "
+            "TensorBoard's profiler plugin reads.",
+            default=False,
+            action="store_true",
+        ),
+        Flag(
+            "--prof_dir",
+            "Profile directory (same as --torch-profile-dir).",
+            metavar="DIR",
+            default_doc="`./prof`",
+        ),
+    ),
+)
+
+
 #: The schedule defaults applied by :func:`validate_args` (``None`` in argparse so that
 #: explicitly given values can be told apart from defaults).
 SCHEDULE_DEFAULTS = {"wait": 0, "warmup": 1, "active": 1, "repeat": 1, "skip_first": 1}

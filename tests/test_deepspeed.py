@@ -1,0 +1,47 @@
+"""DeepSpeed integration on real engines: 2 gloo ranks on CPU, ZeRO stage 1, gradient
+accumulation 2, wall_clock_breakdown and the flops profiler on; then a resume from the
+DeepSpeed checkpoint.  Runs the README's example verbatim."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from readme_examples import run_readme_example
+
+
+def _profiler_steps(path: Path) -> list[int]:
+    with gzip.open(path, "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    return sorted({int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")})
+
+
+def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path):
+    proc = run_readme_example("deepspeed", tmp_path, WANDB_MODE="disabled")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    prof = tmp_path / "prof"
+    traces = sorted(prof.glob("*.pt.trace.json.gz"))
+    windows = sorted(p.name.split("_")[0] + "_" + p.name.split("_iter")[1][:13] for p in traces)
+    # skip-first 2, warmup 1, active 2 -> optimizer steps 4-5 on both ranks; after the resume at
+    # step 6, --torch-profile-step-start 8 -> global step 8 on rank 0.
+    assert windows == ["rank00000_000004-000005", "rank00000_000008-000008", "rank00001_000004-000005"], windows
+    for trace in traces:
+        expected = [8] if "iter000008" in trace.name else [4, 5]
+        # ProfilerStep#N are optimizer steps (2 micro-steps each), not micro-steps.
+        assert _profiler_steps(trace)[: len(expected)] == expected
+        with gzip.open(trace, "rt") as handle:
+            events = json.load(handle)["traceEvents"]
+        backward_passes = [e for e in events if e.get("name") == "autograd::engine::evaluate_function: "
+                           "torch::autograd::AccumulateGrad"]
+        assert backward_passes, "the recorded window contains the backward passes"
+
+    report = (prof / "profiler_ds.txt").read_text()
+    assert "DeepSpeed Flops Profiler" in report and "fwd flops per GPU" in report
+    assert not list(prof.glob(".partial-*"))
+
+    records = [json.loads(line) for line in (prof / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records][:3] == [2, 4, 6]
+    for name in ("fwd", "bwd", "bwd_allreduce", "step"):
+        assert records[0]["metrics"][f"deepspeed/{name}-ms"] > 0
+        assert len(records[0]["per_rank"][f"deepspeed/{name}-ms"]) == 2

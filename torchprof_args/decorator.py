@@ -1,0 +1,264 @@
+"""``torchprof_args.cli``: profiling for a ``main(args)``-style entry point, from the command line.
+
+    from torchprof_args import cli
+
+    @cli(build_parser)                 # or bare @cli: an empty ArgumentParser
+    def main(args, profiling):
+        for iteration in range(1, args.steps + 1):
+            with profiling.train_step():            # record_function("accelerator.train_step")
+                loss = model(batch).sum(); loss.backward(); optimizer.step()
+            profiling.step(iteration)
+
+    if __name__ == "__main__":
+        sys.exit(main())
+
+The decorator adds ``--profiling`` (enable), ``--ptensorboard`` (TensorBoard output too),
+``--prof_dir DIR`` (default ``./prof``) and the full ``--torch-profile-*`` group; bad flags exit 2
+with a one-line error.  The profiler is created on first use (after your ``init_process_group``).
+At the end it writes ``profiler_list.dat`` in the profile directory: top operators by device
+time (CPU time when there is none) and a memory overview, from this run's traces.  With DeepSpeed,
+``profiling.attach_deepspeed(engine)`` steps on optimizer steps and writes ``profiler_ds.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from torchprof_args.flags import (
+    CLI_DECORATOR_FLAGS,
+    TorchProfileArgsError,
+    add_torch_profile_args,
+    validate_args,
+)
+from torchprof_args.log import get_logger
+
+logger = get_logger(__name__)
+
+__all__ = ["PROFILER_LIST_NAME", "Profiling", "cli"]
+
+#: The summary written at the end (seed name).
+PROFILER_LIST_NAME = "profiler_list.dat"
+#: Default region name wrapped around each training step (seed name).
+TRAIN_STEP_REGION = "accelerator.train_step"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The decorator's short flags plus the full flag set."""
+    group = parser.add_argument_group(CLI_DECORATOR_FLAGS.title, CLI_DECORATOR_FLAGS.description)
+    for flag in CLI_DECORATOR_FLAGS.flags:
+        group.add_argument(flag.option, **flag.argparse_kwargs())
+    return add_torch_profile_args(parser)
+
+
+def apply_cli_aliases(args: argparse.Namespace) -> argparse.Namespace:
+    """Map ``--profiling`` / ``--prof_dir`` onto ``--torch-profile`` / ``--torch-profile-dir``."""
+    if args.profiling:
+        args.torch_profile = True
+    if args.prof_dir:
+        if args.torch_profile_dir and os.path.abspath(args.torch_profile_dir) != os.path.abspath(args.prof_dir):
+            raise TorchProfileArgsError("--prof_dir and --torch-profile-dir name different directories; give one.")
+        args.torch_profile_dir = args.prof_dir
+    elif not args.torch_profile_dir:
+        args.torch_profile_dir = "./prof"
+    args.prof_dir = args.torch_profile_dir
+    return args
+
+
+class Profiling:
+    """What the decorated function receives: the profiler (created on first use) and helpers."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.enabled = bool(args.torch_profile)
+        self.prof_dir = Path(args.torch_profile_dir)
+        self.prof: Any = None
+        self.deepspeed: Any = None
+        self._last_step_time: float | None = None
+        self._tensorboard: Any = None
+        self._iteration = 0
+
+    # -- the profiler -----------------------------------------------------------------------
+
+    def start(self, start_iteration: int | None = None) -> Any:
+        """Create and start the profiler now (on every rank); ``start_iteration`` for resumes."""
+        if self.prof is None:
+            from torchprof_args.megatron import profiler_from_args
+
+            self.prof = profiler_from_args(self.args, start_iteration=start_iteration)
+            self.prof.start()
+        return self.prof
+
+    def step(self, iteration: int | None = None) -> None:
+        """Mark the end of optimizer step ``iteration`` (1-based global; default previous + 1)."""
+        if self.deepspeed is not None:
+            return  # the DeepSpeed hook steps on the engine's optimizer steps
+        iteration = self._iteration + 1 if iteration is None else iteration
+        self._iteration = iteration
+        if self.prof is None:
+            self.start(iteration - 1)
+        self.prof.step(iteration)
+        self._log_step_time(iteration)
+
+    @contextlib.contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """A named range in the trace (``torch.profiler.record_function``); free when disabled."""
+        if not self.enabled:
+            yield
+            return
+        import torch
+
+        with torch.profiler.record_function(name):
+            yield
+
+    def train_step(self) -> contextlib.AbstractContextManager[None]:
+        """The ``accelerator.train_step`` region; starts the profiler if needed."""
+        if self.enabled and self.prof is None and self.deepspeed is None:
+            self.start()
+        return self.region(TRAIN_STEP_REGION)
+
+    def attach_deepspeed(self, engine: Any, metrics: Any = None) -> Any:
+        """Step on ``engine``'s optimizer steps and write ``profiler_ds.txt`` (flops profiler)."""
+        from torchprof_args.deepspeed import attach
+
+        if self.prof is not None:
+            raise RuntimeError("attach_deepspeed(engine) must come before the first step() or train_step().")
+        self.deepspeed = attach(engine, self.args, metrics=metrics)
+        self.deepspeed.start()
+        self.prof = self.deepspeed.prof
+        self._iteration = self.deepspeed.start_iteration
+        return self.deepspeed
+
+    # -- TensorBoard --------------------------------------------------------------------------
+
+    def _log_step_time(self, iteration: int) -> None:
+        if not self.args.ptensorboard:
+            return
+        now = time.perf_counter()
+        if self._last_step_time is not None:
+            if self._tensorboard is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                from torchprof_args.log import current_rank
+
+                self._tensorboard = SummaryWriter(str(self.prof_dir / "tensorboard" / f"rank{current_rank():05d}"))
+            self._tensorboard.add_scalar("step-time-seconds", now - self._last_step_time, iteration)
+        self._last_step_time = now
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def finish(self, clean: bool) -> None:
+        """Stop the profiler, then write ``profiler_list.dat`` (and TensorBoard output)."""
+        if self.deepspeed is not None:
+            self.deepspeed.close(clean=clean)
+        elif self.prof is not None:
+            self.prof.stop(clean=clean)
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        traces = list(self.prof.published_traces) if self.prof is not None else []
+        if not traces:
+            return
+        if self.args.ptensorboard:
+            self._link_traces_for_tensorboard(traces)
+        try:
+            write_profiler_list(traces, self.prof_dir / _profiler_list_name(self.prof.rank))
+        except Exception as err:  # the traces are published; a summary failure is reported only
+            logger.warning("could not write %s: %s: %s", PROFILER_LIST_NAME, type(err).__name__, err)
+
+    def _link_traces_for_tensorboard(self, traces: list[str]) -> None:
+        """TensorBoard's profiler plugin reads ``<logdir>/<run>/plugins/profile/<session>/*.pt.trace.json.gz``."""
+        session = self.prof_dir / "tensorboard" / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
+        session.mkdir(parents=True, exist_ok=True)
+        for trace in traces:
+            target = session / Path(trace).name
+            with contextlib.suppress(FileExistsError):
+                try:
+                    os.link(trace, target)
+                except OSError:
+                    os.symlink(os.path.abspath(trace), target)
+
+
+def _profiler_list_name(rank: int) -> str:
+    return PROFILER_LIST_NAME if rank == 0 else f"profiler_list.rank{rank:05d}.dat"
+
+
+def write_profiler_list(traces: list[str], path: Path) -> Path:
+    """Top operators (device time, else CPU time) and memory of ``traces``, written atomically."""
+    from torchprof_args.analysis import format_profiler_list, load_trace, summarize
+    from torchprof_args.trace_writer import partial_path
+
+    parts = []
+    for trace in traces:
+        parts.append(f"# {Path(trace).name}\n{format_profiler_list(summarize(load_trace(trace)))}")
+    tmp = partial_path(path)
+    tmp.write_text("\n".join(parts))
+    os.replace(tmp, path)
+    logger.info("operator summary written to %s", path)
+    return path
+
+
+def cli(
+    parser_or_factory: Callable[..., Any] | argparse.ArgumentParser | None = None,
+) -> Any:
+    """Decorate ``main(args, profiling)``; see the module docstring.
+
+    ``@cli`` (bare), ``@cli()``, ``@cli(parser)`` or ``@cli(build_parser)``.  The decorated
+    function takes ``argv`` (default ``sys.argv[1:]``) and returns ``main``'s return value.
+    """
+
+    def decorate(function: Callable[[argparse.Namespace, Profiling], Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def run(argv: list[str] | None = None) -> Any:
+            if isinstance(parser_or_factory, argparse.ArgumentParser):
+                parser = parser_or_factory
+            elif callable(parser_or_factory):
+                parser = parser_or_factory()
+            else:
+                parser = argparse.ArgumentParser(description=function.__doc__)
+            add_cli_args(parser)
+            args = parser.parse_args(argv)
+            try:
+                apply_cli_aliases(args)
+                # Early check on a copy: validate_args fills in schedule defaults, and the
+                # profiler validates the flags again when it is built.
+                validate_args(argparse.Namespace(**vars(args)))
+            except TorchProfileArgsError as err:
+                print(f"{parser.prog}: error: {err}", file=sys.stderr)  # one line, argparse's status
+                raise SystemExit(2) from None
+            profiling = Profiling(args)
+            clean = False
+            try:
+                result = function(args, profiling)
+                clean = True
+                return result
+            finally:
+                profiling.finish(clean=clean)
+
+        return run
+
+    if callable(parser_or_factory) and not isinstance(parser_or_factory, argparse.ArgumentParser) \
+            and _takes_args_and_profiling(parser_or_factory):
+        function, parser_or_factory = parser_or_factory, None
+        return decorate(function)
+    return decorate
+
+
+def _takes_args_and_profiling(candidate: Callable[..., Any]) -> bool:
+    """Bare ``@cli``: the decorated entry point takes two parameters; a parser factory none."""
+    import inspect
+
+    try:
+        return len(inspect.signature(candidate).parameters) >= 2
+    except (TypeError, ValueError):
+        return False
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("torchprof_args.decorator is a library; decorate your entry point with torchprof_args.cli")

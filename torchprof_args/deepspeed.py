@@ -1,0 +1,184 @@
+"""DeepSpeed integration: profile a ``DeepSpeedEngine`` on optimizer steps, with its own timers.
+
+    engine, *_ = deepspeed.initialize(args=args, model=model, ...)
+    engine.load_checkpoint(...)                       # optional: numbering continues from it
+    with torchprof_args.deepspeed.attach(engine, args, metrics=writer):
+        ...  loss = engine(batch); engine.backward(loss); engine.step()
+
+:func:`attach` wraps ``engine.step`` on this engine object only (DeepSpeed's source and class are
+untouched): the profiler steps once per *optimizer* step, i.e. when ``engine.step()`` ran on a
+gradient-accumulation boundary, with the 1-based global step ``engine.global_steps``; micro-steps
+inside an accumulation window are not profiler steps.  When the ds_config enables them:
+
+* ``wall_clock_breakdown``: DeepSpeed's per-step forward/backward/all-reduce/step timers go to the
+  metrics writer (max across ranks) every ``--log-interval`` optimizer steps, as
+  ``deepspeed/<timer>-ms``;
+* ``flops_profiler`` (without its own ``output_file``): the report is written to
+  ``profiler_ds.txt`` in the profile directory, published atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from torchprof_args.flags import resolve_profile_dir
+from torchprof_args.log import get_logger
+from torchprof_args.megatron import profiler_from_args
+from torchprof_args.trace_writer import partial_path
+
+logger = get_logger(__name__)
+
+__all__ = ["DeepSpeedProfilerHook", "FLOPS_REPORT_NAME", "attach"]
+
+#: The flops profiler's report in the profile directory (seed name).
+FLOPS_REPORT_NAME = "profiler_ds.txt"
+
+
+class DeepSpeedProfilerHook:
+    """The profiler attached to one engine; a context manager (see :func:`attach`)."""
+
+    def __init__(
+        self,
+        engine: Any,
+        args: argparse.Namespace,
+        *,
+        metrics: Any = None,
+        start_iteration: int | None = None,
+        log_interval: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.args = args
+        self.metrics = metrics
+        self.start_iteration = int(engine.global_steps) if start_iteration is None else start_iteration
+        self.prof = profiler_from_args(args, start_iteration=self.start_iteration)
+        self.log_interval = log_interval or getattr(args, "log_interval", None) or engine.steps_per_print() or 100
+        self.profile_dir = Path(resolve_profile_dir(args))
+        self.flops_report: Path | None = None
+        self._flops_partial: Path | None = None
+        self._original_step: Any = None
+        self._configure_flops_profiler()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> DeepSpeedProfilerHook:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(clean=exc_type is None)
+
+    def start(self) -> None:
+        """Start the profiler and wrap ``engine.step`` (idempotent)."""
+        if self._original_step is not None:
+            return
+        self.prof.start()
+        self._original_step = self.engine.step
+        engine, original = self.engine, self._original_step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            boundary = engine.is_gradient_accumulation_boundary()
+            result = original(*args, **kwargs)
+            if boundary:
+                self.after_optimizer_step(int(engine.global_steps))
+            return result
+
+        step.__doc__ = original.__doc__
+        self.engine.step = step
+
+    def close(self, clean: bool = True) -> None:
+        """Restore ``engine.step``, finish the profiler and publish the flops report."""
+        if self._original_step is None:
+            return
+        with contextlib.suppress(AttributeError):
+            del self.engine.step  # the instance attribute; the class method shows through again
+        self._original_step = None
+        self._publish_flops_report()
+        if self.metrics is not None and hasattr(self.metrics, "flush"):
+            with contextlib.suppress(Exception):
+                self.metrics.flush()
+        self.prof.stop(clean=clean)
+
+    # -- per optimizer step -----------------------------------------------------------------
+
+    def after_optimizer_step(self, global_step: int) -> None:
+        """Called after each optimizer step; public for loops that bypass ``engine.step``."""
+        self.prof.step(global_step)
+        if self._flops_partial is not None:
+            self._publish_flops_report()
+        if self.metrics is not None and global_step % self.log_interval == 0:
+            self._write_metrics(global_step)
+
+    def wall_clock_timers(self) -> dict[str, float]:
+        """DeepSpeed's last optimizer step's timers in ms (empty without ``wall_clock_breakdown``)."""
+        if not self.engine.wall_clock_breakdown():
+            return {}
+        cache = self.engine.get_wall_clock_timers() or {}
+        global_names = set(getattr(getattr(self.engine, "engine_timers", None), "global_timers", ()) or cache)
+        return {f"deepspeed/{name}-ms": float(value) for name, value in cache.items() if name in global_names}
+
+    def _write_metrics(self, global_step: int) -> None:
+        figures = {**self.wall_clock_timers(), **{f"profiler/{k}": v for k, v in self.prof.stats.items()}}
+        try:
+            if hasattr(self.metrics, "log_step"):  # torchprof_args.MetricsWriter: max across ranks
+                self.metrics.log_step(global_step, extra=figures)
+            else:
+                for tag, value in figures.items():
+                    self.metrics.add_scalar(tag, value, global_step)
+        except Exception as err:  # metrics must never stop training
+            logger.warning("could not write DeepSpeed metrics at step %d: %s: %s", global_step,
+                           type(err).__name__, err)
+
+    # -- flops profiler ---------------------------------------------------------------------
+
+    def _configure_flops_profiler(self) -> None:
+        engine = self.engine
+        if not engine.flops_profiler_enabled():
+            return
+        config = engine._config.flops_profiler_config  # noqa: SLF001  (DeepSpeed keeps it there)
+        if config.output_file:
+            logger.info("DeepSpeed flops profiler writes to its own output_file %s", config.output_file)
+            return
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        self.flops_report = self.profile_dir / FLOPS_REPORT_NAME
+        self._flops_partial = partial_path(self.flops_report)
+        config.output_file = str(self._flops_partial)
+        if engine.global_rank == 0:
+            logger.info("DeepSpeed flops profiler report (step %d) goes to %s", engine.flops_profiler_profile_step(),
+                        self.flops_report)
+
+    def _publish_flops_report(self) -> None:
+        """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""
+        partial = self._flops_partial
+        if partial is None or not partial.exists():
+            return
+        if self.engine.global_steps <= self.engine.flops_profiler_profile_step():
+            return
+        try:
+            os.replace(partial, self.flops_report)
+            self._flops_partial = None
+            logger.info("DeepSpeed flops profile written to %s", self.flops_report)
+        except OSError as err:
+            logger.warning("could not publish %s: %s", self.flops_report, err)
+
+
+def attach(
+    engine: Any,
+    args: argparse.Namespace,
+    *,
+    metrics: Any = None,
+    start_iteration: int | None = None,
+    log_interval: int | None = None,
+) -> DeepSpeedProfilerHook:
+    """Profile ``engine`` by the ``--torch-profile-*`` flags in ``args``; use as a context manager.
+
+    Call on every rank after ``deepspeed.initialize`` (and after ``engine.load_checkpoint``:
+    numbering continues from ``engine.global_steps``).  ``metrics`` is a
+    :class:`torchprof_args.MetricsWriter` (or anything with ``add_scalar(tag, value, step)``)
+    that receives DeepSpeed's wall-clock timers and the profiler's figures.
+    """
+    return DeepSpeedProfilerHook(engine, args, metrics=metrics, start_iteration=start_iteration,
+                                 log_interval=log_interval)
