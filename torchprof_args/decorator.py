@@ -226,9 +226,7 @@ def cli(
             args = parser.parse_args(argv)
             try:
                 apply_cli_aliases(args)
-                # Early check on a copy: validate_args fills in schedule defaults, and the
-                # profiler validates the flags again when it is built.
-                validate_args(argparse.Namespace(**vars(args)))
+                validate_args(args)  # before training starts; the profiler checks again when built
             except TorchProfileArgsError as err:
                 print(f"{parser.prog}: error: {err}", file=sys.stderr)  # one line, argparse's status
                 raise SystemExit(2) from None
