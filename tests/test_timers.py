@@ -261,3 +261,16 @@ def test_two_ranks_with_different_names_get_a_clear_error_not_a_hang(tmp_path: P
         assert "same timer names on every rank" in line
         assert "rank 1 has extra ['optimizer']" in line
 
+
+
+def test_timers_are_nvtx_ranges_with_nsys():
+    """--torch-profile-nsys: each timer start/stop is an NVTX range (stand-in NVTX: no CUDA here)."""
+    from test_nsys import CallLog
+
+    nvtx = CallLog()
+    timers = Timers(0, "minmax", device="cpu", nvtx=nvtx)
+    timers("forward-backward", log_level=0).start()
+    timers("forward-backward").stop()
+    timers("detail", log_level=2).start()  # a dummy timer above the log level: no range
+    assert nvtx.calls == ["push forward-backward", "pop"]
+    assert timers("forward-backward").elapsed() >= 0.0

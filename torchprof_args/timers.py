@@ -172,6 +172,28 @@ class Timer:
         return seconds if ran else math.nan
 
 
+class _NvtxTimer:
+    """An NVTX range around every start/stop of the wrapped timer (``--torch-profile-nsys``), so
+    Nsight Systems shows the timers beside the step ranges."""
+
+    __slots__ = ("_timer", "_nvtx")
+
+    def __init__(self, timer: Timer, nvtx: Any) -> None:
+        self._timer = timer
+        self._nvtx = nvtx
+
+    def start(self, barrier: bool = False) -> None:
+        self._nvtx.range_push(self._timer.name)
+        self._timer.start(barrier)
+
+    def stop(self, barrier: bool = False) -> None:
+        self._timer.stop(barrier)
+        self._nvtx.range_pop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._timer, name)
+
+
 class _SynchronizingTimer(Timer):
     """Megatron's behaviour: synchronize the device at every start and stop."""
 
@@ -379,6 +401,7 @@ class Timers:
         synchronize: bool = False,
         device: str = "auto",
         group: Any = None,
+        nvtx: Any = None,
     ) -> None:
         if log_level not in (0, 1, 2):
             raise ValueError(f"Timers log_level must be 0, 1 or 2, got {log_level!r}.")
@@ -398,17 +421,25 @@ class Timers:
         self.synchronize = synchronize
         self.device = self._resolve_device(device)
         self._event_pool: _EventPool | None = None
+        #: Something with ``range_push(name)``/``range_pop()`` (NVTX), or None.
+        self._nvtx = nvtx
 
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> Timers:
         """Timers configured by ``--timing-log-level``, ``--timing-log-option`` and
-        ``--timing-synchronize`` (Megatron-LM's own args namespace works too)."""
-        return cls(
+        ``--timing-synchronize`` (Megatron-LM's own args namespace works too); with
+        ``--torch-profile-nsys`` on CUDA every timer is also an NVTX range."""
+        timers = cls(
             getattr(args, "timing_log_level", 0) or 0,
             getattr(args, "timing_log_option", None) or "minmax",
             synchronize=bool(getattr(args, "timing_synchronize", False)),
             **kwargs,
         )
+        if getattr(args, "torch_profile_nsys", False) and timers.device == "cuda" and timers._nvtx is None:
+            from torchprof_args.nsys import CudaNsysBackend
+
+            timers._nvtx = CudaNsysBackend()
+        return timers
 
     @staticmethod
     def _resolve_device(device: str) -> str:
@@ -436,6 +467,10 @@ class Timers:
         return list(self._timers)
 
     def _new_timer(self, name: str) -> Timer:
+        timer = self._new_device_timer(name)
+        return _NvtxTimer(timer, self._nvtx) if self._nvtx is not None else timer  # type: ignore[return-value]
+
+    def _new_device_timer(self, name: str) -> Timer:
         if self.device != "cuda":
             return Timer(name)
         import torch
