@@ -7,11 +7,16 @@ Heavier parts load on first use through :func:`__getattr__`.
 from __future__ import annotations
 
 import importlib
+import os as _os
+import sys as _sys
 from typing import Any
 
 from torchprof_args.flags import TorchProfileArgsError, add_torch_profile_args, validate_args
 
 __version__ = "0.1.0"
+
+#: Whether torch was imported before this package, and ``KINETO_USE_DAEMON`` then (see ondemand).
+_IMPORT_STATE = ("torch" in _sys.modules, _os.environ.get("KINETO_USE_DAEMON"))
 
 #: public name -> module that defines it (loaded lazily).
 _LAZY = {
@@ -20,6 +25,7 @@ _LAZY = {
     "cli": "torchprof_args.decorator",
     "Timers": "torchprof_args.timers",
     "MetricsWriter": "torchprof_args.metrics",
+    "OnDemandController": "torchprof_args.ondemand",
 }
 
 __all__ = ["TorchProfileArgsError", "add_torch_profile_args", "validate_args", *_LAZY]

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.pyspy",
     "torchprof_args.nsys",
     "torchprof_args.dashboard",
+    "torchprof_args.trigger",
 )
 
 

@@ -538,6 +538,45 @@ PARALLEL_FLAGS = FlagGroup(
 )
 FLAG_GROUPS.append(PARALLEL_FLAGS)
 
+ON_DEMAND_FLAGS = FlagGroup(
+    title="torch profiler: on-demand",
+    description=(
+        "Trace chosen ranks for a few iterations while the job runs, when `torchprof trigger` asks; "
+        "no relaunch, no daemon (torchprof-args)."
+    ),
+    flags=(
+        Flag(
+            "--torch-profile-on-demand",
+            "Accept trace requests from `torchprof trigger --job-dir DIR` (or `--pid PID` on the "
+            "node) while the job runs. Works with or without --torch-profile.",
+            default=False,
+            action="store_true",
+        ),
+        Flag(
+            "--torch-profile-on-demand-dir",
+            "Control directory for requests and answers: private to your user, on a filesystem "
+            "that rank 0 and the trigger both reach.",
+            metavar="DIR",
+            default_doc="`<profile dir>/ondemand`",
+        ),
+        Flag(
+            "--torch-profile-on-demand-interval",
+            "Check for requests every N iterations (one small broadcast on the gloo group).",
+            default=50,
+            type=positive_int,
+            metavar="N",
+        ),
+        Flag(
+            "--torch-profile-on-demand-max-iterations",
+            "Most iterations one request may trace (larger requests are rejected).",
+            default=20,
+            type=positive_int,
+            metavar="N",
+        ),
+    ),
+)
+FLAG_GROUPS.append(ON_DEMAND_FLAGS)
+
 #: The ``torchprof_args.cli`` decorator's own short flags (seed-style); only the decorator adds
 #: them, next to the full flag set, so they are not part of :data:`FLAG_GROUPS`.
 CLI_DECORATOR_FLAGS = FlagGroup(
@@ -692,6 +731,10 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None) -> ar
     from torchprof_args.memory import check_memory_snapshot_args
 
     check_memory_snapshot_args(args)
+    if getattr(args, "torch_profile_on_demand_dir", None) and not getattr(args, "torch_profile_on_demand", False):
+        raise TorchProfileArgsError("--torch-profile-on-demand-dir needs --torch-profile-on-demand.")
+    if getattr(args, "torch_profile_on_demand", False):
+        _check_writable_dir(resolve_profile_dir(args), "--torch-profile-dir")
     if not any_profiling_feature(args):
         return args
 
