@@ -17,6 +17,11 @@ The flush protocol (why a 512-rank job survives a multi-minute trace export):
 4. leaving the context (normally, on an exception, on SIGTERM) waits a bounded time for pending
    publications;
 5. any profiling error is logged with rank and reason, and training goes on.
+
+With ``--torch-profile-on-demand`` an :class:`~torchprof_args.ondemand.OnDemandController` adds a
+second source of windows: at its check iterations all ranks agree (one broadcast) on a window
+requested by ``torchprof trigger``; its actions come after the schedule's, the profiler is created
+lazily on the ranks the request names, and its flush is fenced by the same barrier.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from torchprof_args.flags import any_profiling_feature, resolve_profile_dir, val
 from torchprof_args.log import get_logger
 from torchprof_args.memory import MemorySnapshotter
 from torchprof_args.nsys import NsysController
+from torchprof_args.ondemand import OnDemandController, OnDemandWindow, check_kineto_daemon_env
 from torchprof_args.schedule import Action, ProfileSchedule
 from torchprof_args.trace_writer import TraceWriter, choose_staging_dir, short_hostname, trace_stem
 
@@ -104,13 +110,17 @@ class TorchProfiler:
         settings: dict[str, Any] | None = None,
         memory: MemorySnapshotter | None = None,
         nsys: NsysController | None = None,
+        on_demand: OnDemandController | None = None,
     ) -> None:
         default_rank, default_world = _rank_and_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
-        self.enabled = enabled and schedule is not None
+        #: The schedule is followed (traces, memory snapshots, nsys ranges).
+        self._scheduled = enabled and schedule is not None
+        self._on_demand = on_demand
+        self.enabled = self._scheduled or on_demand is not None
         self.schedule = schedule or ProfileSchedule()
-        self.record = self.enabled and record
+        self.record = self._scheduled and record
         self.output_dir = output_dir
         self.flush_timeout = flush_timeout
         self.exit_timeout = exit_timeout
@@ -135,12 +145,17 @@ class TorchProfiler:
         self._nsys = nsys if nsys is not None and nsys.enabled else None
         #: nsys step ranges and memory-snapshot intervals need a look at every step.
         self._every_step = self._memory is not None or self._nsys is not None
+        self._window: OnDemandWindow | None = None
+        self._next_check: float = math.inf
         if self.enabled and self.world_size > 1 and dist.is_available() and dist.is_initialized():
             # Collective: every rank constructs the profiler, so every rank creates the group.
             self._barrier_group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=flush_timeout)
             )
-        if self.record:
+        if on_demand is not None:
+            on_demand.setup(self._barrier_group)  # collective; raises on every rank if unsafe
+            self._next_check = on_demand.next_check_iteration(start_iteration)
+        if self.record or on_demand is not None:
             self._writer = TraceWriter(
                 output_dir,
                 choose_staging_dir(staging_dir),
@@ -165,18 +180,22 @@ class TorchProfiler:
         validate_args(args, world_size=world_size)
         if start_iteration is None:
             start_iteration = int(getattr(args, "iteration", 0) or 0)
-        if not any_profiling_feature(args):
+        check_kineto_daemon_env(rank)
+        on_demand = None
+        if getattr(args, "torch_profile_on_demand", False):
+            on_demand = OnDemandController.from_args(args, rank=rank, world_size=world_size)
+        elif not any_profiling_feature(args):
             return cls(None, enabled=False, rank=rank, world_size=world_size, start_iteration=start_iteration)
         ranks = args.torch_profile_ranks or [0]
-        schedule = ProfileSchedule.from_args(args)
+        schedule = ProfileSchedule.from_args(args) if any_profiling_feature(args) else None
         options = {
             name: bool(getattr(args, f"torch_profile_{name}"))
             for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
         }
         output_dir = resolve_profile_dir(args)
         settings = {
-            "schedule": schedule.describe(),
-            "ranks": ranks,
+            "schedule": schedule.describe() if schedule else "on demand only",
+            "ranks": ranks if args.torch_profile else [],
             "activities": args.torch_profile_activities or "auto",
             **options,
         }
@@ -198,6 +217,7 @@ class TorchProfiler:
             settings=settings,
             memory=MemorySnapshotter.from_args(args, rank=rank),
             nsys=NsysController.from_args(args),
+            on_demand=on_demand,
         )
 
     # -- context manager --------------------------------------------------------------------
@@ -225,23 +245,29 @@ class TorchProfiler:
         if self.record:
             logger.info("rank %d: profiling %s; traces go to %s", self.rank, self.schedule.describe(),
                         os.path.abspath(self.output_dir))
-            self._next_action = self.schedule.action(first, first)
-            if self._next_action in _RECORDING:
-                self._window_first = first
-            try:
-                self._torch_profiler = torch.profiler.profile(
-                    activities=resolve_activities(self._activities),
-                    schedule=lambda _step: _torch_action(self._next_action),
-                    on_trace_ready=self._on_trace_ready,
-                    **self._profiler_options,
-                )
-                self._torch_profiler.step_num = first
-                self._torch_profiler.start()
-                if self._window_first == first:
-                    self._add_trace_metadata(first)
-            except Exception as err:
-                self._disable_after_error("starting the profiler", err)
+            self._start_torch_profiler(first)
+        if self._on_demand is not None:
+            self._on_demand.open()
         self._next_busy_step = -math.inf  # the first step() call anchors the numbering
+
+    def _start_torch_profiler(self, first: int) -> None:
+        """Create and start torch.profiler in the state this rank's action for ``first`` asks for."""
+        self._next_action = self._local_action(first)
+        if self._next_action in _RECORDING:
+            self._window_first = first
+        try:
+            self._torch_profiler = torch.profiler.profile(
+                activities=resolve_activities(self._activities),
+                schedule=lambda _step: _torch_action(self._next_action),
+                on_trace_ready=self._on_trace_ready,
+                **self._profiler_options,
+            )
+            self._torch_profiler.step_num = first
+            self._torch_profiler.start()
+            if self._window_first == first:
+                self._add_trace_metadata(first)
+        except Exception as err:
+            self._disable_after_error("starting the profiler", err)
 
     def stop(self, clean: bool = True) -> None:
         """Finish: flush a partly recorded window (``clean``), wait for pending publications.
@@ -253,7 +279,7 @@ class TorchProfiler:
             return
         self._started = False
         last = self._iteration
-        partial = clean and self.schedule.action(last, self._first_iteration) is Action.RECORD
+        partial = clean and self._global_action(last) is Action.RECORD
         if self._torch_profiler is not None and not self._broken:
             self._discard_trace = not partial
             try:
@@ -268,6 +294,9 @@ class TorchProfiler:
             self._nsys.close()
         if self._memory is not None:
             self._memory.close()
+        self._window = None
+        if self._on_demand is not None:
+            self._on_demand.close()
         if self._writer is not None:
             self._writer.close(self.exit_timeout)
         self._restore_sigterm_handler()
@@ -286,12 +315,15 @@ class TorchProfiler:
     def _busy_step(self, iteration: int) -> None:
         if not self._anchored:
             self._anchor(iteration)
-        schedule, first = self.schedule, self._first_iteration
-        current = schedule.action(iteration, first)
-        upcoming = schedule.action(iteration + 1, first)
+        if iteration >= self._next_check:
+            self._check_on_demand(iteration)
+        current = self._global_action(iteration)
+        upcoming = self._local_action(iteration + 1)
         started = time.perf_counter()
-        if self._torch_profiler is not None and not self._broken:
-            if upcoming in _RECORDING and current not in _RECORDING:
+        if self._torch_profiler is None and upcoming is not Action.NONE and not self._broken:
+            self._start_torch_profiler(iteration + 1)  # first on-demand window on this rank
+        elif self._torch_profiler is not None and not self._broken:
+            if upcoming in _RECORDING and self._local_action(iteration) not in _RECORDING:
                 self._window_first = iteration + 1
             self._next_action = upcoming
             self._torch_profiler.step_num = iteration
@@ -303,22 +335,65 @@ class TorchProfiler:
                 if self._window_first == iteration + 1:
                     self._add_trace_metadata(iteration + 1)
         if self._memory is not None:  # before the barrier, so a slow dump is fenced too
-            self._memory.on_step(iteration, profiled_cycle_ended=current is Action.RECORD_AND_SAVE)
+            scheduled_flush = self._scheduled_action(iteration) is Action.RECORD_AND_SAVE
+            self._memory.on_step(iteration, profiled_cycle_ended=scheduled_flush)
         if current is Action.RECORD_AND_SAVE:
             self._flush_barrier(iteration)
             self._last_flush_seconds = time.perf_counter() - started
         if self._nsys is not None:
-            self._nsys.on_step(iteration + 1, recording=upcoming in _RECORDING)
+            self._nsys.on_step(iteration + 1, recording=self._scheduled_action(iteration + 1) in _RECORDING)
+        if self._window is not None and iteration >= self._window.end - 1:
+            self._window = None
         self._plan_next(iteration)
 
     def _plan_next(self, iteration: int) -> None:
-        """Set the next iteration whose ``step`` has work (a transition or a flush)."""
-        first = self._first_iteration
-        if self._every_step or self.schedule.action(iteration + 1, first) is not Action.NONE:
+        """Set the next iteration whose ``step`` has work (a transition, a flush or a check)."""
+        if self._every_step or self._global_action(iteration + 1) is not Action.NONE:
             self._next_busy_step = iteration + 1
             return
-        busy = self.schedule.next_busy_iteration(iteration + 1, first)
-        self._next_busy_step = math.inf if busy is None else busy - 1
+        candidates = [self._next_check]
+        if self._scheduled:
+            busy = self.schedule.next_busy_iteration(iteration + 1, self._first_iteration)
+            if busy is not None:
+                candidates.append(busy - 1)
+        if self._window is not None:
+            candidates.append(self._window.warmup_start - 1)
+        self._next_busy_step = min(candidates)
+
+    # -- what each iteration does -----------------------------------------------------------
+
+    def _scheduled_action(self, iteration: int) -> Action:
+        if not self._scheduled:
+            return Action.NONE
+        return self.schedule.action(iteration, self._first_iteration)
+
+    def _global_action(self, iteration: int) -> Action:
+        """The action every rank agrees on (flush barriers): the schedule's, else the on-demand window's."""
+        action = self._scheduled_action(iteration)
+        if action is Action.NONE and self._window is not None:
+            action = self._window.action(iteration)
+        return action
+
+    def _local_action(self, iteration: int) -> Action:
+        """What this rank's torch.profiler does: only for the ranks the schedule or request names."""
+        action = self._scheduled_action(iteration) if self.record else Action.NONE
+        if action is Action.NONE and self._window is not None and self._window.traces(self.rank):
+            action = self._window.action(iteration)
+        return action
+
+    def _check_on_demand(self, iteration: int) -> None:
+        """Collective at a check iteration: adopt the window every rank received, plan the next check."""
+        window = self._on_demand.poll(
+            iteration, self._barrier_group,
+            busy=lambda i: self._scheduled_action(i) is not Action.NONE,
+        )
+        if window is not None:
+            self._window = window
+            if window.traces(self.rank):
+                logger.info("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
+                            window.request_id, window.start, window.end - 1)
+        resume = window.end - 1 if window is not None else iteration
+        self._next_check = self._on_demand.next_check_iteration(resume)
 
     def _anchor(self, iteration: int) -> None:
         """Align the schedule with the caller's numbering at the first ``step`` call.
@@ -350,10 +425,12 @@ class TorchProfiler:
     def _add_trace_metadata(self, first: int) -> None:
         """Put the run's settings in the trace (Kineto takes metadata only while recording)."""
         last = first
-        while self.schedule.action(last, self._first_iteration) is Action.RECORD:
+        while self._global_action(last) is Action.RECORD:
             last += 1
         metadata = {**self.settings, "rank": self.rank, "world_size": self.world_size,
                     "host": short_hostname(), "iterations": [first, last]}
+        if self._window is not None and self._window.start <= first < self._window.end:
+            metadata["on_demand_request"] = self._window.request_id
         try:
             self._torch_profiler.add_metadata_json("torchprof_args", json.dumps(metadata))
         except Exception as err:
