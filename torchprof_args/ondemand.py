@@ -681,7 +681,14 @@ def register_process(control_dir: str, rank: int) -> Path | None:
         os.makedirs(directory.parent, mode=0o700, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory, 0o700)
-        problem = check_private_dir(directory.parent, "registry") or check_private_dir(directory, "registry")
+        # Our own per-user directories may have been created group-writable under a umask of
+        # 002 (the staging directory shares /tmp/torchprof-<uid>): tighten them, never others'.
+        own = [directory] if os.environ.get(_RUNTIME_ENV) else [directory.parent, directory]
+        for path in own:
+            info = os.lstat(path)
+            if info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022:
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022)
+        problem = next(filter(None, (check_private_dir(path, "registry") for path in own)), None)
         if problem:
             raise OSError(problem)
         entry = directory / f"{os.getpid()}.json"
