@@ -86,9 +86,11 @@ def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
 
         # 3. By the launcher's pid (torchrun is the ranks' parent), one rank only.
         second = trigger("--pid", str(launcher.pid), "--iterations", "2", "--ranks", "1", "--wait",
-                         "--timeout", "120", env=env)
+                         "--timeout", "120", "--json", env=env)
         assert second.returncode == 0, second.stdout + second.stderr
-        (path,) = listed_paths(second.stdout)
+        reply = json.loads(second.stdout)  # --json: the answer alone on stdout
+        assert reply["status"] == "accepted" and reply["ranks"] == [1]
+        path = reply["traces"]["1"]
         assert Path(path).name.startswith("rank00001_")
         later = profiler_steps(path)
         assert len(later) == 2 and later[0] > steps[0][2]

@@ -156,6 +156,7 @@ def _withdraw(request_path: Path) -> bool:
 
 def wait_for_answer(control_dir: Path, request_id: str, request_path: Path, deadline: float) -> dict[str, Any]:
     answer_path = control_dir / ANSWERS / f"{request_id}.json"
+    grace_given = False
     while True:
         if answer_path.exists():
             try:
@@ -170,18 +171,20 @@ def wait_for_answer(control_dir: Path, request_id: str, request_path: Path, dead
             if _withdraw(request_path):
                 raise TriggerError(f"no answer within --timeout; the request was withdrawn. The job checks "
                                    f"every {job.get('check_interval', '?')} iterations: is it still training?")
-            # Taken just now: the answer is being written.
-            deadline += 10.0
+            if grace_given:
+                raise TriggerError(f"the job took the request but wrote no answer to {answer_path}; "
+                                   "see rank 0's log")
+            grace_given, deadline = True, deadline + 10.0  # taken just now: the answer is on its way
         time.sleep(POLL_SECONDS)
 
 
-def wait_for_traces(paths: list[str], deadline: float) -> list[str]:
+def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False) -> list[str]:
     """Wait until every path exists; returns the ones still missing at the deadline."""
     missing = list(paths)
     while missing:
         still = [p for p in missing if not os.path.exists(p)]
         for path in missing:
-            if path not in still:
+            if path not in still and not quiet:
                 print(f"written: {path}", flush=True)
         missing = still
         if not missing or time.monotonic() >= deadline:
@@ -215,11 +218,12 @@ def trigger(args: argparse.Namespace) -> int:
             print(f"  {path}", flush=True)
     if not args.wait:
         return 0
-    missing = wait_for_traces(traces, deadline)
+    missing = wait_for_traces(traces, deadline, quiet=args.json)
     if missing:
         print(f"timed out: {len(missing)} of {len(traces)} trace(s) not written yet:", file=sys.stderr)
         for path in missing:
             print(f"  {path}", file=sys.stderr)
         return 1
-    print(f"all {len(traces)} trace(s) written", flush=True)
+    if not args.json:
+        print(f"all {len(traces)} trace(s) written", flush=True)
     return 0
