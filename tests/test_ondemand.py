@@ -93,7 +93,7 @@ def test_window_is_traced_answered_and_named_like_the_answer(tmp_path):
     assert read_trace(trace)["torchprof_args"]["on_demand_request"] == submitted["id"]
     assert (control_dir(tmp_path) / "processed" / f"{submitted['id']}.json").exists()
     job = json.loads((control_dir(tmp_path) / "job.json").read_text())
-    assert job["state"] == "stopped" and job["world_size"] == 1 and job["check_interval"] == 5
+    assert job["state"] == "stopped" and job["world_size"] == 1 and job["min_check_interval"] == 5
     assert not list(registry_dir().glob("*.json")), "the registry entry is removed at exit"
 
 
@@ -357,3 +357,28 @@ def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
         assert warnings == []
     if when == "wrapper":  # torch saw it: Kineto registered its daemon config loader
         assert "Registering daemon config loader" in result.stderr
+
+
+def test_decision_encoding_round_trips():
+    """A check's decision travels as one fixed-size asynchronous broadcast."""
+    from torchprof_args.ondemand import OnDemandWindow, _decode_decision, _encode_decision
+
+    for window, world in [(OnDemandWindow("req-1.x", 100, 101, 102, 105, (0, 3)), 4),
+                          (OnDemandWindow("a" * 100, 5, 6, 7, 8, None), 2), (None, 3)]:
+        assert _decode_decision(_encode_decision(window, 1234, world), world) == (window, 1234)
+
+
+def test_checks_are_paced_by_time_not_iterations():
+    """Rank 0 spaces checks --torch-profile-on-demand-check-seconds apart from the measured step time."""
+    from torchprof_args.ondemand import OnDemandController
+
+    controller = OnDemandController("/nonexistent", rank=0, world_size=1, trace_dir="/tmp", interval=10,
+                                    check_seconds=0.05)
+    assert controller.start_checks(100) == 110
+    controller.poll(110, group=None)  # first check: no step time known yet -> the minimum interval
+    assert controller.next_check == 120
+    time.sleep(0.05)  # 10 iterations took ~50 ms: 5 ms per iteration -> ~10 iterations per 50 ms
+    controller.poll(120, group=None)
+    assert controller.next_check == 130
+    controller.poll(1120, group=None)  # 1000 iterations in no time: fast steps -> checks far apart
+    assert controller.next_check > 1120 + 1000

@@ -560,9 +560,17 @@ ON_DEMAND_FLAGS = FlagGroup(
             default_doc="`<profile dir>/ondemand`",
         ),
         Flag(
+            "--torch-profile-on-demand-check-seconds",
+            "Check for requests about every S seconds of training (rank 0 turns this into "
+            "iterations from the measured step time; one small asynchronous broadcast per check).",
+            default=10.0,
+            type=positive_float,
+            metavar="S",
+        ),
+        Flag(
             "--torch-profile-on-demand-interval",
-            "Check for requests every N iterations (one small broadcast on the gloo group).",
-            default=50,
+            "Fewest iterations between two request checks (also the spacing of the first checks).",
+            default=10,
             type=positive_int,
             metavar="N",
         ),

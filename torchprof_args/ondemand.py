@@ -9,11 +9,15 @@ person triggering can both reach (the shared filesystem of a SLURM job, or a loc
       processed/<id>.json        # rank 0 renames a request here to take it: atomic, taken once
       answers/<id>.json          # rank 0's answer: accepted window and trace paths, or the reason
 
-Every ``--torch-profile-on-demand-interval`` iterations (``iteration % interval == 0``) every rank
-calls :meth:`OnDemandController.poll`: rank 0 looks for a request (a ``stat`` of ``requests/``, a
-``scandir`` only when it changed), validates it, writes the answer, and broadcasts the decision
-in one small message on the profiler's gloo group.  So all ranks agree on the window
-``[start, end)`` of global iterations, and its flush is fenced exactly like a scheduled one.
+At check iterations every rank calls :meth:`OnDemandController.poll`: rank 0 looks for a
+request (a ``stat`` of ``requests/``, a ``scandir`` only when it changed), validates it, writes
+the answer, and every rank posts an *asynchronous* broadcast of the fixed-size decision on the
+profiler's gloo group, collected at the next check.  The decision also says when the check after
+next happens: rank 0 spaces checks about ``--torch-profile-on-demand-check-seconds`` apart from the
+measured step time (never closer than ``--torch-profile-on-demand-interval`` iterations), so a
+check costs next to nothing per step whatever the step time, and a request is taken within about
+two check periods.  All ranks agree on the window ``[start, end)`` of global iterations, and its
+flush is fenced exactly like a scheduled one.
 
 Safety: the control directory must belong to the job's user and not be group- or world-writable;
 requests must be regular files (no symlinks) of that user, small, JSON with known fields only and
@@ -38,6 +42,7 @@ import os
 import re
 import secrets
 import stat
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -316,7 +321,8 @@ class OnDemandController:
         rank: int,
         world_size: int,
         trace_dir: str,
-        interval: int = 50,
+        interval: int = 10,
+        check_seconds: float = 10.0,
         max_iterations: int = 20,
         warmup: int = 1,
         gzip: bool = True,
@@ -326,6 +332,7 @@ class OnDemandController:
         self.world_size = world_size
         self.trace_dir = os.path.abspath(trace_dir)
         self.interval = interval
+        self.check_seconds = check_seconds
         self.max_iterations = max_iterations
         self.warmup = warmup
         self.trace_suffix = TRACE_SUFFIX + (GZIP_SUFFIX if gzip else "")
@@ -337,6 +344,15 @@ class OnDemandController:
         self._last_full_scan = 0.0
         self._backlog = False
         self._broken = False
+        #: (work, buffer) of the decision broadcast posted at the last check, collected at the next.
+        self._pending_decision: tuple[Any, Any] | None = None
+        #: The next check iteration (all ranks agree) and the one after it (pipelined decisions).
+        self.next_check = interval
+        self._following_check = 2 * interval
+        #: Rank 0: (iteration, monotonic time) of the previous check, to measure the step time.
+        self._previous_check: tuple[int, float] | None = None
+        #: Rank 0: the end of the last window it decided; no new request is taken before it.
+        self._busy_until = 0
         self._opened = False
         self._registered: Path | None = None
         self._rejected_count = 0
@@ -352,6 +368,7 @@ class OnDemandController:
             world_size=world_size,
             trace_dir=profile_dir,
             interval=args.torch_profile_on_demand_interval,
+            check_seconds=args.torch_profile_on_demand_check_seconds,
             max_iterations=args.torch_profile_on_demand_max_iterations,
             warmup=args.torch_profile_warmup if args.torch_profile_warmup is not None else 1,
             gzip=bool(getattr(args, "torch_profile_gzip", True)),
@@ -407,8 +424,8 @@ class OnDemandController:
                          os.path.join(self.control_dir, JOB_FILE), err.strerror or err)
             return
         logger.info("rank 0: on-demand tracing ready: torchprof trigger --job-dir %s --iterations N "
-                    "[--ranks R ...] (requests are checked every %d iterations)",
-                    self.control_dir, self.interval)
+                    "[--ranks R ...] (requests are checked about every %g s)",
+                    self.control_dir, self.check_seconds)
 
     def close(self) -> None:
         """Leave: rank 0 answers queued requests and marks the job stopped; all unregister.
@@ -420,8 +437,12 @@ class OnDemandController:
         self._opened = False
         unregister_process(self._registered)
         self._registered = None
+        undelivered, _ = self._collect_decision(timeout=5.0) or (None, 0)  # posted by every rank
         if self.rank != 0:
             return
+        if undelivered is not None:
+            self._answer(undelivered.request_id, {
+                "status": "rejected", "reason": "the job ended before the window started"})
         try:
             with os.scandir(self.requests_dir) as entries:
                 names = sorted(e.name for e in entries if not e.name.startswith("."))
@@ -436,7 +457,8 @@ class OnDemandController:
             "version": PROTOCOL_VERSION,
             "state": state,
             "world_size": self.world_size,
-            "check_interval": self.interval,
+            "check_seconds": self.check_seconds,
+            "min_check_interval": self.interval,
             "max_iterations": self.max_iterations,
             "warmup": self.warmup,
             "trace_dir": self.trace_dir,
@@ -447,43 +469,97 @@ class OnDemandController:
 
     # -- the periodic check -----------------------------------------------------------------
 
-    def next_check_iteration(self, after: int) -> int:
-        """The first check iteration (a multiple of the interval) strictly after ``after``."""
-        return (after // self.interval + 1) * self.interval
+    def start_checks(self, after: int) -> int:
+        """Plan the first two checks after iteration ``after`` (same on every rank); returns the first."""
+        self.next_check = after + self.interval
+        self._following_check = self.next_check + self.interval
+        return self.next_check
 
     def poll(self, iteration: int, group: Any, busy: Callable[[int], bool] | None = None) -> OnDemandWindow | None:
         """Collective: every rank calls it at the same check iteration and gets the same answer.
 
-        Rank 0 takes at most one request and decides its window; ``busy(i)`` says whether the
-        scheduled profiling uses iteration ``i`` (the window is moved past such iterations).
-        Never raises: problems are logged and the answer is "no window".
+        With a process group the decision is pipelined by one check: at check *k* rank 0 takes at
+        most one request, places its window after check *k + 1*, and every rank posts an
+        asynchronous broadcast of the fixed-size decision (with the iteration of check *k + 2*);
+        at check *k + 1* every rank collects it (long finished by then) and adopts the same window
+        at the same iteration, so no rank waits on a collective in the training thread.
+        ``busy(i)`` says whether the scheduled profiling uses iteration ``i`` (the window is moved
+        past such iterations).  Afterwards :attr:`next_check` is the next check iteration.  Never
+        raises: problems are logged and the answer is "no window".
         """
         self.checks += 1
-        window = None
-        if self.rank == 0 and not self._broken:
-            try:
-                window = self._take_next(iteration, busy)
-            except Exception as err:  # noqa: BLE001 - the training job must go on
-                logger.error("rank 0: on-demand request check at iteration %d failed: %s: %s",
-                             iteration, type(err).__name__, err)
         if group is None:
+            window = self._decide(iteration, busy)
+            self.next_check = iteration + self._pace(iteration)
             return window
+        window = None
+        received = self._collect_decision()  # None at the first check
+        if received is not None:
+            window, self._following_check = received
+        if self._following_check <= iteration:  # the caller's numbering jumped: same on every rank
+            self._following_check = iteration + self.interval
+        self.next_check = self._following_check
+        if not self._broken:
+            decision = self._decide(self.next_check, busy)
+            check_after = self.next_check + (self._pace(iteration) if self.rank == 0 else 0)
+            self._post_decision(decision, check_after, group, iteration)
+        return window
+
+    def _pace(self, iteration: int) -> int:
+        """Rank 0: iterations between checks so that they are ``check_seconds`` apart."""
+        now = time.monotonic()
+        previous, self._previous_check = self._previous_check, (iteration, now)
+        if previous is None or iteration <= previous[0] or now <= previous[1]:
+            return self.interval
+        seconds_per_iteration = (now - previous[1]) / (iteration - previous[0])
+        return max(self.interval, min(int(self.check_seconds / seconds_per_iteration), 10_000_000))
+
+    def _decide(self, place_after: int, busy: Callable[[int], bool] | None) -> OnDemandWindow | None:
+        """Rank 0: take the next request, with its window placed after ``place_after``."""
+        if self.rank != 0 or self._broken or place_after < self._busy_until:
+            return None
+        try:
+            window = self._take_next(place_after, busy)
+        except Exception as err:  # noqa: BLE001 - the training job must go on
+            logger.error("rank 0: on-demand request check failed: %s: %s", type(err).__name__, err)
+            return None
+        if window is not None:
+            self._busy_until = window.end
+        return window
+
+    def _post_decision(self, window: OnDemandWindow | None, check_after: int, group: Any, iteration: int) -> None:
         try:
             import torch
             import torch.distributed as dist
 
-            flag = torch.tensor([0 if window is None else 1], dtype=torch.int64)
-            dist.broadcast(flag, src=0, group=group)
-            if not int(flag[0]):
-                return None
-            payload = [window.as_tuple() if window is not None else None]
-            dist.broadcast_object_list(payload, src=0, group=group)
-            return OnDemandWindow(*payload[0])
+            payload = _encode_decision(window, check_after, self.world_size)
+            buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            work = dist.broadcast(buffer, src=0, group=group, async_op=True)
+            self._pending_decision = (work, buffer)
         except Exception as err:  # noqa: BLE001
             self._broken = True
             logger.error("rank %d: on-demand check broadcast at iteration %d failed (%s: %s); on-demand "
                          "requests are ignored from now on, training continues", self.rank, iteration,
                          type(err).__name__, err)
+
+    def _collect_decision(self, timeout: float | None = None) -> tuple[OnDemandWindow | None, int] | None:
+        """(window, check after next) posted at the previous check, or None when nothing was posted."""
+        pending, self._pending_decision = self._pending_decision, None
+        if pending is None:
+            return None
+        work, buffer = pending
+        try:
+            if timeout is None:
+                work.wait()
+            else:
+                import datetime
+
+                work.wait(datetime.timedelta(seconds=timeout))
+            return _decode_decision(bytes(buffer.numpy()), self.world_size)
+        except Exception as err:  # noqa: BLE001
+            self._broken = True
+            logger.error("rank %d: on-demand decision broadcast failed (%s: %s); on-demand requests are "
+                         "ignored from now on, training continues", self.rank, type(err).__name__, err)
             return None
 
     def _requests_changed(self) -> tuple[bool, int]:
@@ -623,6 +699,40 @@ class OnDemandController:
         except OSError as err:
             logger.error("rank 0: cannot write the answer to on-demand request %s: %s", request_id,
                          err.strerror or err)
+
+
+#: has window, check after next, the window's check iteration, warmup start, start, end, all ranks
+_DECISION_HEADER = struct.Struct("<7q")
+_ID_BYTES = 100  # request ids are at most 100 characters (_ID_PATTERN)
+
+
+def _decision_size(world_size: int) -> int:
+    return _DECISION_HEADER.size + _ID_BYTES + world_size
+
+
+def _encode_decision(window: OnDemandWindow | None, check_after: int, world_size: int) -> bytes:
+    """A fixed-size encoding of a check's decision, so it travels in one asynchronous broadcast."""
+    payload = bytearray(_decision_size(world_size))
+    if window is None:
+        _DECISION_HEADER.pack_into(payload, 0, 0, check_after, 0, 0, 0, 0, 0)
+        return bytes(payload)
+    _DECISION_HEADER.pack_into(payload, 0, 1, check_after, window.check_iteration, window.warmup_start,
+                               window.start, window.end, int(window.ranks is None))
+    request_id = window.request_id.encode()[:_ID_BYTES]
+    payload[_DECISION_HEADER.size:_DECISION_HEADER.size + len(request_id)] = request_id
+    for rank in window.ranks or ():
+        payload[_DECISION_HEADER.size + _ID_BYTES + rank] = 1
+    return bytes(payload)
+
+
+def _decode_decision(payload: bytes, world_size: int) -> tuple[OnDemandWindow | None, int]:
+    has_window, check_after, check, warmup_start, start, end, all_ranks = _DECISION_HEADER.unpack_from(payload, 0)
+    if not has_window:
+        return None, check_after
+    request_id = payload[_DECISION_HEADER.size:_DECISION_HEADER.size + _ID_BYTES].rstrip(b"\0").decode()
+    mask = payload[_DECISION_HEADER.size + _ID_BYTES:]
+    ranks = None if all_ranks else tuple(rank for rank in range(world_size) if mask[rank])
+    return OnDemandWindow(request_id, check, warmup_start, start, end, ranks), check_after
 
 
 def _ranks_text(ranks: tuple[int, ...] | None) -> str:

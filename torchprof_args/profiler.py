@@ -154,7 +154,7 @@ class TorchProfiler:
             )
         if on_demand is not None:
             on_demand.setup(self._barrier_group)  # collective; raises on every rank if unsafe
-            self._next_check = on_demand.next_check_iteration(start_iteration)
+            self._next_check = on_demand.start_checks(start_iteration)
         if self.record or on_demand is not None:
             self._writer = TraceWriter(
                 output_dir,
@@ -392,8 +392,7 @@ class TorchProfiler:
             if window.traces(self.rank):
                 logger.info("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
                             window.request_id, window.start, window.end - 1)
-        resume = window.end - 1 if window is not None else iteration
-        self._next_check = self._on_demand.next_check_iteration(resume)
+        self._next_check = self._on_demand.next_check
 
     def _anchor(self, iteration: int) -> None:
         """Align the schedule with the caller's numbering at the first ``step`` call.

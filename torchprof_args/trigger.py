@@ -170,7 +170,7 @@ def wait_for_answer(control_dir: Path, request_id: str, request_path: Path, dead
         if time.monotonic() >= deadline:
             if _withdraw(request_path):
                 raise TriggerError(f"no answer within --timeout; the request was withdrawn. The job checks "
-                                   f"every {job.get('check_interval', '?')} iterations: is it still training?")
+                                   f"about every {job.get('check_seconds', '?')} s: is it still training?")
             if grace_given:
                 raise TriggerError(f"the job took the request but wrote no answer to {answer_path}; "
                                    "see rank 0's log")
@@ -201,8 +201,8 @@ def trigger(args: argparse.Namespace) -> int:
     ranks = _check_request(args, job, control_dir)
     request_id, request_path = submit(control_dir, args.iterations, ranks)
     if not args.json:
-        print(f"request {request_id} sent to {control_dir}; the job checks every "
-              f"{job.get('check_interval', '?')} iterations", flush=True)
+        print(f"request {request_id} sent to {control_dir}; the job checks about every "
+              f"{job.get('check_seconds', '?')} s", flush=True)
     answer = wait_for_answer(control_dir, request_id, request_path, deadline)
     if args.json:
         print(json.dumps(answer, indent=1, sort_keys=True), flush=True)
