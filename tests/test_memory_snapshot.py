@@ -21,27 +21,6 @@ from torchprof_args.memory import (
 )
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def at(self, level: int) -> list[str]:
-        return [r.getMessage() for r in self.records if r.levelno == level]
-
-
-@pytest.fixture
-def logs():
-    logger = logging.getLogger("torchprof_args")
-    handler = _Records()
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-
-
 def _parse(*argv: str) -> argparse.Namespace:
     return add_torch_profile_args(argparse.ArgumentParser()).parse_args(list(argv))
 

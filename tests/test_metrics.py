@@ -24,17 +24,8 @@ TIMER_NAMES = ("batch-generator", "forward-backward", "optimizer")
 
 
 @pytest.fixture(autouse=True)
-def _offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing touches the network or the real home directory."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("NETRC", raising=False)
+def _offline(offline_wandb: None) -> None:
+    """Every test here runs real wandb offline (conftest.offline_wandb)."""
 
 
 def _child_env(tmp_path: Path) -> dict[str, str]:

@@ -14,24 +14,6 @@ from torchprof_args.flags import add_torch_profile_args
 from torchprof_args.nsys import NsysController, nsys_command
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def logs():
-    logger = logging.getLogger("torchprof_args")
-    handler = _Records()
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-
-
 @pytest.fixture
 def clean_env(monkeypatch):
     for name in ("SLURM_NODEID", "NODE_RANK", "GROUP_RANK"):

@@ -19,7 +19,8 @@ import torch
 from conftest import subprocess_env
 
 from torchprof_args import TorchProfiler, add_torch_profile_args
-from torchprof_args.trace_writer import PARTIAL_PREFIX, TraceWriter, partial_path
+from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
+from torchprof_args.trace_writer import TraceWriter
 
 
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import html
-import os
 import re
 from collections.abc import Iterable
 
 from torchprof_args._pyspy_parse import NATIVE, PROCESS, PYTHON, THREAD, Frame, Stack, is_own_code
+from torchprof_args.atomic import write_text_atomically
 
 WIDTH = 1200
 ROW = 17
@@ -229,10 +229,5 @@ def write_flamegraph(stacks: Iterable[Stack], output: str, title: str) -> int:
     root.label = f"all ({root.samples} samples)"
     is_html = output.lower().endswith((".html", ".htm"))
     text = render_html(root, title) if is_html else render_svg(root, title)
-    directory = os.path.dirname(os.path.abspath(output))
-    os.makedirs(directory, exist_ok=True)
-    partial = os.path.join(directory, f".{os.path.basename(output)}.partial-{os.getpid()}")
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(partial, output)
+    write_text_atomically(output, text)
     return root.samples

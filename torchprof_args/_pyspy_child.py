@@ -11,10 +11,11 @@ it runs with any interpreter, installed package or not.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
+
+from torchprof_args.atomic import write_text_atomically
 
 #: The marker :mod:`torchprof_args.pyspy` looks for in py-spy's process frames.
 LAUNCHER_MARKER = "_pyspy_child.py"
@@ -59,10 +60,7 @@ def main(argv: list[str]) -> int:
         # before the command does, so its exit code is still recorded.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         code = exit_code(child.wait())
-    partial = f"{status_file}.partial"
-    with open(partial, "w") as handle:
-        handle.write(f"{code}\n")
-    os.replace(partial, status_file)
+    write_text_atomically(status_file, f"{code}\n")
     return code
 
 

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.atomic import write_text_atomically
+
 __all__ = [
     "DEFAULT_SPEC",
     "Panel",
@@ -445,18 +447,11 @@ def _metrics_path(run_dir: str) -> Path:
     return path if path.is_file() else path / METRICS_FILENAME
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-
-
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.metrics import WANDB_RUN_FILENAME, read_metrics_file, wandb_credentials_present
 
     if args.write_spec:
-        _write_atomic(Path(args.write_spec), json.dumps(DEFAULT_SPEC, indent=2) + "\n")
+        write_text_atomically(Path(args.write_spec), json.dumps(DEFAULT_SPEC, indent=2) + "\n")
         return 0
     if not args.run_dir:
         return _fail("give RUN_DIR (the --metrics-dir of a run) or --write-spec JSON.")
@@ -476,7 +471,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.wandb:
         output = Path(args.output) if args.output else metrics_path.parent / "timings.html"
-        _write_atomic(output, render_html(records or [], spec, source=str(metrics_path)))
+        write_text_atomically(output, render_html(records or [], spec, source=str(metrics_path)))
         print(f"wrote {output}")
         return 0
 

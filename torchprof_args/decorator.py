@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.atomic import write_text_atomically
 from torchprof_args.flags import (
     CLI_DECORATOR_FLAGS,
     TorchProfileArgsError,
@@ -192,14 +193,11 @@ def _profiler_list_name(rank: int) -> str:
 def write_profiler_list(traces: list[str], path: Path) -> Path:
     """Top operators (device time, else CPU time) and memory of ``traces``, written atomically."""
     from torchprof_args.analysis import format_profiler_list, load_trace, summarize
-    from torchprof_args.trace_writer import partial_path
 
     parts = []
     for trace in traces:
         parts.append(f"# {Path(trace).name}\n{format_profiler_list(summarize(load_trace(trace)))}")
-    tmp = partial_path(path)
-    tmp.write_text("\n".join(parts))
-    os.replace(tmp, path)
+    write_text_atomically(path, "\n".join(parts))
     logger.info("operator summary written to %s", path)
     return path
 

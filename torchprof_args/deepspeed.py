@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.atomic import partial_path
 from torchprof_args.flags import resolve_profile_dir
 from torchprof_args.log import get_logger
 from torchprof_args.megatron import profiler_from_args
-from torchprof_args.trace_writer import partial_path
 
 logger = get_logger(__name__)
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchprof_args.atomic import atomic_output
 from torchprof_args.log import current_rank, get_logger
 
 __all__ = [
@@ -52,18 +53,9 @@ def snapshot_file_name(host: str, rank: int, iteration: int, reason: str | None 
 
 
 def write_snapshot(snapshot: Any, path: str) -> None:
-    """Pickle ``snapshot`` (protocol 4) to ``path`` through a temporary name and ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    partial = os.path.join(directory, f".{os.path.basename(path)}.partial-{os.getpid()}")
-    try:
-        with open(partial, "wb") as handle:
-            pickle.dump(snapshot, handle, protocol=4)
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
+    """Pickle ``snapshot`` (protocol 4) to ``path`` atomically."""
+    with atomic_output(path, "wb") as handle:
+        pickle.dump(snapshot, handle, protocol=4)
 
 
 def _torch_cuda_available() -> bool:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.atomic import write_text_atomically
 from torchprof_args.flags import TorchProfileArgsError, resolve_profile_dir
 from torchprof_args.log import current_rank, get_logger
 
@@ -233,7 +234,7 @@ class _WandbSink:
             "mode": mode,
             "dir": str(getattr(self._run, "dir", "") or ""),
         }
-        _atomic_write_text(run_file, json.dumps(info, indent=2) + "\n")
+        write_text_atomically(run_file, json.dumps(info, indent=2) + "\n")
 
     def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
         self._run.log({"iteration": iteration, **metrics})
@@ -241,13 +242,6 @@ class _WandbSink:
     def close(self) -> None:
         if self._owns_run:
             self._run.finish()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def _jsonable_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.atomic import atomic_output
 from torchprof_args.flags import TorchProfileArgsError, resolve_profile_dir
 from torchprof_args.log import get_logger
 from torchprof_args.schedule import Action
@@ -147,18 +148,9 @@ def _ensure_private_dir(path: str, flag: str) -> None:
 
 def write_json_atomically(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     """Write ``payload`` as JSON under a hidden temporary name (mode 0600), then rename it into place."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path, "w", private=True) as handle:
+        json.dump(payload, handle, indent=1, sort_keys=True)
+        handle.write("\n")
 
 
 def read_small_json(path: str | os.PathLike[str], limit: int = 1 << 20) -> Any:

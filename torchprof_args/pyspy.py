@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torchprof_args.atomic import partial_path
+
 __all__ = ["register", "record_command", "output_name", "find_py_spy"]
 
 PYSPY_INSTALL_HINT = "install it with `pip install 'torchprof-args[pyspy]'` (or `pip install py-spy`)"
@@ -174,7 +176,7 @@ def _run_record(args: argparse.Namespace) -> int:
     except OSError as err:
         return _error(f"-o/--output-dir {args.output_dir!r} cannot be created ({err.strerror or err}).")
     final = os.path.join(args.output_dir, output_name())
-    partial = os.path.join(args.output_dir, f".{os.path.basename(final)}.partial")
+    partial = str(partial_path(final))
     status_file = os.path.join(args.output_dir, f".{os.path.basename(final)}.status")
     argv = record_command(py_spy, partial, status_file, command, rate=args.rate, native=args.native,
                           idle=args.idle, full_filenames=not args.short_filenames)

@@ -154,6 +154,7 @@ class Timer:
         running = self._started
         if running:
             self.stop(barrier=barrier)
+        self._settle()
         seconds = self._elapsed
         if reset:
             self.reset()
@@ -163,7 +164,11 @@ class Timer:
 
     def active_time(self) -> float:
         """Seconds this timer has been running over its whole life."""
+        self._settle()
         return self._active
+
+    def _settle(self) -> None:
+        """Bring ``_elapsed``/``_active`` up to date (device timers resolve their events here)."""
 
     def _elapsed_for_gather(self, reset: bool) -> float:
         """Elapsed seconds, or NaN when the timer did not run since the last reset."""
@@ -308,21 +313,8 @@ class _CudaEventTimer(Timer):
         self._resolve(block=True)
         super().set_elapsed(value)
 
-    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
-        running = self._started
-        if running:
-            self.stop(barrier=barrier)
+    def _settle(self) -> None:
         self._resolve(block=True)
-        seconds = self._elapsed
-        if reset:
-            self.reset()
-        if running:
-            self.start(barrier=barrier)
-        return seconds
-
-    def active_time(self) -> float:
-        self._resolve(block=True)
-        return self._active
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.atomic import atomic_output, partial_path
 from torchprof_args.log import get_logger
 
 logger = get_logger(__name__)
@@ -42,7 +43,6 @@ logger = get_logger(__name__)
 TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
 SUMMARY_SUFFIX = ".profiler_list.dat"
-PARTIAL_PREFIX = ".partial-"
 _COPY_CHUNK = 16 << 20
 #: /dev/shm is used for staging only when it has at least this much room.
 STAGING_MIN_FREE_BYTES = 4 << 30
@@ -62,12 +62,6 @@ def trace_stem(rank: int, first_iteration: int, last_iteration: int, *, host: st
     host = host or short_hostname()
     pid = os.getpid() if pid is None else pid
     return f"rank{rank:05d}_{host}_pid{pid}_iter{first_iteration:06d}-{last_iteration:06d}"
-
-
-def partial_path(final_path: str | os.PathLike[str]) -> Path:
-    """The hidden temporary name a file is written under before it is renamed into place."""
-    final_path = Path(final_path)
-    return final_path.with_name(PARTIAL_PREFIX + final_path.name)
 
 
 def choose_staging_dir(requested: str | None, min_free_bytes: int = STAGING_MIN_FREE_BYTES) -> Path:
@@ -109,33 +103,16 @@ class PublishJob:
         return cls(**json.loads(Path(job_path).read_text()))
 
 
-def _write_atomically(final_path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    tmp = partial_path(final_path)
-    try:
-        with open(tmp, mode) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, final_path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
 def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
-    def write(handle: Any) -> None:
-        with open(source, "rb") as src:
-            if level is None:
-                shutil.copyfileobj(src, handle, _COPY_CHUNK)
-                return
-            import gzip
+    with atomic_output(target, "wb", fsync=True) as handle, open(source, "rb") as src:
+        if level is None:
+            shutil.copyfileobj(src, handle, _COPY_CHUNK)
+            return
+        import gzip
 
-            # zlib releases the GIL while deflating each chunk; this process has no other work.
-            with gzip.GzipFile(filename="", mode="wb", fileobj=handle, compresslevel=level, mtime=0) as gz:
-                shutil.copyfileobj(src, gz, _COPY_CHUNK)
-
-    _write_atomically(target, write)
+        # zlib releases the GIL while deflating each chunk; this process has no other work.
+        with gzip.GzipFile(filename="", mode="wb", fileobj=handle, compresslevel=level, mtime=0) as gz:
+            shutil.copyfileobj(src, gz, _COPY_CHUNK)
 
 
 def publish(job: PublishJob) -> dict[str, Any]:
@@ -146,7 +123,6 @@ def publish(job: PublishJob) -> dict[str, Any]:
     try:
         status["raw_mb"] = staged.stat().st_size / 1e6
         trace_path = Path(job.trace_path)
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
         _copy_compressed(staged, trace_path, job.gzip_level)
         status["trace_mb"] = trace_path.stat().st_size / 1e6
         status["publish_seconds"] = time.perf_counter() - started
@@ -171,9 +147,9 @@ def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
     summary = summarize(load_trace(staged, progress=False), top=job.summary_rows)
     summary["file"] = str(published)
     text = format_profiler_list(summary, rows=job.summary_rows)
-    summary_path = Path(job.summary_path)
-    _write_atomically(summary_path, lambda handle: handle.write(text), mode="w")
-    return str(summary_path)
+    with atomic_output(job.summary_path, "w", fsync=True) as handle:
+        handle.write(text)
+    return job.summary_path
 
 
 def _publisher_main(job_path: str) -> int:
