@@ -288,7 +288,7 @@ def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.nd
     del sel
     ts = ts[order]
     del order
-    end.sort()
+    end.sort(kind="stable")  # ends are nearly in start order: timsort is ~10x faster here
     m = hi - lo
     d = np.searchsorted(end, ts, side="right")
     del ts, end
@@ -375,6 +375,14 @@ def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
     return {k: out[k] for k in ("calls", "cpu_total", "self_cpu", "device_total", "self_device")}
 
 
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` for arrays made of a few sorted runs (timsort merges them in linear time)."""
+    values = np.sort(values, kind="stable")
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
+
+
 def _push_up(total: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> None:
     """Add every op's total into its parent's, deepest level first (in place).
 
@@ -399,7 +407,7 @@ def _push_up(total: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> None:
         up = parent[members]
         np.add.at(total, up, total[members])
         above = levels.get(d - 1)
-        levels[d - 1] = np.unique(up) if above is None else np.union1d(above, up)
+        levels[d - 1] = _sorted_unique(up if above is None else np.concatenate((above, up)))
 
 
 def _op_rows(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int) -> list[dict[str, Any]]:

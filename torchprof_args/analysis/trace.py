@@ -764,11 +764,8 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: _Store) -
     elif workers > 1 and not _can_fork(mp):
         workers = 1
     bar = None
-    if progress and start is not None and size >= (64 << 20):
-        from tqdm import tqdm
-
-        bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False)
-    stream = TraceStream(path, progress=progress and bar is None, validate=False)
+    own_bar = progress and start is not None and size >= (64 << 20)
+    stream = TraceStream(path, progress=progress and not own_bar, validate=False)
     if start is not None:
         stream.metadata.update(probe.metadata)
     fd = os.open(path, os.O_RDONLY) if start is not None else None
@@ -781,6 +778,10 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: _Store) -
             children = [_Child(ctx, path, scratch.fileno()) for _ in range(workers - 1)]
             for child in children:
                 child.start_feeder()
+        if own_bar:  # after forking: tqdm starts a monitor thread
+            from tqdm import tqdm
+
+            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False)
         _run_tasks(_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store)
     finally:
         for child in children:
