@@ -265,10 +265,10 @@ class TraceStream:
                 return None
             if not self.validate:
                 if buf[pos + 2 : pos + 64].lstrip(_WS).startswith(b"{"):
-                    return pos, b"[" + buf[: pos + 1] + b"]"
+                    return pos, _wrap(buf, pos + 1)
                 continue
             try:
-                return pos, self._decode(b"[" + buf[: pos + 1] + b"]")
+                return pos, self._decode(_wrap(buf, pos + 1))
             except msgspec.DecodeError:
                 continue
         return None
@@ -327,6 +327,11 @@ class TraceStream:
         raise TraceError(
             f"{self.path}: not a Kineto trace: it has no 'traceEvents' array (is it a torch.profiler export?)"
         )
+
+
+def _wrap(buf: bytes, end: int) -> bytes:
+    """``b"[" + buf[:end] + b"]"`` in one copy instead of three (these are megabytes each)."""
+    return b"".join((b"[", memoryview(buf)[:end], b"]"))
 
 
 def file_size(path: str | Path) -> int:
