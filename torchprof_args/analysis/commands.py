@@ -33,8 +33,9 @@ def _expand(inputs: list[str]) -> tuple[list[Path], bool]:
 def _summary(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.summary import cross_rank, finite, summarize
     from torchprof_args.analysis.text import format_cross_rank, format_summary
-    from torchprof_args.analysis.trace import load_trace
+    from torchprof_args.analysis.trace import load_trace, release_memory_eagerly
 
+    release_memory_eagerly()
     files, had_dir = _expand(args.traces)
     summaries = []
     for f in files:
@@ -77,8 +78,9 @@ def _merge(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.report import write_report
     from torchprof_args.analysis.summary import cross_rank, finite, summarize
-    from torchprof_args.analysis.trace import load_trace
+    from torchprof_args.analysis.trace import load_trace, release_memory_eagerly
 
+    release_memory_eagerly()
     files, _ = _expand(args.traces)
     summaries = [finite(summarize(load_trace(f, progress=not args.no_progress), top=args.top)) for f in files]
     out = write_report(summaries, finite(cross_rank(summaries)), args.output)
@@ -121,7 +123,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per trace (then one cross_rank object)")
     p.add_argument("--top", type=int, default=30, help="entries in the top-N lists (default 30)")
     p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
-    p.add_argument("--workers", type=int, default=None, help="decode with N processes (default 1)")
+    p.add_argument(
+        "--workers", type=int, default=None,
+        help="decode with N processes (default: 2 for files over 32 MB when 2 cores are usable, else 1)",
+    )
     p.set_defaults(func=_guard(_summary, "summary"))
 
     p = subparsers.add_parser(

@@ -80,6 +80,18 @@ def _sweep(intervals: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, flo
     return out
 
 
+_TYPE_CODES = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 3, OTHER: 0}
+
+
+def _name_codes(trace: Trace) -> np.ndarray:
+    """Kernel class of every name as a small integer (see ``_TYPE_CODES``)."""
+    cached = trace._cache.get("name_codes")
+    if cached is None:
+        cached = np.array([_TYPE_CODES[str(t)] for t in _name_types(trace)], dtype=np.int8)
+        trace._cache["name_codes"] = cached
+    return cached
+
+
 def _name_types(trace: Trace) -> np.ndarray:
     cached = trace._cache.get("name_types")
     if cached is None:
@@ -88,27 +100,51 @@ def _name_types(trace: Trace) -> np.ndarray:
     return cached
 
 
-def _ids(table: list[str], wanted: set[str] | tuple[str, ...]) -> np.ndarray:
-    return np.array([i for i, x in enumerate(table) if x in wanted], dtype=np.int32)
+def _lookup(table: list[str], wanted: Any) -> np.ndarray:
+    """Boolean table indexed by id: ``_lookup(trace.names, pred)[trace.name_id]`` is a mask.
+
+    Cheaper than ``np.isin`` on millions of ids (no sort, no temporaries).  ``wanted`` is a
+    collection of strings or a predicate.
+    """
+    test = wanted if callable(wanted) else wanted.__contains__
+    return np.array([bool(test(x)) for x in table] + [False], dtype=bool)
+
+
+def _member(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.isin(values, wanted)`` for integers, through a bitmap when their range is compact."""
+    if len(values) == 0 or len(wanted) == 0:
+        return np.zeros(len(values), dtype=bool)
+    lo = int(min(values.min(), wanted.min()))
+    hi = int(max(values.max(), wanted.max()))
+    if hi - lo > 8 * (len(values) + len(wanted)) + (1 << 20):
+        return np.isin(values, wanted)
+    bitmap = np.zeros(hi - lo + 1, dtype=bool)
+    bitmap[wanted - lo if lo else wanted] = True
+    return bitmap[values - lo] if lo else bitmap[values]
 
 
 def _hta_kernels(trace: Trace) -> tuple[np.ndarray, bool]:
     """Mask of the events HTA's analyses treat as kernels, and whether the last step was dropped."""
-    valid = ~np.isin(trace.cat_id, _ids(trace.cats, ("Trace",)))
-    sync = np.isin(trace.name_id, _ids(trace.names, ("Event Sync", "Context Sync")))
+    valid = ~_lookup(trace.cats, ("Trace",))[trace.cat_id]
+    sync = _lookup(trace.names, ("Event Sync", "Context Sync"))[trace.name_id]
     is_gpu = ((trace.stream >= 0) & (trace.corr >= 0)) | sync
-    step_ids = np.array([i for i, n in enumerate(trace.names) if "ProfilerStep" in n], dtype=np.int32)
+    del sync
+    is_step = _lookup(trace.names, lambda n: "ProfilerStep" in n)
     has_stream = trace.stream != -1
-    if len(step_ids) < 2:
+    if int(is_step.sum()) < 2:
         return valid & has_stream, False
-    ts = np.ceil(trace.ts)
     cpu = valid & ~is_gpu
-    step_starts = ts[cpu & np.isin(trace.name_id, step_ids)]
+    kernels = valid & is_gpu
+    del valid, is_gpu
+    step_starts = trace.ts[cpu & is_step[trace.name_id]]
     if len(step_starts) == 0:
-        return np.zeros(len(ts), dtype=bool), True
-    kept_cpu = cpu & (ts < step_starts.max())
-    kept_corr = np.unique(trace.corr[kept_cpu])
-    kernels = (valid & is_gpu & np.isin(trace.corr, kept_corr)) | kept_cpu
+        return np.zeros(len(trace.ts), dtype=bool), True
+    # HTA compares ceil(ts) < ceil(last step start); for an integer m, ceil(t) < m <=> t <= m - 1.
+    kept_cpu = cpu & (trace.ts <= float(np.ceil(step_starts).max()) - 1.0)
+    del cpu
+    kept_corr = trace.corr[kept_cpu]
+    kernels[kernels] = _member(trace.corr[kernels], kept_corr)
+    kernels |= kept_cpu
     return kernels & has_stream, True
 
 
@@ -117,16 +153,24 @@ def gpu_view(trace: Trace, top: int = 30) -> tuple[dict[str, Any] | None, list[d
     mask, dropped_last = _hta_kernels(trace)
     if not mask.any():
         return None, []
-    ts = np.ceil(trace.ts[mask])
-    end = np.floor(trace.ts[mask] + trace.dur[mask])
-    name_id = trace.name_id[mask]
-    types = _name_types(trace)[name_id]
+    sel = np.flatnonzero(mask)
+    del mask
+    ts = np.ceil(trace.ts[sel])
+    end = np.floor(trace.ts[sel] + trace.dur[sel])
+    codes = _name_codes(trace)[trace.name_id[sel]]
+    kernels = len(sel)
+    streams = sorted(int(x) for x in np.unique(trace.stream[sel]))
 
     starts, ends = merge_intervals(ts, end)
     span = float(ends[-1] - starts[0])
     busy = float((ends - starts).sum())
     idle = span - busy
-    merged = {t: merge_intervals(ts[types == t], end[types == t]) for t in (COMPUTATION, COMMUNICATION, MEMORY)}
+    del starts, ends
+    merged = {}
+    for t in (COMPUTATION, COMMUNICATION, MEMORY):
+        of_type = codes == _TYPE_CODES[t]
+        merged[t] = merge_intervals(ts[of_type], end[of_type])
+    del ts, end, codes
     compute = float((merged[COMPUTATION][1] - merged[COMPUTATION][0]).sum())
     non_compute = span - compute - idle
     comm_total = float((merged[COMMUNICATION][1] - merged[COMMUNICATION][0]).sum())
@@ -158,16 +202,16 @@ def gpu_view(trace: Trace, top: int = 30) -> tuple[dict[str, Any] | None, list[d
         "comm_comp_overlap_pct": overlap_pct,
         "kernel_type_us": kernel_type_us,
         "kernel_type_overlapping_us": overlapping,
-        "kernels": int(mask.sum()),
-        "streams": sorted(int(s) for s in np.unique(trace.stream[mask])),
+        "kernels": kernels,
+        "streams": streams,
         "last_step_excluded": dropped_last,
     }
-    return gpu, _top_kernels(trace, mask, top)
+    return gpu, _top_kernels(trace, sel, top)
 
 
-def _top_kernels(trace: Trace, mask: np.ndarray, top: int) -> list[dict[str, Any]]:
-    name_id = trace.name_id[mask]
-    dur = trace.dur[mask]
+def _top_kernels(trace: Trace, sel: np.ndarray, top: int) -> list[dict[str, Any]]:
+    name_id = trace.name_id[sel]
+    dur = trace.dur[sel]
     total = np.bincount(name_id, weights=dur, minlength=len(trace.names))
     count = np.bincount(name_id, minlength=len(trace.names))
     order = np.argsort(-total, kind="stable")[: max(top, 0)]
@@ -190,90 +234,180 @@ def _top_kernels(trace: Trace, mask: np.ndarray, top: int) -> list[dict[str, Any
 def _cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     """Nesting of CPU events per thread: parent index and depth (vectorised, no per-event loop).
 
-    Events are sorted by (thread, start, longest first); an event's depth is the number of
-    earlier events of its thread still open at its start, its parent the closest earlier event
-    one level up.  Arrays are int32 and temporaries are freed early: this runs on millions of ops.
+    Events are sorted by (thread, start, longest first, file order); an event's depth is the
+    number of earlier events of its thread still open at its start, its parent the closest earlier
+    event of its thread one level up.  Threads are done one at a time, so temporaries are only as
+    large as the busiest thread; the arrays kept are int32.
     """
     cached = trace._cache.get("cpu_tree")
     if cached is not None:
         return cached
-    idx = np.flatnonzero(np.isin(trace.cat_id, _ids(trace.cats, CPU_OP_CATS)) & (trace.stream == -1)).astype(np.int32)
+    mask = _lookup(trace.cats, CPU_OP_CATS)[trace.cat_id]
+    mask &= trace.stream == -1
+    idx = np.flatnonzero(mask).astype(np.int32)
+    del mask
+    thread = trace.thread_id[idx]
+    counts = np.bincount(thread) if len(thread) else np.zeros(0, dtype=np.int64)
+    if np.count_nonzero(counts) > 1:
+        idx = idx[np.argsort(thread, kind="stable")]
+    del thread
     n = len(idx)
     parent = np.full(n, -1, dtype=np.int32)
     depth = np.zeros(n, dtype=np.int32)
-    if n:
-        ts = trace.ts[idx]
-        end = ts + np.maximum(trace.dur[idx], 0.0)
-        thread = trace.thread_id[idx]
-        order = np.lexsort((-end, ts, thread))
-        idx, thread = idx[order], thread[order]
-        lo = float(min(ts.min(), 0.0))
-        width = float(end.max() - lo) * 2 + 10.0
-        off = thread.astype(np.float64) * width - lo
-        s_key = ts[order] + off
-        e_key = end[order] + off
-        del ts, end, order, off
-        e_key.sort()
-        depth = np.maximum(np.arange(n, dtype=np.int64) - np.searchsorted(e_key, s_key, side="right"), 0).astype(np.int32)
-        del s_key, e_key
-        # The parent of an event at depth d is the closest earlier event at depth d - 1.
-        levels = np.unique(depth)
-        by_depth = {int(d): np.flatnonzero(depth == d).astype(np.int32) for d in levels}
-        for d in levels[::-1]:
-            d = int(d)
-            members, above = by_depth[d], by_depth.get(d - 1)
-            if d == 0 or above is None:
-                continue
-            cand = above[np.maximum(np.searchsorted(above, members) - 1, 0)]
-            ok = (cand < members) & (thread[cand] == thread[members])
-            parent[members[ok]] = cand[ok]
-            depth[members[~ok]] = 0
+    lo = 0
+    for c in counts[counts > 0]:
+        _thread_tree(trace, idx, parent, depth, lo, lo + int(c))
+        lo += int(c)
     tree = {"idx": idx, "parent": parent, "depth": depth}
     trace._cache["cpu_tree"] = tree
     return tree
 
 
+def _start_order(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-end, ts))`` (stable), cheaper: sort by start, then fix the rare ties."""
+    order = np.argsort(ts, kind="stable")
+    s = ts[order]
+    tie = s[1:] == s[:-1]
+    if tie.any():
+        in_group = np.zeros(len(s), dtype=bool)
+        in_group[1:] |= tie
+        in_group[:-1] |= tie
+        pos = np.flatnonzero(in_group)
+        sub = order[pos]
+        order[pos] = sub[np.lexsort((-end[sub], s[pos]))]
+    return order
+
+
+def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.ndarray, lo: int, hi: int) -> None:
+    """Sort ``idx[lo:hi]`` (one thread, in file order) in place and fill its parent / depth."""
+    sel = idx[lo:hi]
+    ts = trace.ts[sel]
+    end = ts + np.maximum(trace.dur[sel], 0.0)
+    order = _start_order(ts, end)
+    idx[lo:hi] = sel[order]
+    del sel
+    ts = ts[order]
+    del order
+    end.sort(kind="stable")  # ends are nearly in start order: timsort is ~10x faster here
+    m = hi - lo
+    d = np.searchsorted(end, ts, side="right")
+    del ts, end
+    np.subtract(np.arange(m, dtype=d.dtype), d, out=d)
+    np.maximum(d, 0, out=d)
+    d = d.astype(np.int32)
+    # The parent of an event at depth k is the closest earlier event at depth k - 1.
+    by_depth = np.argsort(d, kind="stable").astype(np.int32)
+    counts = np.bincount(d)
+    starts = np.r_[0, np.cumsum(counts)]
+    p = parent[lo:hi]
+    for k in range(len(counts) - 1, 0, -1):
+        members = by_depth[starts[k] : starts[k + 1]]
+        above = by_depth[starts[k - 1] : starts[k]]
+        if len(members) == 0 or len(above) == 0:  # no level above: keep the depth, no parent
+            continue
+        cand = above[np.maximum(np.searchsorted(above, members) - 1, 0)]
+        ok = cand < members
+        p[members[ok]] = cand[ok] + lo
+        d[members[~ok]] = 0
+    depth[lo:hi] = d
+
+
+#: ops handled per piece in :func:`cpu_ops` (bounds its temporaries).
+_PIECE = 1 << 19
+
+
 def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
-    """Per operator name: calls, CPU total, self CPU, device total, self device (all in us)."""
+    """Per operator name: calls, CPU total, self CPU, device total, self device (all in us).
+
+    Works on millions of ops in pieces: one float array of their size is alive at a time, plus
+    piece-sized temporaries.  ``np.add.at`` over consecutive pieces adds in the same order as one
+    ``np.bincount`` over everything, so the sums are bit-identical to a one-pass computation.
+    """
     tree = _cpu_tree(trace)
     idx, parent = tree["idx"], tree["parent"]
     n = len(idx)
-    dur = trace.dur[idx]
-    has_parent = parent >= 0
-    child_sum = np.bincount(parent[has_parent], weights=dur[has_parent], minlength=n) if n else np.zeros(0)
-    self_cpu = np.maximum(dur - child_sum, 0.0)
+    size = len(trace.names)
+    out = {k: np.zeros(size) for k in ("cpu_total", "self_cpu", "device_total", "self_device")}
+    out["calls"] = np.zeros(size, dtype=np.int64)
+    pieces = [slice(i, min(i + _PIECE, n)) for i in range(0, n, _PIECE)]
+    child = np.zeros(n)
+    for sl in pieces:
+        names, dur, up = trace.name_id[idx[sl]], trace.dur[idx[sl]], parent[sl]
+        np.add.at(out["calls"], names, 1)
+        np.add.at(out["cpu_total"], names, dur)
+        has = up >= 0
+        np.add.at(child, up[has], dur[has])
+    for sl in pieces:
+        names, dur = trace.name_id[idx[sl]], trace.dur[idx[sl]]
+        np.add.at(out["self_cpu"], names, np.maximum(dur - child[sl], 0.0))
+    del child
 
     # Device time: each kernel counts for the CPU op around the runtime call that launched it.
-    self_dev = np.zeros(n)
     kmask = (trace.stream >= 0) & (trace.corr >= 0)
-    if n and kmask.any():
-        rt_corr = trace.corr[idx]
-        has_corr = np.flatnonzero(rt_corr >= 0)
-        order = has_corr[np.argsort(rt_corr[has_corr], kind="stable")]
-        sorted_corr = rt_corr[order]
-        kcorr = trace.corr[kmask]
-        kdur = trace.dur[kmask]
-        pos = np.searchsorted(sorted_corr, kcorr)
-        pos = np.minimum(pos, max(len(sorted_corr) - 1, 0))
-        found = (len(sorted_corr) > 0) & (sorted_corr[pos] == kcorr) if len(sorted_corr) else np.zeros(len(kcorr), bool)
+    if n == 0 or not kmask.any():
+        return {k: out[k] for k in ("calls", "cpu_total", "self_cpu", "device_total", "self_device")}
+    rt_corr = trace.corr[idx]
+    has_corr = np.flatnonzero(rt_corr >= 0)
+    order = has_corr[np.argsort(rt_corr[has_corr], kind="stable")]
+    del has_corr
+    sorted_corr = rt_corr[order]
+    del rt_corr
+    kcorr = trace.corr[kmask]
+    kdur = trace.dur[kmask]
+    del kmask
+    total_dev = np.zeros(n)
+    if len(sorted_corr):
+        pos = np.minimum(np.searchsorted(sorted_corr, kcorr), len(sorted_corr) - 1)
+        found = sorted_corr[pos] == kcorr
         launcher = order[pos[found]]
+        del pos
         owner = np.where(parent[launcher] >= 0, parent[launcher], launcher)
-        self_dev = np.bincount(owner, weights=kdur[found], minlength=n).astype(np.float64)
-    total_dev = self_dev.copy()
-    depth = tree["depth"]
-    if n:
-        for d in range(int(depth.max()), 0, -1):
-            members = np.flatnonzero((depth == d) & has_parent)
-            np.add.at(total_dev, parent[members], total_dev[members])
-    names = trace.name_id[idx]
-    size = len(trace.names)
-    return {
-        "calls": np.bincount(names, minlength=size),
-        "cpu_total": np.bincount(names, weights=dur, minlength=size),
-        "self_cpu": np.bincount(names, weights=self_cpu, minlength=size),
-        "device_total": np.bincount(names, weights=total_dev, minlength=size),
-        "self_device": np.bincount(names, weights=self_dev, minlength=size),
-    }
+        np.add.at(total_dev, owner, kdur[found])
+        del found, launcher, owner
+    del kcorr, kdur, order, sorted_corr
+    # Ops without device time add zero to the per-name sums: only visit the others.
+    nz = np.flatnonzero(total_dev)
+    np.add.at(out["self_device"], trace.name_id[idx[nz]], total_dev[nz])
+    del nz
+    _push_up(total_dev, parent, tree["depth"])
+    nz = np.flatnonzero(total_dev)
+    np.add.at(out["device_total"], trace.name_id[idx[nz]], total_dev[nz])
+    return {k: out[k] for k in ("calls", "cpu_total", "self_cpu", "device_total", "self_device")}
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` for arrays made of a few sorted runs (timsort merges them in linear time)."""
+    values = np.sort(values, kind="stable")
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
+
+
+def _push_up(total: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> None:
+    """Add every op's total into its parent's, deepest level first (in place).
+
+    Only ops with a non-zero total take part (adding zero changes nothing), so the work and the
+    temporaries scale with the ops that launched kernels and their ancestors, not with all ops.
+    Within a level, additions happen in index order, as a dense pass would do them.
+    """
+    active = np.flatnonzero(total)
+    active_depth = depth[active]
+    levels: dict[int, np.ndarray] = {}
+    for d in np.unique(active_depth):
+        levels[int(d)] = active[active_depth == d]
+    del active, active_depth
+    top = max(levels, default=0)
+    for d in range(top, 0, -1):
+        members = levels.pop(d, None)
+        if members is None:
+            continue
+        members = members[(parent[members] >= 0) & (total[members] != 0)]
+        if len(members) == 0:
+            continue
+        up = parent[members]
+        np.add.at(total, up, total[members])
+        above = levels.get(d - 1)
+        levels[d - 1] = _sorted_unique(up if above is None else np.concatenate((above, up)))
 
 
 def _op_rows(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int) -> list[dict[str, Any]]:
@@ -297,8 +431,9 @@ def _op_rows(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int) -> li
 
 def steps(trace: Trace) -> list[dict[str, Any]]:
     """ProfilerStep#N annotations on the CPU, in time order (first occurrence of each name)."""
-    ids = np.array([i for i, n in enumerate(trace.names) if STEP_RE.match(n)], dtype=np.int32)
-    idx = np.flatnonzero(np.isin(trace.name_id, ids) & (trace.stream == -1))
+    is_step = _lookup(trace.names, STEP_RE.match)
+    idx = np.flatnonzero(is_step[trace.name_id])
+    idx = idx[trace.stream[idx] == -1]
     idx = idx[np.argsort(trace.ts[idx], kind="stable")]
     out, seen = [], set()
     for i in idx:
