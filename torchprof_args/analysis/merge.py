@@ -18,6 +18,7 @@ import msgspec
 
 from torchprof_args.analysis.errors import TraceError
 from torchprof_args.analysis.reader import TraceStream, _gzip_impl, is_gzip
+from torchprof_args.atomic import partial_path
 
 _any = msgspec.json.Decoder()
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
@@ -84,7 +85,7 @@ def merge_traces(directory: str | Path, output: str | Path, progress: bool = Fal
     base0 = min(bases)
     n = len(files)
     output = Path(output)
-    tmp = output.with_name(output.name + ".tmp")
+    tmp = partial_path(output)
     compress = output.name.endswith(".gz")
     fh: Any = _gzip_impl.open(tmp, "wb", compresslevel=3) if compress else open(tmp, "wb")  # noqa: SIM115
     counts: dict[int, int] = {}

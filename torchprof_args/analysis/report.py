@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import html
-import os
 from pathlib import Path
 from typing import Any
+
+from torchprof_args.atomic import write_text_atomically
 
 _COLORS = {
     "computation": "#4e79a7",
@@ -119,7 +120,5 @@ def render_report(summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
 
 def write_report(summaries: list[dict[str, Any]], view: dict[str, Any], output: str | Path) -> Path:
     output = Path(output)
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(render_report(summaries, view), encoding="utf-8")
-    os.replace(tmp, output)
+    write_text_atomically(output, render_report(summaries, view))
     return output

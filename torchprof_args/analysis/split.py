@@ -21,6 +21,7 @@ import numpy as np
 
 from torchprof_args.analysis.errors import TraceError
 from torchprof_args.analysis.reader import TraceStream
+from torchprof_args.atomic import partial_path
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 
@@ -138,7 +139,7 @@ def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = No
     out.mkdir(parents=True, exist_ok=True)
     stem = strip_suffixes(path)
     finals = [out / f"{stem}.part{k:03d}.json" for k in range(n_pieces)]
-    temps = [f.with_name(f.name + ".tmp") for f in finals]
+    temps = [partial_path(f) for f in finals]
     handles = [open(t, "wb", buffering=1 << 20) for t in temps]  # noqa: SIM115
     first = [True] * n_pieces
     try:
