@@ -44,14 +44,15 @@ def run_once(mode: str, layers: int, active: int, iters: int) -> float:
             f"--master_port={free_port()}", str(JOB), "--mode", "torchprof" if mode == "inline" else mode,
             "--pg-timeout", "600", "--iters", str(iters), "--layers", str(layers), "--torch-profile-dir", out,
             "--torch-profile-active", str(active), "--torch-profile-record-shapes",
-            "--torch-profile-profile-memory", "--torch-profile-with-stack", "--no-torch-profile-summary", *extra,
+            "--torch-profile-profile-memory", "--torch-profile-with-stack", "--no-torch-profile-summary",
+            "--result-dir", os.path.join(out, "results"), *extra,
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCHPROF_LOG_LEVEL": "WARNING"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if run.returncode != 0:
             raise SystemExit(f"{mode} run failed:\n{run.stderr[-2000:]}")
-        rank0 = next(json.loads(line[7:]) for line in run.stdout.splitlines()
-                     if line.startswith("RESULT ") and '"rank": 0' in line)
+        with open(os.path.join(out, "results", "rank0.json")) as handle:
+            rank0 = json.load(handle)
     times = rank0["times"]
     flush_index = 1 + 1 + active - 1  # skip-first 1, warmup 1, then `active` recorded steps
     others = [t for i, t in enumerate(times) if i != flush_index]

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TORCHPROF_LOG_LEVEL", "WARNING")  # no "ready" line per run
 
 from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
+from torchprof_args.atomic import write_json_atomically  # noqa: E402
 from torchprof_args.ondemand import MTIME_SETTLE_SECONDS  # noqa: E402
 
 
@@ -121,7 +122,8 @@ def rank_worker(steps: int, out: str) -> None:
                 inside += time.perf_counter() - started
         figures[name] = inside / steps
         figures[f"{name} checks"] = prof._on_demand.checks if prof._on_demand is not None else 0
-    print("RESULT " + json.dumps({"rank": rank, **figures}), flush=True)
+    # A file per rank: torchrun interleaves the ranks' stdout lines.
+    write_json_atomically(os.path.join(out, "results", f"rank{rank}.json"), {"rank": rank, **figures})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -137,7 +139,8 @@ def two_ranks(steps: int) -> None:
                           "--master_addr=127.0.0.1", f"--master_port={port}", __file__, "--worker",
                           "--rank-steps", str(steps), "--out", out],
                          capture_output=True, text=True, env=env, timeout=1200)
-    results = [json.loads(line[7:]) for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    result_files = sorted(Path(out, "results").glob("rank*.json"))
+    results = [json.loads(path.read_text()) for path in result_files]
     if run.returncode != 0 or len(results) != 2:
         print(f"part 2 failed:\n{(run.stdout + run.stderr)[-3000:]}")
         return

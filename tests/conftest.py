@@ -46,6 +46,14 @@ def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float 
                           env=subprocess_env(**env), cwd=cwd)
 
 
+def rank_results(result_dir: str | Path) -> dict[int, dict]:
+    """The ``rank<R>.json`` files the test jobs write (per-rank files: torchrun interleaves stdout)."""
+    import json
+
+    return {entry["rank"]: entry for entry in
+            (json.loads(path.read_text()) for path in sorted(Path(result_dir).glob("rank*.json")))}
+
+
 @pytest.fixture
 def shared_dir() -> Path:
     shared = find_shared_dir()

@@ -8,7 +8,7 @@ import gzip
 import json
 
 import pytest
-from conftest import REPO, run_torchrun
+from conftest import REPO, rank_results, run_torchrun
 
 JOB = REPO / "tests" / "jobs" / "flush_job.py"
 HEAVY = ["--pg-timeout", "3", "--iters", "14", "--layers", "24", "--torch-profile-active", "10",
@@ -17,24 +17,21 @@ HEAVY = ["--pg-timeout", "3", "--iters", "14", "--layers", "24", "--torch-profil
 pytestmark = pytest.mark.slow
 
 
-def results(stdout: str) -> dict[int, dict]:
-    parsed = [json.loads(line[len("RESULT "):]) for line in stdout.splitlines() if line.startswith("RESULT ")]
-    return {entry["rank"]: entry for entry in parsed}
-
-
 def test_stock_trace_handler_dies_of_the_collective_timeout(tmp_path):
-    run = run_torchrun(JOB, "--mode", "stock", "--torch-profile-dir", str(tmp_path / "prof"), *HEAVY)
+    run = run_torchrun(JOB, "--mode", "stock", "--torch-profile-dir", str(tmp_path / "prof"),
+                       "--result-dir", str(tmp_path / "results"), *HEAVY)
     output = run.stdout + run.stderr
     assert run.returncode != 0, output[-3000:]
     assert "Timed out" in output or "timed out" in output.lower(), output[-3000:]
-    assert 1 not in results(run.stdout), "rank 1 should not have finished"
+    assert 1 not in rank_results(tmp_path / "results"), "rank 1 should not have finished"
 
 
 def test_torchprofiler_fences_the_flush_and_both_ranks_finish(tmp_path):
     prof_dir = tmp_path / "prof"
-    run = run_torchrun(JOB, "--mode", "torchprof", "--torch-profile", "--torch-profile-dir", str(prof_dir), *HEAVY)
+    run = run_torchrun(JOB, "--mode", "torchprof", "--torch-profile", "--torch-profile-dir", str(prof_dir),
+                       "--result-dir", str(tmp_path / "results"), *HEAVY)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    finished = results(run.stdout)
+    finished = rank_results(tmp_path / "results")
     assert set(finished) == {0, 1}
     (trace,) = [p for p in prof_dir.iterdir() if p.name.endswith(".pt.trace.json.gz")]
     assert trace.name.startswith("rank00000_") and "_iter000003-000012" in trace.name

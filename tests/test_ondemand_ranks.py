@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, subprocess_env
+from conftest import REPO, free_port, rank_results, subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 JOB = REPO / "tests" / "jobs" / "ondemand_job.py"
@@ -44,7 +44,8 @@ def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
     env = subprocess_env(TORCHPROF_RUNTIME_DIR=str(tmp_path / "runtime"))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-         f"--master_port={free_port()}", str(JOB), "--stop-file", str(stop), "--torch-profile-on-demand",
+         f"--master_port={free_port()}", str(JOB), "--stop-file", str(stop), "--result-dir", str(tmp_path / "results"),
+         "--torch-profile-on-demand",
          "--torch-profile-on-demand-interval", "5", "--torch-profile-on-demand-check-seconds", "0.5",
          "--torch-profile-dir", str(prof_dir),
          "--no-torch-profile-summary"],
@@ -104,7 +105,6 @@ def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
         output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, output[-3000:]
     assert "on-demand request 20000101T000000-junk rejected: the request is not valid JSON" in output
-    results = [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
-    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert sorted(rank_results(tmp_path / "results")) == [0, 1]
     assert json.loads((prof_dir / "ondemand" / "job.json").read_text())["state"] == "stopped"
     assert not list((tmp_path / "runtime" / "ondemand-jobs").glob("*.json")), "registry entries left behind"

@@ -5,14 +5,14 @@
 same schedule and options.  Every iteration ends with an all-reduce (like gradient sync), so a
 rank that spends longer than ``--pg-timeout`` flushing makes the other rank's collective time out.
 
-Prints one ``RESULT {json}`` line per rank with the per-iteration wall times.
+Each rank writes ``--result-dir/rank<R>.json`` with its per-iteration wall times (files, not
+stdout: torchrun interleaves the ranks' output lines).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO / "integrations" / "demo"))
 from model import TinyGPT, synthetic_batches  # noqa: E402
 
 from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
+from torchprof_args.atomic import write_json_atomically  # noqa: E402
 
 
 def main() -> int:
@@ -36,6 +37,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=6)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--result-dir", required=True, help="where each rank writes rank<R>.json")
     add_torch_profile_args(parser)
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
@@ -89,10 +91,10 @@ def main() -> int:
                 prof.step(iteration)
                 times.append(time.perf_counter() - started)
     dist.barrier()
-    print("RESULT " + json.dumps({"rank": rank, "mode": args.mode, "times": times,
-                                  "traces": sorted(os.listdir(args.torch_profile_dir))
-                                  if args.torch_profile_dir and os.path.isdir(args.torch_profile_dir) else []}),
-          flush=True)
+    write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"), {
+        "rank": rank, "mode": args.mode, "times": times,
+        "traces": sorted(os.listdir(args.torch_profile_dir))
+        if args.torch_profile_dir and os.path.isdir(args.torch_profile_dir) else []})
     dist.destroy_process_group()
     return 0
 

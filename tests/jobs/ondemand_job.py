@@ -2,14 +2,13 @@
 
 Every iteration ends with an all-reduce (like gradient sync) that also carries rank 0's "stop"
 flag, so all ranks leave the loop at the same iteration once ``--stop-file`` exists (or after
-``--max-iters``).  Prints ``RESULT {json}`` per rank at the end.
+``--max-iters``).  Each rank writes ``--result-dir/rank<R>.json`` at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -18,11 +17,13 @@ import torch
 import torch.distributed as dist
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args
+from torchprof_args.atomic import write_json_atomically
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--result-dir", required=True, help="where each rank writes rank<R>.json")
     parser.add_argument("--max-iters", type=int, default=5000)
     parser.add_argument("--sleep", type=float, default=0.01)
     add_torch_profile_args(parser)
@@ -53,8 +54,8 @@ def main() -> int:
             if sync[0] > 0:
                 break
             time.sleep(args.sleep)
-    print("RESULT " + json.dumps({"rank": rank, "iterations": iteration, "pid": os.getpid(),
-                                  "traces": prof.published_traces}), flush=True)
+    write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"), {
+        "rank": rank, "iterations": iteration, "pid": os.getpid(), "traces": prof.published_traces})
     dist.barrier()
     dist.destroy_process_group()
     return 0
