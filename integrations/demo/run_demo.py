@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         for summary in summaries:
             print(f"  {summary.relative_to(REPO)}")
     if traces:
-        print("\n$ torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)), flush=True)
+        print("\n$ .venv/bin/torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)), flush=True)
         subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")], cwd=REPO)
     dashboard = OUTPUT / "timings.html"
     subprocess.run([sys.executable, "-m", "torchprof_args", "dashboard", str(OUTPUT / "tensorboard"),
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")
     print("  TensorBoard: pip install torch-tb-profiler tensorboard; "
           f"tensorboard --logdir {(OUTPUT / 'tensorboard').relative_to(REPO)}")
-    print(f"  summary:     torchprof summary {(OUTPUT / 'tensorboard').relative_to(REPO)}")
+    print(f"  summary:     .venv/bin/torchprof summary {(OUTPUT / 'tensorboard').relative_to(REPO)}")
     print(f"  step timers: open {dashboard.relative_to(REPO)} in a browser (no network needed); "
           "wandb offline run: wandb sync " + str((OUTPUT / 'tensorboard' / 'wandb').relative_to(REPO)))
     return 0
