@@ -23,6 +23,10 @@ def find_shared_dir() -> Path | None:
     return None
 
 
+#: ``shared/`` beside the checkout, or a path that does not exist (tests needing it then skip).
+SHARED = find_shared_dir() or REPO / "shared-not-found"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -13,24 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, SHARED
 
 from torchprof_args.analysis import TraceError, format_profiler_list, load_trace, summarize
 from torchprof_args.analysis.merge import merge_traces
 from torchprof_args.analysis.reader import TraceStream
 from torchprof_args.analysis.split import split_trace
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _shared() -> Path:
-    for parent in [REPO, *REPO.parents]:
-        if (parent / "shared" / "traces").is_dir():
-            return parent / "shared"
-    return Path("/work/shared")
-
-
-TRACES = sorted((_shared() / "traces").glob("*.json.gz"))
-GPU_2RANK = _shared() / "traces" / "gpu_2rank_nccl_rank0.json.gz"
+TRACES = sorted((SHARED / "traces").glob("*.json.gz"))
+GPU_2RANK = SHARED / "traces" / "gpu_2rank_nccl_rank0.json.gz"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

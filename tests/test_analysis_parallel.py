@@ -7,21 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 
 from torchprof_args.analysis import load_trace, summarize
 from torchprof_args.analysis import trace as trace_mod
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _shared() -> Path:
-    for parent in [REPO, *REPO.parents]:
-        if (parent / "shared" / "traces").is_dir():
-            return parent / "shared"
-    return Path("/work/shared")
-
-
-GPU_2RANK = _shared() / "traces" / "gpu_2rank_nccl_rank0.json.gz"
+GPU_2RANK = SHARED / "traces" / "gpu_2rank_nccl_rank0.json.gz"
 
 
 def _summary(path: Path, workers: int) -> dict:

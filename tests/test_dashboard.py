@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from torchprof_args import MetricsWriter, Timers
 from torchprof_args.console import main as torchprof
 from torchprof_args.dashboard import DEFAULT_SPEC, build_wandb_workspace, expand_panels, workspace_json
 
-REPO = Path(__file__).resolve().parents[1]
 # wandb-workspaces still uses pydantic v1-style validators.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

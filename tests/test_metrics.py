@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from torchprof_args import MetricsWriter, Timers, TorchProfileArgsError, add_torch_profile_args, validate_args
 from torchprof_args.metrics import (
@@ -19,7 +20,6 @@ from torchprof_args.metrics import (
     wandb_credentials_present,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 TIMER_NAMES = ("batch-generator", "forward-backward", "optimizer")
 
 

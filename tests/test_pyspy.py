@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from torchprof_args import console
 from torchprof_args._pyspy_parse import (
@@ -27,8 +28,6 @@ from torchprof_args._pyspy_parse import (
     shorten_path,
 )
 from torchprof_args.pyspy import find_py_spy, output_name
-
-REPO = Path(__file__).resolve().parents[1]
 
 TRAIN_SCRIPT = textwrap.dedent(
     """

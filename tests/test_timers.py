@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from torchprof_args import Timers, add_torch_profile_args, validate_args
 from torchprof_args.timers import (
@@ -22,8 +23,6 @@ from torchprof_args.timers import (
     _EventPool,
     format_snapshot,
 )
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _spin(seconds: float) -> None:

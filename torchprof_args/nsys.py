@@ -121,18 +121,13 @@ class NsysController:
             return
         backend = self._backend
         assert backend is not None
-        if self._step_range_open:
-            backend.range_pop()
-            self._step_range_open = False
+        self._end_step_range()
         if recording and not self.capturing:
             backend.synchronize()
             backend.profiler_start()
             self.capturing = True
             logger.info("nsys capture started at iteration %d", iteration)
-        elif not recording and self.capturing:
-            backend.synchronize()
-            backend.profiler_stop()
-            self.capturing = False
+        elif not recording and self._stop_capture():
             logger.info("nsys capture stopped before iteration %d", iteration)
         backend.range_push(f"step {iteration}")
         self._step_range_open = True
@@ -154,16 +149,23 @@ class NsysController:
         """End the open step range and a running capture; safe to call twice."""
         if not self.enabled:
             return
-        backend = self._backend
-        assert backend is not None
-        if self._step_range_open:
-            backend.range_pop()
-            self._step_range_open = False
-        if self.capturing:
-            backend.synchronize()
-            backend.profiler_stop()
-            self.capturing = False
+        self._end_step_range()
+        if self._stop_capture():
             logger.info("nsys capture stopped at the end of the run")
+
+    def _end_step_range(self) -> None:
+        if self._step_range_open:
+            self._backend.range_pop()
+            self._step_range_open = False
+
+    def _stop_capture(self) -> bool:
+        """Stop a running capture after the device finished its work; True if one was running."""
+        if not self.capturing:
+            return False
+        self._backend.synchronize()
+        self._backend.profiler_stop()
+        self.capturing = False
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
