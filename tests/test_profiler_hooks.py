@@ -74,3 +74,15 @@ def test_memory_snapshot_options_need_the_main_flag():
     parser = add_torch_profile_args(argparse.ArgumentParser())
     with pytest.raises(TorchProfileArgsError, match="--torch-profile-memory-snapshot-interval"):
         validate_args(parser.parse_args(["--torch-profile-memory-snapshot-interval", "5"]), world_size=1)
+
+
+def test_interval_snapshots_between_cycles(tmp_path):
+    """Idle steps take the fast path; the planner still stops at every multiple of the interval."""
+    fake = FakeAllocator()
+    memory = MemorySnapshotter(str(tmp_path / "snap"), rank=0, ranks=[0], host="node1", cuda_available=True,
+                               snapshot_fn=fake.snapshot, record_fn=fake.record, interval=3)
+    prof = TorchProfiler(ProfileSchedule(skip_first=100), output_dir=str(tmp_path / "prof"), record=False,
+                         rank=0, world_size=1, memory=memory)
+    run_loop(prof, range(1, 11))
+    assert sorted(os.listdir(tmp_path / "snap")) == [
+        f"memory_snapshot_node1_rank0_iter{i:07d}.pickle" for i in (3, 6, 9)]

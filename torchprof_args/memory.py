@@ -164,7 +164,7 @@ class MemorySnapshotter:
 
     # -----------------------------------------------------------------------------------------
 
-    def _usable(self) -> bool:
+    def usable(self) -> bool:
         """Enabled and CUDA present; warns once (with the rank) when CUDA is missing."""
         if not self.enabled:
             return False
@@ -181,7 +181,7 @@ class MemorySnapshotter:
 
     def start(self) -> None:
         """Begin recording allocator history (alloc/free events with their stacks)."""
-        if not self._usable() or self.recording:
+        if not self.usable() or self.recording:
             return
         record = self._record_fn
         if record is None:
@@ -196,14 +196,14 @@ class MemorySnapshotter:
     def on_step(self, iteration: int, profiled_cycle_ended: bool = False) -> str | None:
         """Call after ``iteration`` finished; returns the written path, if any."""
         self.next_iteration = iteration + 1
-        if not self._usable():
+        if not self.usable():
             return None
         due = profiled_cycle_ended or (self.interval > 0 and iteration > 0 and iteration % self.interval == 0)
         return self.dump(iteration) if due else None
 
     def on_oom(self, iteration: int) -> str | None:
         """Dump ``..._oom.pickle`` for ``iteration``; never raises (the OOM is what matters)."""
-        if not self._usable():
+        if not self.usable():
             return None
         return self.dump(iteration, reason="oom")
 
@@ -225,7 +225,7 @@ class MemorySnapshotter:
 
     def dump(self, iteration: int, reason: str | None = None) -> str | None:
         """Write one snapshot now; errors are logged, never raised into training."""
-        if not self._usable():
+        if not self.usable():
             return None
         path = os.path.join(self.output_dir, snapshot_file_name(self.host, self.rank, iteration, reason))
         started = time.perf_counter()

@@ -141,10 +141,13 @@ class TorchProfiler:
         self._writer: TraceWriter | None = None
         self._activities = activities
         self._profiler_options = dict(profiler_options or {})
-        self._memory = memory if memory is not None and memory.enabled else None
+        # Kept only where they can work (CUDA present): said once now, before training, and the
+        # hot path never looks at them again.
+        self._memory = memory if memory is not None and memory.usable() else None
         self._nsys = nsys if nsys is not None and nsys.enabled else None
-        #: nsys step ranges and memory-snapshot intervals need a look at every step.
-        self._every_step = self._memory is not None or self._nsys is not None
+        #: nsys opens an NVTX range for every step; memory snapshots need only flush steps and
+        #: multiples of their interval (see _plan_next).
+        self._every_step = self._nsys is not None
         self._window: OnDemandWindow | None = None
         self._next_check: float = math.inf
         if self.enabled and self.world_size > 1 and dist.is_available() and dist.is_initialized():
@@ -352,6 +355,8 @@ class TorchProfiler:
             self._next_busy_step = iteration + 1
             return
         candidates = [self._next_check]
+        if self._memory is not None and self._memory.interval > 0:
+            candidates.append((iteration // self._memory.interval + 1) * self._memory.interval)
         if self._scheduled:
             busy = self.schedule.next_busy_iteration(iteration + 1, self._first_iteration)
             if busy is not None:
