@@ -31,7 +31,7 @@ def test_failure_leaves_nothing_and_keeps_the_old_file(tmp_path):
 def test_private_files_are_0600_and_refuse_planted_names(tmp_path):
     target = tmp_path / "answer.json"
     write_json_atomically(target, {"ok": True})
-    with atomic_output(tmp_path / "private.json", "w", private=True) as handle:
-        handle.write("{}")
+    write_json_atomically(tmp_path / "private.json", {"id": "x"}, private=True, indent=1)
     assert stat.S_IMODE(os.stat(tmp_path / "private.json").st_mode) == 0o600
-    assert target.read_text() == '{"ok": true}'
+    assert target.read_text() == '{"ok": true}\n'
+    assert sorted(os.listdir(tmp_path)) == ["answer.json", "private.json"]

@@ -57,15 +57,23 @@ def atomic_output(final_path: str | os.PathLike[str], mode: str = "wb", *, fsync
         raise
 
 
-def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
-    with atomic_output(path, "w") as handle:
+def write_text_atomically(path: str | os.PathLike[str], text: str, *, private: bool = False) -> None:
+    """Publish ``text`` (UTF-8) at ``path`` all at once or not at all."""
+    with atomic_output(path, "w", private=private) as handle:
         handle.write(text)
 
 
-def write_bytes_atomically(path: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_output(path, "wb") as handle:
+def write_bytes_atomically(path: str | os.PathLike[str], data: bytes, *, private: bool = False) -> None:
+    """Publish ``data`` at ``path`` all at once or not at all."""
+    with atomic_output(path, "wb", private=private) as handle:
         handle.write(data)
 
 
-def write_json_atomically(path: str | os.PathLike[str], payload: Any, **dumps_kwargs: Any) -> None:
-    write_text_atomically(path, json.dumps(payload, **dumps_kwargs))
+def write_json_atomically(path: str | os.PathLike[str], payload: Any, *, private: bool = False,
+                          **dumps_kwargs: Any) -> None:
+    """Publish ``payload`` as one JSON document (plus a newline) at ``path``.
+
+    ``private`` as for :func:`atomic_output` (control files of on-demand tracing);
+    ``dumps_kwargs`` go to :func:`json.dumps` (``indent``, ``sort_keys``...).
+    """
+    write_text_atomically(path, json.dumps(payload, **dumps_kwargs) + "\n", private=private)

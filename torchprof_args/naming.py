@@ -1,0 +1,96 @@
+"""File names shared by the runtime that writes files and the tools that read them.
+
+One module, so that a trace written by :mod:`torchprof_args.runtime` is found by
+:mod:`torchprof_args.analysis`, ``torchprof trigger`` predicts the right path, and a change of
+layout happens in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+__all__ = [
+    "GZIP_SUFFIX",
+    "MEMORY_SNAPSHOT_SUBDIR",
+    "PROFILER_LIST_NAME",
+    "SUMMARY_SUFFIX",
+    "TRACE_FILE_SUFFIXES",
+    "TRACE_SUFFIX",
+    "memory_snapshot_name",
+    "profiler_list_name",
+    "rank_from_file_name",
+    "safe_token",
+    "short_hostname",
+    "strip_trace_suffixes",
+    "trace_file_name",
+    "trace_stem",
+]
+
+#: torch.profiler's own suffix for Chrome-trace JSON (TensorBoard's plugin looks for it).
+TRACE_SUFFIX = ".pt.trace.json"
+GZIP_SUFFIX = ".gz"
+#: Every suffix a trace reader accepts (traces of other tools included).
+TRACE_FILE_SUFFIXES = (".json", ".json.gz")
+#: The per-trace operator table written beside each published trace.
+SUMMARY_SUFFIX = ".profiler_list.dat"
+#: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
+PROFILER_LIST_NAME = "profiler_list.dat"
+MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
+
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+def short_hostname() -> str:
+    """The host name up to its first dot (``node17`` for ``node17.cluster.local``)."""
+    return socket.gethostname().split(".")[0] or "host"
+
+
+def safe_token(text: str) -> str:
+    """``text`` with every character that is not alphanumeric, ``-`` or ``.`` replaced by ``-``."""
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in text)
+
+
+def trace_stem(rank: int, first_iteration: int, last_iteration: int, *, host: str | None = None,
+               pid: int | None = None) -> str:
+    """The file-name stem of one cycle's trace: unique per rank, host, process and cycle.
+
+    Sorted listings group by rank; TensorBoard's profiler plugin reads the whole stem as the
+    worker name.  Example: ``rank00003_node17_pid4242_iter000120-000121``.
+    """
+    host = host or short_hostname()
+    pid = os.getpid() if pid is None else pid
+    return f"rank{rank:05d}_{host}_pid{pid}_iter{first_iteration:06d}-{last_iteration:06d}"
+
+
+def trace_file_name(stem: str, gzip: bool) -> str:
+    """``<stem>.pt.trace.json`` or ``<stem>.pt.trace.json.gz``."""
+    return stem + TRACE_SUFFIX + (GZIP_SUFFIX if gzip else "")
+
+
+def strip_trace_suffixes(name: str) -> str:
+    """A trace file's name without ``.gz``, ``.json`` and ``.pt.trace``."""
+    for suffix in (GZIP_SUFFIX, ".json", ".pt.trace"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def rank_from_file_name(name: str) -> int | None:
+    """The rank a file name states (``rank00003_...``, ``rank_3.json``), or None."""
+    match = _RANK_IN_NAME.search(name)
+    return int(match.group(1)) if match else None
+
+
+def profiler_list_name(rank: int) -> str:
+    """``profiler_list.dat`` for rank 0, ``profiler_list.rank00003.dat`` for the others."""
+    return PROFILER_LIST_NAME if rank == 0 else f"profiler_list.rank{rank:05d}.dat"
+
+
+def memory_snapshot_name(host: str, rank: int, iteration: int, reason: str | None = None) -> str:
+    """``memory_snapshot_<host>_rank<R>_iter<I>[_<reason>].pickle`` (iteration zero-padded so
+    the files sort in order)."""
+    host = safe_token(host.split(".")[0]) or "host"
+    suffix = f"_{reason}" if reason else ""
+    return f"memory_snapshot_{host}_rank{rank}_iter{iteration:07d}{suffix}.pickle"
