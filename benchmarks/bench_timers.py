@@ -22,8 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchprof_args.metrics import MetricsWriter  # noqa: E402
-from torchprof_args.timers import Timers  # noqa: E402
+from torchprof_args.metrics.config import MetricsConfig  # noqa: E402
+from torchprof_args.metrics.timers import Timers  # noqa: E402
+from torchprof_args.metrics.writer import MetricsWriter  # noqa: E402
 
 
 def _best_ns_per_pair(run: Callable[[int], None], pairs: int, repeats: int) -> float:
@@ -87,7 +88,8 @@ def main() -> int:
     names = [f"timer-{i}" for i in range(8)]
     with tempfile.TemporaryDirectory() as directory:
         log_timers = Timers(0, "minmax", device="cpu")
-        writer = MetricsWriter(directory, timers=log_timers, rank=0, world_size=1, sinks=["jsonl"], console=False)
+        writer = MetricsWriter(MetricsConfig(str(directory), sinks=("jsonl",)), timers=log_timers, rank=0, world_size=1,
+                               console=False)
         gather_best = log_step_best = float("inf")
         for iteration in range(1, options.intervals + 1):
             for name in names:

@@ -14,7 +14,9 @@ from conftest import REPO
 
 from torchprof_args import MetricsWriter, Timers
 from torchprof_args.console import main as torchprof
-from torchprof_args.dashboard import DEFAULT_SPEC, build_wandb_workspace, expand_panels, workspace_json
+from torchprof_args.metrics.config import MetricsConfig, WandbConfig
+from torchprof_args.metrics.dashboard import DEFAULT_SPEC, expand_panels
+from torchprof_args.metrics.dashboard_command import build_wandb_workspace, workspace_json
 
 # wandb-workspaces still uses pydantic v1-style validators.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -30,10 +32,9 @@ def run_dir(tmp_path: Path) -> Path:
     """A real single-rank run: Timers + MetricsWriter (jsonl and wandb offline) over 40 iterations."""
     timers = Timers(0, "minmax")
     metrics_dir = tmp_path / "run"
-    writer = MetricsWriter(
-        metrics_dir, timers=timers, rank=0, world_size=1, sinks=["jsonl", "wandb"], wandb_project="dash",
-        samples_per_iteration=16, tokens_per_iteration=16 * 64, flops_per_iteration=2e9, console=False,
-    )
+    config = MetricsConfig(str(metrics_dir), sinks=("jsonl", "wandb"), wandb=WandbConfig(project="dash"),
+                           samples_per_iteration=16, tokens_per_iteration=16 * 64, flops_per_iteration=2e9)
+    writer = MetricsWriter(config, timers=timers, rank=0, world_size=1, console=False)
     for iteration in range(1, 41):
         for name, seconds in (("batch-generator", 0.0002), ("forward-backward", 0.0006 + 0.00002 * (iteration % 7))):
             timers(name, log_level=0).start()

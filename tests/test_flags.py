@@ -9,9 +9,11 @@ import sys
 import pytest
 from conftest import REPO, subprocess_env
 
-from torchprof_args import TorchProfileArgsError, add_torch_profile_args, validate_args
-from torchprof_args.flags import flag_table_markdown, resolve_profile_dir
-from torchprof_args.flags_command import BEGIN_MARKER, END_MARKER
+from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args, validate_args
+from torchprof_args.config import flag_reference_markdown
+from torchprof_args.flags.table import BEGIN_MARKER, END_MARKER
+from torchprof_args.runtime.config import profile_dir as resolve_profile_dir
+from torchprof_args.runtime.schedule import ProfileSchedule
 
 
 def parse(*argv: str, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
@@ -33,12 +35,46 @@ def test_defaults_and_seed_flag_block(tmp_path):
     assert resolve_profile_dir(args) == str(tmp_path)  # --tensorboard-dir is the default output dir
 
 
-def test_schedule_defaults_filled_by_validation():
-    args = validate_args(parse(), world_size=1)
+def test_defaults_are_visible_right_after_parsing():
+    args = parse()  # what a Megatron user sees when printing args: no None for schedule flags
     assert (args.torch_profile_wait, args.torch_profile_warmup, args.torch_profile_active,
             args.torch_profile_repeat, args.torch_profile_skip_first) == (0, 1, 1, 1, 1)
+    assert (args.torch_profile_memory_snapshot_max_entries, args.torch_profile_memory_snapshot_stacks,
+            args.torch_profile_memory_snapshot_interval) == (100_000, "python", 0)
     assert resolve_profile_dir(args) == "./prof"
     assert args.torch_profile_gzip and args.torch_profile_export == "fork"
+    validate_args(args, world_size=1)
+    assert vars(args) == vars(parse())  # validation changes nothing
+
+
+def test_an_option_given_with_its_default_value_still_counts_as_given():
+    with pytest.raises(TorchProfileArgsError, match="cannot be combined with --torch-profile-wait"):
+        validate_args(parse("--torch-profile-step-start", "5", "--torch-profile-wait", "0"), world_size=1)
+    with pytest.raises(TorchProfileArgsError, match="--torch-profile-memory-snapshot-stacks only take effect"):
+        validate_args(parse("--torch-profile-memory-snapshot-stacks", "python"), world_size=1)
+    # a namespace built by hand (no record of given options): a value other than the default counts
+    args = parse()
+    args.torch_profile_step_start, args.torch_profile_repeat = 5, 3
+    with pytest.raises(TorchProfileArgsError, match="--torch-profile-repeat"):
+        validate_args(args, world_size=1)
+
+
+def test_configs_from_args_builds_every_feature_config(tmp_path):
+    args = parse("--torch-profile", "--torch-profile-dir", str(tmp_path), "--torch-profile-ranks", "1", "0", "1",
+                 "--torch-profile-step-start", "5", "--torch-profile-active", "2", "--no-torch-profile-gzip",
+                 "--torch-profile-record-shapes", "--torch-profile-on-demand", "--torch-profile-warmup", "3",
+                 "--timing-log-level", "2", "--metrics-sinks", "jsonl", "--torch-profile-nsys")
+    run = configs_from_args(args, world_size=2)
+    trace, export, on_demand = run.profiler.trace, run.profiler.export, run.profiler.on_demand
+    assert trace.enabled and trace.ranks == (0, 1) and trace.output_dir == str(tmp_path)
+    assert trace.schedule == ProfileSchedule(warmup=3, active=2, step_start=5, step_end=7)
+    assert trace.profiler_options()["record_shapes"] and not trace.profiler_options()["with_stack"]
+    assert export.gzip_level is None and export.mode == "fork" and export.summary_rows == 30
+    assert on_demand.enabled and on_demand.warmup == 3 and not on_demand.gzip
+    assert on_demand.control_dir == str(tmp_path / "ondemand")
+    assert run.timers.log_level == 2 and run.timers.nvtx
+    assert run.metrics.sinks == ("jsonl",) and run.metrics.metrics_dir == str(tmp_path)
+    assert configs_from_args(args, world_size=2) == run  # idempotent, args untouched
 
 
 def test_ranks_accept_all():
@@ -155,15 +191,39 @@ def test_adding_twice_is_harmless():
 def test_readme_flag_table_is_generated_from_the_registry():
     readme = (REPO / "README.md").read_text()
     table = readme.split(BEGIN_MARKER, 1)[1].split(END_MARKER, 1)[0].strip()
-    assert table == flag_table_markdown().strip(), "run: torchprof flags --update-readme README.md"
+    assert table == flag_reference_markdown().strip(), "run: torchprof flags --update-readme README.md"
 
 
 def test_import_is_light():
     code = ("import sys, torchprof_args, torchprof_args.console; "
-            "heavy = [m for m in ('torch', 'wandb', 'deepspeed', 'megatron') if m in sys.modules]; "
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'wandb', 'deepspeed', 'megatron', "
+            "'numpy') or m.startswith('torchprof_args.analysis')]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.config",
+                                    "torchprof_args.metrics.config", "torchprof_args.ondemand.config",
+                                    "torchprof_args.config", "torchprof_args.cli"])
+def test_every_config_module_imports_first_without_a_circle(module):
+    """Each module imported first, in a fresh interpreter: a circle would fail on a partial module."""
+    code = f"import {module}, torchprof_args.flags.registry as r; print(len(r.registered_groups()))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_registry_knows_no_feature():
+    """flags/ imports nothing of the package but itself (``flags command`` imports lazily, inside)."""
+    import ast
+
+    for path in (REPO / "torchprof_args" / "flags").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        modules = [node.module or "" for node in top_level if isinstance(node, ast.ImportFrom)]
+        modules += [alias.name for node in top_level if isinstance(node, ast.Import) for alias in node.names]
+        outside = [m for m in modules if m.startswith("torchprof_args") and not m.startswith("torchprof_args.flags")]
+        assert not outside, f"{path.name} imports {outside}"
 
 
 def test_console_flags_command():

@@ -21,7 +21,9 @@ from readme_examples import run_readme_example
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
 from torchprof_args import megatron as tpm
-from torchprof_args.flags import parallel_selector
+from torchprof_args.config import configs_from_args
+from torchprof_args.runtime import ranks as traced
+from torchprof_args.runtime.config import parallel_selector
 
 STANDIN = REPO / "tests" / "megatron_lm_standin"
 
@@ -67,20 +69,19 @@ def test_parallel_selector_and_resolution():
             parallel_selector(bad)
     # 8 ranks, tp 2 x pp 2 x dp 2 in Megatron's default order (tp fastest, then dp, then pp).
     coords = [{"tp": r % 2, "dp": (r // 2) % 2, "pp": r // 4, "cp": 0, "ep": 0} for r in range(8)]
-    assert tpm.resolve_parallel_ranks([("dp", (0,))], coords) == [0, 1, 4, 5]
-    assert tpm.resolve_parallel_ranks([("dp", (0,)), ("pp", (1,))], coords) == [4, 5]
+    assert traced.resolve_parallel_ranks([("dp", (0,))], coords) == [0, 1, 4, 5]
+    assert traced.resolve_parallel_ranks([("dp", (0,)), ("pp", (1,))], coords) == [4, 5]
     with pytest.raises(TorchProfileArgsError, match="given more than once"):
-        tpm.resolve_parallel_ranks([("dp", (0,)), ("dp", (1,))], coords)
+        traced.resolve_parallel_ranks([("dp", (0,)), ("dp", (1,))], coords)
     with pytest.raises(TorchProfileArgsError, match="selects no rank"):
-        tpm.resolve_parallel_ranks([("dp", (5,))], coords)
+        traced.resolve_parallel_ranks([("dp", (5,))], coords)
 
 
 def test_parallel_ranks_without_parallel_state_are_data_parallel(tmp_path, monkeypatch):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path),
                               "--torch-profile-parallel-ranks", "dp=0", "tp=0"])
-    assert tpm.apply_parallel_rank_selection(args) == [0]
-    assert args.torch_profile_ranks == [0]
+    assert traced.traced_ranks(configs_from_args(args).profiler.trace) == (0,)
 
 
 def test_install_is_idempotent_and_reversible(megatron_lm):

@@ -12,13 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchprof_args.flags import TorchProfileArgsError, add_torch_profile_args
-from torchprof_args.memory import (
-    DEFAULT_MAX_ENTRIES,
-    MemorySnapshotter,
-    snapshot_file_name,
-    write_snapshot,
-)
+from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
+from torchprof_args.naming import memory_snapshot_name as snapshot_file_name
+from torchprof_args.runtime.config import MemorySnapshotConfig
+from torchprof_args.runtime.memory import MemorySnapshotter, write_snapshot
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -43,10 +40,14 @@ class FakeAllocator:
                 "n": self.snapshots}
 
 
-def _with_cuda(tmp_path: Path, **kwargs) -> tuple[MemorySnapshotter, FakeAllocator]:
+def snapshot_config(directory: Path, **options) -> MemorySnapshotConfig:
+    return MemorySnapshotConfig(enabled=True, output_dir=str(directory), **options)
+
+
+def _with_cuda(tmp_path: Path, **options) -> tuple[MemorySnapshotter, FakeAllocator]:
     fake = FakeAllocator()
-    snap = MemorySnapshotter(str(tmp_path), rank=3, host="node7.cluster", cuda_available=True,
-                             snapshot_fn=fake.snapshot, record_fn=fake.record, **kwargs)
+    snap = MemorySnapshotter(snapshot_config(tmp_path, **options), rank=3, host="node7.cluster", cuda_available=True,
+                             snapshot_fn=fake.snapshot, record_fn=fake.record)
     return snap, fake
 
 
@@ -69,7 +70,7 @@ def test_cpu_only_warns_once_and_writes_nothing(tmp_path: Path, logs) -> None:
 
 
 def test_cpu_only_oom_is_re_raised(tmp_path: Path) -> None:
-    snap = MemorySnapshotter(str(tmp_path), rank=0)
+    snap = MemorySnapshotter(snapshot_config(tmp_path), rank=0)
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with pytest.raises(torch.OutOfMemoryError) as caught, snap.guard(9):
         raise error
@@ -133,7 +134,7 @@ def test_failed_snapshot_is_logged_not_raised(tmp_path: Path, logs) -> None:
     def broken() -> dict:
         raise RuntimeError("allocator busy")
 
-    snap = MemorySnapshotter(str(tmp_path), rank=0, host="h", cuda_available=True,
+    snap = MemorySnapshotter(snapshot_config(tmp_path), rank=0, host="h", cuda_available=True,
                              snapshot_fn=broken, record_fn=lambda **_: None)
     snap.start()
     assert snap.on_step(1, profiled_cycle_ended=True) is None
@@ -162,22 +163,27 @@ def test_from_args(tmp_path: Path) -> None:
                   "--torch-profile-memory-snapshot-max-entries", "123",
                   "--torch-profile-ranks", "0", "2", "--torch-profile-dir", str(tmp_path))
     snap = MemorySnapshotter.from_args(args, rank=2)
-    assert snap.enabled and snap.stacks == "all" and snap.max_entries == 123 and snap.interval == 0
+    assert snap.enabled and snap.config.stacks == "all" and snap.config.max_entries == 123 and snap.interval == 0
     assert snap.output_dir == str(tmp_path / "memory_snapshots")
-    assert not MemorySnapshotter.from_args(args, rank=1).enabled  # not a selected rank
     defaults = MemorySnapshotter.from_args(_parse("--torch-profile-memory-snapshot"), rank=0)
-    assert defaults.stacks == "python" and defaults.max_entries == DEFAULT_MAX_ENTRIES
+    assert defaults.config == MemorySnapshotConfig(enabled=True)
+    assert defaults.config.stacks == "python" and defaults.config.max_entries == 100_000
     assert not MemorySnapshotter.from_args(_parse(), rank=0).enabled
     with pytest.raises(TorchProfileArgsError, match="--torch-profile-memory-snapshot-interval"):
         MemorySnapshotter.from_args(_parse("--torch-profile-memory-snapshot-interval", "5"))
 
 
 def test_unselected_rank_is_silent_on_cpu(tmp_path: Path, logs) -> None:
-    snap = MemorySnapshotter(str(tmp_path), ranks=[0], rank=1)
-    snap.start()
-    snap.on_step(1, True)
-    snap.close()
-    assert not logs.records
+    """The profiler builds a snapshotter only on the ranks it traces: rank 1 says nothing."""
+    from torchprof_args import TorchProfiler
+
+    args = _parse("--torch-profile-memory-snapshot", "--torch-profile-ranks", "0", "--torch-profile-dir",
+                  str(tmp_path))
+    prof = TorchProfiler(configs_from_args(args).profiler, rank=1, world_size=2)
+    with prof:
+        prof.step(1)
+    assert not [r for r in logs.records if r.levelno >= logging.WARNING]
+    assert not (tmp_path / "memory_snapshots").exists()
 
 
 def test_bad_flag_values_are_argparse_errors(capsys) -> None:

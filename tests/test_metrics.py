@@ -13,14 +13,20 @@ import pytest
 from conftest import REPO
 
 from torchprof_args import MetricsWriter, Timers, TorchProfileArgsError, add_torch_profile_args, validate_args
-from torchprof_args.metrics import (
+from torchprof_args.metrics.config import (
+    MetricsConfig,
+    WandbConfig,
     default_wandb_mode,
-    read_metrics_file,
-    transformer_flops_per_iteration,
     wandb_credentials_present,
 )
+from torchprof_args.metrics.flops import transformer_flops_per_iteration
+from torchprof_args.metrics.sinks import read_metrics_file
 
 TIMER_NAMES = ("batch-generator", "forward-backward", "optimizer")
+
+
+def offline_config(metrics_dir) -> MetricsConfig:
+    return MetricsConfig(str(metrics_dir), wandb=WandbConfig(mode="offline"))
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +148,7 @@ def test_wandb_failing_mid_run_warns_once_and_other_sinks_go_on(
     import wandb
 
     timers = Timers(0, "minmax")
-    writer = MetricsWriter(tmp_path / "run", timers=timers, rank=0, world_size=1, wandb_mode="offline")
+    writer = MetricsWriter(offline_config(tmp_path / "run"), timers=timers, rank=0, world_size=1)
     assert writer.sink_names == ["metrics.jsonl", "TensorBoard", "wandb"]
     timers("step", log_level=0).start()
     timers("step").stop()
@@ -165,7 +171,7 @@ def test_wandb_not_installed_warns_and_the_rest_works(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an environment without wandb looks like
-    writer = MetricsWriter(tmp_path / "run", rank=0, world_size=1, wandb_mode="offline", console=False)
+    writer = MetricsWriter(offline_config(tmp_path / "run"), rank=0, world_size=1, console=False)
     assert writer.sink_names == ["metrics.jsonl", "TensorBoard"]
     writer.log_step(1, iteration_time=0.5, samples=4)
     writer.close()
@@ -175,7 +181,7 @@ def test_wandb_not_installed_warns_and_the_rest_works(
 
 
 def test_add_scalar_and_log_buffer_per_iteration(tmp_path: Path) -> None:
-    writer = MetricsWriter(tmp_path, rank=0, world_size=1, sinks=["jsonl"], console=False)
+    writer = MetricsWriter(MetricsConfig(str(tmp_path), sinks=("jsonl",)), rank=0, world_size=1, console=False)
     writer.add_scalar("a", 1.0, 10)
     writer.log({"b": 2.0}, step=10)
     writer.add_scalar("a", 3.0, 20)  # a new iteration flushes the previous one
@@ -202,7 +208,7 @@ def test_from_args_uses_flags_and_megatron_names(tmp_path: Path) -> None:
     args.global_batch_size, args.seq_length = 8, 128  # what Megatron-LM's namespace carries
     writer = MetricsWriter.from_args(args, rank=1, world_size=2, console=False)
     assert writer.metrics_dir == tmp_path / "tb" and writer.sink_names == ["metrics.jsonl"]
-    assert (writer.samples_per_iteration, writer.tokens_per_iteration) == (8, 1024)
+    assert (writer.config.samples_per_iteration, writer.config.tokens_per_iteration) == (8, 1024)
     metrics = writer.log_step(1, iteration_time=2.0)
     writer.close()
     assert metrics["throughput/tflops-per-gpu"] == pytest.approx(1.0)  # 4e12 / 2 s / 2 GPUs
@@ -251,7 +257,8 @@ def test_transformer_flops_match_the_closed_form() -> None:
 def test_import_is_light() -> None:
     code = (
         "import sys, torchprof_args; "
-        "bad = [m for m in ('torch', 'wandb', 'tensorboard', 'torchprof_args.metrics') if m in sys.modules]; "
+        "bad = [m for m in ('torch', 'wandb', 'tensorboard', 'torchprof_args.metrics.writer', "
+        "'torchprof_args.metrics.timers') if m in sys.modules]; "
         "print(bad)"
     )
     env = _child_env(Path("."))

@@ -9,9 +9,9 @@ import shlex
 import pytest
 import torch
 
-from torchprof_args import console
-from torchprof_args.flags import add_torch_profile_args
-from torchprof_args.nsys import NsysController, nsys_command
+from torchprof_args import add_torch_profile_args, configs_from_args, console
+from torchprof_args.runtime.nsys import NsysController
+from torchprof_args.runtime.nsys_command import nsys_command
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_controller_on_cpu_says_once_and_does_nothing(logs) -> None:
     assert not torch.cuda.is_available()
-    nsys = NsysController.from_args(_args("--torch-profile-nsys"))
+    nsys = NsysController(enabled=configs_from_args(_args("--torch-profile-nsys")).profiler.nsys.enabled)
     for iteration in range(6):
         nsys.on_step(iteration, recording=iteration in (2, 3))
         with nsys.range("forward"):
@@ -84,7 +84,7 @@ def test_controller_on_cpu_says_once_and_does_nothing(logs) -> None:
 
 
 def test_controller_disabled_is_silent(logs) -> None:
-    nsys = NsysController.from_args(_args())
+    nsys = NsysController(enabled=configs_from_args(_args()).profiler.nsys.enabled)
     nsys.on_step(0, True)
     with nsys.range("x"):
         pass

@@ -21,16 +21,10 @@ from conftest import REPO, subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args
-from torchprof_args.ondemand import (
-    MAX_REQUEST_BYTES,
-    RequestRejected,
-    check_private_dir,
-    find_control_dir_by_pid,
-    make_request,
-    parse_request,
-    registry_dir,
-)
-from torchprof_args.trigger import TriggerError, submit
+from torchprof_args.ondemand.protocol import MAX_REQUEST_BYTES, RequestRejected, make_request, parse_request
+from torchprof_args.ondemand.registry import find_control_dir_by_pid, registry_dir
+from torchprof_args.ondemand.trigger import TriggerError, submit
+from torchprof_args.private_dir import check_private_dir
 
 
 @pytest.fixture(autouse=True)
@@ -208,8 +202,9 @@ def test_unsafe_control_dir_is_refused(tmp_path, problem):
             pytest.skip("needs root to give the directory to another user")
         os.chown(real, 65534, 65534)
         words = "owned by uid 65534, not by you"
+    prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-on-demand-dir", str(given)))
     with pytest.raises(TorchProfileArgsError, match=words):
-        TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-on-demand-dir", str(given)))
+        prof.start()  # the collective set-up, before training
     assert check_private_dir(given) is not None
     (real / "requests").mkdir(exist_ok=True)
     with pytest.raises(TriggerError, match=words):
@@ -218,7 +213,8 @@ def test_unsafe_control_dir_is_refused(tmp_path, problem):
 
 def test_control_dir_is_created_private(tmp_path):
     os.umask(0o022)
-    TorchProfiler.from_args(make_args(tmp_path))
+    with TorchProfiler.from_args(make_args(tmp_path)):
+        pass
     for sub in ("", "requests", "processed", "answers"):
         assert (control_dir(tmp_path) / sub).stat().st_mode & 0o777 == 0o700
 
@@ -278,8 +274,9 @@ def test_registry_dir_created_under_a_loose_umask_is_tightened(tmp_path):
 
 def test_several_ranks_without_a_process_group_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
+    prof = TorchProfiler.from_args(make_args(tmp_path))
     with pytest.raises(TorchProfileArgsError, match="needs torch.distributed initialised"):
-        TorchProfiler.from_args(make_args(tmp_path))
+        prof.start()
 
 
 def test_stale_registry_entries_are_dropped(tmp_path):
@@ -361,7 +358,9 @@ def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
 
 def test_decision_encoding_round_trips():
     """A check's decision travels as one fixed-size asynchronous broadcast."""
-    from torchprof_args.ondemand import OnDemandWindow, _decode_decision, _encode_decision
+    from torchprof_args.ondemand.window import OnDemandWindow
+    from torchprof_args.ondemand.wire import decode_decision as _decode_decision
+    from torchprof_args.ondemand.wire import encode_decision as _encode_decision
 
     for window, world in [(OnDemandWindow("req-1.x", 100, 101, 102, 105, (0, 3)), 4),
                           (OnDemandWindow("a" * 100, 5, 6, 7, 8, None), 2), (None, 3)]:
@@ -370,10 +369,12 @@ def test_decision_encoding_round_trips():
 
 def test_checks_are_paced_by_time_not_iterations():
     """Rank 0 spaces checks --torch-profile-on-demand-check-seconds apart from the measured step time."""
-    from torchprof_args.ondemand import OnDemandController
+    from torchprof_args.ondemand.config import OnDemandConfig
+    from torchprof_args.ondemand.controller import OnDemandController
 
-    controller = OnDemandController("/nonexistent", rank=0, world_size=1, trace_dir="/tmp", interval=10,
-                                    check_seconds=0.05)
+    config = OnDemandConfig(enabled=True, control_dir="/nonexistent", trace_dir="/tmp", interval=10,
+                            check_seconds=0.05)
+    controller = OnDemandController(config, rank=0, world_size=1)
     assert controller.start_checks(100) == 110
     controller.poll(110, group=None)  # first check: no step time known yet -> the minimum interval
     assert controller.next_check == 120

@@ -20,7 +20,8 @@ from conftest import subprocess_env
 
 from torchprof_args import TorchProfiler, add_torch_profile_args
 from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
-from torchprof_args.trace_writer import TraceWriter
+from torchprof_args.runtime.config import ExportConfig
+from torchprof_args.runtime.export.writer import TraceWriter
 
 
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
@@ -168,7 +169,7 @@ def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_pa
     out.mkdir()
     staging = tmp_path / "staging"
     staging.mkdir()
-    writer = TraceWriter(out, staging, rank=0, gzip_level=9, summary_rows=None, export_mode="inline")
+    writer = TraceWriter(out, staging, ExportConfig(mode="inline", gzip_level=9, summary_rows=None), rank=0)
 
     def export(path: str) -> None:  # ~400 MB of incompressible-ish JSON: gzip -9 takes seconds
         with open(path, "wb") as handle:

@@ -14,9 +14,25 @@ from test_memory_snapshot import FakeAllocator
 from test_nsys import CallLog
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args
-from torchprof_args.memory import MemorySnapshotter
-from torchprof_args.nsys import NsysController
-from torchprof_args.schedule import ProfileSchedule
+from torchprof_args.runtime.config import (
+    ExportConfig,
+    MemorySnapshotConfig,
+    NsysConfig,
+    ProfilerConfig,
+    TraceConfig,
+)
+from torchprof_args.runtime.memory import MemorySnapshotter
+from torchprof_args.runtime.nsys import NsysController
+from torchprof_args.runtime.schedule import ProfileSchedule
+
+
+def profiler_config(tmp_path, schedule: ProfileSchedule, *, record: bool = False, summary: bool = True,
+                    memory: bool = False, nsys: bool = False) -> ProfilerConfig:
+    """A profiler config as the flags would give, with the stand-ins' features switched on."""
+    return ProfilerConfig(
+        trace=TraceConfig(enabled=record, schedule=schedule, output_dir=str(tmp_path / "prof")),
+        export=ExportConfig(summary_rows=30 if summary else None),
+        memory=MemorySnapshotConfig(enabled=memory), nsys=NsysConfig(enabled=nsys))
 
 
 def run_loop(prof: TorchProfiler, iterations: range, oom_at: int | None = None) -> None:
@@ -31,10 +47,10 @@ def run_loop(prof: TorchProfiler, iterations: range, oom_at: int | None = None) 
 
 def test_snapshots_at_flushes_and_on_oom(tmp_path):
     fake = FakeAllocator()
-    memory = MemorySnapshotter(str(tmp_path / "snap"), rank=0, ranks=[0], host="node1", cuda_available=True,
-                               snapshot_fn=fake.snapshot, record_fn=fake.record)
-    prof = TorchProfiler(ProfileSchedule(active=2, repeat=2), output_dir=str(tmp_path / "prof"), record=True,
-                         rank=0, world_size=1, summary_rows=None, memory=memory)
+    memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap")), rank=0,
+                               host="node1", cuda_available=True, snapshot_fn=fake.snapshot, record_fn=fake.record)
+    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, repeat=2), record=True, summary=False),
+                         rank=0, world_size=1, memory=memory)
     with pytest.raises(torch.OutOfMemoryError):
         run_loop(prof, range(1, 12), oom_at=10)
     names = sorted(os.listdir(tmp_path / "snap"))
@@ -49,8 +65,8 @@ def test_snapshots_at_flushes_and_on_oom(tmp_path):
 def test_nsys_capture_follows_the_recorded_steps(tmp_path):
     backend = CallLog()
     nsys = NsysController(backend=backend, cuda_available=True)
-    prof = TorchProfiler(ProfileSchedule(active=2, skip_first=1, warmup=1), output_dir=str(tmp_path),
-                         record=False, rank=0, world_size=1, nsys=nsys)
+    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, skip_first=1, warmup=1), nsys=True),
+                         rank=0, world_size=1, nsys=nsys)
     run_loop(prof, range(1, 7))
     starts = [i for i, call in enumerate(backend.calls) if call == "start"]
     stops = [i for i, call in enumerate(backend.calls) if call == "stop"]
@@ -79,10 +95,11 @@ def test_memory_snapshot_options_need_the_main_flag():
 def test_interval_snapshots_between_cycles(tmp_path):
     """Idle steps take the fast path; the planner still stops at every multiple of the interval."""
     fake = FakeAllocator()
-    memory = MemorySnapshotter(str(tmp_path / "snap"), rank=0, ranks=[0], host="node1", cuda_available=True,
-                               snapshot_fn=fake.snapshot, record_fn=fake.record, interval=3)
-    prof = TorchProfiler(ProfileSchedule(skip_first=100), output_dir=str(tmp_path / "prof"), record=False,
-                         rank=0, world_size=1, memory=memory)
+    memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap"), interval=3),
+                               rank=0, host="node1", cuda_available=True, snapshot_fn=fake.snapshot,
+                               record_fn=fake.record)
+    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(skip_first=100), memory=True), rank=0,
+                         world_size=1, memory=memory)
     run_loop(prof, range(1, 11))
     assert sorted(os.listdir(tmp_path / "snap")) == [
         f"memory_snapshot_node1_rank0_iter{i:07d}.pickle" for i in (3, 6, 9)]

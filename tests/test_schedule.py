@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from torchprof_args.schedule import Action, ProfileSchedule
+from torchprof_args.runtime.schedule import Action, ProfileSchedule
 
 COMBOS = list(itertools.product([0, 1, 2], [0, 1, 2], [1, 3], [0, 1, 2], [0, 1, 3]))
 
@@ -52,10 +52,12 @@ def test_absolute_window_is_resume_safe():
 def test_from_args_step_start_without_end_uses_active():
     import argparse
 
+    from torchprof_args import configs_from_args
+
     args = argparse.Namespace(torch_profile_step_start=50, torch_profile_step_end=None, torch_profile_active=3,
                               torch_profile_wait=0, torch_profile_warmup=1, torch_profile_repeat=1,
                               torch_profile_skip_first=1)
-    schedule = ProfileSchedule.from_args(args)
+    schedule = configs_from_args(args, world_size=1).profiler.trace.schedule
     assert (schedule.step_start, schedule.step_end, schedule.active) == (50, 53, 3)
     assert "record iterations 50..52" in schedule.describe()
 

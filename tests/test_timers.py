@@ -15,14 +15,11 @@ import pytest
 from conftest import REPO
 
 from torchprof_args import Timers, add_torch_profile_args, validate_args
-from torchprof_args.timers import (
-    DummyTimer,
-    TimerError,
-    TimerSnapshot,
-    _CudaEventTimer,
-    _EventPool,
-    format_snapshot,
-)
+from torchprof_args.errors import TimerError
+from torchprof_args.metrics.timer import CudaEventTimer as _CudaEventTimer
+from torchprof_args.metrics.timer import DummyTimer
+from torchprof_args.metrics.timer import EventPool as _EventPool
+from torchprof_args.metrics.timers import TimerSnapshot, format_snapshot
 
 
 def _spin(seconds: float) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from torchprof_args import MetricsWriter, Timers, add_torch_profile_args, validate_args
-from torchprof_args.timers import TimerNamesMismatchError
+from torchprof_args.errors import TimerNamesMismatchError
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """torchprof-args: production profiling for large-model training from the command line.
 
-``import torchprof_args`` is light: it does not import torch, wandb, deepspeed or megatron.
-Heavier parts load on first use through :func:`__getattr__`.
+``import torchprof_args`` is light: it does not import torch, wandb, deepspeed, megatron or the
+trace toolkit.  Heavier parts load on first use through :func:`__getattr__`.
 """
 
 from __future__ import annotations
@@ -11,27 +11,30 @@ import os as _os
 import sys as _sys
 from typing import Any
 
-from torchprof_args.flags import TorchProfileArgsError, add_torch_profile_args, validate_args
+from torchprof_args.config import add_torch_profile_args, configs_from_args, validate_args
+from torchprof_args.errors import TorchProfileArgsError
 
 __version__ = "0.1.0"
 
-#: Whether torch was imported before this package, and ``KINETO_USE_DAEMON`` then (see ondemand).
+#: Whether torch was imported before this package, and ``KINETO_USE_DAEMON`` then (see
+#: :mod:`torchprof_args.ondemand.dynolog`).
 _IMPORT_STATE = ("torch" in _sys.modules, _os.environ.get("KINETO_USE_DAEMON"))
 
 #: public name -> module that defines it (loaded lazily).
 _LAZY = {
-    "TorchProfiler": "torchprof_args.profiler",
-    "ProfileSchedule": "torchprof_args.schedule",
-    "cli": "torchprof_args.decorator",
-    "Timers": "torchprof_args.timers",
-    "MetricsWriter": "torchprof_args.metrics",
-    "OnDemandController": "torchprof_args.ondemand",
+    "TorchProfiler": "torchprof_args.runtime.profiler",
+    "ProfileSchedule": "torchprof_args.runtime.schedule",
+    "Timers": "torchprof_args.metrics.timers",
+    "MetricsWriter": "torchprof_args.metrics.writer",
+    "OnDemandController": "torchprof_args.ondemand.controller",
 }
 
-__all__ = ["TorchProfileArgsError", "add_torch_profile_args", "validate_args", *_LAZY]
+__all__ = ["TorchProfileArgsError", "add_torch_profile_args", "cli", "configs_from_args", "validate_args", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "cli":  # the decorator module, callable as the decorator itself
+        return importlib.import_module("torchprof_args.cli")
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'torchprof_args' has no attribute {name!r}")

@@ -13,12 +13,12 @@ import importlib
 import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "torchprof_args.flags_command",
+    "torchprof_args.flags.command",
     "torchprof_args.analysis.commands",
     "torchprof_args.pyspy",
-    "torchprof_args.nsys",
-    "torchprof_args.dashboard",
-    "torchprof_args.trigger",
+    "torchprof_args.runtime.nsys_command",
+    "torchprof_args.metrics.dashboard_command",
+    "torchprof_args.ondemand.trigger",
 )
 
 

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from torchprof_args.atomic import partial_path
-from torchprof_args.flags import resolve_profile_dir
+from torchprof_args.config import configs_from_args
 from torchprof_args.log import get_logger
-from torchprof_args.megatron import profiler_from_args
 
 logger = get_logger(__name__)
 
@@ -51,12 +50,14 @@ class DeepSpeedProfilerHook:
         log_interval: int | None = None,
     ) -> None:
         self.engine = engine
-        self.args = args
         self.metrics = metrics
         self.start_iteration = int(engine.global_steps) if start_iteration is None else start_iteration
-        self.prof = profiler_from_args(args, start_iteration=self.start_iteration)
-        self.log_interval = log_interval or getattr(args, "log_interval", None) or engine.steps_per_print() or 100
-        self.profile_dir = Path(resolve_profile_dir(args))
+        from torchprof_args.runtime.profiler import TorchProfiler
+
+        run = configs_from_args(args)
+        self.prof = TorchProfiler.from_config(run, start_iteration=self.start_iteration)
+        self.log_interval = log_interval or run.metrics.log_interval
+        self.profile_dir = Path(self.prof.output_dir)
         self.flops_report: Path | None = None
         self._flops_partial: Path | None = None
         self._original_step: Any = None

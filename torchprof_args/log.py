@@ -5,27 +5,15 @@ from __future__ import annotations
 import logging
 import os
 
+from torchprof_args import _dist
+
 _FORMAT = "%(asctime)s [torchprof rank %(rank)s] %(levelname)s %(name)s: %(message)s"
-
-
-def current_rank() -> int:
-    """The global rank: the process group's when initialised, else ``$RANK``, else 0."""
-    try:
-        import sys
-
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except (RuntimeError, ValueError):
-        pass
-    rank = os.environ.get("RANK", "0")
-    return int(rank) if rank.isdigit() else 0
 
 
 class _RankFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "rank"):
-            record.rank = current_rank()
+            record.rank = _dist.rank()
         return True
 
 

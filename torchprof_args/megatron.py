@@ -1,4 +1,4 @@
-"""Megatron-LM and megatron-core integration: flags, rank selection, and a one-call loop hook.
+"""Megatron-LM and megatron-core integration: flags and a one-call loop hook.
 
 Three ways in, from least to most code:
 
@@ -15,6 +15,8 @@ Three ways in, from least to most code:
 
 The flush of a trace window is timed with Megatron's own timers (``torch-profile-flush``) and
 written, max across ranks, through Megatron's TensorBoard and wandb writers.
+``--torch-profile-parallel-ranks`` selects traced ranks by megatron-core's parallel coordinates
+(:mod:`torchprof_args.runtime.ranks`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import functools
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchprof_args.flags import PARALLEL_AXES, TorchProfileArgsError, add_torch_profile_args
+from torchprof_args.config import add_torch_profile_args
+from torchprof_args.errors import MegatronIntegrationError, TorchProfileArgsError
 from torchprof_args.log import get_logger
 
 logger = get_logger(__name__)
@@ -39,9 +42,7 @@ __all__ = [
     "compose_args_providers",
     "extra_args_provider",
     "install",
-    "parallel_coordinates",
     "profiler_from_args",
-    "resolve_parallel_ranks",
     "uninstall",
 ]
 
@@ -49,10 +50,6 @@ ArgsProvider = Callable[[argparse.ArgumentParser], "argparse.ArgumentParser | No
 
 #: Megatron timer name of the trace flush (written as ``torch-profile-flush-time``).
 FLUSH_TIMER = "torch-profile-flush"
-
-
-class MegatronIntegrationError(RuntimeError):
-    """Megatron-LM is missing or its training module does not look as expected."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,95 +91,11 @@ def check_megatron_args(args: argparse.Namespace) -> None:
                    "so kernel timings in either may be incomplete")
 
 
-# ---------------------------------------------------------------------------------------------
-# Rank selection by parallel coordinates
-
-
-def parallel_coordinates() -> dict[str, int]:
-    """This rank's (dp, tp, pp, cp, ep) coordinates.
-
-    From megatron-core's ``parallel_state`` when it is initialised; otherwise every rank is a
-    data-parallel replica (``dp`` = global rank, the other axes 0), as in plain DDP or DeepSpeed.
-    """
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    try:
-        from megatron.core import parallel_state as ps
-    except ImportError:
-        ps = None
-    if ps is None or not ps.model_parallel_is_initialized():
-        return {"dp": rank, "tp": 0, "pp": 0, "cp": 0, "ep": 0}
-    return {
-        "dp": ps.get_data_parallel_rank(),
-        "tp": ps.get_tensor_model_parallel_rank(),
-        "pp": ps.get_pipeline_model_parallel_rank(),
-        "cp": ps.get_context_parallel_rank(),
-        "ep": ps.get_expert_model_parallel_rank(),
-    }
-
-
-def _all_coordinates() -> list[dict[str, int]]:
-    """Every rank's coordinates, indexed by global rank (one all_gather_object)."""
-    import torch.distributed as dist
-
-    mine = parallel_coordinates()
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [mine]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    return gathered
-
-
-def resolve_parallel_ranks(
-    selectors: Sequence[tuple[str, Sequence[int]]],
-    coordinates: Sequence[dict[str, int]],
-) -> list[int]:
-    """Global ranks whose coordinates match every ``(axis, indices)`` selector.
-
-    Raises :class:`TorchProfileArgsError` when an axis is given twice or nothing matches.
-    """
-    axes = [axis for axis, _ in selectors]
-    repeated = sorted({axis for axis in axes if axes.count(axis) > 1})
-    if repeated:
-        raise TorchProfileArgsError(
-            f"--torch-profile-parallel-ranks: axis {', '.join(repeated)} given more than once; "
-            "list several indices in one token instead (e.g. dp=0,1)."
-        )
-    chosen = [
-        rank for rank, coords in enumerate(coordinates)
-        if all(coords.get(axis, 0) in set(indices) for axis, indices in selectors)
-    ]
-    if not chosen:
-        sizes = ", ".join(f"{axis} 0..{max(c.get(axis, 0) for c in coordinates)}" for axis in PARALLEL_AXES)
-        wanted = " ".join(f"{axis}={','.join(map(str, idx))}" for axis, idx in selectors)
-        raise TorchProfileArgsError(
-            f"--torch-profile-parallel-ranks {wanted} selects no rank (this job has {sizes})."
-        )
-    return chosen
-
-
-def apply_parallel_rank_selection(args: argparse.Namespace) -> list[int] | None:
-    """Rewrite ``args.torch_profile_ranks`` from ``--torch-profile-parallel-ranks``, if given.
-
-    Collective when the flag is set (every rank must call it); returns the chosen global ranks.
-    """
-    selectors = getattr(args, "torch_profile_parallel_ranks", None)
-    if not selectors or not getattr(args, "torch_profile", False):
-        return None
-    ranks = resolve_parallel_ranks(selectors, _all_coordinates())
-    args.torch_profile_ranks = ranks
-    wanted = " ".join(f"{axis}={','.join(map(str, idx))}" for axis, idx in selectors)
-    logger.info("--torch-profile-parallel-ranks %s: tracing global ranks %s", wanted, ranks)
-    return ranks
-
-
 def profiler_from_args(args: argparse.Namespace, *, start_iteration: int | None = None) -> Any:
-    """``TorchProfiler.from_args`` after the Megatron checks and the parallel rank selection."""
-    from torchprof_args.profiler import TorchProfiler
+    """``TorchProfiler.from_args`` after the checks against Megatron's own profiling flags."""
+    from torchprof_args.runtime.profiler import TorchProfiler
 
     check_megatron_args(args)
-    apply_parallel_rank_selection(args)
     return TorchProfiler.from_args(args, start_iteration=start_iteration)
 
 
@@ -241,7 +154,7 @@ class TrainingHook:
             return
         if self._first_iteration is None:
             self._first_iteration = iteration
-        from torchprof_args.schedule import Action
+        from torchprof_args.runtime.schedule import Action
 
         flushes = prof.schedule.action(iteration, self._first_iteration) is Action.RECORD_AND_SAVE
         if not flushes or self.timers is None:

@@ -14,10 +14,12 @@ import socket
 __all__ = [
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
+    "METRICS_FILENAME",
     "PROFILER_LIST_NAME",
     "SUMMARY_SUFFIX",
     "TRACE_FILE_SUFFIXES",
     "TRACE_SUFFIX",
+    "WANDB_RUN_FILENAME",
     "memory_snapshot_name",
     "profiler_list_name",
     "rank_from_file_name",
@@ -38,6 +40,10 @@ SUMMARY_SUFFIX = ".profiler_list.dat"
 #: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
+#: The metrics writer's local record, one JSON object per logged iteration.
+METRICS_FILENAME = "metrics.jsonl"
+#: Written next to metrics.jsonl by the wandb sink: which wandb run holds these metrics.
+WANDB_RUN_FILENAME = "wandb_run.json"
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @cli(build_parser)
-def main(args: argparse.Namespace, profiling) -> int:  # noqa: ANN001  (torchprof_args.decorator.Profiling)
+def main(args: argparse.Namespace, profiling) -> int:  # noqa: ANN001  (torchprof_args.cli.Profiling)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     torch.manual_seed(0)

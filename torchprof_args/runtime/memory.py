@@ -24,32 +24,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchprof_args import _dist
 from torchprof_args.atomic import atomic_output
-from torchprof_args.log import current_rank, get_logger
+from torchprof_args.log import get_logger
+from torchprof_args.naming import memory_snapshot_name
+from torchprof_args.runtime.config import MemorySnapshotConfig
 
-__all__ = [
-    "MemorySnapshotter",
-    "check_memory_snapshot_args",
-    "snapshot_file_name",
-    "write_snapshot",
-    "DEFAULT_MAX_ENTRIES",
-]
+__all__ = ["MemorySnapshotter", "write_snapshot"]
 
-logger = get_logger("torchprof_args.memory")
+logger = get_logger(__name__)
 
-#: Allocation/free events kept in the allocator's ring buffer (about 100 MB of pickle with
-#: Python stacks at the default).
-DEFAULT_MAX_ENTRIES = 100_000
-SNAPSHOT_SUBDIR = "memory_snapshots"
 _DUMPED_MARK = "_torchprof_memory_snapshot_written"
-
-
-def snapshot_file_name(host: str, rank: int, iteration: int, reason: str | None = None) -> str:
-    """``memory_snapshot_<host>_rank<R>_iter<I>[_<reason>].pickle`` (iteration zero-padded so
-    the files sort in order)."""
-    host = "".join(c if c.isalnum() or c in "-." else "-" for c in host.split(".")[0]) or "host"
-    suffix = f"_{reason}" if reason else ""
-    return f"memory_snapshot_{host}_rank{rank}_iter{iteration:07d}{suffix}.pickle"
 
 
 def write_snapshot(snapshot: Any, path: str) -> None:
@@ -65,13 +50,6 @@ def _torch_cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
         return False
-
-
-def _selected(ranks: Any, rank: int) -> bool:
-    if ranks is None:
-        return True
-    ranks = list(ranks)
-    return "all" in ranks or rank in ranks
 
 
 class _Guard(contextlib.ContextDecorator):
@@ -96,7 +74,7 @@ class _Guard(contextlib.ContextDecorator):
 class MemorySnapshotter:
     """Records CUDA allocator history and dumps per-rank snapshots.
 
-    Hooks (the profiler calls them on every rank; unselected ranks do nothing):
+    Hooks (the profiler calls them on the ranks it traces):
 
     * ``start()``: begin recording allocator history (call once, before training).
     * ``on_step(iteration, profiled_cycle_ended)``: after ``iteration`` has finished.  Dumps when
@@ -113,27 +91,22 @@ class MemorySnapshotter:
 
     def __init__(
         self,
-        output_dir: str,
-        enabled: bool = True,
-        max_entries: int = DEFAULT_MAX_ENTRIES,
-        stacks: str = "python",
-        interval: int = 0,
-        ranks: Any = None,
+        config: MemorySnapshotConfig,
+        *,
         rank: int | None = None,
         host: str | None = None,
         snapshot_fn: Callable[[], Any] | None = None,
         record_fn: Callable[..., Any] | None = None,
         cuda_available: bool | None = None,
     ) -> None:
-        if stacks not in ("python", "all"):
-            raise ValueError(f"--torch-profile-memory-snapshot-stacks must be 'python' or 'all', got {stacks!r}")
-        self.output_dir = output_dir
-        self.max_entries = max_entries
-        self.stacks = stacks
-        self.interval = interval
-        self.rank = current_rank() if rank is None else rank
+        if config.stacks not in ("python", "all"):
+            raise ValueError(f"--torch-profile-memory-snapshot-stacks must be 'python' or 'all', got {config.stacks!r}")
+        self.config = config
+        self.output_dir = config.output_dir
+        self.interval = config.interval
+        self.rank = _dist.rank() if rank is None else rank
         self.host = host or socket.gethostname()
-        self.enabled = enabled and _selected(ranks, self.rank)
+        self.enabled = config.enabled
         self.recording = False
         self.next_iteration = 0
         self.written: list[str] = []
@@ -144,23 +117,14 @@ class MemorySnapshotter:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **kwargs: Any) -> MemorySnapshotter:
-        """A snapshotter for the ``--torch-profile-memory-snapshot*`` flags.
+        """A snapshotter for the ``--torch-profile-memory-snapshot*`` flags, for your own loop.
 
-        Snapshots go to ``<--torch-profile-dir or --tensorboard-dir or ./prof>/memory_snapshots``
-        on the ranks of ``--torch-profile-ranks``.
+        Snapshots go to ``<--torch-profile-dir or --tensorboard-dir or ./prof>/memory_snapshots``.
+        (:class:`~torchprof_args.TorchProfiler` makes its own on the ``--torch-profile-ranks``.)
         """
-        from torchprof_args.flags import resolve_profile_dir
+        from torchprof_args.config import configs_from_args
 
-        check_memory_snapshot_args(args)
-        enabled = bool(getattr(args, "torch_profile_memory_snapshot", False))
-        stacks = getattr(args, "torch_profile_memory_snapshot_stacks", None) or "python"
-        max_entries = getattr(args, "torch_profile_memory_snapshot_max_entries", None) or DEFAULT_MAX_ENTRIES
-        interval = getattr(args, "torch_profile_memory_snapshot_interval", None) or 0
-        kwargs.setdefault("ranks", getattr(args, "torch_profile_ranks", None) or [0])
-        return cls(
-            output_dir=os.path.join(resolve_profile_dir(args), SNAPSHOT_SUBDIR),
-            enabled=enabled, max_entries=max_entries, stacks=stacks, interval=interval, **kwargs,
-        )
+        return cls(configs_from_args(args).profiler.memory, **kwargs)
 
     # -----------------------------------------------------------------------------------------
 
@@ -188,10 +152,10 @@ class MemorySnapshotter:
             import torch
 
             record = torch.cuda.memory._record_memory_history
-        record(enabled="all", context="all", stacks=self.stacks, max_entries=self.max_entries)
+        record(enabled="all", context="all", stacks=self.config.stacks, max_entries=self.config.max_entries)
         self.recording = True
         logger.info("recording CUDA memory history (%s stacks, up to %d events) -> %s",
-                    self.stacks, self.max_entries, self.output_dir)
+                    self.config.stacks, self.config.max_entries, self.output_dir)
 
     def on_step(self, iteration: int, profiled_cycle_ended: bool = False) -> str | None:
         """Call after ``iteration`` finished; returns the written path, if any."""
@@ -227,7 +191,7 @@ class MemorySnapshotter:
         """Write one snapshot now; errors are logged, never raised into training."""
         if not self.usable():
             return None
-        path = os.path.join(self.output_dir, snapshot_file_name(self.host, self.rank, iteration, reason))
+        path = os.path.join(self.output_dir, memory_snapshot_name(self.host, self.rank, iteration, reason))
         started = time.perf_counter()
         try:
             snapshot_fn = self._snapshot_fn
@@ -274,20 +238,3 @@ class MemorySnapshotter:
         finally:
             self.close()
 
-
-def check_memory_snapshot_args(args: argparse.Namespace) -> None:
-    """Raise :class:`~torchprof_args.flags.TorchProfileArgsError` when a
-    ``--torch-profile-memory-snapshot-*`` option is given without ``--torch-profile-memory-snapshot``."""
-    from torchprof_args.flags import TorchProfileArgsError
-
-    if getattr(args, "torch_profile_memory_snapshot", False):
-        return
-    given = [
-        f"--torch-profile-memory-snapshot-{name.replace('_', '-')}"
-        for name in ("max_entries", "stacks", "interval")
-        if getattr(args, f"torch_profile_memory_snapshot_{name}", None) is not None
-    ]
-    if given:
-        raise TorchProfileArgsError(
-            f"{', '.join(given)} only take effect with --torch-profile-memory-snapshot; add it or drop them."
-        )

@@ -17,27 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.flags import add_torch_profile_args, flag_table_markdown
+    from torchprof_args.atomic import write_text_atomically
+    from torchprof_args.config import add_torch_profile_args, flag_reference_markdown
+    from torchprof_args.flags.table import replace_flag_table
 
     if args.update_readme:
         with open(args.update_readme, encoding="utf-8") as handle:
             text = handle.read()
-        with open(args.update_readme, "w", encoding="utf-8") as handle:
-            handle.write(replace_flag_table(text, flag_table_markdown()))
+        write_text_atomically(args.update_readme, replace_flag_table(text, flag_reference_markdown()))
         return 0
     if args.markdown:
-        print(flag_table_markdown(), end="")
+        print(flag_reference_markdown(), end="")
     else:
         add_torch_profile_args(argparse.ArgumentParser(prog="your_training_script.py")).print_help()
     return 0
-
-
-BEGIN_MARKER = "<!-- BEGIN FLAG TABLE -->"
-END_MARKER = "<!-- END FLAG TABLE -->"
-
-
-def replace_flag_table(readme: str, table: str) -> str:
-    """``readme`` with the text between the FLAG TABLE markers replaced by ``table``."""
-    head, rest = readme.split(BEGIN_MARKER, 1)
-    _, tail = rest.split(END_MARKER, 1)
-    return f"{head}{BEGIN_MARKER}\n{table}{END_MARKER}{tail}"

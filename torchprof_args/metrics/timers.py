@@ -19,304 +19,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-import time
 import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from torchprof_args import _dist
+from torchprof_args.errors import TimerError, TimerNamesMismatchError
 from torchprof_args.log import get_logger
+from torchprof_args.metrics.config import TimersConfig
+from torchprof_args.metrics.timer import (
+    CudaEventTimer,
+    DummyTimer,
+    EventPool,
+    NvtxTimer,
+    SynchronizingTimer,
+    Timer,
+)
+from torchprof_args.metrics.timer import barrier as group_barrier
 
-__all__ = ["Timers", "Timer", "DummyTimer", "TimerError", "TimerNamesMismatchError", "TimerSnapshot"]
+__all__ = ["DummyTimer", "Timer", "TimerError", "TimerNamesMismatchError", "TimerSnapshot", "Timers"]
 
-logger = get_logger("torchprof_args.timers")
+logger = get_logger(__name__)
 
 _MAX_LOG_LEVEL = 2
 _LOG_OPTIONS = ("max", "minmax", "all")
-#: Event pairs a CUDA timer keeps before it folds the already-completed ones into its total.
-_MAX_PENDING_EVENT_PAIRS = 256
-
-_perf_counter = time.perf_counter
 
 
-class TimerError(RuntimeError, AssertionError):
-    """A timer used the wrong way (started twice, stopped while not running, ...).
-
-    Also an ``AssertionError`` because Megatron's timers assert in these cases, so code that
-    catches those keeps working.
-    """
-
-
-class TimerNamesMismatchError(RuntimeError):
-    """Ranks called ``Timers.log``/``write`` with different timer names."""
-
-
-def _dist_state(group: Any = None) -> tuple[Any, int, int]:
-    """``(torch.distributed or None, rank, world_size)`` without importing torch needlessly."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist, dist.get_rank(), dist.get_world_size(group)
-    return None, 0, 1
-
-
-def _barrier(group: Any) -> None:
-    dist, _, world_size = _dist_state(group)
-    if dist is not None and world_size > 1:
-        dist.barrier(group=group)
-
-
-class DummyTimer:
-    """Returned for timers above the log level: start/stop cost a function call and nothing else."""
-
-    name = "dummy timer"
-
-    def start(self, barrier: bool = False) -> None:
-        return
-
-    def stop(self, barrier: bool = False) -> None:
-        return
-
-    def reset(self) -> None:
-        return
-
-    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
-        raise TimerError(
-            "a dummy timer has no elapsed time: the timer's log_level is above the Timers' "
-            "log level (raise --timing-log-level to measure it)."
-        )
-
-    def active_time(self) -> float:
-        raise TimerError(
-            "a dummy timer has no active time: the timer's log_level is above the Timers' "
-            "log level (raise --timing-log-level to measure it)."
-        )
-
-
-class Timer:
-    """A host timer (``time.perf_counter``): start/stop pairs accumulate until read.
-
-    ``elapsed()`` returns the accumulated seconds since the last reset; ``active_time()`` the
-    seconds over the timer's whole life (never reset), as in Megatron.
-    """
-
-    __slots__ = ("name", "_elapsed", "_active", "_start_time", "_started", "_count", "_barrier_group")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._elapsed = 0.0
-        self._active = 0.0
-        self._start_time = 0.0
-        self._started = False
-        #: start/stop pairs since the last reset: 0 means "not run this interval".
-        self._count = 0
-        self._barrier_group: Any = None
-
-    def set_barrier_group(self, barrier_group: Any) -> None:
-        """Process group used by ``start(barrier=True)``/``stop(barrier=True)``."""
-        self._barrier_group = barrier_group
-
-    def start(self, barrier: bool = False) -> None:
-        """Start timing; ``barrier`` waits for all ranks of the barrier group first."""
-        if self._started:
-            raise TimerError(f"timer {self.name!r} has already been started; stop it first.")
-        if barrier:
-            _barrier(self._barrier_group)
-        self._started = True
-        self._start_time = _perf_counter()
-
-    def stop(self, barrier: bool = False) -> None:
-        """Stop timing and add the interval to the elapsed and active time."""
-        now = _perf_counter()
-        if not self._started:
-            raise TimerError(f"timer {self.name!r} is not started; start it before stopping it.")
-        if barrier:
-            _barrier(self._barrier_group)
-            now = _perf_counter()
-        seconds = now - self._start_time
-        self._elapsed += seconds
-        self._active += seconds
-        self._count += 1
-        self._started = False
-
-    def reset(self) -> None:
-        """Forget the elapsed time (not the active time) and stop the timer."""
-        self._elapsed = 0.0
-        self._count = 0
-        self._started = False
-
-    def set_elapsed(self, value: float) -> None:
-        """Inject a pre-computed elapsed time (seconds), e.g. a start-up duration."""
-        self._elapsed = float(value)
-        self._count = max(self._count, 1)
-
-    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
-        """Seconds accumulated since the last reset; a running timer keeps running."""
-        running = self._started
-        if running:
-            self.stop(barrier=barrier)
-        self._settle()
-        seconds = self._elapsed
-        if reset:
-            self.reset()
-        if running:
-            self.start(barrier=barrier)
-        return seconds
-
-    def active_time(self) -> float:
-        """Seconds this timer has been running over its whole life."""
-        self._settle()
-        return self._active
-
-    def _settle(self) -> None:
-        """Bring ``_elapsed``/``_active`` up to date (device timers resolve their events here)."""
-
-    def _elapsed_for_gather(self, reset: bool) -> float:
-        """Elapsed seconds, or NaN when the timer did not run since the last reset."""
-        ran = self._count > 0 or self._started
-        seconds = self.elapsed(reset=reset)
-        return seconds if ran else math.nan
-
-
-class _NvtxTimer:
-    """An NVTX range around every start/stop of the wrapped timer (``--torch-profile-nsys``), so
-    Nsight Systems shows the timers beside the step ranges."""
-
-    __slots__ = ("_timer", "_nvtx")
-
-    def __init__(self, timer: Timer, nvtx: Any) -> None:
-        self._timer = timer
-        self._nvtx = nvtx
-
-    def start(self, barrier: bool = False) -> None:
-        self._nvtx.range_push(self._timer.name)
-        self._timer.start(barrier)
-
-    def stop(self, barrier: bool = False) -> None:
-        self._timer.stop(barrier)
-        self._nvtx.range_pop()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._timer, name)
-
-
-class _SynchronizingTimer(Timer):
-    """Megatron's behaviour: synchronize the device at every start and stop."""
-
-    __slots__ = ("_synchronize",)
-
-    def __init__(self, name: str, synchronize: Any) -> None:
-        super().__init__(name)
-        self._synchronize = synchronize
-
-    def start(self, barrier: bool = False) -> None:
-        if self._started:
-            raise TimerError(f"timer {self.name!r} has already been started; stop it first.")
-        if barrier:
-            _barrier(self._barrier_group)
-        self._synchronize()
-        self._started = True
-        self._start_time = _perf_counter()
-
-    def stop(self, barrier: bool = False) -> None:
-        if not self._started:
-            raise TimerError(f"timer {self.name!r} is not started; start it before stopping it.")
-        if barrier:
-            _barrier(self._barrier_group)
-        self._synchronize()
-        seconds = _perf_counter() - self._start_time
-        self._elapsed += seconds
-        self._active += seconds
-        self._count += 1
-        self._started = False
-
-
-class _EventPool:
-    """Reusable ``torch.cuda.Event(enable_timing=True)`` objects (creating them is not free)."""
-
-    def __init__(self, torch_module: Any) -> None:
-        self._event_class = torch_module.cuda.Event
-        self._free: list[Any] = []
-
-    def get(self) -> Any:
-        return self._free.pop() if self._free else self._event_class(enable_timing=True)
-
-    def put(self, *events: Any) -> None:
-        self._free.extend(events)
-
-
-class _CudaEventTimer(Timer):
-    """Times device work with CUDA events on the current stream, resolved when read.
-
-    The measured interval runs from when the stream reaches the start event to when it reaches
-    the stop event: device time when the GPU is the bottleneck, and (because an idle stream
-    executes the event immediately) host time when the host is.  No device synchronize happens
-    at start/stop; reading waits only for the last stop event.
-    """
-
-    __slots__ = ("_pool", "_start_event", "_pending")
-
-    def __init__(self, name: str, pool: _EventPool) -> None:
-        super().__init__(name)
-        self._pool = pool
-        self._start_event: Any = None
-        self._pending: list[tuple[Any, Any]] = []
-
-    def start(self, barrier: bool = False) -> None:
-        if self._started:
-            raise TimerError(f"timer {self.name!r} has already been started; stop it first.")
-        if barrier:
-            _barrier(self._barrier_group)
-        event = self._pool.get()
-        event.record()
-        self._start_event = event
-        self._started = True
-
-    def stop(self, barrier: bool = False) -> None:
-        if not self._started:
-            raise TimerError(f"timer {self.name!r} is not started; start it before stopping it.")
-        if barrier:
-            _barrier(self._barrier_group)
-        event = self._pool.get()
-        event.record()
-        self._pending.append((self._start_event, event))
-        self._start_event = None
-        self._count += 1
-        self._started = False
-        if len(self._pending) >= _MAX_PENDING_EVENT_PAIRS:
-            self._resolve(block=False)
-
-    def _resolve(self, block: bool) -> None:
-        """Fold completed event pairs into the totals; ``block`` waits for all of them."""
-        if not self._pending:
-            return
-        if block:
-            self._pending[-1][1].synchronize()
-        still_running: list[tuple[Any, Any]] = []
-        for start_event, stop_event in self._pending:
-            if not block and not stop_event.query():
-                still_running.append((start_event, stop_event))
-                continue
-            seconds = start_event.elapsed_time(stop_event) / 1000.0
-            self._elapsed += seconds
-            self._active += seconds
-            self._pool.put(start_event, stop_event)
-        self._pending = still_running
-
-    def reset(self) -> None:
-        self._resolve(block=True)
-        if self._start_event is not None:
-            self._pool.put(self._start_event)
-            self._start_event = None
-        super().reset()
-
-    def set_elapsed(self, value: float) -> None:
-        self._resolve(block=True)
-        super().set_elapsed(value)
-
-    def _settle(self) -> None:
-        self._resolve(block=True)
-
-
+@dataclasses.dataclass
 @dataclasses.dataclass
 class TimerSnapshot:
     """Timer readings of every rank from one collective.
@@ -412,26 +141,28 @@ class Timers:
         self._group = group
         self.synchronize = synchronize
         self.device = self._resolve_device(device)
-        self._event_pool: _EventPool | None = None
+        self._event_pool: EventPool | None = None
         #: Something with ``range_push(name)``/``range_pop()`` (NVTX), or None.
         self._nvtx = nvtx
+
+    @classmethod
+    def from_config(cls, config: TimersConfig, **kwargs: Any) -> Timers:
+        """Timers as ``config`` says; with ``config.nvtx`` on CUDA every timer is also an NVTX range."""
+        timers = cls(config.log_level, config.log_option, synchronize=config.synchronize, **kwargs)
+        if config.nvtx and timers.device == "cuda" and timers._nvtx is None:
+            from torchprof_args.runtime.nsys import CudaNsysBackend
+
+            timers._nvtx = CudaNsysBackend()
+        return timers
 
     @classmethod
     def from_args(cls, args: Any, **kwargs: Any) -> Timers:
         """Timers configured by ``--timing-log-level``, ``--timing-log-option`` and
         ``--timing-synchronize`` (Megatron-LM's own args namespace works too); with
         ``--torch-profile-nsys`` on CUDA every timer is also an NVTX range."""
-        timers = cls(
-            getattr(args, "timing_log_level", 0) or 0,
-            getattr(args, "timing_log_option", None) or "minmax",
-            synchronize=bool(getattr(args, "timing_synchronize", False)),
-            **kwargs,
-        )
-        if getattr(args, "torch_profile_nsys", False) and timers.device == "cuda" and timers._nvtx is None:
-            from torchprof_args.nsys import CudaNsysBackend
+        from torchprof_args.config import configs_from_args
 
-            timers._nvtx = CudaNsysBackend()
-        return timers
+        return cls.from_config(configs_from_args(args).timers, **kwargs)
 
     @staticmethod
     def _resolve_device(device: str) -> str:
@@ -460,7 +191,7 @@ class Timers:
 
     def _new_timer(self, name: str) -> Timer:
         timer = self._new_device_timer(name)
-        return _NvtxTimer(timer, self._nvtx) if self._nvtx is not None else timer  # type: ignore[return-value]
+        return NvtxTimer(timer, self._nvtx) if self._nvtx is not None else timer  # type: ignore[return-value]
 
     def _new_device_timer(self, name: str) -> Timer:
         if self.device != "cuda":
@@ -468,10 +199,10 @@ class Timers:
         import torch
 
         if self.synchronize:
-            return _SynchronizingTimer(name, torch.cuda.synchronize)
+            return SynchronizingTimer(name, torch.cuda.synchronize)
         if self._event_pool is None:
-            self._event_pool = _EventPool(torch)
-        return _CudaEventTimer(name, self._event_pool)
+            self._event_pool = EventPool(torch)
+        return CudaEventTimer(name, self._event_pool)
 
     def __call__(self, name: str, log_level: int | None = None) -> Timer | DummyTimer:
         """The timer called ``name``, created on first use at ``log_level`` (default 2)."""
@@ -516,32 +247,20 @@ class Timers:
         union = names is None
         name_list = list(self._timers) if union else list(names)
         if barrier:
-            _barrier(self._group)
+            group_barrier(self._group)
         local = [
             self._timers[name]._elapsed_for_gather(reset) if name in self._timers else math.nan
             for name in name_list
         ]
-        dist, _, world_size = _dist_state(self._group)
+        dist = _dist.dist_if_initialized()
+        world_size = dist.get_world_size(self._group) if dist is not None else 1
         if dist is None or world_size == 1:
             return TimerSnapshot(name_list, [local], [per_rank])
-
         key: Any = tuple(name_list) if union else _fingerprint(name_list)
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, (key, local, per_rank), group=self._group)
         if union:
-            all_names: list[str] = []
-            seen: set[str] = set()
-            for rank_names, _, _ in gathered:
-                for name in rank_names:
-                    if name not in seen:
-                        seen.add(name)
-                        all_names.append(name)
-            times = []
-            for rank_names, rank_times, _ in gathered:
-                by_name = dict(zip(rank_names, rank_times, strict=True))
-                times.append([by_name.get(name, math.nan) for name in all_names])
-            return TimerSnapshot(all_names, times, [payload for _, _, payload in gathered])
-
+            return _union_snapshot(gathered)
         if any(item[0] != key or len(item[1]) != len(name_list) for item in gathered):
             # Every rank sees the same gathered fingerprints, so every rank takes this branch
             # and the second collective below cannot hang.
@@ -582,10 +301,9 @@ class Timers:
     ) -> str | None:
         """Log the timers (ms) on ``rank`` (default the last); every rank must call this."""
         text = self.get_all_timers_string(names, normalizer, reset, barrier)
-        _, this_rank, world_size = _dist_state(self._group)
         if rank is None:
-            rank = world_size - 1
-        if rank == this_rank and text is not None:
+            rank = _dist.world_size(self._group) - 1
+        if rank == _dist.rank() and text is not None:
             logger.info(text)
             return text
         return None
@@ -624,6 +342,22 @@ class Timers:
                     "step) nor log(dict, step=); pass a SummaryWriter, wandb, or a MetricsWriter."
                 )
         return scalars
+
+
+def _union_snapshot(gathered: list[Any]) -> TimerSnapshot:
+    """Readings of ranks that each sent their own names: the union of names, NaN where missing."""
+    all_names: list[str] = []
+    seen: set[str] = set()
+    for rank_names, _, _ in gathered:
+        for name in rank_names:
+            if name not in seen:
+                seen.add(name)
+                all_names.append(name)
+    times = []
+    for rank_names, rank_times, _ in gathered:
+        by_name = dict(zip(rank_names, rank_times, strict=True))
+        times.append([by_name.get(name, math.nan) for name in all_names])
+    return TimerSnapshot(all_names, times, [payload for _, _, payload in gathered])
 
 
 def timer_scalars(min_max: dict[str, tuple[float, float]], log_option: str) -> dict[str, float]:

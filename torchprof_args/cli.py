@@ -1,4 +1,4 @@
-"""``torchprof_args.cli``: profiling for a ``main(args)``-style entry point, from the command line.
+"""``torchprof_args.cli``: profiling for a ``main(args, profiling)`` entry point, from the command line.
 
     from torchprof_args import cli
 
@@ -28,45 +28,56 @@ import functools
 import os
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from torchprof_args import _dist
 from torchprof_args.atomic import write_text_atomically
-from torchprof_args.flags import (
-    CLI_DECORATOR_FLAGS,
-    TorchProfileArgsError,
-    add_torch_profile_args,
-    validate_args,
-)
+from torchprof_args.config import RunConfig, add_torch_profile_args, configs_from_args
+from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.log import get_logger
+from torchprof_args.naming import PROFILER_LIST_NAME, profiler_list_name
 
 logger = get_logger(__name__)
 
 __all__ = ["PROFILER_LIST_NAME", "Profiling", "cli"]
 
-#: The summary written at the end (seed name).
-PROFILER_LIST_NAME = "profiler_list.dat"
 #: Default region name wrapped around each training step (seed name).
 TRAIN_STEP_REGION = "accelerator.train_step"
+
+PROFILING = Flag("--profiling", "Enable profiling (same as --torch-profile).", default=False, action="store_true")
+PTENSORBOARD = Flag("--ptensorboard", "Also write TensorBoard output: step-time scalars and the traces in a run "
+                    "directory TensorBoard's profiler plugin reads.", default=False, action="store_true")
+PROF_DIR = Flag("--prof_dir", "Profile directory (same as --torch-profile-dir).", metavar="DIR",
+                default_doc="`./prof`")
+
+#: The decorator's own short flags (seed style); only the decorator adds them, next to the full set.
+DECORATOR_FLAGS = register_group(FlagGroup(
+    title="profiling decorator",
+    description="Short flags added by the `torchprof_args.cli` decorator (torchprof-args).",
+    flags=(PROFILING, PTENSORBOARD, PROF_DIR),
+    order=0,
+    standard=False,
+))
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The decorator's short flags plus the full flag set."""
-    group = parser.add_argument_group(CLI_DECORATOR_FLAGS.title, CLI_DECORATOR_FLAGS.description)
-    for flag in CLI_DECORATOR_FLAGS.flags:
-        group.add_argument(flag.option, **flag.argparse_kwargs())
-    return add_torch_profile_args(parser)
+    return add_torch_profile_args(add_flag_groups(parser, [DECORATOR_FLAGS]))
 
 
 def apply_cli_aliases(args: argparse.Namespace) -> argparse.Namespace:
     """Map ``--profiling`` / ``--prof_dir`` onto ``--torch-profile`` / ``--torch-profile-dir``."""
-    if args.profiling:
+    if flag_value(args, PROFILING):
         args.torch_profile = True
-    if args.prof_dir:
-        if args.torch_profile_dir and os.path.abspath(args.torch_profile_dir) != os.path.abspath(args.prof_dir):
+    prof_dir = flag_value(args, PROF_DIR)
+    if prof_dir:
+        if args.torch_profile_dir and os.path.abspath(args.torch_profile_dir) != os.path.abspath(prof_dir):
             raise TorchProfileArgsError("--prof_dir and --torch-profile-dir name different directories; give one.")
-        args.torch_profile_dir = args.prof_dir
+        args.torch_profile_dir = prof_dir
     elif not args.torch_profile_dir:
         args.torch_profile_dir = "./prof"
     args.prof_dir = args.torch_profile_dir
@@ -76,10 +87,12 @@ def apply_cli_aliases(args: argparse.Namespace) -> argparse.Namespace:
 class Profiling:
     """What the decorated function receives: the profiler (created on first use) and helpers."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, run: RunConfig | None = None) -> None:
         self.args = args
-        self.enabled = bool(args.torch_profile)
-        self.prof_dir = Path(args.torch_profile_dir)
+        run = run or configs_from_args(args)
+        self.enabled = run.profiler.trace.enabled
+        self.prof_dir = Path(run.profiler.trace.output_dir)
+        self.tensorboard = bool(flag_value(args, PTENSORBOARD))
         self.prof: Any = None
         self.deepspeed: Any = None
         self._last_step_time: float | None = None
@@ -91,9 +104,9 @@ class Profiling:
     def start(self, start_iteration: int | None = None) -> Any:
         """Create and start the profiler now (on every rank); ``start_iteration`` for resumes."""
         if self.prof is None:
-            from torchprof_args.megatron import profiler_from_args
+            from torchprof_args.runtime.profiler import TorchProfiler
 
-            self.prof = profiler_from_args(self.args, start_iteration=start_iteration)
+            self.prof = TorchProfiler.from_args(self.args, start_iteration=start_iteration)
             self.prof.start()
         return self.prof
 
@@ -140,16 +153,14 @@ class Profiling:
     # -- TensorBoard --------------------------------------------------------------------------
 
     def _log_step_time(self, iteration: int) -> None:
-        if not self.args.ptensorboard:
+        if not self.tensorboard:
             return
         now = time.perf_counter()
         if self._last_step_time is not None:
             if self._tensorboard is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                from torchprof_args.log import current_rank
-
-                self._tensorboard = SummaryWriter(str(self.prof_dir / "tensorboard" / f"rank{current_rank():05d}"))
+                self._tensorboard = SummaryWriter(str(self.prof_dir / "tensorboard" / f"rank{_dist.rank():05d}"))
             self._tensorboard.add_scalar("step-time-seconds", now - self._last_step_time, iteration)
         self._last_step_time = now
 
@@ -166,10 +177,10 @@ class Profiling:
         traces = list(self.prof.published_traces) if self.prof is not None else []
         if not traces:
             return
-        if self.args.ptensorboard:
+        if self.tensorboard:
             self._link_traces_for_tensorboard(traces)
         try:
-            write_profiler_list(traces, self.prof_dir / _profiler_list_name(self.prof.rank))
+            write_profiler_list(traces, self.prof_dir / profiler_list_name(self.prof.rank))
         except Exception as err:  # the traces are published; a summary failure is reported only
             logger.warning("could not write %s: %s: %s", PROFILER_LIST_NAME, type(err).__name__, err)
 
@@ -184,10 +195,6 @@ class Profiling:
                     os.link(trace, target)
                 except OSError:
                     os.symlink(os.path.abspath(trace), target)
-
-
-def _profiler_list_name(rank: int) -> str:
-    return PROFILER_LIST_NAME if rank == 0 else f"profiler_list.rank{rank:05d}.dat"
 
 
 def write_profiler_list(traces: list[str], path: Path) -> Path:
@@ -224,11 +231,11 @@ def cli(
             args = parser.parse_args(argv)
             try:
                 apply_cli_aliases(args)
-                validate_args(args)  # before training starts; the profiler checks again when built
+                run = configs_from_args(args)  # before training starts; the profiler checks again when built
             except TorchProfileArgsError as err:
                 print(f"{parser.prog}: error: {err}", file=sys.stderr)  # one line, argparse's status
                 raise SystemExit(2) from None
-            profiling = Profiling(args)
+            profiling = Profiling(args, run)
             clean = False
             try:
                 result = function(args, profiling)
@@ -256,5 +263,11 @@ def _takes_args_and_profiling(candidate: Callable[..., Any]) -> bool:
         return False
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("torchprof_args.decorator is a library; decorate your entry point with torchprof_args.cli")
+class _CallableModule(types.ModuleType):
+    """``torchprof_args.cli`` is this module and, called, the :func:`cli` decorator itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return cli(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

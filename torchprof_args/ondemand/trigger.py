@@ -18,19 +18,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.flags import positive_float, positive_int, rank_token
-from torchprof_args.ondemand import (
+from torchprof_args.flags.types import positive_float, positive_int, rank_token
+from torchprof_args.ondemand.protocol import (
     ANSWERS,
     JOB_FILE,
     REQUESTS,
-    check_private_dir,
-    find_control_dir_by_pid,
     make_request,
     read_small_json,
-    registered_processes,
     resolve_control_dir,
-    write_json_atomically,
+    write_control_file,
 )
+from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered_processes
+from torchprof_args.private_dir import check_private_dir
 
 POLL_SECONDS = 0.2
 
@@ -139,7 +138,7 @@ def submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[
     request = make_request(iterations, ranks)
     path = control_dir / REQUESTS / f"{request['id']}.json"
     try:
-        write_json_atomically(path, request)
+        write_control_file(path, request)
     except OSError as err:
         raise TriggerError(f"cannot write the request {path}: {err.strerror or err}", code=2) from None
     return request["id"], path

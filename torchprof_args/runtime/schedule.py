@@ -18,7 +18,6 @@ Two modes:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
 
@@ -51,24 +50,6 @@ class ProfileSchedule:
             raise ValueError("wait, warmup, repeat and skip_first must be >= 0")
         if self.step_start is not None and self.step_end is not None and self.step_end <= self.step_start:
             raise ValueError("step_end must be greater than step_start")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ProfileSchedule:
-        """Build from validated ``--torch-profile-*`` flags."""
-        start = getattr(args, "torch_profile_step_start", None)
-        end = getattr(args, "torch_profile_step_end", None)
-        active = args.torch_profile_active
-        if start is not None and end is None:
-            end = start + active
-        return cls(
-            wait=args.torch_profile_wait,
-            warmup=args.torch_profile_warmup,
-            active=active if end is None else end - start,
-            repeat=args.torch_profile_repeat,
-            skip_first=args.torch_profile_skip_first,
-            step_start=start,
-            step_end=end,
-        )
 
     @property
     def absolute(self) -> bool:

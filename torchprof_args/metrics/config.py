@@ -1,0 +1,186 @@
+"""Configs of the step timers and the metrics writer, and the flags that fill them.
+
+Import-light (no torch, no wandb).  Several flags are Megatron-LM's own (``host_owned``): under
+Megatron the host's values are read, never redefined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import netrc
+import os
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
+from torchprof_args.flags.types import non_negative_int, positive_float, positive_int
+
+__all__ = ["ALL_SINKS", "MetricsConfig", "TimersConfig", "WandbConfig", "default_wandb_mode",
+           "wandb_credentials_present"]
+
+ALL_SINKS = ("wandb", "tensorboard", "jsonl")
+
+
+def timing_log_level(text: str) -> int:
+    """Megatron's timer log level: 0, 1 or 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, got {text!r}") from None
+    if value not in (0, 1, 2):
+        raise argparse.ArgumentTypeError(f"must be 0, 1 or 2, got {value}")
+    return value
+
+
+LOG_LEVEL = Flag("--timing-log-level",
+                 "Timers up to this level are measured; higher ones are free no-ops (Megatron-LM's flag).",
+                 default=0, type=timing_log_level, metavar="{0,1,2}", host_owned=True)
+LOG_OPTION = Flag("--timing-log-option", "How timers are reduced across ranks: max, minmax, or all (Megatron-LM's "
+                  "flag).", default="minmax", choices=("max", "minmax", "all"), host_owned=True)
+LOG_INTERVAL = Flag("--log-interval", "Iterations between two metric writes (Megatron-LM's flag).", default=100,
+                    type=positive_int, metavar="N", host_owned=True)
+SYNCHRONIZE = Flag("--timing-synchronize",
+                   "Synchronize the device at every timer start/stop (Megatron's behaviour) instead of timing with "
+                   "CUDA events resolved at log time.", default=False, action="store_true")
+WANDB_PROJECT = Flag("--wandb-project", "wandb project (Megatron-LM's flag).", metavar="NAME", host_owned=True,
+                     default_doc="torchprof")
+WANDB_EXP_NAME = Flag("--wandb-exp-name", "wandb run name (Megatron-LM's flag).", metavar="NAME", host_owned=True)
+WANDB_ENTITY = Flag("--wandb-entity", "wandb entity (team or user).", metavar="NAME", host_owned=True)
+WANDB_SAVE_DIR = Flag("--wandb-save-dir", "Directory for wandb's local run files (Megatron-LM's flag).",
+                      metavar="DIR", host_owned=True, default_doc="the metrics directory")
+WANDB_MODE = Flag("--wandb-mode", "online uploads live; offline writes locally for a later `wandb sync`; disabled "
+                  "skips wandb.", choices=("online", "offline", "disabled"),
+                  default_doc="online with wandb credentials, else offline")
+METRICS_DIR = Flag("--metrics-dir", "Directory for metrics.jsonl and the TensorBoard event files.", metavar="DIR",
+                   default_doc="`--torch-profile-dir`'s default")
+METRICS_SINKS = Flag("--metrics-sinks", "Where the metrics writer writes.", default=list(ALL_SINKS), type=str.lower,
+                     nargs="+", choices=ALL_SINKS, metavar="SINK")
+METRICS_RANK = Flag("--metrics-rank", "Global rank that writes the metrics (wandb, TensorBoard, metrics.jsonl); "
+                    "default the last rank, as in Megatron-LM.", type=non_negative_int, metavar="R",
+                    default_doc="last rank")
+FLOPS_PER_ITERATION = Flag("--metrics-flops-per-iteration",
+                           "Model FLOPs of one training iteration (all ranks together), for TFLOP/s per GPU.",
+                           type=positive_float, metavar="F")
+
+TIMER_FLAGS = register_group(FlagGroup(
+    title="step timers and metrics",
+    description="Megatron-compatible step timers (CUDA events, no device synchronize per start/stop) written to "
+                "wandb, TensorBoard and a local metrics.jsonl (torchprof-args).",
+    flags=(LOG_LEVEL, LOG_OPTION, LOG_INTERVAL, SYNCHRONIZE, WANDB_PROJECT, WANDB_EXP_NAME, WANDB_ENTITY,
+           WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, METRICS_RANK, FLOPS_PER_ITERATION),
+    order=30,
+))
+
+
+def wandb_credentials_present() -> bool:
+    """Whether wandb could log in without asking: ``WANDB_API_KEY`` or a netrc entry."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    netrc_path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(netrc_path).authenticators(host or "api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def default_wandb_mode() -> str:
+    """``$WANDB_MODE`` when set, else online with credentials, else offline (sync later)."""
+    env = (os.environ.get("WANDB_MODE") or "").lower()
+    aliases = {"dryrun": "offline", "run": "online", "disabled": "disabled"}
+    if env in ("online", "offline", "disabled") or env in aliases:
+        return aliases.get(env, env)
+    return "online" if wandb_credentials_present() else "offline"
+
+
+@dataclasses.dataclass(frozen=True)
+class TimersConfig:
+    """How :class:`~torchprof_args.metrics.timers.Timers` measure (Megatron's flags plus ours)."""
+
+    log_level: int = 0
+    log_option: str = "minmax"
+    synchronize: bool = False
+    #: Timers are NVTX ranges too (``--torch-profile-nsys``).
+    nvtx: bool = False
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, *, nvtx: bool) -> TimersConfig:
+        return cls(log_level=flag_value(args, LOG_LEVEL) or 0, log_option=flag_value(args, LOG_OPTION) or "minmax",
+                   synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx)
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    project: str = "torchprof"
+    name: str | None = None
+    entity: str | None = None
+    save_dir: str | None = None  # None: the metrics directory
+    mode: str | None = None  # None: default_wandb_mode() when the sink starts
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    """Where and how :class:`~torchprof_args.metrics.writer.MetricsWriter` writes.
+
+    ``samples_per_iteration``/``tokens_per_iteration`` default to Megatron's
+    ``global_batch_size`` (x ``seq_length``) when the namespace has them; ``run_settings`` is the
+    namespace as JSON-able values, for wandb's run config.
+    """
+
+    metrics_dir: str = "./prof"
+    sinks: tuple[str, ...] = ALL_SINKS
+    metrics_rank: int | None = None  # None: the last rank
+    wandb: WandbConfig = WandbConfig()
+    log_interval: int = 100
+    samples_per_iteration: float | None = None
+    tokens_per_iteration: float | None = None
+    flops_per_iteration: float | None = None
+    run_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, *, profile_dir: str, world_size: int | None) -> MetricsConfig:
+        metrics_rank = flag_value(args, METRICS_RANK)
+        if metrics_rank is not None and world_size is not None and metrics_rank >= world_size:
+            raise TorchProfileArgsError(f"--metrics-rank {metrics_rank} is outside the world size {world_size} "
+                                        f"(valid ranks are 0..{world_size - 1}).")
+        sinks = tuple(flag_value(args, METRICS_SINKS) or ALL_SINKS)
+        wandb = _wandb_config(args, sinks)
+        batch, seq_length = getattr(args, "global_batch_size", None), getattr(args, "seq_length", None)
+        return cls(metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks, metrics_rank=metrics_rank,
+                   wandb=wandb, log_interval=flag_value(args, LOG_INTERVAL) or 100,
+                   samples_per_iteration=batch or None,
+                   tokens_per_iteration=batch * seq_length if batch and seq_length else None,
+                   flops_per_iteration=flag_value(args, FLOPS_PER_ITERATION),
+                   run_settings=jsonable(vars(args)))
+
+
+def _wandb_config(args: argparse.Namespace, sinks: tuple[str, ...]) -> WandbConfig:
+    mode = flag_value(args, WANDB_MODE)
+    if mode in ("online", "offline") and "wandb" not in sinks:
+        raise TorchProfileArgsError(f"--wandb-mode {mode} needs 'wandb' in --metrics-sinks (now: {' '.join(sinks)}).")
+    if mode == "online" and not wandb_credentials_present():
+        raise TorchProfileArgsError(
+            "--wandb-mode online needs wandb credentials: run `wandb login` or set WANDB_API_KEY, or use "
+            "--wandb-mode offline and `wandb sync` the run later.")
+    return WandbConfig(project=flag_value(args, WANDB_PROJECT) or "torchprof", name=flag_value(args, WANDB_EXP_NAME) or None,
+                       entity=flag_value(args, WANDB_ENTITY) or None, save_dir=flag_value(args, WANDB_SAVE_DIR) or None,
+                       mode=mode)
+
+
+def jsonable(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with every value a JSON scalar or list of scalars (others as ``str``); private
+    (underscore) keys dropped."""
+    result: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            result[key] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) for v in value):
+            result[key] = list(value)
+        else:
+            result[key] = str(value)
+    return result

@@ -1,0 +1,134 @@
+"""The metrics writer's sinks: metrics.jsonl, TensorBoard event files, wandb.
+
+Each sink has ``name``, ``write(iteration, metrics, per_rank)`` and ``close()``; the writer
+drops a sink that fails, with one warning, and keeps the others.  TensorBoard and wandb are
+imported only when their sink starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torchprof_args.atomic import write_json_atomically
+
+__all__ = ["JsonlSink", "TensorBoardSink", "WandbSink", "read_metrics_file"]
+
+
+class JsonlSink:
+    """One JSON object per logged iteration; each line goes out in one write and is flushed."""
+
+    name = "metrics.jsonl"
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
+
+    def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
+        record = {"iteration": iteration, "timestamp": time.time(), "metrics": dict(metrics)}
+        if per_rank:
+            record["per_rank"] = dict(per_rank)
+        self._handle.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class TensorBoardSink:
+    name = "TensorBoard"
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = log_dir
+        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=30)
+
+    def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
+        for tag, value in metrics.items():
+            self._writer.add_scalar(tag, value, iteration)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    name = "wandb"
+
+    def __init__(
+        self,
+        *,
+        project: str,
+        name: str | None,
+        entity: str | None,
+        save_dir: Path,
+        mode: str,
+        config: Mapping[str, Any] | None,
+        run_file: Path,
+    ) -> None:
+        import wandb
+
+        self._owns_run = wandb.run is None
+        if self._owns_run:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            self._run = wandb.init(
+                project=project,
+                name=name,
+                entity=entity,
+                dir=str(save_dir),
+                mode=mode,
+                config=dict(config or {}),
+                settings=wandb.Settings(init_timeout=120, silent=True),
+            )
+        else:  # the host (Megatron-LM with --wandb-project) already started a run: share it.
+            self._run = wandb.run
+        self._run.define_metric("iteration")
+        self._run.define_metric("*", step_metric="iteration")
+        info = {
+            "project": self._run.project,
+            "entity": getattr(self._run, "entity", None) or entity,
+            "id": self._run.id,
+            "name": self._run.name,
+            "mode": mode,
+            "dir": str(getattr(self._run, "dir", "") or ""),
+        }
+        write_json_atomically(run_file, info, indent=2)
+
+    def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
+        self._run.log({"iteration": iteration, **metrics})
+
+    def close(self) -> None:
+        if self._owns_run:
+            self._run.finish()
+
+
+def read_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Records of a ``metrics.jsonl`` sorted by iteration (a later record for the same
+    iteration, e.g. after a restart, wins).  A truncated last line (a crash mid-write) is
+    skipped; any other bad line is an error naming the file and line."""
+    path = Path(path)
+    by_iteration: dict[int, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.readlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            iteration = int(record["iteration"])
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines) and not line.endswith("\n"):
+                continue
+            raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
+        previous = by_iteration.get(iteration)
+        if previous is not None:
+            merged = dict(previous.get("metrics", {}))
+            merged.update(record.get("metrics", {}))
+            record["metrics"] = merged
+        by_iteration[iteration] = record
+    return [by_iteration[i] for i in sorted(by_iteration)]

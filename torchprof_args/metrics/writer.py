@@ -1,0 +1,364 @@
+"""One metrics writer, three sinks: wandb, TensorBoard event files and a local metrics.jsonl.
+
+Every rank creates a :class:`MetricsWriter` and calls :meth:`MetricsWriter.log_step` once per
+log interval; the readings of all ranks (timers, memory, the profiler's own figures) travel in
+one collective, and only the metrics rank (default the last, as in Megatron-LM) writes.  A sink
+that cannot start or fails mid-run (wandb not installed, unreachable, crashed) is dropped with
+one warning; the others keep going and training never stops because of metrics.
+
+Keys follow Megatron-LM's conventions: ``iteration-time`` (seconds per iteration),
+``timers/<name>-time`` (max across ranks, seconds per iteration) and ``timers/<name>-time-min``,
+``throughput/samples-per-sec``, ``throughput/tokens-per-sec``, ``throughput/tflops-per-gpu``,
+``memory/max-allocated-gb``, ``memory/max-reserved-gb``, ``memory/host-max-rss-gb`` and
+``profiler/<figure>`` (max across ranks) with ``profiler/<figure>-min``.  Every series is plotted
+against ``iteration``.
+
+This module is import-light: torch, tensorboard and wandb load only when a sink needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torchprof_args import _dist
+from torchprof_args.log import get_logger
+from torchprof_args.metrics.config import ALL_SINKS, MetricsConfig, default_wandb_mode
+from torchprof_args.metrics.sinks import JsonlSink, TensorBoardSink, WandbSink
+from torchprof_args.naming import METRICS_FILENAME, WANDB_RUN_FILENAME
+
+__all__ = ["MetricsWriter"]
+
+logger = get_logger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# Per-rank figures
+
+
+def _local_memory() -> dict[str, float]:
+    figures: dict[str, float] = {}
+    try:
+        import resource
+
+        # ru_maxrss is KiB on Linux.
+        figures["memory/host-max-rss-gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    except (ImportError, OSError):
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        figures["memory/max-allocated-gb"] = torch.cuda.max_memory_allocated() / 2**30
+        figures["memory/max-reserved-gb"] = torch.cuda.max_memory_reserved() / 2**30
+    return figures
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    item = getattr(value, "item", None)  # 0-d tensors / numpy scalars
+    if item is not None:
+        try:
+            return _number(item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def _extra_figures(extra: Mapping[str, Any] | None) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for key, value in (extra or {}).items():
+        number = _number(value)
+        if number is not None:
+            figures[key if "/" in key else f"profiler/{key}"] = number
+    return figures
+
+
+class MetricsWriter:
+    """Rank-aware writer of step metrics to wandb, TensorBoard and ``metrics.jsonl``.
+
+    Create it on every rank (non-writing ranks get no sinks, only take part in the gathering)
+    and call :meth:`log_step` on every rank once per log interval.  It also accepts
+    Megatron-style ``add_scalar(tag, value, iteration)`` and wandb-style ``log(dict, step=)``
+    calls, so it can be passed as the ``writer`` of ``Timers.write``.  ``config`` is a
+    :class:`~torchprof_args.metrics.config.MetricsConfig` or just the metrics directory.
+    """
+
+    def __init__(self, config: MetricsConfig | str | os.PathLike[str], *, timers: Any = None,
+                 rank: int | None = None, world_size: int | None = None, start_iteration: int = 0,
+                 console: bool = True) -> None:
+        if not isinstance(config, MetricsConfig):
+            config = MetricsConfig(metrics_dir=str(config))
+        unknown = sorted(set(config.sinks) - set(ALL_SINKS))
+        if unknown:
+            raise ValueError(f"unknown metrics sinks {unknown}; choose from {', '.join(ALL_SINKS)}.")
+        self.config = config
+        self.metrics_dir = Path(config.metrics_dir)
+        self.timers = timers
+        self.rank = _dist.rank() if rank is None else rank
+        self.world_size = _dist.world_size() if world_size is None else world_size
+        self.metrics_rank = self.world_size - 1 if config.metrics_rank is None else config.metrics_rank
+        self.is_writer = self.rank == self.metrics_rank
+        self.console = console
+        self._last_iteration = start_iteration
+        self._pending_iteration: int | None = None
+        self._pending: dict[str, float] = {}
+        self._sinks: list[Any] = []
+        self._warned: set[str] = set()
+        self._closed = False
+        if self.is_writer:
+            self._start_sinks()
+        # The first interval is measured from here: create the writer right before the loop.
+        self._last_time = time.perf_counter()
+
+    def _start_sinks(self) -> None:
+        config, wandb = self.config, self.config.wandb
+        if "jsonl" in config.sinks:
+            self._start_sink("metrics.jsonl", lambda: JsonlSink(self.metrics_dir / METRICS_FILENAME))
+        if "tensorboard" in config.sinks:
+            self._start_sink("TensorBoard", lambda: TensorBoardSink(self.metrics_dir))
+        mode = (wandb.mode or default_wandb_mode()).lower()
+        if "wandb" in config.sinks and mode != "disabled":
+            self._start_sink("wandb", lambda: WandbSink(
+                project=wandb.project, name=wandb.name, entity=wandb.entity,
+                save_dir=Path(wandb.save_dir) if wandb.save_dir else self.metrics_dir, mode=mode,
+                config=dict(config.run_settings), run_file=self.metrics_dir / WANDB_RUN_FILENAME))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, timers: Any = None, samples_per_iteration: float | None = None,
+                  tokens_per_iteration: float | None = None, flops_per_iteration: float | None = None,
+                  **kwargs: Any) -> MetricsWriter:
+        """A writer configured by the flags (Megatron-LM's args namespace works too).
+
+        Samples and tokens per iteration default to Megatron's ``global_batch_size`` and
+        ``global_batch_size * seq_length`` when the namespace has them; ``kwargs`` go to the
+        constructor (``rank``, ``world_size``, ``console``).
+        """
+        from torchprof_args.config import configs_from_args
+
+        run = configs_from_args(args, world_size=kwargs.get("world_size"))
+        overrides = {name: value for name, value in (("samples_per_iteration", samples_per_iteration),
+                                                     ("tokens_per_iteration", tokens_per_iteration),
+                                                     ("flops_per_iteration", flops_per_iteration)) if value is not None}
+        kwargs.setdefault("start_iteration", run.start_iteration)
+        return cls(dataclasses.replace(run.metrics, **overrides), timers=timers, **kwargs)
+
+    # -- sink management ---------------------------------------------------------------------
+
+    # -- sink management ---------------------------------------------------------------------
+
+    @property
+    def sink_names(self) -> list[str]:
+        """Sinks that are working on this rank (empty on non-writing ranks)."""
+        return [sink.name for sink in self._sinks]
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+    def _start_sink(self, name: str, factory: Any) -> None:
+        try:
+            self._sinks.append(factory())
+        except ImportError as err:
+            self._warn_once(name, f"{name} metrics are off: {err}. Install it to get them; the other sinks keep working.")
+        except Exception as err:  # noqa: BLE001  (metrics must never stop training)
+            self._warn_once(name, f"{name} metrics are off: could not start ({type(err).__name__}: {err}); the other sinks keep working.")
+
+    def _emit(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
+        for sink in list(self._sinks):
+            try:
+                sink.write(iteration, metrics, per_rank)
+            except Exception as err:  # noqa: BLE001  (metrics must never stop training)
+                self._sinks.remove(sink)
+                self._warn_once(
+                    sink.name,
+                    f"{sink.name} metrics stopped at iteration {iteration} ({type(err).__name__}: {err}); "
+                    "the other sinks keep working.",
+                )
+                with contextlib.suppress(Exception):
+                    sink.close()
+
+    # -- Megatron / wandb style entry points ---------------------------------------------------
+
+    def add_scalar(self, tag: str, value: float, iteration: int) -> None:
+        """TensorBoard-style: buffer one scalar; written with the rest of ``iteration``."""
+        if not self.is_writer or self._closed:
+            return
+        number = _number(value)
+        if number is None:
+            return
+        if self._pending_iteration is not None and iteration != self._pending_iteration:
+            self.flush()
+        self._pending_iteration = iteration
+        self._pending[tag] = number
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """wandb-style: ``log({tag: value}, step=iteration)``."""
+        if step is None:
+            step = metrics.get("iteration", self._pending_iteration or self._last_iteration)
+        for tag, value in metrics.items():
+            if tag != "iteration":
+                self.add_scalar(tag, value, int(step))
+
+    def flush(self) -> None:
+        """Write the scalars buffered by ``add_scalar`` for their iteration."""
+        if self._pending_iteration is not None and self._pending:
+            self._emit(self._pending_iteration, dict(self._pending), {})
+        self._pending_iteration = None
+        self._pending = {}
+
+    # -- one call per log interval -----------------------------------------------------------
+
+    def log_step(
+        self,
+        iteration: int,
+        *,
+        names: Iterable[str] | None = None,
+        iteration_time: float | None = None,
+        samples: float | None = None,
+        tokens: float | None = None,
+        flops: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+        normalizer: float | None = None,
+        reset: bool = True,
+        barrier: bool = False,
+    ) -> dict[str, float]:
+        """Gather this interval's figures from all ranks (one collective) and write them.
+
+        Every rank must call it with the same ``iteration`` (and ``names``, when given).
+        ``iteration_time`` is seconds per iteration (default: measured between calls);
+        ``samples``/``tokens``/``flops`` are per iteration for the whole job (defaults from the
+        constructor); timers are divided by ``normalizer`` (default: iterations since the last
+        call) so they read as seconds per iteration; ``extra`` is this rank's own figures (e.g.
+        ``prof.stats``).  Returns the metrics written (on every rank).
+        """
+        now = time.perf_counter()
+        iterations = max(1, iteration - self._last_iteration)
+        measured = (now - self._last_time) / iterations
+        self._last_iteration, self._last_time = iteration, now
+        local: dict[str, float] = {"iteration-time": measured if iteration_time is None else float(iteration_time)}
+        local.update(_local_memory())
+        local.update(_extra_figures(extra))
+        timer_normalizer = float(normalizer) if normalizer else float(iterations)
+        per_rank_local, timer_metrics, per_rank = self._gather(local, names, timer_normalizer, reset, barrier)
+        metrics = _reduce_across_ranks(per_rank_local, per_rank)
+        metrics.update(timer_metrics)
+        config = self.config
+        metrics.update(_throughput(
+            metrics.get("iteration-time"), self.world_size,
+            samples=config.samples_per_iteration if samples is None else samples,
+            tokens=config.tokens_per_iteration if tokens is None else tokens,
+            flops=config.flops_per_iteration if flops is None else flops))
+        if self.is_writer and not self._closed:
+            if self._pending_iteration is not None and self._pending_iteration != iteration:
+                self.flush()
+            merged = {**self._pending, **metrics} if self._pending_iteration == iteration else metrics
+            self._pending_iteration, self._pending = None, {}
+            self._emit(iteration, merged, per_rank)
+            if self.console:
+                logger.info(_console_line(iteration, merged))
+        return metrics
+
+    def _gather(self, local: dict[str, float], names: Iterable[str] | None, normalizer: float, reset: bool,
+                barrier: bool) -> tuple[list[Any], dict[str, float], dict[str, list]]:
+        """Every rank's figures (one collective, riding on the timers' gather when there are timers),
+        the timer scalars, and each timer's per-rank seconds per iteration."""
+        if self.timers is None:
+            return _all_gather_objects(local), {}, {}
+        from torchprof_args.metrics.timers import timer_scalars
+
+        snapshot = self.timers.gather(names, reset=reset, barrier=barrier, per_rank=local)
+        option = getattr(self.timers, "log_option", "minmax")
+        per_rank = {f"timers/{name}-time": [None if math.isnan(t) else t / normalizer for t in snapshot.rank_times(name)]
+                    for name in snapshot.names}
+        return snapshot.per_rank, timer_scalars(snapshot.min_max(normalizer), option), per_rank
+
+    def close(self) -> None:
+        """Flush and close every sink (wandb finishes its run if this writer started it)."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception as err:  # noqa: BLE001
+                self._warn_once(f"{sink.name}-close", f"{sink.name} did not close cleanly ({type(err).__name__}: {err}).")
+        self._sinks = []
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _all_gather_objects(local: Any) -> list[Any]:
+    dist = _dist.dist_if_initialized()
+    if dist is None or dist.get_world_size() == 1:
+        return [local]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
+def _reduce_across_ranks(per_rank_local: list[Any], per_rank: dict[str, list]) -> dict[str, float]:
+    """Max across ranks of every figure (and min of the profiler's); fills ``per_rank`` by key."""
+    metrics: dict[str, float] = {}
+    keys: list[str] = []
+    for figures in per_rank_local:
+        keys += [k for k in figures if k not in keys]
+    for key in keys:
+        values = [figures.get(key) for figures in per_rank_local]
+        per_rank[key] = values
+        present = [v for v in values if v is not None]
+        if not present:
+            continue
+        metrics[key] = max(present)
+        if key.startswith("profiler/"):
+            metrics[f"{key}-min"] = min(present)
+    return metrics
+
+
+def _throughput(step_time: float | None, world_size: int, *, samples: float | None, tokens: float | None,
+                flops: float | None) -> dict[str, float]:
+    if not step_time or step_time <= 0:
+        return {}
+    figures: dict[str, float] = {}
+    if samples:
+        figures["throughput/samples-per-sec"] = samples / step_time
+    if tokens:
+        figures["throughput/tokens-per-sec"] = tokens / step_time
+    if flops:
+        figures["throughput/tflops-per-gpu"] = flops / step_time / world_size / 1e12
+    return figures
+
+
+def _console_line(iteration: int, metrics: Mapping[str, float]) -> str:
+    parts = [f"iteration {iteration}"]
+    if "iteration-time" in metrics:
+        parts.append(f"iteration-time {metrics['iteration-time'] * 1000:.1f} ms")
+    for key, label in (
+        ("throughput/samples-per-sec", "samples/s"),
+        ("throughput/tokens-per-sec", "tokens/s"),
+        ("throughput/tflops-per-gpu", "TFLOP/s/GPU"),
+    ):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.4g}")
+    timers = [
+        f"{key[len('timers/'):-len('-time')]} {value * 1000:.1f}"
+        for key, value in metrics.items()
+        if key.startswith("timers/") and key.endswith("-time")
+    ]
+    if timers:
+        parts.append("max ms/iter: " + ", ".join(timers))
+    return " | ".join(parts)

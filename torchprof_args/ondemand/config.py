@@ -1,0 +1,75 @@
+"""On-demand tracing's config and the flags that fill it (import-light: no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
+from torchprof_args.flags.types import positive_float, positive_int
+
+__all__ = ["CONTROL_SUBDIR", "OnDemandConfig", "default_control_dir"]
+
+#: The control directory's name inside the profile directory, unless a flag says otherwise.
+CONTROL_SUBDIR = "ondemand"
+
+ON_DEMAND = Flag("--torch-profile-on-demand",
+                 "Accept trace requests from `torchprof trigger --job-dir DIR` (or `--pid PID` on the node) while "
+                 "the job runs. Works with or without --torch-profile.", default=False, action="store_true")
+CONTROL_DIR = Flag("--torch-profile-on-demand-dir",
+                   "Control directory for requests and answers: private to your user, on a filesystem that rank 0 "
+                   "and the trigger both reach.", metavar="DIR", default_doc="`<profile dir>/ondemand`")
+CHECK_SECONDS = Flag("--torch-profile-on-demand-check-seconds",
+                     "Check for requests about every S seconds of training (rank 0 turns this into iterations from "
+                     "the measured step time; one small asynchronous broadcast per check).", default=10.0,
+                     type=positive_float, metavar="S")
+INTERVAL = Flag("--torch-profile-on-demand-interval",
+                "Fewest iterations between two request checks (also the spacing of the first checks).", default=10,
+                type=positive_int, metavar="N")
+MAX_ITERATIONS = Flag("--torch-profile-on-demand-max-iterations",
+                      "Most iterations one request may trace (larger requests are rejected).", default=20,
+                      type=positive_int, metavar="N")
+
+ON_DEMAND_FLAGS = register_group(FlagGroup(
+    title="torch profiler: on-demand",
+    description="Trace chosen ranks for a few iterations while the job runs, when `torchprof trigger` asks; no "
+                "relaunch, no daemon (torchprof-args).",
+    flags=(ON_DEMAND, CONTROL_DIR, CHECK_SECONDS, INTERVAL, MAX_ITERATIONS),
+    order=50,
+))
+
+
+def default_control_dir(profile_dir: str) -> str:
+    """Where the control directory goes unless ``--torch-profile-on-demand-dir`` says otherwise."""
+    return os.path.join(profile_dir, CONTROL_SUBDIR)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnDemandConfig:
+    """Where requests arrive, how often ranks look, and what a request may ask for.
+
+    ``warmup`` and ``gzip`` come from the trace flags: an on-demand window warms up and
+    publishes like a scheduled one.
+    """
+
+    enabled: bool = False
+    control_dir: str = default_control_dir("./prof")
+    trace_dir: str = "./prof"
+    check_seconds: float = 10.0
+    interval: int = 10
+    max_iterations: int = 20
+    warmup: int = 1
+    gzip: bool = True
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, *, profile_dir: str, warmup: int, gzip: bool) -> OnDemandConfig:
+        enabled = bool(flag_value(args, ON_DEMAND))
+        control_dir = flag_value(args, CONTROL_DIR)
+        if control_dir and not enabled:
+            raise TorchProfileArgsError("--torch-profile-on-demand-dir needs --torch-profile-on-demand.")
+        return cls(enabled=enabled, control_dir=control_dir or default_control_dir(profile_dir),
+                   trace_dir=profile_dir, check_seconds=float(flag_value(args, CHECK_SECONDS)),
+                   interval=flag_value(args, INTERVAL), max_iterations=flag_value(args, MAX_ITERATIONS),
+                   warmup=warmup, gzip=gzip)
