@@ -12,6 +12,7 @@ The same spec becomes a wandb workspace view in :mod:`~torchprof_args.metrics.da
 from __future__ import annotations
 
 import copy
+import dataclasses
 import html
 import json
 import math
@@ -21,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.metrics.dashboard_spec import DEFAULT_SPEC
+
 __all__ = [
     "DEFAULT_SPEC",
     "Panel",
@@ -28,67 +31,6 @@ __all__ = [
     "load_spec",
     "render_html",
 ]
-
-#: The dashboard: sections of line panels over ``x``.  A panel with ``for_each`` is repeated
-#: for every metric key matching the pattern (``{name}`` is the varying part; names matching
-#: ``skip`` are left out); ``band`` shades between the first two series (max and min).
-DEFAULT_SPEC: dict[str, Any] = {
-    "title": "torchprof step timings",
-    "x": "iteration",
-    "sections": [
-        {
-            "name": "Step time",
-            "panels": [{"title": "iteration time", "unit": "s", "y": ["iteration-time"]}],
-        },
-        {
-            "name": "Timers: max and min across ranks (per iteration)",
-            "panels": [
-                {
-                    "for_each": "timers/{name}-time",
-                    "title": "{name}",
-                    "unit": "s",
-                    "y": ["timers/{name}-time", "timers/{name}-time-min"],
-                    "labels": ["max across ranks", "min across ranks"],
-                    "band": True,
-                }
-            ],
-        },
-        {
-            "name": "Throughput",
-            "panels": [
-                {"title": "samples per second", "unit": "samples/s", "y": ["throughput/samples-per-sec"]},
-                {"title": "tokens per second", "unit": "tokens/s", "y": ["throughput/tokens-per-sec"]},
-                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput/tflops-per-gpu"]},
-            ],
-        },
-        {
-            "name": "Memory (max across ranks)",
-            "panels": [
-                {
-                    "title": "device memory",
-                    "unit": "GB",
-                    "y": ["memory/max-allocated-gb", "memory/max-reserved-gb"],
-                    "labels": ["max allocated", "max reserved"],
-                },
-                {"title": "host peak RSS", "unit": "GB", "y": ["memory/host-max-rss-gb"]},
-            ],
-        },
-        {
-            "name": "Profiler: max and min across ranks",
-            "panels": [
-                {
-                    "for_each": "profiler/{name}",
-                    "skip": "-min$",
-                    "title": "{name}",
-                    "unit": "",
-                    "y": ["profiler/{name}", "profiler/{name}-min"],
-                    "labels": ["max across ranks", "min across ranks"],
-                    "band": True,
-                }
-            ],
-        },
-    ],
-}
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
@@ -216,82 +158,120 @@ def _scale_unit(unit: str, peak: float) -> tuple[str, float]:
     return unit, 1.0
 
 
-def _svg_panel(panel: Panel, series: list[tuple[list[float], list[float | None]]]) -> str:
-    width, height = 420, 270
-    left, right, top, bottom = 62, 14, 34, 58
-    plot_w, plot_h = width - left - right, height - top - bottom
+@dataclasses.dataclass
+class _Frame:
+    """The plot area of one panel and its data ranges: maps data to pixels."""
+
+    x_low: float
+    x_high: float
+    y_low: float
+    y_high: float
+    width: int = 420
+    height: int = 270
+    left: int = 62
+    top: int = 34
+    right: int = 14
+    bottom: int = 58
+
+    @property
+    def plot_w(self) -> float:
+        return self.width - self.left - self.right
+
+    @property
+    def plot_h(self) -> float:
+        return self.height - self.top - self.bottom
+
+    def px(self, x: float) -> float:
+        return self.left + (x - self.x_low) / (self.x_high - self.x_low) * self.plot_w
+
+    def py(self, y: float) -> float:
+        return self.top + self.plot_h - (y - self.y_low) / (self.y_high - self.y_low) * self.plot_h
+
+
+def _frame_for(series: list[tuple[list[float], list[float | None]]], factor: float) -> tuple[_Frame, list[float], list[float]]:
+    """The frame that fits ``series`` (values scaled by ``factor``), with its x and y ticks."""
     xs_all = [x for xs, _ in series for x in xs]
     ys_all = [y for _, ys in series for y in ys if y is not None]
-    unit, factor = _scale_unit(panel.unit, max(ys_all) if ys_all else 0.0)
     x_low, x_high = min(xs_all), max(xs_all)
     if x_high == x_low:
         x_low, x_high = x_low - 1, x_high + 1
-    y_low = min(0.0, min(ys_all) * factor)
-    y_high = max(ys_all) * factor
-    y_ticks = _nice_ticks(y_low, y_high)
+    y_ticks = _nice_ticks(min(0.0, min(ys_all) * factor), max(ys_all) * factor)
     y_low, y_high = y_ticks[0], y_ticks[-1]
     if y_high == y_low:
         y_high = y_low + 1
     x_ticks = [t for t in _nice_ticks(x_low, x_high) if x_low <= t <= x_high] or [x_low, x_high]
+    return _Frame(x_low, x_high, y_low, y_high), x_ticks, y_ticks
 
-    def px(x: float) -> float:
-        return left + (x - x_low) / (x_high - x_low) * plot_w
 
-    def py(y: float) -> float:
-        return top + plot_h - (y - y_low) / (y_high - y_low) * plot_h
-
+def _axes_svg(frame: _Frame, panel: Panel, unit: str, x_ticks: list[float], y_ticks: list[float]) -> list[str]:
+    left, top, plot_w, plot_h = frame.left, frame.top, frame.plot_w, frame.plot_h
     out = [
-        f'<svg class="panel" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(panel.title)}">',
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<svg class="panel" xmlns="http://www.w3.org/2000/svg" width="{frame.width}" height="{frame.height}" '
+        f'viewBox="0 0 {frame.width} {frame.height}" role="img" aria-label="{html.escape(panel.title)}">',
+        f'<rect x="0" y="0" width="{frame.width}" height="{frame.height}" fill="#ffffff"/>',
         f'<text x="{left}" y="20" class="title">{html.escape(panel.title)}'
         + (f' <tspan class="unit">({html.escape(unit)})</tspan>' if unit else "")
         + "</text>",
     ]
     for tick in y_ticks:
-        y = py(tick)
+        y = frame.py(tick)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="grid"/>')
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(tick)}</text>')
     for tick in x_ticks:
-        x = px(tick)
+        x = frame.px(tick)
         out.append(f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" class="axis"/>')
         out.append(f'<text x="{x:.1f}" y="{top + plot_h + 17}" class="tick" text-anchor="middle">{_fmt(tick)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
     out.append(
         f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="axislabel" text-anchor="middle">iteration</text>'
     )
+    return out
 
+
+def _band_svg(frame: _Frame, series: list[tuple[list[float], list[float | None]]], factor: float) -> list[str]:
+    """The shaded area between a max series and a min series."""
+    (xs_hi, ys_hi), (xs_lo, ys_lo) = series
+    upper = [(frame.px(x), frame.py(y * factor)) for x, y in zip(xs_hi, ys_hi, strict=True) if y is not None]
+    lower = [(frame.px(x), frame.py(y * factor)) for x, y in zip(xs_lo, ys_lo, strict=True) if y is not None]
+    if not upper or not lower:
+        return []
+    points = upper + lower[::-1]
+    return ['<polygon class="band" fill="' + _PALETTE[0] + '" points="'
+            + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>']
+
+
+def _series_svg(frame: _Frame, panel: Panel, unit: str, index: int, label: str, xs: list[float],
+                ys: list[float | None], factor: float, count: int) -> list[str]:
+    """One line with its points (hover titles) and its legend entry."""
+    color = _PALETTE[index % len(_PALETTE)]
+    dash = ' stroke-dasharray="5,3"' if panel.band and index == 1 else ""
+    points = [(x, y * factor) for x, y in zip(xs, ys, strict=True) if y is not None]
+    if not points:
+        return []
+    coords = " ".join(f"{frame.px(x):.1f},{frame.py(y):.1f}" for x, y in points)
+    out = [f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2"{dash} points="{coords}"/>']
+    if len(points) <= 200:
+        out += [f'<circle cx="{frame.px(x):.1f}" cy="{frame.py(y):.1f}" r="2.6" fill="{color}">'
+                f"<title>{html.escape(label)}: iteration {x:g}, {y:.4g} {html.escape(unit)}</title></circle>"
+                for x, y in points]
+    legend_x = frame.left + index * (frame.plot_w / max(1, count))
+    legend_y = frame.height - 10
+    out.append(f'<line x1="{legend_x:.1f}" y1="{legend_y - 4}" x2="{legend_x + 18:.1f}" y2="{legend_y - 4}" '
+               f'stroke="{color}" stroke-width="2"{dash}/>')
+    out.append(f'<text x="{legend_x + 22:.1f}" y="{legend_y}" class="legend">{html.escape(label)}</text>')
+    return out
+
+
+def _svg_panel(panel: Panel, series: list[tuple[list[float], list[float | None]]]) -> str:
+    """One panel as an inline SVG: axes, an optional min/max band, one line per series."""
+    ys_all = [y for _, ys in series for y in ys if y is not None]
+    unit, factor = _scale_unit(panel.unit, max(ys_all) if ys_all else 0.0)
+    frame, x_ticks, y_ticks = _frame_for(series, factor)
+    out = _axes_svg(frame, panel, unit, x_ticks, y_ticks)
     if panel.band and len(series) == 2:
-        (xs_hi, ys_hi), (xs_lo, ys_lo) = series
-        upper = [(px(x), py(y * factor)) for x, y in zip(xs_hi, ys_hi, strict=True) if y is not None]
-        lower = [(px(x), py(y * factor)) for x, y in zip(xs_lo, ys_lo, strict=True) if y is not None]
-        if upper and lower:
-            points = upper + lower[::-1]
-            out.append(
-                '<polygon class="band" fill="' + _PALETTE[0] + '" points="'
-                + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>'
-            )
+        out += _band_svg(frame, series, factor)
     for index, ((xs, ys), label) in enumerate(zip(series, panel.labels, strict=True)):
-        color = _PALETTE[index % len(_PALETTE)]
-        dash = ' stroke-dasharray="5,3"' if panel.band and index == 1 else ""
-        points = [(x, y * factor) for x, y in zip(xs, ys, strict=True) if y is not None]
-        if not points:
-            continue
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
-        out.append(f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2"{dash} points="{coords}"/>')
-        if len(points) <= 200:
-            for x, y in points:
-                out.append(
-                    f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.6" fill="{color}">'
-                    f"<title>{html.escape(label)}: iteration {x:g}, {y:.4g} {html.escape(unit)}</title></circle>"
-                )
-        legend_x = left + index * (plot_w / max(1, len(series)))
-        legend_y = height - 10
-        out.append(
-            f'<line x1="{legend_x:.1f}" y1="{legend_y - 4}" x2="{legend_x + 18:.1f}" y2="{legend_y - 4}" '
-            f'stroke="{color}" stroke-width="2"{dash}/>'
-        )
-        out.append(f'<text x="{legend_x + 22:.1f}" y="{legend_y}" class="legend">{html.escape(label)}</text>')
+        out += _series_svg(frame, panel, unit, index, label, xs, ys, factor, len(series))
     out.append("</svg>")
     return "\n".join(out)
 

@@ -1,0 +1,68 @@
+"""The step-timing dashboard's panels, as data (also shipped as ``configs/wandb_dashboard.json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DEFAULT_SPEC"]
+
+#: The dashboard: sections of line panels over ``x``.  A panel with ``for_each`` is repeated
+#: for every metric key matching the pattern (``{name}`` is the varying part; names matching
+#: ``skip`` are left out); ``band`` shades between the first two series (max and min).
+DEFAULT_SPEC: dict[str, Any] = {
+    "title": "torchprof step timings",
+    "x": "iteration",
+    "sections": [
+        {
+            "name": "Step time",
+            "panels": [{"title": "iteration time", "unit": "s", "y": ["iteration-time"]}],
+        },
+        {
+            "name": "Timers: max and min across ranks (per iteration)",
+            "panels": [
+                {
+                    "for_each": "timers/{name}-time",
+                    "title": "{name}",
+                    "unit": "s",
+                    "y": ["timers/{name}-time", "timers/{name}-time-min"],
+                    "labels": ["max across ranks", "min across ranks"],
+                    "band": True,
+                }
+            ],
+        },
+        {
+            "name": "Throughput",
+            "panels": [
+                {"title": "samples per second", "unit": "samples/s", "y": ["throughput/samples-per-sec"]},
+                {"title": "tokens per second", "unit": "tokens/s", "y": ["throughput/tokens-per-sec"]},
+                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput/tflops-per-gpu"]},
+            ],
+        },
+        {
+            "name": "Memory (max across ranks)",
+            "panels": [
+                {
+                    "title": "device memory",
+                    "unit": "GB",
+                    "y": ["memory/max-allocated-gb", "memory/max-reserved-gb"],
+                    "labels": ["max allocated", "max reserved"],
+                },
+                {"title": "host peak RSS", "unit": "GB", "y": ["memory/host-max-rss-gb"]},
+            ],
+        },
+        {
+            "name": "Profiler: max and min across ranks",
+            "panels": [
+                {
+                    "for_each": "profiler/{name}",
+                    "skip": "-min$",
+                    "title": "{name}",
+                    "unit": "",
+                    "y": ["profiler/{name}", "profiler/{name}-min"],
+                    "labels": ["max across ranks", "min across ranks"],
+                    "band": True,
+                }
+            ],
+        },
+    ],
+}
