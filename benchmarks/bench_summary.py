@@ -3,7 +3,7 @@
     python benchmarks/bench_summary.py [--size-mb 1100] [--hta-size-mb 1100] [--gzip] [--repeat 3]
 
 Builds (once, under benchmarks/out/, git-ignored) a trace by replicating the steps of a real trace
-from shared/traces, then measures in fresh subprocesses:
+from tests/data, then measures in fresh subprocesses:
 
 * ours: ``load_trace`` + ``summarize`` as ``torchprof summary`` runs them (default workers),
   best wall time of ``--repeat`` runs, with CPU seconds (process + workers), MB/s of uncompressed

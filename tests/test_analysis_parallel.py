@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
+from conftest import DATA
 
 from torchprof_args.analysis import load_trace, summarize
 from torchprof_args.analysis import trace as trace_mod
 
-GPU_2RANK = SHARED / "traces" / "gpu_2rank_nccl_rank0.json.gz"
+GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
 
 
 def _summary(path: Path, workers: int) -> dict:
