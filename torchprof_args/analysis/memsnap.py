@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.errors import TraceError
 
 
 class SafeUnpickler(pickle.Unpickler):

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from torchprof_args.analysis.errors import TraceError
 from torchprof_args.analysis.reader import TraceStream, _gzip_impl, is_gzip
 from torchprof_args.atomic import partial_path
+from torchprof_args.errors import TraceError
 
 _any = msgspec.json.Decoder()
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')

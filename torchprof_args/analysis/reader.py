@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import msgspec
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.errors import TraceError
 
 try:  # isal is several times faster than zlib and reads the same format.
     from isal import igzip as _gzip_impl

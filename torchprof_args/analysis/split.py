@@ -19,9 +19,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from torchprof_args.analysis.errors import TraceError
 from torchprof_args.analysis.reader import TraceStream
 from torchprof_args.atomic import partial_path
+from torchprof_args.errors import TraceError
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 
