@@ -31,8 +31,9 @@ def _expand(inputs: list[str]) -> tuple[list[Path], bool]:
 
 
 def _summary(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
     from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
-    from torchprof_args.analysis.summary import cross_rank, finite, summarize
+    from torchprof_args.analysis.summary import finite, summarize
     from torchprof_args.analysis.text import format_cross_rank, format_summary
 
     release_memory_eagerly()
@@ -76,9 +77,10 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
     from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
     from torchprof_args.analysis.report import write_report
-    from torchprof_args.analysis.summary import cross_rank, finite, summarize
+    from torchprof_args.analysis.summary import finite, summarize
 
     release_memory_eagerly()
     files, _ = _expand(args.traces)
