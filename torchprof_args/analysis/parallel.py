@@ -152,6 +152,7 @@ class Worker:
         self.feeder: threading.Thread | None = None
 
     def start_feeder(self) -> None:
+        """Start the sending thread (after every worker is forked: forking copies no thread)."""
         self.feeder = threading.Thread(target=self._send_loop, daemon=True)
         self.feeder.start()
 
@@ -170,10 +171,16 @@ class Worker:
             return
 
     def submit(self, index: int, offset: int, length: int, text: Any) -> None:
+        """Queue task ``index``: a range to read (``text`` None) or a text to decode."""
         self.outstanding += 1
         self.feed.put((index, offset, length, text))
 
     def receive(self, block: bool) -> tuple[int, Part] | None:
+        """The next finished task's (index, columns), or None when none is ready and not ``block``.
+
+        Raises :class:`WrongCut` for a range that was not cut at an event boundary, and
+        TraceError when the worker failed or died.
+        """
         if not block and not self.conn.poll():
             return None
         try:
@@ -200,6 +207,7 @@ class Worker:
         return index, Part(n_events, *cols, keys, memory)
 
     def close(self) -> None:
+        """Stop the feeder and the process (killed if it does not exit within 5 s)."""
         if self.feeder is not None and self.feeder.is_alive():
             self.feed.put(None)
             self.feeder.join(timeout=5)

@@ -41,6 +41,9 @@ class Trace:
 
     Times are microseconds as written in the file (relative to ``baseTimeNanoseconds`` when the
     trace has one).  Complete events missing ``dur`` or ``cat`` are dropped, like HTA does.
+    ``stream`` and ``corr`` are -1 where the event has none.  ``memory`` holds the ``[memory]``
+    events' columns (``ts``, ``allocated``, ``reserved``, ``device`` code); ``_cache`` memoises
+    tables the analyzers derive from the trace (kernel classes of names, the CPU tree).
     """
 
     path: Path
@@ -64,18 +67,21 @@ class Trace:
 
     @property
     def rank(self) -> int | None:
+        """``distributedInfo.rank``, when the trace states it."""
         info = self.metadata.get("distributedInfo")
         rank = info.get("rank") if isinstance(info, dict) else None
         return rank if isinstance(rank, int) else None
 
     @property
     def world_size(self) -> int | None:
+        """``distributedInfo.world_size``, when the trace states it."""
         info = self.metadata.get("distributedInfo")
         size = info.get("world_size") if isinstance(info, dict) else None
         return size if isinstance(size, int) else None
 
     @property
     def base_time_ns(self) -> int:
+        """``baseTimeNanoseconds``: the clock the event times are relative to (0 when absent)."""
         base = self.metadata.get("baseTimeNanoseconds")
         return int(base) if isinstance(base, (int, float)) else 0
 
