@@ -15,7 +15,7 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.flags_command",
     "torchprof_args.analysis.commands",
-    "torchprof_args.pyspy",
+    "torchprof_args.pyspy.command",
     "torchprof_args.nsys",
     "torchprof_args.dashboard",
     "torchprof_args.trigger",
