@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.analysis.reader import TraceStream
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import strip_trace_suffixes
-
-_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
 class _Light(msgspec.Struct, gc=False):
@@ -41,6 +39,7 @@ _any = msgspec.json.Decoder()
 
 
 def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
+    """Each event's original bytes, and its ``ph`` / ``name`` / ``ts`` (loosely for odd values)."""
     raws = _raw.decode(text)
     try:
         light = _light.decode(text)
@@ -57,6 +56,7 @@ def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
 
 
 def _header(metadata: dict[str, Any]) -> bytes:
+    """A piece's opening: the trace's top-level fields, then ``"traceEvents": [``."""
     parts = [b'"' + k.encode() + b'": ' + msgspec.json.encode(v) for k, v in metadata.items() if k != "traceEvents"]
     return b"{" + b", ".join(parts + [b'"traceEvents": [\n'])
 
@@ -107,6 +107,7 @@ class _Scan:
 
 
 def _scan(path: Path, progress: bool) -> _Scan:
+    """First pass over ``path``."""
     sizes: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     is_meta: list[np.ndarray] = []
@@ -120,7 +121,7 @@ def _scan(path: Path, progress: bool) -> _Scan:
         stamps.append(ts)
         is_meta.append(meta)
         meta_events += [bytes(raws[i]) for i in np.flatnonzero(meta)]
-        step_starts += [e.ts for e in light if e.ph == "X" and _STEP.match(e.name)]
+        step_starts += [e.ts for e in light if e.ph == "X" and STEP_RE.match(e.name)]
     return _Scan(
         metadata=stream.metadata,
         sizes=np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64),
