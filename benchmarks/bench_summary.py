@@ -3,7 +3,7 @@
     python benchmarks/bench_summary.py [--size-mb 1100] [--hta-size-mb 1100] [--gzip] [--repeat 3]
 
 Builds (once, under benchmarks/out/, git-ignored) a trace by replicating the steps of a real trace
-from shared/traces, then measures in fresh subprocesses:
+from tests/data, then measures in fresh subprocesses:
 
 * ours: ``load_trace`` + ``summarize`` as ``torchprof summary`` runs them (default workers),
   best wall time of ``--repeat`` runs, with CPU seconds (process + workers), MB/s of uncompressed
@@ -34,8 +34,8 @@ from make_big_trace import DEFAULT_SOURCE, build  # noqa: E402
 OURS = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
+from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
 from torchprof_args.analysis.summary import summarize
-from torchprof_args.analysis.trace import load_trace, release_memory_eagerly
 release_memory_eagerly()  # as the torchprof commands do
 workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
 def cpu():

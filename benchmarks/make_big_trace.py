@@ -1,4 +1,4 @@
-"""Build a multi-GB Kineto trace by replicating the steps of a real one from shared/traces.
+"""Build a multi-GB Kineto trace by replicating the steps of a real one from tests/data.
 
 Every copy of the source's events is shifted in time by the source's span (plus a gap) and gets
 fresh correlation / External ids, so the result looks like a long run of the same job: ProfilerStep
@@ -20,16 +20,7 @@ from pathlib import Path
 import msgspec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def find_shared() -> Path:
-    for parent in [REPO, *REPO.parents]:
-        if (parent / "shared" / "traces").is_dir():
-            return parent / "shared"
-    return Path("/work/shared")
-
-
-DEFAULT_SOURCE = find_shared() / "traces" / "gpu_2rank_nccl_rank0.json.gz"
+DEFAULT_SOURCE = REPO / "tests" / "data" / "gpu_2rank_nccl_rank0.json.gz"
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 
 

@@ -1,4 +1,4 @@
-"""Shared test helpers: repository paths and a real ``torchrun`` launcher."""
+"""Shared test helpers: repository paths, the test data and a real ``torchrun`` launcher."""
 
 from __future__ import annotations
 
@@ -14,17 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def find_shared_dir() -> Path | None:
-    """``shared/`` beside the checkout (CI: a fresh clone with shared/ next to it)."""
-    for parent in REPO.parents:
-        candidate = parent / "shared"
-        if (candidate / "traces").is_dir():
-            return candidate
-    return None
-
-
-#: ``shared/`` beside the checkout, or a path that does not exist (tests needing it then skip).
-SHARED = find_shared_dir() or REPO / "shared-not-found"
+#: Real traces the tests read (see data/README.md): the repository needs nothing beside it.
+DATA = REPO / "tests" / "data"
 
 
 def free_port() -> int:
@@ -56,14 +47,6 @@ def rank_results(result_dir: str | Path) -> dict[int, dict]:
 
     return {entry["rank"]: entry for entry in
             (json.loads(path.read_text()) for path in sorted(Path(result_dir).glob("rank*.json")))}
-
-
-@pytest.fixture
-def shared_dir() -> Path:
-    shared = find_shared_dir()
-    if shared is None:
-        pytest.skip("shared/traces not found beside the checkout")
-    return shared
 
 
 @pytest.fixture

@@ -13,15 +13,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SHARED
+from conftest import DATA, REPO
 
 from torchprof_args.analysis import TraceError, format_profiler_list, load_trace, summarize
 from torchprof_args.analysis.merge import merge_traces
 from torchprof_args.analysis.reader import TraceStream
 from torchprof_args.analysis.split import split_trace
 
-TRACES = sorted((SHARED / "traces").glob("*.json.gz"))
-GPU_2RANK = SHARED / "traces" / "gpu_2rank_nccl_rank0.json.gz"
+TRACES = sorted(DATA.glob("*.json.gz"))
+GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
+
+
+def test_real_traces_are_in_the_repository() -> None:
+    """The HTA comparisons below run on every real trace: they must not silently vanish."""
+    assert [p.name for p in TRACES] == [
+        "gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz", "gpu_2rank_nccl_rank0.json.gz",
+    ]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
+from conftest import DATA
 
-from torchprof_args.analysis import load_trace, summarize
-from torchprof_args.analysis import trace as trace_mod
+from torchprof_args.analysis import load_trace, loader, summarize
 
-GPU_2RANK = SHARED / "traces" / "gpu_2rank_nccl_rank0.json.gz"
+GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
 
 
 def _summary(path: Path, workers: int) -> dict:
@@ -24,8 +23,8 @@ def _summary(path: Path, workers: int) -> dict:
 @pytest.fixture()
 def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut a 10 MB trace into ~40 ranges and small blocks, so every path is exercised."""
-    monkeypatch.setattr(trace_mod, "SEGMENT_BYTES", 256 << 10)
-    monkeypatch.setattr(trace_mod, "BLOCK_EVENTS", 5000)
+    monkeypatch.setattr(loader, "SEGMENT_BYTES", 256 << 10)
+    monkeypatch.setattr(loader, "BLOCK_EVENTS", 5000)
 
 
 def test_workers_and_forms_agree(tmp_path: Path, small_segments: None) -> None:

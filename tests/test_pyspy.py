@@ -15,19 +15,18 @@ import pytest
 from conftest import REPO
 
 from torchprof_args import console
-from torchprof_args._pyspy_parse import (
+from torchprof_args.pyspy.parse import (
     NATIVE,
     PROCESS,
     PYTHON,
     THREAD,
     UNKNOWN,
-    in_library,
     parse_frame,
     parse_raw_text,
-    report_rows,
     shorten_path,
 )
-from torchprof_args.pyspy import find_py_spy, output_name
+from torchprof_args.pyspy.record import find_py_spy, output_name
+from torchprof_args.pyspy.report import in_library, report_rows
 
 TRAIN_SCRIPT = textwrap.dedent(
     """
@@ -135,7 +134,7 @@ def test_record_needs_a_command(capsys) -> None:
 
 
 def test_record_without_py_spy_says_how_to_install(monkeypatch, capsys) -> None:
-    monkeypatch.setattr("torchprof_args.pyspy.find_py_spy", lambda: None)
+    monkeypatch.setattr("torchprof_args.pyspy.record.find_py_spy", lambda: None)
     assert console.main(["pyspy", "record", "--", "python", "x.py"]) == 2
     err = capsys.readouterr().err
     assert "py-spy is not installed" in err and "torchprof-args[pyspy]" in err
@@ -178,7 +177,7 @@ def test_report_table_and_library_name(recorded: Path, capsys) -> None:
 
 @needs_py_spy
 def test_aggregation_merges_rows_without_losing_samples(recorded: Path) -> None:
-    from torchprof_args._pyspy_parse import read_profiles
+    from torchprof_args.pyspy.parse import read_profiles
 
     profile = read_profiles([str(recorded)])
     plain = report_rows(profile, top=None)
@@ -263,18 +262,30 @@ def test_parse_raw_text_with_multiline_process_frames_and_garbage() -> None:
     assert any("not in a py-spy frame format" in note for note in profile.problems())
 
 
-def test_launcher_frames_are_stripped() -> None:
+@pytest.mark.parametrize("launcher", ["torchprof_args/pyspy/launcher.py", "torchprof_args/_pyspy_child.py"],
+                         ids=["launcher", "before-the-pyspy-package"])
+def test_launcher_frames_are_stripped(launcher: str) -> None:
     text = (
-        'process 1:"/usr/bin/python /x/torchprof_args/_pyspy_child.py s -- python t.py";'
+        f'process 1:"/usr/bin/python /x/{launcher} s -- python t.py";'
         'process 2:"python t.py";step (t.py:3) 7\n'
-        'process 1:"/usr/bin/python /x/torchprof_args/_pyspy_child.py s -- python t.py";'
-        "<module> (_pyspy_child.py:60);Popen.wait (subprocess.py:1264) 9\n"
+        f'process 1:"/usr/bin/python /x/{launcher} s -- python t.py";'
+        f"<module> ({launcher.rsplit('/', 1)[1]}:60);Popen.wait (subprocess.py:1264) 9\n"
     )
     profile = parse_raw_text(text)
     assert profile.launcher_samples == 9
     assert profile.total_samples == 7
     (stack,) = profile.stacks
     assert [f.name for f in stack.frames] == ["2", "step"]
+
+
+def test_record_command_runs_the_launcher_that_the_parser_strips() -> None:
+    from torchprof_args.pyspy.launcher import LAUNCHER_MARKER
+    from torchprof_args.pyspy.record import record_command
+
+    argv = record_command("py-spy", "out.txt", "status", ["python", "t.py"])
+    launcher = argv[argv.index("--") + 2]
+    assert Path(launcher).is_file() and launcher.endswith(LAUNCHER_MARKER)
+    assert argv[argv.index("--") + 1:] == [sys.executable, launcher, "status", "--", "python", "t.py"]
 
 
 def test_paths_and_libraries() -> None:

@@ -75,9 +75,9 @@ def trace_file_name(stem: str, gzip: bool) -> str:
     return stem + TRACE_SUFFIX + (GZIP_SUFFIX if gzip else "")
 
 
-def strip_trace_suffixes(name: str) -> str:
-    """A trace file's name without ``.gz``, ``.json`` and ``.pt.trace``."""
-    for suffix in (GZIP_SUFFIX, ".json", ".pt.trace"):
+def strip_trace_suffixes(name: str, *, pt_trace: bool = True) -> str:
+    """A trace file's name without ``.gz``, ``.json`` and (unless ``pt_trace`` is False) ``.pt.trace``."""
+    for suffix in (GZIP_SUFFIX, ".json", ".pt.trace") if pt_trace else (GZIP_SUFFIX, ".json"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name

@@ -1,13 +1,21 @@
 """Fast tools for multi-GB Kineto traces: load, summarise, split, merge, report, memory snapshots.
 
+Layout: :mod:`.reader` streams a trace file in batches; :mod:`.trace` is the column model and its
+decoder, :mod:`.loader` (with :mod:`.parallel`'s worker processes) builds it; the analyses are in
+:mod:`.analyzers`, one module each, and :mod:`.summary` composes them; :mod:`.text` and
+:mod:`.report` render summaries; :mod:`.split`, :mod:`.merge` and :mod:`.memsnap` are the other
+tools, and :mod:`.commands` their ``torchprof`` sub-commands.
+
 Import-light: needs numpy and msgspec, never torch.
 """
 
 from __future__ import annotations
 
-from torchprof_args.analysis.errors import TraceError
-from torchprof_args.analysis.summary import cross_rank, summarize
+from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+from torchprof_args.analysis.loader import load_trace
+from torchprof_args.analysis.summary import summarize
 from torchprof_args.analysis.text import format_profiler_list, format_summary
-from torchprof_args.analysis.trace import Trace, load_trace
+from torchprof_args.analysis.trace import Trace
+from torchprof_args.errors import TraceError
 
 __all__ = ["Trace", "TraceError", "cross_rank", "format_profiler_list", "format_summary", "load_trace", "summarize"]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.errors import TraceError
 
 
 def _expand(inputs: list[str]) -> tuple[list[Path], bool]:
@@ -31,9 +31,10 @@ def _expand(inputs: list[str]) -> tuple[list[Path], bool]:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.summary import cross_rank, finite, summarize
+    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+    from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
+    from torchprof_args.analysis.summary import finite, summarize
     from torchprof_args.analysis.text import format_cross_rank, format_summary
-    from torchprof_args.analysis.trace import load_trace, release_memory_eagerly
 
     release_memory_eagerly()
     files, had_dir = _expand(args.traces)
@@ -76,9 +77,10 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+    from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
     from torchprof_args.analysis.report import write_report
-    from torchprof_args.analysis.summary import cross_rank, finite, summarize
-    from torchprof_args.analysis.trace import load_trace, release_memory_eagerly
+    from torchprof_args.analysis.summary import finite, summarize
 
     release_memory_eagerly()
     files, _ = _expand(args.traces)

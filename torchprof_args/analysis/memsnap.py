@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.errors import TraceError
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -25,6 +25,7 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
+    """The snapshot dict of a ``_dump_snapshot`` pickle; TraceError for anything else."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -42,6 +43,7 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
 
 
 def _site(frames: Any) -> str:
+    """The allocation's first frame in user code (not torch, not native), else its first frame."""
     if not isinstance(frames, list):
         return "<unknown>"
     for frame in frames:
@@ -63,71 +65,78 @@ def summarize_snapshot(snap: dict[str, Any], top: int = 15) -> dict[str, Any]:
     devices: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for seg in snap["segments"]:
-        if not isinstance(seg, dict):
-            continue
-        dev = devices[int(seg.get("device", 0))]
-        dev["segments"] += 1
-        dev["reserved"] += int(seg.get("total_size", 0))
-        blocks = seg.get("blocks") or []
-        allocated = 0
-        largest_free = 0
-        for block in blocks:
-            if not isinstance(block, dict):
-                continue
-            size = int(block.get("size", 0))
-            state = block.get("state")
-            if state == "active_allocated":
-                allocated += size
-                dev["requested"] += int(block.get("requested_size", size))
-                entry = sites[_site(block.get("frames"))]
-                entry[0] += size
-                entry[1] += 1
-            elif state == "inactive":
-                dev["free"] += size
-                largest_free = max(largest_free, size)
-        dev["allocated"] += int(seg.get("allocated_size", allocated)) if not blocks else allocated
-        dev["largest_free_block"] = max(dev["largest_free_block"], largest_free)
+        if isinstance(seg, dict):
+            _add_segment(seg, devices[int(seg.get("device", 0))], sites)
     # Peak allocated from the allocator's event history, when recorded.
     for index, trace in enumerate(snap.get("device_traces") or []):
-        live, peak = 0, 0
-        for entry in trace or []:
-            if not isinstance(entry, dict):
-                continue
-            action, size = entry.get("action"), int(entry.get("size", 0))
-            if action == "alloc":
-                live += size
-                peak = max(peak, live)
-            elif action == "free_completed":
-                live -= size
-        devices[index]["peak_allocated_in_history"] = peak
+        devices[index]["peak_allocated_in_history"] = _history_peak(trace or [])
         devices[index]["history_events"] = len(trace or [])
-    out_devices = []
-    for index in sorted(devices):
-        d = devices[index]
-        reserved, allocated, free = d["reserved"], d["allocated"], d["free"]
-        out_devices.append(
-            {
-                "device": index,
-                "segments": d["segments"],
-                "reserved_bytes": reserved,
-                "allocated_bytes": allocated,
-                "requested_bytes": d["requested"],
-                "cached_free_bytes": free,
-                "largest_free_block_bytes": d["largest_free_block"],
-                # Share of cached free memory not usable as one block: 0 = one contiguous free block.
-                "fragmentation_pct": 100.0 * (1 - d["largest_free_block"] / free) if free else 0.0,
-                "peak_allocated_in_history_bytes": d.get("peak_allocated_in_history"),
-                "history_events": d.get("history_events", 0),
-            }
-        )
     ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
     return {
-        "devices": out_devices,
+        "devices": [_device_row(index, devices[index]) for index in sorted(devices)],
         "top_sites": [{"site": s, "bytes": v[0], "blocks": v[1]} for s, v in ranked],
     }
 
 
+def _add_segment(seg: dict[str, Any], dev: dict[str, int], sites: dict[str, list[int]]) -> None:
+    """Add one allocator segment's sizes to its device's totals, and its live blocks to ``sites``."""
+    dev["segments"] += 1
+    dev["reserved"] += int(seg.get("total_size", 0))
+    blocks = seg.get("blocks") or []
+    allocated = 0
+    largest_free = 0
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        size = int(block.get("size", 0))
+        state = block.get("state")
+        if state == "active_allocated":
+            allocated += size
+            dev["requested"] += int(block.get("requested_size", size))
+            entry = sites[_site(block.get("frames"))]
+            entry[0] += size
+            entry[1] += 1
+        elif state == "inactive":
+            dev["free"] += size
+            largest_free = max(largest_free, size)
+    dev["allocated"] += int(seg.get("allocated_size", allocated)) if not blocks else allocated
+    dev["largest_free_block"] = max(dev["largest_free_block"], largest_free)
+
+
+def _history_peak(trace: list[Any]) -> int:
+    """Largest live total in one device's allocation history (allocs minus completed frees)."""
+    live, peak = 0, 0
+    for entry in trace:
+        if not isinstance(entry, dict):
+            continue
+        action, size = entry.get("action"), int(entry.get("size", 0))
+        if action == "alloc":
+            live += size
+            peak = max(peak, live)
+        elif action == "free_completed":
+            live -= size
+    return peak
+
+
+def _device_row(index: int, d: dict[str, int]) -> dict[str, Any]:
+    free = d["free"]
+    return {
+        "device": index,
+        "segments": d["segments"],
+        "reserved_bytes": d["reserved"],
+        "allocated_bytes": d["allocated"],
+        "requested_bytes": d["requested"],
+        "cached_free_bytes": free,
+        "largest_free_block_bytes": d["largest_free_block"],
+        # Share of cached free memory not usable as one block: 0 = one contiguous free block.
+        "fragmentation_pct": 100.0 * (1 - d["largest_free_block"] / free) if free else 0.0,
+        "peak_allocated_in_history_bytes": d.get("peak_allocated_in_history"),
+        "history_events": d.get("history_events", 0),
+    }
+
+
 def format_snapshot(summary: dict[str, Any], path: str) -> str:
+    """``torchprof mem``'s text output for :func:`summarize_snapshot`'s result."""
     def mib(x: int | None) -> str:
         return "-" if x is None else f"{x / 2**20:,.1f} MiB"
 

@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.analysis.reader import TraceStream, _gzip_impl, is_gzip
-from torchprof_args.atomic import partial_path
+from torchprof_args.atomic import atomic_output
+from torchprof_args.errors import TraceError
+from torchprof_args.naming import GZIP_SUFFIX, TRACE_FILE_SUFFIXES, TRACE_SUFFIX, rank_from_file_name
 
 _any = msgspec.json.Decoder()
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
-_RANK_FILE_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def trace_files(directory: str | Path) -> list[Path]:
@@ -34,13 +33,11 @@ def trace_files(directory: str | Path) -> list[Path]:
     other JSON, e.g. wandb's), else every ``.json`` / ``.json.gz`` file.  Hidden files (such as
     traces still being published) are skipped.
     """
-    from torchprof_args.trace_writer import TRACE_SUFFIX
-
     directory = Path(directory)
     if not directory.is_dir():
         raise TraceError(f"{directory}: not a directory")
     candidates = sorted(p for p in directory.iterdir()
-                        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_SUFFIXES))
+                        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_FILE_SUFFIXES))
     profiler_traces = [p for p in candidates if TRACE_SUFFIX in p.name]
     files = profiler_traces or candidates
     if not files:
@@ -69,93 +66,114 @@ def peek(path: Path) -> tuple[int | None, int]:
 
 
 def merge_traces(directory: str | Path, output: str | Path, progress: bool = False) -> dict[str, Any]:
-    """Write the merged trace to ``output`` (``.gz`` compresses); returns counts per rank."""
+    """Write the merged trace to ``output`` (``.gz`` compresses); returns counts per rank.
+
+    The result is ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
+    """
     files = trace_files(directory)
-    infos = [(f, *peek(f)) for f in files]
-    ranks: list[int] = []
-    for i, (f, rank, _) in enumerate(infos):
-        if rank is None:
-            m = _RANK_FILE_RE.search(f.name)
-            rank = int(m.group(1)) if m else i
-        ranks.append(rank)
-    if len(set(ranks)) != len(ranks):
-        ranks = list(range(len(files)))
+    infos = [peek(f) for f in files]
+    ranks = _ranks(files, [rank for rank, _ in infos])
     order = sorted(range(len(files)), key=lambda i: ranks[i])
-    bases = [b for _, _, b in infos]
+    bases = [base for _, base in infos]
     base0 = min(bases)
-    n = len(files)
     output = Path(output)
-    tmp = partial_path(output)
-    compress = output.name.endswith(".gz")
-    fh: Any = _gzip_impl.open(tmp, "wb", compresslevel=3) if compress else open(tmp, "wb")  # noqa: SIM115
     counts: dict[int, int] = {}
     first_meta: dict[str, Any] = {}
-    try:
+    with atomic_output(output, "wb") as raw, _compressed(raw, output) as fh:
         fh.write(b'{"schemaVersion": 1, "traceEvents": [\n')
-        first = True
+        writer = ArrayWriter(fh)
         for slot, i in enumerate(order):
-            rank = ranks[i]
-            shift_us = (bases[i] - base0) / 1000.0
-            pids: dict[Any, int] = {}
-            named: set[int] = set()
-
-            def new_pid(pid: Any, rank: int = rank, pids: dict[Any, int] = pids) -> int:
-                if pid not in pids:
-                    pids[pid] = (rank + 1) * 1_000_000 + len(pids)
-                return pids[pid]
-
-            stream = TraceStream(files[i], progress=progress)
-            count = 0
-            for events in stream.batches(_any.decode):
-                out = []
-                for e in events:
-                    if not isinstance(e, dict):
-                        continue
-                    count += 1
-                    pid = e.get("pid", 0)
-                    e["pid"] = new_pid(pid)
-                    if "ts" in e:
-                        with contextlib.suppress(TypeError, ValueError):
-                            e["ts"] = round(float(e["ts"]) + shift_us, 3)
-                    if isinstance(e.get("id"), int):
-                        e["id"] = e["id"] * n + slot
-                    if e.get("ph") == "M":
-                        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-                        if e.get("name") == "process_name":
-                            e["args"] = {**args, "name": f"rank {rank}: {args.get('name', pid)}"}
-                            named.add(e["pid"])
-                        elif e.get("name") == "process_sort_index":
-                            e["args"] = {**args, "sort_index": e["pid"]}
-                    out.append(e)
-                if out:
-                    chunk = b",\n".join(msgspec.json.encode(e) for e in out)
-                    fh.write(chunk if first else b",\n" + chunk)
-                    first = False
-            extra = []
-            for pid, new in pids.items():
-                if new not in named:
-                    extra.append({"ph": "M", "name": "process_name", "pid": new, "tid": 0, "args": {"name": f"rank {rank}: pid {pid}"}})
-                extra.append({"ph": "M", "name": "process_sort_index", "pid": new, "tid": 0, "args": {"sort_index": new}})
-            if extra:
-                chunk = b",\n".join(msgspec.json.encode(e) for e in extra)
-                fh.write(chunk if first else b",\n" + chunk)
-                first = False
-            counts[rank] = count
-            if not first_meta:
-                first_meta = stream.metadata
-        info = first_meta.get("distributedInfo") if isinstance(first_meta.get("distributedInfo"), dict) else {}
-        tail = {
-            "deviceProperties": first_meta.get("deviceProperties", []),
-            "distributedInfo": {**info, "rank": None, "merged_ranks": sorted(counts)},
-            "displayTimeUnit": "ms",
-            "baseTimeNanoseconds": base0,
-            "traceName": str(output),
-        }
-        fh.write(b"\n], " + msgspec.json.encode(tail)[1:] + b"\n")
-    except BaseException:
-        fh.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    fh.close()
-    os.replace(tmp, output)
+            rank = _RankRewriter(ranks[i], slot, len(files), (bases[i] - base0) / 1000.0)
+            counts[ranks[i]], metadata = rank.copy(files[i], writer, progress)
+            first_meta = first_meta or metadata
+        fh.write(b"\n], " + msgspec.json.encode(_tail(first_meta, counts, base0, output))[1:] + b"\n")
     return {"ranks": counts, "files": [str(files[i]) for i in order], "output": str(output)}
+
+
+def _ranks(files: list[Path], stated: list[int | None]) -> list[int]:
+    """Each file's rank: its ``distributedInfo``, else its name, else its position; positions
+    for all when two files claim the same rank."""
+    ranks = []
+    for i, (f, rank) in enumerate(zip(files, stated, strict=True)):
+        if rank is None:
+            rank = rank_from_file_name(f.name)
+        ranks.append(i if rank is None else rank)
+    return ranks if len(set(ranks)) == len(ranks) else list(range(len(files)))
+
+
+def _compressed(raw: IO[bytes], output: Path) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """A gzip writer over ``raw`` when ``output`` ends in ``.gz``, else ``raw`` itself."""
+    if output.name.endswith(GZIP_SUFFIX):
+        return _gzip_impl.open(raw, "wb", compresslevel=3)  # type: ignore[return-value]
+    return contextlib.nullcontext(raw)
+
+
+def _tail(first_meta: dict[str, Any], counts: dict[int, int], base0: int, output: Path) -> dict[str, Any]:
+    """The merged trace's top-level fields: the first rank's devices, every merged rank."""
+    info = first_meta.get("distributedInfo") if isinstance(first_meta.get("distributedInfo"), dict) else {}
+    return {
+        "deviceProperties": first_meta.get("deviceProperties", []),
+        "distributedInfo": {**info, "rank": None, "merged_ranks": sorted(counts)},
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": base0,
+        "traceName": str(output),
+    }
+
+
+class _RankRewriter:
+    """Rewrites one rank's events for the merged timeline.
+
+    Process ids become ``(rank + 1) * 1_000_000 + k`` (unique across ranks, sorted by rank),
+    ``ts`` is shifted by the rank's clock offset, flow ids are made unique (``id * n + slot``),
+    and process names become ``rank N: <name>``.
+    """
+
+    def __init__(self, rank: int, slot: int, n_ranks: int, shift_us: float) -> None:
+        self.rank, self.slot, self.n_ranks, self.shift_us = rank, slot, n_ranks, shift_us
+        self.pids: dict[Any, int] = {}
+        self.named: set[int] = set()
+
+    def copy(self, path: Path, writer: ArrayWriter, progress: bool) -> tuple[int, dict[str, Any]]:
+        """Write every event of ``path``, then the process names it lacked; returns the event
+        count and the file's metadata."""
+        stream = TraceStream(path, progress=progress)
+        count = 0
+        for events in stream.batches(_any.decode):
+            kept = [self.event(e) for e in events if isinstance(e, dict)]
+            count += len(kept)
+            writer.write(kept)
+        writer.write(self.process_metadata())
+        return count, stream.metadata
+
+    def new_pid(self, pid: Any) -> int:
+        if pid not in self.pids:
+            self.pids[pid] = (self.rank + 1) * 1_000_000 + len(self.pids)
+        return self.pids[pid]
+
+    def event(self, e: dict[str, Any]) -> dict[str, Any]:
+        """``e`` rewritten in place."""
+        pid = e.get("pid", 0)
+        e["pid"] = self.new_pid(pid)
+        if "ts" in e:
+            with contextlib.suppress(TypeError, ValueError):
+                e["ts"] = round(float(e["ts"]) + self.shift_us, 3)
+        if isinstance(e.get("id"), int):
+            e["id"] = e["id"] * self.n_ranks + self.slot
+        if e.get("ph") == "M":
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            if e.get("name") == "process_name":
+                e["args"] = {**args, "name": f"rank {self.rank}: {args.get('name', pid)}"}
+                self.named.add(e["pid"])
+            elif e.get("name") == "process_sort_index":
+                e["args"] = {**args, "sort_index": e["pid"]}
+        return e
+
+    def process_metadata(self) -> list[dict[str, Any]]:
+        """A name for every process the rank's trace did not name, and a sort index for all."""
+        extra: list[dict[str, Any]] = []
+        for pid, new in self.pids.items():
+            if new not in self.named:
+                extra.append({"ph": "M", "name": "process_name", "pid": new, "tid": 0,
+                              "args": {"name": f"rank {self.rank}: pid {pid}"}})
+            extra.append({"ph": "M", "name": "process_sort_index", "pid": new, "tid": 0, "args": {"sort_index": new}})
+        return extra

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from typing import IO, Any
 
 import msgspec
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.errors import TraceError
 
 try:  # isal is several times faster than zlib and reads the same format.
     from isal import igzip as _gzip_impl
@@ -46,6 +45,7 @@ _json_any = msgspec.json.Decoder()
 
 
 def is_gzip(path: str | Path) -> bool:
+    """Whether the file starts with the gzip magic bytes (whatever its name says)."""
     with open(path, "rb") as fh:
         return fh.read(2) == _GZIP_MAGIC
 
@@ -332,7 +332,3 @@ class TraceStream:
 def _wrap(buf: bytes, end: int) -> bytes:
     """``b"[" + buf[:end] + b"]"`` in one copy instead of three (these are megabytes each)."""
     return b"".join((b"[", memoryview(buf)[:end], b"]"))
-
-
-def file_size(path: str | Path) -> int:
-    return os.stat(path).st_size

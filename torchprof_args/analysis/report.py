@@ -65,6 +65,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def render_report(summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
+    """The HTML page for per-rank summaries and their :func:`cross_rank` view."""
     ranked = sorted(zip(summaries, view["ranks"], strict=False), key=lambda p: p[1]["rank"])
     labels = [f"rank {r['rank']}" for _, r in ranked]
     ms = [(r["step_mean_us"] or 0) / 1e3 for _, r in ranked]
@@ -119,6 +120,7 @@ def render_report(summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
 
 
 def write_report(summaries: list[dict[str, Any]], view: dict[str, Any], output: str | Path) -> Path:
+    """Publish :func:`render_report`'s page at ``output`` (atomically); returns its path."""
     output = Path(output)
     write_text_atomically(output, render_report(summaries, view))
     return output

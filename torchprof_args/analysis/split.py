@@ -10,20 +10,21 @@ in the piece where it starts, so every complete event is in exactly one piece.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
-import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from torchprof_args.analysis.errors import TraceError
+from torchprof_args.analysis.analyzers.steps import STEP_RE
+from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.atomic import partial_path
-
-_STEP = re.compile(r"^ProfilerStep#\d+$")
+from torchprof_args.atomic import atomic_output
+from torchprof_args.errors import TraceError
+from torchprof_args.naming import strip_trace_suffixes
 
 
 class _Light(msgspec.Struct, gc=False):
@@ -38,6 +39,7 @@ _any = msgspec.json.Decoder()
 
 
 def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
+    """Each event's original bytes, and its ``ph`` / ``name`` / ``ts`` (loosely for odd values)."""
     raws = _raw.decode(text)
     try:
         light = _light.decode(text)
@@ -53,15 +55,8 @@ def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
     return raws, light
 
 
-def strip_suffixes(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
-
-
 def _header(metadata: dict[str, Any]) -> bytes:
+    """A piece's opening: the trace's top-level fields, then ``"traceEvents": [``."""
     parts = [b'"' + k.encode() + b'": ' + msgspec.json.encode(v) for k, v in metadata.items() if k != "traceEvents"]
     return b"{" + b", ".join(parts + [b'"traceEvents": [\n'])
 
@@ -99,11 +94,20 @@ def plan_pieces(
     return piece
 
 
-def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = None, progress: bool = False) -> list[Path]:
-    """Split ``path`` into pieces of at most ``max_mb`` MB (uncompressed JSON); returns their paths."""
-    path = Path(path)
-    out = Path(out_dir) if out_dir is not None else path.parent / (strip_suffixes(path) + ".split")
-    budget_total = int(max_mb * 1e6)
+@dataclass
+class _Scan:
+    """What the first pass learns: per event its size, start and whether it is metadata."""
+
+    metadata: dict[str, Any]
+    sizes: np.ndarray
+    ts: np.ndarray
+    is_meta: np.ndarray
+    step_starts: np.ndarray
+    meta_events: list[bytes]
+
+
+def _scan(path: Path, progress: bool) -> _Scan:
+    """First pass over ``path``."""
     sizes: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     is_meta: list[np.ndarray] = []
@@ -117,61 +121,68 @@ def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = No
         stamps.append(ts)
         is_meta.append(meta)
         meta_events += [bytes(raws[i]) for i in np.flatnonzero(meta)]
-        step_starts += [e.ts for e in light if e.ph == "X" and _STEP.match(e.name)]
-    metadata = stream.metadata
-    size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
-    ts = np.concatenate(stamps) if stamps else np.zeros(0)
-    meta_mask = np.concatenate(is_meta) if is_meta else np.zeros(0, dtype=bool)
-    header = _header(metadata)
-    fixed = len(header) + sum(len(m) + 2 for m in meta_events) + 16
-    body = np.flatnonzero(~meta_mask)
-    budget = budget_total - fixed - 2 * len(body) // max(len(body), 1)
-    biggest = int((size[body] + 2).max()) if len(body) else 0
+        step_starts += [e.ts for e in light if e.ph == "X" and STEP_RE.match(e.name)]
+    return _Scan(
+        metadata=stream.metadata,
+        sizes=np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64),
+        ts=np.concatenate(stamps) if stamps else np.zeros(0),
+        is_meta=np.concatenate(is_meta) if is_meta else np.zeros(0, dtype=bool),
+        step_starts=np.array(step_starts),
+        meta_events=meta_events,
+    )
+
+
+def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = None, progress: bool = False) -> list[Path]:
+    """Split ``path`` into pieces of at most ``max_mb`` MB (uncompressed JSON); returns their paths.
+
+    Pieces are ``<out_dir>/<stem>.partNNN.json``; ``out_dir`` defaults to ``<stem>.split`` beside
+    the trace.  TraceError when ``max_mb`` cannot hold the metadata plus the largest event.
+    """
+    path = Path(path)
+    stem = strip_trace_suffixes(path.name, pt_trace=False)
+    out = Path(out_dir) if out_dir is not None else path.parent / (stem + ".split")
+    scan = _scan(path, progress)
+    header = _header(scan.metadata)
+    fixed = len(header) + sum(len(m) + 2 for m in scan.meta_events) + 16
+    body = np.flatnonzero(~scan.is_meta)
+    budget = int(max_mb * 1e6) - fixed - 2 * len(body) // max(len(body), 1)
+    biggest = int((scan.sizes[body] + 2).max()) if len(body) else 0
     if budget <= biggest:
         raise TraceError(
             f"{path}: --max-mb {max_mb:g} is too small: metadata alone takes {fixed / 1e6:.2f} MB and the "
             f"largest event {biggest / 1e6:.3f} MB; use a larger --max-mb"
         )
-    piece_of = np.full(len(size), -1, dtype=np.int32)
-    piece_of[body] = plan_pieces(size[body] + 2, ts[body], np.array(step_starts), budget)
+    piece_of = np.full(len(scan.sizes), -1, dtype=np.int32)
+    piece_of[body] = plan_pieces(scan.sizes[body] + 2, scan.ts[body], scan.step_starts, budget)
     n_pieces = int(piece_of.max()) + 1 if len(body) else 1
-
     out.mkdir(parents=True, exist_ok=True)
-    stem = strip_suffixes(path)
     finals = [out / f"{stem}.part{k:03d}.json" for k in range(n_pieces)]
-    temps = [partial_path(f) for f in finals]
-    handles = [open(t, "wb", buffering=1 << 20) for t in temps]  # noqa: SIM115
-    first = [True] * n_pieces
-    try:
-        for fh in handles:
+    _write_pieces(path, finals, header, scan.meta_events, piece_of)
+    return finals
+
+
+def _write_pieces(path: Path, finals: list[Path], header: bytes, meta_events: list[bytes],
+                  piece_of: np.ndarray) -> None:
+    """Second pass: copy each event's original bytes into its piece (``-1``: metadata, already
+    in every piece).  All pieces appear at once, or none on failure."""
+    with contextlib.ExitStack() as stack:
+        writers = []
+        for final in finals:
+            fh = stack.enter_context(atomic_output(final, "wb"))
             fh.write(header)
-            for k, m in enumerate(meta_events):
-                fh.write(m if k == 0 else b",\n" + m)
-            if meta_events:
-                first[handles.index(fh)] = False
+            writer = ArrayWriter(fh)
+            writer.write_raw(meta_events)
+            writers.append(writer)
         ordinal = 0
         for raws in TraceStream(path).batches(_raw.decode):
             pieces = piece_of[ordinal : ordinal + len(raws)]
             ordinal += len(raws)
-            for raw, k in zip(raws, pieces.tolist(), strict=False):
-                if k < 0:
-                    continue
-                fh = handles[k]
-                if first[k]:
-                    first[k] = False
-                    fh.write(raw)
-                else:
-                    fh.write(b",\n")
-                    fh.write(raw)
-        for fh in handles:
-            fh.write(b"\n]}\n")
-    except BaseException:
-        for fh, tmp in zip(handles, temps, strict=False):
-            fh.close()
-            tmp.unlink(missing_ok=True)
-        raise
-    for fh in handles:
-        fh.close()
-    for tmp, final in zip(temps, finals, strict=False):
-        os.replace(tmp, final)
-    return finals
+            if len(raws) == 0:
+                continue
+            order = np.argsort(pieces, kind="stable")  # file order within each piece
+            for group in np.split(order, np.flatnonzero(np.diff(pieces[order])) + 1):
+                k = int(pieces[group[0]])
+                if k >= 0:
+                    writers[k].write_raw([raws[i] for i in group.tolist()])
+        for writer in writers:
+            writer.fh.write(b"\n]}\n")

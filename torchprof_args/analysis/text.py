@@ -136,6 +136,7 @@ def format_summary(summary: dict[str, Any], rows: int = 10) -> str:
 
 
 def format_cross_rank(view: dict[str, Any]) -> str:
+    """Human-readable cross-rank view (one row per rank, then the slowest/fastest rank)."""
     lines = ["== cross-rank view", f"  {'rank':>5} {'steps':>6} {'mean step':>12} {'GPU idle':>9} {'overlap':>8}"]
     for r in sorted(view["ranks"], key=lambda r: r["rank"]):
         lines.append(

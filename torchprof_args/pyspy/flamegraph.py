@@ -16,8 +16,8 @@ import html
 import re
 from collections.abc import Iterable
 
-from torchprof_args._pyspy_parse import NATIVE, PROCESS, PYTHON, THREAD, Frame, Stack, is_own_code
 from torchprof_args.atomic import write_text_atomically
+from torchprof_args.pyspy.parse import NATIVE, PROCESS, PYTHON, THREAD, Frame, Stack, is_own_code
 
 WIDTH = 1200
 ROW = 17
@@ -27,6 +27,9 @@ FONT_CHAR_PX = 7.0  # average width of a 12px monospace glyph
 
 @dataclasses.dataclass
 class Node:
+    """One frame of the merged call tree: its label, kind, whether it is the user's code, and the
+    samples of the stacks through it."""
+
     label: str
     kind: str
     own: bool
@@ -35,6 +38,7 @@ class Node:
 
 
 def build_tree(stacks: Iterable[Stack], root_label: str = "all") -> Node:
+    """Merge stacks into one call tree, root first (frames with the same label share a node)."""
     root = Node(root_label, "root", False)
     for stack in stacks:
         root.samples += stack.count
@@ -148,9 +152,9 @@ _SCRIPT = r"""
 """
 
 
-def render_svg(root: Node, title: str, min_fraction: float = 0.0002, for_html: bool = False) -> str:
-    """The flamegraph as SVG markup; nodes narrower than ``min_fraction`` of the root are merged
-    into their parent (py-spy/inferno prune the same way) to keep files small."""
+def _frame_rows(root: Node, min_fraction: float) -> tuple[list[str], int]:
+    """One ``<g class="fr">`` per drawn node (depth first) and the deepest depth drawn; nodes
+    narrower than ``min_fraction`` of the root are left out."""
     total = max(root.samples, 1)
     usable = WIDTH - 20
     rows: list[str] = []
@@ -188,6 +192,13 @@ def render_svg(root: Node, title: str, min_fraction: float = 0.0002, for_html: b
         emit(root, 0.0, 0)
     finally:
         sys.setrecursionlimit(limit)
+    return rows, max_depth
+
+
+def render_svg(root: Node, title: str, min_fraction: float = 0.0002, for_html: bool = False) -> str:
+    """The flamegraph as SVG markup; nodes narrower than ``min_fraction`` of the root are merged
+    into their parent (py-spy/inferno prune the same way) to keep files small."""
+    rows, max_depth = _frame_rows(root, min_fraction)
     height = TOP + (max_depth + 1) * ROW + 10
     script = _SCRIPT % {"width": WIDTH, "char": repr(FONT_CHAR_PX)}
     head = "" if for_html else '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
@@ -213,6 +224,7 @@ def render_svg(root: Node, title: str, min_fraction: float = 0.0002, for_html: b
 
 
 def render_html(root: Node, title: str, min_fraction: float = 0.0002) -> str:
+    """The flamegraph as a standalone HTML page (the SVG inline, the script once)."""
     svg = render_svg(root, title, min_fraction, for_html=True)
     script = _SCRIPT % {"width": WIDTH, "char": repr(FONT_CHAR_PX)}
     return (

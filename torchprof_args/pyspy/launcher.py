@@ -5,20 +5,22 @@ crashed training run from a finished one.  py-spy therefore runs this small scri
 CMD as its child (sampled through ``py-spy -s``), forwards SIGTERM/SIGHUP to it, writes the exit
 code to STATUS_FILE and exits with it.  Its own samples (it only waits) are dropped by the report.
 
-Usage: ``python _pyspy_child.py STATUS_FILE -- CMD...``.  Kept free of package imports so that
-it runs with any interpreter, installed package or not.
+Usage: ``python .../torchprof_args/pyspy/launcher.py STATUS_FILE -- CMD...``, run by file path
+(:func:`torchprof_args.pyspy.record.record_command`) with the interpreter of ``torchprof``, so
+``torchprof_args`` is importable; it is imported only once this file's own folder is off
+``sys.path`` (see the end of the file).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 
-from torchprof_args.atomic import write_text_atomically
-
-#: The marker :mod:`torchprof_args.pyspy` looks for in py-spy's process frames.
-LAUNCHER_MARKER = "_pyspy_child.py"
+#: What :mod:`torchprof_args.pyspy.parse` looks for in py-spy's process frames (the command line
+#: of this launcher's process): this file's path inside the package.
+LAUNCHER_MARKER = os.path.join("torchprof_args", "pyspy", "launcher.py")
 
 
 def exit_code(returncode: int) -> int:
@@ -41,8 +43,11 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run CMD, write its exit code to STATUS_FILE, return it (2 for a usage error)."""
+    from torchprof_args.atomic import write_text_atomically
+
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: _pyspy_child.py STATUS_FILE -- CMD...", file=sys.stderr)
+        print("usage: launcher.py STATUS_FILE -- CMD...", file=sys.stderr)
         return 2
     status_file, command = argv[0], argv[2:]
     try:
@@ -65,4 +70,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # Run by path, Python put this file's folder first on sys.path, where its sibling modules
+    # (parse.py, record.py, report.py...) would shadow any top-level module of the same name.
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
     sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Reading py-spy's ``raw`` output (collapsed stacks) and the ``torchprof pyspy report`` table.
+"""Reading py-spy's ``raw`` output (collapsed stacks) into a :class:`Profile`.
 
 py-spy writes one line per distinct stack, ``frame;frame;...;frame COUNT``, root first.  The
 frames it writes are:
@@ -21,23 +21,26 @@ import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from typing import Any
 
-from torchprof_args._pyspy_child import LAUNCHER_MARKER
+from torchprof_args.pyspy.launcher import LAUNCHER_MARKER
 
 __all__ = [
     "Frame",
     "Stack",
     "Profile",
-    "ReportRow",
+    "is_own_code",
     "parse_frame",
     "parse_raw_text",
     "read_profiles",
     "shorten_path",
-    "report_rows",
-    "format_table",
 ]
+
+#: The launcher's markers: its current path, and its name before the pyspy package existed (so
+#: raw files recorded by earlier versions still lose the launcher's frames).
+_LAUNCHER_MARKERS = (LAUNCHER_MARKER, "_pyspy_child.py")
 
 PYTHON, NATIVE, PROCESS, THREAD, UNKNOWN = "python", "native", "process", "thread", "unknown"
 
@@ -71,6 +74,8 @@ class Frame:
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
+    """A distinct sampled stack (root first) and how many samples had it."""
+
     frames: tuple[Frame, ...]
     count: int
 
@@ -93,9 +98,11 @@ class Profile:
 
     @property
     def total_samples(self) -> int:
+        """Samples in all stacks (launcher samples and malformed records excluded)."""
         return sum(stack.count for stack in self.stacks)
 
     def merge(self, other: Profile) -> None:
+        """Add ``other``'s stacks and counters to this profile (at most 5 unparsed examples)."""
         self.stacks += other.stacks
         self.files += other.files
         self.unparsed_frames += other.unparsed_frames
@@ -155,7 +162,7 @@ _PROCESS_END_RE = re.compile(r'"(;|[ \t]+(\d+)[ \t]*\r?(?:\n|$))')
 _COUNT_RE = re.compile(r"(.*)[ \t]+(\d+)[ \t]*\r?", re.S)
 
 
-def _iter_records(text: str, progress=None) -> Iterator[tuple[list[Frame] | None, int, list[str]]]:
+def _iter_records(text: str, progress: Any = None) -> Iterator[tuple[list[Frame] | None, int, list[str]]]:
     """Yields ``(frames, count, raw_tokens)`` per record; ``frames`` is None for a malformed one."""
     pos, size = 0, len(text)
     last_reported = 0
@@ -198,8 +205,8 @@ def _iter_records(text: str, progress=None) -> Iterator[tuple[list[Frame] | None
         progress.update(size - last_reported)
 
 
-def parse_raw_text(text: str, source: str = "<text>", progress=None) -> Profile:
-    """Parse the contents of one py-spy raw file."""
+def parse_raw_text(text: str, source: str = "<text>", progress: Any = None) -> Profile:
+    """Parse the contents of one py-spy raw file (``progress``: a tqdm bar, updated in bytes)."""
     profile = Profile(files=[source])
     merged: Counter[tuple[Frame, ...]] = Counter()
     for frames, count, _tokens in _iter_records(text, progress):
@@ -224,7 +231,7 @@ def parse_raw_text(text: str, source: str = "<text>", progress=None) -> Profile:
 def _strip_launcher(frames: list[Frame]) -> list[Frame] | None:
     """Remove the ``torchprof pyspy record`` launcher's process frame; None for its own samples."""
     process_indexes = [i for i, f in enumerate(frames) if f.kind == PROCESS]
-    launcher = [i for i in process_indexes if LAUNCHER_MARKER in (frames[i].path or "")]
+    launcher = [i for i in process_indexes if any(m in (frames[i].path or "") for m in _LAUNCHER_MARKERS)]
     if not launcher:
         return frames
     if process_indexes[-1] in launcher:
@@ -307,133 +314,3 @@ def is_own_code(path: str | None) -> bool:
     first = re.split(r"[/\\]", path, maxsplit=1)[0]
     first = first[:-3] if first.endswith(".py") else first
     return first not in sys.stdlib_module_names and first not in _installed_top_level_modules()
-
-
-def in_library(path: str | None, library: str) -> bool:
-    """Whether ``path`` is inside ``library`` (``megatron``, ``megatron.core``, ``megatron/core``,
-    or a single module such as ``train``)."""
-    if not path:
-        return False
-    wanted = [p for p in re.split(r"[./\\]", library) if p]
-    parts = [p for p in re.split(r"[/\\]", path) if p]
-    if parts and parts[-1].endswith(".py"):
-        parts[-1] = parts[-1][:-3]
-    n = len(wanted)
-    return any(parts[i : i + n] == wanted for i in range(len(parts) - n + 1))
-
-
-# ---------------------------------------------------------------------------------------------
-# The report.
-
-
-@dataclasses.dataclass
-class ReportRow:
-    name: str
-    path: str
-    line: int | None
-    library_function_name: str
-    library_function_path: str
-    library_function_line: int | None
-    samples: int
-    proportion: float
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def _leaf(frames: Sequence[Frame]) -> Frame | None:
-    for frame in reversed(frames):
-        if not frame.is_context:
-            return frame
-    return None
-
-
-def _library_frame(frames: Sequence[Frame], library: str | None) -> Frame | None:
-    for frame in reversed(frames):
-        if frame.is_context or frame.kind == UNKNOWN:
-            continue
-        if (in_library(frame.path, library) if library else is_own_code(frame.path)):
-            return frame
-    return None
-
-
-def _describe(frame: Frame | None) -> tuple[str, str, int | None]:
-    if frame is None:
-        return "(no Python frames)", "-", None
-    if frame.kind == UNKNOWN or frame.path is None:
-        return frame.name, "-", None
-    return frame.name, shorten_path(frame.path), frame.line
-
-
-def report_rows(
-    profile: Profile,
-    library: str | None = None,
-    aggregate_leaf_paths: bool = False,
-    top: int | None = 20,
-) -> list[ReportRow]:
-    """The report table: one row per distinct stack, or per distinct (leaf, library frame)
-    with ``aggregate_leaf_paths``; sorted by samples, largest first."""
-    total = profile.total_samples
-    grouped: Counter[tuple] = Counter()
-    for stack in profile.stacks:
-        leaf = _describe(_leaf(stack.frames))
-        lib = _describe(_library_frame(stack.frames, library))
-        if lib[0] == "(no Python frames)":
-            lib = ("-", "-", None)
-        key = (*leaf, *lib) if aggregate_leaf_paths else (*leaf, *lib, stack.frames)
-        grouped[key] += stack.count
-    rows = [
-        ReportRow(*key[:6], samples=count, proportion=(count / total if total else 0.0))
-        for key, count in grouped.most_common()
-    ]
-    rows.sort(key=lambda r: (-r.samples, r.name, r.path))
-    return rows[:top] if top else rows
-
-
-COLUMNS = (
-    "name",
-    "path",
-    "line",
-    "library_function_name",
-    "library_function_path",
-    "library_function_line",
-    "proportion (n)",
-)
-
-
-def _cells(row: ReportRow) -> list[str]:
-    def line(value: int | None) -> str:
-        return "-" if value is None else str(value)
-
-    return [
-        row.name,
-        row.path,
-        line(row.line),
-        row.library_function_name,
-        row.library_function_path,
-        line(row.library_function_line),
-        f"{row.proportion * 100:.2f}% ({row.samples})",
-    ]
-
-
-def format_table(rows: Iterable[ReportRow], max_width: int = 60) -> str:
-    """The seed's pipe table; long cells are cut in the middle to ``max_width``."""
-
-    def cut(text: str) -> str:
-        text = " ".join(text.split())
-        if len(text) <= max_width:
-            return text
-        half = (max_width - 3) // 2
-        return text[:half] + "..." + text[-(max_width - 3 - half) :]
-
-    body = [[cut(c) for c in _cells(r)] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(COLUMNS)]
-    numeric = {2, 5, 6}
-
-    def fmt(cells: Sequence[str]) -> str:
-        out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
-        return " " + " | ".join(out)
-
-    lines = [fmt(COLUMNS), "-" + "-+-".join("-" * w for w in widths) + "-"]
-    lines += [fmt(r) for r in body]
-    return "\n".join(lines)

@@ -1,0 +1,15 @@
+"""The analyses of one loaded :class:`~torchprof_args.analysis.trace.Trace`, one module each.
+
+Each analyzer is a function of the trace's columns that returns plain, JSON-ready values;
+:func:`torchprof_args.analysis.summary.summarize` composes them.  All are vectorised with numpy
+(no per-event Python loop), so they keep up with multi-GB traces.
+
+* :mod:`.steps`: ``ProfilerStep#N`` spans;
+* :mod:`.gpu`: GPU time breakdown, kernel types and top kernels, with Holistic Trace Analysis'
+  definitions (the tests compare them with HTA);
+* :mod:`.overlap`: communication/computation overlap (HTA's definition);
+* :mod:`.cpu_ops`: the CPU operator tree, per-operator totals and self times, thread busy time;
+* :mod:`.memory`: peaks of the ``[memory]`` events per device;
+* :mod:`.cross_rank`: step time per rank, slowest rank and spread, from per-rank summaries;
+* :mod:`.intervals` and :mod:`.select`: the vectorised building blocks they share.
+"""

@@ -1,0 +1,203 @@
+"""GPU time: temporal breakdown, kernel types and top kernels, with HTA's definitions.
+
+The numbers follow Holistic Trace Analysis (``hta`` 0.5) so they can be compared with it (the
+tests do, on real traces):
+
+* kernels are events with a CUDA ``stream``; when the trace has two or more ``ProfilerStep``
+  names, only kernels launched (same correlation id) by CPU events that start before the last
+  ProfilerStep are kept, plus stream-bearing CPU-side events before it (HTA drops the last,
+  usually incomplete, step);
+* times are rounded like HTA's parser: ``ts = ceil(ts)``, ``end = floor(ts + dur)``;
+* kernel class by name: communication ``^nccl.*Kernel``, memory ``^Memcpy|^Memset|^dma``,
+  computation = not matching ``^nccl.*Kernel|.*Memcpy|Memset|.*Sync`` (the rest is "other");
+* idle = kernel-active span (first kernel start to last end) minus the union of kernel
+  intervals; compute = union of computation kernels; non-compute = span - compute - idle;
+* kernel-type totals are exclusive: time where several classes run at once is reported under
+  the combined class ("computation overlapping communication") as HTA does.
+
+Communication/computation overlap, computed from the same kernel intervals, is in
+:mod:`.overlap`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.intervals import merge_intervals, time_per_combination, total
+from torchprof_args.analysis.analyzers.overlap import comm_comp_overlap
+from torchprof_args.analysis.analyzers.select import lookup, member
+from torchprof_args.analysis.trace import Trace
+
+__all__ = [
+    "COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER", "gpu_view", "hta_kernels", "kernel_type",
+    "kernel_type_breakdown", "temporal_breakdown", "top_kernels",
+]
+
+COMM_RE = re.compile(r"^nccl.*Kernel")
+MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+COMPUTATION, COMMUNICATION, MEMORY, OTHER = "computation", "communication", "memory", "other"
+Intervals = tuple[np.ndarray, np.ndarray]
+
+#: bits of the classes whose exclusive times are reported (their ORs name the overlaps).
+_TYPE_BITS = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 4}
+#: kernel class of a name as a small integer, for vectorised selection.
+_TYPE_CODES = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 3, OTHER: 0}
+
+
+def kernel_type(name: str) -> str:
+    """HTA's ``get_kernel_type``: communication, memory, computation or other."""
+    if COMM_RE.match(name):
+        return COMMUNICATION
+    if MEMORY_RE.match(name):
+        return MEMORY
+    if not NOT_COMPUTE_RE.match(name):
+        return COMPUTATION
+    return OTHER
+
+
+def _name_types(trace: Trace) -> np.ndarray:
+    """Kernel class of every distinct name (cached on the trace)."""
+    cached = trace._cache.get("name_types")
+    if cached is None:
+        cached = np.array([kernel_type(n) for n in trace.names] or [OTHER], dtype=object)
+        trace._cache["name_types"] = cached
+    return cached
+
+
+def _name_codes(trace: Trace) -> np.ndarray:
+    """Kernel class of every name as a small integer (see ``_TYPE_CODES``)."""
+    cached = trace._cache.get("name_codes")
+    if cached is None:
+        cached = np.array([_TYPE_CODES[str(t)] for t in _name_types(trace)], dtype=np.int8)
+        trace._cache["name_codes"] = cached
+    return cached
+
+
+def hta_kernels(trace: Trace) -> tuple[np.ndarray, bool]:
+    """Mask of the events HTA's analyses treat as kernels, and whether the last step was dropped."""
+    valid = ~lookup(trace.cats, ("Trace",))[trace.cat_id]
+    sync = lookup(trace.names, ("Event Sync", "Context Sync"))[trace.name_id]
+    is_gpu = ((trace.stream >= 0) & (trace.corr >= 0)) | sync
+    del sync
+    is_step = lookup(trace.names, lambda n: "ProfilerStep" in n)
+    has_stream = trace.stream != -1
+    if int(is_step.sum()) < 2:
+        return valid & has_stream, False
+    cpu = valid & ~is_gpu
+    kernels = valid & is_gpu
+    del valid, is_gpu
+    step_starts = trace.ts[cpu & is_step[trace.name_id]]
+    if len(step_starts) == 0:
+        return np.zeros(len(trace.ts), dtype=bool), True
+    # HTA compares ceil(ts) < ceil(last step start); for an integer m, ceil(t) < m <=> t <= m - 1.
+    kept_cpu = cpu & (trace.ts <= float(np.ceil(step_starts).max()) - 1.0)
+    del cpu
+    kept_corr = trace.corr[kept_cpu]
+    kernels[kernels] = member(trace.corr[kernels], kept_corr)
+    kernels |= kept_cpu
+    return kernels & has_stream, True
+
+
+def _kernel_intervals(trace: Trace, sel: np.ndarray) -> tuple[float, float, dict[str, Intervals]]:
+    """Kernel-active span, busy time (union of all kernels) and the union of each class.
+
+    The rounded per-kernel times live only in here, so they are freed before the sweeps.
+    """
+    ts = np.ceil(trace.ts[sel])
+    end = np.floor(trace.ts[sel] + trace.dur[sel])
+    codes = _name_codes(trace)[trace.name_id[sel]]
+    starts, ends = merge_intervals(ts, end)
+    span = float(ends[-1] - starts[0])
+    busy = total((starts, ends))
+    del starts, ends
+    merged = {}
+    for t in (COMPUTATION, COMMUNICATION, MEMORY):
+        of_type = codes == _TYPE_CODES[t]
+        merged[t] = merge_intervals(ts[of_type], end[of_type])
+    return span, busy, merged
+
+
+def temporal_breakdown(span: float, busy: float, computation: Intervals) -> dict[str, float]:
+    """HTA's temporal breakdown: idle, compute and non-compute time, in us and % of the span."""
+    idle = span - busy
+    compute = total(computation)
+    non_compute = span - compute - idle
+
+    def pct(x: float) -> float:
+        return 100.0 * x / span if span > 0 else 0.0
+
+    return {
+        "kernel_active_span_us": span,
+        "busy_us": busy,
+        "idle_us": idle,
+        "compute_us": compute,
+        "non_compute_us": non_compute,
+        "idle_pct": pct(idle),
+        "compute_pct": pct(compute),
+        "non_compute_pct": pct(non_compute),
+    }
+
+
+def kernel_type_breakdown(merged: dict[str, Intervals]) -> dict[str, dict[str, float]]:
+    """Exclusive time per kernel class, and per combination of classes running at once."""
+    exclusive = time_per_combination({bit: merged[t] for t, bit in _TYPE_BITS.items()})
+    overlapping: dict[str, float] = {}
+    for mask_value, time_us in sorted(exclusive.items()):
+        parts = [t for t, bit in _TYPE_BITS.items() if mask_value & bit]
+        if len(parts) > 1:
+            overlapping[" overlapping ".join(parts)] = time_us
+    return {
+        "kernel_type_us": {t: exclusive.get(bit, 0.0) for t, bit in _TYPE_BITS.items()},
+        "kernel_type_overlapping_us": overlapping,
+    }
+
+
+def top_kernels(trace: Trace, sel: np.ndarray, top: int) -> list[dict[str, Any]]:
+    """The ``top`` kernel names among events ``sel`` by total duration (not rounded), with
+    their class, calls, mean and share of all selected kernel time."""
+    name_id = trace.name_id[sel]
+    dur = trace.dur[sel]
+    totals = np.bincount(name_id, weights=dur, minlength=len(trace.names))
+    count = np.bincount(name_id, minlength=len(trace.names))
+    order = np.argsort(-totals, kind="stable")[: max(top, 0)]
+    types = _name_types(trace)
+    grand = float(dur.sum()) or 1.0
+    return [
+        {
+            "name": trace.names[i],
+            "type": str(types[i]),
+            "calls": int(count[i]),
+            "total_us": float(totals[i]),
+            "mean_us": float(totals[i] / count[i]),
+            "pct": 100.0 * float(totals[i]) / grand,
+        }
+        for i in order
+        if count[i] > 0
+    ]
+
+
+def gpu_view(trace: Trace, top: int = 30) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """HTA-comparable GPU breakdown (``None`` without kernels) and the top kernels.
+
+    The breakdown holds the temporal breakdown, the communication/computation overlap, the
+    kernel-type breakdown, the kernel count, the streams and whether the last step was excluded.
+    """
+    mask, dropped_last = hta_kernels(trace)
+    if not mask.any():
+        return None, []
+    sel = np.flatnonzero(mask)
+    del mask
+    span, busy, merged = _kernel_intervals(trace, sel)
+    gpu = {
+        **temporal_breakdown(span, busy, merged[COMPUTATION]),
+        **comm_comp_overlap(merged[COMMUNICATION], merged[COMPUTATION]),
+        **kernel_type_breakdown(merged),
+        "kernels": len(sel),
+        "streams": sorted(int(x) for x in np.unique(trace.stream[sel])),
+        "last_step_excluded": dropped_last,
+    }
+    return gpu, top_kernels(trace, sel, top)

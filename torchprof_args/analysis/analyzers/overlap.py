@@ -1,0 +1,33 @@
+"""Communication/computation overlap, with HTA's definition.
+
+The share of the time communication kernels run during which a computation kernel runs too:
+``|union(comm) ∩ union(comp)| / |union(comm)|``.  Kernels are selected, rounded and classified
+by :mod:`.gpu` (HTA's rules); this module only measures their unions.  It is apart from the GPU
+breakdown because it answers a different question (is communication hidden behind compute?) and
+is read on its own, per rank, to find ranks whose communication is exposed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.intervals import time_per_combination, total
+
+__all__ = ["comm_comp_overlap"]
+
+
+def comm_comp_overlap(
+    communication: tuple[np.ndarray, np.ndarray], computation: tuple[np.ndarray, np.ndarray]
+) -> dict[str, float | None]:
+    """Communication time, the part of it overlapped by computation (us), and that part in %.
+
+    Arguments are unions from :func:`~.intervals.merge_intervals`.  The percentage is None when
+    there is no communication.
+    """
+    comm_total = total(communication)
+    both = time_per_combination({1: communication, 2: computation}).get(3, 0.0)
+    return {
+        "communication_us": comm_total,
+        "comm_comp_overlap_us": both,
+        "comm_comp_overlap_pct": 100.0 * both / comm_total if comm_total > 0 else None,
+    }

@@ -1,0 +1,260 @@
+"""``load_trace``: read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace`.
+
+The file is read in batches (:class:`~torchprof_args.analysis.reader.TraceStream`), each batch
+decoded into columns (:mod:`torchprof_args.analysis.trace`), here or in worker processes
+(:mod:`torchprof_args.analysis.parallel`), and the columns accumulated in fixed-size blocks
+(:class:`ColumnStore`) that are released one by one as the final arrays are filled, so peak
+memory stays close to the columns' real size.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis import parallel
+from torchprof_args.analysis.reader import TraceStream
+from torchprof_args.analysis.trace import I32_MAX, I32_MIN, NO_CAT, Part, Trace, decode_events, reduce_batch
+from torchprof_args.errors import TraceError
+
+__all__ = ["BLOCK_EVENTS", "SEGMENT_BYTES", "load_trace", "release_memory_eagerly"]
+
+#: uncompressed files are cut into ranges of about this many bytes.
+SEGMENT_BYTES = 8 << 20
+
+
+def _empty(n: int, dtype: Any) -> np.ndarray:
+    """An uninitialised array in its own anonymous mapping.
+
+    Pages count towards RSS only once written, and go back to the system as soon as the array is
+    freed (malloc would keep freed blocks of this size in its heap), which keeps peak memory close
+    to the columns' real size.
+    """
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes < (1 << 20):
+        return np.empty(n, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=n)
+
+
+def release_memory_eagerly() -> bool:
+    """Make glibc return every freed block of 1 MiB or more to the system at once (CLI use).
+
+    By default glibc raises its mmap threshold after large frees, so the analyses' temporaries
+    end up in a heap that does not shrink and peak RSS grows with each pass.  A process-wide
+    setting: the ``torchprof`` commands call it; a library caller may choose to.  Returns whether
+    it took effect (glibc only).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+#: events per storage block while loading.
+BLOCK_EVENTS = 1 << 20
+
+
+class ColumnStore:
+    """Columns accumulated in fixed-size blocks, in file order; interns (name, cat, pid, tid)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[Any, Any, Any, Any], int] = {}
+        self.dtypes = {"ts": np.float64, "dur": np.float64, "key": np.int32, "stream": np.int32, "corr": np.int32}
+        self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self.dtypes}
+        self.fill = BLOCK_EVENTS  # events in the last block (full: a new block is needed)
+        self.total = 0
+        self.n_events = 0
+        self.memory: list[tuple[float, int, int, int]] = []
+
+    def add(self, part: Part) -> None:
+        """Append one batch's columns (parts must come in file order)."""
+        self.n_events += part.n_events
+        self.memory += part.memory
+        keys = self.keys
+        part.key = np.array([keys.setdefault(k, len(keys)) for k in part.keys], dtype=np.int32)[part.key]
+        if self.dtypes["corr"] == np.int32 and len(part.corr) and (
+            int(part.corr.min()) < I32_MIN or int(part.corr.max()) > I32_MAX
+        ):
+            self.dtypes["corr"] = np.int64
+            self.blocks["corr"] = [b.astype(np.int64) for b in self.blocks["corr"]]
+            if self.blocks["corr"]:  # keep the last block writable at full size
+                last = _empty(BLOCK_EVENTS, np.int64)
+                last[: self.fill] = self.blocks["corr"][-1][: self.fill]
+                self.blocks["corr"][-1] = last
+        n, done = len(part.ts), 0
+        while done < n:
+            if self.fill == BLOCK_EVENTS:
+                for col, dtype in self.dtypes.items():
+                    self.blocks[col].append(_empty(BLOCK_EVENTS, dtype))
+                self.fill = 0
+            step = min(n - done, BLOCK_EVENTS - self.fill)
+            for col in self.dtypes:
+                self.blocks[col][-1][self.fill : self.fill + step] = getattr(part, col)[done : done + step]
+            self.fill += step
+            done += step
+        self.total += n
+
+    def finish(self) -> dict[str, Any]:
+        """The final columns; blocks are released one by one as they are copied."""
+        names: dict[str, int] = {}
+        cats: dict[str, int] = {}
+        threads: dict[tuple[Any, Any], int] = {}
+        tables = {
+            "name_id": np.array([names.setdefault(k[0], len(names)) for k in self.keys], dtype=np.int32),
+            "cat_id": np.array([cats.setdefault(k[1], len(cats)) for k in self.keys], dtype=np.int32),
+            "thread_id": np.array([threads.setdefault((k[2], k[3]), len(threads)) for k in self.keys], dtype=np.int32),
+        }
+        out: dict[str, Any] = {}
+        sizes = [BLOCK_EVENTS] * (len(self.blocks["ts"]) - 1) + [self.fill] if self.total else []
+        finals = {c: _empty(self.total, np.int32) for c in tables}
+        o = 0
+        blocks = self.blocks.pop("key")
+        for size in sizes:
+            block = blocks.pop(0)
+            for col, table in tables.items():
+                np.take(table, block[:size], out=finals[col][o : o + size])
+            o += size
+            del block
+        out.update(finals)
+        for col in ("ts", "dur", "stream", "corr"):
+            blocks = self.blocks.pop(col)
+            final = _empty(self.total, self.dtypes[col])
+            o = 0
+            for size in sizes:
+                block = blocks.pop(0)
+                final[o : o + size] = block[:size]
+                o += size
+                del block
+            out[col] = final
+        memory = self.memory
+        out["memory"] = {
+            "ts": np.array([m[0] for m in memory], dtype=np.float64),
+            "allocated": np.array([m[1] for m in memory], dtype=np.int64),
+            "reserved": np.array([m[2] for m in memory], dtype=np.int64),
+            "device": np.array([m[3] for m in memory], dtype=np.int64),
+        }
+        out["n_events"] = self.n_events
+        out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
+        return out
+
+
+def load_trace(path: str | Path, progress: bool = False, workers: int | None = None) -> Trace:
+    """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
+
+    ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
+    two cores are usable, else 1).  Raises :class:`TraceError` (message names the file) for bad
+    input.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory, expected a .json or .json.gz trace file")
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of short-lived objects: collections would only cost time
+    try:
+        try:
+            store = ColumnStore()
+            stream = _load_fast(path, progress, workers, store)
+        except parallel.WrongCut:  # an unusual layout fooled the fast cuts: redo it validated, in order
+            store = ColumnStore()
+            stream = TraceStream(path, progress=progress)
+            for events in stream.batches(decode_events):
+                store.add(reduce_batch(events))
+                del events
+        columns = store.finish()
+        del store
+    except MemoryError:
+        raise TraceError(f"{path}: out of memory while reading the trace") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return _to_trace(stream, columns)
+
+
+def _to_trace(stream: TraceStream, columns: dict[str, Any]) -> Trace:
+    """The :class:`Trace` of a file read by ``stream`` (its metadata) into ``columns``."""
+    meta = stream.metadata
+    if not isinstance(meta.get("distributedInfo", {}), dict):
+        meta["distributedInfo"] = {}
+    return Trace(
+        path=stream.path,
+        metadata=meta,
+        names=columns["names"],
+        cats=[c if c != NO_CAT else "" for c in columns["cats"]],
+        threads=columns["threads"],
+        ts=columns["ts"],
+        dur=columns["dur"],
+        name_id=columns["name_id"],
+        cat_id=columns["cat_id"],
+        thread_id=columns["thread_id"],
+        stream=columns["stream"],
+        corr=columns["corr"],
+        memory=columns["memory"],
+        n_events=columns["n_events"],
+        file_bytes=stream.file_bytes,
+        uncompressed_bytes=stream.uncompressed_bytes,
+        compressed=stream.compressed,
+    )
+
+
+def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore) -> TraceStream:
+    """Fill ``store`` from ``path`` (ranges of a plain file, else streamed batches), with worker
+    processes when asked or when the file is large; returns the stream that read the metadata.
+
+    Raises :class:`~torchprof_args.analysis.parallel.WrongCut` when a range cut was wrong.
+    """
+    import multiprocessing as mp
+
+    size = path.stat().st_size
+    probe = TraceStream(path)
+    start = probe.events_offset()  # None for gzip and unusual layouts
+    compressed = probe.compressed
+    if workers is None:
+        workers = parallel.default_workers(path, compressed, size)
+    elif workers > 1 and not parallel.can_fork(mp):
+        workers = 1
+    bar = None
+    own_bar = progress and start is not None and size >= (64 << 20)
+    stream = TraceStream(path, progress=progress and not own_bar, validate=False)
+    if start is not None:
+        stream.metadata.update(probe.metadata)
+    fd = os.open(path, os.O_RDONLY) if start is not None else None
+    children: list[parallel.Worker] = []
+    scratch = None
+    try:
+        if workers > 1:
+            scratch = tempfile.TemporaryFile(prefix="torchprof-columns-")  # noqa: SIM115 - closed below
+            ctx = mp.get_context("fork")
+            children = [parallel.Worker(ctx, path, scratch.fileno()) for _ in range(workers - 1)]
+            for child in children:
+                child.start_feeder()
+        if own_bar:  # after forking: tqdm starts a monitor thread
+            from tqdm import tqdm
+
+            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False)
+        parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store)
+    finally:
+        for child in children:
+            child.close()
+        if scratch is not None:
+            scratch.close()
+        if fd is not None:
+            os.close(fd)
+        if bar is not None:
+            bar.close()
+    if start is not None:
+        stream.uncompressed_bytes = size
+    return stream

@@ -1,0 +1,299 @@
+"""Decoding one trace with several processes: range cuts, worker processes, ordered results.
+
+An uncompressed file is cut at event boundaries found by reading a small window around every
+``segment`` bytes (:func:`cut_points`); each worker process reads and decodes its ranges itself,
+so no event text crosses a pipe.  A cut is trusted only because the range before it decodes as a
+JSON array: starting from the true start of the array, a range that parses completely ends where
+an event ends, so the next range starts at one.  A range that does not parse raises
+:class:`WrongCut` and the loader redoes the file with the validated sequential reader.  Gzipped
+files (and the last stretch of a plain one) are streamed: the parent reads the text and sends it.
+Workers return columns through an unlinked temporary file, not the pipe.
+
+Forking is only done from a process that runs no other thread (:func:`can_fork`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+from torchprof_args.analysis.reader import TraceStream
+from torchprof_args.analysis.trace import PART_COLUMNS, Part, decode_events, reduce_batch
+from torchprof_args.errors import TraceError
+
+if TYPE_CHECKING:
+    from torchprof_args.analysis.loader import ColumnStore
+
+
+# -- ranges -----------------------------------------------------------------------------------
+class WrongCut(Exception):
+    """A range did not decode as a JSON array: the fast cut was not at an event boundary."""
+
+
+def decode_part(text: Any) -> Part:
+    """Columns of one range or streamed text; :class:`WrongCut` when it is not a JSON array."""
+    try:
+        events = decode_events(text)
+    except msgspec.DecodeError:
+        raise WrongCut from None
+    return reduce_batch(events)
+
+
+def read_range(fd: int, offset: int, length: int) -> bytearray:
+    """Bytes ``[offset, offset + length)`` of the file wrapped in ``[`` ``]`` (one copy, no concat)."""
+    buf = bytearray(length + 2)
+    buf[0], buf[-1] = 0x5B, 0x5D
+    view = memoryview(buf)[1:-1]
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise TraceError(f"file shrank while being read (at byte {offset + done})")
+        done += n
+    return buf
+
+
+_CUT_WINDOW = 256 << 10
+
+
+def cut_points(fd: int, start: int, size: int, segment: int) -> list[int]:
+    """Offsets of ``}`` closing an event near every ``segment`` bytes (validated later by decoding)."""
+    cuts: list[int] = []
+    pos = start + segment
+    while pos < size - 2 * segment:
+        lo = max(pos - _CUT_WINDOW, (cuts[-1] + 2) if cuts else start)
+        window = os.pread(fd, pos - lo, lo)
+        end = len(window)
+        while True:
+            hit = window.rfind(b"},", 0, end)
+            if hit < 0:
+                break
+            if window[hit + 2 : hit + 66].lstrip(b" \t\r\n").startswith(b"{"):
+                cuts.append(lo + hit)
+                break
+            end = hit
+        pos += segment
+    return cuts
+
+
+#: A task: (offset, length) of a range of an uncompressed file, or (-1, len) with the text itself.
+Task = tuple[int, int, Any]
+
+
+def plan_tasks(stream: TraceStream, fd: int | None, start: int | None, segment: int) -> Iterator[Task]:
+    """Ranges of an uncompressed file (then its last stretch streamed), or streamed texts."""
+    resume = None
+    if fd is not None and start is not None:
+        size = os.fstat(fd).st_size
+        cuts = cut_points(fd, start, size, segment)
+        begin = start
+        for cut in cuts:
+            yield begin, cut + 1 - begin, None
+            begin = cut + 2  # after the "},"
+        resume = begin
+    for text in stream.batches(start=resume):
+        yield -1, len(text), text
+
+
+# -- worker processes -------------------------------------------------------------------------
+def _worker_main(conn: Any, path: str, out_fd: int) -> None:
+    """Worker loop: take (index, range or text), send back where its columns were written."""
+    gc.disable()
+    fd = os.open(path, os.O_RDONLY)
+    written = 0
+    try:
+        while True:
+            task = conn.recv()
+            if task is None:
+                break
+            index, offset, length = task
+            text = read_range(fd, offset, length) if offset >= 0 else conn.recv_bytes()
+            try:
+                part = decode_part(text)
+            except WrongCut:
+                conn.send(("bad", index))
+                continue
+            del text
+            where = []
+            for name, _ in PART_COLUMNS:
+                data = getattr(part, name)
+                where.append((written, len(data), data.dtype.str))
+                view = memoryview(data).cast("B")
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(out_fd, view[done:], written + done)
+                written += len(view)
+            conn.send(("ok", index, part.n_events, where, part.keys, part.memory))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        conn.send(("err", f"{type(exc).__name__}: {exc}"))
+    finally:
+        os.close(fd)
+
+
+class Worker:
+    """One forked worker, fed by a thread so a large text never blocks the main process."""
+
+    def __init__(self, ctx: Any, path: Path, out_fd: int) -> None:
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd), daemon=True)
+        self.proc.start()
+        child_conn.close()
+        self.out_fd = out_fd
+        self.outstanding = 0
+        self.feed: queue.Queue[Any] = queue.Queue()
+        self.feeder: threading.Thread | None = None
+
+    def start_feeder(self) -> None:
+        """Start the sending thread (after every worker is forked: forking copies no thread)."""
+        self.feeder = threading.Thread(target=self._send_loop, daemon=True)
+        self.feeder.start()
+
+    def _send_loop(self) -> None:
+        try:
+            while True:
+                task = self.feed.get()
+                if task is None:
+                    self.conn.send(None)
+                    return
+                index, offset, length, text = task
+                self.conn.send((index, offset, length))
+                if text is not None:
+                    self.conn.send_bytes(text)
+        except OSError:  # the child died; the main loop reports it
+            return
+
+    def submit(self, index: int, offset: int, length: int, text: Any) -> None:
+        """Queue task ``index``: a range to read (``text`` None) or a text to decode."""
+        self.outstanding += 1
+        self.feed.put((index, offset, length, text))
+
+    def receive(self, block: bool) -> tuple[int, Part] | None:
+        """The next finished task's (index, columns), or None when none is ready and not ``block``.
+
+        Raises :class:`WrongCut` for a range that was not cut at an event boundary, and
+        TraceError when the worker failed or died.
+        """
+        if not block and not self.conn.poll():
+            return None
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            raise TraceError("a trace decoding worker process died unexpectedly (out of memory?)") from None
+        if msg[0] == "err":
+            raise TraceError(f"a trace decoding worker failed: {msg[1]}")
+        if msg[0] == "bad":
+            raise WrongCut
+        _, index, n_events, where, keys, memory = msg
+        self.outstanding -= 1
+        cols = []
+        for offset, n, dtype in where:
+            arr = np.empty(n, dtype=np.dtype(dtype))
+            view = memoryview(arr).cast("B")
+            done = 0
+            while done < len(view):
+                got = os.preadv(self.out_fd, [view[done:]], offset + done)
+                if got <= 0:
+                    raise TraceError("a trace decoding worker's output could not be read back")
+                done += got
+            cols.append(arr)
+        return index, Part(n_events, *cols, keys, memory)
+
+    def close(self) -> None:
+        """Stop the feeder and the process (killed if it does not exit within 5 s)."""
+        if self.feeder is not None and self.feeder.is_alive():
+            self.feed.put(None)
+            self.feeder.join(timeout=5)
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
+              store: ColumnStore) -> None:
+    """Decode every task, here or in a worker (each kept at most two tasks ahead).
+
+    Parts are added to ``store`` in file order (a part that arrives early waits for the ones
+    before it), so interned tables come out in order of first appearance.
+    """
+    parts: dict[int, Part] = {}
+    next_index = 0
+
+    def flush() -> None:
+        nonlocal next_index
+        while next_index in parts:
+            store.add(parts.pop(next_index))
+            next_index += 1
+
+    def take(child: Worker, block: bool) -> bool:
+        got = child.receive(block)
+        if got is None:
+            return False
+        parts[got[0]] = got[1]
+        flush()
+        if bar is not None:
+            bar.update(sizes.pop(got[0], 0))
+        return True
+
+    sizes: dict[int, int] = {}
+    for index, (offset, length, text) in enumerate(tasks):
+        for child in children:
+            while child.outstanding and take(child, False):
+                pass
+        idle = min(children, key=lambda c: c.outstanding, default=None)
+        if idle is not None and idle.outstanding < 2:
+            sizes[index] = length
+            idle.submit(index, offset, length, text)
+            continue
+        if text is None:
+            text = read_range(fd, offset, length)  # type: ignore[arg-type]
+        parts[index] = decode_part(text)
+        del text
+        flush()
+        if bar is not None:
+            bar.update(length)
+    for child in children:
+        while child.outstanding:
+            take(child, True)
+    flush()
+
+
+# -- when to use workers ---------------------------------------------------------------------
+#: inputs at least this large (bytes on disk) are decoded by several processes by default.
+PARALLEL_MIN_BYTES = 32 << 20
+PARALLEL_MIN_GZIP_BYTES = 8 << 20
+
+
+def default_workers(path: Path, compressed: bool, size: int) -> int:
+    """2 processes for large files on a machine with 2+ usable cores, else 1.
+
+    Never forks from a daemon process or one running other threads (a training job's publisher
+    thread, say): forking a multi-threaded process can deadlock the child.
+    """
+    import multiprocessing as mp
+
+    if size < (PARALLEL_MIN_GZIP_BYTES if compressed else PARALLEL_MIN_BYTES):
+        return 1
+    return 2 if can_fork(mp) and _cpus() >= 2 else 1
+
+
+def can_fork(mp: Any) -> bool:
+    """Whether this process may fork workers (``mp`` is the :mod:`multiprocessing` module)."""
+    return (
+        "fork" in mp.get_all_start_methods()
+        and not mp.current_process().daemon
+        and threading.active_count() == 1
+    )
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,203 @@
+"""``torchprof pyspy``: sample a training job with py-spy, then read the result.
+
+* ``torchprof pyspy record [-o DIR] [--rate R] [--native] [--idle] -- CMD...`` runs
+  ``py-spy record -s -f raw`` around CMD (every process it starts is sampled, e.g. all torchrun
+  workers), writing ``DIR/pyspy_<host>[_node<SLURM_NODEID>][_task<SLURM_PROCID>]_<time>_<pid>.txt``
+  so that one launcher per node (``srun ... torchprof pyspy record -- torchrun ...``) never
+  clobbers another's file, nor a rerun its predecessor's.  Exits with CMD's exit code.
+* ``torchprof pyspy report FILE...`` prints where the samples landed: the deepest function of
+  each stack and the deepest frame of your own code (or of ``--library-name``) that led there.
+* ``torchprof pyspy flamegraph FILE... -o out.svg|out.html`` writes an interactive flamegraph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torchprof_args.pyspy import record
+
+if TYPE_CHECKING:
+    from torchprof_args.pyspy.parse import Profile
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``torchprof pyspy record | report | flamegraph``."""
+    parser = subparsers.add_parser(
+        "pyspy",
+        help="sample a training job with py-spy; report and flamegraph its output",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="pyspy_command", metavar="ACTION", required=True)
+    _add_record(sub)
+    _add_report(sub)
+    _add_flamegraph(sub)
+
+
+def _add_record(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "record",
+        help="run CMD under py-spy (all its subprocesses), one raw file per node launcher",
+        description="Run CMD under `py-spy record -s -f raw`; exits with CMD's exit code.",
+    )
+    p.add_argument("-o", "--output-dir", default=os.path.join("prof", "pyspy"), metavar="DIR",
+                   help="directory for the raw profiles (created if missing; default prof/pyspy)")
+    p.add_argument("--rate", type=_int_at_least(1), default=100, metavar="R",
+                   help="samples per second per process (default 100)")
+    p.add_argument("--native", action="store_true",
+                   help="also sample native (C/C++/CUDA runtime) frames; slower")
+    p.add_argument("--idle", action="store_true",
+                   help="include idle threads (waiting on locks, I/O, the GPU)")
+    p.add_argument("--short-filenames", action="store_true",
+                   help="let py-spy shorten file names (the report then tells your code from "
+                        "libraries less reliably)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD",
+                   help="the command to profile, after --")
+    p.set_defaults(func=_run_record)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="table of the functions where most samples landed",
+        description="Where the samples landed: one row per stack (or per leaf with "
+                    "--aggregate-leaf-paths), with the deepest frame of your code that led there.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="py-spy raw files (-f raw)")
+    p.add_argument("--library-name", metavar="NAME",
+                   help="attribute each stack to its deepest frame inside this package "
+                        "(e.g. megatron, megatron.core, my_project); default: your own code, "
+                        "i.e. files outside site-packages and the standard library")
+    p.add_argument("--aggregate-leaf-paths", action="store_true",
+                   help="merge rows with the same function and library frame reached through "
+                        "different call paths")
+    p.add_argument("--top", type=_int_at_least(0), default=20, metavar="N",
+                   help="rows to show (0 = all; default 20)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_run_report)
+
+
+def _add_flamegraph(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "flamegraph",
+        help="interactive flamegraph (SVG or HTML), generated locally",
+        description="Write an interactive flamegraph: click to zoom, hover for details, search.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="py-spy raw files (-f raw)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="output file: .svg (SVG with embedded script) or .html")
+    p.add_argument("--title", help="title shown above the graph (default: the file names)")
+    p.set_defaults(func=_run_flamegraph)
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum`` (argparse turns the error into one line)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _error(message: str) -> int:
+    print(f"torchprof pyspy: {message}", file=sys.stderr)
+    return 2
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        return _error(
+            "give the command to profile after `--`, e.g. "
+            "`torchprof pyspy record -o prof/pyspy -- torchrun --nproc-per-node 8 train.py`."
+        )
+    py_spy = record.find_py_spy()
+    if py_spy is None:
+        return _error(f"py-spy is not installed; {record.PYSPY_INSTALL_HINT}.")
+    try:
+        os.makedirs(args.output_dir, exist_ok=True)
+    except OSError as err:
+        return _error(f"-o/--output-dir {args.output_dir!r} cannot be created ({err.strerror or err}).")
+    try:
+        recording = record.start(py_spy, args.output_dir, command, rate=args.rate, native=args.native,
+                                 idle=args.idle, full_filenames=not args.short_filenames)
+    except OSError as err:
+        return _error(f"cannot start py-spy ({py_spy}): {err.strerror or err}.")
+    return record.finish(recording)
+
+
+def _load(files: list[str]) -> Profile:
+    """The merged profile of ``files``; FileNotFoundError naming the first missing one."""
+    from torchprof_args.pyspy.parse import read_profiles
+
+    for path in files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file (give py-spy raw files written with -f raw).")
+    return read_profiles(files)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from torchprof_args.pyspy.report import format_table, report_rows
+
+    try:
+        profile = _load(args.files)
+    except OSError as err:
+        return _error(str(err))
+    rows = report_rows(profile, library=args.library_name,
+                       aggregate_leaf_paths=args.aggregate_leaf_paths, top=args.top or None)
+    if args.json:
+        print(json.dumps({
+            "files": profile.files,
+            "total_samples": profile.total_samples,
+            "library_name": args.library_name,
+            "aggregate_leaf_paths": args.aggregate_leaf_paths,
+            "unparsed_frames": profile.unparsed_frames,
+            "unparsed_frame_samples": profile.unparsed_frame_samples,
+            "malformed_records": profile.malformed_records,
+            "rows": [row.as_dict() for row in rows],
+        }, indent=2))
+        return 0
+    if profile.total_samples == 0:
+        print(f"No samples in {', '.join(profile.files)} (was the program shorter than one sampling "
+              "interval, or only idle without --idle?).")
+    else:
+        print(format_table(rows))
+        print(f"\n{profile.total_samples} samples in {len(profile.files)} file(s); "
+              f"library frames: {args.library_name or 'your own code'}.")
+    for note in profile.problems():
+        print(f"Note: {note}")
+    return 0
+
+
+def _run_flamegraph(args: argparse.Namespace) -> int:
+    from torchprof_args.pyspy.flamegraph import write_flamegraph
+
+    if not args.output.lower().endswith((".svg", ".html", ".htm")):
+        return _error(f"-o/--output {args.output!r}: name it .svg or .html.")
+    try:
+        profile = _load(args.files)
+    except OSError as err:
+        return _error(str(err))
+    if profile.total_samples == 0:
+        return _error(f"no samples in {', '.join(args.files)}; nothing to draw.")
+    title = args.title or "py-spy: " + ", ".join(os.path.basename(f) for f in args.files)
+    samples = write_flamegraph(profile.stacks, args.output, title)
+    print(f"torchprof pyspy: wrote {args.output} ({samples} samples)", file=sys.stderr)
+    for note in profile.problems():
+        print(f"Note: {note}", file=sys.stderr)
+    return 0
