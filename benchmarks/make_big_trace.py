@@ -24,6 +24,15 @@ DEFAULT_SOURCE = REPO / "tests" / "data" / "gpu_2rank_nccl_rank0.json.gz"
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 
 
+def _id_span(events: list[dict], key: str) -> int:
+    """max - min + 1 of the integer ids under ``key`` (an event field for flows, else an arg)."""
+    if key == "id":
+        ids = [e["id"] for e in events if isinstance(e.get("id"), int)]
+    else:
+        ids = [e["args"][key] for e in events if isinstance(e.get("args"), dict) and isinstance(e["args"].get(key), int)]
+    return max(ids) - min(ids) + 1 if ids else 0
+
+
 def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
     """Write the replicated trace to ``out``; returns its uncompressed size in bytes."""
     with gzip.open(source, "rb") if source.suffix == ".gz" else open(source, "rb") as fh:
@@ -35,11 +44,9 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
     ends = [float(e["ts"]) + float(e.get("dur", 0)) for e in body if "ts" in e and e.get("ts") != ""]
     start, span = min(stamps), max(ends) - min(stamps)
     period = span * 1.01
-    max_corr = max(
-        [int(e.get("args", {}).get("correlation", 0)) for e in body if isinstance(e.get("args"), dict)]
-        + [int(e["id"]) for e in body if isinstance(e.get("id"), int)]
-        + [0]
-    )
+    # Each id space is shifted by its own range per copy, so ids stay as compact as in one long
+    # run (a correlation id grows by about the number of launches per cycle, not by its value).
+    spans = {key: _id_span(body, key) for key in ("correlation", "External id", "id")}
     encoder = msgspec.json.Encoder()
     head = {k: v for k, v in doc.items()}
     target = int(size_mb * 1e6)
@@ -63,20 +70,19 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
         step_base = 0
         while written < target:
             shift = copy * period
-            off = copy * (max_corr + 1)
             batch = []
             for e in body:
                 e2 = dict(e)
                 if "ts" in e2 and e2["ts"] != "":
                     e2["ts"] = round(float(e2["ts"]) + shift, 3)
                 if isinstance(e2.get("id"), int):
-                    e2["id"] = e2["id"] + off
+                    e2["id"] = e2["id"] + copy * spans["id"]
                 args = e2.get("args")
                 if isinstance(args, dict):
                     args = dict(args)
                     for k in ("correlation", "External id"):
                         if isinstance(args.get(k), int):
-                            args[k] = args[k] + off
+                            args[k] = args[k] + copy * spans[k]
                     e2["args"] = args
                 m = _STEP.fullmatch(str(e2.get("name", "")))
                 if m:

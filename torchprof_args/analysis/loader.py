@@ -20,7 +20,17 @@ import numpy as np
 
 from torchprof_args.analysis import parallel
 from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.analysis.trace import I32_MAX, I32_MIN, NO_CAT, Part, Trace, decode_events, reduce_batch
+from torchprof_args.analysis.trace import (
+    I32_MAX,
+    I32_MIN,
+    MEMORY_COLUMNS,
+    NO_CAT,
+    Part,
+    Trace,
+    decode_events,
+    reduce_batch,
+    reduce_memory,
+)
 from torchprof_args.errors import TraceError
 
 __all__ = ["BLOCK_EVENTS", "SEGMENT_BYTES", "load_trace", "release_memory_eagerly"]
@@ -74,12 +84,13 @@ class ColumnStore:
         self.fill = BLOCK_EVENTS  # events in the last block (full: a new block is needed)
         self.total = 0
         self.n_events = 0
-        self.memory: list[tuple[float, int, int, int]] = []
+        self.memory: list[dict[str, np.ndarray]] = []
 
     def add(self, part: Part) -> None:
         """Append one batch's columns (parts must come in file order)."""
         self.n_events += part.n_events
-        self.memory += part.memory
+        if len(part.memory["device"]):
+            self.memory.append(part.memory)
         keys = self.keys
         part.key = np.array([keys.setdefault(k, len(keys)) for k in part.keys], dtype=np.int32)[part.key]
         if self.dtypes["corr"] == np.int32 and len(part.corr) and (
@@ -136,13 +147,9 @@ class ColumnStore:
                 o += size
                 del block
             out[col] = final
-        memory = self.memory
-        out["memory"] = {
-            "ts": np.array([m[0] for m in memory], dtype=np.float64),
-            "allocated": np.array([m[1] for m in memory], dtype=np.int64),
-            "reserved": np.array([m[2] for m in memory], dtype=np.int64),
-            "device": np.array([m[3] for m in memory], dtype=np.int64),
-        }
+        rows = {col: np.concatenate([m[col] for m in self.memory]) if self.memory else np.zeros(0, dtype)
+                for col, dtype in MEMORY_COLUMNS}
+        out["memory"] = reduce_memory(rows["device"], rows["peak_allocated"], rows["peak_reserved"], rows["samples"])
         out["n_events"] = self.n_events
         out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
         return out

@@ -41,8 +41,8 @@ class Trace:
 
     Times are microseconds as written in the file (relative to ``baseTimeNanoseconds`` when the
     trace has one).  Complete events missing ``dur`` or ``cat`` are dropped, like HTA does.
-    ``stream`` and ``corr`` are -1 where the event has none.  ``memory`` holds the ``[memory]``
-    events' columns (``ts``, ``allocated``, ``reserved``, ``device`` code); ``_cache`` memoises
+    ``stream`` and ``corr`` are -1 where the event has none.  ``memory`` sums up the ``[memory]``
+    events per device (``device`` code, ``peak_allocated``, ``peak_reserved``, ``samples``); ``_cache`` memoises
     tables the analyzers derive from the trace (kernel classes of names, the CPU tree).
     """
 
@@ -93,10 +93,12 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
 
 
 class _MemArgs(msgspec.Struct, gc=False, frozen=True):
-    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
+    """The allocator's totals; -1 where a field is missing (the device: type 0, id -1 = CPU)."""
+
+    total_allocated: int = msgspec.field(default=-1, name="Total Allocated")
+    total_reserved: int = msgspec.field(default=-1, name="Total Reserved")
+    device_type: int = msgspec.field(default=0, name="Device Type")
+    device_id: int = msgspec.field(default=-1, name="Device Id")
 
 
 _NO_ARGS = _Args()
@@ -178,6 +180,10 @@ def _minus1(value: int | None) -> int:
     return -1 if value is None else value
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def _int(value: Any) -> int | None:
     """HTA's rule for stream numbers: ``int(value)`` or nothing."""
     if value is None or isinstance(value, bool):
@@ -207,10 +213,10 @@ def _tighten(event: _LooseEvent) -> Any:
             name=name,
             ts=_nan(_num(event.ts)),
             args=_MemArgs(
-                total_allocated=_int(args.get("Total Allocated")),
-                total_reserved=_int(args.get("Total Reserved")),
-                device_type=_int(args.get("Device Type")),
-                device_id=_int(args.get("Device Id")),
+                total_allocated=_minus1(_int(args.get("Total Allocated"))),
+                total_reserved=_minus1(_int(args.get("Total Reserved"))),
+                device_type=_or(_int(args.get("Device Type")), 0),
+                device_id=_minus1(_int(args.get("Device Id"))),
             ),
         )
     return _SKIP
@@ -245,9 +251,15 @@ _get_stream = attrgetter("stream")
 _get_corr = attrgetter("correlation")
 
 
+#: per device, what the ``[memory]`` samples say: peak allocator totals (bytes) and sample count.
+MEMORY_COLUMNS = (("device", np.int32), ("peak_allocated", np.int64), ("peak_reserved", np.int64),
+                  ("samples", np.int64))
+
+
 @dataclass
 class Part:
-    """One batch reduced to columns; ``key`` indexes ``keys``, its (name, cat, pid, tid) tuples."""
+    """One batch reduced to columns; ``key`` indexes ``keys``, its (name, cat, pid, tid) tuples;
+    ``memory`` sums up the batch's ``[memory]`` samples per device (:data:`MEMORY_COLUMNS`)."""
 
     n_events: int
     ts: np.ndarray
@@ -256,7 +268,7 @@ class Part:
     stream: np.ndarray
     corr: np.ndarray
     keys: list[tuple[Any, Any, Any, Any]]
-    memory: list[tuple[float, int, int, int]]
+    memory: dict[str, np.ndarray]
 
 
 PART_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("key", np.int32), ("stream", np.int32), ("corr", np.int64))
@@ -272,7 +284,7 @@ def _int_column(args: list[Any], getter: Any, n: int) -> np.ndarray:
 def reduce_batch(events: list[Any]) -> Part:
     """Columns of one decoded batch, built without a Python-level loop over the events."""
     xs = [e for e in events if e.__class__ is _X]
-    memory = _memory_samples(events) if len(xs) != len(events) else []
+    memory = _memory_samples(events if len(xs) != len(events) else [])
     n = len(xs)
     ts = np.fromiter(map(_get_ts, xs), np.float64, n)
     dur = np.fromiter(map(_get_dur, xs), np.float64, n)
@@ -300,17 +312,32 @@ def reduce_batch(events: list[Any]) -> Part:
     return Part(len(events), ts, dur, key, stream, corr, keys, memory)
 
 
-def _memory_samples(events: list[Any]) -> list[tuple[float, int, int, int]]:
-    """(ts, allocated, reserved, device code) of the ``[memory]`` instant events."""
-    out = []
-    for e in events:
-        if e.__class__ not in _INSTANTS or e.name != "[memory]":
-            continue
-        a = e.args
-        if a.total_allocated is None and a.total_reserved is None:
-            continue
-        dev_type = a.device_type if a.device_type is not None else 0
-        dev_id = a.device_id if a.device_id is not None else -1
-        ts = 0.0 if math.isnan(e.ts) else e.ts
-        out.append((ts, a.total_allocated or 0, a.total_reserved or 0, dev_type * 65536 + (dev_id + 1)))
-    return out
+_get_mem_args = attrgetter("args")
+_MEM_FIELDS = (("allocated", attrgetter("total_allocated")), ("reserved", attrgetter("total_reserved")),
+               ("type", attrgetter("device_type")), ("id", attrgetter("device_id")))
+
+
+def _memory_samples(events: list[Any]) -> dict[str, np.ndarray]:
+    """Per device, the peaks and count of the ``[memory]`` instant events (no per-event Python
+    statement: CPU traces recorded with ``profile_memory`` hold one for every allocation and
+    free, so only their per-device peaks are kept, not the samples)."""
+    found = [e for e in events if e.__class__ in _INSTANTS and e.name == "[memory]"]
+    args = list(map(_get_mem_args, found))
+    n = len(args)
+    cols = {name: np.fromiter(map(get, args), np.int64, n) for name, get in _MEM_FIELDS}
+    keep = (cols["allocated"] != -1) | (cols["reserved"] != -1)
+    device = (cols["type"] * 65536 + (cols["id"] + 1))[keep]
+    return reduce_memory(device, np.maximum(cols["allocated"][keep], 0), np.maximum(cols["reserved"][keep], 0),
+                         np.ones(len(device), dtype=np.int64))
+
+
+def reduce_memory(device: np.ndarray, allocated: np.ndarray, reserved: np.ndarray,
+                  samples: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of :data:`MEMORY_COLUMNS`, one per distinct device code, from rows of any number."""
+    codes, where = np.unique(device, return_inverse=True)
+    peak_alloc = np.zeros(len(codes), dtype=np.int64)
+    peak_res = np.zeros(len(codes), dtype=np.int64)
+    np.maximum.at(peak_alloc, where, allocated)
+    np.maximum.at(peak_res, where, reserved)
+    return {"device": codes.astype(np.int32), "peak_allocated": peak_alloc, "peak_reserved": peak_res,
+            "samples": np.bincount(where, weights=samples, minlength=len(codes)).astype(np.int64)}

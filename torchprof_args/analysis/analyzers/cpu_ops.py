@@ -28,7 +28,8 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     Events are sorted by (thread, start, longest first, file order); an event's depth is the
     number of earlier events of its thread still open at its start, its parent the closest earlier
     event of its thread one level up.  Threads are done one at a time, so temporaries are only as
-    large as the busiest thread; the arrays kept are int32.
+    large as the busiest thread; the arrays kept are int32.  ``bounds`` delimits the threads:
+    thread ``k``'s events are ``idx[bounds[k]:bounds[k + 1]]``, and parents never cross them.
     """
     cached = trace._cache.get("cpu_tree")
     if cached is not None:
@@ -45,45 +46,54 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     n = len(idx)
     parent = np.full(n, -1, dtype=np.int32)
     depth = np.zeros(n, dtype=np.int32)
-    lo = 0
-    for c in counts[counts > 0]:
-        _thread_tree(trace, idx, parent, depth, lo, lo + int(c))
-        lo += int(c)
-    tree = {"idx": idx, "parent": parent, "depth": depth}
+    bounds = np.r_[0, np.cumsum(counts[counts > 0])].astype(np.int64)
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        _thread_tree(trace, idx, parent, depth, int(lo), int(hi))
+    tree = {"idx": idx, "parent": parent, "depth": depth, "bounds": bounds}
     trace._cache["cpu_tree"] = tree
     return tree
 
 
-def _start_order(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """``np.lexsort((-end, ts))`` (stable), cheaper: sort by start, then fix the rare ties."""
-    order = np.argsort(ts, kind="stable")
-    s = ts[order]
-    tie = s[1:] == s[:-1]
-    if tie.any():
-        in_group = np.zeros(len(s), dtype=bool)
-        in_group[1:] |= tie
-        in_group[:-1] |= tie
-        pos = np.flatnonzero(in_group)
-        sub = order[pos]
-        order[pos] = sub[np.lexsort((-end[sub], s[pos]))]
-    return order
+def _fix_ties(trace: Trace, sel: np.ndarray, ts: np.ndarray, order: np.ndarray) -> None:
+    """Among events with the same start (``ts`` sorted, ``order`` the stable sort), put the
+    longest first, as ``np.lexsort((-end, ts))`` would, touching only the rare ties."""
+    tie = ts[1:] == ts[:-1]
+    if not tie.any():
+        return
+    in_group = np.zeros(len(ts), dtype=bool)
+    in_group[1:] |= tie
+    in_group[:-1] |= tie
+    del tie
+    pos = np.flatnonzero(in_group)
+    sub = order[pos]
+    events = sel[sub]
+    end = trace.ts[events] + np.maximum(trace.dur[events], 0.0)
+    order[pos] = sub[np.lexsort((-end, ts[pos]))]
 
 
 def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.ndarray, lo: int, hi: int) -> None:
-    """Sort ``idx[lo:hi]`` (one thread, in file order) in place and fill its parent / depth."""
+    """Sort ``idx[lo:hi]`` (one thread, in file order) in place and fill its parent / depth.
+
+    Written for the busiest thread of a multi-GB trace: each temporary is dropped (or made
+    int32) as soon as it has been used, so the peak stays near 24 bytes an event.
+    """
+    m = hi - lo
     sel = idx[lo:hi]
     ts = trace.ts[sel]
-    end = ts + np.maximum(trace.dur[sel], 0.0)
-    order = _start_order(ts, end)
-    idx[lo:hi] = sel[order]
-    del sel
+    order = np.argsort(ts, kind="stable")
     ts = ts[order]
-    del order
+    order = order.astype(np.int32)
+    _fix_ties(trace, sel, ts, order)
+    idx[lo:hi] = sel[order]
+    del order, sel
+    end = trace.dur[idx[lo:hi]]
+    np.maximum(end, 0.0, out=end)
+    end += ts
     end.sort(kind="stable")  # ends are nearly in start order: timsort is ~10x faster here
-    m = hi - lo
     d = np.searchsorted(end, ts, side="right")
     del ts, end
-    np.subtract(np.arange(m, dtype=d.dtype), d, out=d)
+    np.negative(d, out=d)
+    d += np.arange(m, dtype=np.int32)
     np.maximum(d, 0, out=d)
     d = d.astype(np.int32)
     # The parent of an event at depth k is the closest earlier event at depth k - 1.
@@ -104,7 +114,7 @@ def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.nd
 
 
 #: ops handled per piece in :func:`cpu_ops` (bounds its temporaries).
-_PIECE = 1 << 19
+_PIECE = 1 << 18
 _OP_KEYS = ("calls", "cpu_total", "self_cpu", "device_total", "self_device")
 
 
@@ -113,77 +123,87 @@ def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
 
     Arrays indexed by name id.  Self CPU is an op's duration minus its children's; device time
     is that of the kernels the op launched (self) or that it and its descendants launched (total).
+    Threads are done one at a time (parents never cross threads), in pieces, so the temporaries
+    are about 8 bytes per event of the busiest thread.
     """
     tree = cpu_tree(trace)
-    out = _cpu_times(trace, tree)
-    out["device_total"] = np.zeros(len(trace.names))
-    out["self_device"] = np.zeros(len(trace.names))
-    _add_device_times(trace, tree, out)
-    return {k: out[k] for k in _OP_KEYS}
-
-
-def _cpu_times(trace: Trace, tree: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Calls, CPU total and self CPU per name.
-
-    Works on millions of ops in pieces: one float array of their size is alive at a time, plus
-    piece-sized temporaries.  ``np.add.at`` over consecutive pieces adds in the same order as one
-    ``np.bincount`` over everything, so the sums are bit-identical to a one-pass computation.
-    """
-    idx, parent = tree["idx"], tree["parent"]
-    n = len(idx)
     size = len(trace.names)
-    out = {"calls": np.zeros(size, dtype=np.int64), "cpu_total": np.zeros(size), "self_cpu": np.zeros(size)}
-    pieces = [slice(i, min(i + _PIECE, n)) for i in range(0, n, _PIECE)]
-    child = np.zeros(n)
-    for sl in pieces:
-        names, dur, up = trace.name_id[idx[sl]], trace.dur[idx[sl]], parent[sl]
-        np.add.at(out["calls"], names, 1)
-        np.add.at(out["cpu_total"], names, dur)
-        has = up >= 0
-        np.add.at(child, up[has], dur[has])
-    for sl in pieces:
-        names, dur = trace.name_id[idx[sl]], trace.dur[idx[sl]]
-        np.add.at(out["self_cpu"], names, np.maximum(dur - child[sl], 0.0))
+    out = {"calls": np.zeros(size, dtype=np.int64), **{k: np.zeros(size) for k in _OP_KEYS[1:]}}
+    kernels = _launched_kernels(trace) if len(tree["idx"]) else None
+    bounds = tree["bounds"]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        _thread_cpu_times(trace, tree, int(lo), int(hi), out)
+        if kernels is not None:
+            _thread_device_times(trace, tree, int(lo), int(hi), kernels, out)
     return out
 
 
-def _add_device_times(trace: Trace, tree: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> None:
-    """Add self / total device time per name into ``out``.
+def _pieces(lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(i, min(i + _PIECE, hi)) for i in range(lo, hi, _PIECE)]
+
+
+def _thread_cpu_times(trace: Trace, tree: dict[str, np.ndarray], lo: int, hi: int,
+                      out: dict[str, np.ndarray]) -> None:
+    """Add calls, CPU total and self CPU per name of one thread's ops (``idx[lo:hi]``) to ``out``."""
+    idx, parent = tree["idx"], tree["parent"]
+    size = len(trace.names)
+    child = np.zeros(hi - lo)
+    for a, b in _pieces(lo, hi):
+        names, dur, up = trace.name_id[idx[a:b]], trace.dur[idx[a:b]], parent[a:b]
+        out["calls"] += np.bincount(names, minlength=size)
+        out["cpu_total"] += np.bincount(names, weights=dur, minlength=size)
+        has = up >= 0
+        child += np.bincount(up[has] - lo, weights=dur[has], minlength=hi - lo)
+    for a, b in _pieces(lo, hi):
+        names, dur = trace.name_id[idx[a:b]], trace.dur[idx[a:b]]
+        out["self_cpu"] += np.bincount(names, weights=np.maximum(dur - child[a - lo : b - lo], 0.0), minlength=size)
+
+
+def _launched_kernels(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
+    """Correlation ids and durations of the events with a CUDA stream (None when there are none)."""
+    mask = trace.stream >= 0
+    mask &= trace.corr >= 0
+    if not mask.any():
+        return None
+    return trace.corr[mask], trace.dur[mask]
+
+
+def _thread_device_times(trace: Trace, tree: dict[str, np.ndarray], lo: int, hi: int,
+                         kernels: tuple[np.ndarray, np.ndarray], out: dict[str, np.ndarray]) -> None:
+    """Add self / total device time per name of one thread's ops to ``out``.
 
     Each kernel counts for the CPU op around the runtime call that launched it (same
     correlation id), then every op's device time is pushed up to its ancestors.
     """
     idx, parent = tree["idx"], tree["parent"]
-    n = len(idx)
-    kmask = (trace.stream >= 0) & (trace.corr >= 0)
-    if n == 0 or not kmask.any():
+    corr = trace.corr[idx[lo:hi]]
+    launchers = np.flatnonzero(corr >= 0).astype(np.int32)
+    if len(launchers) == 0:
         return
-    rt_corr = trace.corr[idx]
-    has_corr = np.flatnonzero(rt_corr >= 0)
-    order = has_corr[np.argsort(rt_corr[has_corr], kind="stable")]
-    del has_corr
-    sorted_corr = rt_corr[order]
-    del rt_corr
-    kcorr = trace.corr[kmask]
-    kdur = trace.dur[kmask]
-    del kmask
-    total_dev = np.zeros(n)
-    if len(sorted_corr):
-        pos = np.minimum(np.searchsorted(sorted_corr, kcorr), len(sorted_corr) - 1)
-        found = sorted_corr[pos] == kcorr
-        launcher = order[pos[found]]
-        del pos
-        owner = np.where(parent[launcher] >= 0, parent[launcher], launcher)
-        np.add.at(total_dev, owner, kdur[found])
-        del found, launcher, owner
-    del kcorr, kdur, order, sorted_corr
+    corr = corr[launchers]
+    order = np.argsort(corr, kind="stable")
+    corr = corr[order]
+    launchers = launchers[order]
+    del order
+    kcorr, kdur = kernels
+    pos = np.searchsorted(corr, kcorr)
+    np.minimum(pos, len(corr) - 1, out=pos)
+    found = corr[pos] == kcorr
+    launcher = launchers[pos[found]] + lo
+    del pos, corr, launchers
+    up = parent[launcher]
+    owner = np.where(up >= 0, up, launcher) - lo
+    del up, launcher
+    total_dev = np.bincount(owner, weights=kdur[found], minlength=hi - lo)
+    del owner, found
     # Ops without device time add zero to the per-name sums: only visit the others.
+    size = len(trace.names)
     nz = np.flatnonzero(total_dev)
-    np.add.at(out["self_device"], trace.name_id[idx[nz]], total_dev[nz])
+    out["self_device"] += np.bincount(trace.name_id[idx[lo + nz]], weights=total_dev[nz], minlength=size)
     del nz
-    _push_up(total_dev, parent, tree["depth"])
+    _push_up(total_dev, parent[lo:hi] - lo, tree["depth"][lo:hi])
     nz = np.flatnonzero(total_dev)
-    np.add.at(out["device_total"], trace.name_id[idx[nz]], total_dev[nz])
+    out["device_total"] += np.bincount(trace.name_id[idx[lo + nz]], weights=total_dev[nz], minlength=size)
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -221,11 +241,12 @@ def _push_up(amounts: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> None
         levels[d - 1] = _sorted_unique(up if above is None else np.concatenate((above, up)))
 
 
-def top_ops(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int) -> list[dict[str, Any]]:
-    """The ``top`` operator names by ``ops[key]`` (a :func:`cpu_ops` result), as JSON-ready rows."""
+def top_ops(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int | None) -> list[dict[str, Any]]:
+    """The ``top`` operator names (None: all) by ``ops[key]`` (a :func:`cpu_ops` result), as
+    JSON-ready rows."""
     order = np.argsort(-ops[key], kind="stable")
     rows = []
-    for i in order[: max(top, 0)]:
+    for i in order if top is None else order[: max(top, 0)]:
         if ops["calls"][i] == 0:
             break
         rows.append(

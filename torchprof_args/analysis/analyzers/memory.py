@@ -1,15 +1,13 @@
 """Memory seen by the profiler: peaks of the ``[memory]`` instant events, per device.
 
 ``torch.profiler(profile_memory=True)`` records one such event per allocation and free, with the
-allocator's running totals; the trace model keeps their timestamps and totals, and a device code
-``device_type * 65536 + device_id + 1``.
+allocator's running totals; the loader keeps, per device code ``device_type * 65536 + device_id
++ 1``, their peaks and count.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from torchprof_args.analysis.trace import Trace
 
@@ -20,8 +18,7 @@ def memory_view(trace: Trace) -> list[dict[str, Any]]:
     """Peak allocated / reserved bytes per device (``cpu``, ``cuda:0``...) and the sample count."""
     mem = trace.memory
     out = []
-    for code in np.unique(mem["device"]):
-        sel = mem["device"] == code
+    for i, code in enumerate(mem["device"]):
         dev_type, dev_id = divmod(int(code), 65536)
         dev_id -= 1
         kind = {0: "cpu", 1: "cuda"}.get(dev_type, f"device{dev_type}")
@@ -29,9 +26,9 @@ def memory_view(trace: Trace) -> list[dict[str, Any]]:
         out.append(
             {
                 "device": label,
-                "peak_allocated_bytes": int(mem["allocated"][sel].max()),
-                "peak_reserved_bytes": int(mem["reserved"][sel].max()),
-                "samples": int(sel.sum()),
+                "peak_allocated_bytes": int(mem["peak_allocated"][i]),
+                "peak_reserved_bytes": int(mem["peak_reserved"][i]),
+                "samples": int(mem["samples"][i]),
             }
         )
     return out

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 
 import numpy as np
 
-__all__ = ["lookup", "member"]
+__all__ = ["distinct", "lookup", "member"]
 
 
 def lookup(table: list[str], wanted: Collection[str] | Callable[[str], object]) -> np.ndarray:
@@ -32,7 +32,24 @@ def member(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     lo = int(min(values.min(), wanted.min()))
     hi = int(max(values.max(), wanted.max()))
     if hi - lo > 8 * (len(values) + len(wanted)) + (1 << 20):
-        return np.isin(values, wanted)
+        # Sparse ids: binary search in the sorted wanted set (np.isin would sort both arrays
+        # together, several temporaries of their combined size).
+        table = distinct(wanted)
+        pos = np.searchsorted(table, values)
+        np.minimum(pos, len(table) - 1, out=pos)
+        return table[pos] == values
     bitmap = np.zeros(hi - lo + 1, dtype=bool)
     bitmap[wanted - lo if lo else wanted] = True
     return bitmap[values - lo] if lo else bitmap[values]
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values: ``np.unique`` for arrays with many distinct values, which
+    numpy 2 answers much more slowly (hashing) than a sort and a comparison of neighbours."""
+    values = np.sort(values)
+    if len(values) < 2:
+        return values
+    keep = np.empty(len(values), dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
