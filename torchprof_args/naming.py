@@ -10,21 +10,28 @@ from __future__ import annotations
 import os
 import re
 import socket
+from pathlib import Path
 
 __all__ = [
+    "CYCLE_DIR_PREFIX",
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
     "METRICS_FILENAME",
     "PROFILER_LIST_NAME",
+    "SIDECAR_SUFFIX",
+    "SUMMARIES_SUBDIR",
     "SUMMARY_SUFFIX",
     "TRACE_FILE_SUFFIXES",
     "TRACE_SUFFIX",
     "WANDB_RUN_FILENAME",
+    "cycle_dir_name",
+    "cycle_of_name",
     "memory_snapshot_name",
     "profiler_list_name",
     "rank_from_file_name",
     "safe_token",
     "short_hostname",
+    "sidecar_path",
     "strip_trace_suffixes",
     "trace_file_name",
     "trace_stem",
@@ -35,8 +42,17 @@ TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
 #: Every suffix a trace reader accepts (traces of other tools included).
 TRACE_FILE_SUFFIXES = (".json", ".json.gz")
-#: The per-trace operator table written beside each published trace.
+#: The per-trace operator table (``profiler_list.dat`` style) of each published trace.
 SUMMARY_SUFFIX = ".profiler_list.dat"
+#: The per-trace summary sidecar: what ``torchprof summary --json`` prints, and the trace's size
+#: and mtime, so the tools read it instead of parsing a trace that has not changed.
+SIDECAR_SUFFIX = ".summary.json"
+#: The folder, inside a trace's folder, that holds its summaries (sidecars, operator tables):
+#: nothing but traces may sit beside traces, since HTA reads every .json/.gz of a folder as one.
+SUMMARIES_SUBDIR = "summaries"
+#: One folder per profiled cycle: ``iter000120-000121`` holds every rank's trace of iterations
+#: 120..121, so HTA's ``TraceAnalysis(trace_dir=...)`` reads a cycle as it is.
+CYCLE_DIR_PREFIX = "iter"
 #: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
@@ -46,6 +62,9 @@ METRICS_FILENAME = "metrics.jsonl"
 WANDB_RUN_FILENAME = "wandb_run.json"
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_CYCLE_DIR = re.compile(r"^iter(\d+)-(\d+)$")
+#: a cycle stated in a file name of the flat layout (``..._iter000003-000004.pt.trace.json.gz``).
+_CYCLE_IN_NAME = re.compile(r"_iter(\d+)-(\d+)(?=[._]|$)")
 
 
 def short_hostname() -> str:
@@ -81,6 +100,24 @@ def strip_trace_suffixes(name: str, *, pt_trace: bool = True) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
+
+
+def cycle_dir_name(first_iteration: int, last_iteration: int) -> str:
+    """``iter000120-000121``: the folder of one cycle's traces."""
+    return f"{CYCLE_DIR_PREFIX}{first_iteration:06d}-{last_iteration:06d}"
+
+
+def cycle_of_name(name: str, *, folder: bool) -> tuple[int, int] | None:
+    """(first, last) iteration of a cycle folder's name (``folder``) or of a trace file name of
+    the flat layout (``rank00000_node1_pid42_iter000003-000004.pt.trace.json.gz``), else None."""
+    match = (_CYCLE_DIR.match if folder else _CYCLE_IN_NAME.search)(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def sidecar_path(trace_path: str | os.PathLike[str]) -> Path:
+    """``<folder>/summaries/<stem>.summary.json``: where the summary of ``trace_path`` is kept."""
+    trace_path = Path(trace_path)
+    return trace_path.parent / SUMMARIES_SUBDIR / (strip_trace_suffixes(trace_path.name) + SIDECAR_SUFFIX)
 
 
 def rank_from_file_name(name: str) -> int | None:

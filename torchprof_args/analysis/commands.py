@@ -1,4 +1,9 @@
-"""``torchprof summary | split | merge | report | mem``: the trace toolkit's command line."""
+"""``torchprof summary | report | diff | split | merge | mem``: the trace toolkit's command line.
+
+Every trace command takes trace files, cycle folders or run folders (:mod:`.discover`), reads a
+trace's summary from its sidecar when one matches (:mod:`.sidecar`) and parses it otherwise
+(:mod:`.collect`).  The handlers of ``summary`` are in :mod:`.summary_command`.
+"""
 
 from __future__ import annotations
 
@@ -6,87 +11,122 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from torchprof_args.errors import TraceError
 
 
-def _expand(inputs: list[str]) -> tuple[list[Path], bool]:
-    """Trace files named directly or found in directories; True when a directory was given."""
-    from torchprof_args.analysis.merge import trace_files
-
-    files: list[Path] = []
-    had_dir = False
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            had_dir = True
-            files += trace_files(p)
-        elif not p.exists():
-            raise TraceError(f"{p}: no such file or directory")
-        else:
-            files.append(p)
-    return files, had_dir
+def top_count(text: str) -> int | None:
+    """``--top``: a number of entries, or ``all`` (None)."""
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'all', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or 'all', got {value}")
+    return value
 
 
-def _summary(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-    from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
-    from torchprof_args.analysis.summary import finite, summarize
-    from torchprof_args.analysis.text import format_cross_rank, format_summary
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def cycle_summaries(inputs: list[str], args: argparse.Namespace, top: int | None) -> tuple[list[tuple[Any, list]], Any]:
+    """(cycle, its summaries) for every cycle of ``inputs``, and the :class:`Collected` record.
+
+    Traces that fail are reported on stderr (one line each) and left out.
+    """
+    from torchprof_args.analysis.collect import collect
+    from torchprof_args.analysis.discover import expand, group_by_cycle
+    from torchprof_args.analysis.loader import release_memory_eagerly
 
     release_memory_eagerly()
-    files, had_dir = _expand(args.traces)
-    summaries = []
-    for f in files:
-        s = finite(summarize(load_trace(f, progress=not args.no_progress, workers=args.workers), top=args.top))
-        summaries.append(s)
-        if args.json:
-            print(json.dumps(s))
-        else:
-            print(format_summary(s, rows=args.rows))
-        sys.stdout.flush()
-    if len(summaries) > 1 or had_dir:
-        view = finite(cross_rank(summaries))
-        if args.json:
-            print(json.dumps({"cross_rank": view}))
-        else:
-            print(format_cross_rank(view))
-    return 0
-
-
-def _split(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.split import split_trace
-
-    if args.max_mb <= 0:
-        raise TraceError(f"--max-mb must be a positive number of megabytes, got {args.max_mb:g}")
-    pieces = split_trace(args.trace, args.max_mb, args.output, progress=not args.no_progress)
-    for p in pieces:
-        print(f"{p}\t{p.stat().st_size / 1e6:.2f} MB")
-    return 0
-
-
-def _merge(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.merge import merge_traces
-
-    result = merge_traces(args.directory, args.output, progress=not args.no_progress)
-    events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
-    print(f"wrote {result['output']} ({events} events)")
-    return 0
+    files = expand(inputs)
+    got = collect(files, top=top, reparse=args.reparse, workers=getattr(args, "workers", None),
+                  progress=not args.no_progress)
+    if not any(s is not None for s in got.summaries):
+        if len(got.errors) == 1:
+            raise TraceError(got.errors[0])
+        for error in got.errors:
+            print(f"torchprof {args.command}: {error}", file=sys.stderr)
+        raise TraceError(f"none of the {len(files)} traces could be read")
+    for error in got.errors:
+        print(f"torchprof {args.command}: {error}", file=sys.stderr)
+    by_file = {str(f): s for f, s in zip(files, got.summaries, strict=True)}
+    cycles = []
+    for cycle in group_by_cycle(files):
+        summaries = [by_file[str(f)] for f in cycle.files if by_file[str(f)] is not None]
+        if summaries:
+            cycles.append((cycle, summaries))
+    if len(files) > 1 and got.parsed and not got.errors:
+        print(f"torchprof {args.command}: {got.from_sidecars} summaries read from sidecars, {got.parsed} trace(s) "
+              f"parsed ({got.parsed_bytes / 1e6:,.0f} MB in {got.parse_seconds:.1f} s); "
+              f"`torchprof summary --write-sidecars` keeps them for next time", file=sys.stderr)
+    return cycles, got
 
 
 def _report(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-    from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
     from torchprof_args.analysis.report import write_report
-    from torchprof_args.analysis.summary import finite, summarize
+    from torchprof_args.analysis.summary import finite
 
-    release_memory_eagerly()
-    files, _ = _expand(args.traces)
-    summaries = [finite(summarize(load_trace(f, progress=not args.no_progress), top=args.top)) for f in files]
-    out = write_report(summaries, finite(cross_rank(summaries)), args.output)
-    print(f"wrote {out}")
+    cycles, got = cycle_summaries(args.traces, args, args.top)
+    out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
+          f"{len(cycles)} cycle(s))")
+    return 1 if got.errors else 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.diff import diff_summaries, format_diff
+    from torchprof_args.analysis.summary import finite
+
+    sides = []
+    for side in (args.base, args.new):
+        cycles, got = cycle_summaries([side], args, None)
+        if got.errors:
+            return 1
+        sides.append([s for _, summaries in cycles for s in summaries])
+    result = finite(diff_summaries(*sides))
+    print(json.dumps(result) if args.json else format_diff(result, args.base, args.new, rows=args.rows), end="\n" if args.json else "")
+    return 0
+
+
+def _split(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.discover import expand
+    from torchprof_args.analysis.split import split_trace
+
+    if args.max_mb <= 0:
+        raise TraceError(f"--max-mb must be a positive number of megabytes, got {args.max_mb:g}")
+    files = expand(args.traces)
+    if args.output and len(files) > 1:
+        raise TraceError(f"-o/--output names one folder, but {len(files)} traces were given; leave it out "
+                         "(each trace is split into <trace>.split/)")
+    for f in files:
+        for p in split_trace(f, args.max_mb, args.output, progress=not args.no_progress):
+            print(f"{p}\t{p.stat().st_size / 1e6:.2f} MB")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.discover import expand, group_by_cycle
+    from torchprof_args.analysis.merge import merge_traces
+
+    cycles = group_by_cycle(expand(args.inputs))
+    if len(cycles) > 1:
+        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({', '.join(c.label for c in cycles[:4])}"
+                         f"{' ...' if len(cycles) > 4 else ''}); merge one cycle folder at a time")
+    result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
+    events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
+    print(f"wrote {result['output']} ({events} events)")
     return 0
 
 
@@ -98,8 +138,10 @@ def _mem(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guard(func: Callable[[argparse.Namespace], int], name: str) -> Callable[[argparse.Namespace], int]:
+def guard(func: Callable[[argparse.Namespace], int], name: str) -> Callable[[argparse.Namespace], int]:
+    """Run a command: a :class:`TraceError` becomes one line on stderr and exit status 1."""
     def run(args: argparse.Namespace) -> int:
+        args.command = name
         try:
             return func(args)
         except TraceError as exc:
@@ -111,52 +153,62 @@ def _guard(func: Callable[[argparse.Namespace], int], name: str) -> Callable[[ar
     return run
 
 
+_INPUTS_HELP = "trace files (.json/.json.gz), cycle folders or run folders"
+
+
 def register(subparsers: Any) -> None:
     """Add the trace toolkit's sub-commands to ``torchprof``."""
+    from torchprof_args.analysis import summary_command
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-progress", action="store_true", help="no progress bars")
+    reading = argparse.ArgumentParser(add_help=False)
+    reading.add_argument("--reparse", action="store_true",
+                         help="parse every trace even where a matching summary sidecar exists")
+    summary_command.register(subparsers, [common, reading], _INPUTS_HELP)
 
     p = subparsers.add_parser(
-        "summary", parents=[common], help="per-rank summary of Kineto traces (HTA-comparable GPU numbers)",
-        description="Summarise traces: steps, GPU idle/compute/communication/overlap (HTA definitions), "
-        "top kernels and CPU operators, memory; a cross-rank view for several ranks.",
+        "report", parents=[common, reading], help="self-contained HTML report of many ranks' traces",
+        description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over ranks, "
+        "a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the straggler table, "
+        "kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=".json/.json.gz trace files or directories of them")
-    p.add_argument("--json", action="store_true", help="one JSON object per trace (then one cross_rank object)")
-    p.add_argument("--top", type=int, default=30, help="entries in the top-N lists (default 30)")
-    p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
-    p.add_argument(
-        "--workers", type=int, default=None,
-        help="decode with N processes (default: 2 for files over 32 MB when 2 cores are usable, else 1)",
-    )
-    p.set_defaults(func=_guard(_summary, "summary"))
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP)
+    p.add_argument("-o", "--output", required=True, help="report .html to write")
+    p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
+    p.add_argument("--slowest", type=positive, default=5, help="slowest ranks listed when none is a straggler")
+    p.set_defaults(func=guard(_report, "report"))
 
     p = subparsers.add_parser(
-        "split", parents=[common], help="cut a huge trace into standalone traces of at most N MB",
+        "diff", parents=[common, reading], help="compare two traces, cycles or runs: what changed and what it costs",
+        description="Step time, GPU idle/compute/overlap and kernel time per class side by side with deltas; "
+        "operators and kernels added, removed or changed in calls or time per rank and step, sorted by the time "
+        "they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder or a run folder.",
+    )
+    p.add_argument("base", metavar="BASE", help="the reference: " + _INPUTS_HELP.replace("folders", "folder"))
+    p.add_argument("new", metavar="NEW", help="compared with BASE")
+    p.add_argument("--json", action="store_true", help="the whole comparison as one JSON object")
+    p.add_argument("--rows", type=positive, default=15, help="rows per table in the text output (default 15)")
+    p.add_argument("--workers", type=positive, default=None, help="processes that parse traces (default: the CPUs)")
+    p.set_defaults(func=guard(_diff, "diff"))
+
+    p = subparsers.add_parser(
+        "split", parents=[common], help="cut huge traces into standalone traces of at most N MB",
         description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the metadata.",
     )
-    p.add_argument("trace", help=".json/.json.gz trace file")
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP)
     p.add_argument("--max-mb", type=float, required=True, help="largest piece, in MB of JSON")
-    p.add_argument("-o", "--output", default=None, help="output directory (default: TRACE's name + .split)")
-    p.set_defaults(func=_guard(_split, "split"))
+    p.add_argument("-o", "--output", default=None, help="output folder for one trace (default: TRACE's name + .split)")
+    p.set_defaults(func=guard(_split, "split"))
 
     p = subparsers.add_parser(
-        "merge", parents=[common], help="merge per-rank traces into one timeline with 'rank N' tracks",
-        description="Merge the traces of a directory, aligning clocks with baseTimeNanoseconds.",
+        "merge", parents=[common], help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
+        description="Merge the traces of one cycle (a cycle folder, a run folder with one cycle, or files), "
+        "aligning clocks with baseTimeNanoseconds.",
     )
-    p.add_argument("directory", help="directory of per-rank .json/.json.gz traces")
+    p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP + " (one cycle)")
     p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
-    p.set_defaults(func=_guard(_merge, "merge"))
-
-    p = subparsers.add_parser(
-        "report", parents=[common], help="self-contained HTML report for a directory of rank traces",
-        description="Write an HTML report with inline SVG plots: step time per rank, kernel types, idle, "
-        "overlap, top kernels, stragglers.",
-    )
-    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR")
-    p.add_argument("-o", "--output", required=True, help="report .html to write")
-    p.add_argument("--top", type=int, default=30)
-    p.set_defaults(func=_guard(_report, "report"))
+    p.set_defaults(func=guard(_merge, "merge"))
 
     p = subparsers.add_parser(
         "mem", help="summarise a torch.cuda.memory._dump_snapshot pickle (safely)",
@@ -166,4 +218,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("snapshot", help="snapshot .pickle file")
     p.add_argument("--json", action="store_true")
     p.add_argument("--top", type=int, default=15)
-    p.set_defaults(func=_guard(_mem, "mem"))
+    p.set_defaults(func=guard(_mem, "mem"))

@@ -15,11 +15,12 @@ from typing import IO, Any
 
 import msgspec
 
+from torchprof_args.analysis.discover import traces_in
 from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.analysis.reader import TraceStream, _gzip_impl, is_gzip
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
-from torchprof_args.naming import GZIP_SUFFIX, TRACE_FILE_SUFFIXES, TRACE_SUFFIX, rank_from_file_name
+from torchprof_args.naming import GZIP_SUFFIX, rank_from_file_name
 
 _any = msgspec.json.Decoder()
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
@@ -27,19 +28,12 @@ _RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 
 
 def trace_files(directory: str | Path) -> list[Path]:
-    """The traces of a directory (sorted); TraceError when there are none.
-
-    torch.profiler's ``*.pt.trace.json[.gz]`` files when there are any (a run directory also holds
-    other JSON, e.g. wandb's), else every ``.json`` / ``.json.gz`` file.  Hidden files (such as
-    traces still being published) are skipped.
-    """
+    """The traces directly in a directory (sorted, :func:`~.discover.traces_in`); TraceError when
+    there are none."""
     directory = Path(directory)
     if not directory.is_dir():
         raise TraceError(f"{directory}: not a directory")
-    candidates = sorted(p for p in directory.iterdir()
-                        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_FILE_SUFFIXES))
-    profiler_traces = [p for p in candidates if TRACE_SUFFIX in p.name]
-    files = profiler_traces or candidates
+    files = traces_in(directory)
     if not files:
         raise TraceError(f"{directory}: no .json or .json.gz trace files in this directory")
     return files
@@ -65,12 +59,13 @@ def peek(path: Path) -> tuple[int | None, int]:
     return (int(rank.group(1)) if rank else None), (int(base.group(1)) if base else 0)
 
 
-def merge_traces(directory: str | Path, output: str | Path, progress: bool = False) -> dict[str, Any]:
-    """Write the merged trace to ``output`` (``.gz`` compresses); returns counts per rank.
+def merge_traces(inputs: str | Path | list[Path], output: str | Path, progress: bool = False) -> dict[str, Any]:
+    """Write the merged trace of ``inputs`` (a directory of one cycle's traces, or the trace files)
+    to ``output`` (``.gz`` compresses); returns counts per rank.
 
     The result is ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
     """
-    files = trace_files(directory)
+    files = list(inputs) if isinstance(inputs, list) else trace_files(inputs)
     infos = [peek(f) for f in files]
     ranks = _ranks(files, [rank for rank, _ in infos])
     order = sorted(range(len(files)), key=lambda i: ranks[i])

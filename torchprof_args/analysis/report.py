@@ -1,4 +1,11 @@
-"""Self-contained HTML report (inline SVG, no scripts, no network) for a directory of rank traces."""
+"""Self-contained HTML report (inline SVG, no scripts, no network), built for many ranks.
+
+One section per profiled cycle: the distributions over ranks, a rank x step heatmap of step
+time, histograms of step time, GPU idle and overlap across ranks, the straggler table, the
+kernel-type breakdown of the mean, slowest, median and fastest rank, their top kernels, and every
+rank's row folded away.  Nothing is drawn once per rank except one heatmap row, so 1,024 ranks
+read on one screen and the page stays a few MB.
+"""
 
 from __future__ import annotations
 
@@ -6,121 +13,143 @@ import html
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from torchprof_args.analysis import svg
+from torchprof_args.analysis.text import fmt_pct, fmt_us
 from torchprof_args.atomic import write_text_atomically
 
-_COLORS = {
-    "computation": "#4e79a7",
-    "communication": "#f28e2b",
-    "memory": "#59a14f",
-    "overlap": "#b07aa1",
-    "idle": "#bab0ac",
-    "step": "#4e79a7",
-    "slow": "#e15759",
-}
+__all__ = ["render_report", "write_report"]
+
+_STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
+          "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}td.n{text-align:right}h2{margin-top:36px;"
+          "border-bottom:2px solid #4e79a7}svg{display:block;margin:8px 0}.row{display:flex;flex-wrap:wrap;gap:12px}")
+_KINDS = ("computation", "communication", "memory")
+#: straggler-table rows shown (the slowest first); the folded table has every rank.
+STRAGGLER_ROWS = 20
 
 
-def _bars(title: str, labels: list[str], series: dict[str, list[float]], unit: str, stacked: bool = True,
-          highlight: int | None = None) -> str:
-    """A horizontal bar chart as SVG: one row per label, series stacked or side by side."""
-    row_h = 22 if stacked else 12 * max(len(series), 1) + 8
-    left, width = 90, 560
-    height = 40 + row_h * len(labels) + 30
-    totals = [sum(vals[i] for vals in series.values()) if stacked else max((vals[i] for vals in series.values()), default=0)
-              for i in range(len(labels))]
-    vmax = max(totals + [1e-9])
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 120}" height="{height}" role="img">',
-           f'<text x="4" y="16" font-weight="bold">{html.escape(title)}</text>']
-    for i, label in enumerate(labels):
-        y = 30 + i * row_h
-        out.append(f'<text x="4" y="{y + 14}" font-size="12">{html.escape(label)}</text>')
-        x = left
-        for k, (name, vals) in enumerate(series.items()):
-            w = width * vals[i] / vmax
-            color = _COLORS.get(name, "#76b7b2")
-            if highlight is not None and i == highlight and len(series) == 1:
-                color = _COLORS["slow"]
-            if stacked:
-                out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="16" fill="{color}"><title>{html.escape(name)}: {vals[i]:,.1f} {unit}</title></rect>')
-                x += w
-            else:
-                yy = y + k * 12
-                out.append(f'<rect x="{left}" y="{yy}" width="{w:.1f}" height="10" fill="{color}"><title>{html.escape(name)}: {vals[i]:,.2f} {unit}</title></rect>')
-                out.append(f'<text x="{left + w + 4:.1f}" y="{yy + 9}" font-size="10">{vals[i]:,.1f}</text>')
-        if stacked:
-            out.append(f'<text x="{x + 4:.1f}" y="{y + 13}" font-size="11">{totals[i]:,.1f} {unit}</text>')
-    ly = height - 12
-    lx = left
-    for name in series:
-        out.append(f'<rect x="{lx}" y="{ly - 9}" width="10" height="10" fill="{_COLORS.get(name, "#76b7b2")}"/>')
-        out.append(f'<text x="{lx + 14}" y="{ly}" font-size="11">{html.escape(name)}</text>')
-        lx += 14 + 8 * len(name) + 16
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
+def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
+    numeric = numeric or set()
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td{' class=n' if i in numeric else ''}>{html.escape(str(c))}</td>"
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def render_report(summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
-    """The HTML page for per-rank summaries and their :func:`cross_rank` view."""
-    ranked = sorted(zip(summaries, view["ranks"], strict=False), key=lambda p: p[1]["rank"])
-    labels = [f"rank {r['rank']}" for _, r in ranked]
-    ms = [(r["step_mean_us"] or 0) / 1e3 for _, r in ranked]
-    slow_index = next((i for i, (_, r) in enumerate(ranked) if r["rank"] == view.get("slowest_rank")), None)
-    parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
-        "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}table{border-collapse:collapse;font-size:12px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}h2{margin-top:28px}svg{display:block;margin:8px 0}</style>",
-        "</head><body><h1>torchprof trace report</h1>",
-        f"<p>{len(summaries)} rank trace(s). GPU numbers use Holistic Trace Analysis definitions.</p>",
-        "<h2>Step time per rank</h2>",
-        _bars("Mean ProfilerStep time (ms); slowest rank in red", labels, {"step": ms}, "ms", highlight=slow_index),
-    ]
+def _where(row: dict[str, Any]) -> str:
+    par = row.get("parallel") or {}
+    coords = " ".join(f"{k}{v}" for k, v in par.items())
+    return " ".join(x for x in (row.get("host") or "", coords) if x) or "-"
+
+
+def _rank_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[r["rank"], _where(r), r["steps"], fmt_us(r["step_mean_us"]),
+             "-" if r["vs_median_pct"] is None else f"{r['vs_median_pct']:+.1f}%",
+             fmt_pct(r["idle_pct"]), fmt_pct(r["compute_pct"]), fmt_pct(r["comm_comp_overlap_pct"]), Path(r["file"]).name]
+            for r in rows]
+
+
+_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "vs median", "GPU idle", "compute", "overlap", "file"]
+
+
+def _heatmap(view: dict[str, Any]) -> str:
+    rows, names = view["ranks"], view["steps"]
+    if not names:
+        return "<p>No ProfilerStep annotations in these traces: no per-step times.</p>"
+    values = np.array([[r["step_us"].get(n, np.nan) for n in names] for r in rows], dtype=np.float64)
+    labels = [n.replace("ProfilerStep", "") for n in names]
+    return svg.heatmap("Step time per rank (rows) and ProfilerStep (columns), against each step's median over ranks",
+                       [f"rank {r['rank']}" for r in rows], labels, values, fmt_us)
+
+
+def _breakdown(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
+    picks = _picks(view)
+    gpus = [(label, (by_rank.get(rank) or {}).get("gpu")) for label, rank in picks]
+    gpus = [(label, g) for label, g in gpus if g]
+    if not gpus:
+        return ""
+    all_gpus = [s["gpu"] for s in by_rank.values() if s.get("gpu")]
+    mean = {k: float(np.mean([g["kernel_type_us"][k] for g in all_gpus])) / 1e3 for k in _KINDS}
+    mean["overlap"] = float(np.mean([sum(g["kernel_type_overlapping_us"].values()) for g in all_gpus])) / 1e3
+    rows = [(f"mean of {len(all_gpus)} ranks", mean)]
+    for label, g in gpus:
+        parts = {k: g["kernel_type_us"][k] / 1e3 for k in _KINDS}
+        parts["overlap"] = sum(g["kernel_type_overlapping_us"].values()) / 1e3
+        rows.append((label, parts))
+    return "<h3>GPU kernel time by class</h3>" + svg.stacked_bars(
+        "Kernel time by class, exclusive (ms); overlap = time where classes run at once", rows, "ms")
+
+
+def _picks(view: dict[str, Any]) -> list[tuple[str, int]]:
+    """(label, rank) of the slowest, median and fastest ranks."""
+    timed = sorted((r for r in view["ranks"] if r["step_mean_us"] is not None), key=lambda r: r["step_mean_us"])
+    if not timed:
+        return [(f"rank {view['ranks'][0]['rank']}", view["ranks"][0]["rank"])] if view["ranks"] else []
+    picks = {"slowest": timed[-1], "median": timed[len(timed) // 2], "fastest": timed[0]}
+    out, seen = [], set()
+    for label, r in picks.items():
+        if r["rank"] not in seen:
+            seen.add(r["rank"])
+            out.append((f"{label}: rank {r['rank']}", r["rank"]))
+    return out
+
+
+def _top_kernels(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
+    parts = []
+    for label, rank in _picks(view)[:2]:
+        kernels = (by_rank.get(rank) or {}).get("top_kernels") or []
+        if kernels:
+            parts.append(f"<div><h4>Top kernels, {html.escape(label)}</h4>" + _table(
+                ["kernel", "type", "calls", "total ms", "%"],
+                [[k["name"][:100], k["type"], k["calls"], f"{k['total_us'] / 1e3:,.3f}", f"{k['pct']:.2f}"]
+                 for k in kernels[:12]], {2, 3, 4}) + "</div>")
+    return "<div class=row>" + "".join(parts) + "</div>" if parts else ""
+
+
+def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
+    by_rank = {(s["rank"] if s.get("rank") is not None else i): s for i, s in enumerate(summaries)}
+    rows, dist = view["ranks"], view["distributions"]
+    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>",
+             _table(["", "min", "p50", "p90", "max"],
+                    [[label, *(fmt(dist[key][q]) if dist[key]["n"] else "-" for q in ("min", "p50", "p90", "max"))]
+                     for label, key, fmt in (("mean step time", "step_mean_us", fmt_us), ("GPU idle", "idle_pct", fmt_pct),
+                                             ("comm/comp overlap", "comm_comp_overlap_pct", fmt_pct))], {1, 2, 3, 4})]
     if view.get("slowest_rank") is not None:
-        parts.append(
-            f"<p>Slowest rank: <b>{view['slowest_rank']}</b>, fastest: {view['fastest_rank']}, "
-            f"spread {view['spread_pct']:.2f}% of the mean step ({view['step_mean_us'] / 1e3:,.2f} ms).</p>"
-        )
-    gpus = [s["gpu"] for s, _ in ranked]
-    if any(g is not None for g in gpus):
-        kinds = ["computation", "communication", "memory"]
-        series = {k: [(g or {}).get("kernel_type_us", {}).get(k, 0) / 1e3 for g in gpus] for k in kinds}
-        series["overlap"] = [sum((g or {}).get("kernel_type_overlapping_us", {}).values()) / 1e3 for g in gpus]
-        parts += ["<h2>Kernel-type breakdown</h2>",
-                  _bars("GPU kernel time by class, exclusive (ms)", labels, series, "ms")]
-        parts += ["<h2>Idle and overlap</h2>",
-                  _bars("GPU idle % of kernel-active span / comm-comp overlap %", labels,
-                        {"idle": [(g or {}).get("idle_pct") or 0 for g in gpus],
-                         "overlap": [(g or {}).get("comm_comp_overlap_pct") or 0 for g in gpus]}, "%", stacked=False)]
-        first = ranked[0][0]
-        parts += [f"<h2>Top kernels (rank {ranked[0][1]['rank']})</h2>",
-                  _table(["kernel", "type", "calls", "total ms", "% of kernel time"],
-                         [[k["name"][:120], k["type"], k["calls"], f"{k['total_us'] / 1e3:,.3f}", f"{k['pct']:.2f}"]
-                          for k in first["top_kernels"][:15]])]
-    mean = view.get("step_mean_us") or 0
-    stragglers = [r for _, r in ranked if r["step_mean_us"] and mean and r["step_mean_us"] > 1.05 * mean]
-    parts.append("<h2>Stragglers</h2>")
-    if stragglers:
-        parts.append(_table(["rank", "mean step ms", "vs mean"],
-                            [[r["rank"], f"{r['step_mean_us'] / 1e3:,.2f}", f"+{100 * (r['step_mean_us'] / mean - 1):.1f}%"] for r in stragglers]))
+        parts.append(f"<p>Slowest rank <b>{view['slowest_rank']}</b>, fastest {view['fastest_rank']}, spread "
+                     f"{view['spread_pct']:.2f}% of the mean step ({fmt_us(view['step_mean_us'])}); "
+                     f"{len(view['stragglers'])} straggler(s) more than {view['straggler_pct']:g}% above the median.</p>")
+    parts += ["<h3>Step time per rank and step</h3>", _heatmap(view), "<h3>Across ranks</h3><div class=row>",
+              svg.histogram("Mean step time", [r["step_mean_us"] for r in rows], fmt_us),
+              svg.histogram("GPU idle (% of kernel-active span)", [r["idle_pct"] for r in rows], fmt_pct),
+              svg.histogram("Communication overlapped by compute", [r["comm_comp_overlap_pct"] for r in rows], fmt_pct),
+              "</div>", "<h3>Stragglers</h3>"]
+    if view["stragglers"]:
+        shown = view["stragglers"][:STRAGGLER_ROWS]
+        parts.append(_table(_RANK_HEADERS, _rank_rows(shown), {0, 2, 3, 4, 5, 6, 7}))
+        if len(view["stragglers"]) > len(shown):
+            parts.append(f"<p>... and {len(view['stragglers']) - len(shown)} more (all ranks below).</p>")
     else:
-        parts.append("<p>No rank is more than 5% slower than the mean step.</p>")
-    parts.append("<h2>Per-rank details</h2>")
-    parts.append(_table(["rank", "file", "steps", "mean step ms", "GPU idle %", "compute %", "overlap %"],
-                        [[r["rank"], Path(r["file"]).name, r["steps"], f"{(r['step_mean_us'] or 0) / 1e3:,.2f}",
-                          "-" if s["gpu"] is None else f"{s['gpu']['idle_pct']:.2f}",
-                          "-" if s["gpu"] is None else f"{s['gpu']['compute_pct']:.2f}",
-                          "-" if not s["gpu"] or s["gpu"]["comm_comp_overlap_pct"] is None else f"{s['gpu']['comm_comp_overlap_pct']:.2f}"]
-                         for s, r in ranked]))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        parts.append(f"<p>No rank's mean step is more than {view['straggler_pct']:g}% above the median. "
+                     "Slowest ranks:</p>" + _table(_RANK_HEADERS, _rank_rows(view["slowest"]), {0, 2, 3, 4, 5, 6, 7}))
+    parts += [_breakdown(view, by_rank), _top_kernels(view, by_rank),
+              f"<details><summary>All {len(rows)} ranks</summary>",
+              _table(_RANK_HEADERS, _rank_rows(rows), {0, 2, 3, 4, 5, 6, 7}), "</details>"]
+    return "\n".join(p for p in parts if p)
 
 
-def write_report(summaries: list[dict[str, Any]], view: dict[str, Any], output: str | Path) -> Path:
+def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> str:
+    """The HTML page for ``(title, per-rank summaries, cross-rank view)`` of each cycle."""
+    ranks = sum(len(s) for _, s, _ in cycles)
+    head = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
+            f"<style>{_STYLE}</style></head><body><h1>torchprof trace report</h1>",
+            f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis definitions; "
+            "hover a cell or bar for its value.</p>"]
+    return "\n".join(head + [_cycle_section(*c) for c in cycles] + ["</body></html>"])
+
+
+def write_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]], output: str | Path) -> Path:
     """Publish :func:`render_report`'s page at ``output`` (atomically); returns its path."""
     output = Path(output)
-    write_text_atomically(output, render_report(summaries, view))
+    write_text_atomically(output, render_report(cycles))
     return output

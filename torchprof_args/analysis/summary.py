@@ -13,17 +13,20 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
 from torchprof_args.analysis.analyzers.gpu import gpu_view
+from torchprof_args.analysis.analyzers.identity import identity
 from torchprof_args.analysis.analyzers.memory import memory_view
+from torchprof_args.analysis.analyzers.step_ops import step_ops
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["finite", "summarize"]
 
 
-def summarize(trace: Trace, top: int = 30) -> dict[str, Any]:
+def summarize(trace: Trace, top: int | None = 30) -> dict[str, Any]:
     """Everything ``torchprof summary --json`` prints for one trace (JSON-serialisable dict).
 
-    ``top`` bounds the top-N lists (kernels, CPU operators by total / self / device time).
+    ``top`` bounds the top-N lists (kernels, CPU operators by total / self / device time, the
+    operators and kernels inside the steps); None keeps every entry (what a sidecar stores).
     """
     gpu, top_kernels = gpu_view(trace, top)
     ops = cpu_ops(trace)
@@ -34,6 +37,7 @@ def summarize(trace: Trace, top: int = 30) -> dict[str, Any]:
         "rank": trace.rank,
         "world_size": trace.world_size,
         "backend": (trace.metadata.get("distributedInfo") or {}).get("backend"),
+        **identity(trace),
         "base_time_ns": trace.base_time_ns,
         "events": trace.n_events,
         "uncompressed_bytes": trace.uncompressed_bytes,
@@ -46,6 +50,7 @@ def summarize(trace: Trace, top: int = 30) -> dict[str, Any]:
         "top_cpu_ops_by_self": top_ops(trace, ops, "self_cpu", top),
         "top_ops_by_device": top_ops(trace, ops, "device_total", top) if gpu is not None else [],
         "memory": memory_view(trace),
+        "ops_in_steps": step_ops(trace, top),
     }
 
 

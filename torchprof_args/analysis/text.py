@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _us(value: float | None) -> str:
+def fmt_us(value: float | None) -> str:
     if value is None:
         return "-"
     if value >= 1e6:
@@ -23,7 +23,7 @@ def _bytes(value: int) -> str:
     return str(value)
 
 
-def _pct(value: float | None) -> str:
+def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}%"
 
 
@@ -35,8 +35,8 @@ def _steps_lines(summary: dict[str, Any]) -> list[str]:
     steps = summary.get("steps") or []
     if not steps:
         return ["Steps: no ProfilerStep annotations in this trace"]
-    lines = [f"Steps ({len(steps)}, mean {_us(summary.get('step_mean_us'))}):"]
-    lines += [f"  {s['name']:<24} {_us(s['dur_us']):>14}" for s in steps]
+    lines = [f"Steps ({len(steps)}, mean {fmt_us(summary.get('step_mean_us'))}):"]
+    lines += [f"  {s['name']:<24} {fmt_us(s['dur_us']):>14}" for s in steps]
     return lines
 
 
@@ -76,10 +76,10 @@ def format_profiler_list(summary: dict[str, Any], rows: int = 30) -> str:
     lines += [cols, "-" * len(cols)]
     for op in ops:
         line = (
-            f"{_cut(op['name'], width):<{width}} {op['calls']:>8} {_us(op['self_cpu_us']):>15} {_us(op['cpu_total_us']):>15}"
+            f"{_cut(op['name'], width):<{width}} {op['calls']:>8} {fmt_us(op['self_cpu_us']):>15} {fmt_us(op['cpu_total_us']):>15}"
         )
         if has_device:
-            line += f" {_us(op['self_device_us']):>18} {_us(op['device_total_us']):>15}"
+            line += f" {fmt_us(op['self_device_us']):>18} {fmt_us(op['device_total_us']):>15}"
         lines.append(line)
     if not ops:
         lines.append("(no CPU operators in this trace)")
@@ -105,24 +105,24 @@ def format_summary(summary: dict[str, Any], rows: int = 10) -> str:
             f"GPU (HTA definitions; {gpu['kernels']:,} kernels on streams {gpu['streams']}"
             + (", last ProfilerStep excluded" if gpu["last_step_excluded"] else "")
             + "):",
-            f"  kernel-active span {_us(gpu['kernel_active_span_us'])}: idle {_pct(gpu['idle_pct'])},"
-            f" compute {_pct(gpu['compute_pct'])}, non-compute {_pct(gpu['non_compute_pct'])}",
-            f"  computation {_us(kt['computation'])}, communication {_us(kt['communication'])},"
-            f" memory {_us(kt['memory'])} (exclusive)",
+            f"  kernel-active span {fmt_us(gpu['kernel_active_span_us'])}: idle {fmt_pct(gpu['idle_pct'])},"
+            f" compute {fmt_pct(gpu['compute_pct'])}, non-compute {fmt_pct(gpu['non_compute_pct'])}",
+            f"  computation {fmt_us(kt['computation'])}, communication {fmt_us(kt['communication'])},"
+            f" memory {fmt_us(kt['memory'])} (exclusive)",
         ]
         for name, value in gpu["kernel_type_overlapping_us"].items():
-            lines.append(f"  {name}: {_us(value)}")
-        lines.append(f"  communication/computation overlap: {_pct(gpu['comm_comp_overlap_pct'])}")
+            lines.append(f"  {name}: {fmt_us(value)}")
+        lines.append(f"  communication/computation overlap: {fmt_pct(gpu['comm_comp_overlap_pct'])}")
         lines.append(f"Top {min(rows, len(summary['top_kernels']))} GPU kernels by total time:")
         for k in summary["top_kernels"][:rows]:
-            lines.append(f"  {_us(k['total_us']):>12} {k['pct']:6.2f}% {k['calls']:>7}x {k['type']:<13} {_cut(k['name'], 90)}")
+            lines.append(f"  {fmt_us(k['total_us']):>12} {k['pct']:6.2f}% {k['calls']:>7}x {k['type']:<13} {_cut(k['name'], 90)}")
     else:
         cpu = summary.get("cpu")
         lines.append("GPU: no kernels in this trace (CPU-only view)")
         if cpu:
-            lines.append(f"CPU threads over a {_us(cpu['span_us'])} span:")
+            lines.append(f"CPU threads over a {fmt_us(cpu['span_us'])} span:")
             for t in cpu["threads"][:rows]:
-                lines.append(f"  pid {t['pid']} tid {t['tid']}: busy {_us(t['busy_us'])} ({_pct(t['busy_pct'])})")
+                lines.append(f"  pid {t['pid']} tid {t['tid']}: busy {fmt_us(t['busy_us'])} ({fmt_pct(t['busy_pct'])})")
     for title, key, field in (
         ("Top CPU operators by total time", "top_cpu_ops", "cpu_total_us"),
         ("Top CPU operators by self time", "top_cpu_ops_by_self", "self_cpu_us"),
@@ -130,22 +130,63 @@ def format_summary(summary: dict[str, Any], rows: int = 10) -> str:
         ops = summary.get(key) or []
         lines.append(f"{title}:")
         for op in ops[:rows]:
-            lines.append(f"  {_us(op[field]):>12} {op['calls']:>7}x {_cut(op['name'], 90)}")
+            lines.append(f"  {fmt_us(op[field]):>12} {op['calls']:>7}x {_cut(op['name'], 90)}")
     lines += _memory_lines(summary)
     return "\n".join(lines) + "\n"
 
 
-def format_cross_rank(view: dict[str, Any]) -> str:
-    """Human-readable cross-rank view (one row per rank, then the slowest/fastest rank)."""
-    lines = ["== cross-rank view", f"  {'rank':>5} {'steps':>6} {'mean step':>12} {'GPU idle':>9} {'overlap':>8}"]
-    for r in sorted(view["ranks"], key=lambda r: r["rank"]):
+_DIST_ROWS = (("step time", "step_mean_us", fmt_us), ("GPU idle", "idle_pct", fmt_pct),
+              ("comm/comp overlap", "comm_comp_overlap_pct", fmt_pct))
+
+
+def _coords(row: dict[str, Any], axes: list[str]) -> str:
+    par = row.get("parallel") or {}
+    return " ".join(f"{par[a]:>3}" if a in par else "  -" for a in axes)
+
+
+def _rank_table(rows: list[dict[str, Any]], axes: list[str]) -> list[str]:
+    hosts = max([len(r["host"] or "-") for r in rows] + [4])
+    head = f"    {'rank':>5} {'host':<{hosts}} " + " ".join(f"{a:>3}" for a in axes)
+    head += f" {'steps':>5} {'mean step':>11} {'vs p50':>8} {'GPU idle':>9} {'overlap':>8}  file"
+    lines = [head]
+    for r in rows:
+        vs = "-" if r["vs_median_pct"] is None else f"{r['vs_median_pct']:+.1f}%"
         lines.append(
-            f"  {r['rank']:>5} {r['steps']:>6} {_us(r['step_mean_us']):>12} {_pct(r['idle_pct']):>9} "
-            f"{_pct(r['comm_comp_overlap_pct']):>8}"
+            f"    {r['rank']:>5} {(r['host'] or '-'):<{hosts}} " + _coords(r, axes)
+            + f" {r['steps']:>5} {fmt_us(r['step_mean_us']):>11} {vs:>8} {fmt_pct(r['idle_pct']):>9} "
+            f"{fmt_pct(r['comm_comp_overlap_pct']):>8}  {r['file'].rsplit('/', 1)[-1]}"
         )
+    return lines
+
+
+def format_cross_rank(view: dict[str, Any], title: str = "", all_ranks: bool = False) -> str:
+    """Human-readable cross-rank view of one cycle: distributions over ranks, then the slowest
+    and fastest ranks (every rank when there are few, or with ``all_ranks``)."""
+    rows = view["ranks"]
+    lines = [f"== cross-rank view{': ' + title if title else ''} ({len(rows)} rank(s))"]
+    lines.append(f"  {'':<18} {'min':>10} {'p50':>10} {'p90':>10} {'max':>10}")
+    for label, key, fmt in _DIST_ROWS:
+        d = view["distributions"][key]
+        if d["n"]:
+            lines.append(f"  {label:<18} " + " ".join(f"{fmt(d[q]):>10}" for q in ("min", "p50", "p90", "max")))
     if view.get("slowest_rank") is not None:
         lines.append(
             f"  slowest rank {view['slowest_rank']}, fastest rank {view['fastest_rank']},"
-            f" spread {view['spread_pct']:.2f}% of the mean step ({_us(view['step_mean_us'])})"
+            f" spread {view['spread_pct']:.2f}% of the mean step ({fmt_us(view['step_mean_us'])})"
         )
+        n = len(view["stragglers"])
+        lines.append(f"  stragglers (mean step > {view['straggler_pct']:g}% above the median): "
+                     + (f"{n}, rank(s) " + ", ".join(str(r["rank"]) for r in view["stragglers"][:20])
+                        + (" ..." if n > 20 else "") if n else "none"))
+    axes = [a for a in ("dp", "tp", "pp", "cp", "ep") if any(a in (r.get("parallel") or {}) for r in rows)]
+    k = len(view["slowest"])
+    if all_ranks or len(rows) <= 2 * k:
+        lines.append("  every rank:")
+        lines += _rank_table(rows, axes)
+    else:
+        lines.append(f"  {k} slowest ranks:")
+        lines += _rank_table(view["slowest"], axes)
+        lines.append(f"  {k} fastest ranks:")
+        lines += _rank_table(view["fastest"], axes)
+        lines.append(f"  ({len(rows) - 2 * k} more; --all-ranks lists every rank)")
     return "\n".join(lines) + "\n"

@@ -96,7 +96,7 @@ def hta_kernels(trace: Trace) -> tuple[np.ndarray, bool]:
     # HTA compares ceil(ts) < ceil(last step start); for an integer m, ceil(t) < m <=> t <= m - 1.
     kept_cpu = cpu & (trace.ts <= float(np.ceil(step_starts).max()) - 1.0)
     del cpu
-    kept_corr = trace.corr[kept_cpu]
+    kept_corr = trace.corr[kept_cpu & (trace.corr >= 0)]  # most CPU events launch nothing
     kernels[kernels] = member(trace.corr[kernels], kept_corr)
     kernels |= kept_cpu
     return kernels & has_stream, True
@@ -156,14 +156,16 @@ def kernel_type_breakdown(merged: dict[str, Intervals]) -> dict[str, dict[str, f
     }
 
 
-def top_kernels(trace: Trace, sel: np.ndarray, top: int) -> list[dict[str, Any]]:
-    """The ``top`` kernel names among events ``sel`` by total duration (not rounded), with
-    their class, calls, mean and share of all selected kernel time."""
+def top_kernels(trace: Trace, sel: np.ndarray, top: int | None) -> list[dict[str, Any]]:
+    """The ``top`` kernel names (None: all) among events ``sel`` by total duration (not
+    rounded), with their class, calls, mean and share of all selected kernel time."""
     name_id = trace.name_id[sel]
     dur = trace.dur[sel]
     totals = np.bincount(name_id, weights=dur, minlength=len(trace.names))
     count = np.bincount(name_id, minlength=len(trace.names))
-    order = np.argsort(-totals, kind="stable")[: max(top, 0)]
+    order = np.argsort(-totals, kind="stable")
+    if top is not None:
+        order = order[: max(top, 0)]
     types = _name_types(trace)
     grand = float(dur.sum()) or 1.0
     return [
@@ -180,7 +182,7 @@ def top_kernels(trace: Trace, sel: np.ndarray, top: int) -> list[dict[str, Any]]
     ]
 
 
-def gpu_view(trace: Trace, top: int = 30) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def gpu_view(trace: Trace, top: int | None = 30) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """HTA-comparable GPU breakdown (``None`` without kernels) and the top kernels.
 
     The breakdown holds the temporal breakdown, the communication/computation overlap, the

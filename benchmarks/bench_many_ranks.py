@@ -1,0 +1,168 @@
+"""A 512-rank job's cycle: `torchprof summary` / `report` from sidecars, and the sharded parse without them.
+
+    python benchmarks/bench_many_ranks.py [--ranks 512] [--shards 8] [--repeat 3]
+
+Builds once, under benchmarks/out/many_ranks/ (git-ignored), the folder a 512-rank job leaves
+for one profiled cycle, in the layout the profiler writes:
+
+    run/iter000100-000101/rank00000_node000_pid10000.pt.trace.json.gz  ... rank00511_...
+    run/iter000100-000101/summaries/rank00000_node000_pid10000.summary.json ...
+
+Each rank's trace is one of the two real ranks of a 128-rank job in tests/data (hard links: the
+job's files cost no disk); each rank's sidecar is that trace's real summary with perturbed figures: its rank,
+host (8 ranks a node), parallel coordinates (tp 8 x pp 4 x dp), step times (+-2 %, and one node
+of stragglers 8-15 % slower), GPU idle and overlap.  Then, in fresh processes:
+
+* ``torchprof summary DIR`` and ``torchprof report DIR`` with the sidecars (target: < 5 s);
+* the no-sidecar path: ``torchprof summary --write-sidecars --reparse --shard K/N DIR`` for the
+  first shards, one at a time, throughput per shard (MB of trace JSON per second) side by side
+  with ``torchprof summary`` of one 1 GB trace of the same shape (target: equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from torchprof_args.analysis import load_trace, summarize  # noqa: E402
+from torchprof_args.analysis.sidecar import write_sidecar  # noqa: E402
+from torchprof_args.analysis.summary import finite  # noqa: E402
+from torchprof_args.naming import cycle_dir_name  # noqa: E402
+
+#: two ranks of one real 128-rank job: every simulated rank is one of them.
+SOURCES = sorted((REPO / "tests" / "data").glob("gpu_128rank_sampled_rank*.json.gz"))
+TP, PP = 8, 4
+
+
+def _perturbed(summary: dict, rank: int, world: int, rng: random.Random, slow_node: int) -> dict:
+    """``summary`` as rank ``rank`` of a ``world``-rank job would have written it."""
+    s = copy.deepcopy(summary)
+    node = rank // 8
+    factor = rng.gauss(1.0, 0.02) * (rng.uniform(1.08, 1.15) if node == slow_node else 1.0)
+    s.update(rank=rank, world_size=world, host=f"node{node:03d}", iterations=[100, 101],
+             parallel={"dp": rank // (TP * PP), "tp": rank % TP, "pp": (rank // TP) % PP})
+    s["steps"] = [dict(step, dur_us=step["dur_us"] * factor * rng.gauss(1.0, 0.005)) for step in s["steps"]]
+    s["step_mean_us"] = sum(step["dur_us"] for step in s["steps"]) / max(len(s["steps"]), 1)
+    gpu = s.get("gpu")
+    if gpu:
+        gpu["idle_pct"] = min(max(gpu["idle_pct"] * rng.gauss(1.0, 0.05) * factor, 0.0), 100.0)
+        if gpu.get("comm_comp_overlap_pct") is not None:
+            gpu["comm_comp_overlap_pct"] = min(max(gpu["comm_comp_overlap_pct"] * rng.gauss(1.0, 0.08), 0.0), 100.0)
+        for table in (gpu["kernel_type_us"], gpu["kernel_type_overlapping_us"]):
+            for key in table:
+                table[key] *= rng.gauss(1.0, 0.02)
+    return s
+
+
+def build(out: Path, ranks: int) -> Path:
+    """The run folder (built once): one cycle of ``ranks`` traces with their sidecars."""
+    run = out / f"run{ranks}"
+    cycle = run / cycle_dir_name(100, 101)
+    marker = run / ".complete"
+    if marker.exists():
+        return run
+    cycle.mkdir(parents=True, exist_ok=True)
+    summaries = [finite(summarize(load_trace(src), top=None)) for src in SOURCES]
+    rng = random.Random(13)
+    slow_node = rng.randrange(max(ranks // 8, 1))
+    for rank in range(ranks):
+        which = rank % len(SOURCES)
+        trace = cycle / f"rank{rank:05d}_node{rank // 8:03d}_pid{10000 + rank}.pt.trace.json.gz"
+        if not trace.exists():
+            os.link(SOURCES[which], trace)
+        write_sidecar(_perturbed(summaries[which], rank, ranks, rng, slow_node), trace)
+    marker.touch()
+    return run
+
+
+def _timed(args: list[str]) -> tuple[float, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"torchprof {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return wall, proc.stdout
+
+
+def _best(args: list[str], repeat: int) -> tuple[float, str]:
+    runs = [_timed(args) for _ in range(max(repeat, 1))]
+    return min(r[0] for r in runs), runs[-1][1]
+
+
+def _shard_rate(run: Path, k: int, n: int) -> tuple[float, float, int]:
+    """(wall s, MB/s, traces) of one shard's --write-sidecars --reparse into a scratch copy."""
+    wall, stdout = _timed(["summary", "--write-sidecars", "--reparse", "--no-progress", "--shard", f"{k}/{n}", str(run)])
+    match = re.search(r"(\d+) of \d+ trace\(s\): (\d+) sidecar\(s\) written \(([\d,]+) MB parsed", stdout)
+    if match is None:
+        raise SystemExit(f"unexpected output: {stdout[-500:]}")
+    mb = float(match.group(3).replace(",", ""))
+    return wall, mb / wall, int(match.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=512)
+    parser.add_argument("--shards", type=int, default=8, help="N of --shard K/N for the no-sidecar path")
+    parser.add_argument("--shards-run", type=int, default=2, help="how many of the N shards to run and time")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--big-mb", type=float, default=1024, help="size of the single-trace reference (.json.gz)")
+    parser.add_argument("--out", type=Path, default=HERE / "out" / "many_ranks")
+    args = parser.parse_args(argv)
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    run = build(args.out, args.ranks)
+    report = args.out / f"report{args.ranks}.html"
+
+    summary_s, summary_out = _best(["summary", "--no-progress", str(run)], args.repeat)
+    json_s, _ = _best(["summary", "--no-progress", "--json", str(run)], args.repeat)
+    report_s, _ = _best(["report", "--no-progress", str(run), "-o", str(report)], args.repeat)
+    scratch = args.out / f"noside{args.ranks}"
+    if not scratch.exists():  # the same traces, no sidecars (hard links again)
+        for trace in sorted((run / cycle_dir_name(100, 101)).glob("*.pt.trace.json.gz")):
+            target = scratch / trace.parent.name / trace.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(trace, target)
+    shards = [_shard_rate(scratch, k, args.shards) for k in range(min(args.shards_run, args.shards))]
+    from bench_shapes import replica, run_once, uncompressed_mb
+
+    big = replica(SOURCES[0], args.big_mb, HERE / "out" / "shapes", True)
+    big_mb = uncompressed_mb(big)
+    big_runs = [run_once(big) for _ in range(max(args.repeat, 1))]
+    big_best = min(r["wall_s"] for r in big_runs)
+    load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    print(f"\n{args.ranks} ranks, one cycle ({run}); {os.cpu_count()} CPUs; load average {load_before} at start, "
+          f"{load_after} at end; best of {args.repeat}")
+    print(f"{'':58} {'wall s':>7}  target")
+    for label, secs in (("torchprof summary DIR (sidecars, text)", summary_s),
+                        ("torchprof summary --json DIR (sidecars)", json_s),
+                        ("torchprof report DIR -o report.html (sidecars)", report_s)):
+        print(f"{label:58} {secs:7.2f}  < 5 s {'ok' if secs < 5 else 'MISSED'}")
+    print(f"report: {report.stat().st_size / 1e6:.2f} MB")
+    print(f"\nno sidecars: torchprof summary --write-sidecars --reparse --shard K/{args.shards} DIR, one shard at a time")
+    print(f"{'':58} {'wall s':>7} {'MB/s':>7}")
+    for k, (wall, rate, n) in enumerate(shards):
+        print(f"{f'shard {k}/{args.shards} ({n} traces of .json.gz, pool of processes)':58} {wall:7.2f} {rate:7.0f}")
+    print(f"{f'single trace: torchprof summary ({big_mb:,.0f} MB .json.gz)':58} {big_best:7.2f} {big_mb / big_best:7.0f}")
+    print("\nslowest ranks (from the text view):")
+    print("\n".join(line for line in summary_out.splitlines() if "slowest rank" in line or "stragglers" in line))
+    print(json.dumps({"summary_s": summary_s, "summary_json_s": json_s, "report_s": report_s,
+                      "shard_mb_per_s": [r for _, r, _ in shards], "single_trace_mb_per_s": big_mb / big_best}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

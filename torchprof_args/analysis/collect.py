@@ -1,0 +1,153 @@
+"""Summaries of many traces: from matching sidecars, else parsed, several traces at a time.
+
+:func:`collect` is what ``torchprof summary | report | diff`` run over their inputs: each trace's
+sidecar when it matches (milliseconds), else the trace is parsed.  Traces under 32 MB are parsed
+by a pool of processes, one trace each (a single small trace cannot keep two cores busy);
+larger ones one after the other, each decoded by two processes (:func:`load_trace`).  A trace
+that cannot be read is reported and skipped; the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchprof_args.analysis import parallel
+from torchprof_args.analysis.sidecar import read_sidecar, trace_identity, truncate, write_sidecar
+from torchprof_args.errors import TraceError
+
+__all__ = ["Collected", "collect", "parse_one"]
+
+
+@dataclass
+class Collected:
+    """Summaries in input order (None where the trace failed) and what it took."""
+
+    summaries: list[dict[str, Any] | None]
+    errors: list[str] = field(default_factory=list)
+    from_sidecars: int = 0
+    parsed: int = 0
+    parsed_bytes: int = 0
+    sidecars_written: int = 0
+    parse_seconds: float = 0.0
+
+
+def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1,
+              progress: bool = False) -> tuple[dict[str, Any] | None, str | None, int, bool]:
+    """Parse one trace: (summary cut to ``top``, error, uncompressed bytes, sidecar written).
+
+    With ``write`` the complete summary is published as the trace's sidecar first; a sidecar
+    that cannot be written (read-only folder) is reported as the error, the summary still returned.
+    """
+    from torchprof_args.analysis.loader import load_trace
+    from torchprof_args.analysis.summary import finite, summarize
+
+    trace_path = Path(path)
+    try:
+        identity = trace_identity(trace_path)
+        trace = load_trace(trace_path, progress=progress, workers=workers)
+        size = trace.uncompressed_bytes
+        summary = finite(summarize(trace, top=None if write else top))
+        del trace
+    except TraceError as exc:
+        return None, str(exc), 0, False
+    except OSError as exc:
+        return None, f"{trace_path}: cannot be read ({exc.strerror or exc})", 0, False
+    if not write:
+        return summary, None, size, False
+    try:
+        write_sidecar(summary, trace_path, identity)
+    except OSError as exc:
+        return truncate(summary, top), f"{trace_path}: cannot write its sidecar ({exc.strerror or exc})", size, False
+    return truncate(summary, top), None, size, True
+
+
+def _pooled(paths: list[str], top: int | None, write: bool, processes: int) -> Iterator[tuple[int, tuple]]:
+    """(index, parse_one result) for small traces, ``processes`` at a time, as they finish."""
+    import multiprocessing as mp
+
+    if processes <= 1 or len(paths) <= 1 or not parallel.can_fork(mp):
+        for i, p in enumerate(paths):
+            yield i, parse_one(p, top, write)
+        return
+    with mp.get_context("fork").Pool(processes) as pool:
+        yield from pool.imap_unordered(_pool_task, [(i, p, top, write) for i, p in enumerate(paths)])
+
+
+def _pool_task(task: tuple[int, str, int | None, bool]) -> tuple[int, tuple]:
+    index, path, top, write = task
+    return index, parse_one(path, top, write)
+
+
+def collect(files: list[Path], *, top: int | None = 30, reparse: bool = False, write: bool = False,
+            workers: int | None = None, progress: bool = False,
+            on_parsed: Callable[[Path, tuple], None] | None = None) -> Collected:
+    """Summaries of ``files``: matching sidecars unless ``reparse``, else parsed (and, with
+    ``write``, published as sidecars).  ``on_parsed(path, result)`` is told of each parsed trace."""
+    out = Collected([None] * len(files))
+    todo: list[int] = []
+    for i, f in enumerate(files):
+        found = None if reparse else read_sidecar(f, top)
+        if found is None:
+            todo.append(i)
+        else:
+            out.summaries[i] = found
+            out.from_sidecars += 1
+    if not todo:
+        return out
+    started = time.perf_counter()
+    big = [i for i in todo if _is_big(files[i])]
+    small = [i for i in todo if i not in set(big)]
+    bar = _bar(len(todo), progress)
+    for i in big:
+        _record(out, files[i], i, parse_one(str(files[i]), top, write, workers, progress), bar, on_parsed)
+    processes = workers if workers is not None else _cpus()
+    for j, result in _pooled([str(files[i]) for i in small], top, write, min(processes, len(small))):
+        _record(out, files[small[j]], small[j], result, bar, on_parsed)
+    if bar is not None:
+        bar.close()
+    out.parse_seconds = time.perf_counter() - started
+    return out
+
+
+def _record(out: Collected, path: Path, index: int, result: tuple, bar: Any,
+            on_parsed: Callable[[Path, tuple], None] | None) -> None:
+    summary, error, size, written = result
+    out.summaries[index] = summary
+    out.parsed += summary is not None
+    out.parsed_bytes += size
+    out.sidecars_written += written
+    if error:
+        out.errors.append(error)
+    if bar is not None:
+        bar.update(1)
+    if on_parsed is not None:
+        on_parsed(path, result)
+
+
+def _is_big(path: Path) -> bool:
+    """Whether one trace is large enough for :func:`load_trace` to decode it with two processes."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            compressed = fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+    return size >= (parallel.PARALLEL_MIN_GZIP_BYTES if compressed else parallel.PARALLEL_MIN_BYTES)
+
+
+def _bar(total: int, progress: bool) -> Any:
+    if not progress or total < 2:
+        return None
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread: the pool forks after the bar exists
+    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

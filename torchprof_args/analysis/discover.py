@@ -1,0 +1,108 @@
+"""Which traces a command was given, and which profiled cycle each belongs to.
+
+Every trace command accepts trace files, a cycle folder (``iter000120-000121/``, one trace per
+rank) or a run folder (the profile directory: one cycle folder per profiled cycle, or, in the
+flat layout of older runs and other tools, the traces themselves).  Summaries in ``summaries/``
+folders, hidden files (traces still being published) and anything that is not a trace are
+skipped.
+
+Ranks are only comparable within one cycle, so the cross-rank view, the report and the diff
+work per :class:`Cycle`: the traces of one cycle folder, of one ``_iterA-B`` name suffix in a flat
+folder, or of one folder of traces from another tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchprof_args.errors import TraceError
+from torchprof_args.naming import SUMMARIES_SUBDIR, TRACE_FILE_SUFFIXES, TRACE_SUFFIX, cycle_of_name
+
+__all__ = ["Cycle", "expand", "group_by_cycle", "traces_in"]
+
+
+def traces_in(directory: Path) -> list[Path]:
+    """The traces directly in ``directory`` (sorted; not raising when there are none).
+
+    torch.profiler's ``*.pt.trace.json[.gz]`` files when there are any (a run folder also holds
+    other JSON, e.g. wandb's), else every ``.json`` / ``.json.gz`` file.  Hidden files are skipped.
+    """
+    candidates = sorted(p for p in directory.iterdir()
+                        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_FILE_SUFFIXES))
+    return [p for p in candidates if TRACE_SUFFIX in p.name] or candidates
+
+
+def _holds_profiler_traces(directory: Path) -> bool:
+    try:
+        return any(TRACE_SUFFIX in p.name and not p.name.startswith(".") for p in directory.iterdir())
+    except OSError:
+        return False
+
+
+def _in_folder(directory: Path) -> list[Path]:
+    """A folder's traces: its own, then those of its cycle folders (one level, sorted)."""
+    files = traces_in(directory)
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if sub.name == SUMMARIES_SUBDIR:
+            continue
+        if cycle_of_name(sub.name, folder=True) is not None or _holds_profiler_traces(sub):
+            files += traces_in(sub)
+    return files
+
+
+def expand(inputs: list[str | Path]) -> list[Path]:
+    """Trace files named directly or found in run / cycle folders, in order, without repeats.
+
+    Raises :class:`TraceError` for a path that does not exist or a folder without traces.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = _in_folder(path)
+            if not found:
+                raise TraceError(f"{path}: no .json or .json.gz trace files in this folder or its cycle folders")
+            files += found
+        elif not path.exists():
+            raise TraceError(f"{path}: no such file or directory")
+        else:
+            files.append(path)
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
+
+
+@dataclass
+class Cycle:
+    """The traces of one profiled cycle (or of one folder of traces without cycle information)."""
+
+    label: str
+    iterations: tuple[int, int] | None
+    files: list[Path] = field(default_factory=list)
+
+
+def cycle_key(path: Path) -> tuple[str, tuple[int, int] | None]:
+    """(label, iterations) of the cycle ``path`` belongs to."""
+    folder = path.parent
+    found = cycle_of_name(folder.name, folder=True)
+    if found is not None:
+        return str(folder), found
+    found = cycle_of_name(path.name, folder=False)
+    if found is not None:
+        return f"{folder}/*_iter{found[0]:06d}-{found[1]:06d}", found
+    return str(folder), None
+
+
+def group_by_cycle(files: list[Path]) -> list[Cycle]:
+    """``files`` grouped by cycle, cycles in iteration order (then by label)."""
+    cycles: dict[str, Cycle] = {}
+    for f in files:
+        label, iterations = cycle_key(f)
+        cycles.setdefault(label, Cycle(label, iterations)).files.append(f)
+    return sorted(cycles.values(), key=lambda c: (c.iterations is None, c.iterations or (0, 0), c.label))
