@@ -41,14 +41,21 @@ def _holds_profiler_traces(directory: Path) -> bool:
 
 
 def _in_folder(directory: Path) -> list[Path]:
-    """A folder's traces: its own, then those of its cycle folders (one level, sorted)."""
-    files = traces_in(directory)
+    """A folder's traces: its own, then those of its cycle folders (one level, sorted).
+
+    When cycle folders hold traces, other JSON directly in the folder (``wandb_run.json``...) is
+    not taken for a trace: only ``*.pt.trace.json[.gz]`` files there count.
+    """
+    nested: list[Path] = []
     for sub in sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if sub.name == SUMMARIES_SUBDIR:
+        if sub.name == SUMMARIES_SUBDIR or sub.name.endswith(".split"):  # summaries; `torchprof split` pieces
             continue
         if cycle_of_name(sub.name, folder=True) is not None or _holds_profiler_traces(sub):
-            files += traces_in(sub)
-    return files
+            nested += traces_in(sub)
+    own = traces_in(directory)
+    if nested:
+        own = [p for p in own if TRACE_SUFFIX in p.name]
+    return own + nested
 
 
 def expand(inputs: list[str | Path]) -> list[Path]:
