@@ -20,12 +20,13 @@ def test_readme_example_writes_traces_profiler_list_and_tensorboard(tmp_path):
     proc = run_readme_example("cli", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     prof = tmp_path / "prof_other"
-    (trace,) = prof.glob("*.pt.trace.json.gz")
-    assert "_iter000003-000004." in trace.name
+    (trace,) = prof.glob("*/*.pt.trace.json.gz")
+    assert trace.parent.name == "iter000003-000004"
     listing = (prof / "profiler_list.dat").read_text()
-    assert trace.name in listing and "ProfilerStep#3" in listing
+    assert f"iter000003-000004/{trace.name}" in listing and "ProfilerStep#3" in listing
     assert "accelerator.train_step" in listing and "aten::addmm" in listing
-    assert list((prof / "tensorboard" / "plugins" / "profile").glob(f"*/{trace.name}"))
+    # One TensorBoard session per profiled cycle.
+    assert (prof / "tensorboard" / "plugins" / "profile" / "iter000003-000004" / trace.name).exists()
     assert list((prof / "tensorboard" / "rank00000").glob("events.out.tfevents.*"))
 
 
@@ -57,8 +58,8 @@ def test_bare_decorator_on_a_plain_function_with_resume_and_memory(tmp_path, mon
 
     assert main(["--profiling", "--torch-profile-step-start", "103", "--torch-profile-profile-memory"]) == 7
     assert seen["args"].torch_profile_dir == "./prof" and seen["args"].torch_profile
-    (trace,) = (tmp_path / "prof").glob("*.pt.trace.json.gz")
-    assert "_iter000103-000103." in trace.name
+    (trace,) = (tmp_path / "prof").glob("*/*.pt.trace.json.gz")
+    assert trace.parent.name == "iter000103-000103"
     listing = (tmp_path / "prof" / "profiler_list.dat").read_text()
     assert "my.eval" in listing and "emory" in listing  # memory overview at the end
 
@@ -95,7 +96,7 @@ def test_decorator_with_deepspeed_writes_profiler_ds(tmp_path):
                         str(tmp_path / "prof"), "--torch-profile-skip-first", "2", nproc=1, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     prof = tmp_path / "prof"
-    (trace,) = prof.glob("*.pt.trace.json.gz")
-    assert "_iter000004-000004." in trace.name  # optimizer steps: skip 2, warmup 1, record step 4
+    (trace,) = prof.glob("*/*.pt.trace.json.gz")
+    assert trace.parent.name == "iter000004-000004"  # optimizer steps: skip 2, warmup 1, record step 4
     assert "DeepSpeed Flops Profiler" in (prof / "profiler_ds.txt").read_text()
     assert "ProfilerStep#4" in (prof / "profiler_list.dat").read_text()

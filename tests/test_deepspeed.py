@@ -21,13 +21,13 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
     proc = run_readme_example("deepspeed", tmp_path, WANDB_MODE="disabled")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     prof = tmp_path / "prof"
-    traces = sorted(prof.glob("*.pt.trace.json.gz"))
-    windows = sorted(p.name.split("_")[0] + "_" + p.name.split("_iter")[1][:13] for p in traces)
+    traces = sorted(prof.glob("*/*.pt.trace.json.gz"))
+    windows = sorted(p.name.split("_")[0] + "_" + p.parent.name[len("iter"):] for p in traces)
     # skip-first 2, warmup 1, active 2 -> optimizer steps 4-5 on both ranks; after the resume at
     # step 6, --torch-profile-step-start 8 -> global step 8 on rank 0.
     assert windows == ["rank00000_000004-000005", "rank00000_000008-000008", "rank00001_000004-000005"], windows
     for trace in traces:
-        expected = [8] if "iter000008" in trace.name else [4, 5]
+        expected = [8] if trace.parent.name == "iter000008-000008" else [4, 5]
         # ProfilerStep#N are optimizer steps (2 micro-steps each), not micro-steps.
         assert _profiler_steps(trace)[: len(expected)] == expected
         with gzip.open(trace, "rt") as handle:

@@ -33,8 +33,8 @@ def test_torchprofiler_fences_the_flush_and_both_ranks_finish(tmp_path):
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     finished = rank_results(tmp_path / "results")
     assert set(finished) == {0, 1}
-    (trace,) = [p for p in prof_dir.iterdir() if p.name.endswith(".pt.trace.json.gz")]
-    assert trace.name.startswith("rank00000_") and "_iter000003-000012" in trace.name
+    (trace,) = [p for p in prof_dir.rglob("*") if p.name.endswith(".pt.trace.json.gz")]
+    assert trace.name.startswith("rank00000_") and trace.parent.name == "iter000003-000012"
     with gzip.open(trace, "rt") as handle:
         data = json.load(handle)
     steps = sorted(int(e["name"].split("#")[1]) for e in data["traceEvents"]

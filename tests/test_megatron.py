@@ -116,14 +116,13 @@ def _profiler_steps(path: Path) -> list[int]:
 def test_readme_example_gpt_tensor_parallel_profiled_and_resumed(tmp_path):
     proc = run_readme_example("megatron", tmp_path, pythonpath=[STANDIN])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    traces = sorted((tmp_path / "tb").glob("*.pt.trace.json.gz"))
-    names = sorted(p.name.split("_")[0] + "_" + p.name.split("_iter")[1] for p in traces)
-    assert names == ["rank00000_000003-000004.pt.trace.json.gz", "rank00001_000003-000004.pt.trace.json.gz",
-                     "rank00001_000008-000008.pt.trace.json.gz"], names
+    traces = sorted((tmp_path / "tb").glob("*/*.pt.trace.json.gz"))
+    names = sorted(f"{p.parent.name}/{p.name.split('_')[0]}" for p in traces)
+    assert names == ["iter000003-000004/rank00000", "iter000003-000004/rank00001", "iter000008-000008/rank00001"], names
     for trace in traces:
-        expected = [8] if "iter000008" in trace.name else [3, 4]
+        expected = [8] if trace.parent.name == "iter000008-000008" else [3, 4]
         assert _profiler_steps(trace)[: len(expected)] == expected
-    assert not list((tmp_path / "tb").glob(".partial-*"))
+    assert not list((tmp_path / "tb").rglob(".partial-*"))
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

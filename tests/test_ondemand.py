@@ -107,7 +107,7 @@ def test_partial_window_is_flushed_when_the_run_ends(tmp_path):
     prof = TorchProfiler.from_args(make_args(tmp_path))
     run_steps(prof, range(1, 9), lambda i: i == 1 and submit(control_dir(tmp_path), 5, [0]))
     (trace,) = prof.published_traces
-    assert "_iter000007-000008." in trace and profiler_steps(trace)[:2] == [7, 8]
+    assert "/iter000007-000008/rank00000_" in trace and profiler_steps(trace)[:2] == [7, 8]
 
 
 def test_malformed_and_foreign_requests_are_rejected_and_training_goes_on(tmp_path, caplog):

@@ -65,7 +65,7 @@ def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
         steps = [profiler_steps(p) for p in paths]
         assert steps[0] == steps[1] and len(steps[0]) == 3, steps
         assert steps[0] == list(range(steps[0][0], steps[0][0] + 3))
-        assert f"_iter{steps[0][0]:06d}-{steps[0][2]:06d}." in paths[0]
+        assert all(f"/iter{steps[0][0]:06d}-{steps[0][2]:06d}/" in p for p in paths)  # one cycle folder
         (answer,) = [json.loads(p.read_text()) for p in (control / "answers").iterdir()]
         assert answer["window"]["start"] == steps[0][0] and answer["window"]["end"] == steps[0][2] + 1
         assert answer["window"]["warmup_start"] == answer["check_iteration"] + 1

@@ -19,7 +19,11 @@ import torch
 from conftest import subprocess_env
 
 from torchprof_args import TorchProfiler, add_torch_profile_args
+from torchprof_args.analysis import load_trace, summarize
+from torchprof_args.analysis.sidecar import read_sidecar
+from torchprof_args.analysis.summary import finite
 from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
+from torchprof_args.naming import operator_table_path
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.writer import TraceWriter
 
@@ -55,8 +59,9 @@ def profiler_steps(path: str | Path) -> list[int]:
 
 
 def output_files(tmp_path: Path) -> list[str]:
+    """Every file under the profile directory, as paths relative to it."""
     prof_dir = tmp_path / "prof"
-    return sorted(os.listdir(prof_dir)) if prof_dir.exists() else []
+    return sorted(p.relative_to(prof_dir).as_posix() for p in prof_dir.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("mode", ["fork", "inline"])
@@ -69,13 +74,13 @@ def test_cycles_are_traced_and_published(tmp_path, mode):
     assert len(traces) == 2
     # skip 1, then (wait 1, warmup 1, active 2) twice: records 4-5 and 8-9.
     assert [profiler_steps(t) for t in traces] == [[4, 5], [8, 9]]
-    assert [Path(t).name for t in traces] == [
-        f"rank00000_{os.uname().nodename.split('.')[0]}_pid{os.getpid()}_iter000004-000005.pt.trace.json.gz",
-        f"rank00000_{os.uname().nodename.split('.')[0]}_pid{os.getpid()}_iter000008-000009.pt.trace.json.gz",
+    assert [Path(t).relative_to(tmp_path / "prof").as_posix() for t in traces] == [
+        f"iter000004-000005/rank00000_{os.uname().nodename.split('.')[0]}_pid{os.getpid()}.pt.trace.json.gz",
+        f"iter000008-000009/rank00000_{os.uname().nodename.split('.')[0]}_pid{os.getpid()}.pt.trace.json.gz",
     ]
     metadata = read_trace(traces[0])["torchprof_args"]
     assert metadata["iterations"] == [4, 5] and metadata["rank"] == 0 and metadata["record_shapes"] is True
-    assert not any(name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))
+    assert not any(Path(name).name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))
     assert prof.stats["traces_written"] == 2 and prof.stats["trace_mb"] > 0
 
 
@@ -105,7 +110,7 @@ def test_partial_window_is_flushed_at_a_clean_exit(tmp_path):
     prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-active", "5"))
     train(prof, range(1, 6))  # records 3, 4, 5 of 3..7, then the loop ends
     (trace,) = prof.published_traces
-    assert "_iter000003-000005." in trace
+    assert "/iter000003-000005/" in trace
     # torch.profiler opens the next step's marker right after step(5); it is empty.
     assert profiler_steps(trace)[:3] == [3, 4, 5]
 
@@ -179,11 +184,13 @@ def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_pa
                 handle.write(b'{"name": "' + chunk + b'"},')
             handle.write(b"{}]}")
 
-    writer.submit(export, "rank00000_slow")
+    writer.submit(export, "iter000001-000001", "rank00000_slow")
     time.sleep(1.0)
-    assert any(name.startswith(PARTIAL_PREFIX) for name in os.listdir(out)), "publisher should be mid-write"
+    assert any(p.name.startswith(PARTIAL_PREFIX) for p in out.rglob("*")), "publisher should be mid-write"
     writer.close(timeout=0.1)
-    assert os.listdir(out) == []
+    # No file (the cycle folder, shared with the other ranks, may stay: removing it could race
+    # with another rank's publisher creating its trace there).
+    assert [p for p in out.rglob("*") if not p.is_dir()] == []
     assert not staging.exists() or os.listdir(staging) == []
     assert writer.stats["publish_failures"] == 1
 
@@ -209,7 +216,8 @@ def test_sigterm_finishes_pending_traces_before_exit(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     files = output_files(tmp_path)
-    assert len(files) == 1 and files[0].endswith("_iter000003-000003.pt.trace.json.gz"), files
+    assert len(files) == 1 and files[0].startswith("iter000003-000003/rank00000_"), files
+    assert files[0].endswith(".pt.trace.json.gz"), files
     assert profiler_steps(tmp_path / "prof" / files[0]) == [3]
 
 
@@ -217,15 +225,22 @@ def test_partial_path_is_hidden():
     assert partial_path("/x/y/trace.json.gz") == Path("/x/y/.partial-trace.json.gz")
 
 
-def test_per_rank_summary_is_written_next_to_the_trace(tmp_path):
+def test_per_rank_summaries_are_written_in_the_summaries_folder(tmp_path):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"),
                               "--torch-profile-profile-memory", "--torch-profile-summary-rows", "12"])
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 5))
     (trace,) = prof.published_traces
-    summary = Path(trace.replace(".pt.trace.json.gz", ".profiler_list.dat")).read_text()
+    stem = Path(trace).name.replace(".pt.trace.json.gz", "")
+    # Nothing but the trace sits in the cycle folder (HTA reads every .json/.gz there as a trace).
+    assert sorted(output_files(tmp_path)) == [f"iter000003-000003/{Path(trace).name}",
+                                              f"iter000003-000003/summaries/{stem}.profiler_list.dat",
+                                              f"iter000003-000003/summaries/{stem}.summary.json"]
+    sidecar = read_sidecar(trace, top=None)
+    assert sidecar is not None and sidecar == finite(summarize(load_trace(trace), top=None))
+    summary = operator_table_path(trace).read_text()
     assert summary.startswith(f"Trace: {trace}")
     assert "ProfilerStep#3" in summary and "aten::addmm" in summary
     assert "Memory (from [memory] events)" in summary and "peak allocated" in summary
-    assert not any(name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))
+    assert not any(Path(name).name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))

@@ -185,10 +185,11 @@ class Profiling:
             logger.warning("could not write %s: %s: %s", PROFILER_LIST_NAME, type(err).__name__, err)
 
     def _link_traces_for_tensorboard(self, traces: list[str]) -> None:
-        """TensorBoard's profiler plugin reads ``<logdir>/<run>/plugins/profile/<session>/*.pt.trace.json.gz``."""
-        session = self.prof_dir / "tensorboard" / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
-        session.mkdir(parents=True, exist_ok=True)
+        """TensorBoard's profiler plugin reads ``<logdir>/<run>/plugins/profile/<session>/*.pt.trace.json.gz``:
+        one session per profiled cycle (its folder's name, ``iter000003-000004``), one worker per rank."""
         for trace in traces:
+            session = self.prof_dir / "tensorboard" / "plugins" / "profile" / Path(trace).parent.name
+            session.mkdir(parents=True, exist_ok=True)
             target = session / Path(trace).name
             with contextlib.suppress(FileExistsError):
                 try:
@@ -198,12 +199,17 @@ class Profiling:
 
 
 def write_profiler_list(traces: list[str], path: Path) -> Path:
-    """Top operators (device time, else CPU time) and memory of ``traces``, written atomically."""
+    """Top operators (device time, else CPU time) and memory of ``traces``, written atomically.
+
+    Each trace's summary comes from the sidecar its publisher wrote, when it matches the trace.
+    """
     from torchprof_args.analysis import format_profiler_list, load_trace, summarize
+    from torchprof_args.analysis.sidecar import read_sidecar
 
     parts = []
     for trace in traces:
-        parts.append(f"# {Path(trace).name}\n{format_profiler_list(summarize(load_trace(trace)))}")
+        summary = read_sidecar(trace) or summarize(load_trace(trace))
+        parts.append(f"# {Path(trace).parent.name}/{Path(trace).name}\n{format_profiler_list(summary)}")
     write_text_atomically(path, "\n".join(parts))
     logger.info("operator summary written to %s", path)
     return path

@@ -27,6 +27,7 @@ __all__ = [
     "cycle_dir_name",
     "cycle_of_name",
     "memory_snapshot_name",
+    "operator_table_path",
     "profiler_list_name",
     "rank_from_file_name",
     "safe_token",
@@ -34,6 +35,7 @@ __all__ = [
     "sidecar_path",
     "strip_trace_suffixes",
     "trace_file_name",
+    "trace_relpath",
     "trace_stem",
 ]
 
@@ -42,7 +44,8 @@ TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
 #: Every suffix a trace reader accepts (traces of other tools included).
 TRACE_FILE_SUFFIXES = (".json", ".json.gz")
-#: The per-trace operator table (``profiler_list.dat`` style) of each published trace.
+#: The per-trace operator table (``profiler_list.dat`` style) of each published trace, in the
+#: ``summaries/`` folder beside it.
 SUMMARY_SUFFIX = ".profiler_list.dat"
 #: The per-trace summary sidecar: what ``torchprof summary --json`` prints, and the trace's size
 #: and mtime, so the tools read it instead of parsing a trace that has not changed.
@@ -77,16 +80,23 @@ def safe_token(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in text)
 
 
-def trace_stem(rank: int, first_iteration: int, last_iteration: int, *, host: str | None = None,
-               pid: int | None = None) -> str:
-    """The file-name stem of one cycle's trace: unique per rank, host, process and cycle.
+def trace_stem(rank: int, *, host: str | None = None, pid: int | None = None) -> str:
+    """The file-name stem of a rank's traces: unique per rank, host and process.
 
     Sorted listings group by rank; TensorBoard's profiler plugin reads the whole stem as the
-    worker name.  Example: ``rank00003_node17_pid4242_iter000120-000121``.
+    worker name.  Example: ``rank00003_node17_pid4242``.  The cycle is the folder
+    (:func:`trace_relpath`).
     """
     host = host or short_hostname()
     pid = os.getpid() if pid is None else pid
-    return f"rank{rank:05d}_{host}_pid{pid}_iter{first_iteration:06d}-{last_iteration:06d}"
+    return f"rank{rank:05d}_{host}_pid{pid}"
+
+
+def trace_relpath(rank: int, first_iteration: int, last_iteration: int, *, gzip: bool, host: str | None = None,
+                  pid: int | None = None) -> str:
+    """Where, under the profile directory, a rank's trace of one cycle is published:
+    ``iter000120-000121/rank00003_node17_pid4242.pt.trace.json.gz``."""
+    return f"{cycle_dir_name(first_iteration, last_iteration)}/{trace_file_name(trace_stem(rank, host=host, pid=pid), gzip)}"
 
 
 def trace_file_name(stem: str, gzip: bool) -> str:
@@ -118,6 +128,12 @@ def sidecar_path(trace_path: str | os.PathLike[str]) -> Path:
     """``<folder>/summaries/<stem>.summary.json``: where the summary of ``trace_path`` is kept."""
     trace_path = Path(trace_path)
     return trace_path.parent / SUMMARIES_SUBDIR / (strip_trace_suffixes(trace_path.name) + SIDECAR_SUFFIX)
+
+
+def operator_table_path(trace_path: str | os.PathLike[str]) -> Path:
+    """``<folder>/summaries/<stem>.profiler_list.dat``: the operator table of ``trace_path``."""
+    trace_path = Path(trace_path)
+    return trace_path.parent / SUMMARIES_SUBDIR / (strip_trace_suffixes(trace_path.name) + SUMMARY_SUFFIX)
 
 
 def rank_from_file_name(name: str) -> int | None:

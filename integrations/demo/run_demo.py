@@ -50,8 +50,10 @@ def main(argv: list[str]) -> int:
     if code != 0:
         print(f"demo: the training job failed with exit code {code}", file=sys.stderr)
         return code
-    traces = sorted((OUTPUT / "tensorboard").glob("*.pt.trace.json*"))
-    summaries = sorted((OUTPUT / "tensorboard").glob("*.profiler_list.dat"))
+    # One folder per profiled cycle (iter000003-000003/), every rank's trace in it, and the
+    # summaries the publisher wrote (sidecars the tools read, operator tables) in its summaries/.
+    traces = sorted((OUTPUT / "tensorboard").glob("iter*/*.pt.trace.json*"))
+    summaries = sorted((OUTPUT / "tensorboard").glob("iter*/summaries/*.profiler_list.dat"))
     print("\n=== torchprof-args demo finished ===")
     print(f"traces ({len(traces)}):")
     for trace in traces:
@@ -69,6 +71,8 @@ def main(argv: list[str]) -> int:
     print("\nhow to open them:")
     print("  Perfetto UI: open https://ui.perfetto.dev and drag a .pt.trace.json.gz file onto it")
     print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")
+    print(f"  HTA:         TraceAnalysis(trace_dir='{(OUTPUT / 'tensorboard').relative_to(REPO)}/iter000003-000003')"
+          " reads one cycle's ranks")
     print("  TensorBoard: pip install torch-tb-profiler tensorboard; "
           f"tensorboard --logdir {(OUTPUT / 'tensorboard').relative_to(REPO)}")
     print(f"  summary:     .venv/bin/torchprof summary {(OUTPUT / 'tensorboard').relative_to(REPO)}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchprof_args.errors import OnDemandError
 from torchprof_args.log import get_logger
-from torchprof_args.naming import short_hostname, trace_file_name, trace_stem
+from torchprof_args.naming import short_hostname, trace_relpath
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.ondemand.protocol import (
     ANSWERS,
@@ -178,10 +178,11 @@ class Inbox:
         return list(range(self.world_size)) if window.ranks is None else list(window.ranks)
 
     def trace_path(self, rank: int, window: OnDemandWindow) -> str:
-        """Where ``rank``'s trace of ``window`` will be published (the core's ``trace_stem``)."""
+        """Where ``rank``'s trace of ``window`` will be published (``naming.trace_relpath``: the
+        window's cycle folder under the rank's profile directory)."""
         who = self.identities[rank] if rank < len(self.identities) else Identity(short_hostname(), 0, self.trace_dir)
-        stem = trace_stem(rank, window.start, window.end - 1, host=who.host, pid=who.pid)
-        return os.path.join(who.trace_dir, trace_file_name(stem, gzip=self.config.gzip))
+        relpath = trace_relpath(rank, window.start, window.end - 1, gzip=self.config.gzip, host=who.host, pid=who.pid)
+        return os.path.join(who.trace_dir, relpath)
 
     def answer(self, request_id: str, payload: dict[str, Any]) -> None:
         try:

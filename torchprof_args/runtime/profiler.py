@@ -39,7 +39,7 @@ import torch
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
-from torchprof_args.naming import short_hostname, trace_stem
+from torchprof_args.naming import cycle_dir_name, short_hostname, trace_stem
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.ondemand.window import OnDemandWindow
@@ -311,7 +311,7 @@ class TorchProfiler:
 
     def _submit(self, export: Any, first: int, last: int) -> None:
         if self._writer is not None:
-            self._writer.submit(export, trace_stem(self.rank, first, last))
+            self._writer.submit(export, cycle_dir_name(first, last), trace_stem(self.rank))
 
     def _trace_metadata(self, first: int) -> dict[str, Any]:
         """The run's settings, stored in the trace of the window that starts at ``first``."""

@@ -3,7 +3,8 @@
 Started as ``python -m torchprof_args.runtime.export.publisher JOB.json`` (by ``exec`` from the
 forked exporter, or spawned after an inline export).  It compresses the staged trace into the
 (possibly slow, shared) output directory under a hidden temporary name, renames it into place,
-writes the per-trace operator summary the same way, and records a status file that the training
+writes the trace's summary sidecar and operator table the same way (in the ``summaries/`` folder
+beside it: nothing but traces sits beside traces), and records a status file that the training
 process reads when the publisher exits.  Nothing half-written is ever left under a name a user
 would open.
 """
@@ -86,11 +87,16 @@ def publish(job: PublishJob) -> dict[str, Any]:
 
 
 def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
-    """The per-trace operator table, read from the uncompressed staged copy (fast, local)."""
+    """The trace's summary, parsed from the uncompressed staged copy (fast, local), published as
+    its sidecar (``summaries/<stem>.summary.json``: what ``torchprof summary`` then reads instead of
+    the trace) and its operator table (``summaries/<stem>.profiler_list.dat``)."""
     from torchprof_args.analysis import format_profiler_list, load_trace, summarize
+    from torchprof_args.analysis.sidecar import write_sidecar
+    from torchprof_args.analysis.summary import finite
 
-    summary = summarize(load_trace(staged, progress=False), top=job.summary_rows)
+    summary = finite(summarize(load_trace(staged, progress=False), top=None))
     summary["file"] = str(published)
+    write_sidecar(summary, published)
     with atomic_output(job.summary_path, "w", fsync=True) as handle:
         handle.write(format_profiler_list(summary, rows=job.summary_rows))
     return job.summary_path

@@ -25,7 +25,7 @@ from typing import Any
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.log import get_logger
-from torchprof_args.naming import SUMMARY_SUFFIX, TRACE_SUFFIX, trace_file_name
+from torchprof_args.naming import TRACE_SUFFIX, operator_table_path, trace_file_name
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.child import fork_export
 from torchprof_args.runtime.export.publisher import PublishJob, publisher_argv, publisher_env
@@ -65,26 +65,29 @@ class TraceWriter:
 
     # -- submitting ------------------------------------------------------------------------
 
-    def job_for(self, stem: str) -> PublishJob:
+    def job_for(self, cycle: str, stem: str) -> PublishJob:
+        """The publishing job of ``stem``'s trace of ``cycle``: ``<output>/<cycle>/<stem>.pt.trace.json.gz``,
+        its summaries in ``<output>/<cycle>/summaries/`` (naming.trace_relpath's layout)."""
         gzip_level, summary_rows = self.config.gzip_level, self.config.summary_rows
+        trace_path = self.output_dir / cycle / trace_file_name(stem, gzip=gzip_level is not None)
+        staged = f"{cycle}_{stem}"  # staging is flat: one name per rank and cycle
         return PublishJob(
-            staged_path=str(self.staging_dir / f"{stem}{TRACE_SUFFIX}"),
-            trace_path=str(self.output_dir / trace_file_name(stem, gzip=gzip_level is not None)),
-            status_path=str(self.staging_dir / f"{stem}.status.json"),
+            staged_path=str(self.staging_dir / f"{staged}{TRACE_SUFFIX}"),
+            trace_path=str(trace_path),
+            status_path=str(self.staging_dir / f"{staged}.status.json"),
             gzip_level=gzip_level,
-            summary_path=str(self.output_dir / f"{stem}{SUMMARY_SUFFIX}") if summary_rows else None,
+            summary_path=str(operator_table_path(trace_path)) if summary_rows else None,
             summary_rows=summary_rows or 0,
             rank=self.rank,
         )
 
-    def submit(self, export: Callable[[str], None], stem: str) -> None:
-        """Export a stopped profiler's trace via ``export(path)`` and publish it in the background.
-
-        Never raises: failures are logged with the rank and training goes on.
+    def submit(self, export: Callable[[str], None], cycle: str, stem: str) -> None:
+        """Export a stopped profiler's trace of ``cycle`` via ``export(path)`` and publish it in the
+        background.  Never raises: failures are logged with the rank and training goes on.
         """
         try:
-            job = self.job_for(stem)
-            job_path = str(self.staging_dir / f"{stem}.job.json")
+            job = self.job_for(cycle, stem)
+            job_path = str(self.staging_dir / f"{cycle}_{stem}.job.json")
             job.save(job_path)
             if self.export_mode == "fork":
                 pid = fork_export(export, job, job_path)
@@ -100,8 +103,8 @@ class TraceWriter:
                 pending = _Pending(popen.pid, job, job_path, time.monotonic(), popen)
         except Exception as err:
             self.stats["publish_failures"] += 1
-            logger.error("rank %d: could not export trace %s: %s: %s; training continues",
-                         self.rank, stem, type(err).__name__, err)
+            logger.error("rank %d: could not export trace %s/%s: %s: %s; training continues",
+                         self.rank, cycle, stem, type(err).__name__, err)
             return
         with self._lock:
             self._in_flight.add(pending.pid)
