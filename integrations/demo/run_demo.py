@@ -6,6 +6,7 @@ the traces and summaries went and how to open them.  Extra arguments are passed 
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -46,7 +47,9 @@ def main(argv: list[str]) -> int:
         "--log-interval", "2", "--tensorboard-dir", str(OUTPUT / "tensorboard"), *SEED_FLAG_BLOCK, *argv,
     ]
     print("$ " + " ".join(command[2:]), flush=True)
-    code = subprocess.run(command, cwd=REPO).returncode
+    # The ranks run this checkout's package, whatever else the environment has installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    code = subprocess.run(command, cwd=REPO, env=env).returncode
     if code != 0:
         print(f"demo: the training job failed with exit code {code}", file=sys.stderr)
         return code
@@ -64,10 +67,11 @@ def main(argv: list[str]) -> int:
             print(f"  {summary.relative_to(REPO)}")
     if traces:
         print("\n$ .venv/bin/torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)), flush=True)
-        subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")], cwd=REPO)
+        subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")], cwd=REPO,
+                       env=env)
     dashboard = OUTPUT / "timings.html"
     subprocess.run([sys.executable, "-m", "torchprof_args", "dashboard", str(OUTPUT / "tensorboard"),
-                    "-o", str(dashboard)], cwd=REPO, check=False)
+                    "-o", str(dashboard)], cwd=REPO, env=env, check=False)
     print("\nhow to open them:")
     print("  Perfetto UI: open https://ui.perfetto.dev and drag a .pt.trace.json.gz file onto it")
     print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")
