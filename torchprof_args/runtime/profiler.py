@@ -85,6 +85,7 @@ class TorchProfiler:
         self._iteration = start_iteration
         self._anchored = False
         self._started = False
+        self._window_ended = False
         self._next_busy_step = math.inf
         self._next_check: float = math.inf
         self._last_flush_seconds = 0.0
@@ -142,6 +143,7 @@ class TorchProfiler:
         if not self.enabled or self._started:
             return
         self._started = True
+        self._window_ended = False
         self._build_components()
         first = self._first_iteration
         self._sigterm.install()
@@ -186,12 +188,11 @@ class TorchProfiler:
         """
         if not self._started:
             return
+        if clean:
+            self.end_window()
+        else:
+            self._recorder.stop(self._iteration, keep=False)
         self._started = False
-        last = self._iteration
-        partial = clean and self._global_action(last) is Action.RECORD
-        self._recorder.stop(last, keep=partial)
-        if partial:
-            self._fence.wait(last)
         if self._nsys is not None:
             self._nsys.close()
         if self._memory is not None:
@@ -202,6 +203,36 @@ class TorchProfiler:
         if self._writer is not None:
             self._writer.close(self.config.export.exit_timeout)
         self._sigterm.restore()
+
+    @property
+    def iteration(self) -> int:
+        """The last iteration passed to :meth:`step` (the resume point before the first one)."""
+        return self._iteration
+
+    @property
+    def window_open(self) -> bool:
+        """A window (scheduled or on-demand) is recording at the last stepped iteration: ending now flushes it."""
+        return self._started and not self._window_ended and self._global_action(self._iteration) is Action.RECORD
+
+    def end_window(self) -> bool:
+        """Stop recording for good; flush a window still recording (a clean early exit).
+
+        Collective when :attr:`window_open` (the same on every rank): every rank calls it at the
+        same iteration, as at a scheduled flush.  Returns whether a window was flushed; later
+        :meth:`step` calls do nothing and :meth:`stop` only waits for publications.
+        """
+        if not self._started or self._window_ended:
+            return False
+        flush = self.window_open
+        self._window_ended = True
+        self._next_busy_step = math.inf
+        self._next_check = math.inf
+        started = time.perf_counter()
+        self._recorder.stop(self._iteration, keep=flush)
+        if flush:
+            self._fence.wait(self._iteration)
+            self._last_flush_seconds = time.perf_counter() - started
+        return flush
 
     # -- the hot path -----------------------------------------------------------------------
 
