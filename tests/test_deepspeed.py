@@ -75,4 +75,24 @@ def test_readme_example_pipeline_engine_steps_on_optimizer_steps_of_both_stages(
         assert _profiler_steps(trace) == [3, 4]
         assert _events_per_step(events, micro_batch_forward[stage]) == {3: 3, 4: 3}, stage
         assert _events_per_step(events, "Optimizer.step#AdamW.step") == {3: 1, 4: 1}, stage
+        _check_execution_trace(trace, events, micro_batch_forward[stage])
     assert not list((tmp_path / "prof").glob(".partial-*"))
+
+
+def _check_execution_trace(trace: Path, kineto_events: list[dict], micro_batch_forward: str) -> None:
+    """--torch-profile-execution-trace: a valid Chakra execution trace of the same window, published beside."""
+    et_path = trace.with_name(trace.name.replace(".pt.trace.json.gz", ".et.json.gz"))
+    with gzip.open(et_path, "rt") as handle:
+        execution_trace = json.load(handle)
+    assert execution_trace["schema"].startswith("1.") and "chakra" in execution_trace["schema"]
+    nodes = execution_trace["nodes"]
+    ids = {node["id"] for node in nodes}
+    assert len(ids) == len(nodes) and all({"name", "ctrl_deps", "inputs", "outputs"} <= node.keys() for node in nodes)
+    assert all(node["ctrl_deps"] in ids for node in nodes if node["ctrl_deps"]), "parents are nodes of the trace"
+    names = [node["name"] for node in nodes]
+    # The same window as the Kineto trace: steps 3 and 4, their micro-batches, their operators.
+    assert sorted(name for name in names if name.startswith("ProfilerStep#")) == ["ProfilerStep#3", "ProfilerStep#4"]
+    assert names.count(micro_batch_forward) == 6 and names.count("Optimizer.step#AdamW.step") == 2
+    kineto_ops = sum(1 for e in kineto_events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::"))
+    et_ops = sum(1 for name in names if name.startswith("aten::"))
+    assert kineto_ops > 1000 and 0.9 <= et_ops / kineto_ops <= 1.1, (et_ops, kineto_ops)

@@ -33,17 +33,19 @@ import argparse
 import math
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
-from torchprof_args.naming import short_hostname, trace_stem
+from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, short_hostname, trace_stem
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.config import ProfilerConfig
+from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import choose_staging_dir
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
@@ -179,6 +181,8 @@ class TorchProfiler:
         if self.record or self._on_demand is not None:
             staging = choose_staging_dir(self.config.export.staging_dir)
             self._writer = TraceWriter(self.output_dir, staging, self.config.export, rank=self.rank)
+            if self.config.trace.execution_trace:
+                self._recorder.execution_trace = ExecutionTrace(staging, rank=self.rank)
 
     def stop(self, clean: bool = True) -> None:
         """Finish: flush a partly recorded window (``clean``), wait for pending publications.
@@ -340,9 +344,12 @@ class TorchProfiler:
         if self._recorder.start(first, self._local_action(first)):
             self._recorder.add_metadata(self._trace_metadata(first))
 
-    def _submit(self, export: Any, first: int, last: int) -> None:
+    def _submit(self, export: Any, first: int, last: int, execution_trace: Path | None = None) -> None:
+        companions = [(str(execution_trace), EXECUTION_TRACE_SUFFIX)] if execution_trace is not None else []
         if self._writer is not None:
-            self._writer.submit(export, trace_stem(self.rank, first, last))
+            self._writer.submit(export, trace_stem(self.rank, first, last), companions)
+        elif execution_trace is not None:
+            execution_trace.unlink(missing_ok=True)
 
     def _trace_metadata(self, first: int) -> dict[str, Any]:
         """The run's settings, stored in the trace of the window that starts at ``first``."""
@@ -354,7 +361,7 @@ class TorchProfiler:
             "schedule": self.schedule.describe() if self._scheduled else "on demand only",
             "ranks": (["all"] if self._ranks is None else list(self._ranks)) if trace.enabled else [],
             "activities": list(trace.activities) or "auto",
-            **trace.profiler_options(),
+            **trace.profiler_options(), "execution_trace": trace.execution_trace,
             "rank": self.rank, "world_size": self.world_size, "host": short_hostname(), "iterations": [first, last],
         }
         if self._window is not None and self._window.start <= first < self._window.end:
