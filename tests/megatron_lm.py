@@ -11,6 +11,7 @@ CPU-only, gloo run needs.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,21 @@ def tree_params() -> list:
     trees = megatron_lm_trees()
     if trees:
         return [pytest.param(tree, id=name) for name, tree in trees]
-    reason = ("no Megatron-LM source: set MEGATRON_LM_PATH to a checkout (or a folder of them), or put "
-              f"checkouts at {REPO.parent / 'shared' / 'megatron-lm'}/<tag> for tags {', '.join(TAGS)}")
+    configured = os.environ.get("MEGATRON_LM_PATH")
+    if configured:
+        reason = (f"MEGATRON_LM_PATH={configured} holds no Megatron-LM checkout (megatron/training/training.py "
+                  "and pretrain_gpt.py), nor folders of them")
+    else:
+        reason = ("no Megatron-LM source: set MEGATRON_LM_PATH to a checkout (or a folder of them), or put "
+                  f"checkouts at {REPO.parent / 'shared' / 'megatron-lm'}/<tag> for tags {', '.join(TAGS)}")
     return [pytest.param(None, id="no-megatron-lm", marks=pytest.mark.skip(reason=reason))]
+
+
+def takes_config_container(tree: Path) -> bool:
+    """Read from the tree's source: ``pretrain(cfg_container, ...)`` (core_v0.18.0 on) or the older shape."""
+    source = (tree / "megatron" / "training" / "training.py").read_text()
+    signature = re.search(r"^def pretrain\((.*?)\):", source, re.S | re.M)
+    return signature is not None and "extra_args_provider" not in signature.group(1)
 
 
 def pythonpath(tree: Path) -> list[Path]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, subprocess_env
-from megatron_lm import CPU_FLAGS, pythonpath, tree_params
+from megatron_lm import CPU_FLAGS, pythonpath, takes_config_container, tree_params
 from readme_examples import run_readme_example
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
@@ -106,7 +106,7 @@ def test_megatron_lm_install_parser_and_refusals_at_parse_time(tree, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(result_path.read_text())
     # pretrain(cfg_container, ...) from core_v0.18.0; pretrain(..., extra_args_provider=...) before.
-    assert result["config_container"] is (tree.name >= "core_v0.18")
+    assert result["config_container"] is takes_config_container(tree)
     assert result["install"] == {"patched": ["train", "training_log", "checkpoint_and_decide_exit"],
                                  "idempotent": True, "installed": True, "restored": True,
                                  "installed_after_uninstall": False}
