@@ -148,3 +148,41 @@ def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree
     # Megatron's Timers.write: "<timer>-time"; the exit flush (5) like the scheduled one (8)
     assert sorted(scalars["torch-profile-flush-time"]) == [5, 8]
     assert sorted(scalars["lm loss"]) == [1, 2, 3, 4, 5, 6, 7, 8]  # exited at 5, resumed to 8
+
+
+class _ScalarLog:
+    """A writer with TensorBoard's ``add_scalar``; records what is written and whether it was flushed."""
+
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, int]] = []
+        self.flushed = 0
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        assert value >= 0
+        self.scalars.append((tag, step))
+
+    def flush(self) -> None:
+        self.flushed += 1
+
+
+def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_path):
+    """Without Megatron-LM: TrainingHook (the hook install() builds) with Megatron-compatible timers;
+    an early exit at 5 inside the window 4-6 is flushed, timed and written."""
+    from torchprof_args import Timers
+
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path), "--no-torch-profile-summary",
+                              "--torch-profile-step-start", "4", "--torch-profile-step-end", "7"])
+    writer = _ScalarLog()
+    hook = tpm.TrainingHook(args, timers=Timers(0, "max"), writers=[writer, None])
+    with hook:
+        for iteration in range(1, 6):
+            hook.step(iteration)
+        assert hook.prof.window_open
+        hook.flush_at_exit()  # what the checkpoint_and_decide_exit wrapper does when Megatron exits at 5
+        assert not hook.prof.window_open
+        hook.step(6)  # nothing more is recorded after the exit flush
+    assert [Path(t).name.split("_iter")[1] for t in hook.prof.published_traces] == ["000004-000005.pt.trace.json.gz"]
+    assert _profiler_steps(Path(hook.prof.published_traces[0]))[:2] == [4, 5]
+    assert writer.scalars == [("timers/torch-profile-flush-time", 5)] and writer.flushed == 1
+    assert not list(tmp_path.glob(".partial-*"))

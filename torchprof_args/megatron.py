@@ -195,6 +195,7 @@ class TrainingHook:
         self.timers = timers
         self.writers = list(writers)
         self._first_iteration: int | None = None
+        self._ended = False  # after flush_at_exit(): step() does nothing
 
     def __enter__(self) -> TrainingHook:
         self.start()
@@ -215,7 +216,7 @@ class TrainingHook:
     def step(self, iteration: int) -> None:
         """Call once after each training iteration with the global iteration that just finished."""
         prof = self.prof
-        if not prof.enabled:
+        if not prof.enabled or self._ended:
             return
         if self._first_iteration is None:
             self._first_iteration = iteration
@@ -236,6 +237,7 @@ class TrainingHook:
         ``--exit-duration-in-mins`` and signal-handler exits together); :meth:`close` calls it too.
         """
         prof = self.prof
+        self._ended = True
         if not prof.window_open or self.timers is None:
             prof.end_window()
             return
