@@ -39,6 +39,8 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
 
     report = (prof / "profiler_ds.txt").read_text()
     assert "DeepSpeed Flops Profiler" in report and "fwd flops per GPU" in report
+    published = [line for line in proc.stderr.splitlines() if "DeepSpeed flops profile written" in line]
+    assert len(published) == 1 and "rank 0]" in published[0], published  # DeepSpeed writes it on rank 0 only
     assert not list(prof.glob(".partial-*"))
 
     records = [json.loads(line) for line in (prof / "metrics.jsonl").read_text().splitlines()]

@@ -156,13 +156,14 @@ class DeepSpeedProfilerHook:
         if config.output_file:
             logger.info("DeepSpeed flops profiler writes to its own output_file %s", config.output_file)
             return
+        if engine.global_rank != 0:
+            return  # DeepSpeed profiles and writes the report on global rank 0 only
         self.profile_dir.mkdir(parents=True, exist_ok=True)
         self.flops_report = self.profile_dir / FLOPS_REPORT_NAME
         self._flops_partial = partial_path(self.flops_report)
         config.output_file = str(self._flops_partial)
-        if engine.global_rank == 0:
-            logger.info("DeepSpeed flops profiler report (step %d) goes to %s", engine.flops_profiler_profile_step(),
-                        self.flops_report)
+        logger.info("DeepSpeed flops profiler report (step %d) goes to %s", engine.flops_profiler_profile_step(),
+                    self.flops_report)
 
     def _publish_flops_report(self) -> None:
         """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""
