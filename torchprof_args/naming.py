@@ -13,7 +13,9 @@ import socket
 from pathlib import Path
 
 __all__ = [
+    "COMPANION_SUBDIRS",
     "CYCLE_DIR_PREFIX",
+    "EXECUTION_TRACE_SUFFIX",
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
     "METRICS_FILENAME",
@@ -29,6 +31,9 @@ __all__ = [
     "memory_snapshot_name",
     "operator_table_path",
     "profiler_list_name",
+    "companion_file_name",
+    "companion_path",
+    "execution_trace_file_name",
     "rank_from_file_name",
     "safe_token",
     "short_hostname",
@@ -44,6 +49,8 @@ TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
 #: Every suffix a trace reader accepts (traces of other tools included).
 TRACE_FILE_SUFFIXES = (".json", ".json.gz")
+#: PyTorch's execution trace (Chakra input) of a window, published with its Kineto trace.
+EXECUTION_TRACE_SUFFIX = ".et.json"
 #: The per-trace operator table (``profiler_list.dat`` style) of each published trace, in the
 #: ``summaries/`` folder beside it.
 SUMMARY_SUFFIX = ".profiler_list.dat"
@@ -56,6 +63,9 @@ SUMMARIES_SUBDIR = "summaries"
 #: One folder per profiled cycle: ``iter000120-000121`` holds every rank's trace of iterations
 #: 120..121, so HTA's ``TraceAnalysis(trace_dir=...)`` reads a cycle as it is.
 CYCLE_DIR_PREFIX = "iter"
+#: Files published with a trace that are not traces go into a subfolder of the cycle folder
+#: named for what they hold (a ``.json.gz`` beside the traces would be read by HTA as a trace).
+COMPANION_SUBDIRS = {EXECUTION_TRACE_SUFFIX: "execution_traces"}
 #: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
@@ -102,6 +112,24 @@ def trace_relpath(rank: int, first_iteration: int, last_iteration: int, *, gzip:
 def trace_file_name(stem: str, gzip: bool) -> str:
     """``<stem>.pt.trace.json`` or ``<stem>.pt.trace.json.gz``."""
     return stem + TRACE_SUFFIX + (GZIP_SUFFIX if gzip else "")
+
+
+def companion_file_name(stem: str, suffix: str, gzip: bool) -> str:
+    """A file published beside the trace ``<stem>.pt.trace.json[.gz]``: ``<stem><suffix>[.gz]``."""
+    return stem + suffix + (GZIP_SUFFIX if gzip else "")
+
+
+def execution_trace_file_name(stem: str, gzip: bool) -> str:
+    """``<stem>.et.json.gz`` (or ``.et.json``): the window's execution trace (see :func:`companion_path`)."""
+    return companion_file_name(stem, EXECUTION_TRACE_SUFFIX, gzip)
+
+
+def companion_path(trace_path: str | os.PathLike[str], suffix: str, gzip: bool) -> Path:
+    """Where a file published with ``trace_path`` goes: ``<cycle>/execution_traces/<stem>.et.json.gz``
+    for an execution trace (:data:`COMPANION_SUBDIRS`), ``<cycle>/companions/...`` otherwise."""
+    trace_path = Path(trace_path)
+    folder = trace_path.parent / COMPANION_SUBDIRS.get(suffix, "companions")
+    return folder / companion_file_name(strip_trace_suffixes(trace_path.name), suffix, gzip)
 
 
 def strip_trace_suffixes(name: str, *, pt_trace: bool = True) -> str:
