@@ -62,7 +62,8 @@ WITH_MODULES = Flag("--torch-profile-with-modules", "Record the nn.Module hierar
                     action="store_true")
 EXECUTION_TRACE = Flag("--torch-profile-execution-trace",
                        "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the same "
-                       "windows on the traced ranks, published beside each trace with the suffix .et.json.gz.",
+                       "windows on the traced ranks, published in each cycle folder's execution_traces/ as "
+                       "<stem>.et.json.gz.",
                        default=False, action="store_true")
 ACTIVITIES = Flag("--torch-profile-activities", "Activities to record: cpu, cuda. Default: cpu, plus cuda when "
                   "available.", type=str.lower, nargs="+", choices=("cpu", "cuda"), metavar="A",

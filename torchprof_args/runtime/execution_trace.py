@@ -5,8 +5,9 @@ opens one :class:`ExecutionTrace` file per recorded window on the traced ranks: 
 ``ExecutionTraceObserver`` is registered on a file in node-local staging and enabled just before
 torch.profiler starts recording (so the first step's ``ProfilerStep#`` range is in it), disabled
 and finalised when the window is flushed.  The finished file then travels with the Kineto trace:
-the publisher compresses it into the output directory beside the trace, through the same hidden
-``.partial-`` name and rename, as ``<stem>.et.json.gz`` (:func:`~torchprof_args.naming.execution_trace_file_name`).
+the publisher compresses it into the cycle folder's ``execution_traces/`` (not beside the traces:
+HTA reads every .json/.gz there as a trace), through the same hidden ``.partial-`` name and
+rename, as ``<stem>.et.json.gz`` (:func:`~torchprof_args.naming.companion_path`).
 
 PyTorch allows one observer per process at a time; windows never overlap, so that holds.
 """

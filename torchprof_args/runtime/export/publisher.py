@@ -41,7 +41,7 @@ class PublishJob:
     summary_path: str | None = None
     summary_rows: int = 30
     rank: int = 0
-    #: ``[staged path, published path]`` of files published beside the trace (compressed like it).
+    #: ``[staged path, published path]`` of files published with the trace (compressed like it).
     companions: list[list[str]] = dataclasses.field(default_factory=list)
 
     def save(self, job_path: str | os.PathLike[str]) -> None:

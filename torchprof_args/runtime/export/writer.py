@@ -171,9 +171,9 @@ class TraceWriter:
         logger.info("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
                     status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - pending.started)
         for companion in status.get("companions", []):
-            logger.info("rank %d: %s written beside it", self.rank, companion)
+            logger.info("rank %d: %s written with it", self.rank, companion)
         for error in status.get("companion_errors", []):
-            logger.error("rank %d: not written beside %s: %s", self.rank, status["trace_path"], error)
+            logger.error("rank %d: not written with %s: %s", self.rank, status["trace_path"], error)
         if "summary_error" in status:
             logger.warning("rank %d: no summary for %s: %s", self.rank, status["trace_path"],
                            status["summary_error"])
