@@ -15,8 +15,10 @@ of stragglers 8-15 % slower), GPU idle and overlap.  Then, in fresh processes:
 
 * ``torchprof summary DIR`` and ``torchprof report DIR`` with the sidecars (target: < 5 s);
 * the no-sidecar path: ``torchprof summary --write-sidecars --reparse --shard K/N DIR`` for the
-  first shards, one at a time, throughput per shard (MB of trace JSON per second) side by side
-  with ``torchprof summary`` of one 1 GB trace of the same shape (target: equal).
+  first shards, one at a time, throughput per shard (MB of trace JSON per second, wall and per
+  CPU-second) side by side with ``torchprof summary`` of one 1 GB trace of the same shape (target:
+  equal); once on the 512 small real traces (1.7 MB of JSON each: per-trace costs show), once on
+  8 ranks of 256 MB traces (replicas of the same trace; ``--big-rank-mb``).
 """
 
 from __future__ import annotations
@@ -88,14 +90,19 @@ def build(out: Path, ranks: int) -> Path:
     return run
 
 
-def _timed(args: list[str]) -> tuple[float, str]:
+def _timed(args: list[str]) -> tuple[float, str, float]:
+    """(wall s, stdout, CPU s of the command and its children) of one ``torchprof`` run."""
+    import resource
+
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"torchprof {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
-    return wall, proc.stdout
+    return wall, proc.stdout, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _best(args: list[str], repeat: int) -> tuple[float, str]:
@@ -103,21 +110,39 @@ def _best(args: list[str], repeat: int) -> tuple[float, str]:
     return min(r[0] for r in runs), runs[-1][1]
 
 
-def _shard_rate(run: Path, k: int, n: int) -> tuple[float, float, int]:
-    """(wall s, MB/s, traces) of one shard's --write-sidecars --reparse into a scratch copy."""
-    wall, stdout = _timed(["summary", "--write-sidecars", "--reparse", "--no-progress", "--shard", f"{k}/{n}", str(run)])
+def _shard_rate(run: Path, k: int, n: int, repeat: int) -> tuple[float, float, float, int, float]:
+    """(wall s, MB/s, MB per CPU-second, traces, MB) of one shard's --write-sidecars --reparse, best of ``repeat``."""
+    runs = [_timed(["summary", "--write-sidecars", "--reparse", "--no-progress", "--shard", f"{k}/{n}", str(run)])
+            for _ in range(max(repeat, 1))]
+    wall, stdout, cpu = min(runs, key=lambda r: r[0])
     match = re.search(r"(\d+) of \d+ trace\(s\): (\d+) sidecar\(s\) written \(([\d,]+) MB parsed", stdout)
     if match is None:
         raise SystemExit(f"unexpected output: {stdout[-500:]}")
     mb = float(match.group(3).replace(",", ""))
-    return wall, mb / wall, int(match.group(1))
+    return wall, mb / wall, mb / cpu, int(match.group(1)), mb
+
+
+def _big_run(out: Path, source: Path, ranks: int, rank_mb: float) -> Path:
+    """A cycle of ``ranks`` traces of ``rank_mb`` MB each (hard links of one replica), no sidecars."""
+    from bench_shapes import replica
+
+    big = replica(source, rank_mb, HERE / "out" / "shapes", True)
+    cycle = out / f"big{ranks}x{int(rank_mb)}" / cycle_dir_name(100, 101)
+    cycle.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        target = cycle / f"rank{rank:05d}_node{rank // 8:03d}_pid{20000 + rank}.pt.trace.json.gz"
+        if not target.exists():
+            os.link(big, target)
+    return cycle.parent
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=512)
-    parser.add_argument("--shards", type=int, default=8, help="N of --shard K/N for the no-sidecar path")
+    parser.add_argument("--shards", type=int, default=4, help="N of --shard K/N for the no-sidecar path")
     parser.add_argument("--shards-run", type=int, default=2, help="how many of the N shards to run and time")
+    parser.add_argument("--big-ranks", type=int, default=8, help="ranks of the large-trace no-sidecar run")
+    parser.add_argument("--big-rank-mb", type=float, default=256, help="MB of JSON per rank there (0: skip)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--big-mb", type=float, default=1024, help="size of the single-trace reference (.json.gz)")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "many_ranks")
@@ -135,32 +160,40 @@ def main(argv: list[str] | None = None) -> int:
             target = scratch / trace.parent.name / trace.name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(trace, target)
-    shards = [_shard_rate(scratch, k, args.shards) for k in range(min(args.shards_run, args.shards))]
+    shards = [_shard_rate(scratch, k, args.shards, args.repeat) for k in range(min(args.shards_run, args.shards))]
+    big_shards = []
+    if args.big_rank_mb > 0:
+        big_run = _big_run(args.out, SOURCES[0], args.big_ranks, args.big_rank_mb)
+        big_shards = [_shard_rate(big_run, k, args.shards, args.repeat) for k in range(min(args.shards_run, args.shards))]
     from bench_shapes import replica, run_once, uncompressed_mb
 
     big = replica(SOURCES[0], args.big_mb, HERE / "out" / "shapes", True)
     big_mb = uncompressed_mb(big)
     big_runs = [run_once(big) for _ in range(max(args.repeat, 1))]
-    big_best = min(r["wall_s"] for r in big_runs)
+    best_big = min(big_runs, key=lambda r: r["wall_s"])
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     print(f"\n{args.ranks} ranks, one cycle ({run}); {os.cpu_count()} CPUs; load average {load_before} at start, "
           f"{load_after} at end; best of {args.repeat}")
-    print(f"{'':58} {'wall s':>7}  target")
+    print(f"{'':62} {'wall s':>7}  target")
     for label, secs in (("torchprof summary DIR (sidecars, text)", summary_s),
                         ("torchprof summary --json DIR (sidecars)", json_s),
                         ("torchprof report DIR -o report.html (sidecars)", report_s)):
-        print(f"{label:58} {secs:7.2f}  < 5 s {'ok' if secs < 5 else 'MISSED'}")
+        print(f"{label:62} {secs:7.2f}  < 5 s {'ok' if secs < 5 else 'MISSED'}")
     print(f"report: {report.stat().st_size / 1e6:.2f} MB")
     print(f"\nno sidecars: torchprof summary --write-sidecars --reparse --shard K/{args.shards} DIR, one shard at a time")
-    print(f"{'':58} {'wall s':>7} {'MB/s':>7}")
-    for k, (wall, rate, n) in enumerate(shards):
-        print(f"{f'shard {k}/{args.shards} ({n} traces of .json.gz, pool of processes)':58} {wall:7.2f} {rate:7.0f}")
-    print(f"{f'single trace: torchprof summary ({big_mb:,.0f} MB .json.gz)':58} {big_best:7.2f} {big_mb / big_best:7.0f}")
+    print(f"{'':62} {'wall s':>7} {'MB':>7} {'MB/s':>6} {'MB/CPU-s':>9}")
+    for label, rows in ((f"{args.ranks} real traces, 1.7 MB each", shards),
+                        (f"{args.big_ranks} traces of {args.big_rank_mb:.0f} MB", big_shards)):
+        for k, (wall, rate, per_cpu, n, mb) in enumerate(rows):
+            print(f"{f'shard {k}/{args.shards}: {n} of {label}':62} {wall:7.2f} {mb:7.0f} {rate:6.0f} {per_cpu:9.0f}")
+    print(f"{f'single trace: torchprof summary ({big_mb:,.0f} MB .json.gz)':62} {best_big['wall_s']:7.2f} {big_mb:7.0f} "
+          f"{big_mb / best_big['wall_s']:6.0f} {big_mb / best_big['cpu_s']:9.0f}")
     print("\nslowest ranks (from the text view):")
     print("\n".join(line for line in summary_out.splitlines() if "slowest rank" in line or "stragglers" in line))
     print(json.dumps({"summary_s": summary_s, "summary_json_s": json_s, "report_s": report_s,
-                      "shard_mb_per_s": [r for _, r, _ in shards], "single_trace_mb_per_s": big_mb / big_best}))
+                      "shard_mb_per_s": [r[1] for r in shards], "big_shard_mb_per_s": [r[1] for r in big_shards],
+                      "single_trace_mb_per_s": big_mb / best_big["wall_s"]}))
     return 0
 
 

@@ -36,12 +36,13 @@ class Collected:
     parse_seconds: float = 0.0
 
 
-def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1,
-              progress: bool = False) -> tuple[dict[str, Any] | None, str | None, int, bool]:
+def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1, progress: bool = False,
+              keep: bool = True) -> tuple[dict[str, Any] | None, str | None, int, bool]:
     """Parse one trace: (summary cut to ``top``, error, uncompressed bytes, sidecar written).
 
     With ``write`` the complete summary is published as the trace's sidecar first; a sidecar
     that cannot be written (read-only folder) is reported as the error, the summary still returned.
+    Without ``keep`` no summary is returned (a sidecar-writing shard does not need them).
     """
     from torchprof_args.analysis.loader import load_trace
     from torchprof_args.analysis.summary import finite, summarize
@@ -59,38 +60,51 @@ def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1,
         return None, f"{trace_path}: cannot be read ({exc.strerror or exc})", 0, False
     if not write:
         return summary, None, size, False
+    error = None
     try:
         write_sidecar(summary, trace_path, identity)
     except OSError as exc:
-        return truncate(summary, top), f"{trace_path}: cannot write its sidecar ({exc.strerror or exc})", size, False
-    return truncate(summary, top), None, size, True
+        error = f"{trace_path}: cannot write its sidecar ({exc.strerror or exc})"
+    return truncate(summary, top) if keep else None, error, size, error is None
 
 
-def _pooled(paths: list[str], top: int | None, write: bool, processes: int) -> Iterator[tuple[int, tuple]]:
+def _pooled(paths: list[str], top: int | None, write: bool, keep: bool,
+            processes: int) -> Iterator[tuple[int, tuple]]:
     """(index, parse_one result) for small traces, ``processes`` at a time, as they finish."""
     import multiprocessing as mp
 
     if processes <= 1 or len(paths) <= 1 or not parallel.can_fork(mp):
         for i, p in enumerate(paths):
-            yield i, parse_one(p, top, write)
+            yield i, parse_one(p, top, write, keep=keep)
         return
+    chunk = max(1, min(8, len(paths) // (4 * processes)))  # fewer round trips, still balanced
     with mp.get_context("fork").Pool(processes) as pool:
-        yield from pool.imap_unordered(_pool_task, [(i, p, top, write) for i, p in enumerate(paths)])
+        tasks = [(i, p, top, write, keep) for i, p in enumerate(paths)]
+        yield from pool.imap_unordered(_pool_task, tasks, chunksize=chunk)
 
 
-def _pool_task(task: tuple[int, str, int | None, bool]) -> tuple[int, tuple]:
-    index, path, top, write = task
-    return index, parse_one(path, top, write)
+def _pool_task(task: tuple[int, str, int | None, bool, bool]) -> tuple[int, tuple]:
+    index, path, top, write, keep = task
+    return index, parse_one(path, top, write, keep=keep)
 
 
 def collect(files: list[Path], *, top: int | None = 30, reparse: bool = False, write: bool = False,
-            workers: int | None = None, progress: bool = False,
+            keep: bool = True, workers: int | None = None, progress: bool = False,
             on_parsed: Callable[[Path, tuple], None] | None = None) -> Collected:
     """Summaries of ``files``: matching sidecars unless ``reparse``, else parsed (and, with
-    ``write``, published as sidecars).  ``on_parsed(path, result)`` is told of each parsed trace."""
+    ``write``, published as sidecars).  ``on_parsed(path, result)`` is told of each parsed trace.
+    Without ``keep`` (sidecar writing only) no summary is kept, and a matching sidecar is not read."""
+    from torchprof_args.analysis.sidecar import sidecar_matches
+
     out = Collected([None] * len(files))
     todo: list[int] = []
     for i, f in enumerate(files):
+        if not keep:
+            if not reparse and sidecar_matches(f):
+                out.from_sidecars += 1
+            else:
+                todo.append(i)
+            continue
         found = None if reparse else read_sidecar(f, top)
         if found is None:
             todo.append(i)
@@ -104,9 +118,9 @@ def collect(files: list[Path], *, top: int | None = 30, reparse: bool = False, w
     small = [i for i in todo if i not in set(big)]
     bar = _bar(len(todo), progress)
     for i in big:
-        _record(out, files[i], i, parse_one(str(files[i]), top, write, workers, progress), bar, on_parsed)
+        _record(out, files[i], i, parse_one(str(files[i]), top, write, workers, progress, keep), bar, on_parsed)
     processes = workers if workers is not None else _cpus()
-    for j, result in _pooled([str(files[i]) for i in small], top, write, min(processes, len(small))):
+    for j, result in _pooled([str(files[i]) for i in small], top, write, keep, min(processes, len(small))):
         _record(out, files[small[j]], small[j], result, bar, on_parsed)
     if bar is not None:
         bar.close()
@@ -118,7 +132,7 @@ def _record(out: Collected, path: Path, index: int, result: tuple, bar: Any,
             on_parsed: Callable[[Path, tuple], None] | None) -> None:
     summary, error, size, written = result
     out.summaries[index] = summary
-    out.parsed += summary is not None
+    out.parsed += size > 0
     out.parsed_bytes += size
     out.sidecars_written += written
     if error:

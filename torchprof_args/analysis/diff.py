@@ -166,6 +166,8 @@ def _side_text(label: str, where: str, side: dict[str, Any]) -> str:
 
 
 def _names_section(title: str, rows: list[dict[str, Any]], limit: int) -> list[str]:
+    if not rows:
+        return [f"{title}: none on either side"]
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("added", "removed", "changed", "unchanged")}
     moved = [r for r in rows if r["status"] != "unchanged"]
     lines = [f"{title} per rank and step, by time cost (+) or saving (-): " + ", ".join(

@@ -41,6 +41,8 @@ _WS = b" \t\r\n"
 # The end of the events array: the last event's "}" then "]" then either more keys or the end.
 _ARRAY_END_RE = re.compile(rb"\}\s*\](\s*,\s*\"|\s*\}\s*$)")
 _EMPTY_ARRAY_RE = re.compile(rb"^\s*\]")
+#: where the end of the events array is looked for first (the keys after it are small).
+_TAIL_WINDOW = 1 << 20
 _json_any = msgspec.json.Decoder()
 
 
@@ -274,7 +276,17 @@ class TraceStream:
         return None
 
     def _find_array_end(self, buf: bytes) -> tuple[Any, bytes] | None:
-        for match in _ARRAY_END_RE.finditer(buf):
+        # The array ends near the end of the file: look in its last MiB first (scanning a whole
+        # small trace with the regex cost more than decoding it), then everywhere.
+        start = max(len(buf) - _TAIL_WINDOW, 0)
+        if start:
+            found = self._array_end_from(buf, start)
+            if found is not None:
+                return found
+        return self._array_end_from(buf, 0)
+
+    def _array_end_from(self, buf: bytes, start: int) -> tuple[Any, bytes] | None:
+        for match in _ARRAY_END_RE.finditer(buf, start):
             tail = buf[match.start() + 1 :].lstrip(_WS)[1:]
             try:
                 _json_any.decode(b'{"traceEvents": null' + tail)

@@ -20,7 +20,8 @@ import msgspec
 from torchprof_args.atomic import write_bytes_atomically
 from torchprof_args.naming import sidecar_path
 
-__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "read_sidecar", "trace_identity", "truncate", "write_sidecar"]
+__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "read_sidecar", "sidecar_matches", "trace_identity", "truncate",
+           "write_sidecar"]
 
 SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
@@ -51,23 +52,52 @@ def write_sidecar(summary: dict[str, Any], trace_path: str | os.PathLike[str],
     return target
 
 
-def read_sidecar(trace_path: str | os.PathLike[str], top: int | None = 30) -> dict[str, Any] | None:
-    """The summary kept for ``trace_path``, its lists cut to ``top``; None when there is no
-    sidecar or it does not match the trace (then parse the trace)."""
-    trace_path = Path(trace_path)
+class _Header(msgspec.Struct):
+    """A sidecar's fields but the summary (decoded without building the summary's objects)."""
+
+    format: str = ""
+    version: int = 0
+    trace: dict[str, Any] = {}
+    summary: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_decode_header = msgspec.json.Decoder(_Header)
+
+
+def _matching(trace_path: Path) -> _Header | None:
+    """The sidecar of ``trace_path`` when it matches the trace (its summary not decoded yet)."""
     try:
         data = sidecar_path(trace_path).read_bytes()
         identity = trace_identity(trace_path)
     except OSError:
         return None
     try:
-        doc = _decode.decode(data)
+        head = _decode_header.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if head.format != SIDECAR_FORMAT or head.version != SIDECAR_VERSION or head.trace != identity:
+        return None
+    return head
+
+
+def sidecar_matches(trace_path: str | os.PathLike[str]) -> bool:
+    """Whether ``trace_path`` has a sidecar that matches it (its summary is not decoded)."""
+    return _matching(Path(trace_path)) is not None
+
+
+def read_sidecar(trace_path: str | os.PathLike[str], top: int | None = 30) -> dict[str, Any] | None:
+    """The summary kept for ``trace_path``, its lists cut to ``top``; None when there is no
+    sidecar or it does not match the trace (then parse the trace)."""
+    trace_path = Path(trace_path)
+    head = _matching(trace_path)
+    if head is None:
+        return None
+    try:
+        summary = _decode.decode(head.summary)
     except msgspec.DecodeError:
         return None
-    if (not isinstance(doc, dict) or doc.get("format") != SIDECAR_FORMAT or doc.get("version") != SIDECAR_VERSION
-            or doc.get("trace") != identity or not isinstance(doc.get("summary"), dict)):
+    if not isinstance(summary, dict):
         return None
-    summary = doc["summary"]
     summary["file"] = str(trace_path)
     return truncate(summary, top)
 

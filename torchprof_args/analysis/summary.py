@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
@@ -54,12 +55,37 @@ def summarize(trace: Trace, top: int | None = 30) -> dict[str, Any]:
     }
 
 
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python numbers, for the encoder."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+_encode = msgspec.json.Encoder(enc_hook=_plain)
+_decode = msgspec.json.Decoder()
+
+
 def finite(value: Any) -> Any:
-    """Replace NaN/inf by None recursively so the result is strict JSON."""
+    """A copy of ``value`` with NaN/inf replaced by None, so the result is strict JSON.
+
+    One JSON round trip in C (msgspec writes non-finite floats as null): a complete summary holds
+    thousands of entries, and a Python walk over them cost more than parsing a small trace.
+    Tuples come back as lists.
+    """
+    try:
+        return _decode.decode(_encode.encode(value))
+    except (TypeError, msgspec.EncodeError):
+        return _finite_walk(value)
+
+
+def _finite_walk(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
+        return {k: _finite_walk(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_walk(v) for v in value]
     return value

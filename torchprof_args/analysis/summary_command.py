@@ -40,7 +40,7 @@ def _write_sidecars(args: argparse.Namespace) -> int:
         if written:
             print(f"{where}wrote {sidecar_path(path)} ({size / 1e6:,.1f} MB of trace JSON)", flush=True)
 
-    got = collect(mine, top=args.top, reparse=args.reparse, write=True, workers=args.workers,
+    got = collect(mine, top=args.top, reparse=args.reparse, write=True, keep=False, workers=args.workers,
                   progress=not args.no_progress, on_parsed=told)
     for error in got.errors:
         print(f"torchprof summary: {error}", file=sys.stderr)

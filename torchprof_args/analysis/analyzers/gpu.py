@@ -21,6 +21,7 @@ Communication/computation overlap, computed from the same kernel intervals, is i
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -48,8 +49,10 @@ _TYPE_BITS = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 4}
 _TYPE_CODES = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 3, OTHER: 0}
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def kernel_type(name: str) -> str:
-    """HTA's ``get_kernel_type``: communication, memory, computation or other."""
+    """HTA's ``get_kernel_type``: communication, memory, computation or other (memoised: a job's
+    traces share their kernel names)."""
     if COMM_RE.match(name):
         return COMMUNICATION
     if MEMORY_RE.match(name):
