@@ -281,10 +281,14 @@ def _int_column(args: list[Any], getter: Any, n: int) -> np.ndarray:
         return np.array([max(min(getter(a), 2**63 - 1), -(2**63)) for a in args], dtype=np.int64)
 
 
-def reduce_batch(events: list[Any]) -> Part:
-    """Columns of one decoded batch, built without a Python-level loop over the events."""
+def reduce_batch(events: list[Any], memory_events: bool = True) -> Part:
+    """Columns of one decoded batch, built without a Python-level loop over the events.
+
+    ``memory_events=False`` says the batch's text holds no ``[memory]`` event (the caller looked),
+    so the events are not scanned for them.
+    """
     xs = [e for e in events if e.__class__ is _X]
-    memory = _memory_samples(events if len(xs) != len(events) else [])
+    memory = _memory_samples(events if memory_events and len(xs) != len(events) else [])
     n = len(xs)
     ts = np.fromiter(map(_get_ts, xs), np.float64, n)
     dur = np.fromiter(map(_get_dur, xs), np.float64, n)
