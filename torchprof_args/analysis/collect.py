@@ -160,7 +160,7 @@ def _bar(total: int, progress: bool) -> Any:
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: the pool forks after the bar exists
-    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False)
+    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)  # None: off unless a tty
 
 
 def _cpus() -> int:

@@ -251,7 +251,7 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnSto
         if own_bar:  # after forking: tqdm starts a monitor thread
             from tqdm import tqdm
 
-            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False)
+            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False, disable=None)
         parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store)
     finally:
         for child in children:

@@ -119,8 +119,9 @@ class TraceStream:
         if self.progress and self.file_bytes >= PROGRESS_MIN_BYTES:
             from tqdm import tqdm
 
-            self._bar = tqdm(
-                total=self.file_bytes, unit="B", unit_scale=True, desc=f"reading {self.path.name}", leave=False
+            self._bar = tqdm(  # disable=None: no bar when stderr is not a terminal (batch job logs)
+                total=self.file_bytes, unit="B", unit_scale=True, desc=f"reading {self.path.name}", leave=False,
+                disable=None,
             )
             callback = self._bar.update
         counted = io.BufferedReader(_CountingFile(raw, callback), buffer_size=1 << 20)
