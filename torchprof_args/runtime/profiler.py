@@ -335,8 +335,8 @@ class TorchProfiler:
         """Memory snapshots due after ``iteration``; the reason to fence when an interval dump is due
         (every rank agrees: see start)."""
         if self._memory is not None:
-            cycle_ended = current is Action.RECORD_AND_SAVE and self._timeline.scheduled_action(iteration) is not Action.NONE
-            self._memory.on_step(iteration, profiled_cycle_ended=cycle_ended)
+            scheduled = self._timeline.scheduled_action(iteration) is not Action.NONE
+            self._memory.on_step(iteration, profiled_cycle_ended=current is Action.RECORD_AND_SAVE and scheduled)
         every = self._snapshot_interval
         return "memory snapshot" if every > 0 and iteration > 0 and iteration % every == 0 else None
 

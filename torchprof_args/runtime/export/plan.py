@@ -32,6 +32,8 @@ __all__ = ["FIRST_TRACE_BYTES_PER_STEP", "ExportPlan", "ExportPlanner"]
 
 #: Assumed raw trace size per recorded step before this run has exported one.
 FIRST_TRACE_BYTES_PER_STEP = 64 << 20
+#: The smallest estimate (a tiny previous trace says little about the next window).
+MIN_ESTIMATE_BYTES = 4 << 20
 _MARGIN = 1.5
 _MB = 1 << 20
 
@@ -63,13 +65,13 @@ class ExportPlanner:
 
     def estimate(self, steps: int) -> int:
         per_step = self._bytes_per_step if self._bytes_per_step is not None else FIRST_TRACE_BYTES_PER_STEP
-        return int(per_step * max(1, steps) * _MARGIN)
+        return max(MIN_ESTIMATE_BYTES, int(per_step * max(1, steps) * _MARGIN))
 
     def plan(self, steps: int) -> ExportPlan:
         estimate = self.estimate(steps)
         memory = self.probe.free()
         share = (memory.free_bytes - self.min_free_bytes) // self.local_ranks
-        notes = []
+        notes: list[str] = []
         directory = self._staging_for(estimate, ram_allowed=share >= estimate, notes=notes)
         mode = self.mode
         if mode == "fork":
@@ -77,11 +79,11 @@ class ExportPlanner:
             left = share - (estimate if self.staging.ram[directory] else 0)
             if left < worst_copy:
                 mode = "inline"
-                notes.append(
+                notes = [
                     f"memory for this rank ({max(0, share) / _MB:.0f} MB: {memory.free_mb:.0f} MB free by "
                     f"{memory.source}, less --torch-profile-min-free-host-mb, shared by {self.local_ranks} local "
                     f"rank(s)) does not cover a forked exporter ({worst_copy / _MB:.0f} MB of anonymous memory that "
-                    "copy-on-write may duplicate); exporting inline")
+                    "copy-on-write may duplicate); exporting inline"]
                 directory = self._staging_for(estimate, ram_allowed=False, notes=notes)
         return ExportPlan(mode, directory, "; ".join(notes) or None)
 
@@ -102,6 +104,6 @@ class ExportPlanner:
                          f"(most: {room[chosen] / _MB:.0f} MB in {chosen}); trying there")
         elif chosen != dirs[0]:
             why = ("memory is too short to stage in RAM" if dirs[0] not in allowed else
-                   f"it has less than the estimated {estimate / _MB:.0f} MB per rank free")
+                   f"it has less free than the estimated {estimate / _MB:.0f} MB per rank")
             notes.append(f"staging in {chosen}, not {dirs[0]}: {why}")
         return chosen
