@@ -12,7 +12,7 @@ profiling holds up longer than that kills the job unless the pause is fenced.  F
 * ``--at ITER:ACTION`` on rank 0: ``drain`` (wait for earlier publishers), ``fill-output`` /
   ``unfill-output`` / ``remount-ro`` of ``--output-fs``;
 * ``--slow-snapshot RANK:SECONDS``: memory snapshots on RANK whose dump sleeps that long;
-* ``--sigterm-after RANK:ITER:SECONDS``: SIGTERM to RANK that long after iteration ITER began;
+* ``--sigterm-in-fence RANK:SECONDS``: SIGTERM to RANK that long after it entered its first fence wait;
 * ``--collective-after-exit``: an all-reduce right after leaving the profiler (the host's next collective).
 
 Each rank writes ``--result-dir/started<R>.json`` (its pid), ``rank<R>.json`` when it finishes
@@ -58,7 +58,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--at", action="append", default=[], metavar="ITER:ACTION")
     parser.add_argument("--output-fs")
     parser.add_argument("--slow-snapshot", action="append", default=[], metavar="RANK:SECONDS")
-    parser.add_argument("--sigterm-after", action="append", default=[], metavar="RANK:ITER:SECONDS")
+    parser.add_argument("--sigterm-in-fence", action="append", default=[], metavar="RANK:SECONDS")
     parser.add_argument("--collective-after-exit", action="store_true")
     add_torch_profile_args(parser)
     return parser.parse_args()
@@ -189,8 +189,14 @@ def at_iteration(args: argparse.Namespace, prof: TorchProfiler, rank: int, itera
             (Path(args.output_fs) / "filler").unlink()
         elif action == "remount-ro":
             faults.remount(args.output_fs, read_only=True)
-    for seconds in (float(s) for it, s in per_rank(args.sigterm_after, rank, 3) if int(it) == iteration):
-        threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+
+def sigterm_in_fence(prof: TorchProfiler, seconds: float) -> None:
+    """SIGTERM to this process while its main thread waits in the fence's gloo barrier (C code)."""
+    while prof._fence.waits == 0:  # noqa: SLF001 - counted on entry, just before the barrier
+        time.sleep(0.005)
+    time.sleep(seconds)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> int:
@@ -213,6 +219,8 @@ def main() -> int:
         results / f"sigterm{rank}.json", {"rank": rank, "iteration": prof._iteration, "time": time.time()}))
     inject_submit_faults(prof, args, rank, state)
     watch_publishers(args, rank, state)
+    for (seconds,) in per_rank(args.sigterm_in_fence, rank, 2):
+        threading.Thread(target=sigterm_in_fence, args=(prof, float(seconds)), daemon=True).start()
     torch.manual_seed(rank)
     layers = [torch.nn.Linear(64, 64) for _ in range(args.layers)]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 1))

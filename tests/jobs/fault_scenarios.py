@@ -167,9 +167,16 @@ def group_writable_staging(paths: dict[str, Path]) -> None:
     user_dir.chmod(0o777)
 
 
+def read_only_output(paths: dict[str, Path]) -> None:
+    """Without root: an output directory without write permission (root ignores it: a read-only tmpfs)."""
+    paths["out"].mkdir(parents=True, exist_ok=True)
+    paths["out"].chmod(0o555)
+
+
 #: One scenario per fault (benchmarks/bench_faults.py prints a row for each).
 FAULTS = [
-    Scenario("output dir unwritable from the start", [], mounts=(("out", "1m", True),), expect="refuse", iters=4),
+    Scenario("output dir unwritable from the start", [], mounts=(("out", "1m", True),) if faults.can_mount() else (),
+             expect="refuse", iters=4, prepare=None if faults.can_mount() else read_only_output),
     Scenario("staging dir group-writable on one rank", ["--torch-profile-ranks", "all", "--rank-staging", "1={stage}"],
              expect="refuse", iters=4, prepare=group_writable_staging),
     Scenario("output dir unwritable mid-run",
@@ -191,7 +198,7 @@ FAULTS = [
     Scenario("SIGTERM to one rank mid-export (inline)",
              ["--torch-profile-export", "inline", "--inject", "0:1:sigterm-in-export"], expect="sigterm"),
     Scenario("SIGTERM to a rank blocked at the fence",
-             ["--torch-profile-memory-snapshot", "--slow-snapshot", "1:30", "--sigterm-after", "0:3:1",
+             ["--torch-profile-memory-snapshot", "--slow-snapshot", "1:30", "--sigterm-in-fence", "0:1",
               "--torch-profile-term-grace", "3"], expect="sigterm"),
     Scenario("slow interval memory snapshot (PG timeout 2 s)",
              ["--pg-timeout", "2", "--torch-profile-memory-snapshot", "--torch-profile-memory-snapshot-interval", "4",

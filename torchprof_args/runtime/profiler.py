@@ -17,14 +17,11 @@ The flush protocol (why a 512-rank job survives a multi-minute trace export):
    NCCL collective;
 3. compression and the move into the output directory run in a publisher process and publish
    atomically;
-4. leaving the context cleanly waits (at most ``--torch-profile-exit-timeout``) for this rank's
-   publishers, then every rank meets at the fence once more, so no rank runs ahead into the
-   host's next collectives; after an exception there is no barrier; SIGTERM is recorded and acted
-   on at the next safe point within ``--torch-profile-term-grace`` (:mod:`~.signals`);
-5. every pause longer than a collective timeout goes through the fence (flushes, memory
-   snapshots, exit); a window recording while host memory runs low ends early on every rank at
-   the same iteration (:class:`~torchprof_args.runtime.hostmem.WindowMemoryGuard`);
-6. any profiling error is logged with rank and reason, and training goes on.
+4. every pause longer than a collective timeout goes through the fence: flushes, memory snapshots,
+   and the clean exit (after this rank's publishers, at most ``--torch-profile-exit-timeout``);
+   a window ends early on every rank when host memory runs low (:mod:`~.hostmem`); SIGTERM is
+   acted on at a safe point within ``--torch-profile-term-grace`` (:mod:`~.signals`);
+5. any profiling error is logged with rank and reason, and training goes on.
 
 With ``--torch-profile-on-demand`` an :class:`~torchprof_args.ondemand.controller.OnDemandController`
 adds a second source of windows: at its check iterations all ranks agree on a window requested
@@ -224,15 +221,15 @@ class TorchProfiler:
         if not self._started:
             return
         self._critical = True
-        terminating = self._sigterm.pending
-        last = self._iteration
-        partial = clean and not terminating and self._timeline.global_action(last) is Action.RECORD
-        exit_deadline = time.monotonic() + self.config.export.exit_timeout
-        self._shut_down(keep_window=partial, deadline=exit_deadline,
-                        why=f"--torch-profile-exit-timeout ({self.config.export.exit_timeout:g} s)")
-        if clean and not self._sigterm.pending:
-            self._fence.wait(last, "exit")
-        self._critical = False
+        last, timeout = self._iteration, self.config.export.exit_timeout
+        try:
+            partial = clean and not self._sigterm.pending and self._timeline.global_action(last) is Action.RECORD
+            self._shut_down(keep_window=partial, deadline=time.monotonic() + timeout,
+                            why=f"--torch-profile-exit-timeout ({timeout:g} s)")
+            if clean and not self._sigterm.pending:
+                self._fence.wait(last, "exit")
+        finally:
+            self._critical = False
         if self._sigterm.pending:
             self._sigterm.deliver()
         else:
@@ -407,8 +404,8 @@ class TorchProfiler:
 
     @property
     def stats(self) -> dict[str, float]:
-        """This rank's profiler figures: last flush stall, last trace size, counts."""
-        figures = {"flush_seconds": self._last_flush_seconds}
+        """This rank's profiler figures: last flush stall, fence waits, last trace size, counts."""
+        figures = {"flush_seconds": self._last_flush_seconds, "fence_waits": self._fence.waits}
         if self._writer is not None:
             figures.update(self._writer.stats)
         return figures

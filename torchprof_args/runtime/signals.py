@@ -3,9 +3,12 @@
 Python runs a signal handler between two bytecodes of the main thread, wherever that thread is:
 inside torch.profiler's state transition, an inline export, logging's after-fork hook.  Raising
 ``SystemExit`` there leaves torch.profiler half-way (``stop()`` then segfaults) or is swallowed.
-So the handler only records the signal.  The profiler acts at its next safe point (the next
-``step()``, or the end of the flush it is in): it stops recording, gives pending publishers what
-is left of ``--torch-profile-term-grace``, stops the rest (their partial files removed), then
+So the handler only records the signal.  The profiler acts at a safe point: in the handler itself
+when the main thread is outside the profiler and the signal would end the process (then nothing of
+torch is touched), else at the end of the ``step()`` or flush it is in (the next ``step()`` when an
+application handler is to run, so that torch.profiler is stopped properly first).  It stops
+recording, gives pending publishers what is left of ``--torch-profile-term-grace``, stops the rest
+(their partial files removed), then
 :meth:`SigtermGuard.deliver` puts the previous disposition back and sends SIGTERM again: the
 process ends by SIGTERM as it would have without the profiler, or the application's own handler
 runs (e.g. Megatron-LM's checkpoint-and-exit handler).  An application that ignores SIGTERM is
@@ -110,7 +113,8 @@ class SigtermGuard:
             self._watchdog.close()
             self._watchdog = None
         if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
+            if signal.getsignal(signal.SIGTERM) == self._handler:  # not if the application replaced it since
+                signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
 
     def deliver(self) -> None:
