@@ -158,11 +158,16 @@ def _pids_cgroup() -> tuple[Path, str]:
 
 
 def can_limit_forks() -> bool:
-    """Whether :class:`ForkLimit` can work here."""
+    """Whether :class:`ForkLimit` can work here (as root: a child pids cgroup with ``pids.max``)."""
     if os.geteuid() != 0:
         return True
     try:
         root, member = _pids_cgroup()
+        probe = root / member.lstrip("/") / f"torchprof-probe-{os.getpid()}"
+        probe.mkdir()
+        try:
+            return (probe / "pids.max").exists()
+        finally:
+            probe.rmdir()
     except (OSError, StopIteration):
         return False
-    return os.access(root / member.lstrip("/"), os.W_OK)
