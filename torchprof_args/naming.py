@@ -33,6 +33,7 @@ __all__ = [
     "profiler_list_name",
     "companion_file_name",
     "companion_path",
+    "companion_relpath",
     "execution_trace_file_name",
     "rank_from_file_name",
     "safe_token",
@@ -124,12 +125,17 @@ def execution_trace_file_name(stem: str, gzip: bool) -> str:
     return companion_file_name(stem, EXECUTION_TRACE_SUFFIX, gzip)
 
 
+def companion_relpath(stem: str, suffix: str, gzip: bool) -> str:
+    """A file published with the trace ``<stem>``, relative to its cycle folder:
+    ``execution_traces/<stem>.et.json.gz`` for an execution trace (:data:`COMPANION_SUBDIRS`),
+    ``companions/<stem><suffix>`` otherwise."""
+    return f"{COMPANION_SUBDIRS.get(suffix, 'companions')}/{companion_file_name(stem, suffix, gzip)}"
+
+
 def companion_path(trace_path: str | os.PathLike[str], suffix: str, gzip: bool) -> Path:
-    """Where a file published with ``trace_path`` goes: ``<cycle>/execution_traces/<stem>.et.json.gz``
-    for an execution trace (:data:`COMPANION_SUBDIRS`), ``<cycle>/companions/...`` otherwise."""
+    """Where a file published with ``trace_path`` lies (:func:`companion_relpath` in its folder)."""
     trace_path = Path(trace_path)
-    folder = trace_path.parent / COMPANION_SUBDIRS.get(suffix, "companions")
-    return folder / companion_file_name(strip_trace_suffixes(trace_path.name), suffix, gzip)
+    return trace_path.parent / companion_relpath(strip_trace_suffixes(trace_path.name), suffix, gzip)
 
 
 def strip_trace_suffixes(name: str, *, pt_trace: bool = True) -> str:

@@ -15,10 +15,11 @@ __all__ = ["check_private_dir", "ensure_private_dir"]
 
 
 def check_private_dir(path: str | os.PathLike[str], flag: str = "--torch-profile-on-demand-dir") -> str | None:
-    """Why ``path`` is not a safe control directory (a sentence), or None when it is.
+    """Why ``path`` is not a safe private directory (a sentence naming ``flag``), or None when it is.
 
     Safe: a real directory (not a symlink), owned by the current user, not group- or
-    world-writable, so nobody else can plant or swap requests.
+    world-writable, so nobody else can plant or swap the files in it (trace requests, publish
+    jobs, staged traces).
     """
     try:
         info = os.lstat(path)
@@ -30,10 +31,10 @@ def check_private_dir(path: str | os.PathLike[str], flag: str = "--torch-profile
         return f"{flag} {str(path)!r} is not a directory."
     if info.st_uid != os.getuid():
         return (f"{flag} {str(path)!r} is owned by uid {info.st_uid}, not by you (uid {os.getuid()}): "
-                "others could forge or read trace requests. Choose a directory of your own.")
+                "others could plant or read the files in it. Choose a directory of your own.")
     if info.st_mode & 0o022:
         return (f"{flag} {str(path)!r} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):o}): "
-                f"others could forge trace requests. Run 'chmod 700 {path}' or choose another directory.")
+                f"others could plant files in it. Run 'chmod 700 {path}' or choose another directory.")
     return None
 
 

@@ -38,16 +38,17 @@ def trace_identity(trace_path: Path) -> dict[str, Any]:
 
 
 def write_sidecar(summary: dict[str, Any], trace_path: str | os.PathLike[str],
-                  identity: dict[str, Any] | None = None) -> Path:
+                  identity: dict[str, Any] | None = None, target: Path | None = None) -> Path:
     """Publish the sidecar of ``trace_path`` (atomically) from its complete summary (``top=None``).
 
     ``identity`` is the trace's :func:`trace_identity` as it was when it was parsed (default: now);
-    a trace replaced while it was parsed then gets a sidecar that does not match it.
+    a trace replaced while it was parsed then gets a sidecar that does not match it.  ``target``:
+    where (default ``naming.sidecar_path(trace_path)``, where readers look).
     """
     trace_path = Path(trace_path)
     doc = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION,
            "trace": identity or trace_identity(trace_path), "summary": summary}
-    target = sidecar_path(trace_path)
+    target = target or sidecar_path(trace_path)
     write_bytes_atomically(target, msgspec.json.encode(doc) + b"\n")
     return target
 

@@ -30,6 +30,18 @@ __all__ = [
 
 # -- flags ------------------------------------------------------------------------------------
 
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0 (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 TORCH_PROFILE = Flag("--torch-profile", "Enable torch.profiler tracing.", default=False, action="store_true")
 RANKS = Flag("--torch-profile-ranks", "Global ranks to trace, or 'all'.", default=[0], type=rank_token, nargs="+",
              metavar="R")
@@ -75,19 +87,35 @@ GZIP = Flag("--torch-profile-gzip", "Gzip-compress published traces (.pt.trace.j
 GZIP_LEVEL = Flag("--torch-profile-gzip-level", "Compression level 1..9 (runs off the training thread).",
                   default=6, type=gzip_level, metavar="L")
 STAGING_DIR = Flag("--torch-profile-staging-dir",
-                   "Node-local directory the raw trace is written to before the barrier. Default: /dev/shm "
-                   "when it has room, else the system temp directory.", metavar="DIR", default_doc="auto")
+                   "Node-local directory the raw trace is written to before the barrier (a private "
+                   "torchprof-<uid>/pid<pid> directory is made in it). Default: /dev/shm while memory allows, else "
+                   "the system temp directory; chosen again at every flush from the space and memory free then.",
+                   metavar="DIR", default_doc="auto")
 EXPORT = Flag("--torch-profile-export",
               "How the trace leaves the training process: 'fork' serialises it in a forked child (the "
               "training thread pays only for stop()); 'inline' serialises it on the training thread. "
-              "Compression and publishing always run in a separate process.",
+              "Compression and publishing always run in a separate process. 'fork' falls back to inline for a "
+              "flush when host memory cannot cover the child or the fork fails.",
               default="fork", choices=("fork", "inline"), metavar="MODE")
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
-                     "Seconds all ranks may wait at the flush barrier (a dedicated gloo group, not NCCL).",
+                     "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at flushes, "
+                     "memory snapshots and the exit.",
                      default=1800.0, type=positive_float, metavar="S")
 EXIT_TIMEOUT = Flag("--torch-profile-exit-timeout",
-                    "Seconds to wait at exit for traces still being compressed and published.",
-                    default=600.0, type=positive_float, metavar="S")
+                    "Seconds a rank waits at a clean exit for its traces still being published, before every rank "
+                    "meets at the fence (then they are stopped and cleaned up; 0: do not wait). Must be shorter "
+                    "than --torch-profile-flush-timeout.",
+                    default=600.0, type=non_negative_float, metavar="S")
+TERM_GRACE = Flag("--torch-profile-term-grace",
+                  "Seconds after SIGTERM within which profiling cleans up (pending traces may finish, the rest "
+                  "are stopped, partial files removed) before the signal is delivered as without the profiler. "
+                  "Keep it under the scheduler's kill wait (SLURM KillWait, 30 s by default).",
+                  default=10.0, type=positive_float, metavar="S")
+MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
+                        "Host memory to keep free (the job's cgroup limit less its working set, else MemAvailable). "
+                        "Below it a recording window ends early on every rank at the same iteration, and a trace "
+                        "is exported inline to disk instead of forked or staged in RAM. 0 turns the guard off.",
+                        default=2048, type=non_negative_int, metavar="MB")
 SUMMARY = Flag("--torch-profile-summary", "Write a per-rank operator summary next to each trace.", default=True,
                action=argparse.BooleanOptionalAction)
 SUMMARY_ROWS = Flag("--torch-profile-summary-rows", "Rows in the per-rank operator summary.", default=30,
@@ -101,8 +129,9 @@ PROFILE_FLAGS = register_group(FlagGroup(
     description="torch.profiler traces of chosen steps and ranks, flushed without tripping NCCL watchdog "
                 "timeouts (torchprof-args).",
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END, RECORD_SHAPES,
-           PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES, PROFILE_DIR, GZIP, GZIP_LEVEL,
-           STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, SUMMARY, SUMMARY_ROWS, TENSORBOARD_DIR),
+           PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES, PROFILE_DIR, GZIP,
+           GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, SUMMARY,
+           SUMMARY_ROWS, TENSORBOARD_DIR),
     order=10,
 ))
 
@@ -259,7 +288,8 @@ def _schedule(args: argparse.Namespace) -> ProfileSchedule:
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
-    """How a stopped trace reaches the output directory (see :mod:`torchprof_args.runtime.export`)."""
+    """How a stopped trace reaches the output directory (see :mod:`torchprof_args.runtime.export`),
+    and the job-safety budgets: fence timeout, exit wait, SIGTERM grace, host memory reserve."""
 
     mode: str = "fork"
     staging_dir: str | None = None
@@ -267,17 +297,27 @@ class ExportConfig:
     summary_rows: int | None = 30  # None: no per-trace operator summary
     flush_timeout: float = 1800.0
     exit_timeout: float = 600.0
+    term_grace: float = 10.0
+    min_free_host_mb: int = 2048
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
-        return cls(
+        config = cls(
             mode=flag_value(args, EXPORT),
             staging_dir=flag_value(args, STAGING_DIR),
             gzip_level=flag_value(args, GZIP_LEVEL) if flag_value(args, GZIP) else None,
             summary_rows=flag_value(args, SUMMARY_ROWS) if flag_value(args, SUMMARY) else None,
             flush_timeout=float(flag_value(args, FLUSH_TIMEOUT)),
             exit_timeout=float(flag_value(args, EXIT_TIMEOUT)),
+            term_grace=float(flag_value(args, TERM_GRACE)),
+            min_free_host_mb=int(flag_value(args, MIN_FREE_HOST_MB)),
         )
+        if config.exit_timeout >= config.flush_timeout:
+            raise TorchProfileArgsError(
+                f"--torch-profile-exit-timeout ({config.exit_timeout:g} s) must be shorter than "
+                f"--torch-profile-flush-timeout ({config.flush_timeout:g} s): at exit every rank waits at the fence "
+                "while the slowest rank waits for its publishers.")
+        return config
 
 
 @dataclasses.dataclass(frozen=True)

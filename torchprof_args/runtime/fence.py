@@ -1,19 +1,27 @@
 """The fence: where every rank waits for a rank that profiling holds up.
 
-A trace export or a memory dump can keep one rank busy for minutes.  If the other ranks went on
-into their next NCCL collective they would wait there, under the NCCL watchdog's timeout, and
-the job would die.  Instead every rank meets at a barrier on a dedicated **gloo** process group
-created up front with a long timeout (``--torch-profile-flush-timeout``): waiting there is
-harmless to NCCL, and since every rank evaluates the same schedule, every rank arrives at the
-same iteration without communicating.
+A trace export, a memory dump or a publisher at exit can keep one rank busy for minutes.  If the
+other ranks went on into their next NCCL collective they would wait there, under the NCCL
+watchdog's timeout, and the job would die.  Instead every rank meets at a barrier on a dedicated
+**gloo** process group created up front with a long timeout (``--torch-profile-flush-timeout``):
+waiting there is harmless to NCCL, and since every rank evaluates the same schedule, every rank
+arrives at the same iteration without communicating.  Every such pause goes through
+:meth:`Fence.wait`: scheduled and on-demand flushes, memory snapshots (the OOM dump excepted:
+training is dying) and the exit.
 
-The same group carries on-demand tracing's small decision broadcasts, so there is one extra
-process group per job, created in :meth:`Fence.open` (a collective: every rank must call it).
+The same group carries on-demand tracing's decision broadcasts and the low-memory votes of
+recording windows (:meth:`post_vote` / :meth:`collect_vote`: asynchronous, collected one step
+later, so no rank ever blocks on them).  One extra process group per job, created in
+:meth:`Fence.open` (a collective: every rank must call it).
+
+Hooks: ``on_failure`` callables run (on the failing rank) when a barrier times out or breaks,
+e.g. to dump a flight recorder; they get ``(iteration, what, error)``.
 """
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 from torchprof_args import _dist
@@ -22,6 +30,8 @@ from torchprof_args.log import get_logger
 __all__ = ["Fence"]
 
 logger = get_logger(__name__)
+
+FailureHook = Callable[[int, str, BaseException], None]
 
 
 def _synchronize_device() -> None:
@@ -38,16 +48,23 @@ class Fence:
         self.timeout = timeout
         self.rank = rank
         self.group: Any = None
+        self.world_size = 1
+        self.on_failure: list[FailureHook] = []
+        self.waits = 0
+        self._vote: tuple[Any, Any] | None = None
+        self._local_vote: list[int] | None = None
 
     def open(self, world_size: int) -> None:
         """Collective: create the gloo group (when several ranks share a process group)."""
         dist = _dist.dist_if_initialized()
+        self.world_size = world_size
         if self.group is not None or world_size <= 1 or dist is None:
             return
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
 
     def wait(self, iteration: int, what: str = "flush") -> bool:
-        """Synchronise the device, then wait for every rank; False (logged) if the barrier failed."""
+        """Synchronise the device, then wait for every rank; False (logged, hooks run) if the barrier failed."""
+        self.waits += 1
         try:
             _synchronize_device()
         except Exception as err:  # noqa: BLE001 - a sick device must not stop the others here
@@ -63,4 +80,59 @@ class Fence:
         except Exception as err:  # noqa: BLE001 - profiling must never stop training
             logger.error("rank %d: %s barrier at iteration %d failed (%s); training continues. Raise "
                          "--torch-profile-flush-timeout if exports take longer.", self.rank, what, iteration, err)
+            self._run_failure_hooks(iteration, what, err)
             return False
+
+    def _run_failure_hooks(self, iteration: int, what: str, err: BaseException) -> None:
+        for hook in list(self.on_failure):
+            try:
+                hook(iteration, what, err)
+            except Exception as hook_err:  # noqa: BLE001
+                logger.error("rank %d: fence failure hook %r failed: %s", self.rank, hook, hook_err)
+
+    def agree(self, item: Any) -> list[Any]:
+        """Collective, blocking: every rank's ``item`` (start-up agreements only, never per step)."""
+        if self.group is None:
+            return [item]
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, item, group=self.group)
+        return gathered
+
+    # -- votes: one small integer per rank, collected one step later -----------------------------
+
+    def post_vote(self, value: int) -> None:
+        """Post this rank's ``value`` (>= 0); every rank must post at the same iterations."""
+        if self.group is None:
+            self._local_vote = [value]
+            return
+        import torch
+        import torch.distributed as dist
+
+        votes = torch.zeros(self.world_size, dtype=torch.int64)
+        votes[self.rank] = value
+        self._vote = (dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True), votes)
+
+    @property
+    def vote_pending(self) -> bool:
+        return self._vote is not None or self._local_vote is not None
+
+    def collect_vote(self, timeout: float | None = None) -> list[int] | None:
+        """Every rank's value posted at the last :meth:`post_vote` (None when none is pending or it failed)."""
+        local, self._local_vote = self._local_vote, None
+        if local is not None:
+            return local
+        pending, self._vote = self._vote, None
+        if pending is None:
+            return None
+        work, votes = pending
+        try:
+            if timeout is None:
+                work.wait()
+            else:
+                work.wait(datetime.timedelta(seconds=timeout))
+        except Exception as err:  # noqa: BLE001
+            logger.error("rank %d: memory vote on the fence group failed (%s); training continues", self.rank, err)
+            return None
+        return [int(v) for v in votes.tolist()]

@@ -17,8 +17,10 @@ The flush protocol (why a 512-rank job survives a multi-minute trace export):
    NCCL collective;
 3. compression and the move into the output directory run in a publisher process and publish
    atomically;
-4. leaving the context (normally, on an exception, on SIGTERM) waits a bounded time for pending
-   publications;
+4. every pause longer than a collective timeout goes through the fence: flushes, memory snapshots,
+   and the clean exit (after this rank's publishers, at most ``--torch-profile-exit-timeout``);
+   a window ends early on every rank when host memory runs low (:mod:`~.hostmem`); SIGTERM is
+   acted on at a safe point within ``--torch-profile-term-grace`` (:mod:`~.signals`);
 5. any profiling error is logged with rank and reason, and training goes on.
 
 With ``--torch-profile-on-demand`` an :class:`~torchprof_args.ondemand.controller.OnDemandController`
@@ -39,22 +41,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchprof_args import _dist
+from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.log import get_logger
-from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, cycle_dir_name, short_hostname, trace_stem
+from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, companion_relpath, cycle_dir_name, short_hostname, trace_stem
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
-from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.config import ProfilerConfig
 from torchprof_args.runtime.execution_trace import ExecutionTrace
-from torchprof_args.runtime.export.staging import choose_staging_dir
+from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.hostmem import WindowMemoryGuard
 from torchprof_args.runtime.memory import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
 from torchprof_args.runtime.recorder import RECORDING, Recorder
 from torchprof_args.runtime.schedule import Action
 from torchprof_args.runtime.signals import SigtermGuard
+from torchprof_args.runtime.timeline import Timeline
 
 if TYPE_CHECKING:
     from torchprof_args.config import RunConfig
@@ -62,6 +66,9 @@ if TYPE_CHECKING:
 __all__ = ["TorchProfiler"]
 
 logger = get_logger(__name__)
+
+#: Seconds of --torch-profile-term-grace kept for stopping publishers that did not finish.
+_STOP_RESERVE = 4.5
 
 
 class TorchProfiler:
@@ -82,19 +89,24 @@ class TorchProfiler:
         self.output_dir = config.trace.output_dir
         #: This rank records the schedule's windows (known for sure after :meth:`start`).
         self.record = config.trace.enabled and config.trace.selects(self.rank)
-        self._scheduled = config.follows_schedule
-        self._first_iteration = start_iteration + 1
+        self._timeline = Timeline(self.schedule, scheduled=config.follows_schedule, first_iteration=start_iteration + 1,
+                                  rank=self.rank, record=self.record)
         self._iteration = start_iteration
-        self._anchored = False
         self._started = False
+        #: end_window() ran: later steps do nothing, stop() only waits for publications.
         self._window_ended = False
         self._next_busy_step = math.inf
         self._next_check: float = math.inf
         self._last_flush_seconds = 0.0
-        self._window: OnDemandWindow | None = None
         self._ranks = config.trace.ranks
         self._fence = Fence(config.export.flush_timeout, self.rank)
-        self._sigterm = SigtermGuard(self.rank)
+        self._sigterm = SigtermGuard(self.rank, config.export.term_grace)
+        self._memory_guard = WindowMemoryGuard(config.export.min_free_host_mb << 20, self._fence)
+        #: Every rank fences at multiples of this (agreed in start(): any rank that dumps snapshots).
+        self._snapshot_interval = 0
+        self._staging_problem: str | None = None
+        #: Inside step()'s or stop()'s work: a SIGTERM is acted on at the end, not in the handler.
+        self._critical = False
         self._recorder = Recorder(config.trace, self._submit, rank=self.rank)
         self._memory_given, self._nsys_given = memory, nsys
         self._memory: MemorySnapshotter | None = None
@@ -139,16 +151,24 @@ class TorchProfiler:
         """Begin following the schedule.  Collective: every rank calls it (``__enter__`` does).
 
         Resolves ``--torch-profile-parallel-ranks``, creates the fence's gloo group, prepares the
-        on-demand control directory (raising on every rank if it is unsafe), and says once, before
-        training, what cannot work here (memory snapshots or nsys without CUDA).
+        on-demand control directory and this rank's private staging directories (raising
+        :class:`~torchprof_args.TorchProfileArgsError` on every rank if any rank's is unsafe), and
+        says once, before training, what cannot work here (memory snapshots or nsys without CUDA).
         """
         if not self.enabled or self._started:
             return
         self._started = True
         self._window_ended = False
-        self._build_components()
-        first = self._first_iteration
-        self._sigterm.install()
+        try:
+            self._build_components()
+            self._agree_at_start()
+        except BaseException:
+            self._started = False
+            if self._writer is not None:
+                self._writer.close(0.0, "start-up")
+            raise
+        first = self._timeline.first_iteration
+        self._sigterm.install(on_signal=self._sigterm_noted, emergency=self._sigterm_emergency)
         if self._memory is not None:
             self._memory.start()
         if self._nsys is not None:
@@ -163,9 +183,9 @@ class TorchProfiler:
 
     def _build_components(self) -> None:
         trace, on_demand = self.config.trace, self.config.on_demand
-        ranks = self._ranks = traced_ranks(trace) if self._scheduled else trace.ranks
+        ranks = self._ranks = traced_ranks(trace) if self._timeline.scheduled else trace.ranks
         selected = ranks is None or self.rank in ranks
-        self.record = trace.enabled and selected
+        self.record = self._timeline.record = trace.enabled and selected
         self._fence.open(self.world_size)
         memory = self._memory_given
         if memory is None and self.config.memory.enabled and selected:
@@ -177,36 +197,73 @@ class TorchProfiler:
         if on_demand.enabled:
             self._on_demand = OnDemandController(on_demand, rank=self.rank, world_size=self.world_size)
             self._on_demand.setup(self._fence.group)  # collective; raises on every rank if unsafe
-            self._next_check = self._on_demand.start_checks(self._first_iteration - 1)
+            self._next_check = self._on_demand.start_checks(self._timeline.first_iteration - 1)
         if self.record or self._on_demand is not None:
-            staging = choose_staging_dir(self.config.export.staging_dir)
-            self._writer = TraceWriter(self.output_dir, staging, self.config.export, rank=self.rank)
-            if self.config.trace.execution_trace:
-                self._recorder.execution_trace = ExecutionTrace(staging, rank=self.rank)
+            staging = StagingArea(self.config.export.staging_dir, rank=self.rank)
+            try:
+                staging.open()
+                self._writer = TraceWriter(self.output_dir, staging, self.config.export, rank=self.rank)
+                if trace.execution_trace:  # on disk: an execution trace can be as large as the trace
+                    self._recorder.execution_trace = ExecutionTrace((staging.disk_dirs or staging.dirs)[0],
+                                                                    rank=self.rank)
+            except TorchProfileArgsError as err:
+                staging.close()
+                self._staging_problem = str(err)
+
+    def _agree_at_start(self) -> None:
+        """Collective: raise on every rank if any rank cannot stage; agree on the snapshot fence."""
+        interval = self._memory.interval if self._memory is not None else 0
+        answers = self._fence.agree((self._staging_problem, interval))
+        problems = [f"rank {rank}: {problem}" for rank, (problem, _) in enumerate(answers) if problem]
+        if problems:
+            raise TorchProfileArgsError(" ".join(problems))
+        self._snapshot_interval = max(every for _, every in answers)
 
     def stop(self, clean: bool = True) -> None:
-        """Finish: flush a partly recorded window (``clean``), wait for pending publications.
+        """Finish: flush a partly recorded window (``clean``), wait for pending publications
+        (at most ``--torch-profile-exit-timeout``), then meet every rank at the fence.
 
         ``clean`` is False when leaving on an exception: ranks are then not in step, so there is
         no barrier and a partly recorded window is dropped.
         """
         if not self._started:
             return
-        if clean:
-            self.end_window()
+        self._critical = True
+        last, timeout = self._iteration, self.config.export.exit_timeout
+        try:
+            partial = clean and not self._sigterm.pending and self.window_open
+            self._shut_down(keep_window=partial, deadline=time.monotonic() + timeout,
+                            why=f"--torch-profile-exit-timeout ({timeout:g} s)")
+            if clean and not self._sigterm.pending:
+                self._fence.wait(last, "exit")
+        finally:
+            self._critical = False
+        if self._sigterm.pending:
+            self._sigterm.deliver()
         else:
-            self._recorder.stop(self._iteration, keep=False)
+            self._sigterm.restore()
+
+    def _shut_down(self, *, keep_window: bool, deadline: float, why: str, dying: bool = False) -> None:
+        """Stop every component; publishers get until ``deadline`` (sooner after a SIGTERM).
+        ``dying``: the process ends right after, so torch.profiler, nsys and the allocator history
+        are left as they are (this may run between any two bytecodes of the application)."""
         self._started = False
-        if self._nsys is not None:
-            self._nsys.close()
-        if self._memory is not None:
-            self._memory.close()
-        self._window = None
+        self._next_busy_step = math.inf
+        if not dying:
+            self._memory_guard.abandon()
+            self._recorder.stop(self._iteration, keep=keep_window)
+            if self._nsys is not None:
+                self._nsys.close()
+            if self._memory is not None:
+                self._memory.close()
+        self._timeline.window = None
         if self._on_demand is not None:
             self._on_demand.close()
         if self._writer is not None:
-            self._writer.close(self.config.export.exit_timeout)
-        self._sigterm.restore()
+            sigterm = self._sigterm
+            reserve = min(_STOP_RESERVE, sigterm.grace / 2)
+            why = f"--torch-profile-term-grace ({sigterm.grace:g} s)" if sigterm.pending else why
+            self._writer.close(lambda: min(deadline, sigterm.deadline - reserve), why)
 
     @property
     def iteration(self) -> int:
@@ -216,7 +273,8 @@ class TorchProfiler:
     @property
     def window_open(self) -> bool:
         """A window (scheduled or on-demand) is recording at the last stepped iteration: ending now flushes it."""
-        return self._started and not self._window_ended and self._global_action(self._iteration) is Action.RECORD
+        return (self._started and not self._window_ended
+                and self._timeline.global_action(self._iteration) is Action.RECORD)
 
     def end_window(self) -> bool:
         """Stop recording for good; flush a window still recording (a clean early exit).
@@ -229,14 +287,40 @@ class TorchProfiler:
             return False
         flush = self.window_open
         self._window_ended = True
-        self._next_busy_step = math.inf
-        self._next_check = math.inf
+        self._next_busy_step = self._next_check = math.inf
         started = time.perf_counter()
-        self._recorder.stop(self._iteration, keep=flush)
-        if flush:
-            self._fence.wait(self._iteration)
-            self._last_flush_seconds = time.perf_counter() - started
+        self._critical = True
+        try:
+            self._recorder.stop(self._iteration, keep=flush)
+            if flush:
+                self._fence.wait(self._iteration, "flush")
+                self._last_flush_seconds = time.perf_counter() - started
+        finally:
+            self._critical = False
         return flush
+
+    # -- SIGTERM ----------------------------------------------------------------------------
+
+    def _sigterm_noted(self) -> None:
+        """Inside the signal handler.  Outside step()/stop() with the default action pending, this
+        is a safe point already (nothing of torch is touched); else the next step() is."""
+        self._next_busy_step = -math.inf
+        if not self._critical and self._started and self._sigterm.default_action:
+            self._on_sigterm(self._iteration, dying=True)
+
+    def _on_sigterm(self, iteration: int, dying: bool = False) -> None:
+        """The safe point after a SIGTERM: clean up within the grace, then deliver the signal."""
+        sigterm = self._sigterm
+        logger.warning("rank %d: SIGTERM received; stopping profiling after iteration %d (pending traces get until "
+                       "--torch-profile-term-grace, %.0f s after the signal)", self.rank, iteration, sigterm.grace)
+        sigterm.run_hooks()
+        self._shut_down(keep_window=False, deadline=sigterm.deadline, why="--torch-profile-term-grace", dying=dying)
+        sigterm.deliver()
+
+    def _sigterm_emergency(self) -> None:
+        """Watchdog thread, the main thread being stuck: stop processes, remove files; no torch calls."""
+        if self._writer is not None:
+            self._writer.abandon()
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -247,133 +331,130 @@ class TorchProfiler:
         self._iteration = iteration
         if iteration < self._next_busy_step:
             return
-        self._busy_step(iteration)
+        self._critical = True  # torch.profiler may change state: a SIGTERM waits for the end
+        try:
+            self._busy_step(iteration)
+        finally:
+            self._critical = False
 
     def _busy_step(self, iteration: int) -> None:
-        if not self._anchored:
-            self._anchor(iteration)
+        if self._sigterm.pending:
+            self._on_sigterm(iteration)
+            return
+        timeline = self._timeline
+        if not timeline.anchored:
+            timeline.anchor(iteration)
         if iteration >= self._next_check:
             self._check_on_demand(iteration)
-        current = self._global_action(iteration)
-        upcoming = self._local_action(iteration + 1)
+        if self._memory_guard.enabled:
+            self._guard_host_memory(iteration)
+        current = timeline.global_action(iteration)
+        upcoming = timeline.local_action(iteration + 1)
         started = time.perf_counter()
         recorder = self._recorder
         if not recorder.active and upcoming is not Action.NONE and not recorder.broken:
             self._start_recorder(iteration + 1)  # first on-demand window on this rank
-        elif recorder.step(iteration, self._local_action(iteration), upcoming):
+        elif recorder.step(iteration, timeline.local_action(iteration), upcoming):
             recorder.add_metadata(self._trace_metadata(iteration + 1))
-        if self._memory is not None:  # before the barrier, so a slow dump is fenced too
-            scheduled_flush = self._scheduled_action(iteration) is Action.RECORD_AND_SAVE
-            self._memory.on_step(iteration, profiled_cycle_ended=scheduled_flush)
+        pause = self._snapshot(iteration, current)  # before the barrier, so a slow dump is fenced too
         if current is Action.RECORD_AND_SAVE:
-            self._fence.wait(iteration)
+            pause = "flush"
+        if pause and not self._sigterm.pending:
+            self._fence.wait(iteration, pause)
             self._last_flush_seconds = time.perf_counter() - started
         if self._nsys is not None:
-            self._nsys.on_step(iteration + 1, recording=self._scheduled_action(iteration + 1) in RECORDING)
-        if self._window is not None and iteration >= self._window.end - 1:
-            self._window = None
+            self._nsys.on_step(iteration + 1, recording=timeline.scheduled_action(iteration + 1) in RECORDING)
+        if timeline.window is not None and iteration >= timeline.window.end - 1:
+            timeline.window = None
         self._plan_next(iteration)
+        if self._sigterm.pending:  # the end of the flush is a safe point too
+            self._on_sigterm(iteration)
+
+    def _snapshot(self, iteration: int, current: Action) -> str | None:
+        """Memory snapshots due after ``iteration``; the reason to fence when an interval dump is due
+        (every rank agrees: see start)."""
+        if self._memory is not None:
+            scheduled = self._timeline.scheduled_action(iteration) is not Action.NONE
+            self._memory.on_step(iteration, profiled_cycle_ended=current is Action.RECORD_AND_SAVE and scheduled)
+        every = self._snapshot_interval
+        return "memory snapshot" if every > 0 and iteration > 0 and iteration % every == 0 else None
+
+    def _guard_host_memory(self, iteration: int) -> None:
+        """Inside windows only: end the window here, on every rank, if a rank ran low on host memory."""
+        action = self._timeline.global_action(iteration)
+        if action not in RECORDING and not self._fence.vote_pending:
+            return
+        low = self._memory_guard.step(window_continues=action is Action.RECORD)
+        if not low:
+            return
+        planned_last = self._timeline.cut_window(iteration)
+        ranks = ", ".join(f"rank {rank}: {free_mb:.0f} MB" for rank, free_mb in low)
+        logger.warning("rank %d: host memory below --torch-profile-min-free-host-mb (%d MB) while recording (%s "
+                       "free); ending the window at iteration %d instead of %d on every rank", self.rank,
+                       self.config.export.min_free_host_mb, ranks, iteration, planned_last)
 
     def _plan_next(self, iteration: int) -> None:
-        """Set the next iteration whose ``step`` has work (a transition, a flush or a check)."""
-        if self._every_step or self._global_action(iteration + 1) is not Action.NONE:
-            self._next_busy_step = iteration + 1
-            return
+        """Set the next iteration whose ``step`` has work (a transition, a flush, a check, a snapshot)."""
         candidates = [self._next_check]
-        if self._memory is not None and self._memory.interval > 0:
-            candidates.append((iteration // self._memory.interval + 1) * self._memory.interval)
-        if self._scheduled:
-            busy = self.schedule.next_busy_iteration(iteration + 1, self._first_iteration)
-            if busy is not None:
-                candidates.append(busy - 1)
-        if self._window is not None:
-            candidates.append(self._window.warmup_start - 1)
-        self._next_busy_step = min(candidates)
+        if self._snapshot_interval > 0:
+            candidates.append((iteration // self._snapshot_interval + 1) * self._snapshot_interval)
+        busy = iteration + 1 if self._every_step else self._timeline.next_busy(iteration, candidates)
+        self._next_busy_step = busy
+        if self._sigterm.pending:  # a handler that ran before the assignment above is not lost
+            self._next_busy_step = -math.inf
 
     # -- what each iteration does -----------------------------------------------------------
-
-    def _scheduled_action(self, iteration: int) -> Action:
-        if not self._scheduled:
-            return Action.NONE
-        return self.schedule.action(iteration, self._first_iteration)
-
-    def _global_action(self, iteration: int) -> Action:
-        """The action every rank agrees on (fenced flushes): the schedule's, else the on-demand window's."""
-        action = self._scheduled_action(iteration)
-        if action is Action.NONE and self._window is not None:
-            action = self._window.action(iteration)
-        return action
-
-    def _local_action(self, iteration: int) -> Action:
-        """What this rank's torch.profiler does: only for the ranks the schedule or request names."""
-        action = self._scheduled_action(iteration) if self.record else Action.NONE
-        if action is Action.NONE and self._window is not None and self._window.traces(self.rank):
-            action = self._window.action(iteration)
-        return action
 
     def _check_on_demand(self, iteration: int) -> None:
         """Collective at a check iteration: adopt the window every rank received, plan the next check."""
         window = self._on_demand.poll(iteration, self._fence.group,
-                                      busy=lambda i: self._scheduled_action(i) is not Action.NONE)
+                                      busy=lambda i: self._timeline.scheduled_action(i) is not Action.NONE)
         if window is not None:
-            self._window = window
+            self._timeline.window = window
             if window.traces(self.rank):
                 logger.info("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
                             window.request_id, window.start, window.end - 1)
         self._next_check = self._on_demand.next_check
 
-    def _anchor(self, iteration: int) -> None:
-        """Align the schedule with the caller's numbering at the first ``step`` call.
-
-        A relative schedule counts steps of this run, so it follows the caller's first number.
-        An absolute window that began before this run's first step cannot be recorded.
-        """
-        self._anchored = True
-        if iteration == self._first_iteration:
-            return
-        if not self.schedule.absolute:
-            self._first_iteration = iteration
-        elif self.schedule.step_start <= iteration < self.schedule.step_end:
-            logger.warning("rank %d: the run started at iteration %d, inside --torch-profile-step-start/-end; "
-                           "pass start_iteration to TorchProfiler.from_args (or set args.iteration) so the window "
-                           "is not missed", self.rank, iteration)
-
     # -- traces -----------------------------------------------------------------------------
 
     def _start_recorder(self, first: int) -> None:
-        if self._recorder.start(first, self._local_action(first)):
+        if self._recorder.start(first, self._timeline.local_action(first)):
             self._recorder.add_metadata(self._trace_metadata(first))
 
     def _submit(self, export: Any, first: int, last: int, execution_trace: Path | None = None) -> None:
-        companions = [(str(execution_trace), EXECUTION_TRACE_SUFFIX)] if execution_trace is not None else []
-        if self._writer is not None:
-            self._writer.submit(export, cycle_dir_name(first, last), trace_stem(self.rank), companions)
-        elif execution_trace is not None:
-            execution_trace.unlink(missing_ok=True)
+        if self._writer is None:
+            if execution_trace is not None:
+                execution_trace.unlink(missing_ok=True)
+            return
+        stem = trace_stem(self.rank)
+        level = self.config.export.gzip_level
+        extra = [(str(execution_trace), companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None), level)
+                 ] if execution_trace is not None else []
+        self._writer.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
 
     def _trace_metadata(self, first: int) -> dict[str, Any]:
         """The run's settings, stored in the trace of the window that starts at ``first``."""
-        last = first
-        while self._global_action(last) is Action.RECORD:
-            last += 1
+        last = self._timeline.window_last(first)
         trace = self.config.trace
         metadata = {
-            "schedule": self.schedule.describe() if self._scheduled else "on demand only",
+            "schedule": self.schedule.describe() if self._timeline.scheduled else "on demand only",
             "ranks": (["all"] if self._ranks is None else list(self._ranks)) if trace.enabled else [],
             "activities": list(trace.activities) or "auto",
             **trace.profiler_options(), "execution_trace": trace.execution_trace,
             "rank": self.rank, "world_size": self.world_size, "host": short_hostname(), "iterations": [first, last],
         }
-        if self._window is not None and self._window.start <= first < self._window.end:
-            metadata["on_demand_request"] = self._window.request_id
+        window = self._timeline.window
+        if window is not None and window.start <= first < window.end:
+            metadata["on_demand_request"] = window.request_id
         return metadata
 
     # -- figures ----------------------------------------------------------------------------
 
     @property
     def stats(self) -> dict[str, float]:
-        """This rank's profiler figures: last flush stall, last trace size, counts."""
-        figures = {"flush_seconds": self._last_flush_seconds}
+        """This rank's profiler figures: last flush stall, fence waits, last trace size, counts."""
+        figures = {"flush_seconds": self._last_flush_seconds, "fence_waits": self._fence.waits}
         if self._writer is not None:
             figures.update(self._writer.stats)
         return figures

@@ -114,6 +114,9 @@ class Recorder:
         self._next_action = upcoming
         self._iteration = iteration
         self._profiler.step_num = iteration
+        if current is Action.RECORD_AND_SAVE and self._profiler.current_action == torch.profiler.ProfilerAction.RECORD:
+            # The window was cut short (low host memory): this step ends it.
+            self._profiler.current_action = torch.profiler.ProfilerAction.RECORD_AND_SAVE
         try:
             self._profiler.step()  # stops, and calls _on_trace_ready, at a flush step
         except Exception as err:  # noqa: BLE001

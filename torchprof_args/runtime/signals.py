@@ -1,13 +1,39 @@
-"""SIGTERM while profiling: pending traces are finished (bounded) before the process exits.
+"""SIGTERM while profiling: recorded at once, acted on at a safe point, then delivered as before.
 
-The handler unwinds the main thread with ``SystemExit`` (or calls the application's own
-handler), so ``TorchProfiler``'s context exit runs and waits for its publishers.
+Python runs a signal handler between two bytecodes of the main thread, wherever that thread is:
+inside torch.profiler's state transition, an inline export, logging's after-fork hook.  Raising
+``SystemExit`` there leaves torch.profiler half-way (``stop()`` then segfaults) or is swallowed.
+So the handler only records the signal.  The profiler acts at a safe point: in the handler itself
+when the main thread is outside the profiler and the signal would end the process (then nothing of
+torch is touched), else at the end of the ``step()`` or flush it is in (the next ``step()`` when an
+application handler is to run, so that torch.profiler is stopped properly first).  It stops
+recording, gives pending publishers what is left of ``--torch-profile-term-grace``, stops the rest
+(their partial files removed), then
+:meth:`SigtermGuard.deliver` puts the previous disposition back and sends SIGTERM again: the
+process ends by SIGTERM as it would have without the profiler, or the application's own handler
+runs (e.g. Megatron-LM's checkpoint-and-exit handler).  An application that ignores SIGTERM is
+left alone: no handler is installed.
+
+A rank blocked in C (a hung collective, a long barrier) reaches no safe point and does not even
+run the Python handler.  So a watchdog thread, woken by the signal's wakeup fd (written by the
+C-level handler at once; an application's own wakeup fd keeps receiving every byte), enforces the
+grace: at its end it stops the publishers, removes staging and partial files and, when the
+previous action was the default, ends the process by SIGTERM.
+
+Hooks: ``hooks`` callables run on the main thread at the safe point, before the clean-up (e.g.
+a flight-recorder dump).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from torchprof_args.log import get_logger
@@ -18,29 +44,178 @@ logger = get_logger(__name__)
 
 
 class SigtermGuard:
-    """Installs the handler on :meth:`install` (main thread only); :meth:`restore` puts the old one back."""
+    """Records SIGTERM for the profiler; see the module docstring.
 
-    def __init__(self, rank: int) -> None:
+    ``install(on_signal, emergency)``: ``on_signal()`` runs inside the handler (it must only set
+    flags); ``emergency()`` runs on the watchdog thread when no safe point came within the grace.
+    """
+
+    def __init__(self, rank: int, grace: float) -> None:
         self.rank = rank
+        self.grace = grace
+        self.pending = False
+        self.received_at: float | None = None
+        self.hooks: list[Callable[[], None]] = []
         self._previous: Any = None
+        self._on_signal: Callable[[], None] | None = None
+        self._emergency: Callable[[], None] | None = None
+        self._done = threading.Event()
+        self._watchdog: _Watchdog | None = None
 
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+    @property
+    def installed(self) -> bool:
+        return self._previous is not None
+
+    @property
+    def default_action(self) -> bool:
+        """SIGTERM would end the process without the profiler (no application handler)."""
+        return self._previous == signal.SIG_DFL
+
+    @property
+    def deadline(self) -> float:
+        """When the grace period ends (monotonic); infinity while no SIGTERM was received."""
+        return float("inf") if self.received_at is None else self.received_at + self.grace
+
+    def install(self, on_signal: Callable[[], None], emergency: Callable[[], None]) -> None:
+        """Take over SIGTERM (main thread only; left alone when the application ignores it)."""
+        if threading.current_thread() is not threading.main_thread() or self.installed:
             return
         previous = signal.getsignal(signal.SIGTERM)
-        self._previous = previous
-        rank = self.rank
+        if previous is None or previous == signal.SIG_IGN:
+            return  # ignored, or a handler installed outside Python that could not be put back
+        self._previous, self._on_signal, self._emergency = previous, on_signal, emergency
+        signal.signal(signal.SIGTERM, self._handler)
+        try:
+            self._watchdog = _Watchdog(self)
+        except (OSError, ValueError) as err:
+            logger.warning("rank %d: no SIGTERM watchdog (%s): a rank blocked in C code then ends by SIGTERM "
+                           "only at its next step", self.rank, err)
 
-        def on_sigterm(signum: int, frame: Any) -> None:
-            logger.warning("rank %d: SIGTERM received; finishing pending traces before exit", rank)
-            if callable(previous):
-                previous(signum, frame)  # the application's own handler decides how to exit
-            elif previous != signal.SIG_IGN:
-                raise SystemExit(128 + signum)
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pending:
+            return
+        self.received_at = time.monotonic()
+        self.pending = True
+        if self._on_signal is not None:
+            self._on_signal()
 
-        signal.signal(signal.SIGTERM, on_sigterm)
+    def run_hooks(self) -> None:
+        for hook in list(self.hooks):
+            try:
+                hook()
+            except Exception as err:  # noqa: BLE001
+                logger.error("rank %d: SIGTERM hook %r failed: %s", self.rank, hook, err)
 
     def restore(self) -> None:
+        """Put the previous disposition back (main thread; a normal stop)."""
+        self._done.set()
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
+            if signal.getsignal(signal.SIGTERM) == self._handler:  # not if the application replaced it since
+                signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+    def deliver(self) -> None:
+        """After the clean-up: restore the previous disposition and send SIGTERM to this process again."""
+        previous = self._previous
+        self.restore()
+        logger.warning("rank %d: profiling cleaned up %.1f s after SIGTERM; delivering it to the %s", self.rank,
+                       time.monotonic() - (self.received_at or time.monotonic()),
+                       "default action" if previous == signal.SIG_DFL else "application's handler")
+        _flush_streams()
+        os.kill(os.getpid(), signal.SIGTERM)
+        if previous == signal.SIG_DFL:
+            time.sleep(5.0)  # the default action ends the process; this is never reached
+            os._exit(128 + signal.SIGTERM)
+
+    def _expired(self) -> None:
+        """Watchdog thread: the grace ended and the main thread reached no safe point."""
+        if self._done.is_set():
+            return
+        logger.error("rank %d: no safe point within --torch-profile-term-grace (%.0f s) after SIGTERM (the main "
+                     "thread is blocked); stopping publishers and removing partial files from this thread",
+                     self.rank, self.grace)
+        if self._emergency is not None:
+            try:
+                self._emergency()
+            except Exception as err:  # noqa: BLE001
+                logger.error("rank %d: emergency clean-up failed: %s", self.rank, err)
+        if self._previous == signal.SIG_DFL and not self._done.is_set():
+            _die_by_sigterm()
+        logger.warning("rank %d: the application's SIGTERM handler runs when the main thread returns to Python",
+                       self.rank)
+
+
+class _Watchdog:
+    """A thread that learns of SIGTERM from the wakeup fd and starts the grace timer."""
+
+    def __init__(self, guard: SigtermGuard) -> None:
+        self._guard = guard
+        self._read, self._write = os.pipe()
+        self._stop_read, self._stop_write = os.pipe()
+        for fd in (self._read, self._write):
+            os.set_blocking(fd, False)
+        try:
+            self._old_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            self._close_fds()
+            raise
+        self._timer: threading.Timer | None = None
+        self._thread = threading.Thread(target=self._run, name="torchprof-sigterm-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._read, self._stop_read], [], [])
+            if self._stop_read in ready:
+                return
+            with contextlib.suppress(BlockingIOError):
+                data = os.read(self._read, 512)
+                if self._old_fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.write(self._old_fd, data)  # the application's own wakeup fd sees every signal
+                if signal.SIGTERM in data and self._timer is None:
+                    self._timer = threading.Timer(self._guard.grace, self._guard._expired)
+                    self._timer.daemon = True
+                    self._timer.start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._stop_write, b"x")
+        self._thread.join(timeout=2.0)
+        if self._timer is not None:
+            self._timer.cancel()
+        with contextlib.suppress(ValueError, OSError):
+            current = signal.set_wakeup_fd(self._old_fd)
+            if current not in (self._write, -1):
+                signal.set_wakeup_fd(current)  # someone replaced ours since: keep theirs
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        for fd in (self._read, self._write, self._stop_read, self._stop_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _die_by_sigterm() -> None:
+    """From a thread that is not the main one: default action for SIGTERM at the C level, then SIGTERM."""
+    _flush_streams()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signal.SIGTERM, 0)  # SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5.0)
+    finally:
+        os._exit(128 + signal.SIGTERM)

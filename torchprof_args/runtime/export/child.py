@@ -2,46 +2,119 @@
 
 ``export_chrome_trace`` holds the GIL for the whole serialisation (minutes for a large trace),
 so a thread cannot hide it.  The training process forks instead; the child (only the forking
-thread exists there) exports to staging, then ``exec``\\ s the publisher so that no inherited
-state (locks, sockets, CUDA) lingers.  The child never returns into the caller's code.
+thread exists there) first puts every signal back to its default action (the trainer's SIGTERM
+handler and wakeup fd must not run in it), exports to staging, checks that Kineto really wrote a
+complete file (on ENOSPC it only logs "Failed to write to log file!" and leaves ``<name>.tmp``),
+then ``exec``\\ s the publisher so that no inherited state (locks, sockets, CUDA) lingers.  SIGTERM
+is blocked in the parent across the ``fork``, so no handler of the trainer runs in the child.
+The child never returns into the caller's code; errors go to the status pipe.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torchprof_args.atomic import partial_path
-from torchprof_args.runtime.export.publisher import PublishJob, publisher_argv, publisher_env
+from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob, report_status
 
-__all__ = ["fork_export"]
+__all__ = ["ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
+
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
-def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str) -> int:
-    """Fork; the child exports ``job`` via ``export(path)`` and becomes its publisher.  Returns the child's pid."""
-    argv, env = publisher_argv(job_path), publisher_env()
-    staged_tmp = str(partial_path(job.staged_path))
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
+class ExportIncomplete(OSError):
+    """The exporter returned but left no complete trace (Kineto does not raise on a full disk)."""
+
+
+def check_export(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`ExportIncomplete` unless ``path`` holds a trace that ends like complete JSON."""
+    path = Path(path)
+    free_mb = _free_mb(path.parent)
     try:
-        os.setsid()
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            handle.seek(max(0, size - 64))
+            tail = handle.read().rstrip()
+    except FileNotFoundError:
+        raise ExportIncomplete(f"the exporter wrote no trace file (Kineto leaves only {path.name}.tmp when a write "
+                               f"fails: is the staging filesystem {path.parent} full? {free_mb:.1f} MB free)") from None
+    if size == 0 or not tail.endswith(b"}"):
+        raise ExportIncomplete(f"the exported trace {path} is truncated ({size} bytes; {free_mb:.1f} MB free on "
+                               f"{path.parent})")
+
+
+def _free_mb(directory: Path) -> float:
+    from torchprof_args.runtime.hostmem import free_disk_bytes
+
+    return free_disk_bytes(directory) / (1 << 20)
+
+
+def remove_export_leftovers(target: str | os.PathLike[str]) -> None:
+    """Remove what a failed export to ``target`` may leave: the file and Kineto's ``.tmp``."""
+    for path in (Path(target), Path(f"{target}.tmp")):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str], env: dict[str, str],
+                keep_fds: Sequence[int]) -> int:
+    """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher).
+
+    ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
+    Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
+    """
+    staged_tmp = str(partial_path(job.staged_path))
+    status_fd = keep_fds[0] if keep_fds else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the child unblocks after its reset
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return pid
+    try:
+        _reset_signals(mask)
         export(staged_tmp)
+        check_export(staged_tmp)
         os.replace(staged_tmp, job.staged_path)
-        os.closerange(3, _max_fd())
+        for fd in keep_fds:
+            os.set_inheritable(fd, True)
+        _close_fds_except(keep_fds)
         os.execve(argv[0], argv, env)
     except BaseException as err:  # noqa: BLE001 - report anything, then leave
         with contextlib.suppress(BaseException):
-            Path(job.status_path).write_text(json.dumps(
-                {"trace_path": job.trace_path, "rank": job.rank,
-                 "error": f"export failed in forked child: {type(err).__name__}: {err}"}))
-            os.unlink(staged_tmp)
+            report_status(status_fd, {"trace_path": job.trace_path, "rank": job.rank,
+                                      "error": f"export failed in the forked child: {type(err).__name__}: {err}"})
+            remove_export_leftovers(staged_tmp)
     finally:
-        os._exit(code)
+        os._exit(EXIT_EXPORT_FAILED)
+    return 0  # not reached
+
+
+def _reset_signals(parent_mask: set[signal.Signals]) -> None:
+    """First thing in the child: default actions, no wakeup fd, then the parent's signal mask."""
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for signum in _HANDLED:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signum) not in (signal.SIG_IGN,):
+                signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, parent_mask)
+
+
+def _close_fds_except(keep: Sequence[int]) -> None:
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, _max_fd())
 
 
 def _max_fd() -> int:

@@ -1,20 +1,24 @@
 """The publisher: a fresh process that compresses a staged trace into the output directory.
 
-Started as ``python -m torchprof_args.runtime.export.publisher JOB.json`` (by ``exec`` from the
-forked exporter, or spawned after an inline export).  It compresses the staged trace into the
-(possibly slow, shared) output directory under a hidden temporary name, renames it into place,
-publishes its companion files (the window's execution trace, in the cycle folder's
-``execution_traces/``) the same way, writes the trace's summary sidecar and operator table (in
-its ``summaries/``: nothing but traces sits beside traces), and records a status file that the
-training process reads when the publisher exits.  Nothing half-written is ever left under a name a user
-would open.
+Started as ``python -m torchprof_args.runtime.export.publisher JOB.json --staging DIR
+--output DIR [--status-fd N]`` (by ``exec`` from the forked exporter, or spawned after an inline
+export).  It accepts the job only if its files lie in the staging and output directories named on
+its command line (:meth:`PublishJob.load <torchprof_args.runtime.export.job.PublishJob.load>`),
+then publishes, each under a hidden temporary name renamed into place:
+
+1. the trace, gzip-compressed into the (possibly slow, shared) output directory;
+2. the per-trace operator summary;
+3. ``extra_files``: more files that belong with this trace (the place for sidecars).
+
+Its outcome goes back to the training process on the status pipe.  SIGTERM unwinds it, so its
+partial files are removed; what a SIGKILL leaves, the training process removes.  Nothing
+half-written is ever left under a name a user would open.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -23,33 +27,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.atomic import atomic_output, write_text_atomically
+from torchprof_args.atomic import atomic_output
+from torchprof_args.runtime.export.job import (
+    EXIT_PUBLISH_FAILED,
+    EXIT_REJECTED,
+    JobRejected,
+    PublishJob,
+    report_status,
+)
 
 __all__ = ["PublishJob", "publish", "publisher_argv", "publisher_env"]
 
 _COPY_CHUNK = 16 << 20
-
-
-@dataclasses.dataclass
-class PublishJob:
-    """Everything the publisher process needs, written to the job file as JSON."""
-
-    staged_path: str
-    trace_path: str
-    status_path: str
-    gzip_level: int | None = 6
-    summary_path: str | None = None
-    summary_rows: int = 30
-    rank: int = 0
-    #: ``[staged path, published path]`` of files published with the trace (compressed like it).
-    companions: list[list[str]] = dataclasses.field(default_factory=list)
-
-    def save(self, job_path: str | os.PathLike[str]) -> None:
-        Path(job_path).write_text(json.dumps(dataclasses.asdict(self)))
-
-    @classmethod
-    def load(cls, job_path: str | os.PathLike[str]) -> PublishJob:
-        return cls(**json.loads(Path(job_path).read_text()))
 
 
 def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
@@ -65,7 +54,10 @@ def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
 
 
 def publish(job: PublishJob) -> dict[str, Any]:
-    """Compress and publish one staged trace and its summary; returns the status record."""
+    """Publish one staged trace, its summary and its extra files; returns the status record.
+
+    Staged files are removed whatever happens.
+    """
     started = time.perf_counter()
     status: dict[str, Any] = {"trace_path": job.trace_path, "rank": job.rank}
     staged = Path(job.staged_path)
@@ -74,31 +66,36 @@ def publish(job: PublishJob) -> dict[str, Any]:
         trace_path = Path(job.trace_path)
         _copy_compressed(staged, trace_path, job.gzip_level)
         status["trace_mb"] = trace_path.stat().st_size / 1e6
-        _publish_companions(job, status)
         status["publish_seconds"] = time.perf_counter() - started
         if job.summary_path:
             try:
                 status["summary_path"] = _write_summary(staged, job, trace_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status["summary_error"] = f"{type(err).__name__}: {err}"
+        _publish_extra_files(job, status)
     except Exception as err:
         status["error"] = f"{type(err).__name__}: {err}"
     finally:
-        for leftover in [staged, *(Path(source) for source, _ in job.companions)]:
+        for path in job.staged_files():
             with contextlib.suppress(OSError):
-                leftover.unlink()
+                os.unlink(path)
     status["seconds"] = time.perf_counter() - started
     return status
 
 
-def _publish_companions(job: PublishJob, status: dict[str, Any]) -> None:
-    """Each companion through the same hidden name, fsync and rename as the trace; a failure is reported only."""
-    for source, target in job.companions:
+def _publish_extra_files(job: PublishJob, status: dict[str, Any]) -> None:
+    """Step 3: files that belong with this trace; a failure is reported beside the trace's success."""
+    published, errors = [], []
+    for staged, target, level in job.extra_files:
         try:
-            _copy_compressed(Path(source), Path(target), job.gzip_level)
-            status.setdefault("companions", []).append(target)
-        except Exception as err:  # the trace is published; a companion failure is reported only
-            status.setdefault("companion_errors", []).append(f"{Path(target).name}: {type(err).__name__}: {err}")
+            _copy_compressed(Path(staged), Path(target), level)
+            published.append(str(target))
+        except Exception as err:  # noqa: BLE001 - the trace itself is published
+            errors.append(f"{target}: {type(err).__name__}: {err}")
+    if published:
+        status["extra_files"] = published
+    if errors:
+        status["extra_errors"] = errors
 
 
 def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
@@ -111,31 +108,49 @@ def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
 
     summary = finite(summarize(load_trace(staged, progress=False), top=None))
     summary["file"] = str(published)
-    write_sidecar(summary, published)
+    if job.sidecar_path:
+        write_sidecar(summary, published, target=Path(job.sidecar_path))
     with atomic_output(job.summary_path, "w", fsync=True) as handle:
         handle.write(format_profiler_list(summary, rows=job.summary_rows))
     return job.summary_path
 
 
-def main(job_path: str) -> int:
-    """Publish the job in ``job_path``; always leaves a status file; exit code 1 on failure."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind so partial files are removed
-    job = PublishJob.load(job_path)
-    status: dict[str, Any]
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through atomic_output, which removes the partial file
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Publish the job named on the command line; the outcome goes to ``--status-fd``."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parser = argparse.ArgumentParser(prog="python -m torchprof_args.runtime.export.publisher",
+                                     description="Publish one staged trace (started by TorchProfiler).")
+    parser.add_argument("job")
+    parser.add_argument("--staging", action="append", required=True, help="a staging directory (repeatable)")
+    parser.add_argument("--output", required=True, help="the output directory")
+    parser.add_argument("--status-fd", type=int, default=None)
+    args = parser.parse_args(argv)
+    try:
+        job = PublishJob.load(args.job, args.staging, args.output)
+    except JobRejected as err:
+        report_status(args.status_fd, {"error": f"publisher rejected the job: {err}"})
+        print(f"torchprof publisher: {err}", file=sys.stderr)
+        return EXIT_REJECTED
+    status: dict[str, Any] = {"trace_path": job.trace_path, "rank": job.rank, "error": "publisher terminated"}
     try:
         status = publish(job)
-    except SystemExit:
-        status = {"trace_path": job.trace_path, "rank": job.rank, "error": "publisher terminated"}
-        raise
     finally:
-        write_text_atomically(job.status_path, json.dumps(status))
+        report_status(args.status_fd, status)
         with contextlib.suppress(OSError):
-            os.unlink(job_path)
-    return 1 if "error" in status else 0
+            os.unlink(args.job)
+    return EXIT_PUBLISH_FAILED if "error" in status else 0
 
 
-def publisher_argv(job_path: str) -> list[str]:
-    return [sys.executable, "-m", __name__, job_path]
+def publisher_argv(job_path: str, staging_dirs: list[str], output_dir: str, status_fd: int | None) -> list[str]:
+    """The command line that starts a publisher for ``job_path``."""
+    argv = [sys.executable, "-m", __name__, job_path, "--output", output_dir]
+    for directory in staging_dirs:
+        argv += ["--staging", directory]
+    return argv + (["--status-fd", str(status_fd)] if status_fd is not None else [])
 
 
 def publisher_env() -> dict[str, str]:
@@ -147,6 +162,4 @@ def publisher_env() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m {__spec__.name if __spec__ else 'publisher'} JOB.json  (started by TorchProfiler)")
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())

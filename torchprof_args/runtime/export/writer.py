@@ -1,23 +1,20 @@
 """The training-process side of the export: hand a stopped trace to a publisher, reap it.
 
-The training thread pays only for ``stop()`` and, with ``mode="inline"``, the serialisation;
-:mod:`~torchprof_args.runtime.export.child` (fork mode) and
-:mod:`~torchprof_args.runtime.export.publisher` do the rest in other processes.  A reaper thread
-waits on each publisher (without holding the GIL), logs the outcome with the rank, enforces
-timeouts and removes whatever a killed publisher left in staging.
+Per trace, :class:`~torchprof_args.runtime.export.plan.ExportPlanner` chooses the staging
+directory and the mode from the memory and space free at that moment.  ``fork``: a child
+(:mod:`~torchprof_args.runtime.export.child`) exports and becomes the publisher; when the fork
+itself fails (EAGAIN, ENOMEM) the trace is exported inline instead.  ``inline``: the training
+thread exports, checks the file, and spawns the publisher; when even that cannot start, it
+publishes in-process.  The training thread waits at the fence meanwhile anyway.  A
+:class:`~torchprof_args.runtime.export.reaper.Reaper` thread waits on the processes, logs each
+outcome with the rank and removes leftovers.  Every failure is logged with the rank and reason,
+leaves nothing behind, and never reaches training.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import os
-import queue
-import select
-import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,230 +22,192 @@ from typing import Any
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.log import get_logger
-from torchprof_args.naming import TRACE_SUFFIX, companion_path, operator_table_path, trace_file_name
+from torchprof_args.naming import TRACE_SUFFIX, operator_table_path, sidecar_path, trace_file_name
 from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.child import fork_export
-from torchprof_args.runtime.export.publisher import PublishJob, publisher_argv, publisher_env
+from torchprof_args.runtime.export.child import check_export, fork_export, remove_export_leftovers
+from torchprof_args.runtime.export.job import PublishJob
+from torchprof_args.runtime.export.plan import ExportPlanner
+from torchprof_args.runtime.export.publisher import publish, publisher_argv, publisher_env
+from torchprof_args.runtime.export.reaper import Pending, Reaper, remove_job_files
+from torchprof_args.runtime.export.staging import StagingArea
 
 __all__ = ["TraceWriter"]
 
 logger = get_logger(__name__)
 
-
-@dataclasses.dataclass
-class _Pending:
-    pid: int
-    job: PublishJob
-    job_path: str
-    started: float
-    popen: subprocess.Popen[bytes] | None = None
+#: ``(staged path, path in the trace's cycle folder, gzip level or None)``: files published with a trace
+#: (``naming.companion_relpath``: not beside the traces, which HTA would read as traces).
+ExtraFile = tuple[str, str, "int | None"]
 
 
 class TraceWriter:
-    """Hands finished traces to publisher processes and reaps them off the training thread."""
+    """Hands finished traces to publisher processes and reaps them off the training thread.
 
-    def __init__(self, output_dir: str | os.PathLike[str], staging_dir: Path, config: ExportConfig, *,
-                 rank: int) -> None:
+    ``staging`` must be open (:meth:`StagingArea.open`); the writer closes it in :meth:`close`.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike[str], staging: StagingArea, config: ExportConfig, *,
+                 rank: int, planner: ExportPlanner | None = None) -> None:
         self.output_dir = Path(output_dir)
-        self.staging_dir = staging_dir
+        self.staging = staging
         self.config = config
         self.rank = rank
-        self.export_mode = config.mode if hasattr(os, "fork") else "inline"
-        self.publish_timeout = config.flush_timeout
+        mode = config.mode if hasattr(os, "fork") else "inline"
+        self.planner = planner or ExportPlanner(mode, staging, config.min_free_host_mb << 20)
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
                                         "publish_failures": 0}
         self.published: list[str] = []
-        self._pending: queue.Queue[_Pending | None] = queue.Queue()
-        self._in_flight: set[int] = set()
-        self._lock = threading.Lock()
-        self._reaper: threading.Thread | None = None
+        self.accepting = True
+        self._reaper = Reaper(rank, config.flush_timeout, self._on_done)
+
+    @property
+    def in_flight(self) -> int:
+        return self._reaper.in_flight
 
     # -- submitting ------------------------------------------------------------------------
 
-    def job_for(self, cycle: str, stem: str, companions: Sequence[tuple[str, str]] = ()) -> PublishJob:
-        """The publishing job of ``stem``'s trace of ``cycle``: ``<output>/<cycle>/<stem>.pt.trace.json.gz``,
-        its summaries in ``<output>/<cycle>/summaries/`` (naming.trace_relpath's layout);
-        ``companions``: ``(staged path, suffix)`` to publish with it (naming.companion_path)."""
+    def job_for(self, cycle: str, stem: str, staging: Path, extra_files: Sequence[ExtraFile] = ()) -> PublishJob:
+        """The job of ``stem``'s trace of ``cycle``: ``<output>/<cycle>/<stem>.pt.trace.json.gz``, its
+        summary sidecar and operator table in ``<output>/<cycle>/summaries/`` (naming.trace_relpath)."""
         gzip_level, summary_rows = self.config.gzip_level, self.config.summary_rows
-        gzip = gzip_level is not None
-        trace_path = self.output_dir / cycle / trace_file_name(stem, gzip=gzip)
-        staged = f"{cycle}_{stem}"  # staging is flat: one name per rank and cycle
+        folder = self.output_dir / cycle
+        trace_path = folder / trace_file_name(stem, gzip=gzip_level is not None)
         return PublishJob(
-            staged_path=str(self.staging_dir / f"{staged}{TRACE_SUFFIX}"),
+            staged_path=str(staging / f"{cycle}_{stem}{TRACE_SUFFIX}"),  # staging is flat: rank and cycle
             trace_path=str(trace_path),
-            status_path=str(self.staging_dir / f"{staged}.status.json"),
             gzip_level=gzip_level,
             summary_path=str(operator_table_path(trace_path)) if summary_rows else None,
             summary_rows=summary_rows or 0,
             rank=self.rank,
-            companions=[[str(source), str(companion_path(trace_path, suffix, gzip))] for source, suffix in companions],
+            extra_files=[[staged, str(folder / name), level] for staged, name, level in extra_files],
+            sidecar_path=str(sidecar_path(trace_path)) if summary_rows else None,
         )
 
-    def submit(self, export: Callable[[str], None], cycle: str, stem: str,
-               companions: Sequence[tuple[str, str]] = ()) -> None:
-        """Export a stopped profiler's trace of ``cycle`` via ``export(path)`` and publish it in the
-        background.
+    def submit(self, export: Callable[[str], None], cycle: str, stem: str, steps: int = 1,
+               extra_files: Sequence[ExtraFile] = ()) -> None:
+        """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via ``export(path)``
+        and publish it in the background.
 
-        ``companions`` are finished files in staging, ``(path, suffix)``, published with the trace
-        (naming.companion_path) by the same publisher.  Never raises: failures are logged with the
-        rank and training goes on.
+        ``steps``: recorded steps (sizes the next estimate).  ``extra_files`` are published with
+        the trace; they must already lie in one of ``staging.dirs``.  Never raises: failures are
+        logged with the rank and training goes on.
         """
+        name = f"{cycle}/{stem}"
+        if not self.accepting:
+            logger.warning("rank %d: trace %s dropped: the process is shutting down", self.rank, name)
+            return
+        plan = self.planner.plan(steps)
+        if plan.note:
+            logger.warning("rank %d: trace %s: %s", self.rank, name, plan.note)
+        job = self.job_for(cycle, stem, plan.staging, extra_files)
+        job_path = str(plan.staging / f"{cycle}_{stem}.job.json")
         try:
-            job = self.job_for(cycle, stem, companions)
-            job_path = str(self.staging_dir / f"{cycle}_{stem}.job.json")
             job.save(job_path)
-            if self.export_mode == "fork":
-                pid = fork_export(export, job, job_path)
-                pending = _Pending(pid, job, job_path, time.monotonic())
-            else:
-                staged_tmp = partial_path(job.staged_path)
-                export(str(staged_tmp))
-                os.replace(staged_tmp, job.staged_path)
-                popen = subprocess.Popen(
-                    publisher_argv(job_path), env=publisher_env(), start_new_session=True,
-                    stdin=subprocess.DEVNULL,
-                )
-                pending = _Pending(popen.pid, job, job_path, time.monotonic(), popen)
-        except Exception as err:
-            for staged, _ in companions:
-                with contextlib.suppress(OSError):
-                    os.unlink(staged)
-            self.stats["publish_failures"] += 1
-            logger.error("rank %d: could not export trace %s/%s: %s: %s; training continues",
-                         self.rank, cycle, stem, type(err).__name__, err)
-            return
-        with self._lock:
-            self._in_flight.add(pending.pid)
-        self._ensure_reaper()
-        self._pending.put(pending)
-
-    # -- reaping ---------------------------------------------------------------------------
-
-    def _ensure_reaper(self) -> None:
-        if self._reaper is None or not self._reaper.is_alive():
-            self._reaper = threading.Thread(target=self._reap_loop, name="torchprof-reaper", daemon=True)
-            self._reaper.start()
-
-    def _reap_loop(self) -> None:
-        while True:
-            pending = self._pending.get()
+            pending = self._fork(export, job, job_path, steps) if plan.mode == "fork" else None
+            if pending is None and plan.mode == "fork":  # the fork failed: inline, on disk
+                remove_job_files(job, job_path)
+                plan = self.planner.fallback(steps)
+                job = self.job_for(cycle, stem, plan.staging, extra_files)
+                job_path = str(plan.staging / f"{cycle}_{stem}.job.json")
+                job.save(job_path)
             if pending is None:
-                return
-            deadline = pending.started + self.publish_timeout
-            if not _wait_pid(pending, deadline):
-                logger.error("rank %d: publishing %s took longer than %.0f s; stopping it",
-                             self.rank, pending.job.trace_path, self.publish_timeout)
-                _terminate(pending)
-            self._finish(pending)
-
-    def _finish(self, pending: _Pending) -> None:
-        status: dict[str, Any] = {"error": "publisher exited without a status"}
-        with contextlib.suppress(OSError, ValueError):
-            status = json.loads(Path(pending.job.status_path).read_text())
-            os.unlink(pending.job.status_path)
-        leftovers = [pending.job_path, pending.job.staged_path, partial_path(pending.job.staged_path),
-                     partial_path(pending.job.trace_path)]
-        if pending.job.summary_path:
-            leftovers.append(partial_path(pending.job.summary_path))
-        for staged, target in pending.job.companions:
-            leftovers += [staged, partial_path(target)]
-        for leftover in leftovers:  # only present if the publisher was killed
-            with contextlib.suppress(OSError):
-                os.unlink(leftover)
-        with self._lock:
-            self._in_flight.discard(pending.pid)
-            if "error" in status:
-                self.stats["publish_failures"] += 1
-            else:
-                self.stats["traces_written"] += 1
-                self.stats["trace_mb"] = status.get("trace_mb", 0.0)
-                self.stats["publish_seconds"] = status.get("seconds", 0.0)
-                self.published.append(status["trace_path"])
-        if "error" in status:
-            logger.error("rank %d: trace %s was not written: %s", self.rank, pending.job.trace_path,
-                         status["error"])
+                pending = self._inline(export, job, job_path, steps)
+        except Exception as err:
+            remove_job_files(job, job_path)
+            self._count_failure()
+            logger.error("rank %d: could not export trace %s: %s: %s; training continues",
+                         self.rank, name, type(err).__name__, err)
             return
+        if pending is not None:
+            self._reaper.watch(pending)
+
+    def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str, steps: int) -> Pending | None:
+        """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
+        read_fd, write_fd = os.pipe()
+        argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
+        try:
+            pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds))
+        except OSError as err:
+            os.close(read_fd)
+            logger.warning("rank %d: fork failed (%s); exporting %s inline on the training thread instead",
+                           self.rank, err.strerror or err, Path(job.trace_path).name)
+            return None
+        finally:
+            os.close(write_fd)
+        return Pending(pid, job, job_path, steps, read_fd)
+
+    def _inline(self, export: Callable[[str], None], job: PublishJob, job_path: str, steps: int) -> Pending | None:
+        """Export on this thread, then spawn the publisher (or publish here when no process can start)."""
+        staged_tmp = partial_path(job.staged_path)
+        try:
+            export(str(staged_tmp))
+            check_export(staged_tmp)
+            os.replace(staged_tmp, job.staged_path)
+        except BaseException:
+            remove_export_leftovers(staged_tmp)
+            raise
+        read_fd, write_fd = os.pipe()
+        argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
+        try:
+            popen = subprocess.Popen(argv, env=publisher_env(), start_new_session=True, stdin=subprocess.DEVNULL,
+                                     pass_fds=(write_fd, *self.staging.lock_fds))
+        except OSError as err:
+            os.close(read_fd)
+            logger.warning("rank %d: cannot start a publisher process (%s); publishing %s on the training thread",
+                           self.rank, err.strerror or err, Path(job.trace_path).name)
+            started = time.monotonic()
+            status = publish(job)
+            remove_job_files(job, job_path)
+            self._on_done(Pending(os.getpid(), job, job_path, steps, -1, started), status)
+            return None
+        finally:
+            os.close(write_fd)
+        return Pending(popen.pid, job, job_path, steps, read_fd, popen=popen)
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _count_failure(self) -> None:
+        self.stats["publish_failures"] += 1
+
+    def _on_done(self, pending: Pending, status: dict[str, Any]) -> None:
+        trace_path = pending.job.trace_path
+        if "raw_mb" in status:
+            self.planner.learn(status["raw_mb"] * 1e6, pending.steps)
+        if "error" in status:
+            self._count_failure()
+            logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status["error"])
+            return
+        self.stats["traces_written"] += 1
+        self.stats["trace_mb"] = status.get("trace_mb", 0.0)
+        self.stats["publish_seconds"] = status.get("seconds", 0.0)
+        self.published.append(status["trace_path"])
         logger.info("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
                     status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - pending.started)
-        for companion in status.get("companions", []):
-            logger.info("rank %d: %s written with it", self.rank, companion)
-        for error in status.get("companion_errors", []):
-            logger.error("rank %d: not written with %s: %s", self.rank, status["trace_path"], error)
-        if "summary_error" in status:
-            logger.warning("rank %d: no summary for %s: %s", self.rank, status["trace_path"],
-                           status["summary_error"])
+        for key in ("summary_error", "extra_errors"):
+            if key in status:
+                logger.warning("rank %d: %s for %s: %s", self.rank, key.replace("_", " "), trace_path, status[key])
 
-    @property
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._in_flight)
+    # -- the end ---------------------------------------------------------------------------
 
-    def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for publishers; stop and clean up any still running."""
-        if self._reaper is None:
-            with contextlib.suppress(OSError):
-                self.staging_dir.rmdir()
-            return
-        deadline = time.monotonic() + timeout
-        if self.in_flight:
+    def close(self, deadline: float | Callable[[], float], why: str) -> None:
+        """Stop accepting traces, wait for pending ones until ``deadline`` (monotonic, or a callable
+        asked again while waiting), stop the rest (their partial files removed), remove staging."""
+        self.accepting = False
+        count = self.in_flight
+        current = deadline if callable(deadline) else (lambda: deadline)
+        if count and current() > time.monotonic():
             logger.info("rank %d: waiting up to %.0f s for %d trace(s) to be published", self.rank,
-                        timeout, self.in_flight)
-        while self.in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.in_flight:
-            logger.error("rank %d: %d trace(s) not published within --torch-profile-exit-timeout "
-                         "(%.0f s); stopping them", self.rank, self.in_flight, timeout)
-            with self._lock:
-                pids = list(self._in_flight)
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGTERM)
-            end = time.monotonic() + 10
-            while self.in_flight and time.monotonic() < end:
-                time.sleep(0.05)
-        self._pending.put(None)
-        self._reaper.join(timeout=10)
-        self._reaper = None
-        with contextlib.suppress(OSError):
-            self.staging_dir.rmdir()  # only succeeds when nothing was left behind
+                        current() - time.monotonic(), count)
+        if not self._reaper.wait_all(current):
+            logger.error("rank %d: %d trace(s) not published within %s; stopping them", self.rank,
+                         self.in_flight, why)
+            self._reaper.stop_all()
+        self._reaper.close()
+        self.staging.close()
 
-
-def _wait_pid(pending: _Pending, deadline: float) -> bool:
-    """Wait (without holding the GIL) until the publisher exits or ``deadline``; True if it exited."""
-    if pending.popen is not None:
-        try:
-            pending.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    pidfd = None
-    with contextlib.suppress(AttributeError, OSError):
-        pidfd = os.pidfd_open(pending.pid)
-    try:
-        while True:
-            try:
-                done, _ = os.waitpid(pending.pid, os.WNOHANG)
-            except ChildProcessError:  # already reaped (e.g. SIGCHLD ignored by the application)
-                return True
-            if done:
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            if pidfd is not None:
-                select.select([pidfd], [], [], min(remaining, 60.0))
-            else:
-                time.sleep(min(remaining, 0.1))
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-def _terminate(pending: _Pending) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pending.pid, signal.SIGTERM)
-    if not _wait_pid(pending, time.monotonic() + 10):
-        with contextlib.suppress(OSError):
-            os.kill(pending.pid, signal.SIGKILL)
-        _wait_pid(pending, time.monotonic() + 10)
-
+    def abandon(self) -> None:
+        """From a watchdog thread while the training thread is stuck: stop every process now and
+        remove their files and the staging directories."""
+        self.accepting = False
+        self._reaper.stop_all()
+        self.staging.close()

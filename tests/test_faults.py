@@ -1,0 +1,182 @@
+"""The fault-injection suite: real 2-rank torchrun/gloo jobs with real torch.profiler and real faults
+(small tmpfs mounts for full or read-only filesystems, a pids cgroup or RLIMIT_NPROC for fork
+failures, real signals).  Several faults share a job where the checks stay clear.
+
+Every job: the ranks train to the end (or refuse to start with a one-line error, or end by
+SIGTERM when that is the fault), each failure is logged with the rank and the reason, nothing
+half-written is visible under the output directory, the staging directories are gone, and no
+publisher outlives the job.  ``benchmarks/bench_faults.py`` runs each fault on its own.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "jobs"))
+import faults  # noqa: E402
+from fault_scenarios import FAULTS, HEAVY, Outcome, Scenario, run, trace_steps  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+needs_mount = pytest.mark.skipif(not faults.can_mount(), reason="needs root to mount small tmpfs filesystems")
+FAULT = {scenario.name: scenario for scenario in FAULTS}
+
+
+def assert_clean(outcome: Outcome) -> None:
+    context = outcome.output[-4000:]
+    assert not outcome.crashed, context
+    assert outcome.survived, context
+    assert outcome.partials == [], outcome.partials
+    assert outcome.leftovers == [], outcome.leftovers
+    assert outcome.orphans == [], outcome.orphans
+    assert outcome.bad_traces == [], outcome.bad_traces
+
+
+def names(outcome: Outcome, rank: int) -> list[str]:
+    return sorted(t.name for t in outcome.traces if t.name.startswith(f"rank{rank:05d}_"))
+
+
+def one_line(text: str, *words: str) -> list[str]:
+    return [line for line in text.splitlines() if all(word in line for word in words)]
+
+
+def test_refuses_to_start_on_an_unwritable_output_directory(tmp_path):
+    outcome = run(FAULT["output dir unwritable from the start"], tmp_path)
+    assert_clean(outcome)
+    reason = "Read-only file system" if faults.can_mount() else "Permission denied"
+    errors = one_line(outcome.output, "fault_job.py: error: --torch-profile-dir", "is not writable", reason)
+    assert len(errors) == 2, outcome.output[-3000:]  # each rank, before training
+    assert outcome.results == {}
+
+
+def test_refuses_to_start_on_every_rank_when_one_ranks_staging_is_unsafe(tmp_path):
+    outcome = run(FAULT["staging dir group-writable on one rank"], tmp_path)
+    assert_clean(outcome)
+    errors = one_line(outcome.output, "fault_job.py: error: rank 1: --torch-profile-staging-dir",
+                      "group- or world-writable (mode 777)")
+    assert len(errors) == 2, outcome.output[-3000:]  # rank 0 refuses too: start() agrees
+    assert outcome.results == {}
+
+
+def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
+    """Rank 0 forks, rank 1 exports inline; cycle 1: the export raises after writing half a file;
+    cycle 2: the staging tmpfs fills up during the export (Kineto only logs and leaves .tmp);
+    cycle 3: fork (and spawning the publisher) fails with EAGAIN; cycle 4: normal.  Without root,
+    cycle 2 runs normally (no tmpfs)."""
+    full_staging, fork_limit = faults.can_mount(), faults.can_limit_forks()
+    args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4"]
+    expected = {3: "RuntimeError: injected export failure", 5: None, 7: None, 9: None}
+    for rank in (0, 1):
+        args += ["--inject", f"{rank}:1:raise"]
+        if full_staging:
+            args += ["--inject", f"{rank}:2:fill-staging"]
+        if fork_limit:
+            args += ["--inject", f"{rank}:3:fork-limit"]
+    if full_staging:
+        args += ["--torch-profile-staging-dir", "{stage}", "--fill-dir", "{stage}"]
+        expected[5] = "ExportIncomplete: the exporter wrote no trace file"
+    scenario = Scenario("export faults", args, mounts=(("stage", "256m", False),) if full_staging else (),
+                        iters=10)
+    outcome = run(scenario, tmp_path)
+    assert_clean(outcome)
+    for rank in (0, 1):
+        errors = outcome.errors(rank)
+        failed = {it: why for it, why in expected.items() if why}
+        assert len(errors) == len(failed), outcome.logs[rank]
+        for error, (iteration, why) in zip(errors, sorted(failed.items()), strict=True):
+            assert f"rank {rank}:" in error and f"iter{iteration:06d}-{iteration:06d}" in error and why in error
+        published = [name.split("_iter")[1][:6] for name in names(outcome, rank)]
+        assert published == [f"{it:06d}" for it, why in sorted(expected.items()) if not why]
+        log = "\n".join(outcome.logs[rank])
+        if full_staging:
+            assert "full?" in errors[1]  # the reason names the full staging filesystem
+            assert len(one_line(log, f"rank {rank}: trace", "it has less free than the estimated")) == 2
+        if fork_limit:
+            assert one_line(log, f"rank {rank}: cannot start a publisher process (Resource temporarily unavailable)")
+    if fork_limit:
+        assert one_line("\n".join(outcome.logs[0]), "rank 0: fork failed (Resource temporarily unavailable)")
+
+
+@needs_mount
+def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path):
+    """Rank 0's publisher is SIGKILLed with its partial file in the output directory (cycle 1), the
+    output filesystem is full (cycle 2), then remounted read-only (cycle 3)."""
+    scenario = Scenario("output faults", [*HEAVY, "--kill-publisher", "0", "--torch-profile-repeat", "3",
+                                          "--output-fs", "{out}", "--at", "5:drain", "--at", "5:fill-output",
+                                          "--at", "8:drain", "--at", "8:unfill-output", "--at", "8:remount-ro"],
+                        mounts=(("out", "64m", False),), iters=11)
+    outcome = run(scenario, tmp_path)
+    assert_clean(outcome)
+    assert outcome.results[0]["killed_mid_publish"] is True
+    errors = outcome.errors(0)
+    assert len(errors) == 3, outcome.logs[0]
+    assert "rank 0:" in errors[0] and "iter000003-000004" in errors[0] and "was killed by SIGKILL" in errors[0]
+    assert "iter000006-000007" in errors[1] and "No space left on device" in errors[1]
+    assert "iter000009-000010" in errors[2] and "Read-only file system" in errors[2]
+    assert outcome.traces == [] and outcome.errors(1) == []
+
+
+def test_sigterm_mid_flush_is_acted_on_at_the_end_of_the_flush_and_delivered(tmp_path):
+    """Rank 0 (fork) gets SIGTERM inside torch.profiler's trace-ready callback, rank 1 (inline)
+    inside its export: no crash, publishers finished or stopped, SIGTERM delivered."""
+    scenario = Scenario("sigterm mid-flush", ["--torch-profile-ranks", "all", "--rank-export", "1=inline",
+                                              "--inject", "0:1:sigterm-in-flush", "--inject", "1:1:sigterm-in-export"],
+                        expect="sigterm")
+    outcome = run(scenario, tmp_path)
+    assert_clean(outcome)
+    assert outcome.output.count("exitcode  : -15") == 2 and "Segmentation fault" not in outcome.output
+    for rank in (0, 1):
+        log = "\n".join(outcome.logs[rank])
+        assert one_line(log, f"rank {rank}: SIGTERM received; stopping profiling after iteration 3")
+        assert one_line(log, f"rank {rank}: profiling cleaned up", "delivering it to the default action")
+        assert (tmp_path / "res" / f"sigterm{rank}.json").exists()  # the SIGTERM hook ran
+    assert outcome.results == {}
+
+
+def test_sigterm_to_a_rank_blocked_in_the_fence_barrier(tmp_path):
+    """Rank 1 dumps a 30 s memory snapshot; rank 0 waits in the gloo barrier (C code, no Python
+    handler runs) and gets SIGTERM: the watchdog ends it after --torch-profile-term-grace (3 s);
+    torchrun then stops rank 1, whose handler waits in a sleep: the watchdog ends it too."""
+    outcome = run(FAULT["SIGTERM to a rank blocked at the fence"], tmp_path)
+    assert_clean(outcome)
+    for rank in (0, 1):
+        assert one_line("\n".join(outcome.logs[rank]), f"rank {rank}: no safe point within "
+                        "--torch-profile-term-grace (3 s) after SIGTERM")
+    assert not one_line("\n".join(outcome.logs[1]), "written in 30")  # rank 0 did not wait for the dump
+
+
+def test_slow_snapshot_and_low_host_memory_with_a_short_collective_timeout(tmp_path):
+    """PG timeout 2 s.  Rank 0's snapshots take 4 s (at the window's end and at the interval
+    iteration 5): fenced, nobody times out.  --torch-profile-min-free-host-mb above what is free:
+    the 4-step window ends at its second step on both ranks, exported inline to disk."""
+    scenario = Scenario("snapshots and memory", [
+        "--pg-timeout", "2", "--torch-profile-ranks", "all", "--torch-profile-active", "4",
+        "--torch-profile-min-free-host-mb", "100000000", "--torch-profile-memory-snapshot",
+        "--torch-profile-memory-snapshot-interval", "5", "--slow-snapshot", "0:4"])
+    outcome = run(scenario, tmp_path)
+    assert_clean(outcome)
+    for rank in (0, 1):
+        log = "\n".join(outcome.logs[rank])
+        assert one_line(log, f"rank {rank}: host memory below --torch-profile-min-free-host-mb (100000000 MB)",
+                        "rank 0:", "rank 1:", "ending the window at iteration 4 instead of 6 on every rank")
+        assert one_line(log, "exporting inline")
+        (trace,) = names(outcome, rank)
+        (path,) = [t for t in outcome.traces if t.name == trace]
+        assert path.parent.name == "iter000003-000004"
+    for trace in outcome.traces:
+        assert trace_steps(trace)[:2] == [3, 4]
+    snapshots = sorted(p.name for p in (tmp_path / "out" / "memory_snapshots").iterdir())
+    assert [s.split("_iter")[1] for s in snapshots] == ["0000004.pickle", "0000005.pickle"]
+
+
+def test_slow_publisher_at_exit_is_fenced(tmp_path):
+    """Rank 0's publisher is frozen for 5 s at exit; PG timeout 2 s; both ranks do an all-reduce
+    right after leaving the profiler.  Rank 1 waits at the exit fence instead of timing out."""
+    outcome = run(FAULT["slow publisher at exit (PG timeout 2 s)"], tmp_path)
+    assert_clean(outcome)
+    assert outcome.results[0]["frozen"] == 1
+    assert len(names(outcome, 0)) == 1
+    assert outcome.results[1]["exit_seconds"] >= 4.0  # it waited for rank 0's publisher, at the fence

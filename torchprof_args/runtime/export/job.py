@@ -1,0 +1,154 @@
+"""One publish job: what the training process tells a publisher, and the checks before it is trusted.
+
+The job file lives in the rank's private staging directory (written atomically, mode 0600).  The
+publisher is started with the staging and output directories on its command line and accepts a
+job only if the job file and every staged file lie directly in one of those staging directories
+and every published file lies inside that output directory (symlinks resolved), so a planted or
+edited job cannot make it read or overwrite anything else.
+
+Outcomes travel back on a pipe, not in files: a full staging filesystem cannot eat them.
+
+Import-light (the publisher imports it): no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from torchprof_args.atomic import partial_path, write_json_atomically
+
+__all__ = [
+    "EXIT_EXPORT_FAILED",
+    "EXIT_PUBLISH_FAILED",
+    "EXIT_REJECTED",
+    "JobRejected",
+    "PublishJob",
+    "read_status",
+    "report_status",
+]
+
+#: Exit codes of the exporter child / publisher, so the training process can name the reason
+#: even when no status came back.
+EXIT_PUBLISH_FAILED = 1
+EXIT_REJECTED = 2
+EXIT_EXPORT_FAILED = 3
+
+_STATUS_LIMIT = 3500  # below PIPE_BUF (4096): one atomic write, never blocks on an unread pipe
+
+
+class JobRejected(ValueError):
+    """A job file that the publisher refuses to act on (one sentence: which path and why)."""
+
+
+@dataclasses.dataclass
+class PublishJob:
+    """Everything the publisher process needs, saved to the job file as JSON.
+
+    ``extra_files`` is the place for more files published with this trace (an execution trace,
+    a sidecar): ``[staged path, target path, gzip level or None]`` each; the publisher moves
+    them into the output directory after the trace, atomically, and removes them from staging.
+    """
+
+    staged_path: str
+    trace_path: str
+    gzip_level: int | None = 6
+    summary_path: str | None = None
+    summary_rows: int = 30
+    rank: int = 0
+    extra_files: list[list[Any]] = dataclasses.field(default_factory=list)
+    #: the trace's summary sidecar (``naming.sidecar_path``), written with the operator table.
+    sidecar_path: str | None = None
+
+    def save(self, job_path: str | os.PathLike[str]) -> None:
+        write_json_atomically(job_path, dataclasses.asdict(self), private=True)
+
+    @classmethod
+    def load(cls, job_path: str | os.PathLike[str], staging_dirs: Iterable[str], output_dir: str) -> PublishJob:
+        """Read and check a job file (see the module docstring); raises :class:`JobRejected`."""
+        staging = [os.path.realpath(d) for d in staging_dirs]
+        _check_job_file(job_path, staging)
+        try:
+            with open(os.open(job_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), encoding="utf-8") as handle:
+                fields = json.load(handle)
+            job = cls(**fields)
+        except (OSError, ValueError, TypeError) as err:
+            raise JobRejected(f"job file {job_path} cannot be read: {err}") from None
+        for path in job.staged_files():
+            _require_in(path, staging, "staged file", directly=True)
+        output = os.path.realpath(output_dir)
+        for path in job.published_files():
+            _require_in(path, [output], "published file", directly=False)
+        return job
+
+    def staged_files(self) -> list[str]:
+        return [self.staged_path, *(str(extra[0]) for extra in self.extra_files)]
+
+    def published_files(self) -> list[str]:
+        files = [self.trace_path, *(str(extra[1]) for extra in self.extra_files)]
+        return files + [p for p in (self.summary_path, self.sidecar_path) if p]
+
+    def leftovers(self) -> list[Path]:
+        """Every file this job may leave if its processes die: staged files and their hidden partial
+        names (plus Kineto's ``.tmp``), and the hidden partial names in the output directory."""
+        files: list[Path] = []
+        for staged in self.staged_files():
+            partial = partial_path(staged)
+            files += [Path(staged), partial, partial.with_name(partial.name + ".tmp")]
+        return files + [partial_path(p) for p in self.published_files()]
+
+
+def _check_job_file(job_path: str | os.PathLike[str], staging: list[str]) -> None:
+    _require_in(str(job_path), staging, "job file", directly=True)
+    try:
+        info = os.lstat(job_path)
+    except OSError as err:
+        raise JobRejected(f"job file {job_path} cannot be read: {err}") from None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise JobRejected(f"job file {job_path} is not a regular file of uid {os.getuid()} writable only by it")
+
+
+def _require_in(path: str, directories: list[str], what: str, *, directly: bool) -> None:
+    resolved = os.path.realpath(path)
+    parent = os.path.dirname(resolved)
+    inside = any(parent == d if directly else (parent == d or parent.startswith(d.rstrip("/") + "/"))
+                 for d in directories)
+    if not inside:
+        where = " or ".join(directories)
+        raise JobRejected(f"{what} {path} lies outside {where}, the directories this publisher was started for")
+
+
+def report_status(fd: int | None, status: dict[str, Any]) -> None:
+    """Send the outcome to the training process (one write on the status pipe; never raises)."""
+    if fd is None:
+        return
+    text = json.dumps(status)
+    if len(text) > _STATUS_LIMIT:
+        status = {key: (value[:500] if isinstance(value, str) else value) for key, value in status.items()}
+        text = json.dumps(status)[:_STATUS_LIMIT]
+    with contextlib.suppress(OSError):
+        os.write(fd, text.encode() + b"\n")
+
+
+def read_status(fd: int) -> dict[str, Any] | None:
+    """The last complete status on the pipe, once the writer has exited (non-blocking)."""
+    chunks = []
+    with contextlib.suppress(OSError):
+        os.set_blocking(fd, False)
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    for line in reversed(b"".join(chunks).splitlines()):
+        with contextlib.suppress(ValueError):
+            status = json.loads(line)
+            if isinstance(status, dict):
+                return status
+    return None
