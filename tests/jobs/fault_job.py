@@ -104,7 +104,7 @@ def inject_submit_faults(prof: TorchProfiler, args: argparse.Namespace, rank: in
     plan = {int(cycle): fault for cycle, fault in per_rank(args.inject, rank, 3)}
     real_submit = writer.submit
 
-    def submit(export, stem, steps=1, extra_files=()):
+    def submit(export, cycle, stem, steps=1, extra_files=()):
         state["cycle"] += 1
         fault = plan.get(state["cycle"])
         if fault == "sigterm-in-flush":
@@ -113,8 +113,8 @@ def inject_submit_faults(prof: TorchProfiler, args: argparse.Namespace, rank: in
             export = injected_export(fault, export, args.fill_dir)
         if fault == "fork-limit":
             with faults.ForkLimit():
-                return real_submit(export, stem, steps, extra_files)
-        return real_submit(export, stem, steps, extra_files)
+                return real_submit(export, cycle, stem, steps, extra_files)
+        return real_submit(export, cycle, stem, steps, extra_files)
 
     writer.submit = submit
 
@@ -131,12 +131,12 @@ def watch_publishers(args: argparse.Namespace, rank: int, state: dict) -> None:
             time.sleep(0.0005)
         pid = pids[0]
         os.kill(pid, signal.SIGSTOP)
-        while faults.cmdline(pid) and not any(p.name.startswith(".partial-") for p in output.iterdir()):
+        while faults.cmdline(pid) and not any(output.rglob(".partial-*")):
             os.kill(pid, signal.SIGCONT)
             time.sleep(0.001)
             os.kill(pid, signal.SIGSTOP)
             time.sleep(0.001)
-        state["killed_mid_publish"] = any(p.name.startswith(".partial-") for p in output.iterdir())
+        state["killed_mid_publish"] = any(output.rglob(".partial-*"))
         os.kill(pid, signal.SIGKILL)
 
     def freeze() -> None:

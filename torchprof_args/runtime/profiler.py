@@ -43,7 +43,13 @@ import torch
 from torchprof_args import _dist
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.log import get_logger
-from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, companion_relpath, cycle_dir_name, short_hostname, trace_stem
+from torchprof_args.naming import (
+    EXECUTION_TRACE_SUFFIX,
+    companion_relpath,
+    cycle_dir_name,
+    short_hostname,
+    trace_stem,
+)
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.config import ProfilerConfig
