@@ -88,7 +88,7 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
         assert len(errors) == len(failed), outcome.logs[rank]
         for error, (iteration, why) in zip(errors, sorted(failed.items()), strict=True):
             assert f"rank {rank}:" in error and f"iter{iteration:06d}-{iteration:06d}" in error and why in error
-        published = [name.split("_iter")[1][:6] for name in names(outcome, rank)]
+        published = sorted(t.parent.name[len("iter"):][:6] for t in outcome.traces if t.name.startswith(f"rank{rank:05d}_"))
         assert published == [f"{it:06d}" for it, why in sorted(expected.items()) if not why]
         log = "\n".join(outcome.logs[rank])
         if full_staging:

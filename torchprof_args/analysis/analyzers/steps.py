@@ -21,6 +21,9 @@ def steps(trace: Trace) -> list[dict[str, Any]]:
     Each is ``{"name", "start_us", "dur_us"}``.  Only CPU events count (no CUDA stream): GPU-side
     copies of the annotation would count a step twice.
     """
+    cached = trace._cache.get("steps")
+    if cached is not None:
+        return [dict(s) for s in cached]
     is_step = lookup(trace.names, STEP_RE.match)
     idx = np.flatnonzero(is_step[trace.name_id])
     idx = idx[trace.stream[idx] == -1]
@@ -32,4 +35,5 @@ def steps(trace: Trace) -> list[dict[str, Any]]:
             continue
         seen.add(name)
         out.append({"name": name, "start_us": float(trace.ts[i]), "dur_us": float(trace.dur[i])})
-    return out
+    trace._cache["steps"] = out
+    return [dict(s) for s in out]
