@@ -152,6 +152,14 @@ class ColumnStore:
         out["memory"] = reduce_memory(rows["device"], rows["peak_allocated"], rows["peak_reserved"], rows["samples"])
         out["n_events"] = self.n_events
         out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
+        # Each name's category (of its first event): a few hundred keys, not millions of events.
+        name_cat = np.zeros(len(names), dtype=np.int32)
+        seen: set[int] = set()
+        for name, cat in zip(tables["name_id"].tolist(), tables["cat_id"].tolist(), strict=True):
+            if name not in seen:
+                seen.add(name)
+                name_cat[name] = cat
+        out["name_cat"] = name_cat
         return out
 
 
@@ -214,6 +222,7 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any]) -> Trace:
         file_bytes=stream.file_bytes,
         uncompressed_bytes=stream.uncompressed_bytes,
         compressed=stream.compressed,
+        _cache={"name_cat": columns["name_cat"]},
     )
 
 

@@ -40,8 +40,8 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     del mask
     thread = trace.thread_id[idx]
     counts = np.bincount(thread) if len(thread) else np.zeros(0, dtype=np.int64)
-    if np.count_nonzero(counts) > 1:
-        idx = idx[np.argsort(thread, kind="stable")]
+    if np.count_nonzero(counts) > 1:  # int16 keys: numpy's stable sort is then a radix sort
+        idx = idx[np.argsort(thread.astype(np.int16) if len(counts) < (1 << 15) else thread, kind="stable")]
     del thread
     n = len(idx)
     parent = np.full(n, -1, dtype=np.int32)
@@ -97,7 +97,10 @@ def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.nd
     np.maximum(d, 0, out=d)
     d = d.astype(np.int32)
     # The parent of an event at depth k is the closest earlier event at depth k - 1.
-    by_depth = np.argsort(d, kind="stable").astype(np.int32)
+    # Depths are small: a stable sort of int16 keys is a radix sort, ~5x faster than of int32.
+    keys = d.astype(np.int16) if m and int(d.max()) < (1 << 15) else d
+    by_depth = np.argsort(keys, kind="stable").astype(np.int32)
+    del keys
     counts = np.bincount(d)
     starts = np.r_[0, np.cumsum(counts)]
     p = parent[lo:hi]
@@ -126,6 +129,9 @@ def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
     Threads are done one at a time (parents never cross threads), in pieces, so the temporaries
     are about 8 bytes per event of the busiest thread.
     """
+    cached = trace._cache.get("cpu_ops")
+    if cached is not None:
+        return cached
     tree = cpu_tree(trace)
     size = len(trace.names)
     out = {"calls": np.zeros(size, dtype=np.int64), **{k: np.zeros(size) for k in _OP_KEYS[1:]}}
@@ -135,6 +141,8 @@ def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
         _thread_cpu_times(trace, tree, int(lo), int(hi), out)
         if kernels is not None:
             _thread_device_times(trace, tree, int(lo), int(hi), kernels, out)
+    np.maximum(out["self_cpu"], 0.0, out=out["self_cpu"])  # overlapping children in a broken trace
+    trace._cache["cpu_ops"] = out
     return out
 
 
@@ -144,19 +152,20 @@ def _pieces(lo: int, hi: int) -> list[tuple[int, int]]:
 
 def _thread_cpu_times(trace: Trace, tree: dict[str, np.ndarray], lo: int, hi: int,
                       out: dict[str, np.ndarray]) -> None:
-    """Add calls, CPU total and self CPU per name of one thread's ops (``idx[lo:hi]``) to ``out``."""
+    """Add calls, CPU total and self CPU per name of one thread's ops (``idx[lo:hi]``) to ``out``.
+
+    Self CPU is torch.profiler's: an op's duration minus its children's, summed per name; the
+    children's time is summed under their parent's name, so one pass does it.
+    """
     idx, parent = tree["idx"], tree["parent"]
     size = len(trace.names)
-    child = np.zeros(hi - lo)
     for a, b in _pieces(lo, hi):
         names, dur, up = trace.name_id[idx[a:b]], trace.dur[idx[a:b]], parent[a:b]
         out["calls"] += np.bincount(names, minlength=size)
-        out["cpu_total"] += np.bincount(names, weights=dur, minlength=size)
+        total = np.bincount(names, weights=dur, minlength=size)
+        out["cpu_total"] += total
         has = up >= 0
-        child += np.bincount(up[has] - lo, weights=dur[has], minlength=hi - lo)
-    for a, b in _pieces(lo, hi):
-        names, dur = trace.name_id[idx[a:b]], trace.dur[idx[a:b]]
-        out["self_cpu"] += np.bincount(names, weights=np.maximum(dur - child[a - lo : b - lo], 0.0), minlength=size)
+        out["self_cpu"] += total - np.bincount(trace.name_id[idx[up[has]]], weights=dur[has], minlength=size)
 
 
 def _launched_kernels(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:

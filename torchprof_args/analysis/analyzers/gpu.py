@@ -145,9 +145,12 @@ def temporal_breakdown(span: float, busy: float, computation: Intervals) -> dict
     }
 
 
-def kernel_type_breakdown(merged: dict[str, Intervals]) -> dict[str, dict[str, float]]:
-    """Exclusive time per kernel class, and per combination of classes running at once."""
-    exclusive = time_per_combination({bit: merged[t] for t, bit in _TYPE_BITS.items()})
+def kernel_type_breakdown(merged: dict[str, Intervals],
+                          exclusive: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+    """Exclusive time per kernel class, and per combination of classes running at once
+    (``exclusive``: :func:`time_per_combination` of the classes' bits, when already swept)."""
+    if exclusive is None:
+        exclusive = time_per_combination({bit: merged[t] for t, bit in _TYPE_BITS.items()})
     overlapping: dict[str, float] = {}
     for mask_value, time_us in sorted(exclusive.items()):
         parts = [t for t, bit in _TYPE_BITS.items() if mask_value & bit]
@@ -197,10 +200,15 @@ def gpu_view(trace: Trace, top: int | None = 30) -> tuple[dict[str, Any] | None,
     sel = np.flatnonzero(mask)
     del mask
     span, busy, merged = _kernel_intervals(trace, sel)
+    # One sweep serves the kernel-type breakdown and the overlap (comm and comp active: with or
+    # without memory kernels).
+    exclusive = time_per_combination({bit: merged[t] for t, bit in _TYPE_BITS.items()})
+    both_bits = _TYPE_BITS[COMMUNICATION] | _TYPE_BITS[COMPUTATION]
+    both = sum(t for mask, t in exclusive.items() if mask & both_bits == both_bits)
     gpu = {
         **temporal_breakdown(span, busy, merged[COMPUTATION]),
-        **comm_comp_overlap(merged[COMMUNICATION], merged[COMPUTATION]),
-        **kernel_type_breakdown(merged),
+        **comm_comp_overlap(merged[COMMUNICATION], merged[COMPUTATION], both),
+        **kernel_type_breakdown(merged, exclusive),
         "kernels": len(sel),
         "streams": sorted(int(x) for x in np.unique(trace.stream[sel])),
         "last_step_excluded": dropped_last,

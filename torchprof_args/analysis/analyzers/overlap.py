@@ -17,15 +17,18 @@ __all__ = ["comm_comp_overlap"]
 
 
 def comm_comp_overlap(
-    communication: tuple[np.ndarray, np.ndarray], computation: tuple[np.ndarray, np.ndarray]
+    communication: tuple[np.ndarray, np.ndarray], computation: tuple[np.ndarray, np.ndarray],
+    both: float | None = None,
 ) -> dict[str, float | None]:
     """Communication time, the part of it overlapped by computation (us), and that part in %.
 
-    Arguments are unions from :func:`~.intervals.merge_intervals`.  The percentage is None when
-    there is no communication.
+    Arguments are unions from :func:`~.intervals.merge_intervals`; ``both``, when the caller has
+    it from a sweep of its own, is the time both run.  The percentage is None when there is no
+    communication.
     """
     comm_total = total(communication)
-    both = time_per_combination({1: communication, 2: computation}).get(3, 0.0)
+    if both is None:
+        both = time_per_combination({1: communication, 2: computation}).get(3, 0.0)
     return {
         "communication_us": comm_total,
         "comm_comp_overlap_us": both,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
+from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_tree
 from torchprof_args.analysis.analyzers.gpu import kernel_type
 from torchprof_args.analysis.analyzers.select import lookup, member
 from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
@@ -31,8 +31,6 @@ __all__ = ["step_ops"]
 
 #: GPU-side events that are annotations, not work.
 _GPU_ANNOTATION_CATS = ("gpu_user_annotation",)
-#: CPU events handled per piece (bounds the temporaries on multi-GB traces).
-_PIECE = 1 << 18
 
 
 def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
@@ -49,53 +47,73 @@ def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
     order = np.argsort(starts, kind="stable")
     starts = starts[order]
     ends = starts + np.array([s["dur_us"] for s in spans])[order]
-    cpu_calls, cpu_time, cat_of, launched = _cpu_in_steps(trace, starts, ends)
-    gpu_calls, gpu_time = _gpu_in_steps(trace, launched)
+    outside = _outside_steps(trace, starts, ends)
+    cpu_calls, cpu_time = _cpu_in_steps(trace, outside)
+    gpu_calls, gpu_time = _gpu_in_steps(trace, outside)
+    name_cat = trace._cache.get("name_cat")
     return {
         "steps": len(spans),
-        "cpu": _rows(trace, cpu_calls, cpu_time, top, lambda i: {"cat": trace.cats[cat_of[i]]}),
+        "cpu": _rows(trace, cpu_calls, cpu_time, top,
+                     lambda i: {"cat": trace.cats[name_cat[i]] if name_cat is not None else ""}),
         "gpu": _rows(trace, gpu_calls, gpu_time, top, lambda i: {"type": kernel_type(trace.names[i])}),
     }
 
 
-def _cpu_in_steps(trace: Trace, starts: np.ndarray,
-                  ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Calls, time and category per name of the CPU events inside a step; the correlation ids
-    they launched."""
-    idx = cpu_tree(trace)["idx"]
-    not_step = ~lookup(trace.names, STEP_RE.match)
+def _outside_steps(trace: Trace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The CPU tree's events (indices into the trace) that start outside every step.
+
+    Within a thread the tree has its events sorted by start, so each step is a range found by two
+    binary searches; usually only a few events lie outside the steps.
+    """
+    tree = cpu_tree(trace)
+    idx, bounds = tree["idx"], tree["bounds"]
+    outside = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        ts = trace.ts[idx[lo:hi]]
+        marks = np.zeros(len(ts) + 1, dtype=np.int32)
+        np.add.at(marks, np.searchsorted(ts, starts, side="left"), 1)
+        np.add.at(marks, np.searchsorted(ts, ends, side="left"), -1)
+        inside = np.cumsum(marks[:-1]) > 0
+        del ts, marks
+        outside.append(idx[lo:hi][~inside])
+    return np.concatenate(outside) if outside else np.zeros(0, dtype=np.int32)
+
+
+def _cpu_in_steps(trace: Trace, outside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Calls and time per name of the CPU events inside a step: every tree event's (from
+    :func:`cpu_ops`) less those outside the steps; ``ProfilerStep#N`` themselves left out."""
+    ops = cpu_ops(trace)
     size = len(trace.names)
-    calls = np.zeros(size, dtype=np.int64)
-    time = np.zeros(size)
-    cat_of = np.zeros(size, dtype=np.int32)
-    launched = []
-    for lo in range(0, len(idx), _PIECE):
-        piece = idx[lo : lo + _PIECE]
-        ts = trace.ts[piece]
-        j = np.searchsorted(starts, ts, side="right") - 1
-        inside = j >= 0
-        inside[inside] = ts[inside] < ends[j[inside]]
-        del ts, j
-        piece = piece[inside]
-        names = trace.name_id[piece]
-        keep = not_step[names]
-        piece, names = piece[keep], names[keep]
-        calls += np.bincount(names, minlength=size)
-        time += np.bincount(names, weights=trace.dur[piece], minlength=size)
-        cat_of[names] = trace.cat_id[piece]
-        corr = trace.corr[piece]
-        launched.append(corr[corr >= 0])
-    return calls, time, cat_of, np.concatenate(launched) if launched else np.zeros(0, dtype=np.int64)
+    names = trace.name_id[outside]
+    calls = ops["calls"] - np.bincount(names, minlength=size)
+    time = ops["cpu_total"] - np.bincount(names, weights=trace.dur[outside], minlength=size)
+    is_step = lookup(trace.names, STEP_RE.match)[:size]
+    calls[is_step] = 0
+    time[is_step] = 0.0
+    return calls, np.maximum(time, 0.0)
 
 
-def _gpu_in_steps(trace: Trace, launched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Calls and time per name of the GPU events launched from inside a step."""
+def _gpu_in_steps(trace: Trace, outside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Calls and time per name of the GPU events launched from inside a step: those whose
+    correlation id a CPU event launched, but not one outside the steps."""
     size = len(trace.names)
     on_gpu = (trace.stream >= 0) & (trace.corr >= 0)
     on_gpu &= ~lookup(trace.cats, _GPU_ANNOTATION_CATS)[trace.cat_id]
     idx = np.flatnonzero(on_gpu)
     del on_gpu
-    idx = idx[member(trace.corr[idx], launched)]
+    if len(idx) == 0:
+        return np.zeros(size, dtype=np.int64), np.zeros(size)
+    tree_idx = cpu_tree(trace)["idx"]
+    launched = trace.corr[tree_idx]
+    launched = launched[launched >= 0]
+    corr = trace.corr[idx]
+    keep = member(corr, launched)
+    del launched
+    late = trace.corr[outside]
+    late = late[late >= 0]
+    if len(late):
+        keep &= ~member(corr, late)
+    idx = idx[keep]
     names = trace.name_id[idx]
     return np.bincount(names, minlength=size), np.bincount(names, weights=trace.dur[idx], minlength=size)
 
