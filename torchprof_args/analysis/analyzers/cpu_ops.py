@@ -34,13 +34,13 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     cached = trace._cache.get("cpu_tree")
     if cached is not None:
         return cached
-    mask = lookup(trace.cats, CPU_OP_CATS)[trace.cat_id]
-    mask &= trace.stream == -1
-    idx = np.flatnonzero(mask).astype(np.int32)
-    del mask
+    idx = _cpu_events(trace)
     thread = trace.thread_id[idx]
     counts = np.bincount(thread) if len(thread) else np.zeros(0, dtype=np.int64)
-    if np.count_nonzero(counts) > 1:  # int16 keys: numpy's stable sort is then a radix sort
+    present = np.flatnonzero(counts)
+    if 1 < len(present) <= 16:  # a stable partition, one thread at a time (less memory than a sort)
+        idx = np.concatenate([idx[thread == t] for t in present])
+    elif len(present) > 1:  # int16 keys: numpy's stable sort is then a radix sort
         idx = idx[np.argsort(thread.astype(np.int16) if len(counts) < (1 << 15) else thread, kind="stable")]
     del thread
     n = len(idx)
@@ -52,6 +52,19 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     tree = {"idx": idx, "parent": parent, "depth": depth, "bounds": bounds}
     trace._cache["cpu_tree"] = tree
     return tree
+
+
+def _cpu_events(trace: Trace) -> np.ndarray:
+    """Indices (int32, file order) of the events of the operator tree, found in pieces so no
+    int64 index array of the whole trace is ever built."""
+    wanted = lookup(trace.cats, CPU_OP_CATS)
+    pieces = []
+    for lo in range(0, len(trace.cat_id), _PIECE * 4):
+        hi = lo + _PIECE * 4
+        mask = wanted[trace.cat_id[lo:hi]]
+        mask &= trace.stream[lo:hi] == -1
+        pieces.append((np.flatnonzero(mask) + lo).astype(np.int32))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
 
 
 def _fix_ties(trace: Trace, sel: np.ndarray, ts: np.ndarray, order: np.ndarray) -> None:
