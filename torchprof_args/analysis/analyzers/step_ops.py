@@ -17,6 +17,7 @@ comes with them, so two traces with different numbers of steps compare per step.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -59,23 +60,40 @@ def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
     }
 
 
+class _StartsOf:
+    """``trace.ts[idx[lo + k]]`` as a sequence, for :mod:`bisect` (no array of the thread's starts)."""
+
+    def __init__(self, trace: Trace, idx: np.ndarray, lo: int, hi: int) -> None:
+        self.ts, self.idx, self.lo, self.n = trace.ts, idx, lo, hi - lo
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> float:
+        return float(self.ts[self.idx[self.lo + k]])
+
+
 def _outside_steps(trace: Trace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The CPU tree's events (indices into the trace) that start outside every step.
 
-    Within a thread the tree has its events sorted by start, so each step is a range found by two
-    binary searches; usually only a few events lie outside the steps.
+    Within a thread the tree has its events sorted by start, so each step is a range of them,
+    found by two binary searches; the events outside are the gaps between those ranges (usually
+    few), taken without any temporary the size of the thread.
     """
     tree = cpu_tree(trace)
     idx, bounds = tree["idx"], tree["bounds"]
     outside = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        ts = trace.ts[idx[lo:hi]]
-        marks = np.zeros(len(ts) + 1, dtype=np.int32)
-        np.add.at(marks, np.searchsorted(ts, starts, side="left"), 1)
-        np.add.at(marks, np.searchsorted(ts, ends, side="left"), -1)
-        inside = np.cumsum(marks[:-1]) > 0
-        del ts, marks
-        outside.append(idx[lo:hi][~inside])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        view = _StartsOf(trace, idx, lo, hi)
+        ranges = sorted((bisect.bisect_left(view, a), bisect.bisect_left(view, b))
+                        for a, b in zip(starts.tolist(), ends.tolist(), strict=True))
+        position = 0
+        for a, b in ranges:
+            if a > position:
+                outside.append(idx[lo + position : lo + a])
+            position = max(position, b)
+        if position < hi - lo:
+            outside.append(idx[lo + position : hi])
     return np.concatenate(outside) if outside else np.zeros(0, dtype=np.int32)
 
 
@@ -103,9 +121,7 @@ def _gpu_in_steps(trace: Trace, outside: np.ndarray) -> tuple[np.ndarray, np.nda
     del on_gpu
     if len(idx) == 0:
         return np.zeros(size, dtype=np.int64), np.zeros(size)
-    tree_idx = cpu_tree(trace)["idx"]
-    launched = trace.corr[tree_idx]
-    launched = launched[launched >= 0]
+    launched = _launch_ids(trace)
     corr = trace.corr[idx]
     keep = member(corr, launched)
     del launched
@@ -116,6 +132,15 @@ def _gpu_in_steps(trace: Trace, outside: np.ndarray) -> tuple[np.ndarray, np.nda
     idx = idx[keep]
     names = trace.name_id[idx]
     return np.bincount(names, minlength=size), np.bincount(names, weights=trace.dur[idx], minlength=size)
+
+
+def _launch_ids(trace: Trace) -> np.ndarray:
+    """Correlation ids of the CPU events (runtime calls) that launched something."""
+    pieces = []
+    for lo in range(0, len(trace.corr), 1 << 20):
+        corr = trace.corr[lo : lo + (1 << 20)]
+        pieces.append(corr[(corr >= 0) & (trace.stream[lo : lo + (1 << 20)] == -1)])
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
 def _rows(trace: Trace, calls: np.ndarray, time: np.ndarray, top: int | None, extra: Any) -> list[dict[str, Any]]:
