@@ -277,13 +277,14 @@ class TraceStream:
         return None
 
     def _find_array_end(self, buf: bytes) -> tuple[Any, bytes] | None:
-        # The array ends near the end of the file: look in its last MiB first (scanning a whole
-        # small trace with the regex cost more than decoding it), then everywhere.
-        start = max(len(buf) - _TAIL_WINDOW, 0)
-        if start:
-            found = self._array_end_from(buf, start)
-            if found is not None:
-                return found
+        # The array ends near the end of the file: look in its last 64 KiB, then MiB first
+        # (scanning a whole small trace with the regex cost more than decoding it), then everywhere.
+        for window in (_TAIL_WINDOW >> 4, _TAIL_WINDOW):
+            start = max(len(buf) - window, 0)
+            if start:
+                found = self._array_end_from(buf, start)
+                if found is not None:
+                    return found
         return self._array_end_from(buf, 0)
 
     def _array_end_from(self, buf: bytes, start: int) -> tuple[Any, bytes] | None:
