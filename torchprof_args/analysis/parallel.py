@@ -225,7 +225,7 @@ class Worker:
 
 def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
               store: ColumnStore) -> None:
-    """Decode every task, here or in a worker (each kept at most two tasks ahead).
+    """Decode every task, here or in a worker (each kept at most a few tasks ahead).
 
     Parts are added to ``store`` in file order (a part that arrives early waits for the ones
     before it), so interned tables come out in order of first appearance.
@@ -255,7 +255,7 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
             while child.outstanding and take(child, False):
                 pass
         idle = min(children, key=lambda c: c.outstanding, default=None)
-        if idle is not None and idle.outstanding < 2:
+        if idle is not None and idle.outstanding < (_AHEAD if offset >= 0 else _AHEAD_STREAMED):
             sizes[index] = length
             idle.submit(index, offset, length, text)
             continue
@@ -270,6 +270,13 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
         while child.outstanding:
             take(child, True)
     flush()
+
+
+#: tasks a worker may hold ahead of the main process: too few leave it idle while the main process
+#: decodes; streamed texts (gzip) cost memory while queued, but there the main process also
+#: decompresses and cuts, so the worker must take more than half of the decoding.
+_AHEAD = 2
+_AHEAD_STREAMED = 4
 
 
 # -- when to use workers ---------------------------------------------------------------------
