@@ -166,9 +166,13 @@ def register(subparsers: Any) -> None:
     reading.add_argument("--reparse", action="store_true",
                          help="parse every trace even where a matching summary sidecar exists")
     summary_command.register(subparsers, [common, reading], _INPUTS_HELP)
+    _register_report_and_diff(subparsers, [common, reading])
+    _register_tools(subparsers, common)
 
+
+def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "report", parents=[common, reading], help="self-contained HTML report of many ranks' traces",
+        "report", parents=parents, help="self-contained HTML report of many ranks' traces",
         description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over ranks, "
         "a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the straggler table, "
         "kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
@@ -180,7 +184,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=guard(_report, "report"))
 
     p = subparsers.add_parser(
-        "diff", parents=[common, reading], help="compare two traces, cycles or runs: what changed and what it costs",
+        "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
         description="Step time, GPU idle/compute/overlap and kernel time per class side by side with deltas; "
         "operators and kernels added, removed or changed in calls or time per rank and step, sorted by the time "
         "they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder or a run folder.",
@@ -192,6 +196,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=positive, default=None, help="processes that parse traces (default: the CPUs)")
     p.set_defaults(func=guard(_diff, "diff"))
 
+
+def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
         "split", parents=[common], help="cut huge traces into standalone traces of at most N MB",
         description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the metadata.",
