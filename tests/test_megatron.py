@@ -134,4 +134,6 @@ def test_readme_example_gpt_tensor_parallel_profiled_and_resumed(tmp_path):
         for tag in accumulator.Tags()["scalars"]:
             scalars.setdefault(tag, []).extend(e.step for e in accumulator.Scalars(tag))
     assert sorted(scalars["timers/torch-profile-flush-time"]) == [4, 8]
+    # the slowest rank of each timer write, through the fixed-size gather under megatron-core's parallel state
+    assert sorted(scalars["timers/torch-profile-flush-time-max-rank"]) == [4, 8]
     assert sorted(scalars["lm loss"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9]  # the model trained and resumed

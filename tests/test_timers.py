@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -307,6 +308,30 @@ def test_fixed_size_gather_on_two_ranks_agrees_once_and_names_the_straggler(tmp_
         assert all(w.startswith("straggler: rank 1 forward-backward took") for w in entry["warnings"])
     assert "WARNING torchprof_args.metrics.stragglers: straggler: rank 1 forward-backward" in result.stderr
     assert "[torchprof rank 1] WARNING torchprof_args.metrics.stragglers" not in result.stderr  # rank 0 only
+
+
+def test_gather_carries_megatron_parallel_coordinates(tmp_path: Path) -> None:
+    """With megatron-core's parallel state up, the one-time agreement carries each rank's
+    coordinates (the straggler warning names them); without it, none."""
+    pytest.importorskip("megatron.core")
+    script = f"""
+import json, torch.distributed as dist
+from torchprof_args import Timers
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+timers = Timers(0, "minmax")
+timers("fwd", log_level=0).start(); timers("fwd").stop()
+before = timers.gather(["fwd"]).coordinates
+from megatron.core import parallel_state
+parallel_state.initialize_model_parallel(1, 1)
+timers("fwd").start(); timers("fwd").stop()
+print(json.dumps([before, timers.gather(["fwd"]).coordinates]))
+parallel_state.destroy_model_parallel(); dist.destroy_process_group()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before == [None] and after == [{"dp": 0, "tp": 0, "pp": 0, "cp": 0, "ep": 0}]
 
 
 def test_straggler_figures_and_warning_on_one_process() -> None:

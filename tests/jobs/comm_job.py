@@ -6,10 +6,11 @@ Every iteration runs, in this order: an all-reduce of 256 floats, **the chosen a
 
 * ``--slow-rank R --slow-iteration I --slow-seconds S``: rank R sleeps S seconds right before the
   chosen all-reduce of iteration I (the others wait for it inside that collective).
-* ``--skip-rank R --skip-iteration I``: rank R skips the chosen all-reduce of iteration I and
-  goes on to the profiler's step (the others wait in it until ``--pg-timeout``): a hang.
+* ``--skip-rank R --skip-iteration I``: rank R leaves iteration I before the chosen all-reduce
+  (a ``continue`` in the wrong place) and goes on to the profiler's step, while the others wait in
+  that all-reduce until ``--pg-timeout``: a hang.
 
-Each rank writes ``--result-dir/rank<R>.json`` with how it ended.
+Each rank writes ``--result-dir/rank<R>.pid`` when it starts and ``rank<R>.json`` with how it ended.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> int:
     args = parser.parse_args()  # before the process group: --torch-profile-flight-recorder acts here
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
+    with open(os.path.join(args.result_dir, f"rank{rank}.pid"), "w") as handle:
+        handle.write(str(os.getpid()))
     small, chosen, gathered = torch.ones(256), torch.ones(4096), [torch.zeros(64) for _ in range(2)]
     outcome: dict = {"rank": rank, "pid": os.getpid()}
     try:
@@ -51,8 +54,8 @@ def main() -> int:
                     time.sleep(args.slow_seconds)
                 if not (rank == args.skip_rank and iteration == args.skip_iteration):
                     dist.all_reduce(chosen)
-                dist.broadcast(small, 0)
-                dist.all_gather(gathered, torch.full((64,), float(rank)))
+                    dist.broadcast(small, 0)
+                    dist.all_gather(gathered, torch.full((64,), float(rank)))
                 prof.step(iteration)
         outcome["ended"] = "done"
     except BaseException as err:  # noqa: BLE001 - the test reads how each rank ended

@@ -38,6 +38,8 @@ class Fence:
         self.timeout = timeout
         self.rank = rank
         self.group: Any = None
+        #: Called with a reason when the barrier fails (the flight recorder dumps then).
+        self.on_failure: Any = None
 
     def open(self, world_size: int) -> None:
         """Collective: create the gloo group (when several ranks share a process group)."""
@@ -63,4 +65,6 @@ class Fence:
         except Exception as err:  # noqa: BLE001 - profiling must never stop training
             logger.error("rank %d: %s barrier at iteration %d failed (%s); training continues. Raise "
                          "--torch-profile-flush-timeout if exports take longer.", self.rank, what, iteration, err)
+            if self.on_failure is not None:
+                self.on_failure(f"the {what} barrier at iteration {iteration} failed: {str(err)[:200]}")
             return False

@@ -47,6 +47,7 @@ from torchprof_args.runtime.config import ProfilerConfig
 from torchprof_args.runtime.export.staging import choose_staging_dir
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.flight_recorder import FlightRecorder
 from torchprof_args.runtime.memory import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
@@ -92,6 +93,10 @@ class TorchProfiler:
         self._ranks = config.trace.ranks
         self._fence = Fence(config.export.flush_timeout, self.rank)
         self._sigterm = SigtermGuard(self.rank)
+        self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank)
+        if self._flight_recorder is not None:  # hang forensics: dump when the fence fails or on SIGTERM
+            self._fence.on_failure = self._flight_recorder.dump
+            self._sigterm.on_signal = lambda: self._flight_recorder.dump("SIGTERM received")
         self._recorder = Recorder(config.trace, self._submit, rank=self.rank)
         self._memory_given, self._nsys_given = memory, nsys
         self._memory: MemorySnapshotter | None = None
@@ -128,6 +133,8 @@ class TorchProfiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._flight_recorder is not None and exc_type is not None:  # e.g. a collective that timed out
+            self._flight_recorder.dump(f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}")
         if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
             self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
         self.stop(clean=exc_type is None)
@@ -140,11 +147,15 @@ class TorchProfiler:
         training, what cannot work here (memory snapshots or nsys without CUDA).
         """
         if not self.enabled or self._started:
+            if self._flight_recorder is not None:
+                self._flight_recorder.arm()
             return
         self._started = True
         self._build_components()
         first = self._first_iteration
         self._sigterm.install()
+        if self._flight_recorder is not None:  # after the guard, which must not wrap the recorder's handler
+            self._flight_recorder.arm()
         if self._memory is not None:
             self._memory.start()
         if self._nsys is not None:
@@ -184,6 +195,8 @@ class TorchProfiler:
         ``clean`` is False when leaving on an exception: ranks are then not in step, so there is
         no barrier and a partly recorded window is dropped.
         """
+        if self._flight_recorder is not None:
+            self._flight_recorder.disarm()
         if not self._started:
             return
         self._started = False

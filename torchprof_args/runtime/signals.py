@@ -20,18 +20,22 @@ logger = get_logger(__name__)
 class SigtermGuard:
     """Installs the handler on :meth:`install` (main thread only); :meth:`restore` puts the old one back."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, on_signal: Any = None) -> None:
         self.rank = rank
         self._previous: Any = None
+        #: Called first in the handler (the flight recorder dumps there).
+        self.on_signal = on_signal
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGTERM)
         self._previous = previous
-        rank = self.rank
+        rank, on_signal = self.rank, self.on_signal
 
         def on_sigterm(signum: int, frame: Any) -> None:
+            if on_signal is not None:
+                on_signal()
             logger.warning("rank %d: SIGTERM received; finishing pending traces before exit", rank)
             if callable(previous):
                 previous(signum, frame)  # the application's own handler decides how to exit
