@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA, REPO, rank_results, run_torchrun
+from conftest import DATA, rank_results
+from readme_examples import run_readme_example
 
 from torchprof_args.analysis.analyzers.collective_match import (
     MATCH_KIND_ORDER,
@@ -135,18 +136,17 @@ def test_unknown_cycle_and_missing_input_are_one_line_errors(tmp_path: Path, cap
 
 
 @pytest.mark.slow
-def test_two_rank_gloo_job_names_the_late_rank_and_the_collective(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """Rank 1 sleeps 0.4 s before the 4096-float all-reduce of iteration 3 (a real torchrun job)."""
-    prof = tmp_path / "prof"
-    result = run_torchrun(REPO / "tests" / "jobs" / "comm_job.py", "--result-dir", str(tmp_path), "--iters", "5",
-                          "--slow-rank", "1", "--slow-iteration", "3", "--slow-seconds", "0.4",
-                          "--torch-profile", "--torch-profile-ranks", "all", "--torch-profile-record-shapes",
-                          "--torch-profile-skip-first", "0", "--torch-profile-active", "3",
-                          "--torch-profile-dir", str(prof), timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_readme_example_two_rank_gloo_job_names_the_late_rank_and_the_collective(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's example, verbatim: rank 1 sleeps 0.4 s before the 4096-float all-reduce of
+    iteration 3 of a real 2-rank torchrun job."""
+    proc = run_readme_example("collectives", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {r["ended"] for r in rank_results(tmp_path).values()} == {"done"}
-    assert torchprof(["collectives", str(prof), "--json", "--no-progress"]) == 0
+    line = next(x for x in proc.stdout.splitlines() if "ProfilerStep#3" in x and "all_reduce #1" in x)
+    assert re.search(r"16\.0 KiB +0\.4\d\d s +1 ", line), line  # size, skew, then the last rank: 1
+    assert proc.stdout.index("Ranks by the waiting they caused") < proc.stdout.index("worst arrival skew")
+    assert torchprof(["collectives", str(tmp_path / "prof"), "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["source"].startswith("gloo collectives on the CPU") and report["matched_by"] == MATCH_KIND_ORDER
     assert report["cycle"] == "iterations 2-4" and report["ranks"] == [0, 1]
@@ -157,7 +157,3 @@ def test_two_rank_gloo_job_names_the_late_rank_and_the_collective(tmp_path: Path
     assert report["ranks_by_wait_caused"][0]["rank"] == 1
     assert report["ranks_by_wait_caused"][0]["wait_caused_pct"] > 90
     assert len(report["instances"]) == 12 and all(i["ranks"] == 2 for i in report["instances"])  # 4 per step
-    assert torchprof(["collectives", str(prof), "--no-progress"]) == 0
-    text = capsys.readouterr().out
-    line = next(x for x in text.splitlines() if "ProfilerStep#3" in x and "all_reduce #1" in x)
-    assert re.search(r"16\.0 KiB +0\.4\d\d s +1 ", line), line  # size, skew, then the last rank: 1

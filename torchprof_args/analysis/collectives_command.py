@@ -115,7 +115,7 @@ def _what(inst: dict[str, Any]) -> str:
 def _header(report: dict[str, Any]) -> list[str]:
     ranks, world = report["ranks"], report["world_size"]
     groups = report["process_groups"]
-    lines = [f"torchprof collectives: {len(ranks)} ranks" + (f" of {world}" if world else "")
+    lines = [f"torchprof collectives: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}" + (f" of {world}" if world else "")
              + f", {report['collective_count']} collectives"
              + (f" in {len(groups)} process group{'s' if len(groups) != 1 else ''}" if groups else "")
              + (f", {report['cycle']}" if report.get("cycle") else "")]

@@ -228,7 +228,9 @@ def _findings(db: Any, dumps: dict[int, dict[str, Any]]) -> list[dict[str, Any]]
         absent = {}
         for rank in missing + sorted(mismatched):
             dump = dumps.get(rank)
+            in_group = _in_group(dump, pg) if dump else []
             absent[rank] = {
+                "last_in_group": _entry_view(in_group[-1]) if in_group else None,
                 "last_completed_in_group": _entry_view(_last_completed(dump, pg)) if dump else None,
                 "last_recorded": _entry_view(dump["entries"][-1]) if dump and dump["entries"] else None,
                 "mismatch": mismatched.get(rank), "dumped": dump is not None}

@@ -4,8 +4,8 @@
     torchprof hang prof/flight_recorder --json
 
 The answer comes first (per process group: the collective some ranks never joined, who issued
-it, each missing rank's last completed collective and last recorded one, with the Python stacks
-the recorder kept), then each group's last enqueued/completed collective per rank, why each rank
+it, each missing rank's last collective in that group (and the last its recorder saw complete)
+and its last one anywhere, with the Python stacks the recorder kept), then each group's last enqueued/completed collective per rank, why each rank
 dumped, and PyTorch's own analyzer output (``torch.distributed.flight_recorder``), which did the
 matching (:mod:`torchprof_args.analysis.hang`).
 """
@@ -54,12 +54,14 @@ def _finding_lines(finding: dict[str, Any]) -> list[str]:
         if not about["dumped"]:
             lines.append(f"  rank {rank}: no dump (it may have died or been killed before it could dump)")
             continue
-        last = about["last_completed_in_group"]
-        lines.append(f"  rank {rank}: last completed collective in the group: {_collective(last)}")
+        last, completed = about["last_in_group"], about["last_completed_in_group"]
+        done = ("completed" if completed and last and completed["seq"] == last["seq"] else
+                f"its recorder's last completed: #{completed['seq']}" if completed else "none completed")
+        lines.append(f"  rank {rank}: last collective it issued in the group: {_collective(last)}; {done}")
         lines += [f"      {frame}" for frame in (last or {}).get("frames", [])[:4]]
         recorded = about["last_recorded"]
         if recorded != last:
-            lines.append(f"  rank {rank}: last recorded collective: {_collective(recorded)} in process group "
+            lines.append(f"  rank {rank}: last collective it issued anywhere: {_collective(recorded)} in process group "
                          f"{recorded['pg'] if recorded else '-'}, state {recorded['state'] if recorded else '-'}")
             lines += [f"      {frame}" for frame in (recorded or {}).get("frames", [])[:4]]
     if finding["frames"]:

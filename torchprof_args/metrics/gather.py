@@ -108,6 +108,7 @@ class RankGather:
         self._capacity = 0
         self._next_id = 0
         self._mine: OrderedDict[int, Agreement] = OrderedDict()
+        self._single: dict[Request, Agreement] = {}  # one process: nothing to agree on
         #: Collectives issued so far (the benchmark and the tests read it).
         self.collectives = 0
 
@@ -119,7 +120,12 @@ class RankGather:
         dist = _dist.dist_if_initialized()
         world = dist.get_world_size(self.group) if dist is not None else 1
         if dist is None or world == 1:
-            agreement = Agreement(0, request.names, request.figures, (_dist.rank(),), (_megatron_coordinates(),))
+            coordinates = _megatron_coordinates()
+            agreement = self._single.get(request)
+            if agreement is None or agreement.coordinates[0] != coordinates:
+                agreement = Agreement(0, request.names, request.figures, (_dist.rank(),), (coordinates,))
+                if len(self._single) < MAX_AGREEMENTS:
+                    self._single[request] = agreement
             return agreement, [self._values(agreement, times, figures)]
         fingerprint = request.fingerprint()
         if self._next_id:

@@ -279,6 +279,7 @@ class FlightRecorder:
         """Write this rank's dump(s) through PyTorch's own dump call; never raises.  The first
         dump of the process wins: a later call from another thread waits (at most ``wait`` s) for
         it to be written, so a process about to exit does not cut it short, and only logs."""
+        reason = " ".join(reason.split())  # one line, in the log and in dump_info
         with self._lock:
             first = self.dumped is None
             if first:
@@ -325,7 +326,7 @@ class FlightRecorder:
             write_bytes_atomically(path, data)
             written.append(path)
         write_json_atomically(self.directory / flight_recorder_info_name(self.rank), {
-            "rank": self.rank, "host": short_hostname(), "pid": os.getpid(), "reason": " ".join(reason.split()),
+            "rank": self.rank, "host": short_hostname(), "pid": os.getpid(), "reason": reason,
             "time": time.time(), "files": [p.name for p in written], "process_groups": _process_groups(),
             "world_size": _dist.world_size()}, indent=1)
         if written:

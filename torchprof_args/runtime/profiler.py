@@ -133,7 +133,8 @@ class TorchProfiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._flight_recorder is not None and exc_type is not None:  # e.g. a collective that timed out
+        if self._flight_recorder is not None and exc_type is not None and not (  # e.g. a collective timed out
+                isinstance(exc, SystemExit) and exc.code in (0, None)):  # not a clean sys.exit()
             self._flight_recorder.dump(f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}")
         if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
             self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
