@@ -21,6 +21,7 @@ EXTRAS["dev"] = EXTRAS["all"] + [
     "HolisticTraceAnalysis>=0.2",
     "psutil>=5.9",
     "Pillow>=9",
+    "regex",  # imported by Megatron-LM's megatron.training (tests run its real source when present)
 ]
 
 setup(

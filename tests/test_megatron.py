@@ -1,22 +1,24 @@
-"""Megatron integration: flags as extra_args_provider, rank selection by parallel coordinates,
-install()/uninstall() on Megatron-LM's training module, and a real megatron-core GPTModel with
-tensor parallelism 2 on 2 gloo ranks, profiled through install() and resumed from a checkpoint.
-
-Megatron-LM's ``megatron.training`` cannot be installed here; tests/megatron_lm_standin holds a
-minimal stand-in with its module layout.  Everything else (megatron-core, torch.profiler, ranks)
-is real."""
+"""Megatron integration: flags as extra_args_provider, rank selection by parallel coordinates, and
+Megatron-LM's real code (megatron.training at core_v0.16.1 and core_v0.19.0, tests/megatron_lm.py):
+install()/uninstall() on its training module, its parser with our provider, the refusals at parse
+time, and its real pretrain() of a tiny GPT on 2 gloo CPU ranks (tensor parallel 2), profiled
+through install() via the README's example: exit-interval inside an open window, resume, global
+iterations in ProfilerStep#, the flush timer on TensorBoard.  Without a Megatron-LM tree those
+tests skip with the reason."""
 
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, subprocess_env
+from megatron_lm import CPU_FLAGS, pythonpath, takes_config_container, tree_params
 from readme_examples import run_readme_example
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
@@ -24,34 +26,6 @@ from torchprof_args import megatron as tpm
 from torchprof_args.config import configs_from_args
 from torchprof_args.runtime import ranks as traced
 from torchprof_args.runtime.config import parallel_selector
-
-STANDIN = REPO / "tests" / "megatron_lm_standin"
-
-
-@pytest.fixture
-def megatron_lm(monkeypatch):
-    """Megatron-LM's training package (the stand-in) importable; unpatched afterwards."""
-    monkeypatch.syspath_prepend(str(STANDIN))
-    for name in [m for m in sys.modules if m.startswith("megatron.training")]:
-        monkeypatch.delitem(sys.modules, name)
-    import megatron.training.training as training
-
-    yield training
-    tpm.uninstall()
-
-
-def test_extra_args_provider_composes_and_reuses_megatron_flags(megatron_lm, monkeypatch):
-    from megatron.training.arguments import parse_and_validate_args
-
-    def mine(parser):
-        parser.add_argument("--my-flag", type=int, default=3)  # returns None: allowed
-
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", "--tensorboard-dir", "tb", "--log-interval", "7",
-                                      "--torch-profile", "--torch-profile-parallel-ranks", "dp=0", "tp=0-1",
-                                      "--my-flag", "5"])
-    args = parse_and_validate_args(extra_args_provider=tpm.compose_args_providers(mine, tpm.extra_args_provider))
-    assert args.my_flag == 5 and args.tensorboard_dir == "tb" and args.log_interval == 7
-    assert args.torch_profile and args.torch_profile_parallel_ranks == [("dp", (0,)), ("tp", (0, 1))]
 
 
 def test_megatron_pytorch_profiler_is_refused():
@@ -84,17 +58,6 @@ def test_parallel_ranks_without_parallel_state_are_data_parallel(tmp_path, monke
     assert traced.traced_ranks(configs_from_args(args).profiler.trace) == (0,)
 
 
-def test_install_is_idempotent_and_reversible(megatron_lm):
-    original_train, original_log = megatron_lm.train, megatron_lm.training_log
-    tpm.install()
-    patched = megatron_lm.train
-    tpm.install()
-    assert megatron_lm.train is patched is not original_train and tpm.installed()
-    tpm.uninstall()
-    assert megatron_lm.train is original_train and megatron_lm.training_log is original_log
-    assert not tpm.installed()
-
-
 def test_install_fails_clearly_without_megatron_lm_or_with_an_unknown_layout(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.training.training", None)  # import raises ImportError
     with pytest.raises(tpm.MegatronIntegrationError, match="needs Megatron-LM"):
@@ -107,33 +70,119 @@ def test_install_fails_clearly_without_megatron_lm_or_with_an_unknown_layout(mon
         tpm.install()
 
 
+def test_train_without_the_args_provider_fails_clearly():
+    training = types.SimpleNamespace(get_args=lambda: argparse.Namespace(iteration=0), get_timers=lambda: None)
+    with pytest.raises(tpm.MegatronIntegrationError, match="extra_args_provider=torchprof_args.megatron"):
+        tpm._hook_for(training)
+
+
 def _profiler_steps(path: Path) -> list[int]:
     with gzip.open(path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
     return sorted({int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")})
 
 
-def test_readme_example_gpt_tensor_parallel_profiled_and_resumed(tmp_path):
-    proc = run_readme_example("megatron", tmp_path, pythonpath=[STANDIN])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    traces = sorted((tmp_path / "tb").glob("*.pt.trace.json.gz"))
-    names = sorted(p.name.split("_")[0] + "_" + p.name.split("_iter")[1] for p in traces)
-    assert names == ["rank00000_000003-000004.pt.trace.json.gz", "rank00001_000003-000004.pt.trace.json.gz",
-                     "rank00001_000008-000008.pt.trace.json.gz"], names
-    for trace in traces:
-        expected = [8] if "iter000008" in trace.name else [3, 4]
-        assert _profiler_steps(trace)[: len(expected)] == expected
-    assert not list((tmp_path / "tb").glob(".partial-*"))
-
+def _tensorboard_scalars(directory: Path) -> dict[str, list[int]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     scalars: dict[str, list[int]] = {}
-    for events in (tmp_path / "tb").glob("events.out.tfevents.*"):
+    for events in directory.glob("events.out.tfevents.*"):
         accumulator = EventAccumulator(str(events))
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
             scalars.setdefault(tag, []).extend(e.step for e in accumulator.Scalars(tag))
-    assert sorted(scalars["timers/torch-profile-flush-time"]) == [4, 8]
-    # the slowest rank of each timer write, through the fixed-size gather under megatron-core's parallel state
-    assert sorted(scalars["timers/torch-profile-flush-time-max-rank"]) == [4, 8]
-    assert sorted(scalars["lm loss"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9]  # the model trained and resumed
+    return scalars
+
+
+@pytest.mark.parametrize("tree", tree_params())
+def test_megatron_lm_install_parser_and_refusals_at_parse_time(tree, tmp_path):
+    """Real megatron.training: install()/uninstall(), its parser with composed providers, and
+    conflicting or bad flags refused when Megatron parses them, before anything is built."""
+    result_path = tmp_path / "result.json"
+    env = subprocess_env()
+    env["PYTHONPATH"] = ":".join([*map(str, pythonpath(tree)), env["PYTHONPATH"]])
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "jobs" / "megatron_lm_checks.py"), str(result_path),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.loads(result_path.read_text())
+    # pretrain(cfg_container, ...) from core_v0.18.0; pretrain(..., extra_args_provider=...) before.
+    assert result["config_container"] is takes_config_container(tree)
+    assert result["install"] == {"patched": ["train", "training_log", "checkpoint_and_decide_exit"],
+                                 "idempotent": True, "installed": True, "restored": True,
+                                 "installed_after_uninstall": False}
+    parse = result["parse"]  # Megatron's own flags are reused, ours and the user's added
+    assert parse["my_flag"] == 5 and parse["log_interval"] == 7 and parse["timing_log_level"] == 2
+    assert parse["tensorboard_dir"] == str(tmp_path / "tb") and parse["num_layers"] == 2
+    assert parse["torch_profile"] and parse["parallel_ranks"] == [["dp", [0]], ["tp", [0, 1]]]
+    for case, message in [("conflict", "--torch-profile cannot run together with Megatron's --profile "
+                                       "--use-pytorch-profiler"),
+                          ("bad_rank", "--torch-profile-ranks 5 outside the world size 2")]:
+        outcome = result[case]
+        assert outcome["exit_code"] == 2, outcome
+        assert len(outcome["errors"]) == 1 and message in outcome["errors"][0], outcome
+        # refused while Megatron parsed: no process group, model or data was built
+        assert outcome["built"] == [] and not outcome["distributed"], outcome
+
+
+@pytest.mark.parametrize("tree", tree_params())
+def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree, tmp_path):
+    """Megatron-LM's real pretrain() of a tiny GPT, TP 2 on 2 gloo CPU ranks, profiled by install():
+    --exit-interval 5 inside the window 4-6 flushes 4-5 at exit (timed and written); the resumed
+    run (launch.sh) traces global iteration 8 on both ranks."""
+    proc = run_readme_example("megatron", tmp_path, pythonpath=pythonpath(tree), timeout=600,
+                              MEGATRON_LM=str(tree), CPU_FLAGS=CPU_FLAGS)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    tb = tmp_path / "tb"
+    traces = sorted(tb.glob("*.pt.trace.json.gz"))
+    windows = sorted(p.name.split("_")[0] + "_" + p.name.split("_iter")[1] for p in traces)
+    assert windows == ["rank00000_000004-000005.pt.trace.json.gz", "rank00000_000008-000008.pt.trace.json.gz",
+                       "rank00001_000004-000005.pt.trace.json.gz", "rank00001_000008-000008.pt.trace.json.gz"], windows
+    for trace in traces:
+        # The exit window: steps 4 and 5, then torch.profiler's open ProfilerStep#6 holds the rest of
+        # iteration 5's loop body after training_log (the checkpoint save and the exit decision).
+        assert _profiler_steps(trace) == ([8] if "iter000008" in trace.name else [4, 5, 6]), trace.name
+    assert not list(tb.glob(".partial-*"))
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
+
+    scalars = _tensorboard_scalars(tb)
+    # Megatron's Timers.write: "<timer>-time"; the exit flush (5) like the scheduled one (8)
+    assert sorted(scalars["torch-profile-flush-time"]) == [5, 8]
+    assert sorted(scalars["lm loss"]) == [1, 2, 3, 4, 5, 6, 7, 8]  # exited at 5, resumed to 8
+
+
+class _ScalarLog:
+    """A writer with TensorBoard's ``add_scalar``; records what is written and whether it was flushed."""
+
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, int]] = []
+        self.flushed = 0
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        assert value >= 0
+        self.scalars.append((tag, step))
+
+    def flush(self) -> None:
+        self.flushed += 1
+
+
+def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_path):
+    """Without Megatron-LM: TrainingHook (the hook install() builds) with Megatron-compatible timers;
+    an early exit at 5 inside the window 4-6 is flushed, timed and written."""
+    from torchprof_args import Timers
+
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path), "--no-torch-profile-summary",
+                              "--torch-profile-step-start", "4", "--torch-profile-step-end", "7"])
+    writer = _ScalarLog()
+    hook = tpm.TrainingHook(args, timers=Timers(0, "max"), writers=[writer, None])
+    with hook:
+        for iteration in range(1, 6):
+            hook.step(iteration)
+        assert hook.prof.window_open
+        hook.flush_at_exit()  # what the checkpoint_and_decide_exit wrapper does when Megatron exits at 5
+        assert not hook.prof.window_open
+        hook.step(6)  # nothing more is recorded after the exit flush
+    assert [Path(t).name.split("_iter")[1] for t in hook.prof.published_traces] == ["000004-000005.pt.trace.json.gz"]
+    assert _profiler_steps(Path(hook.prof.published_traces[0]))[:2] == [4, 5]
+    assert writer.scalars == [("timers/torch-profile-flush-time", 5)] and writer.flushed == 1
+    assert not list(tmp_path.glob(".partial-*"))

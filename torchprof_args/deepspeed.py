@@ -8,7 +8,11 @@
 :func:`attach` wraps ``engine.step`` on this engine object only (DeepSpeed's source and class are
 untouched): the profiler steps once per *optimizer* step, i.e. when ``engine.step()`` ran on a
 gradient-accumulation boundary, with the 1-based global step ``engine.global_steps``; micro-steps
-inside an accumulation window are not profiler steps.  When the ds_config enables them:
+inside an accumulation window are not profiler steps.  A pipeline-parallel ``PipelineEngine``
+takes its optimizer step inside ``train_batch()`` (its ``step()`` is disabled), so there
+``train_batch`` is wrapped instead: ``ProfilerStep#N`` is the whole batch N on every stage (all
+micro-batches, the optimizer step, the loss reduction), and every stage reaches each flush at the
+same step.  When the ds_config enables them:
 
 * ``wall_clock_breakdown``: DeepSpeed's per-step forward/backward/all-reduce/step timers go to the
   metrics writer (max across ranks) every ``--log-interval`` optimizer steps, as
@@ -31,7 +35,7 @@ from torchprof_args.log import get_logger
 
 logger = get_logger(__name__)
 
-__all__ = ["DeepSpeedProfilerHook", "FLOPS_REPORT_NAME", "attach"]
+__all__ = ["DeepSpeedProfilerHook", "FLOPS_REPORT_NAME", "attach", "is_pipeline_engine"]
 
 #: The flops profiler's report in the profile directory (seed name).
 FLOPS_REPORT_NAME = "profiler_ds.txt"
@@ -60,7 +64,7 @@ class DeepSpeedProfilerHook:
         self.profile_dir = Path(self.prof.output_dir)
         self.flops_report: Path | None = None
         self._flops_partial: Path | None = None
-        self._original_step: Any = None
+        self._wrapped: str | None = None
         self._configure_flops_profiler()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -73,30 +77,39 @@ class DeepSpeedProfilerHook:
         self.close(clean=exc_type is None)
 
     def start(self) -> None:
-        """Start the profiler and wrap ``engine.step`` (idempotent)."""
-        if self._original_step is not None:
+        """Start the profiler and wrap ``engine.step`` (``train_batch`` on pipeline engines); idempotent."""
+        if self._wrapped is not None:
             return
         self.prof.start()
-        self._original_step = self.engine.step
-        engine, original = self.engine, self._original_step
+        engine = self.engine
+        if is_pipeline_engine(engine):
+            self._wrap("train_batch", lambda: True)
+        else:
+            self._wrap("step", engine.is_gradient_accumulation_boundary)
 
-        def step(*args: Any, **kwargs: Any) -> Any:
-            boundary = engine.is_gradient_accumulation_boundary()
+    def _wrap(self, name: str, takes_optimizer_step: Any) -> None:
+        """Replace ``engine.<name>`` on this object with a call that steps the profiler after it."""
+        engine = self.engine
+        original = getattr(engine, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            boundary, before = takes_optimizer_step(), int(engine.global_steps)
             result = original(*args, **kwargs)
-            if boundary:
+            if boundary and int(engine.global_steps) > before:
                 self.after_optimizer_step(int(engine.global_steps))
             return result
 
-        step.__doc__ = original.__doc__
-        self.engine.step = step
+        call.__doc__ = original.__doc__
+        setattr(engine, name, call)
+        self._wrapped = name
 
     def close(self, clean: bool = True) -> None:
-        """Restore ``engine.step``, finish the profiler and publish the flops report."""
-        if self._original_step is None:
+        """Restore ``engine.step`` (``train_batch``), finish the profiler, publish the flops report."""
+        if self._wrapped is None:
             return
         with contextlib.suppress(AttributeError):
-            del self.engine.step  # the instance attribute; the class method shows through again
-        self._original_step = None
+            delattr(self.engine, self._wrapped)  # the instance attribute; the class method shows through
+        self._wrapped = None
         self._publish_flops_report()
         if self.metrics is not None and hasattr(self.metrics, "flush"):
             with contextlib.suppress(Exception):
@@ -143,13 +156,14 @@ class DeepSpeedProfilerHook:
         if config.output_file:
             logger.info("DeepSpeed flops profiler writes to its own output_file %s", config.output_file)
             return
+        if engine.global_rank != 0:
+            return  # DeepSpeed profiles and writes the report on global rank 0 only
         self.profile_dir.mkdir(parents=True, exist_ok=True)
         self.flops_report = self.profile_dir / FLOPS_REPORT_NAME
         self._flops_partial = partial_path(self.flops_report)
         config.output_file = str(self._flops_partial)
-        if engine.global_rank == 0:
-            logger.info("DeepSpeed flops profiler report (step %d) goes to %s", engine.flops_profiler_profile_step(),
-                        self.flops_report)
+        logger.info("DeepSpeed flops profiler report (step %d) goes to %s", engine.flops_profiler_profile_step(),
+                    self.flops_report)
 
     def _publish_flops_report(self) -> None:
         """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""
@@ -166,6 +180,15 @@ class DeepSpeedProfilerHook:
             logger.warning("could not publish %s: %s", self.flops_report, err)
 
 
+def is_pipeline_engine(engine: Any) -> bool:
+    """Whether ``engine`` is DeepSpeed's pipeline-parallel ``PipelineEngine`` (optimizer steps in ``train_batch``)."""
+    try:
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+    except ImportError:
+        return False
+    return isinstance(engine, PipelineEngine)
+
+
 def attach(
     engine: Any,
     args: argparse.Namespace,
@@ -177,7 +200,7 @@ def attach(
     """Profile ``engine`` by the ``--torch-profile-*`` flags in ``args``; use as a context manager.
 
     Call on every rank after ``deepspeed.initialize`` (and after ``engine.load_checkpoint``:
-    numbering continues from ``engine.global_steps``).  ``metrics`` is a
+    numbering continues from ``engine.global_steps``); a ``PipelineEngine`` (every stage) too.  ``metrics`` is a
     :class:`torchprof_args.MetricsWriter` (or anything with ``add_scalar(tag, value, step)``)
     that receives DeepSpeed's wall-clock timers and the profiler's figures.
     """

@@ -5,18 +5,26 @@ Three ways in, from least to most code:
 * ``extra_args_provider=torchprof_args.megatron.extra_args_provider`` (or
   :func:`compose_args_providers` with your own providers) adds every torchprof flag to Megatron's
   parser; options Megatron already defines (``--tensorboard-dir``, ``--log-interval``,
-  ``--timing-log-level``, ``--wandb-project`` ...) are reused, not redefined.
+  ``--timing-log-level``, ``--wandb-project`` ...) are reused, not redefined.  Up to core_v0.17.x
+  it goes to ``pretrain(..., extra_args_provider=...)``; from core_v0.18.0, where ``pretrain``
+  takes a config container, to ``parse_and_validate_args(extra_args_provider=...)`` (see
+  :func:`pretrain_takes_config_container`).  The flags are checked as soon as Megatron has parsed
+  them (before it validates its own arguments or builds anything): a conflict such as
+  ``--profile --use-pytorch-profiler`` with ``--torch-profile`` exits 2 with a one-line error.
 * :func:`install` before ``pretrain(...)`` in ``pretrain_gpt.py`` patches Megatron-LM's
   ``megatron.training.training`` module at call time: ``train`` is wrapped to own the profiler
-  for the whole loop and ``training_log`` (called once per iteration, with the global iteration
-  that just finished) steps it.  Megatron-LM's source is not edited; :func:`uninstall` undoes it.
+  for the whole loop, ``training_log`` (called once per iteration, with the global iteration
+  that just finished) steps it, and ``checkpoint_and_decide_exit`` flushes a window still
+  recording when Megatron decides to exit (``--exit-interval``, ``--exit-duration-in-mins``, its
+  signal handler).  Megatron-LM's source is not edited; :func:`uninstall` undoes it.
 * :class:`TrainingHook` is the same thing for forks whose loop differs: create it after the
   checkpoint is loaded, call ``hook.step(iteration)`` after each iteration, close it at the end.
 
-The flush of a trace window is timed with Megatron's own timers (``torch-profile-flush``) and
-written, max across ranks, through Megatron's TensorBoard and wandb writers.
-``--torch-profile-parallel-ranks`` selects traced ranks by megatron-core's parallel coordinates
-(:mod:`torchprof_args.runtime.ranks`).
+Every flush of a trace window, scheduled or at exit, is timed with Megatron's own timers
+(``torch-profile-flush``; Megatron's ``Timers.write`` names the scalar
+``torch-profile-flush-time``) and written, max across ranks, through Megatron's TensorBoard and
+wandb writers.  ``--torch-profile-parallel-ranks`` selects traced ranks by megatron-core's
+parallel coordinates (:mod:`torchprof_args.runtime.ranks`).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchprof_args.config import add_torch_profile_args
+from torchprof_args.config import add_torch_profile_args, validate_args
 from torchprof_args.errors import MegatronIntegrationError, TorchProfileArgsError
 from torchprof_args.log import get_logger
 
@@ -42,14 +50,18 @@ __all__ = [
     "compose_args_providers",
     "extra_args_provider",
     "install",
+    "installed",
+    "pretrain_takes_config_container",
     "profiler_from_args",
     "uninstall",
 ]
 
 ArgsProvider = Callable[[argparse.ArgumentParser], "argparse.ArgumentParser | None"]
 
-#: Megatron timer name of the trace flush (written as ``torch-profile-flush-time``).
+#: Megatron timer name of the trace flush (Megatron's ``Timers.write`` writes ``torch-profile-flush-time``).
 FLUSH_TIMER = "torch-profile-flush"
+
+_CHECKED_PARSER = "_torchprof_args_checks"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,8 +69,55 @@ FLUSH_TIMER = "torch-profile-flush"
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Megatron-LM ``extra_args_provider``: adds the torchprof flag groups (profiler, timers, ...)."""
-    return add_torch_profile_args(parser)
+    """Megatron-LM ``extra_args_provider``: adds the torchprof flag groups (profiler, timers, ...).
+
+    The flags are also checked right after ``parser`` parses them (:func:`check_parsed_args`),
+    i.e. when Megatron parses its arguments, before it validates them or builds the model: a bad
+    combination exits 2 with a one-line ``error:`` (argparse style) on every rank.
+    """
+    parser = add_torch_profile_args(parser)
+    _check_when_parsed(parser)
+    return parser
+
+
+def check_parsed_args(args: argparse.Namespace) -> None:
+    """Every torchprof check plus the ones against Megatron's own profiling flags.
+
+    Raises :class:`TorchProfileArgsError`.  Rank flags are checked against ``$WORLD_SIZE``.
+    """
+    check_megatron_args(args)
+    if getattr(args, "torch_profile", None) is not None:
+        validate_args(args)
+
+
+def _check_when_parsed(parser: argparse.ArgumentParser) -> None:
+    """Wrap this parser object's ``parse_known_args`` (``parse_args`` goes through it too)."""
+    if getattr(parser, _CHECKED_PARSER, False):
+        return
+    original = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = original(args, namespace)
+        try:
+            check_parsed_args(parsed)
+        except TorchProfileArgsError as err:  # argparse's status and prefix, without Megatron's long usage
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
+        return parsed, extras
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    setattr(parser, _CHECKED_PARSER, True)
+
+
+def pretrain_takes_config_container(pretrain: Callable[..., Any] | None = None) -> bool:
+    """Whether Megatron-LM's ``pretrain`` takes a config container (core_v0.18.0 and later).
+
+    Then the flags go to ``parse_and_validate_args(extra_args_provider=...)`` before building the
+    config; up to core_v0.17.x, to ``pretrain(..., extra_args_provider=...)``.  ``pretrain``
+    defaults to ``megatron.training.pretrain``.
+    """
+    if pretrain is None:
+        pretrain = _load_training_module().pretrain
+    return "extra_args_provider" not in inspect.signature(pretrain).parameters
 
 
 def compose_args_providers(*providers: ArgsProvider | None) -> ArgsProvider:
@@ -78,7 +137,11 @@ def compose_args_providers(*providers: ArgsProvider | None) -> ArgsProvider:
 
 
 def check_megatron_args(args: argparse.Namespace) -> None:
-    """Refuse combinations with Megatron's own profiling (raises :class:`TorchProfileArgsError`)."""
+    """Refuse combinations with Megatron's own profiling (raises :class:`TorchProfileArgsError`).
+
+    :func:`extra_args_provider` runs it when Megatron parses its arguments; :class:`TrainingHook`
+    again when it is built (for loops that parse their arguments otherwise).
+    """
     if not getattr(args, "torch_profile", False) or not getattr(args, "profile", False):
         return
     if getattr(args, "use_pytorch_profiler", False):
@@ -132,6 +195,7 @@ class TrainingHook:
         self.timers = timers
         self.writers = list(writers)
         self._first_iteration: int | None = None
+        self._ended = False  # after flush_at_exit(): step() does nothing
 
     def __enter__(self) -> TrainingHook:
         self.start()
@@ -144,13 +208,15 @@ class TrainingHook:
         self.prof.start()
 
     def close(self, clean: bool = True) -> None:
-        """Flush a partly recorded window (``clean``) and wait for pending publications."""
+        """Flush a partly recorded window (``clean``: :meth:`flush_at_exit`), wait for pending publications."""
+        if clean:
+            self.flush_at_exit()
         self.prof.stop(clean=clean)
 
     def step(self, iteration: int) -> None:
         """Call once after each training iteration with the global iteration that just finished."""
         prof = self.prof
-        if not prof.enabled:
+        if not prof.enabled or self._ended:
             return
         if self._first_iteration is None:
             self._first_iteration = iteration
@@ -160,19 +226,43 @@ class TrainingHook:
         if not flushes or self.timers is None:
             prof.step(iteration)
             return
-        timer = self.timers(FLUSH_TIMER, log_level=0)
-        timer.start()
-        prof.step(iteration)
-        timer.stop()
+        self._timed(prof.step, iteration)
         self._write_flush_time(iteration)
 
-    def _write_flush_time(self, iteration: int) -> None:
-        """Every rank reaches this at the same iterations (the schedule is shared), as required."""
+    def flush_at_exit(self) -> None:
+        """End profiling at a clean early exit: a window still recording is flushed, timed and
+        written like a scheduled flush.
+
+        Every rank calls it at the same iteration (Megatron decides ``--exit-interval``,
+        ``--exit-duration-in-mins`` and signal-handler exits together); :meth:`close` calls it too.
+        """
+        prof = self.prof
+        self._ended = True
+        if not prof.window_open or self.timers is None:
+            prof.end_window()
+            return
+        iteration = prof.iteration
+        if self._timed(prof.end_window):
+            self._write_flush_time(iteration, flush_writers=True)
+
+    def _timed(self, flush: Callable[..., Any], *args: Any) -> Any:
+        timer = self.timers(FLUSH_TIMER, log_level=0)
+        timer.start()
         try:
-            writers = self.writers or [None]
+            return flush(*args)
+        finally:
+            timer.stop()
+
+    def _write_flush_time(self, iteration: int, flush_writers: bool = False) -> None:
+        """Every rank reaches this at the same iterations (the schedule is shared), as required."""
+        writers = self.writers or [None]
+        try:
             for index, writer in enumerate(writers):
                 self.timers.write([FLUSH_TIMER], writer, iteration, normalizer=1.0,
                                   reset=index == len(writers) - 1)
+            for writer in writers if flush_writers else ():
+                if hasattr(writer, "flush"):
+                    writer.flush()  # at exit Megatron has already flushed its writers
         except Exception as err:  # metrics must never stop training
             logger.warning("could not write the %s timer at iteration %d: %s: %s", FLUSH_TIMER, iteration,
                            type(err).__name__, err)
@@ -215,56 +305,100 @@ def _optional(training: Any, name: str) -> Any:
     return getter() if callable(getter) else None
 
 
+#: Patched when present; without it an early exit's flush happens when ``train`` returns or exits.
+_EXIT_DECISION = "checkpoint_and_decide_exit"
+_PATCHABLE = ("train", "training_log", _EXIT_DECISION)
+
+
+def _hook_for(training: Any) -> TrainingHook:
+    """The hook for one ``train()`` call, from Megatron's global args, timers and writers."""
+    megatron_args = training.get_args()
+    if not hasattr(megatron_args, "torch_profile"):
+        raise MegatronIntegrationError(
+            "Megatron's arguments have no --torch-profile flags: pass extra_args_provider="
+            "torchprof_args.megatron.extra_args_provider to pretrain() (Megatron-LM up to core_v0.17) "
+            "or to parse_and_validate_args() (core_v0.18.0 and later)."
+        )
+    return TrainingHook(
+        megatron_args,
+        timers=training.get_timers(),
+        writers=[_optional(training, "get_tensorboard_writer"), _optional(training, "get_wandb_writer")],
+    )
+
+
+def _wrap_train(training: Any) -> Callable[..., Any]:
+    original = training.train
+
+    @functools.wraps(original)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        hook = _hook_for(training)
+        hook.start()
+        _active["hook"] = hook
+        clean = False
+        try:
+            result = original(*args, **kwargs)
+            clean = True
+            return result
+        except SystemExit as exc:
+            clean = exc.code in (None, 0)
+            raise
+        finally:
+            _active.pop("hook", None)
+            hook.close(clean=clean)
+
+    return train
+
+
+def _wrap_training_log(training: Any) -> Callable[..., Any]:
+    original = training.training_log
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def training_log(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        hook = _active.get("hook")
+        if hook is not None:
+            iteration = signature.bind_partial(*args, **kwargs).arguments.get("iteration")
+            if iteration is not None:
+                hook.step(int(iteration))
+        return result
+
+    return training_log
+
+
+def _wrap_exit_decision(training: Any) -> Callable[..., Any]:
+    original = getattr(training, _EXIT_DECISION)
+
+    @functools.wraps(original)
+    def checkpoint_and_decide_exit(*args: Any, **kwargs: Any) -> Any:
+        should_exit = original(*args, **kwargs)
+        hook = _active.get("hook")
+        if should_exit and hook is not None:  # every rank: Megatron reduces the decision
+            hook.flush_at_exit()  # before train() finishes Megatron's wandb writer and exits
+        return should_exit
+
+    return checkpoint_and_decide_exit
+
+
+_WRAPPERS = {"train": _wrap_train, "training_log": _wrap_training_log, _EXIT_DECISION: _wrap_exit_decision}
+
+
 def install() -> None:
     """Profile Megatron-LM's own training loop; call before ``pretrain(...)``.
 
     Idempotent; :func:`uninstall` restores the original functions.  Raises
     :class:`MegatronIntegrationError` when Megatron-LM is not importable or its layout is unknown.
+    Works with both call shapes of ``pretrain`` (see :func:`pretrain_takes_config_container`).
     """
     training = _load_training_module()
     with _lock:
         if hasattr(training.train, _PATCHED):
             return
-        original_train = training.train
-        original_log = training.training_log
-        log_signature = inspect.signature(original_log)
-
-        @functools.wraps(original_train)
-        def train(*args: Any, **kwargs: Any) -> Any:
-            megatron_args = training.get_args()
-            hook = TrainingHook(
-                megatron_args,
-                timers=training.get_timers(),
-                writers=[_optional(training, "get_tensorboard_writer"), _optional(training, "get_wandb_writer")],
-            )
-            hook.start()
-            _active["hook"] = hook
-            clean = False
-            try:
-                result = original_train(*args, **kwargs)
-                clean = True
-                return result
-            except SystemExit as exc:
-                clean = exc.code in (None, 0)
-                raise
-            finally:
-                _active.pop("hook", None)
-                hook.close(clean=clean)
-
-        @functools.wraps(original_log)
-        def training_log(*args: Any, **kwargs: Any) -> Any:
-            result = original_log(*args, **kwargs)
-            hook = _active.get("hook")
-            if hook is not None:
-                iteration = log_signature.bind_partial(*args, **kwargs).arguments.get("iteration")
-                if iteration is not None:
-                    hook.step(int(iteration))
-            return result
-
-        setattr(train, _PATCHED, original_train)
-        setattr(training_log, _PATCHED, original_log)
-        training.train = train
-        training.training_log = training_log
+        for name in _PATCHABLE:
+            if callable(getattr(training, name, None)):
+                wrapper = _WRAPPERS[name](training)
+                setattr(wrapper, _PATCHED, getattr(training, name))
+                setattr(training, name, wrapper)
     logger.debug("installed the torchprof hook into %s", _TRAINING_MODULE)
 
 
@@ -275,7 +409,7 @@ def uninstall() -> None:
     except ImportError:
         return
     with _lock:
-        for name in ("train", "training_log"):
+        for name in _PATCHABLE:
             original = getattr(getattr(training, name, None), _PATCHED, None)
             if original is not None:
                 setattr(training, name, original)

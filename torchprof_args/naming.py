@@ -12,6 +12,7 @@ import re
 import socket
 
 __all__ = [
+    "EXECUTION_TRACE_SUFFIX",
     "FLIGHT_RECORDER_PREFIXES",
     "FLIGHT_RECORDER_SUBDIR",
     "GZIP_SUFFIX",
@@ -25,6 +26,8 @@ __all__ = [
     "flight_recorder_info_name",
     "memory_snapshot_name",
     "profiler_list_name",
+    "companion_file_name",
+    "execution_trace_file_name",
     "rank_from_file_name",
     "safe_token",
     "short_hostname",
@@ -38,6 +41,8 @@ TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
 #: Every suffix a trace reader accepts (traces of other tools included).
 TRACE_FILE_SUFFIXES = (".json", ".json.gz")
+#: PyTorch's execution trace (Chakra input) of a window, published beside its Kineto trace.
+EXECUTION_TRACE_SUFFIX = ".et.json"
 #: The per-trace operator table written beside each published trace.
 SUMMARY_SUFFIX = ".profiler_list.dat"
 #: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
@@ -81,6 +86,16 @@ def trace_stem(rank: int, first_iteration: int, last_iteration: int, *, host: st
 def trace_file_name(stem: str, gzip: bool) -> str:
     """``<stem>.pt.trace.json`` or ``<stem>.pt.trace.json.gz``."""
     return stem + TRACE_SUFFIX + (GZIP_SUFFIX if gzip else "")
+
+
+def companion_file_name(stem: str, suffix: str, gzip: bool) -> str:
+    """A file published beside the trace ``<stem>.pt.trace.json[.gz]``: ``<stem><suffix>[.gz]``."""
+    return stem + suffix + (GZIP_SUFFIX if gzip else "")
+
+
+def execution_trace_file_name(stem: str, gzip: bool) -> str:
+    """``<stem>.et.json.gz`` (or ``.et.json``): the window's execution trace beside its Kineto trace."""
+    return companion_file_name(stem, EXECUTION_TRACE_SUFFIX, gzip)
 
 
 def strip_trace_suffixes(name: str, *, pt_trace: bool = True) -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Launch Megatron-LM's GPT pretraining with torchprof-args profiling (seed flag block).
-# Usage: integrations/megatron/launch.sh [extra Megatron flags...]
-# Needs Megatron-LM on PYTHONPATH (pretrain_gpt.py calls torchprof_args.megatron.install()).
+# Usage: integrations/megatron/launch.sh [model, data and other Megatron-LM flags...]
+# Needs your Megatron-LM checkout on PYTHONPATH (core_v0.16 to main: pretrain_gpt.py here runs its
+# pretrain_gpt.py with torchprof_args.megatron.install() and the flags' extra_args_provider).
 set -euo pipefail
 
 NPROC_PER_NODE=${NPROC_PER_NODE:-2}

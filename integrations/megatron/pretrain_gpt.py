@@ -1,13 +1,12 @@
-"""Pretrain a GPT with Megatron-LM, profiled by torchprof-args (a ``pretrain_gpt.py``-style entry).
+"""Megatron-LM's own GPT pretraining, profiled by torchprof-args (a drop-in for its ``pretrain_gpt.py``).
 
-Compared with Megatron-LM's own ``pretrain_gpt.py`` the profiling part is two lines: the
-``install()`` call and the ``extra_args_provider``.  The data is synthetic (random tokens) so the
-example runs anywhere; on a machine without CUDA the model's core attention is swapped for a CPU
-one (see cpu_attention.py), everything else is megatron-core's GPTModel.
+The model, data and loss are those of the ``pretrain_gpt.py`` in your Megatron-LM checkout, which
+must be on ``PYTHONPATH``; this file is that script's ``__main__`` block plus the two lines that add
+profiling: ``install()`` and the ``extra_args_provider``.  Megatron-LM changed how arguments reach
+``pretrain()`` in core_v0.18.0, so both call shapes are below (core_v0.16 to main):
 
-    torchrun --nproc_per_node 2 integrations/megatron/pretrain_gpt.py \\
-        --tensor-model-parallel-size 2 --train-iters 8 --tensorboard-dir ./tb \\
-        --torch-profile --torch-profile-parallel-ranks dp=0
+    PYTHONPATH=/path/to/Megatron-LM torchrun --nproc_per_node 8 integrations/megatron/pretrain_gpt.py \\
+        <Megatron-LM flags> --torch-profile --torch-profile-step-start 100 --torch-profile-step-end 102
 """
 
 from __future__ import annotations
@@ -16,83 +15,61 @@ import sys
 from functools import partial
 from pathlib import Path
 
-import torch
-from megatron.core.enums import ModelType
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.models.gpt.gpt_model import GPTModel
-from megatron.core.transformer.transformer_config import TransformerConfig
-from megatron.training import get_args, pretrain
+# `import pretrain_gpt` must find Megatron-LM's script, not this file's folder.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
 
-import torchprof_args.megatron
+import pretrain_gpt as gpt  # noqa: E402  (Megatron-LM's own; its __main__ block does not run)
+from megatron.core.enums import ModelType  # noqa: E402
+from megatron.training import pretrain  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torchprof_args.megatron  # noqa: E402
 
 
-def model_provider(pre_process: bool = True, post_process: bool = True) -> GPTModel:
-    args = get_args()
-    config = TransformerConfig(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_attention_heads=args.num_attention_heads,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        use_cpu_initialization=not torch.cuda.is_available(),
-        gradient_accumulation_fusion=False,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        params_dtype=torch.float32,
-        pipeline_dtype=torch.float32,
+def main() -> None:
+    torchprof_args.megatron.install()  # profile Megatron-LM's loop: no edit of its source
+    gpt.train_valid_test_datasets_provider.is_distributed = True
+    run_pretrain, store = gpt.inprocess_restart.maybe_wrap_for_inprocess_restart(pretrain)
+    args_provider = torchprof_args.megatron.compose_args_providers(
+        gpt.add_modelopt_args if gpt.has_nvidia_modelopt else None,
+        torchprof_args.megatron.extra_args_provider,
     )
-    if torch.cuda.is_available():
-        spec = get_gpt_layer_local_spec()
+    defaults = {"tokenizer_type": "GPT2BPETokenizer"}
+
+    if not torchprof_args.megatron.pretrain_takes_config_container(pretrain):
+        # Megatron-LM up to core_v0.17.x: pretrain() parses the arguments itself.
+        run_pretrain(
+            gpt.train_valid_test_datasets_provider,
+            partial(gpt.model_provider, gpt.gpt_builder),
+            ModelType.encoder_or_decoder,
+            gpt.forward_step,
+            args_defaults=defaults,
+            extra_args_provider=args_provider,
+            store=store,
+            get_embedding_ranks=gpt.get_embedding_ranks,
+        )
+        return
+
+    # core_v0.18.0 and later (main): parse and validate first, then pretrain(config container, ...).
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(extra_args_provider=args_provider, args_defaults=defaults)
+    if gpt.has_nvidia_modelopt:
+        gpt.maybe_enable_modelopt(args)
+    if gpt.has_nvidia_modelopt and getattr(args, "modelopt_enabled", False):
+        model_config = gpt_config_from_args(args, model_config_cls=gpt.ModelOptModelConfig)
     else:
-        from cpu_attention import cpu_gpt_layer_spec
-
-        spec = cpu_gpt_layer_spec()
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.vocab_size,
-                    max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
-                    post_process=post_process)
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    """Synthetic token sequences (deterministic per index)."""
-
-    def __init__(self, num_samples: int, seq_length: int, vocab_size: int) -> None:
-        self.num_samples, self.seq_length, self.vocab_size = num_samples, seq_length, vocab_size
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        generator = torch.Generator().manual_seed(index)
-        return {"text": torch.randint(0, self.vocab_size, (self.seq_length + 1,), generator=generator)}
-
-
-def train_valid_test_datasets_provider(num_samples: list[int]) -> tuple[RandomTokens, None, None]:
-    args = get_args()
-    return RandomTokens(max(num_samples[0], 1), args.seq_length, args.vocab_size), None, None
-
-
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    loss = (output_tensor.float() * loss_mask).sum() / loss_mask.sum()
-    return loss, {"lm loss": loss.detach()}
-
-
-def forward_step(data_iterator, model: GPTModel):  # noqa: ANN001, ANN201  (Megatron's contract)
-    text = next(data_iterator)["text"]
-    tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
-    batch, seq = tokens.shape
-    position_ids = torch.arange(seq).unsqueeze(0).expand(batch, -1)
-    attention_mask = torch.ones(1, 1, seq, seq).tril() < 0.5
-    output = model(tokens, position_ids, attention_mask, labels=labels)
-    return output, partial(loss_func, torch.ones_like(labels, dtype=torch.float))
+        model_config = gpt_config_from_args(args)
+    run_pretrain(
+        pretrain_cfg_container_from_args(args, model_config),
+        gpt.train_valid_test_datasets_provider,
+        ModelType.encoder_or_decoder,
+        gpt.forward_step,
+        store=store,
+        get_embedding_ranks=gpt.get_embedding_ranks,
+    )
 
 
 if __name__ == "__main__":
-    torchprof_args.megatron.install()  # profile Megatron-LM's loop: no edit of its source
-    pretrain(
-        train_valid_test_datasets_provider,
-        model_provider,
-        ModelType.encoder_or_decoder,
-        forward_step,
-        extra_args_provider=torchprof_args.megatron.extra_args_provider,
-    )
+    main()

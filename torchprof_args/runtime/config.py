@@ -61,6 +61,10 @@ WITH_FLOPS = Flag("--torch-profile-with-flops", "Estimate FLOPs of matrix multip
                   default=False, action="store_true")
 WITH_MODULES = Flag("--torch-profile-with-modules", "Record the nn.Module hierarchy of operators.", default=False,
                     action="store_true")
+EXECUTION_TRACE = Flag("--torch-profile-execution-trace",
+                       "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the same "
+                       "windows on the traced ranks, published beside each trace with the suffix .et.json.gz.",
+                       default=False, action="store_true")
 ACTIVITIES = Flag("--torch-profile-activities", "Activities to record: cpu, cuda. Default: cpu, plus cuda when "
                   "available.", type=str.lower, nargs="+", choices=("cpu", "cuda"), metavar="A",
                   default_doc="cpu [cuda]")
@@ -97,7 +101,7 @@ PROFILE_FLAGS = register_group(FlagGroup(
     description="torch.profiler traces of chosen steps and ranks, flushed without tripping NCCL watchdog "
                 "timeouts (torchprof-args).",
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END, RECORD_SHAPES,
-           PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, ACTIVITIES, PROFILE_DIR, GZIP, GZIP_LEVEL,
+           PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES, PROFILE_DIR, GZIP, GZIP_LEVEL,
            STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, SUMMARY, SUMMARY_ROWS, TENSORBOARD_DIR),
     order=10,
 ))
@@ -226,6 +230,7 @@ class TraceConfig:
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
+    execution_trace: bool = False
     output_dir: str = "./prof"
 
     def profiler_options(self) -> dict[str, bool]:
@@ -249,7 +254,7 @@ class TraceConfig:
             activities=tuple(flag_value(args, ACTIVITIES) or ()),
             **{name: bool(flag_value(args, flag)) for name, flag in (
                 ("record_shapes", RECORD_SHAPES), ("profile_memory", PROFILE_MEMORY), ("with_stack", WITH_STACK),
-                ("with_flops", WITH_FLOPS), ("with_modules", WITH_MODULES))},
+                ("with_flops", WITH_FLOPS), ("with_modules", WITH_MODULES), ("execution_trace", EXECUTION_TRACE))},
             output_dir=profile_dir(args),
         )
 

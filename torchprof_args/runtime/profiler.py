@@ -33,17 +33,19 @@ import argparse
 import math
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
-from torchprof_args.naming import short_hostname, trace_stem
+from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, short_hostname, trace_stem
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.config import ProfilerConfig
+from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import choose_staging_dir
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
@@ -86,6 +88,7 @@ class TorchProfiler:
         self._iteration = start_iteration
         self._anchored = False
         self._started = False
+        self._window_ended = False
         self._next_busy_step = math.inf
         self._next_check: float = math.inf
         self._last_flush_seconds = 0.0
@@ -152,6 +155,7 @@ class TorchProfiler:
                 self._flight_recorder.arm()
             return
         self._started = True
+        self._window_ended = False
         self._build_components()
         first = self._first_iteration
         self._sigterm.install()
@@ -189,6 +193,8 @@ class TorchProfiler:
         if self.record or self._on_demand is not None:
             staging = choose_staging_dir(self.config.export.staging_dir)
             self._writer = TraceWriter(self.output_dir, staging, self.config.export, rank=self.rank)
+            if self.config.trace.execution_trace:
+                self._recorder.execution_trace = ExecutionTrace(staging, rank=self.rank)
 
     def stop(self, clean: bool = True) -> None:
         """Finish: flush a partly recorded window (``clean``), wait for pending publications.
@@ -200,12 +206,11 @@ class TorchProfiler:
             self._flight_recorder.disarm()
         if not self._started:
             return
+        if clean:
+            self.end_window()
+        else:
+            self._recorder.stop(self._iteration, keep=False)
         self._started = False
-        last = self._iteration
-        partial = clean and self._global_action(last) is Action.RECORD
-        self._recorder.stop(last, keep=partial)
-        if partial:
-            self._fence.wait(last)
         if self._nsys is not None:
             self._nsys.close()
         if self._memory is not None:
@@ -216,6 +221,36 @@ class TorchProfiler:
         if self._writer is not None:
             self._writer.close(self.config.export.exit_timeout)
         self._sigterm.restore()
+
+    @property
+    def iteration(self) -> int:
+        """The last iteration passed to :meth:`step` (the resume point before the first one)."""
+        return self._iteration
+
+    @property
+    def window_open(self) -> bool:
+        """A window (scheduled or on-demand) is recording at the last stepped iteration: ending now flushes it."""
+        return self._started and not self._window_ended and self._global_action(self._iteration) is Action.RECORD
+
+    def end_window(self) -> bool:
+        """Stop recording for good; flush a window still recording (a clean early exit).
+
+        Collective when :attr:`window_open` (the same on every rank): every rank calls it at the
+        same iteration, as at a scheduled flush.  Returns whether a window was flushed; later
+        :meth:`step` calls do nothing and :meth:`stop` only waits for publications.
+        """
+        if not self._started or self._window_ended:
+            return False
+        flush = self.window_open
+        self._window_ended = True
+        self._next_busy_step = math.inf
+        self._next_check = math.inf
+        started = time.perf_counter()
+        self._recorder.stop(self._iteration, keep=flush)
+        if flush:
+            self._fence.wait(self._iteration)
+            self._last_flush_seconds = time.perf_counter() - started
+        return flush
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -323,9 +358,12 @@ class TorchProfiler:
         if self._recorder.start(first, self._local_action(first)):
             self._recorder.add_metadata(self._trace_metadata(first))
 
-    def _submit(self, export: Any, first: int, last: int) -> None:
+    def _submit(self, export: Any, first: int, last: int, execution_trace: Path | None = None) -> None:
+        companions = [(str(execution_trace), EXECUTION_TRACE_SUFFIX)] if execution_trace is not None else []
         if self._writer is not None:
-            self._writer.submit(export, trace_stem(self.rank, first, last))
+            self._writer.submit(export, trace_stem(self.rank, first, last), companions)
+        elif execution_trace is not None:
+            execution_trace.unlink(missing_ok=True)
 
     def _trace_metadata(self, first: int) -> dict[str, Any]:
         """The run's settings, stored in the trace of the window that starts at ``first``."""
@@ -337,7 +375,7 @@ class TorchProfiler:
             "schedule": self.schedule.describe() if self._scheduled else "on demand only",
             "ranks": (["all"] if self._ranks is None else list(self._ranks)) if trace.enabled else [],
             "activities": list(trace.activities) or "auto",
-            **trace.profiler_options(),
+            **trace.profiler_options(), "execution_trace": trace.execution_trace,
             "rank": self.rank, "world_size": self.world_size, "host": short_hostname(), "iterations": [first, last],
         }
         if self._window is not None and self._window.start <= first < self._window.end:

@@ -3,7 +3,9 @@
 torch.profiler's own schedule counts steps from its creation; ours follows global iterations
 and on-demand windows.  So the ``torch.profiler.profile`` here gets a schedule that answers
 whatever action :class:`Recorder` was told for the next step, and its ``step_num`` is kept equal
-to the global iteration (``ProfilerStep#N`` in the trace is iteration N).
+to the global iteration (``ProfilerStep#N`` in the trace is iteration N).  With an
+:class:`~torchprof_args.runtime.execution_trace.ExecutionTrace` set, each recorded window also
+gets PyTorch's execution trace, handed over with the Kineto trace.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import contextlib
 import json
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.config import TraceConfig
+from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.schedule import Action
 
 __all__ = ["RECORDING", "Recorder", "resolve_activities"]
@@ -26,8 +30,9 @@ logger = get_logger(__name__)
 
 RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 
-#: ``submit(export, first_iteration, last_iteration)``: hand over a stopped trace.
-Submit = Callable[[Callable[[str], None], int, int], None]
+#: ``submit(export, first_iteration, last_iteration, execution_trace)``: hand over a stopped trace
+#: (``execution_trace``: the window's finished execution-trace file in staging, or None).
+Submit = Callable[[Callable[[str], None], int, int, "Path | None"], None]
 
 # Clearing events between cycles is exactly what we want: one trace per cycle.
 warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
@@ -64,6 +69,8 @@ class Recorder:
         self._window_first: int | None = None
         self._iteration = 0
         self._discard = False
+        #: Set by the profiler (it knows the staging directory) with --torch-profile-execution-trace.
+        self.execution_trace: ExecutionTrace | None = None
 
     @property
     def active(self) -> bool:
@@ -85,6 +92,8 @@ class Recorder:
                 **self.config.profiler_options(),
             )
             self._profiler.step_num = first
+            if action in RECORDING:
+                self._start_execution_trace(first)
             self._profiler.start()
         except Exception as err:  # noqa: BLE001
             self.disable("starting the profiler", err)
@@ -101,6 +110,7 @@ class Recorder:
             return False
         if upcoming in RECORDING and current not in RECORDING:
             self._window_first = iteration + 1
+            self._start_execution_trace(iteration + 1)  # before torch.profiler opens ProfilerStep#N+1
         self._next_action = upcoming
         self._iteration = iteration
         self._profiler.step_num = iteration
@@ -118,6 +128,7 @@ class Recorder:
             return
         self._iteration = iteration
         self._discard = not keep
+        self._next_action = Action.NONE  # no window follows this one
         try:
             profiler.stop()
         except Exception as err:  # noqa: BLE001
@@ -143,12 +154,24 @@ class Recorder:
             with contextlib.suppress(Exception):
                 profiler.stop()
             self._discard = False
+        if self.execution_trace is not None:
+            self.execution_trace.discard()
+
+    def _start_execution_trace(self, first: int) -> None:
+        if self.execution_trace is not None:
+            self.execution_trace.start(first)
 
     def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
         """Called by torch.profiler on the training thread right after it stopped recording."""
+        execution_trace = self.execution_trace
         if self._discard:
+            if execution_trace is not None:
+                execution_trace.discard()
             return
         last = self._iteration
         first = self._window_first if self._window_first is not None else last
         self._window_first = None
-        self._submit(profiler.export_chrome_trace, first, last)
+        finished = execution_trace.finish() if execution_trace is not None else None
+        self._submit(profiler.export_chrome_trace, first, last, finished)
+        if execution_trace is not None and self._next_action in RECORDING:
+            execution_trace.start(last + 1)  # a window that follows at once (no wait, no warmup)

@@ -3,8 +3,9 @@
 Started as ``python -m torchprof_args.runtime.export.publisher JOB.json`` (by ``exec`` from the
 forked exporter, or spawned after an inline export).  It compresses the staged trace into the
 (possibly slow, shared) output directory under a hidden temporary name, renames it into place,
-writes the per-trace operator summary the same way, and records a status file that the training
-process reads when the publisher exits.  Nothing half-written is ever left under a name a user
+publishes its companion files (the window's execution trace) beside it the same way, writes the
+per-trace operator summary, and records a status file that the training process reads when the
+publisher exits.  Nothing half-written is ever left under a name a user
 would open.
 """
 
@@ -39,6 +40,8 @@ class PublishJob:
     summary_path: str | None = None
     summary_rows: int = 30
     rank: int = 0
+    #: ``[staged path, published path]`` of files published beside the trace (compressed like it).
+    companions: list[list[str]] = dataclasses.field(default_factory=list)
 
     def save(self, job_path: str | os.PathLike[str]) -> None:
         Path(job_path).write_text(json.dumps(dataclasses.asdict(self)))
@@ -70,6 +73,7 @@ def publish(job: PublishJob) -> dict[str, Any]:
         trace_path = Path(job.trace_path)
         _copy_compressed(staged, trace_path, job.gzip_level)
         status["trace_mb"] = trace_path.stat().st_size / 1e6
+        _publish_companions(job, status)
         status["publish_seconds"] = time.perf_counter() - started
         if job.summary_path:
             try:
@@ -79,10 +83,21 @@ def publish(job: PublishJob) -> dict[str, Any]:
     except Exception as err:
         status["error"] = f"{type(err).__name__}: {err}"
     finally:
-        with contextlib.suppress(OSError):
-            staged.unlink()
+        for leftover in [staged, *(Path(source) for source, _ in job.companions)]:
+            with contextlib.suppress(OSError):
+                leftover.unlink()
     status["seconds"] = time.perf_counter() - started
     return status
+
+
+def _publish_companions(job: PublishJob, status: dict[str, Any]) -> None:
+    """Each companion through the same hidden name, fsync and rename as the trace; a failure is reported only."""
+    for source, target in job.companions:
+        try:
+            _copy_compressed(Path(source), Path(target), job.gzip_level)
+            status.setdefault("companions", []).append(target)
+        except Exception as err:  # the trace is published; a companion failure is reported only
+            status.setdefault("companion_errors", []).append(f"{Path(target).name}: {type(err).__name__}: {err}")
 
 
 def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:

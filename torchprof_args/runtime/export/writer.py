@@ -19,13 +19,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.log import get_logger
-from torchprof_args.naming import SUMMARY_SUFFIX, TRACE_SUFFIX, trace_file_name
+from torchprof_args.naming import SUMMARY_SUFFIX, TRACE_SUFFIX, companion_file_name, trace_file_name
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.child import fork_export
 from torchprof_args.runtime.export.publisher import PublishJob, publisher_argv, publisher_env
@@ -65,8 +65,10 @@ class TraceWriter:
 
     # -- submitting ------------------------------------------------------------------------
 
-    def job_for(self, stem: str) -> PublishJob:
+    def job_for(self, stem: str, companions: Sequence[tuple[str, str]] = ()) -> PublishJob:
+        """The publisher's job for trace ``stem``; ``companions``: ``(staged path, suffix)`` to publish beside it."""
         gzip_level, summary_rows = self.config.gzip_level, self.config.summary_rows
+        gzip = gzip_level is not None
         return PublishJob(
             staged_path=str(self.staging_dir / f"{stem}{TRACE_SUFFIX}"),
             trace_path=str(self.output_dir / trace_file_name(stem, gzip=gzip_level is not None)),
@@ -75,15 +77,19 @@ class TraceWriter:
             summary_path=str(self.output_dir / f"{stem}{SUMMARY_SUFFIX}") if summary_rows else None,
             summary_rows=summary_rows or 0,
             rank=self.rank,
+            companions=[[str(staged), str(self.output_dir / companion_file_name(stem, suffix, gzip))]
+                        for staged, suffix in companions],
         )
 
-    def submit(self, export: Callable[[str], None], stem: str) -> None:
+    def submit(self, export: Callable[[str], None], stem: str, companions: Sequence[tuple[str, str]] = ()) -> None:
         """Export a stopped profiler's trace via ``export(path)`` and publish it in the background.
 
-        Never raises: failures are logged with the rank and training goes on.
+        ``companions`` are finished files in staging, ``(path, suffix)``, published beside the
+        trace as ``<stem><suffix>[.gz]`` by the same publisher.  Never raises: failures are
+        logged with the rank and training goes on.
         """
         try:
-            job = self.job_for(stem)
+            job = self.job_for(stem, companions)
             job_path = str(self.staging_dir / f"{stem}.job.json")
             job.save(job_path)
             if self.export_mode == "fork":
@@ -99,6 +105,9 @@ class TraceWriter:
                 )
                 pending = _Pending(popen.pid, job, job_path, time.monotonic(), popen)
         except Exception as err:
+            for staged, _ in companions:
+                with contextlib.suppress(OSError):
+                    os.unlink(staged)
             self.stats["publish_failures"] += 1
             logger.error("rank %d: could not export trace %s: %s: %s; training continues",
                          self.rank, stem, type(err).__name__, err)
@@ -136,6 +145,8 @@ class TraceWriter:
                      partial_path(pending.job.trace_path)]
         if pending.job.summary_path:
             leftovers.append(partial_path(pending.job.summary_path))
+        for staged, target in pending.job.companions:
+            leftovers += [staged, partial_path(target)]
         for leftover in leftovers:  # only present if the publisher was killed
             with contextlib.suppress(OSError):
                 os.unlink(leftover)
@@ -154,6 +165,10 @@ class TraceWriter:
             return
         logger.info("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
                     status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - pending.started)
+        for companion in status.get("companions", []):
+            logger.info("rank %d: %s written beside it", self.rank, companion)
+        for error in status.get("companion_errors", []):
+            logger.error("rank %d: not written beside %s: %s", self.rank, status["trace_path"], error)
         if "summary_error" in status:
             logger.warning("rank %d: no summary for %s: %s", self.rank, status["trace_path"],
                            status["summary_error"])
