@@ -148,16 +148,14 @@ def test_sigterm_dumps_while_the_main_thread_is_blocked_in_a_collective(tmp_path
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2.0)  # rank 0 is now in the all-reduce rank 1 joins at ~8 s
-        sent = time.time()
         os.kill(int(pid_file.read_text()), signal.SIGTERM)
         output, _ = job.communicate(timeout=180)
     finally:
         job.kill()
     info = json.loads((prof / "flight_recorder" / "dump_info_rank0.json").read_text())
     assert info["reason"] == flight_recorder.SIGTERM_REASON
-    assert info["time"] - sent < 4.0  # not after rank 1 arrived (~6 s later): the watcher thread dumped
     dump = pickle.loads((prof / "flight_recorder" / "gloo_trace_rank_0").read_bytes())
-    last = dump["entries"][-1]
+    last = dump["entries"][-1]  # dumped while rank 0 was still in it (before rank 1 arrived): not retired
     assert (last["profiling_name"], last["input_sizes"], last["retired"]) == ("gloo:all_reduce", [[4096]], False)
     assert "exitcode  : -15" in output and "rank      : 0" in output  # then SIGTERM's default action
     assert not (tmp_path / "rank0.json").exists()
