@@ -13,6 +13,8 @@ import socket
 
 __all__ = [
     "EXECUTION_TRACE_SUFFIX",
+    "FLIGHT_RECORDER_PREFIXES",
+    "FLIGHT_RECORDER_SUBDIR",
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
     "METRICS_FILENAME",
@@ -21,6 +23,7 @@ __all__ = [
     "TRACE_FILE_SUFFIXES",
     "TRACE_SUFFIX",
     "WANDB_RUN_FILENAME",
+    "flight_recorder_info_name",
     "memory_snapshot_name",
     "profiler_list_name",
     "companion_file_name",
@@ -45,6 +48,11 @@ SUMMARY_SUFFIX = ".profiler_list.dat"
 #: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
+#: ``<profile dir>/flight_recorder/``: PyTorch flight-recorder dumps, ``<prefix><rank>`` each.
+FLIGHT_RECORDER_SUBDIR = "flight_recorder"
+#: Dump file prefixes by recorder: NCCL's is PyTorch's own default name (its watchdog writes it);
+#: the CPU backends' recorder (gloo) is dumped by torchprof-args under the other.
+FLIGHT_RECORDER_PREFIXES = {"nccl": "nccl_trace_rank_", "gloo": "gloo_trace_rank_"}
 #: The metrics writer's local record, one JSON object per logged iteration.
 METRICS_FILENAME = "metrics.jsonl"
 #: Written next to metrics.jsonl by the wandb sink: which wandb run holds these metrics.
@@ -115,3 +123,8 @@ def memory_snapshot_name(host: str, rank: int, iteration: int, reason: str | Non
     host = safe_token(host.split(".")[0]) or "host"
     suffix = f"_{reason}" if reason else ""
     return f"memory_snapshot_{host}_rank{rank}_iter{iteration:07d}{suffix}.pickle"
+
+
+def flight_recorder_info_name(rank: int) -> str:
+    """``dump_info_rank<R>.json``: why and when rank R dumped, and its process-group table."""
+    return f"dump_info_rank{rank}.json"

@@ -4,7 +4,9 @@ Layout: :mod:`.reader` streams a trace file in batches; :mod:`.trace` is the col
 decoder, :mod:`.loader` (with :mod:`.parallel`'s worker processes) builds it; the analyses are in
 :mod:`.analyzers`, one module each, and :mod:`.summary` composes them; :mod:`.text` and
 :mod:`.report` render summaries; :mod:`.split`, :mod:`.merge` and :mod:`.memsnap` are the other
-tools, and :mod:`.commands` their ``torchprof`` sub-commands.
+tools, and :mod:`.commands` their ``torchprof`` sub-commands; :mod:`.collectives_command`
+(collectives across ranks) and :mod:`.hang` / :mod:`.hang_command` (flight-recorder dumps through
+PyTorch's analyzer) have their own.
 
 Import-light: needs numpy and msgspec, never torch.
 """

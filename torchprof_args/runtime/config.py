@@ -13,12 +13,13 @@ import dataclasses
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group, was_given
 from torchprof_args.flags.types import gzip_level, non_negative_int, positive_float, positive_int, rank_token
-from torchprof_args.naming import MEMORY_SNAPSHOT_SUBDIR
+from torchprof_args.naming import FLIGHT_RECORDER_SUBDIR, MEMORY_SNAPSHOT_SUBDIR
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.runtime.schedule import ProfileSchedule
 
 __all__ = [
     "ExportConfig",
+    "FlightRecorderConfig",
     "MemorySnapshotConfig",
     "NsysConfig",
     "PARALLEL_AXES",
@@ -159,6 +160,33 @@ MEMORY_NSYS_FLAGS = register_group(FlagGroup(
                 "around the scheduled steps (torchprof-args).",
     flags=(MEMORY_SNAPSHOT, MEMORY_MAX_ENTRIES, MEMORY_STACKS, MEMORY_INTERVAL, NSYS),
     order=20,
+))
+
+class FlightRecorderAction(argparse.Action):
+    """Stores N and turns PyTorch's flight recorder on right away, at parse time: PyTorch reads its
+    buffer size when the first process group is created, which may be the next line."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        from torchprof_args.runtime.flight_recorder import configure_environment
+
+        configure_environment(int(values), profile_dir(namespace))  # type: ignore[call-overload]
+
+
+FLIGHT_RECORDER = Flag("--torch-profile-flight-recorder",
+                       "Keep PyTorch's flight recorder of the last N collectives per process group and dump it into "
+                       "<profile dir>/flight_recorder/ on an NCCL watchdog timeout (PyTorch's own), a failed fence "
+                       "barrier, an exception leaving the profiler, and SIGTERM; `torchprof hang DIR` reads the dumps. "
+                       "Takes effect when the flags are parsed: parse them before init_process_group.",
+                       type=positive_int, action=FlightRecorderAction, metavar="N")
+
+FLIGHT_RECORDER_FLAGS = register_group(FlagGroup(
+    title="hang forensics",
+    description="PyTorch's flight recorder, dumped on every rank when a job hangs, for `torchprof hang` "
+                "(torchprof-args).",
+    flags=(FLIGHT_RECORDER,),
+    order=25,
 ))
 
 #: Megatron-core parallel axes a rank can be selected by.
@@ -354,6 +382,24 @@ class NsysConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FlightRecorderConfig:
+    """PyTorch's flight recorder (``--torch-profile-flight-recorder``): entries per process group
+    (0: off) and where the dumps go."""
+
+    entries: int = 0
+    output_dir: str = f"./prof/{FLIGHT_RECORDER_SUBDIR}"
+
+    @property
+    def enabled(self) -> bool:
+        return self.entries > 0
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace) -> FlightRecorderConfig:
+        return cls(entries=flag_value(args, FLIGHT_RECORDER) or 0,
+                   output_dir=f"{profile_dir(args)}/{FLIGHT_RECORDER_SUBDIR}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfilerConfig:
     """Everything :class:`~torchprof_args.runtime.profiler.TorchProfiler` follows."""
 
@@ -362,6 +408,7 @@ class ProfilerConfig:
     memory: MemorySnapshotConfig = MemorySnapshotConfig()
     nsys: NsysConfig = NsysConfig()
     on_demand: OnDemandConfig = OnDemandConfig()
+    flight_recorder: FlightRecorderConfig = FlightRecorderConfig()
 
     @property
     def follows_schedule(self) -> bool:

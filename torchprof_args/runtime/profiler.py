@@ -51,6 +51,7 @@ from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.flight_recorder import FlightRecorder
 from torchprof_args.runtime.hostmem import WindowMemoryGuard
 from torchprof_args.runtime.memory import MemorySnapshotter
 from torchprof_args.runtime.metadata import trace_metadata
@@ -108,6 +109,9 @@ class TorchProfiler:
         self._staging_problem: str | None = None
         #: Inside step()'s or stop()'s work: a SIGTERM is acted on at the end, not in the handler.
         self._critical = False
+        self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank)
+        if self._flight_recorder is not None:  # hang forensics: dump when the fence fails (and on SIGTERM)
+            self._fence.on_failure.append(self._flight_recorder.on_fence_failure)
         self._recorder = Recorder(config.trace, self._submit, rank=self.rank)
         self._memory_given, self._nsys_given = memory, nsys
         self._memory: MemorySnapshotter | None = None
@@ -144,6 +148,9 @@ class TorchProfiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._flight_recorder is not None and exc_type is not None and not (  # e.g. a collective timed out
+                isinstance(exc, SystemExit) and exc.code in (0, None)):  # not a clean sys.exit()
+            self._flight_recorder.dump(f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}")
         if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
             self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
         self.stop(clean=exc_type is None)
@@ -157,6 +164,8 @@ class TorchProfiler:
         says once, before training, what cannot work here (memory snapshots or nsys without CUDA).
         """
         if not self.enabled or self._started:
+            if self._flight_recorder is not None:
+                self._flight_recorder.arm()
             return
         self._started = True
         self._window_ended = False
@@ -170,6 +179,8 @@ class TorchProfiler:
             raise
         first = self._timeline.first_iteration
         self._sigterm.install(on_signal=self._sigterm_noted, emergency=self._sigterm_emergency)
+        if self._flight_recorder is not None:  # on the guard's SIGTERM watchdog: dumps even while blocked
+            self._flight_recorder.arm(self._sigterm)
         if self._memory is not None:
             self._memory.start()
         if self._nsys is not None:
@@ -227,6 +238,8 @@ class TorchProfiler:
         ``clean`` is False when leaving on an exception: ranks are then not in step, so there is
         no barrier and a partly recorded window is dropped.
         """
+        if self._flight_recorder is not None:
+            self._flight_recorder.disarm()
         if not self._started:
             return
         self._critical = True
