@@ -226,8 +226,9 @@ def test_per_rank_summary_is_written_next_to_the_trace(tmp_path):
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 5))
     (trace,) = prof.published_traces
+    assert profiler_steps(trace) == [3]  # the trace itself is whole (tells a recording problem from a summary one)
     summary = Path(trace.replace(".pt.trace.json.gz", ".profiler_list.dat")).read_text()
     assert summary.startswith(f"Trace: {trace}")
-    assert "ProfilerStep#3" in summary and "aten::addmm" in summary
+    assert "ProfilerStep#3" in summary and "aten::addmm" in summary, summary
     assert "Memory (from [memory] events)" in summary and "peak allocated" in summary
     assert not any(name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))
