@@ -1,6 +1,7 @@
-"""Cost of torchprof_args.Timers on CPU against a bare ``time.perf_counter`` pair, side by side.
+"""Cost of torchprof_args.Timers on CPU against a bare ``time.perf_counter`` pair, side by side,
+and of one log interval's gather across 2, 4 and 8 gloo ranks, before and after.
 
-    python benchmarks/bench_timers.py [--pairs 200000] [--repeats 5]
+    python benchmarks/bench_timers.py [--pairs 200000] [--repeats 5] [--ranks 2 4 8] [--gathers 300]
 
 Rows (best of --repeats, nanoseconds per start/stop pair):
   bare perf_counter pair      t0 = perf_counter(); t1 = perf_counter(); acc += t1 - t0
@@ -9,11 +10,24 @@ Rows (best of --repeats, nanoseconds per start/stop pair):
   dummy timer (level > log)   timers("off").start(); timers("off").stop()
 and the cost of one log interval (Timers.gather of 8 timers + MetricsWriter.log_step to
 metrics.jsonl) in microseconds.  Target: under 2 microseconds per pair above the bare pair.
+
+Then, for each --ranks count, a real gloo job (torchrun, CPU) times one log interval's gather of
+8 timers plus 6 per-rank figures (what MetricsWriter sends) with the previous implementation
+(``all_gather_object`` of the readings: pickling, two collectives) and the current one (one
+fixed-size float64 all-gather after a one-time agreement), interleaved in blocks of 20 intervals.
+An interval's cost is the slowest rank's wall time for the gather; the table shows the median
+and 90th percentile over --gathers intervals each, and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +64,12 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--intervals", type=int, default=200)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="gloo world sizes to time")
+    parser.add_argument("--gathers", type=int, default=300, help="timed intervals per implementation")
+    parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.worker:
+        return gather_worker(options.worker, options.gathers)
 
     timers = Timers(1, "minmax", device="cpu")
     timer = timers("fwd", log_level=0)
@@ -107,7 +126,100 @@ def main() -> int:
     print(f"{'bare: 8 perf_counter pairs':44s} {bare_interval:8.1f} us")
     print(f"{'Timers.gather (read + reset 8 timers)':44s} {gather_best * 1e6:8.1f} us")
     print(f"{'MetricsWriter.log_step -> metrics.jsonl':44s} {log_step_best * 1e6:8.1f} us")
+    if options.ranks:
+        bench_gather_across_ranks(options.ranks, options.gathers)
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# One log interval across gloo ranks: all_gather_object (before) vs the fixed-size gather (after)
+
+TIMER_NAMES = [f"timer-{i}" for i in range(8)]
+FIGURES = ("iteration-time", "memory/host-max-rss-gb", "profiler/flush_seconds", "profiler/trace_mb",
+           "profiler/traces_written", "profiler/published")
+BLOCK = 20
+
+
+def legacy_gather(dist, timers: Timers, names: list[str], per_rank: dict) -> list:
+    """The previous ``Timers.gather`` for explicit names: one ``all_gather_object`` of
+    (fingerprint, readings, payload) -- pickled, two collectives (sizes, then bytes)."""
+    import zlib
+
+    local = [timers._timers[name]._elapsed_for_gather(True) for name in names]
+    key = zlib.crc32("\x00".join(names).encode("utf-8"))
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (key, local, per_rank))
+    return gathered
+
+
+def gather_worker(result_dir: str, gathers: int) -> int:
+    """One rank of the timed job (run under torchrun): writes its per-interval seconds."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    timers = Timers(0, "minmax", device="cpu")
+    figures = {key: float(rank + i) for i, key in enumerate(FIGURES)}
+    seconds: dict[str, list[float]] = {"before": [], "after": []}
+    implementations = {
+        "before": lambda: legacy_gather(dist, timers, TIMER_NAMES, figures),
+        "after": lambda: timers.gather(TIMER_NAMES, per_rank=figures),
+    }
+    for _warmup in range(5):
+        for run in implementations.values():
+            _tick(timers)
+            run()
+    for _ in range(math.ceil(gathers / BLOCK)):
+        for label, run in implementations.items():
+            for _ in range(BLOCK):
+                _tick(timers)
+                dist.barrier()
+                start = time.perf_counter()
+                run()
+                seconds[label].append(time.perf_counter() - start)
+    with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump({"rank": rank, **seconds, "collectives": timers._rank_gather.collectives}, handle)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _tick(timers: Timers) -> None:
+    for name in TIMER_NAMES:
+        timers(name, log_level=0).start()
+        timers(name).stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_gather_across_ranks(world_sizes: list[int], gathers: int) -> None:
+    print(f"\none log interval across gloo ranks (8 timers + {len(FIGURES)} per-rank figures), slowest rank's "
+          f"wall time, {gathers} intervals each, interleaved in blocks of {BLOCK}")
+    print(f"{'ranks':>5s} {'before: all_gather_object':>26s} {'after: fixed-size tensor':>26s} {'ratio':>7s}")
+    print(f"{'':5s} {'median':>12s} {'p90':>13s} {'median':>12s} {'p90':>13s} {'(median)':>7s}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for world in world_sizes:
+        with tempfile.TemporaryDirectory() as directory:
+            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                       "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(Path(__file__).resolve()),
+                       "--worker", directory, "--gathers", str(gathers)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                print(f"{world:5d} failed: {done.stderr[-2000:]}")
+                continue
+            results = [json.loads(Path(directory, f"rank{r}.json").read_text()) for r in range(world)]
+        row = []
+        for label in ("before", "after"):
+            slowest = [max(result[label][i] for result in results) for i in range(len(results[0][label]))]
+            cuts = statistics.quantiles(slowest, n=10)
+            row.append((statistics.median(slowest) * 1e6, cuts[-1] * 1e6))
+        (before, before90), (after, after90) = row
+        print(f"{world:5d} {before:9.0f} us {before90:10.0f} us {after:9.0f} us {after90:10.0f} us "
+              f"{before / after:6.2f}x")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ def readme_example(name: str) -> str:
 
 def run_readme_example(name: str, workdir: Path, *, pythonpath: list[Path] = (), timeout: float = 300,
                        **env: str) -> subprocess.CompletedProcess[str]:
-    """Run the example in ``workdir`` (with the repo's integrations/ and configs/ linked in)."""
-    for entry in ("integrations", "configs"):
+    """Run the example in ``workdir`` (with the repo's integrations/, configs/ and tests/ linked in;
+    ``torchprof`` runs this checkout's code, whatever the environment's console script points at)."""
+    for entry in ("integrations", "configs", "tests"):
         link = workdir / entry
         if not link.exists():
             link.symlink_to(REPO / entry)
@@ -30,6 +31,6 @@ def run_readme_example(name: str, workdir: Path, *, pythonpath: list[Path] = (),
     environment = subprocess_env(MASTER_PORT=str(free_port()), **env)
     environment["PATH"] = os.pathsep.join([bindir, environment.get("PATH", "")])
     environment["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), environment["PYTHONPATH"]])
-    script = "set -euo pipefail\n" + readme_example(name)
+    script = 'set -euo pipefail\ntorchprof() { python -m torchprof_args "$@"; }\n' + readme_example(name)
     return subprocess.run(["bash", "-c", script], cwd=workdir, env=environment, capture_output=True,
                           text=True, timeout=timeout)

@@ -82,6 +82,25 @@ def test_html_has_one_svg_plot_per_panel(run_dir: Path, capsys: pytest.CaptureFi
     assert page.count("<polyline") >= 9 and "class=\"band\"" in page
 
 
+def test_heatmap_folds_large_jobs_into_bounded_buckets() -> None:
+    """512 ranks x 600 intervals: at most MAX_ROWS x MAX_COLUMNS cells, each the bucket's maximum."""
+    from torchprof_args.metrics.dashboard_heatmap import MAX_COLUMNS, MAX_ROWS, heatmap_grid, heatmap_svg
+
+    records = []
+    for iteration in range(1, 601):
+        scores = [1.0] * 512
+        scores[301] = 1.9 if iteration >= 400 else 1.0  # rank 301 turns slow at iteration 400
+        records.append({"iteration": iteration, "metrics": {}, "per_rank": {"stragglers/fwd-score": scores}})
+    xs, labels, cells = heatmap_grid(records, "stragglers/fwd-score")
+    assert len(labels) == MAX_ROWS and len(xs) == 200 <= MAX_COLUMNS  # buckets of 3 intervals
+    row = next(i for i, label in enumerate(labels) if label == "300-303")
+    column = next(i for i, x in enumerate(xs) if x >= 400)
+    assert cells[row][column] == 1.9 and cells[row][column - 1] == 1.0 and cells[row - 1][column] == 1.0
+    svg = heatmap_svg("fwd", "x median", xs, labels, cells)
+    assert svg.count('class="cell"') == MAX_ROWS * 200 and "<title>" not in svg  # too many to title
+    assert heatmap_grid([{"iteration": 1, "metrics": {}}], "stragglers/fwd-score") is None
+
+
 def test_missing_metrics_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert torchprof(["dashboard", str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err

@@ -203,7 +203,7 @@ def test_import_is_light():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.config",
+@pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.flags", "torchprof_args.runtime.config",
                                     "torchprof_args.metrics.config", "torchprof_args.ondemand.config",
                                     "torchprof_args.config", "torchprof_args.cli"])
 def test_every_config_module_imports_first_without_a_circle(module):

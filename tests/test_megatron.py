@@ -24,6 +24,7 @@ from readme_examples import run_readme_example
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
 from torchprof_args import megatron as tpm
 from torchprof_args.config import configs_from_args
+from torchprof_args.frameworks.megatron_install import _hook_for as hook_for
 from torchprof_args.runtime import ranks as traced
 from torchprof_args.runtime.config import parallel_selector
 
@@ -73,7 +74,7 @@ def test_install_fails_clearly_without_megatron_lm_or_with_an_unknown_layout(mon
 def test_train_without_the_args_provider_fails_clearly():
     training = types.SimpleNamespace(get_args=lambda: argparse.Namespace(iteration=0), get_timers=lambda: None)
     with pytest.raises(tpm.MegatronIntegrationError, match="extra_args_provider=torchprof_args.megatron"):
-        tpm._hook_for(training)
+        hook_for(training)
 
 
 def _profiler_steps(path: Path) -> list[int]:

@@ -108,6 +108,35 @@ def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) ->
 
 
 @pytest.mark.slow
+def test_slowest_rank_and_straggler_scores_in_metrics_and_heatmap(two_rank_run: Path) -> None:
+    """timers/<name>-time-max-rank names the slow rank; the scored timers' per-rank scores (time
+    over the median) are in metrics.jsonl and drawn as the dashboard's rank x interval heatmap."""
+    from torchprof_args.console import main as torchprof
+
+    for record in read_metrics_file(two_rank_run / "metrics.jsonl"):
+        metrics, per_rank = record["metrics"], record["per_rank"]
+        times = per_rank["timers/batch-generator-time"]  # rank 1 sleeps 10 ms longer there (as a rule)
+        assert metrics["timers/batch-generator-time-max-rank"] == float(times.index(max(times)))
+        # optimizer goes through Megatron-style timers.write: its scalars, but no per-rank series
+        assert metrics["stragglers/optimizer-score-max"] >= 1.0 and "stragglers/optimizer-score" not in per_rank
+        for name in ("forward-backward",):  # a default --straggler-timers timer, logged by log_step
+            scores = per_rank[f"stragglers/{name}-score"]
+            times = per_rank[f"timers/{name}-time"]
+            median = sum(times) / 2
+            assert scores == pytest.approx([t / median for t in times])
+            assert metrics[f"stragglers/{name}-score-max"] == pytest.approx(max(scores))
+            assert metrics[f"stragglers/{name}-score-max-rank"] == float(scores.index(max(scores)))
+            assert metrics[f"timers/{name}-time-max-rank"] == float(times.index(max(times)))
+        assert "stragglers/batch-generator-score" not in per_rank  # not a --straggler-timers timer
+    output = two_rank_run / "timings.html"
+    assert torchprof(["dashboard", str(two_rank_run), "-o", str(output)]) == 0
+    page = output.read_text()
+    assert page.count('<svg class="panel heatmap"') == 1  # forward-backward (optimizer has no per-rank series)
+    assert page.count('class="cell"') == 2 * 4  # 2 ranks x 4 intervals
+    assert "rank 1, iteration 8:" in page and "x the median</title>" in page
+
+
+@pytest.mark.slow
 def test_tensorboard_events_hold_the_same_series(two_rank_run: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

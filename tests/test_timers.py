@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, rank_results, run_torchrun
 
 from torchprof_args import Timers, add_torch_profile_args, validate_args
 from torchprof_args.errors import TimerError
@@ -214,6 +215,17 @@ def test_bad_timing_flags_fail_in_argparse(capsys: pytest.CaptureFixture[str]) -
     assert "--timing-log-level: must be 0, 1 or 2" in capsys.readouterr().err
 
 
+def test_straggler_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    timers = Timers.from_args(parser.parse_args(["--straggler-threshold", "1.5", "--straggler-intervals", "5",
+                                                 "--straggler-timers", "fwd", "opt"]))
+    assert (timers.stragglers.threshold, timers.stragglers.intervals, timers._straggler_timers) == (1.5, 5, ("fwd", "opt"))
+    assert Timers.from_args(parser.parse_args(["--straggler-threshold", "0"])).stragglers.threshold == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--straggler-threshold", "0.9"])
+    assert "--straggler-threshold: must be above 1 (times the median), or 0" in capsys.readouterr().err
+
+
 def test_megatron_host_options_are_reused_not_redefined() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log-interval", type=int, default=100)
@@ -260,6 +272,88 @@ def test_two_ranks_with_different_names_get_a_clear_error_not_a_hang(tmp_path: P
         assert "same timer names on every rank" in match.group(1)
         assert "rank 1 has extra ['optimizer']" in match.group(1)
 
+
+@pytest.mark.slow
+def test_fixed_size_gather_on_two_ranks_agrees_once_and_names_the_straggler(tmp_path: Path) -> None:
+    """One tensor all-gather per interval after a one-time agreement; a new layout re-agrees on
+    every rank; a later mismatch is the clear error on both ranks; rank 1 (slow forward-backward)
+    is the slowest rank, has the top score and is named by rank 0's warning."""
+    result = run_torchrun(REPO / "tests" / "timers_train_script.py", "--gather-check", str(tmp_path),
+                          "--straggler-intervals", "2", timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = rank_results(tmp_path)
+    assert sorted(ranks) == [0, 1]
+    for rank, entry in ranks.items():
+        counts = [interval["collectives"] for interval in entry["intervals"]]
+        # agreement (object all-gather = 2 collectives) + gather; then 1; a new figure key (5) or a new
+        # timer on one rank (6): 1 + 2 + 1; back to the first layout (7): 1 again
+        assert counts == [3, 1, 1, 1, 4, 4, 1], (rank, counts)
+        first, union_new_key, new_timer = entry["intervals"][0], entry["intervals"][4], entry["intervals"][5]
+        assert first["names"] == ["forward-backward", "optimizer"] and first["global_ranks"] == [0, 1]
+        assert first["per_rank"] == [{"memory/x": 0.0}, {"memory/x": 1.0}]
+        assert union_new_key["per_rank"] == [{"memory/x": 0.0, "profiler/y": 1.0}, {"memory/x": 1.0}]
+        assert new_timer["names"] == ["forward-backward", "optimizer", "eval"]
+        assert math.isnan(new_timer["times"][0][2]) and new_timer["times"][1][2] > 0  # rank 0 never ran "eval"
+        for interval in entry["intervals"]:
+            fwd0, fwd1 = (row[0] for row in interval["times"])
+            assert fwd1 > fwd0
+            assert interval["scalars"]["timers/forward-backward-time-max-rank"] == 1.0
+            assert interval["scalars"]["stragglers/forward-backward-score-max-rank"] == 1.0
+            assert interval["scores"]["stragglers/forward-backward-score"] == pytest.approx([0.4, 1.6])  # / 2.5 ms
+        assert "same timer names on every rank" in entry["mismatch"]
+        assert "rank 1 has extra ['optimizer']" in entry["mismatch"]
+        # streak of 2 intervals -> warned at 2, then at 4 (doubling); every rank agrees on them
+        assert entry["warnings"] == [
+            f"straggler: rank 1 forward-backward took 1.60x the median of 2 ranks (4.0 ms vs 2.5 ms) for {n} log "
+            f"intervals in a row (iterations 1-{n}; --straggler-threshold 1.2)" for n in (2, 4)]
+    assert "WARNING torchprof_args.metrics.stragglers: straggler: rank 1 forward-backward" in result.stderr
+    assert "[torchprof rank 1] WARNING torchprof_args.metrics.stragglers" not in result.stderr  # rank 0 only
+
+
+def test_gather_carries_megatron_parallel_coordinates(tmp_path: Path) -> None:
+    """With megatron-core's parallel state up, the one-time agreement carries each rank's
+    coordinates (the straggler warning names them); without it, none."""
+    pytest.importorskip("megatron.core")
+    script = f"""
+import json, torch.distributed as dist
+from torchprof_args import Timers
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+timers = Timers(0, "minmax")
+timers("fwd", log_level=0).start(); timers("fwd").stop()
+before = timers.gather(["fwd"]).coordinates
+from megatron.core import parallel_state
+parallel_state.initialize_model_parallel(1, 1)
+timers("fwd").start(); timers("fwd").stop()
+print(json.dumps([before, timers.gather(["fwd"]).coordinates]))
+parallel_state.destroy_model_parallel(); dist.destroy_process_group()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before == [None] and after == [{"dp": 0, "tp": 0, "pp": 0, "cp": 0, "ep": 0}]
+
+
+def test_straggler_figures_and_warning_on_one_process() -> None:
+    """Scores are time over the median; no score for timers fewer than two ranks ran."""
+    from torchprof_args.metrics.stragglers import StragglerTracker, straggler_figures
+
+    names = ["forward-backward", "data"]
+    times = [[0.10, 0.01], [0.10, math.nan], [0.25, math.nan], [0.12, math.nan]]
+    scalars, per_rank = straggler_figures(names, times, [8, 9, 10, 11], scored=["forward-backward"])
+    assert scalars == {"timers/forward-backward-time-max-rank": 10.0,
+                       "stragglers/forward-backward-score-max": pytest.approx(0.25 / 0.11),
+                       "stragglers/forward-backward-score-max-rank": 10.0}
+    assert per_rank["stragglers/forward-backward-score"][0] == pytest.approx(0.10 / 0.11)
+    tracker = StragglerTracker(1.5, 2, rank=1)  # not rank 0: computes, does not log
+    coords = [None, None, {"dp": 1, "tp": 0, "pp": 1, "cp": 0, "ep": 0}, None]
+    assert tracker.update(100, names, times, per_rank, [8, 9, 10, 11], coords) == []
+    assert tracker.update(100, names, times, per_rank, [8, 9, 10, 11], coords) == []  # same interval twice
+    (warning,) = tracker.update(200, names, times, per_rank, [8, 9, 10, 11], coords)
+    assert warning.startswith("straggler: rank 10 (dp=1 tp=0 pp=1 cp=0 ep=0) forward-backward took 2.27x the "
+                              "median of 4 ranks (250.0 ms vs 110.0 ms) for 2 log intervals in a row "
+                              "(iterations 100-200")
+    assert StragglerTracker(0, 2, rank=0).update(1, names, times, per_rank, [8, 9, 10, 11]) == []
 
 
 def test_timers_are_nvtx_ranges_with_nsys():

@@ -1,17 +1,22 @@
 """A tiny 2-rank training job with Timers and MetricsWriter (run by tests/test_metrics.py via torchrun).
 
     torchrun --standalone --nproc_per_node 2 tests/timers_train_script.py --metrics-dir DIR [--mismatch]
+    torchrun --standalone --nproc_per_node 2 tests/timers_train_script.py --gather-check RESULT_DIR
 
 Trains a small MLP with gloo DDP on CPU for --train-iters iterations, timing the steps with
 ``torchprof_args.Timers`` and writing every --log-interval iterations with ``MetricsWriter``
 (one ``log_step`` call) plus a Megatron-style ``timers.write(names, writer, iteration)``.
 Rank 1 sleeps 10 ms longer in "batch-generator" so min and max across ranks differ.
 With --mismatch the ranks log different timer names and must both get a clear error.
+With --gather-check each rank records, interval by interval, how many collectives the gather
+issued, what it returned and the straggler warnings (rank 1 is slow in "forward-backward"),
+into RESULT_DIR/rank<R>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -27,6 +32,7 @@ def main() -> int:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     parser.add_argument("--train-iters", type=int, default=8)
     parser.add_argument("--mismatch", action="store_true")
+    parser.add_argument("--gather-check", metavar="RESULT_DIR")
     dist.init_process_group("gloo")
     args = validate_args(parser.parse_args())
     rank = dist.get_rank()
@@ -37,6 +43,9 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     timers = Timers.from_args(args)
     batch = 16
+
+    if args.gather_check:
+        return gather_check(args, timers, rank)
 
     if args.mismatch:
         timers("forward-backward", log_level=0).start()
@@ -88,6 +97,40 @@ def main() -> int:
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
+    return 0
+
+
+def gather_check(args: argparse.Namespace, timers: Timers, rank: int) -> int:
+    """Intervals of the fixed-size gather: what each cost in collectives and what came back."""
+    gather = timers._rank_gather
+    intervals = []
+
+    def interval(iteration: int, names, figures=None, new_timer: str | None = None) -> None:
+        # readings injected (Timer.set_elapsed), not measured: the test checks arithmetic, not timing
+        for name in ("forward-backward", "optimizer") + ((new_timer,) if new_timer else ()):
+            timers(name, log_level=0).set_elapsed(0.004 if (name == "forward-backward" and rank == 1) else 0.001)
+        before = gather.collectives
+        snapshot = timers.gather(names, per_rank=figures)
+        scalars, per_rank = timers.interval_figures(snapshot, 1.0, iteration)
+        intervals.append({"iteration": iteration, "collectives": gather.collectives - before,
+                          "names": snapshot.names, "times": snapshot.times, "per_rank": snapshot.per_rank,
+                          "global_ranks": snapshot.global_ranks, "scalars": scalars, "scores": per_rank})
+
+    for iteration in range(1, 5):  # the same names: agree once, then one collective an interval
+        interval(iteration, ["forward-backward", "optimizer"], {"memory/x": float(rank)})
+    interval(5, None, {"memory/x": float(rank), "profiler/y": 1.0} if rank == 0 else {"memory/x": 1.0})
+    interval(6, None, {"memory/x": 2.0}, new_timer="eval" if rank == 1 else None)  # a new timer on rank 1
+    interval(7, ["forward-backward", "optimizer"], {"memory/x": float(rank)})  # back to a known layout
+    error = None
+    try:  # rank 1 asks for other names after the layout was agreed: an error on both ranks, no hang
+        timers.gather(["forward-backward"] + (["optimizer"] if rank == 1 else []))
+    except TimerNamesMismatchError as err:
+        error = str(err)
+    result = {"rank": rank, "intervals": intervals, "warnings": timers.stragglers.warnings, "mismatch": error}
+    with open(os.path.join(args.gather_check, f"rank{rank}.json"), "w") as handle:
+        json.dump(result, handle, allow_nan=True)
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 

@@ -8,11 +8,13 @@ most launchers set them) answers, else a single process is assumed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["dist_if_initialized", "env_int", "rank", "world_size", "world_size_if_known"]
+__all__ = ["dist_if_initialized", "env_int", "rank", "unrecorded", "world_size", "world_size_if_known"]
 
 
 def dist_if_initialized() -> Any:
@@ -53,3 +55,25 @@ def world_size_if_known(group: Any = None) -> int | None:
     if dist is not None:
         return dist.get_world_size(group)
     return env_int("WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Keep the profiler's own collectives out of the user's trace.
+
+    Votes and decisions that torchprof-args exchanges inside a recording window would otherwise
+    appear as ``gloo:all_reduce`` / ``c10d::broadcast_`` events of the job, and skew what
+    ``torchprof collectives`` reports.  Record functions are switched off on this thread (gloo
+    creates its worker-thread event from the caller's) for the duration of the block.
+    """
+    autograd = getattr(getattr(sys.modules.get("torch"), "_C", None), "_autograd", None)
+    switch = getattr(autograd, "_enable_record_function", None)
+    if switch is None:
+        yield
+        return
+    switch(False)
+    try:
+        yield
+    finally:
+        switch(True)
+

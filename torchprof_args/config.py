@@ -22,6 +22,7 @@ from torchprof_args.metrics.config import MetricsConfig, TimersConfig
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.runtime.config import (
     ExportConfig,
+    FlightRecorderConfig,
     MemorySnapshotConfig,
     NsysConfig,
     ProfilerConfig,
@@ -79,7 +80,8 @@ def configs_from_args(args: argparse.Namespace, world_size: int | None = None) -
     on_demand = OnDemandConfig.from_namespace(args, profile_dir=directory, warmup=trace.schedule.warmup,
                                               gzip=export.gzip_level is not None)
     profiler = ProfilerConfig(trace=trace, export=export, memory=MemorySnapshotConfig.from_namespace(args),
-                              nsys=NsysConfig.from_namespace(args), on_demand=on_demand)
+                              nsys=NsysConfig.from_namespace(args), on_demand=on_demand,
+                              flight_recorder=FlightRecorderConfig.from_namespace(args))
     run = RunConfig(
         profiler=profiler,
         timers=TimersConfig.from_namespace(args, nvtx=profiler.nsys.enabled),
@@ -100,6 +102,8 @@ def _check_environment(profiler: ProfilerConfig, world_size: int | None) -> None
     """Ranks against the world size, directories writable: before training starts."""
     if profiler.on_demand.enabled:
         check_writable_dir(profiler.on_demand.trace_dir, "--torch-profile-dir")
+    if profiler.flight_recorder.enabled:
+        check_writable_dir(profiler.flight_recorder.output_dir, "--torch-profile-dir")
     if not profiler.follows_schedule:
         return
     ranks = profiler.trace.ranks

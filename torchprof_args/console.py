@@ -15,6 +15,8 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.flags.command",
     "torchprof_args.analysis.commands",
+    "torchprof_args.analysis.collectives_command",
+    "torchprof_args.analysis.hang_command",
     "torchprof_args.pyspy.command",
     "torchprof_args.runtime.nsys_command",
     "torchprof_args.metrics.dashboard_command",

@@ -16,6 +16,8 @@ __all__ = [
     "COMPANION_SUBDIRS",
     "CYCLE_DIR_PREFIX",
     "EXECUTION_TRACE_SUFFIX",
+    "FLIGHT_RECORDER_PREFIXES",
+    "FLIGHT_RECORDER_SUBDIR",
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
     "METRICS_FILENAME",
@@ -28,6 +30,7 @@ __all__ = [
     "WANDB_RUN_FILENAME",
     "cycle_dir_name",
     "cycle_of_name",
+    "flight_recorder_info_name",
     "memory_snapshot_name",
     "operator_table_path",
     "profiler_list_name",
@@ -70,6 +73,11 @@ COMPANION_SUBDIRS = {EXECUTION_TRACE_SUFFIX: "execution_traces"}
 #: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
+#: ``<profile dir>/flight_recorder/``: PyTorch flight-recorder dumps, ``<prefix><rank>`` each.
+FLIGHT_RECORDER_SUBDIR = "flight_recorder"
+#: Dump file prefixes by recorder: NCCL's is PyTorch's own default name (its watchdog writes it);
+#: the CPU backends' recorder (gloo) is dumped by torchprof-args under the other.
+FLIGHT_RECORDER_PREFIXES = {"nccl": "nccl_trace_rank_", "gloo": "gloo_trace_rank_"}
 #: The metrics writer's local record, one JSON object per logged iteration.
 METRICS_FILENAME = "metrics.jsonl"
 #: Written next to metrics.jsonl by the wandb sink: which wandb run holds these metrics.
@@ -187,3 +195,8 @@ def memory_snapshot_name(host: str, rank: int, iteration: int, reason: str | Non
     host = safe_token(host.split(".")[0]) or "host"
     suffix = f"_{reason}" if reason else ""
     return f"memory_snapshot_{host}_rank{rank}_iter{iteration:07d}{suffix}.pickle"
+
+
+def flight_recorder_info_name(rank: int) -> str:
+    """``dump_info_rank<R>.json``: why and when rank R dumped, and its process-group table."""
+    return f"dump_info_rank{rank}.json"

@@ -213,6 +213,7 @@ def main() -> int:
         prof.start()
     except TorchProfileArgsError as err:
         print(f"fault_job.py: error: {err}", file=sys.stderr)
+        dist.destroy_process_group()  # leave like a well-behaved job: gloo's threads ended, not torn down at exit
         return 2
     state = {"cycle": 0}
     prof._sigterm.hooks.append(lambda: write_json_atomically(  # noqa: SLF001 - the documented hook point

@@ -9,7 +9,9 @@ each one's summary beside it, :mod:`.collect` gathers summaries (sidecars, else 
 processes), :mod:`.shard` splits the parsing between the tasks of a cluster job.  :mod:`.text`,
 :mod:`.report` (with :mod:`.svg`) and :mod:`.diff` render and compare summaries; :mod:`.split`,
 :mod:`.merge` and :mod:`.memsnap` are the other tools, and :mod:`.commands` (with
-:mod:`.summary_command`) their ``torchprof`` sub-commands.
+:mod:`.summary_command`) their ``torchprof`` sub-commands; :mod:`.collectives_command`
+(collectives across ranks) and :mod:`.hang` / :mod:`.hang_command` (flight-recorder dumps through
+PyTorch's analyzer) have their own.
 
 Import-light: needs numpy and msgspec, never torch.
 """

@@ -85,12 +85,14 @@ class ColumnStore:
         self.total = 0
         self.n_events = 0
         self.memory: list[dict[str, np.ndarray]] = []
+        self.comms: list[tuple[Any, ...]] = []
 
     def add(self, part: Part) -> None:
         """Append one batch's columns (parts must come in file order)."""
         self.n_events += part.n_events
         if len(part.memory["device"]):
             self.memory.append(part.memory)
+        self.comms += part.comms
         keys = self.keys
         part.key = np.array([keys.setdefault(k, len(keys)) for k in part.keys], dtype=np.int32)[part.key]
         if self.dtypes["corr"] == np.int32 and len(part.corr) and (
@@ -151,6 +153,7 @@ class ColumnStore:
                 for col, dtype in MEMORY_COLUMNS}
         out["memory"] = reduce_memory(rows["device"], rows["peak_allocated"], rows["peak_reserved"], rows["samples"])
         out["n_events"] = self.n_events
+        out["comms"] = self.comms
         out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
         # Each name's category (of its first event): a few hundred keys, not millions of events.
         name_cat = np.zeros(len(names), dtype=np.int32)
@@ -163,12 +166,13 @@ class ColumnStore:
         return out
 
 
-def load_trace(path: str | Path, progress: bool = False, workers: int | None = None) -> Trace:
+def load_trace(path: str | Path, progress: bool = False, workers: int | None = None, comms: bool = False) -> Trace:
     """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
 
     ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
-    two cores are usable, else 1).  Raises :class:`TraceError` (message names the file) for bad
-    input.
+    two cores are usable, else 1).  ``comms`` also keeps the communication events' fields in
+    ``Trace.comms`` (:mod:`~torchprof_args.analysis.comm_events`; decoding is ~17 % slower).
+    Raises :class:`TraceError` (message names the file) for bad input.
     """
     path = Path(path)
     if not path.exists():
@@ -180,12 +184,12 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
     try:
         try:
             store = ColumnStore()
-            stream = _load_fast(path, progress, workers, store)
+            stream = _load_fast(path, progress, workers, store, comms)
         except parallel.WrongCut:  # an unusual layout fooled the fast cuts: redo it validated, in order
             store = ColumnStore()
             stream = TraceStream(path, progress=progress)
-            for events in stream.batches(decode_events):
-                store.add(reduce_batch(events))
+            for events in stream.batches(lambda text: decode_events(text, comms)):
+                store.add(reduce_batch(events, comms))
                 del events
         columns = store.finish()
         del store
@@ -196,10 +200,10 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
     finally:
         if gc_was_enabled:
             gc.enable()
-    return _to_trace(stream, columns)
+    return _to_trace(stream, columns, comms)
 
 
-def _to_trace(stream: TraceStream, columns: dict[str, Any]) -> Trace:
+def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False) -> Trace:
     """The :class:`Trace` of a file read by ``stream`` (its metadata) into ``columns``."""
     meta = stream.metadata
     if not isinstance(meta.get("distributedInfo", {}), dict):
@@ -223,10 +227,11 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any]) -> Trace:
         uncompressed_bytes=stream.uncompressed_bytes,
         compressed=stream.compressed,
         _cache={"name_cat": columns["name_cat"]},
+        comms=columns["comms"] if comms else None,
     )
 
 
-def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore) -> TraceStream:
+def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore, comms: bool = False) -> TraceStream:
     """Fill ``store`` from ``path`` (ranges of a plain file, else streamed batches), with worker
     processes when asked or when the file is large; returns the stream that read the metadata.
 
@@ -254,14 +259,14 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnSto
         if workers > 1:
             scratch = tempfile.TemporaryFile(prefix="torchprof-columns-")  # noqa: SIM115 - closed below
             ctx = mp.get_context("fork")
-            children = [parallel.Worker(ctx, path, scratch.fileno()) for _ in range(workers - 1)]
+            children = [parallel.Worker(ctx, path, scratch.fileno(), comms) for _ in range(workers - 1)]
             for child in children:
                 child.start_feeder()
         if own_bar:  # after forking: tqdm starts a monitor thread
             from tqdm import tqdm
 
             bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False, disable=None)
-        parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store)
+        parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store, comms)
     finally:
         for child in children:
             child.close()

@@ -38,15 +38,15 @@ class WrongCut(Exception):
     """A range did not decode as a JSON array: the fast cut was not at an event boundary."""
 
 
-def decode_part(text: Any) -> Part:
+def decode_part(text: Any, comms: bool = False) -> Part:
     """Columns of one range or streamed text; :class:`WrongCut` when it is not a JSON array."""
     try:
-        events = decode_events(text)
+        events = decode_events(text, comms)
     except msgspec.DecodeError:
         raise WrongCut from None
     # A search of the text in C is cheaper than a scan of its events in Python (GPU traces
     # recorded without profile_memory have no [memory] event at all).
-    return reduce_batch(events, memory_events=_MEMORY_TAG in text)
+    return reduce_batch(events, comms, memory_events=_MEMORY_TAG in text)
 
 
 _MEMORY_TAG = b'"[memory]"'
@@ -109,7 +109,7 @@ def plan_tasks(stream: TraceStream, fd: int | None, start: int | None, segment: 
 
 
 # -- worker processes -------------------------------------------------------------------------
-def _worker_main(conn: Any, path: str, out_fd: int) -> None:
+def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False) -> None:
     """Worker loop: take (index, range or text), send back where its columns were written."""
     gc.disable()
     fd = os.open(path, os.O_RDONLY)
@@ -122,7 +122,7 @@ def _worker_main(conn: Any, path: str, out_fd: int) -> None:
             index, offset, length = task
             text = read_range(fd, offset, length) if offset >= 0 else conn.recv_bytes()
             try:
-                part = decode_part(text)
+                part = decode_part(text, comms)
             except WrongCut:
                 conn.send(("bad", index))
                 continue
@@ -136,7 +136,7 @@ def _worker_main(conn: Any, path: str, out_fd: int) -> None:
                 while done < len(view):
                     done += os.pwrite(out_fd, view[done:], written + done)
                 written += len(view)
-            conn.send(("ok", index, part.n_events, where, part.keys, part.memory))
+            conn.send(("ok", index, part.n_events, where, part.keys, part.memory, part.comms))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
         conn.send(("err", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -146,9 +146,9 @@ def _worker_main(conn: Any, path: str, out_fd: int) -> None:
 class Worker:
     """One forked worker, fed by a thread so a large text never blocks the main process."""
 
-    def __init__(self, ctx: Any, path: Path, out_fd: int) -> None:
+    def __init__(self, ctx: Any, path: Path, out_fd: int, comms: bool = False) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd, comms), daemon=True)
         self.proc.start()
         child_conn.close()
         self.out_fd = out_fd
@@ -196,7 +196,7 @@ class Worker:
             raise TraceError(f"a trace decoding worker failed: {msg[1]}")
         if msg[0] == "bad":
             raise WrongCut
-        _, index, n_events, where, keys, memory = msg
+        _, index, n_events, where, keys, memory, comms = msg
         self.outstanding -= 1
         cols = []
         for offset, n, dtype in where:
@@ -209,7 +209,7 @@ class Worker:
                     raise TraceError("a trace decoding worker's output could not be read back")
                 done += got
             cols.append(arr)
-        return index, Part(n_events, *cols, keys, memory)
+        return index, Part(n_events, *cols, keys, memory, comms)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""
@@ -224,7 +224,7 @@ class Worker:
 
 
 def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
-              store: ColumnStore) -> None:
+              store: ColumnStore, comms: bool = False) -> None:
     """Decode every task, here or in a worker (each kept at most a few tasks ahead).
 
     Parts are added to ``store`` in file order (a part that arrives early waits for the ones
@@ -261,7 +261,7 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
             continue
         if text is None:
             text = read_range(fd, offset, length)  # type: ignore[arg-type]
-        parts[index] = decode_part(text)
+        parts[index] = decode_part(text, comms)
         del text
         flush()
         if bar is not None:

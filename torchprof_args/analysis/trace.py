@@ -44,6 +44,9 @@ class Trace:
     ``stream`` and ``corr`` are -1 where the event has none.  ``memory`` sums up the ``[memory]``
     events per device (``device`` code, ``peak_allocated``, ``peak_reserved``, ``samples``); ``_cache`` memoises
     tables the analyzers derive from the trace (kernel classes of names, the CPU tree).
+    ``comms`` is the side table of communication events (rows in
+    :data:`~torchprof_args.analysis.comm_events.COMM_FIELDS` order) when the trace was loaded
+    with ``comms=True``, else None.
     """
 
     path: Path
@@ -63,6 +66,7 @@ class Trace:
     file_bytes: int
     uncompressed_bytes: int
     compressed: bool
+    comms: list[tuple[Any, ...]] | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -222,11 +226,16 @@ def _tighten(event: _LooseEvent) -> Any:
     return _SKIP
 
 
-def decode_events(text: Any) -> list[Any]:
+def decode_events(text: Any, comms: bool = False) -> list[Any]:
     """Typed fast path; a batch with unusual values is decoded loosely and normalised.
 
+    ``comms`` decodes the communication fields too (:mod:`~torchprof_args.analysis.comm_events`).
     Raises ``msgspec.DecodeError`` only when ``text`` is not a JSON array (a wrong cut).
     """
+    if comms:
+        from torchprof_args.analysis.comm_events import decode_comm_events
+
+        return decode_comm_events(text)
     try:
         return _typed.decode(text)
     except msgspec.ValidationError:
@@ -269,6 +278,8 @@ class Part:
     corr: np.ndarray
     keys: list[tuple[Any, Any, Any, Any]]
     memory: dict[str, np.ndarray]
+    #: Communication rows (``comms=True`` only).
+    comms: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 PART_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("key", np.int32), ("stream", np.int32), ("corr", np.int64))
@@ -281,13 +292,19 @@ def _int_column(args: list[Any], getter: Any, n: int) -> np.ndarray:
         return np.array([max(min(getter(a), 2**63 - 1), -(2**63)) for a in args], dtype=np.int64)
 
 
-def reduce_batch(events: list[Any], memory_events: bool = True) -> Part:
-    """Columns of one decoded batch, built without a Python-level loop over the events.
+def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = True) -> Part:
+    """Columns of one decoded batch, built without a Python-level loop over the events
+    (``comms``: events from :func:`decode_events` with ``comms=True``, communication rows kept).
 
     ``memory_events=False`` says the batch's text holds no ``[memory]`` event (the caller looked),
     so the events are not scanned for them.
     """
-    xs = [e for e in events if e.__class__ is _X]
+    x_class: Any = _X
+    if comms:
+        from torchprof_args.analysis.comm_events import XComm, comm_rows
+
+        x_class = XComm
+    xs = [e for e in events if e.__class__ is x_class]
     memory = _memory_samples(events if memory_events and len(xs) != len(events) else [])
     n = len(xs)
     ts = np.fromiter(map(_get_ts, xs), np.float64, n)
@@ -301,6 +318,7 @@ def reduce_batch(events: list[Any], memory_events: bool = True) -> Part:
     key = lut[first_index]
     del first_index, lut, first
     args = list(map(_get_args, xs))
+    rows = comm_rows(xs, args, key, keys) if comms else []
     del xs
     stream = _int_column(args, _get_stream, n)
     if n and (stream.max() > I32_MAX or stream.min() < I32_MIN):
@@ -313,7 +331,7 @@ def reduce_batch(events: list[Any], memory_events: bool = True) -> Part:
         keep &= ~np.array([k[1] == NO_CAT for k in keys], dtype=bool)[key]
     if not keep.all():
         ts, dur, key, stream, corr = ts[keep], dur[keep], key[keep], stream[keep], corr[keep]
-    return Part(len(events), ts, dur, key, stream, corr, keys, memory)
+    return Part(len(events), ts, dur, key, stream, corr, keys, memory, rows)
 
 
 _get_mem_args = attrgetter("args")

@@ -17,6 +17,7 @@ from typing import Any
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
 from torchprof_args.flags.types import non_negative_int, positive_float, positive_int
+from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
 
 __all__ = ["ALL_SINKS", "MetricsConfig", "TimersConfig", "WandbConfig", "default_wandb_mode",
            "wandb_credentials_present"]
@@ -32,6 +33,18 @@ def timing_log_level(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, got {text!r}") from None
     if value not in (0, 1, 2):
         raise argparse.ArgumentTypeError(f"must be 0, 1 or 2, got {value}")
+    return value
+
+
+def straggler_threshold(text: str) -> float:
+    """A ratio above 1 (e.g. 1.2), or 0 for no warning."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number like 1.2, got {text!r}") from None
+    if value != 0 and not value > 1.0:
+        raise argparse.ArgumentTypeError(f"must be above 1 (times the median), or 0 to turn the warning off; "
+                                         f"got {value:g}")
     return value
 
 
@@ -61,6 +74,16 @@ METRICS_SINKS = Flag("--metrics-sinks", "Where the metrics writer writes.", defa
 METRICS_RANK = Flag("--metrics-rank", "Global rank that writes the metrics (wandb, TensorBoard, metrics.jsonl); "
                     "default the last rank, as in Megatron-LM.", type=non_negative_int, metavar="R",
                     default_doc="last rank")
+STRAGGLER_THRESHOLD = Flag("--straggler-threshold",
+                           "Warn (on rank 0) when a rank's time for a --straggler-timers timer stays above this many "
+                           "times the median of all ranks for --straggler-intervals log intervals in a row; 0 turns "
+                           "the warning off (the per-rank scores are still written).",
+                           default=1.2, type=straggler_threshold, metavar="X")
+STRAGGLER_INTERVALS = Flag("--straggler-intervals", "Log intervals in a row above --straggler-threshold before a rank "
+                           "is reported as a straggler.", default=3, type=positive_int, metavar="N")
+STRAGGLER_TIMERS = Flag("--straggler-timers", "Timers that get a straggler score per rank (time over the median; "
+                        "written per rank to metrics.jsonl, the dashboard's heatmap).",
+                        default=list(DEFAULT_STRAGGLER_TIMERS), nargs="+", metavar="NAME")
 FLOPS_PER_ITERATION = Flag("--metrics-flops-per-iteration",
                            "Model FLOPs of one training iteration (all ranks together), for TFLOP/s per GPU.",
                            type=positive_float, metavar="F")
@@ -70,7 +93,8 @@ TIMER_FLAGS = register_group(FlagGroup(
     description="Megatron-compatible step timers (CUDA events, no device synchronize per start/stop) written to "
                 "wandb, TensorBoard and a local metrics.jsonl (torchprof-args).",
     flags=(LOG_LEVEL, LOG_OPTION, LOG_INTERVAL, SYNCHRONIZE, WANDB_PROJECT, WANDB_EXP_NAME, WANDB_ENTITY,
-           WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, METRICS_RANK, FLOPS_PER_ITERATION),
+           WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, METRICS_RANK, FLOPS_PER_ITERATION,
+           STRAGGLER_THRESHOLD, STRAGGLER_INTERVALS, STRAGGLER_TIMERS),
     order=30,
 ))
 
@@ -105,11 +129,19 @@ class TimersConfig:
     synchronize: bool = False
     #: Timers are NVTX ranges too (``--torch-profile-nsys``).
     nvtx: bool = False
+    #: ``--straggler-threshold`` (0: no warning), ``--straggler-intervals``, ``--straggler-timers``.
+    straggler_threshold: float = 1.2
+    straggler_intervals: int = 3
+    straggler_timers: tuple[str, ...] = DEFAULT_STRAGGLER_TIMERS
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace, *, nvtx: bool) -> TimersConfig:
+        threshold = flag_value(args, STRAGGLER_THRESHOLD)
         return cls(log_level=flag_value(args, LOG_LEVEL) or 0, log_option=flag_value(args, LOG_OPTION) or "minmax",
-                   synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx)
+                   synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx,
+                   straggler_threshold=1.2 if threshold is None else float(threshold),
+                   straggler_intervals=flag_value(args, STRAGGLER_INTERVALS) or 3,
+                   straggler_timers=tuple(flag_value(args, STRAGGLER_TIMERS) or DEFAULT_STRAGGLER_TIMERS))
 
 
 @dataclasses.dataclass(frozen=True)

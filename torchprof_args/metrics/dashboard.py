@@ -2,8 +2,8 @@
 
 One panel specification (:data:`DEFAULT_SPEC`, also shipped as ``configs/wandb_dashboard.json``)
 drives both renderings, so the HTML page and the wandb workspace show the same panels: iteration
-time, each timer's min/max across ranks, throughput, memory and the profiler's own figures, all
-against the training iteration.
+time, each timer's min/max across ranks, a rank x iteration heatmap of the straggler scores,
+throughput, memory and the profiler's own figures, all against the training iteration.
 
 The same spec becomes a wandb workspace view in :mod:`~torchprof_args.metrics.dashboard_command`
 (``torchprof dashboard``).
@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.metrics.dashboard_heatmap import heatmap_grid, heatmap_svg
 from torchprof_args.metrics.dashboard_spec import DEFAULT_SPEC
 
 __all__ = [
@@ -36,10 +37,15 @@ _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#
 
 
 class Panel:
-    """One expanded panel: a title, a unit and the metric keys it plots."""
+    """One expanded panel: a title, a unit and the metric keys it plots.
+
+    ``kind`` is ``"line"`` or ``"heatmap"``; a heatmap draws the records' per-rank series
+    ``per_rank`` (rank x iteration) in HTML, and its ``keys`` as lines in wandb.
+    """
 
     def __init__(
-        self, title: str, unit: str, keys: list[str], labels: list[str], band: bool, regex: str | None = None
+        self, title: str, unit: str, keys: list[str], labels: list[str], band: bool, regex: str | None = None,
+        kind: str = "line", per_rank: str | None = None,
     ) -> None:
         self.title = title
         self.unit = unit
@@ -48,6 +54,8 @@ class Panel:
         self.band = band
         #: For wandb when the keys are not known yet: plot every metric matching this.
         self.regex = regex
+        self.kind = kind
+        self.per_rank = per_rank
 
     def __repr__(self) -> str:
         return f"Panel({self.title!r}, {self.keys!r})"
@@ -101,6 +109,7 @@ def expand_panels(spec: Mapping[str, Any], keys: Sequence[str] | None) -> list[t
                 match = re.match(regex, key)
                 if match and not (skip and re.search(skip, match["name"])):
                     names.append(match["name"])
+            kind, per_rank = entry.get("kind", "line"), entry.get("per_rank")
             for name in names:
                 shown = [t.replace("{name}", name) for t in templates]
                 keep = [i for i, k in enumerate(shown) if k in present]
@@ -111,6 +120,8 @@ def expand_panels(spec: Mapping[str, Any], keys: Sequence[str] | None) -> list[t
                         [shown[i] for i in keep],
                         [labels[i] if i < len(labels) else shown[i] for i in keep],
                         band and len(keep) == 2,
+                        kind=kind,
+                        per_rank=per_rank.replace("{name}", name) if per_rank else None,
                     )
                 )
         if panels:
@@ -323,6 +334,11 @@ def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], s
     for section_name, panels in expand_panels(spec, sorted(keys)):
         svgs = []
         for panel in panels:
+            if panel.kind == "heatmap" and panel.per_rank:
+                grid = heatmap_grid(records, panel.per_rank, x_key)
+                if grid is not None:
+                    svgs.append(heatmap_svg(panel.title, panel.unit, *grid))
+                continue
             series = []
             for key in panel.keys:
                 xs, ys = [], []

@@ -8,7 +8,9 @@ __all__ = ["DEFAULT_SPEC"]
 
 #: The dashboard: sections of line panels over ``x``.  A panel with ``for_each`` is repeated
 #: for every metric key matching the pattern (``{name}`` is the varying part; names matching
-#: ``skip`` are left out); ``band`` shades between the first two series (max and min).
+#: ``skip`` are left out); ``band`` shades between the first two series (max and min).  A panel
+#: with ``"kind": "heatmap"`` draws ``per_rank`` (a key of the records' per-rank series) as a
+#: rank x iteration heatmap in the HTML page; wandb, which has no per-rank series, plots ``y``.
 DEFAULT_SPEC: dict[str, Any] = {
     "title": "torchprof step timings",
     "x": "iteration",
@@ -27,6 +29,20 @@ DEFAULT_SPEC: dict[str, Any] = {
                     "y": ["timers/{name}-time", "timers/{name}-time-min"],
                     "labels": ["max across ranks", "min across ranks"],
                     "band": True,
+                }
+            ],
+        },
+        {
+            "name": "Stragglers: each rank's time over the median of all ranks",
+            "panels": [
+                {
+                    "for_each": "stragglers/{name}-score-max",
+                    "kind": "heatmap",
+                    "per_rank": "stragglers/{name}-score",
+                    "title": "{name}",
+                    "unit": "x median",
+                    "y": ["stragglers/{name}-score-max"],
+                    "labels": ["slowest rank's time / median"],
                 }
             ],
         },

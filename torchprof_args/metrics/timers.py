@@ -7,9 +7,13 @@ Differences from Megatron's timers, all aimed at production jobs:
   synchronizing the whole device twice; the events are resolved lazily when the timers are read
   (``log``/``write``/``elapsed``), so timing never serializes the host with the device.
   ``synchronize=True`` (``--timing-synchronize``) restores Megatron's synchronizing behaviour.
-* Reading timers across ranks is one collective per log interval for all names together.  The
-  collective carries a fingerprint of the name list, so ranks that ask for different names get a
-  clear error naming the differing timers instead of a silent hang or garbage.
+* Reading timers across ranks is one fixed-size float64 all-gather per log interval for all names
+  together (:mod:`~torchprof_args.metrics.gather`: the names are agreed once, then only numbers
+  travel; no pickling).  Ranks that ask for different names get a clear error naming the
+  differing timers instead of a silent hang or garbage.
+* The same readings say which rank is slow (:mod:`~torchprof_args.metrics.stragglers`):
+  ``timers/<name>-time-max-rank``, a straggler score per rank (time over the median) and a warning
+  when one rank stays above ``--straggler-threshold``.
 
 Semantics (log levels 0/1/2 with dummy timers above the level; log options ``max``, ``minmax``,
 ``all``; ``normalizer``; ``reset``; ``barrier``) follow Megatron's.
@@ -19,14 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torchprof_args import _dist
 from torchprof_args.errors import TimerError, TimerNamesMismatchError
 from torchprof_args.log import get_logger
 from torchprof_args.metrics.config import TimersConfig
+from torchprof_args.metrics.gather import RankGather, Request
+from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS, StragglerTracker, straggler_figures
 from torchprof_args.metrics.timer import (
     CudaEventTimer,
     DummyTimer,
@@ -46,17 +51,20 @@ _LOG_OPTIONS = ("max", "minmax", "all")
 
 
 @dataclasses.dataclass
-@dataclasses.dataclass
 class TimerSnapshot:
     """Timer readings of every rank from one collective.
 
-    ``times[r][i]`` is rank ``r``'s seconds for ``names[i]`` (NaN where that rank did not run
-    the timer); ``per_rank[r]`` is the extra payload rank ``r`` sent along (or ``None``).
+    ``times[r][i]`` is group rank ``r``'s seconds for ``names[i]`` (NaN where that rank did not
+    run the timer); ``per_rank[r]`` is the figures rank ``r`` sent along (or ``None``);
+    ``global_ranks[r]`` its global rank and ``coordinates[r]`` its megatron-core parallel
+    coordinates (None when megatron-core's parallel state was not up).
     """
 
     names: list[str]
     times: list[list[float]]
     per_rank: list[Any]
+    global_ranks: list[int] | None = None
+    coordinates: list[Any] | None = None
 
     @property
     def world_size(self) -> int:
@@ -77,31 +85,24 @@ class TimerSnapshot:
         return result
 
 
-def _fingerprint(names: Sequence[str]) -> int:
-    return zlib.crc32("\x00".join(names).encode("utf-8"))
-
-
-def _describe_mismatch(names_by_rank: list[list[str]]) -> str:
-    reference = names_by_rank[0]
-    problems: list[str] = []
-    for rank, names in enumerate(names_by_rank[1:], start=1):
-        if names == reference:
+def _numeric_figures(per_rank: Any) -> dict[str, float]:
+    """``per_rank`` as ``{key: float}``: a mapping of numbers (None and non-finite values left out)."""
+    if per_rank is None:
+        return {}
+    if not isinstance(per_rank, Mapping):
+        raise TypeError(f"Timers.gather: per_rank must be a mapping of figure names to numbers, got "
+                        f"{type(per_rank).__name__}.")
+    figures: dict[str, float] = {}
+    for key, value in per_rank.items():
+        if value is None:
             continue
-        missing = [n for n in reference if n not in names]
-        extra = [n for n in names if n not in reference]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"lacks {missing}")
-            if extra:
-                parts.append(f"has extra {extra}")
-            problems.append(f"rank {rank} {' and '.join(parts)} compared with rank 0")
-        else:
-            problems.append(f"rank {rank} lists the same names in a different order ({names})")
-        if len(problems) >= 4:
-            problems.append("...")
-            break
-    return "; ".join(problems)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"Timers.gather: per_rank[{key!r}] is {value!r}, not a number.") from None
+        if math.isfinite(number):
+            figures[str(key)] = number
+    return figures
 
 
 class Timers:
@@ -111,7 +112,9 @@ class Timers:
     (a no-op dummy when ``log_level`` is above the group's).  ``device`` is ``"auto"`` (CUDA
     events when CUDA is available, else host timers), ``"cuda"`` or ``"cpu"``; ``synchronize``
     selects Megatron's synchronize-per-start/stop behaviour on CUDA.  ``group`` is the process
-    group the readings are gathered over (default: the whole world).
+    group the readings are gathered over (default: the whole world).  ``straggler_threshold``,
+    ``straggler_intervals`` and ``straggler_timers`` configure the straggler figures and warning
+    (``--straggler-*``; threshold 0 turns the warning off).
     """
 
     def __init__(
@@ -123,6 +126,9 @@ class Timers:
         device: str = "auto",
         group: Any = None,
         nvtx: Any = None,
+        straggler_threshold: float = 1.2,
+        straggler_intervals: int = 3,
+        straggler_timers: Sequence[str] = DEFAULT_STRAGGLER_TIMERS,
     ) -> None:
         if log_level not in (0, 1, 2):
             raise ValueError(f"Timers log_level must be 0, 1 or 2, got {log_level!r}.")
@@ -144,10 +150,16 @@ class Timers:
         self._event_pool: EventPool | None = None
         #: Something with ``range_push(name)``/``range_pop()`` (NVTX), or None.
         self._nvtx = nvtx
+        self._rank_gather = RankGather(group)
+        self._straggler_timers = tuple(straggler_timers)
+        self.stragglers = StragglerTracker(straggler_threshold, straggler_intervals, rank=_dist.rank())
 
     @classmethod
     def from_config(cls, config: TimersConfig, **kwargs: Any) -> Timers:
         """Timers as ``config`` says; with ``config.nvtx`` on CUDA every timer is also an NVTX range."""
+        kwargs.setdefault("straggler_threshold", config.straggler_threshold)
+        kwargs.setdefault("straggler_intervals", config.straggler_intervals)
+        kwargs.setdefault("straggler_timers", config.straggler_timers)
         timers = cls(config.log_level, config.log_option, synchronize=config.synchronize, **kwargs)
         if config.nvtx and timers.device == "cuda" and timers._nvtx is None:
             from torchprof_args.runtime.nsys import CudaNsysBackend
@@ -234,44 +246,50 @@ class Timers:
         names: Iterable[str] | None = None,
         reset: bool = True,
         barrier: bool = False,
-        per_rank: Any = None,
+        per_rank: Mapping[str, float] | None = None,
     ) -> TimerSnapshot:
         """Read ``names`` on every rank with one collective (every rank must call it).
 
-        ``names=None`` means every timer any rank created (each rank sends its own list, the
-        union is returned).  Explicit ``names`` must be the same list on every rank, as in
-        Megatron; otherwise every rank raises :class:`TimerNamesMismatchError` naming the
-        differences.  ``per_rank`` is any picklable payload carried along in the same
-        collective (the metrics writer sends memory and profiler figures this way).
+        ``names=None`` means every timer any rank created (the union); explicit ``names`` must be
+        the same list on every rank, as in Megatron, otherwise every rank raises
+        :class:`TimerNamesMismatchError` naming the differences.  ``per_rank`` is this rank's own
+        figures (``{name: number}``, e.g. memory and profiler figures), carried along in the
+        same collective.  The first call with a new list (or new timers, or new figure names)
+        agrees on the layout once with an object all-gather; every later interval is one
+        fixed-size float64 all-gather.
         """
         union = names is None
         name_list = list(self._timers) if union else list(names)
+        figures = _numeric_figures(per_rank)
         if barrier:
             group_barrier(self._group)
-        local = [
-            self._timers[name]._elapsed_for_gather(reset) if name in self._timers else math.nan
-            for name in name_list
-        ]
-        dist = _dist.dist_if_initialized()
-        world_size = dist.get_world_size(self._group) if dist is not None else 1
-        if dist is None or world_size == 1:
-            return TimerSnapshot(name_list, [local], [per_rank])
-        key: Any = tuple(name_list) if union else _fingerprint(name_list)
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, (key, local, per_rank), group=self._group)
-        if union:
-            return _union_snapshot(gathered)
-        if any(item[0] != key or len(item[1]) != len(name_list) for item in gathered):
-            # Every rank sees the same gathered fingerprints, so every rank takes this branch
-            # and the second collective below cannot hang.
-            names_by_rank: list[Any] = [None] * world_size
-            dist.all_gather_object(names_by_rank, name_list, group=self._group)
-            raise TimerNamesMismatchError(
-                "Timers.log/write must be called with the same timer names on every rank: "
-                f"{_describe_mismatch(names_by_rank)}. Pass one list of names on all ranks "
-                "(or names=None to log the union of all timers)."
-            )
-        return TimerSnapshot(name_list, [item[1] for item in gathered], [item[2] for item in gathered])
+        local = {
+            name: self._timers[name]._elapsed_for_gather(reset) for name in name_list if name in self._timers
+        }
+        request = Request(tuple(name_list), union, tuple(figures))
+        agreement, rows = self._rank_gather.gather(request, local, figures)
+        count = len(agreement.names)
+        return TimerSnapshot(
+            list(agreement.names),
+            [row[:count] for row in rows],
+            [{key: value for key, value in zip(agreement.figures, row[count:], strict=True) if not math.isnan(value)}
+             if agreement.figures or per_rank is not None else None for row in rows],
+            list(agreement.global_ranks),
+            list(agreement.coordinates),
+        )
+
+    def interval_figures(self, snapshot: TimerSnapshot, normalizer: float, iteration: int
+                         ) -> tuple[dict[str, float], dict[str, list[float | None]]]:
+        """The scalars of one log interval (``timers/<name>-time``, ``-time-min``,
+        ``-time-max-rank``, ``stragglers/<name>-score-max`` and ``-score-max-rank``) and the
+        per-rank series (``stragglers/<name>-score``); updates the straggler warning."""
+        scalars = timer_scalars(snapshot.min_max(normalizer), self._log_option)
+        times = [[t / normalizer for t in row] for row in snapshot.times]
+        ranks = snapshot.global_ranks or list(range(len(times)))
+        extra, per_rank = straggler_figures(snapshot.names, times, ranks, self._straggler_timers)
+        scalars.update(extra)
+        self.stragglers.update(iteration, snapshot.names, times, per_rank, ranks, snapshot.coordinates)
+        return scalars, per_rank
 
     def _get_elapsed_time_all_ranks(self, names: Sequence[str], reset: bool, barrier: bool) -> list[list[float]]:
         """Megatron's helper name: ``[rank][name]`` seconds, 0.0 where a rank did not run it."""
@@ -319,7 +337,9 @@ class Timers:
     ) -> dict[str, float]:
         """Write ``timers/<name>-time`` (max across ranks, seconds / ``normalizer``) to ``writer``.
 
-        With log option ``minmax`` or ``all`` the minimum goes to ``timers/<name>-time-min`` too.
+        With log option ``minmax`` or ``all`` the minimum goes to ``timers/<name>-time-min`` too;
+        with several ranks, the slowest rank to ``timers/<name>-time-max-rank`` and the straggler
+        scores' maximum to ``stragglers/<name>-score-max`` (see :meth:`interval_figures`).
         ``writer`` is anything with ``add_scalar(tag, value, step)`` (a TensorBoard
         ``SummaryWriter``, :class:`torchprof_args.MetricsWriter`), the ``wandb`` module or a run
         (``log(dict, step=...)``), or ``None`` on ranks that do not write.  Every rank must call
@@ -328,7 +348,7 @@ class Timers:
         if not normalizer > 0.0:
             raise ValueError(f"normalizer must be > 0, got {normalizer}.")
         snapshot = self.gather(names, reset=reset, barrier=barrier)
-        scalars = timer_scalars(snapshot.min_max(normalizer), self._log_option)
+        scalars, _ = self.interval_figures(snapshot, normalizer, iteration)
         if writer is not None and scalars:
             add_scalar = getattr(writer, "add_scalar", None)
             if add_scalar is not None:
@@ -342,22 +362,6 @@ class Timers:
                     "step) nor log(dict, step=); pass a SummaryWriter, wandb, or a MetricsWriter."
                 )
         return scalars
-
-
-def _union_snapshot(gathered: list[Any]) -> TimerSnapshot:
-    """Readings of ranks that each sent their own names: the union of names, NaN where missing."""
-    all_names: list[str] = []
-    seen: set[str] = set()
-    for rank_names, _, _ in gathered:
-        for name in rank_names:
-            if name not in seen:
-                seen.add(name)
-                all_names.append(name)
-    times = []
-    for rank_names, rank_times, _ in gathered:
-        by_name = dict(zip(rank_names, rank_times, strict=True))
-        times.append([by_name.get(name, math.nan) for name in all_names])
-    return TimerSnapshot(all_names, times, [payload for _, _, payload in gathered])
 
 
 def timer_scalars(min_max: dict[str, tuple[float, float]], log_option: str) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 Every rank creates a :class:`MetricsWriter` and calls :meth:`MetricsWriter.log_step` once per
 log interval; the readings of all ranks (timers, memory, the profiler's own figures) travel in
-one collective, and only the metrics rank (default the last, as in Megatron-LM) writes.  A sink
+one fixed-size collective (:mod:`~torchprof_args.metrics.gather`), and only the metrics rank (default the last, as in Megatron-LM) writes.  A sink
 that cannot start or fails mid-run (wandb not installed, unreachable, crashed) is dropped with
 one warning; the others keep going and training never stops because of metrics.
 
@@ -10,8 +10,11 @@ Keys follow Megatron-LM's conventions: ``iteration-time`` (seconds per iteration
 ``timers/<name>-time`` (max across ranks, seconds per iteration) and ``timers/<name>-time-min``,
 ``throughput/samples-per-sec``, ``throughput/tokens-per-sec``, ``throughput/tflops-per-gpu``,
 ``memory/max-allocated-gb``, ``memory/max-reserved-gb``, ``memory/host-max-rss-gb`` and
-``profiler/<figure>`` (max across ranks) with ``profiler/<figure>-min``.  Every series is plotted
-against ``iteration``.
+``profiler/<figure>`` (max across ranks) with ``profiler/<figure>-min``; with several ranks also
+``timers/<name>-time-max-rank`` (the slowest rank) and the straggler scores' maximum
+``stragglers/<name>-score-max`` (and ``-score-max-rank``), whose per-rank values go to
+``metrics.jsonl`` (:mod:`~torchprof_args.metrics.stragglers`).  Every series is plotted against
+``iteration``.
 
 This module is import-light: torch, tensorboard and wandb load only when a sink needs them.
 """
@@ -114,6 +117,7 @@ class MetricsWriter:
         self._sinks: list[Any] = []
         self._warned: set[str] = set()
         self._closed = False
+        self._figures_gather: Any = None
         if self.is_writer:
             self._start_sinks()
         # The first interval is measured from here: create the writer right before the loop.
@@ -249,7 +253,8 @@ class MetricsWriter:
         local.update(_local_memory())
         local.update(_extra_figures(extra))
         timer_normalizer = float(normalizer) if normalizer else float(iterations)
-        per_rank_local, timer_metrics, per_rank = self._gather(local, names, timer_normalizer, reset, barrier)
+        per_rank_local, timer_metrics, per_rank = self._gather(local, names, timer_normalizer, reset, barrier,
+                                                               iteration)
         metrics = _reduce_across_ranks(per_rank_local, per_rank)
         metrics.update(timer_metrics)
         config = self.config
@@ -269,18 +274,23 @@ class MetricsWriter:
         return metrics
 
     def _gather(self, local: dict[str, float], names: Iterable[str] | None, normalizer: float, reset: bool,
-                barrier: bool) -> tuple[list[Any], dict[str, float], dict[str, list]]:
-        """Every rank's figures (one collective, riding on the timers' gather when there are timers),
-        the timer scalars, and each timer's per-rank seconds per iteration."""
+                barrier: bool, iteration: int) -> tuple[list[Any], dict[str, float], dict[str, list]]:
+        """Every rank's figures (one fixed-size collective, riding on the timers' gather when there
+        are timers), the timer and straggler scalars, and the per-rank series (each timer's seconds
+        per iteration, the straggler scores)."""
         if self.timers is None:
-            return _all_gather_objects(local), {}, {}
-        from torchprof_args.metrics.timers import timer_scalars
+            if self._figures_gather is None:
+                from torchprof_args.metrics.gather import RankGather
 
+                self._figures_gather = RankGather()
+            return _gather_figures(self._figures_gather, local), {}, {}
         snapshot = self.timers.gather(names, reset=reset, barrier=barrier, per_rank=local)
-        option = getattr(self.timers, "log_option", "minmax")
-        per_rank = {f"timers/{name}-time": [None if math.isnan(t) else t / normalizer for t in snapshot.rank_times(name)]
-                    for name in snapshot.names}
-        return snapshot.per_rank, timer_scalars(snapshot.min_max(normalizer), option), per_rank
+        scalars, scores = self.timers.interval_figures(snapshot, normalizer, iteration)
+        per_rank: dict[str, list] = {
+            f"timers/{name}-time": [None if math.isnan(t) else t / normalizer for t in snapshot.rank_times(name)]
+            for name in snapshot.names}
+        per_rank.update(scores)
+        return [figures or {} for figures in snapshot.per_rank], scalars, per_rank
 
     def close(self) -> None:
         """Flush and close every sink (wandb finishes its run if this writer started it)."""
@@ -302,13 +312,14 @@ class MetricsWriter:
         self.close()
 
 
-def _all_gather_objects(local: Any) -> list[Any]:
-    dist = _dist.dist_if_initialized()
-    if dist is None or dist.get_world_size() == 1:
-        return [local]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    return gathered
+def _gather_figures(gather: Any, local: dict[str, float]) -> list[dict[str, float]]:
+    """Every rank's figures through ``gather`` (a :class:`~torchprof_args.metrics.gather.RankGather`)."""
+    from torchprof_args.metrics.gather import Request
+
+    figures = {key: value for key, value in local.items() if math.isfinite(value)}
+    agreement, rows = gather.gather(Request((), False, tuple(figures)), {}, figures)
+    return [{key: value for key, value in zip(agreement.figures, row, strict=True) if not math.isnan(value)}
+            for row in rows]
 
 
 def _reduce_across_ranks(per_rank_local: list[Any], per_rank: dict[str, list]) -> dict[str, float]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchprof_args import _dist
 from torchprof_args.errors import OnDemandError
 from torchprof_args.log import get_logger
 from torchprof_args.naming import short_hostname
@@ -201,7 +202,8 @@ class OnDemandController:
 
             payload = encode_decision(window, check_after, self.world_size)
             buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            work = dist.broadcast(buffer, src=0, group=group, async_op=True)
+            with _dist.unrecorded():  # a check inside a recording window is not one of the job's collectives
+                work = dist.broadcast(buffer, src=0, group=group, async_op=True)
             self._pending_decision = (work, buffer)
         except Exception as err:  # noqa: BLE001
             self._broken = True
@@ -216,12 +218,13 @@ class OnDemandController:
             return None
         work, buffer = pending
         try:
-            if timeout is None:
-                work.wait()
-            else:
-                import datetime
+            with _dist.unrecorded():
+                if timeout is None:
+                    work.wait()
+                else:
+                    import datetime
 
-                work.wait(datetime.timedelta(seconds=timeout))
+                    work.wait(datetime.timedelta(seconds=timeout))
             return decode_decision(bytes(buffer.numpy()), self.world_size)
         except Exception as err:  # noqa: BLE001
             self._broken = True

@@ -112,7 +112,8 @@ class Fence:
 
         votes = torch.zeros(self.world_size, dtype=torch.int64)
         votes[self.rank] = value
-        self._vote = (dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True), votes)
+        with _dist.unrecorded():  # inside a recording window: not one of the job's collectives
+            self._vote = (dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True), votes)
 
     @property
     def vote_pending(self) -> bool:
@@ -128,10 +129,11 @@ class Fence:
             return None
         work, votes = pending
         try:
-            if timeout is None:
-                work.wait()
-            else:
-                work.wait(datetime.timedelta(seconds=timeout))
+            with _dist.unrecorded():
+                if timeout is None:
+                    work.wait()
+                else:
+                    work.wait(datetime.timedelta(seconds=timeout))
         except Exception as err:  # noqa: BLE001
             logger.error("rank %d: memory vote on the fence group failed (%s); training continues", self.rank, err)
             return None

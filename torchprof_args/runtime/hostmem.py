@@ -23,6 +23,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.log import get_logger
+from torchprof_args.runtime.schedule import Action
+
 __all__ = [
     "HostMemory",
     "HostMemoryProbe",
@@ -32,6 +35,8 @@ __all__ = [
     "is_ram_backed",
     "local_world_size",
 ]
+
+logger = get_logger(__name__)
 
 #: cgroup v1 reports "no limit" as a page-rounded 2**63 - 1.
 _V1_UNLIMITED = 1 << 62
@@ -241,6 +246,21 @@ class WindowMemoryGuard:
             below = self.last.free_bytes < self.min_free_bytes
             self.fence.post_vote(1 + int(self.last.free_mb) if below else 0)
         return low if window_continues else None
+
+    def check(self, iteration: int, timeline: Any, *, rank: int) -> None:
+        """Inside windows only: cut ``timeline``'s window at ``iteration`` (on every rank: the votes
+        are the same everywhere) when a rank ran low on host memory, and say why."""
+        action = timeline.global_action(iteration)
+        if action not in (Action.RECORD, Action.RECORD_AND_SAVE) and not self.fence.vote_pending:
+            return
+        low = self.step(window_continues=action is Action.RECORD)
+        if not low:
+            return
+        planned_last = timeline.cut_window(iteration)
+        ranks = ", ".join(f"rank {low_rank}: {free_mb:.0f} MB" for low_rank, free_mb in low)
+        logger.warning("rank %d: host memory below --torch-profile-min-free-host-mb (%d MB) while recording (%s "
+                       "free); ending the window at iteration %d instead of %d on every rank", rank,
+                       self.min_free_bytes >> 20, ranks, iteration, planned_last)
 
     def abandon(self) -> None:
         """Collect a vote still in flight (leaving the window; every rank posted it)."""

@@ -43,13 +43,7 @@ import torch
 from torchprof_args import _dist
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.log import get_logger
-from torchprof_args.naming import (
-    EXECUTION_TRACE_SUFFIX,
-    companion_relpath,
-    cycle_dir_name,
-    short_hostname,
-    trace_stem,
-)
+from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, companion_relpath, cycle_dir_name, trace_stem
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.config import ProfilerConfig
@@ -57,8 +51,10 @@ from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.flight_recorder import FlightRecorder
 from torchprof_args.runtime.hostmem import WindowMemoryGuard
 from torchprof_args.runtime.memory import MemorySnapshotter
+from torchprof_args.runtime.metadata import trace_metadata
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
 from torchprof_args.runtime.recorder import RECORDING, Recorder
@@ -113,6 +109,9 @@ class TorchProfiler:
         self._staging_problem: str | None = None
         #: Inside step()'s or stop()'s work: a SIGTERM is acted on at the end, not in the handler.
         self._critical = False
+        self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank)
+        if self._flight_recorder is not None:  # hang forensics: dump when the fence fails (and on SIGTERM)
+            self._fence.on_failure.append(self._flight_recorder.on_fence_failure)
         self._recorder = Recorder(config.trace, self._submit, rank=self.rank)
         self._memory_given, self._nsys_given = memory, nsys
         self._memory: MemorySnapshotter | None = None
@@ -149,6 +148,9 @@ class TorchProfiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._flight_recorder is not None and exc_type is not None and not (  # e.g. a collective timed out
+                isinstance(exc, SystemExit) and exc.code in (0, None)):  # not a clean sys.exit()
+            self._flight_recorder.dump(f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}")
         if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
             self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
         self.stop(clean=exc_type is None)
@@ -162,6 +164,8 @@ class TorchProfiler:
         says once, before training, what cannot work here (memory snapshots or nsys without CUDA).
         """
         if not self.enabled or self._started:
+            if self._flight_recorder is not None:
+                self._flight_recorder.arm()
             return
         self._started = True
         self._window_ended = False
@@ -175,6 +179,8 @@ class TorchProfiler:
             raise
         first = self._timeline.first_iteration
         self._sigterm.install(on_signal=self._sigterm_noted, emergency=self._sigterm_emergency)
+        if self._flight_recorder is not None:  # on the guard's SIGTERM watchdog: dumps even while blocked
+            self._flight_recorder.arm(self._sigterm)
         if self._memory is not None:
             self._memory.start()
         if self._nsys is not None:
@@ -232,6 +238,8 @@ class TorchProfiler:
         ``clean`` is False when leaving on an exception: ranks are then not in step, so there is
         no barrier and a partly recorded window is dropped.
         """
+        if self._flight_recorder is not None:
+            self._flight_recorder.disarm()
         if not self._started:
             return
         self._critical = True
@@ -353,7 +361,7 @@ class TorchProfiler:
         if iteration >= self._next_check:
             self._check_on_demand(iteration)
         if self._memory_guard.enabled:
-            self._guard_host_memory(iteration)
+            self._memory_guard.check(iteration, timeline, rank=self.rank)
         current = timeline.global_action(iteration)
         upcoming = timeline.local_action(iteration + 1)
         started = time.perf_counter()
@@ -361,7 +369,7 @@ class TorchProfiler:
         if not recorder.active and upcoming is not Action.NONE and not recorder.broken:
             self._start_recorder(iteration + 1)  # first on-demand window on this rank
         elif recorder.step(iteration, timeline.local_action(iteration), upcoming):
-            recorder.add_metadata(self._trace_metadata(iteration + 1))
+            recorder.add_metadata(self._metadata(iteration + 1))
         pause = self._snapshot(iteration, current)  # before the barrier, so a slow dump is fenced too
         if current is Action.RECORD_AND_SAVE:
             pause = "flush"
@@ -384,20 +392,6 @@ class TorchProfiler:
             self._memory.on_step(iteration, profiled_cycle_ended=current is Action.RECORD_AND_SAVE and scheduled)
         every = self._snapshot_interval
         return "memory snapshot" if every > 0 and iteration > 0 and iteration % every == 0 else None
-
-    def _guard_host_memory(self, iteration: int) -> None:
-        """Inside windows only: end the window here, on every rank, if a rank ran low on host memory."""
-        action = self._timeline.global_action(iteration)
-        if action not in RECORDING and not self._fence.vote_pending:
-            return
-        low = self._memory_guard.step(window_continues=action is Action.RECORD)
-        if not low:
-            return
-        planned_last = self._timeline.cut_window(iteration)
-        ranks = ", ".join(f"rank {rank}: {free_mb:.0f} MB" for rank, free_mb in low)
-        logger.warning("rank %d: host memory below --torch-profile-min-free-host-mb (%d MB) while recording (%s "
-                       "free); ending the window at iteration %d instead of %d on every rank", self.rank,
-                       self.config.export.min_free_host_mb, ranks, iteration, planned_last)
 
     def _plan_next(self, iteration: int) -> None:
         """Set the next iteration whose ``step`` has work (a transition, a flush, a check, a snapshot)."""
@@ -426,7 +420,11 @@ class TorchProfiler:
 
     def _start_recorder(self, first: int) -> None:
         if self._recorder.start(first, self._timeline.local_action(first)):
-            self._recorder.add_metadata(self._trace_metadata(first))
+            self._recorder.add_metadata(self._metadata(first))
+
+    def _metadata(self, first: int) -> dict[str, Any]:
+        return trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks, rank=self.rank,
+                              world_size=self.world_size)
 
     def _submit(self, export: Any, first: int, last: int, execution_trace: Path | None = None) -> None:
         if self._writer is None:
@@ -438,22 +436,6 @@ class TorchProfiler:
         extra = [(str(execution_trace), companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None), level)
                  ] if execution_trace is not None else []
         self._writer.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
-
-    def _trace_metadata(self, first: int) -> dict[str, Any]:
-        """The run's settings, stored in the trace of the window that starts at ``first``."""
-        last = self._timeline.window_last(first)
-        trace = self.config.trace
-        metadata = {
-            "schedule": self.schedule.describe() if self._timeline.scheduled else "on demand only",
-            "ranks": (["all"] if self._ranks is None else list(self._ranks)) if trace.enabled else [],
-            "activities": list(trace.activities) or "auto",
-            **trace.profiler_options(), "execution_trace": trace.execution_trace,
-            "rank": self.rank, "world_size": self.world_size, "host": short_hostname(), "iterations": [first, last],
-        }
-        window = self._timeline.window
-        if window is not None and window.start <= first < window.end:
-            metadata["on_demand_request"] = window.request_id
-        return metadata
 
     # -- figures ----------------------------------------------------------------------------
 

@@ -48,6 +48,8 @@ class SigtermGuard:
 
     ``install(on_signal, emergency)``: ``on_signal()`` runs inside the handler (it must only set
     flags); ``emergency()`` runs on the watchdog thread when no safe point came within the grace.
+    ``hooks`` run at the safe point; ``on_arrival`` run on the watchdog thread as soon as SIGTERM
+    arrives, even while the main thread is blocked in C code (the flight recorder dumps there).
     """
 
     def __init__(self, rank: int, grace: float) -> None:
@@ -56,6 +58,7 @@ class SigtermGuard:
         self.pending = False
         self.received_at: float | None = None
         self.hooks: list[Callable[[], None]] = []
+        self.on_arrival: list[Callable[[], None]] = []
         self._previous: Any = None
         self._on_signal: Callable[[], None] | None = None
         self._emergency: Callable[[], None] | None = None
@@ -99,8 +102,9 @@ class SigtermGuard:
         if self._on_signal is not None:
             self._on_signal()
 
-    def run_hooks(self) -> None:
-        for hook in list(self.hooks):
+    def run_hooks(self, hooks: list[Callable[[], None]] | None = None) -> None:
+        """Run ``hooks`` (default: the safe-point hooks), logging any failure with the rank."""
+        for hook in list(self.hooks if hooks is None else hooks):
             try:
                 hook()
             except Exception as err:  # noqa: BLE001
@@ -180,6 +184,7 @@ class _Watchdog:
                     self._timer = threading.Timer(self._guard.grace, self._guard._expired)
                     self._timer.daemon = True
                     self._timer.start()
+                    self._guard.run_hooks(self._guard.on_arrival)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

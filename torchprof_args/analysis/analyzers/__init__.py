@@ -11,5 +11,8 @@ Each analyzer is a function of the trace's columns that returns plain, JSON-read
 * :mod:`.cpu_ops`: the CPU operator tree, per-operator totals and self times, thread busy time;
 * :mod:`.memory`: peaks of the ``[memory]`` events per device;
 * :mod:`.cross_rank`: step time per rank, slowest rank and spread, from per-rank summaries;
+* :mod:`.collectives` and :mod:`.collective_match`: one rank's collective instances (a trace
+  loaded with ``comms=True``), then matched across ranks: arrival skew, last rank, bus bandwidth
+  (``torchprof collectives``);
 * :mod:`.intervals` and :mod:`.select`: the vectorised building blocks they share.
 """

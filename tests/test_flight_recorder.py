@@ -1,0 +1,161 @@
+"""--torch-profile-flight-recorder and torchprof hang: real 2-rank gloo jobs that hang or get
+SIGTERM, PyTorch's own flight recorder and analyzer (the dumps normalised for it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, free_port, rank_results, subprocess_env
+from readme_examples import run_readme_example
+
+from torchprof_args import add_torch_profile_args
+from torchprof_args.analysis.hang import analyse_dumps
+from torchprof_args.config import configs_from_args
+from torchprof_args.console import main as torchprof
+from torchprof_args.runtime import flight_recorder
+
+JOB = REPO / "tests" / "jobs" / "comm_job.py"
+ENV_VARS = (*flight_recorder.BUFFER_VARS, *flight_recorder.DUMP_FILE_VARS, flight_recorder.DUMP_ON_TIMEOUT_VAR)
+
+
+def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(flight_recorder, "_STATE", {"configured": False, "pg_existed": False})
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--torch-profile-dir", str(tmp_path / "run"), "--torch-profile-flight-recorder", "32"])
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "32"  # set by the argparse action, before any process group
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "run" / "flight_recorder" / "nccl_trace_rank_")
+    config = configs_from_args(args).profiler.flight_recorder
+    assert (config.entries, config.output_dir) == (32, f"{tmp_path / 'run'}/flight_recorder")
+    assert not configs_from_args(parser.parse_args([])).profiler.flight_recorder.enabled
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--torch-profile-flight-recorder", "0"])
+
+
+def test_profiler_warns_when_the_process_group_came_first(tmp_path: Path) -> None:
+    """A real (1-rank gloo) process group created before the flags are parsed: PyTorch read no buffer size."""
+    script = textwrap.dedent(f"""
+        import argparse, torch.distributed as dist
+        from torchprof_args import TorchProfiler, add_torch_profile_args
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        args = add_torch_profile_args(argparse.ArgumentParser()).parse_args(
+            ["--torch-profile-flight-recorder", "16", "--torch-profile-dir", "{tmp_path / 'prof'}"])
+        TorchProfiler.from_args(args)
+        dist.destroy_process_group()
+    """)
+    env = subprocess_env()
+    for name in ENV_VARS:
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the process group was created before the flag took effect" in done.stderr
+    assert "export TORCH_FR_BUFFER_SIZE=16" in done.stderr
+
+
+@pytest.mark.slow
+def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's example, verbatim: rank 1 leaves iteration 3 before its all-reduce and goes
+    into the flush barrier; rank 0 waits in the all-reduce until the gloo timeout.  Every rank
+    dumps (rank 0: the exception leaving the profiler; rank 1: the failed barrier, or the
+    launcher's SIGTERM) and PyTorch's analyzer, on the normalised dumps, names rank 1."""
+    prof = tmp_path / "prof"
+    proc = run_readme_example("hang", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    context = proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert "did not join" in proc.stdout, context
+    ended = rank_results(tmp_path)
+    assert "Timed out" in ended[0]["error"], (ended, context)
+    dumps = prof / "flight_recorder"
+    assert sorted(p.name for p in dumps.iterdir()) == ["dump_info_rank0.json", "dump_info_rank1.json",
+                                                       "gloo_trace_rank_0", "gloo_trace_rank_1"], context
+    infos = {r: json.loads((dumps / f"dump_info_rank{r}.json").read_text()) for r in (0, 1)}
+    assert infos[0]["reason"].startswith("RuntimeError left the profiler's context"), (infos, context)
+    assert infos[1]["reason"].startswith(("the flush barrier at iteration 3 failed", "SIGTERM received")), (infos,
+                                                                                                             context)
+    assert infos[0]["process_groups"]["0"] == {"desc": "default_pg", "ranks": [0, 1]}
+    raw = pickle.loads((dumps / "gloo_trace_rank_0").read_bytes())
+    assert raw["pg_config"] == {"": {"name": "", "desc": "", "ranks": "[]"}}  # what PyTorch 2.13's gloo dump holds
+
+    assert torchprof(["hang", str(prof)]) == 0
+    text = capsys.readouterr().out
+    answer = text.split("\n\n")[1].splitlines()
+    assert len(answer) > 3, (text, context)
+    # 4 collectives an iteration: the all-reduce of iteration 3 is the group's 10th
+    assert answer[1] == ("process group 0 (default_pg): rank 1 did not join gloo:all_reduce #10 (input sizes "
+                         "[[4096]]); rank 0 issued it and waits in it")
+    # gloo marks a collective completed in its recorder lazily: #9 or #8 may show as the last completed
+    assert answer[2].startswith("  rank 1: last collective it issued in the group: gloo:all_reduce #9 (input "
+                                "sizes [[256]]); "), answer
+    assert "comm_job.py" in answer[3] and "in main" in answer[3]
+    assert "Not all ranks joining collective, sequence number: 10" in text  # PyTorch's analyzer, after ours
+    assert text.index("did not join") < text.index("PyTorch's analyzer")
+
+    # PyTorch's analyzer alone on the dumps as written: the process-group table it cannot read
+    with pytest.raises(KeyError, match=r"\('[01]', [01]\)"):  # e.g. ('0', 0): process group and rank, in file order
+        from torch.distributed.flight_recorder.components.builder import build_db
+        from torch.distributed.flight_recorder.components.config_manager import JobConfig
+        from torch.distributed.flight_recorder.components.loader import read_dir
+
+        args = JobConfig().parse_args([str(dumps), "--prefix", "gloo_trace_rank_"])
+        details, version = read_dir(args)
+        build_db(details, args, version)
+    capsys.readouterr()
+
+    # without the ranks' process-group tables, membership is inferred (and said); without rank 1's
+    # dump, its absence is the answer
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for rank in (0, 1):
+        shutil.copy(dumps / f"gloo_trace_rank_{rank}", bare)
+    (finding,) = analyse_dumps(bare)["recorders"][0]["findings"]
+    assert finding["missing_ranks"] == [1] and finding["seq"] == 10
+    assert any("members not recorded" in note for note in analyse_dumps(bare)["recorders"][0]["notes"])
+    (bare / "gloo_trace_rank_1").unlink()
+    shutil.copy(dumps / "dump_info_rank1.json", bare)  # rank 1 is known to be a member
+    report = analyse_dumps(bare)["recorders"][0]
+    assert report["missing_dumps"] == [1]
+    assert torchprof(["hang", str(bare), "--brief"]) == 0
+    assert "NO DUMP from ranks 1" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sigterm_dumps_while_the_main_thread_is_blocked_in_a_collective(tmp_path: Path) -> None:
+    """Flight recorder alone (no tracing): rank 0 waits in an all-reduce that rank 1 joins 8 s
+    later; SIGTERM to rank 0 dumps within moments, mid-collective, then terminates it."""
+    prof = tmp_path / "prof"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", str(JOB), "--result-dir", str(tmp_path), "--iters", "3",
+               "--slow-rank", "1", "--slow-iteration", "2", "--slow-seconds", "8",
+               "--torch-profile-dir", str(prof), "--torch-profile-flight-recorder", "64"]
+    job = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pid_file = tmp_path / "rank0.pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)  # rank 0 is now in the all-reduce rank 1 joins at ~8 s
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        output, _ = job.communicate(timeout=180)
+    finally:
+        job.kill()
+    info = json.loads((prof / "flight_recorder" / "dump_info_rank0.json").read_text())
+    assert info["reason"] == flight_recorder.SIGTERM_REASON
+    dump = pickle.loads((prof / "flight_recorder" / "gloo_trace_rank_0").read_bytes())
+    last = dump["entries"][-1]  # dumped while rank 0 was still in it (before rank 1 arrived): not retired
+    assert (last["profiling_name"], last["input_sizes"], last["retired"]) == ("gloo:all_reduce", [[4096]], False)
+    assert "exitcode  : -15" in output and "rank      : 0" in output  # then SIGTERM's default action
+    assert not (tmp_path / "rank0.json").exists()

@@ -1,0 +1,253 @@
+"""Collectives across ranks: each instance matched on every rank, who arrived last, who waited.
+
+Matching uses the strongest identity every trace records:
+
+1. process group + sequence number (the ``Seq`` PyTorch records on NCCL collectives);
+2. else the order within each process group and ProfilerStep;
+3. else (no process group recorded) the order on each NCCL stream within each ProfilerStep (one
+   stream per communicator), or, on the CPU, the order of each collective type within each step.
+
+Orders are aligned, not just counted: each rank's sequence is aligned to the longest one on
+(collective type, message size where it must be the same on every rank), so a record one rank
+lacks (a sampled trace) leaves it unmatched instead of shifting everything after it.
+
+The fallbacks are said in the result (``matched_by``), and an instance whose ranks recorded
+different collective types is counted in the notes: that is what a wrong fallback looks like.
+
+Per instance: the arrival skew (last start minus first), the rank that arrived last, each rank's
+duration (which includes its wait), the transfer time (the last arrival's duration: it waited for
+nobody), algorithm bandwidth ``S / t`` and bus bandwidth with the nccl-tests factors (all-reduce
+``2(n-1)/n``; all-gather, reduce-scatter, all-to-all ``(n-1)/n``; broadcast, reduce, p2p 1).
+Then the ranks by the waiting they caused (the sum, over the instances where a rank arrived last,
+of how long each other rank waited for it) and the instances with the worst skew.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CommRecord, RankComms
+
+__all__ = ["MATCH_KIND_ORDER", "MATCH_PG_ORDER", "MATCH_SEQ", "MATCH_STREAM_ORDER", "bus_factor",
+           "match_collectives"]
+
+MATCH_SEQ = "process group and sequence number"
+MATCH_PG_ORDER = "order within each process group and ProfilerStep (the traces record no sequence numbers)"
+MATCH_STREAM_ORDER = ("order on each NCCL stream within each ProfilerStep (the traces record neither process "
+                      "group nor sequence number; a communicator's stream stands in for its process group)")
+MATCH_KIND_ORDER = ("order of each collective type within each ProfilerStep (the traces record neither process "
+                    "group nor sequence number)")
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor for a collective over ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _mode(ranks: Sequence[RankComms]) -> str:
+    records = [r for rc in ranks for r in rc.records]
+    if records and all(r.pg is not None and r.seq is not None for r in records):
+        return MATCH_SEQ
+    if records and all(r.pg is not None for r in records):
+        return MATCH_PG_ORDER
+    if records and all(r.channel.startswith("stream ") for r in records):
+        return MATCH_STREAM_ORDER
+    return MATCH_KIND_ORDER
+
+
+def _stream_names(ranks: Sequence[RankComms]) -> tuple[dict[int, dict[str, str]], bool]:
+    """Each rank's stream -> channel name: the stream itself when every rank uses the same streams,
+    else the streams' order of first use (``NCCL stream #k``)."""
+    sets = {rc.rank: {r.channel for r in rc.records} for rc in ranks}
+    same = len({frozenset(s) for s in sets.values() if s}) <= 1
+    names: dict[int, dict[str, str]] = {}
+    for rc in ranks:
+        order = list(dict.fromkeys(r.channel for r in rc.records))
+        names[rc.rank] = {c: c if same else f"NCCL stream #{i}" for i, c in enumerate(order)}
+    return names, same
+
+
+#: Collectives whose message size is the same on every rank: part of their signature when aligning.
+_SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier"})
+
+
+def _signature(record: CommRecord) -> tuple[str, int | None]:
+    return record.kind, record.nbytes if record.kind in _SAME_SIZE else None
+
+
+def _channel(record: CommRecord, mode: str, streams: dict[str, str]) -> tuple[Any, ...]:
+    if mode == MATCH_PG_ORDER:
+        return record.step, record.pg, record.kind in P2P_KINDS
+    if mode == MATCH_STREAM_ORDER:
+        return record.step, streams.get(record.channel, record.channel)
+    return record.step, record.kind
+
+
+def _seq_keys(ranks: Sequence[RankComms]) -> dict[int, list[tuple[tuple[Any, ...], CommRecord]]]:
+    return {rc.rank: [((r.pg, r.kind in P2P_KINDS, r.seq), r) for r in rc.records] for rc in ranks}
+
+
+def _aligned_keys(ranks: Sequence[RankComms], mode: str, streams: dict[int, dict[str, str]]
+                  ) -> dict[int, list[tuple[tuple[Any, ...], CommRecord]]]:
+    """Keys by position within each channel, each rank's sequence aligned to the longest one on
+    (type, size) signatures, so a record one rank lacks (a sampled trace) shifts nothing after it."""
+    from difflib import SequenceMatcher
+
+    by_channel: dict[tuple[Any, ...], dict[int, list[CommRecord]]] = defaultdict(lambda: defaultdict(list))
+    for rc in ranks:
+        for record in rc.records:
+            by_channel[_channel(record, mode, streams.get(rc.rank, {}))][rc.rank].append(record)
+    out: dict[int, list[tuple[tuple[Any, ...], CommRecord]]] = defaultdict(list)
+    for channel, per_rank in by_channel.items():
+        reference = max(per_rank, key=lambda rank: (len(per_rank[rank]), -rank))
+        wanted = [_signature(r) for r in per_rank[reference]]
+        for rank, records in per_rank.items():
+            if rank == reference:
+                position = {j: j for j in range(len(records))}
+            else:
+                blocks = SequenceMatcher(None, wanted, [_signature(r) for r in records], autojunk=False)
+                position = {b + k: a + k for a, b, size in blocks.get_matching_blocks() for k in range(size)}
+            for j, record in enumerate(records):
+                i = position.get(j)
+                out[rank].append(((*channel, i) if i is not None else (*channel, "unmatched", rank, j), record))
+    return out
+
+
+def _bandwidth(kind: str, nbytes: int | None, transfer_us: float, n: int) -> tuple[float | None, float | None]:
+    if not nbytes or transfer_us <= 0:
+        return None, None
+    algbw = nbytes / (transfer_us * 1e3)  # bytes per microsecond -> GB/s
+    return algbw, algbw * bus_factor(kind, n)
+
+
+def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], loaded: set[int],
+              world_size: int | None) -> dict[str, Any]:
+    starts = {rank: r.start_us for rank, r in members.items()}
+    first_rank = min(starts, key=starts.__getitem__)
+    last_rank = max(starts, key=starts.__getitem__)
+    first, last = starts[first_rank], starts[last_rank]
+    kinds = Counter(r.kind for r in members.values())
+    kind = kinds.most_common(1)[0][0]
+    sample = next((r for r in members.values() if r.nbytes), next(iter(members.values())))
+    described = next((r for r in members.values() if r.pg_ranks or r.group_size), sample)
+    n = described.group_size or (len(described.pg_ranks) if described.pg_ranks else None)
+    expected = [r for r in (described.pg_ranks or []) if r in loaded]
+    transfer = members[last_rank].dur_us
+    algbw, busbw = _bandwidth(kind, sample.nbytes, transfer, n or world_size or len(members))
+    return {
+        "id": index, "kind": kind, "pg": sample.pg, "pg_desc": sample.pg_desc, "seq": sample.seq,
+        "step": sample.step, "channel": sample.channel,
+        "order": key[-1] if sample.seq is None and "unmatched" not in key else None, "unmatched": "unmatched" in key,
+        "ranks": len(members), "missing_ranks": sorted(set(expected) - set(members)),
+        "group_size": n, "group_size_assumed": n is None, "bytes": sample.nbytes,
+        "bytes_assumed": any(r.size_assumed for r in members.values()), "dtype": sample.dtype,
+        "algorithm": sample.algorithm, "protocol": sample.protocol,
+        "first_start_us": first, "skew_us": last - first, "first_rank": first_rank, "last_rank": last_rank,
+        "arrival_offset_us": {rank: s - first for rank, s in sorted(starts.items())},
+        "dur_us": {rank: r.dur_us for rank, r in sorted(members.items())},
+        "dur_min_us": min(r.dur_us for r in members.values()), "dur_max_us": max(r.dur_us for r in members.values()),
+        "transfer_us": transfer, "algbw_gbps": algbw, "busbw_gbps": busbw,
+        "wait_caused_us": sum(last - s for s in starts.values()),
+        "kinds_differ": {rank: r.kind for rank, r in sorted(members.items())} if len(kinds) > 1 else None,
+    }
+
+
+def _rank_table(instances: list[dict[str, Any]], ranks: list[int]) -> list[dict[str, Any]]:
+    rows = {rank: {"rank": rank, "collectives": 0, "last_arrivals": 0, "wait_caused_us": 0.0, "waited_us": 0.0,
+                   "late_us": 0.0} for rank in ranks}
+    for inst in instances:
+        if inst["ranks"] < 2:
+            continue
+        for rank, offset in inst["arrival_offset_us"].items():
+            row = rows[rank]
+            row["collectives"] += 1
+            row["late_us"] += offset
+            row["waited_us"] += inst["skew_us"] - offset
+        rows[inst["last_rank"]]["last_arrivals"] += 1
+        rows[inst["last_rank"]]["wait_caused_us"] += inst["wait_caused_us"]
+    total = sum(r["wait_caused_us"] for r in rows.values())
+    for row in rows.values():
+        row["wait_caused_pct"] = 100.0 * row["wait_caused_us"] / total if total > 0 else 0.0
+    return sorted(rows.values(), key=lambda r: (-r["wait_caused_us"], -r["late_us"], r["rank"]))
+
+
+def _by_type(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for inst in instances:
+        groups[(inst["kind"], inst["pg"] if inst["pg"] is not None else "-")].append(inst)
+    out = []
+    for (kind, pg), found in groups.items():
+        busbw = [i["busbw_gbps"] for i in found if i["busbw_gbps"] is not None]
+        out.append({"kind": kind, "pg": pg, "count": len(found), "bytes": sum(i["bytes"] or 0 for i in found),
+                    "skew_mean_us": statistics.fmean(i["skew_us"] for i in found),
+                    "skew_max_us": max(i["skew_us"] for i in found),
+                    "transfer_us": sum(i["transfer_us"] for i in found),
+                    "busbw_median_gbps": statistics.median(busbw) if busbw else None})
+    return sorted(out, key=lambda r: -r["transfer_us"])
+
+
+def _notes(ranks: Sequence[RankComms], instances: list[dict[str, Any]], same_streams: bool) -> list[str]:
+    notes = []
+    world = next((rc.world_size for rc in ranks if rc.world_size), None)
+    if world and len(ranks) < world:
+        notes.append(f"{len(ranks)} of {world} ranks' traces: skew and last arrival are among these ranks only.")
+    if not same_streams:
+        notes.append("the ranks' NCCL streams differ: streams were paired by their order of first use.")
+    unmatched = sum(1 for i in instances if i["unmatched"])
+    if unmatched and len(ranks) > 1:
+        notes.append(f"{unmatched} records have no counterpart on the other ranks (type and size did not line up; "
+                     "a sampled or truncated trace?): listed, not compared.")
+    differ = sum(1 for i in instances if i["kinds_differ"])
+    if differ:
+        notes.append(f"{differ} matched instances have different collective types on different ranks: the "
+                     "ordering fallback is unreliable for them (the traces carry no sequence numbers).")
+    sizes = {g.get("pg_size") for rc in ranks for g in rc.pg_config if isinstance(g, dict)}
+    subgroups = not world or not sizes or sizes - {world}
+    if subgroups and any(i["group_size_assumed"] for i in instances if i["busbw_gbps"] is not None):
+        notes.append("group sizes not recorded: bus bandwidth assumes the whole world (or the ranks present).")
+    if any(rc.source and "gloo" in rc.source for rc in ranks) and not any(i["bytes"] for i in instances):
+        notes.append("no message sizes: record with --torch-profile-record-shapes to get gloo's sizes and bandwidth.")
+    missing = [rc.rank for rc in ranks if not rc.records]
+    if missing:
+        notes.append(f"no collectives found in the traces of ranks {missing}.")
+    return notes
+
+
+def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> dict[str, Any]:
+    """The cross-rank view of the collectives of one cycle's traces (one :class:`RankComms` per rank)."""
+    ranks = sorted(ranks, key=lambda rc: rc.rank)
+    mode = _mode(ranks)
+    streams, same_streams = _stream_names(ranks) if mode == MATCH_STREAM_ORDER else ({}, True)
+    keyed = _seq_keys(ranks) if mode == MATCH_SEQ else _aligned_keys(ranks, mode, streams)
+    groups: dict[tuple[Any, ...], dict[int, CommRecord]] = {}
+    for rank in sorted(keyed):
+        for key, record in keyed[rank]:
+            groups.setdefault(key, {}).setdefault(rank, record)
+    loaded = {rc.rank for rc in ranks}
+    world = next((rc.world_size for rc in ranks if rc.world_size), None)
+    ordered = sorted(groups.items(), key=lambda item: min(r.start_us for r in item[1].values()))
+    instances = [_instance(i, key, members, loaded, world) for i, (key, members) in enumerate(ordered)]
+    worst = sorted((i for i in instances if i["ranks"] > 1), key=lambda i: -i["skew_us"])[:top]
+    rank_rows = _rank_table(instances, [rc.rank for rc in ranks])
+    return {
+        "ranks": [rc.rank for rc in ranks], "world_size": world,
+        "files": {rc.rank: rc.file for rc in ranks},
+        "source": next((rc.source for rc in ranks if rc.source), None), "matched_by": mode,
+        "collective_count": len(instances),
+        "process_groups": sorted({i["pg"] for i in instances if i["pg"] is not None}),
+        "wait_caused_total_us": sum(r["wait_caused_us"] for r in rank_rows),
+        "ranks_by_wait_caused": rank_rows,
+        "worst_skew": [i["id"] for i in worst],
+        "by_type": _by_type(instances),
+        "notes": _notes(ranks, instances, same_streams),
+        "instances": instances,
+    }

@@ -1,0 +1,319 @@
+"""Collectives on one rank: every collective instance of a trace, with what identifies and sizes it.
+
+Input: a trace loaded with ``comms=True`` (its communication side table).  Which events are the
+instances depends on what the trace recorded:
+
+* **NCCL kernels** (GPU traces): one ``ncclKernel_*`` / ``ncclDevKernel_*`` kernel per collective;
+  its start is when the GPU reached the collective (its arrival), its duration includes the wait
+  for the other ranks.  Identity and size come from the kernel's own args (PyTorch >= 2.2:
+  collective name, process group, sequence number, message sizes, dtype) or, for older traces,
+  from the CPU records around the kernel's launch (``record_param_comms``, ``nccl:<op>``), found
+  through the launch's correlation id.  Algorithm and protocol come from the kernel name.
+* **gloo** (CPU jobs): ``gloo:<op>`` on gloo's worker threads, which run the collective and wait
+  in it; sizes from ``Input Dims`` / ``Input type`` (recorded with ``record_shapes``).
+* **host-side NCCL records only** (GPU activity not recorded): the ``nccl:<op>`` annotations, whose
+  start is when the rank issued the collective (durations are then only the enqueue).
+
+Times are absolute microseconds (``ts`` + ``baseTimeNanoseconds``), so ranks can be compared.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import dataclasses
+import json
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.select import member
+from torchprof_args.analysis.analyzers.steps import steps
+from torchprof_args.analysis.comm_events import COMM_FIELDS
+from torchprof_args.analysis.trace import Trace
+from torchprof_args.errors import TraceError
+
+__all__ = ["CommRecord", "RankComms", "canonical_kind", "dtype_bytes", "rank_collectives"]
+
+SOURCE_KERNELS = "NCCL kernels on the GPU"
+SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
+SOURCE_HOST = "host-side nccl:<op> records only (no GPU activity in the trace: arrival = when the rank issued it)"
+
+P2P_KINDS = frozenset({"send", "recv", "send_recv"})
+
+_KINDS = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "allgatherbase": "all_gather",
+    "allgatherintotensor": "all_gather", "reducescatter": "reduce_scatter", "reducescatterbase": "reduce_scatter",
+    "reducescattertensor": "reduce_scatter", "alltoall": "all_to_all", "alltoallbase": "all_to_all",
+    "alltoallsingle": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast", "broadcastoop": "broadcast",
+    "reduce": "reduce", "reduceoop": "reduce", "send": "send", "recv": "recv", "sendrecv": "send_recv",
+    "barrier": "barrier", "gather": "gather", "scatter": "scatter", "allreducecoalesced": "all_reduce",
+    "allgathercoalesced": "all_gather", "reducescattercoalesced": "reduce_scatter", "coalesced": "coalesced",
+}
+_ALGORITHMS = ("COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS_TREE", "NVLS", "RING", "TREE", "PAT")
+_PROTOCOLS = ("LL128", "LL", "SIMPLE")
+_KERNEL_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)((?:_[A-Za-z0-9]+)*)")
+
+#: Bytes per element of the dtype names NCCL records and the ones ``Input type`` uses.
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2,
+    "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "short int": 2,
+    "int16": 2, "byte": 1, "unsigned char": 1, "uint8": 1, "char": 1, "signed char": 1, "int8": 1, "bool": 1,
+}
+
+
+def canonical_kind(name: str) -> str:
+    """``all_reduce``, ``all_gather``, ... from any spelling (``allreduce``, ``nccl:all_reduce``,
+    ``_allgather_base``, ``AllGather``); the spelling itself (lower case) when unknown."""
+    text = name.split(":", 1)[-1].split(" ", 1)[0]
+    key = re.sub(r"[^a-z]", "", text.lower())
+    return _KINDS.get(key, _KINDS.get(key.removesuffix("coalesced"), text.lower().strip("_") or "unknown"))
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Bytes per element of a dtype as traces spell it (``Float``, ``c10::BFloat16``, ``long int``)."""
+    if not dtype:
+        return None
+    name = str(dtype).lower()
+    if name.startswith("c10::float8") or name.startswith("float8"):
+        return 1
+    return _DTYPE_BYTES.get(name) or _DTYPE_BYTES.get(name.removeprefix("c10::"))
+
+
+@dataclasses.dataclass
+class CommRecord:
+    """One collective instance as one rank saw it."""
+
+    kind: str
+    start_us: float
+    dur_us: float
+    channel: str
+    step: str
+    pg: str | None = None
+    pg_desc: str | None = None
+    pg_ranks: list[int] | None = None
+    group_size: int | None = None
+    seq: int | None = None
+    nbytes: int | None = None
+    dtype: str | None = None
+    algorithm: str | None = None
+    protocol: str | None = None
+    #: The trace did not say the group's size: the world size was used for the message size.
+    size_assumed: bool = False
+
+
+@dataclasses.dataclass
+class RankComms:
+    """One rank's collectives (time order) and what its trace says about the job."""
+
+    rank: int
+    file: str
+    source: str | None
+    records: list[CommRecord]
+    world_size: int | None
+    pg_config: list[dict[str, Any]]
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _ranks(value: Any) -> list[int] | None:
+    if isinstance(value, list):
+        return [int(v) for v in value if _int(v) is not None] or None
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            return [int(v) for v in ast.literal_eval(value)] or None
+        except (ValueError, SyntaxError, TypeError):
+            return None
+    return None
+
+
+def _numel(dims_text: str | None, index: int | None = None) -> int | None:
+    """Elements of the tensors in an ``Input Dims`` text (all of them, or only input ``index``)."""
+    if not dims_text:
+        return None
+    try:
+        dims = json.loads(dims_text)
+    except ValueError:
+        return None
+    if index is not None:
+        dims = dims[index : index + 1] if isinstance(dims, list) and len(dims) > index else []
+
+    def count(node: Any) -> int:
+        if isinstance(node, list) and node and all(isinstance(x, int) for x in node):
+            return math.prod(node)
+        return sum(count(x) for x in node) if isinstance(node, list) else 0
+
+    return count(dims) or None
+
+
+def _first_type(types_text: str | None) -> str | None:
+    try:
+        types = json.loads(types_text) if types_text else []
+    except ValueError:
+        return None
+    return next((t for t in types if isinstance(t, str) and t and t not in ("Scalar", "TensorList", "ScalarList")), None)
+
+
+def _message_bytes(kind: str, row: dict[str, Any], group_size: int | None) -> int | None:
+    """The message size ``S`` of nccl-tests (all-gather: the gathered output; reduce-scatter: the
+    scattered input; all-to-all: what one rank sends; others: the buffer)."""
+    if kind == "barrier":
+        return None
+    elem = dtype_bytes(row.get("dtype")) or dtype_bytes(_first_type(row.get("input_type")))
+    nelems = [n for n in (_int(row.get("in_nelems")), _int(row.get("out_nelems"))) if n]
+    if nelems:
+        return max(nelems) * elem if elem else None
+    count = _numel(row.get("input_dims"))
+    if count is None or not elem:
+        return None
+    if kind == "all_gather" and group_size:  # Input Dims hold one rank's input
+        count *= group_size
+    return count * elem
+
+
+def _kernel_algorithm(name: str) -> tuple[str | None, str | None, str | None]:
+    """(kind, algorithm, protocol) from ``ncclDevKernel_AllGather_RING_LL(...)``-style names."""
+    match = _KERNEL_RE.search(name)
+    if not match:
+        return None, None, None
+    tail = match.group(2).upper()
+    algorithm = next((a for a in _ALGORITHMS if f"_{a}" in tail), None)
+    protocol = next((p for p in _PROTOCOLS if re.search(rf"_{p}(_|$)", tail)), None)
+    return canonical_kind(match.group(1)), algorithm, protocol
+
+
+class _Enclosing:
+    """CPU communication records per thread, to find the ones around a kernel's launch."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self._by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            self._by_thread[(row["pid"], row["tid"])].append(row)
+        self._starts = {}
+        for thread, found in self._by_thread.items():
+            found.sort(key=lambda r: r["ts"])
+            self._starts[thread] = [r["ts"] for r in found]
+
+    def around(self, thread: tuple[Any, Any], ts: float) -> list[dict[str, Any]]:
+        """Records on ``thread`` running at ``ts`` (innermost last)."""
+        found = self._by_thread.get(thread, [])
+        stop = bisect.bisect_right(self._starts.get(thread, []), ts)
+        return [row for row in found[max(0, stop - 8) : stop] if row["ts"] + row["dur"] >= ts]
+
+
+def _launches(trace: Trace, correlations: list[int]) -> dict[int, tuple[float, tuple[Any, Any]]]:
+    """correlation id -> (launch ts, launching thread) of the CPU runtime calls of these kernels."""
+    wanted = np.array(sorted({c for c in correlations if c >= 0}), dtype=np.int64)
+    if not len(wanted):
+        return {}
+    idx = np.flatnonzero((trace.stream == -1) & member(trace.corr.astype(np.int64), wanted))
+    return {int(trace.corr[i]): (float(trace.ts[i]), trace.threads[trace.thread_id[i]]) for i in idx}
+
+
+class _Steps:
+    def __init__(self, trace: Trace) -> None:
+        found = steps(trace)
+        self._starts = [s["start_us"] for s in found]
+        self._spans = found
+
+    def at(self, ts: float) -> str:
+        i = bisect.bisect_right(self._starts, ts) - 1
+        if i >= 0 and ts <= self._spans[i]["start_us"] + self._spans[i]["dur_us"]:
+            return self._spans[i]["name"]
+        return "-"
+
+
+def _identity(row: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record's identity fields from ``row``, completed from the CPU records around its launch."""
+    out = {key: row.get(key) for key in ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq",
+                                          "in_nelems", "out_nelems", "dtype", "input_dims", "input_type")}
+    for other in reversed(context):  # innermost first: it wins
+        for key, value in other.items():
+            if key in out and out[key] is None and value is not None:
+                out[key] = value
+        if other["name"].startswith("nccl:") and not out.get("annotation"):
+            out["annotation"] = other["name"]
+    return out
+
+
+def _record(kind: str, row: dict[str, Any], ident: dict[str, Any], base_us: float, step: str, channel: str,
+            world_size: int | None, algorithm: str | None = None, protocol: str | None = None) -> CommRecord:
+    ranks = _ranks(ident.get("pg_ranks"))
+    size = _int(ident.get("group_size")) or (len(ranks) if ranks else None)
+    pg = ident.get("pg_name")
+    return CommRecord(
+        kind=kind, start_us=row["ts"] + base_us, dur_us=row["dur"], channel=channel, step=step,
+        pg=None if pg is None else str(pg), pg_desc=ident.get("pg_desc"), pg_ranks=ranks, group_size=size,
+        seq=_int(ident.get("seq")), nbytes=_message_bytes(kind, ident, size or world_size),
+        dtype=ident.get("dtype") or _first_type(ident.get("input_type")), algorithm=algorithm, protocol=protocol,
+        size_assumed=size is None and kind == "all_gather" and not ident.get("out_nelems"))
+
+
+def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[str, Any]], base_us: float,
+                  step_of: _Steps) -> list[CommRecord]:
+    launches = _launches(trace, [k["corr"] for k in kernels])
+    enclosing = _Enclosing(cpu)
+    records = []
+    for row in kernels:
+        launch = launches.get(row["corr"])
+        context = enclosing.around(launch[1], launch[0]) if launch else []
+        ident = _identity(row, context)
+        kind, algorithm, protocol = _kernel_algorithm(row["name"])
+        if ident.get("collective"):
+            kind = canonical_kind(str(ident["collective"]))
+        elif ident.get("annotation"):
+            kind = canonical_kind(ident["annotation"])  # e.g. all_to_all run as SendRecv kernels
+        records.append(_record(kind or "unknown", row, ident, base_us, step_of.at(launch[0] if launch else row["ts"]),
+                               f"stream {row['stream']}", trace.world_size, algorithm, protocol))
+    return records
+
+
+def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us: float, step_of: _Steps,
+              world_size: int | None, algorithm: str) -> list[CommRecord]:
+    enclosing = _Enclosing(params)
+    records = []
+    for row in rows:
+        ident = _identity(row, enclosing.around((row["pid"], row["tid"]), row["ts"]))
+        kind = canonical_kind(row["name"])
+        channel = f"pg {ident['pg_name']}" if ident.get("pg_name") is not None else kind
+        records.append(_record(kind, row, ident, base_us, step_of.at(row["ts"]), channel, world_size, algorithm))
+    return records
+
+
+def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
+    """Every collective instance of ``trace`` (loaded with ``comms=True``), in time order.
+
+    ``rank`` overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
+    """
+    if trace.comms is None:
+        raise TraceError(f"{trace.path}: loaded without communication events; use load_trace(..., comms=True)")
+    rows = [dict(zip(COMM_FIELDS, row, strict=True)) for row in trace.comms]
+    kernels = [r for r in rows if r["cat"] == "kernel" and "nccl" in r["name"].lower()]
+    cpu = [r for r in rows if r["stream"] == -1]
+    gloo = [r for r in cpu if r["name"].startswith(("gloo:", "xccl:"))]
+    host = [r for r in cpu if r["name"].startswith("nccl:")]
+    params = [r for r in cpu if r["name"] == "record_param_comms"]
+    base_us = trace.base_time_ns / 1000.0
+    step_of = _Steps(trace)
+    if kernels:
+        source, records = SOURCE_KERNELS, _from_kernels(trace, kernels, host + params, base_us, step_of)
+    elif gloo:
+        source, records = SOURCE_GLOO, _from_cpu(gloo, params, base_us, step_of, trace.world_size, "gloo")
+    elif host:
+        source, records = SOURCE_HOST, _from_cpu(host, params, base_us, step_of, trace.world_size, None)
+    else:
+        source, records = None, []
+    records.sort(key=lambda r: r.start_us)
+    info = trace.metadata.get("distributedInfo") or {}
+    pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    found_rank = rank if rank is not None else trace.rank
+    return RankComms(rank=found_rank if found_rank is not None else -1, file=str(trace.path), source=source,
+                     records=records, world_size=trace.world_size, pg_config=pg_config)

@@ -1,0 +1,219 @@
+"""The runtime's flags (traces, export, memory snapshots, nsys, flight recorder, parallel rank
+selection), declared as data and registered with :mod:`torchprof_args.flags`.
+
+Import-light (no torch).  :mod:`torchprof_args.runtime.config` turns them into configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
+from torchprof_args.flags.types import gzip_level, non_negative_int, positive_float, positive_int, rank_token
+
+__all__ = ["PARALLEL_AXES", "parallel_selector", "profile_dir"]
+
+
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0 (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+TORCH_PROFILE = Flag("--torch-profile", "Enable torch.profiler tracing.", default=False, action="store_true")
+RANKS = Flag("--torch-profile-ranks", "Global ranks to trace, or 'all'.", default=[0], type=rank_token, nargs="+",
+             metavar="R")
+WAIT = Flag("--torch-profile-wait", "Steps to wait at the start of each cycle (torch.profiler.schedule wait).",
+            default=0, type=non_negative_int, metavar="N")
+WARMUP = Flag("--torch-profile-warmup", "Warmup steps before recording in each cycle (not recorded).",
+              default=1, type=non_negative_int, metavar="N")
+ACTIVE = Flag("--torch-profile-active",
+              "Recorded steps per cycle. About 2 GB of trace per step for an 8B model: keep it small.",
+              default=1, type=positive_int, metavar="N")
+REPEAT = Flag("--torch-profile-repeat", "Number of cycles (0 = until the run ends).", default=1,
+              type=non_negative_int, metavar="N")
+SKIP_FIRST = Flag("--torch-profile-skip-first", "Steps of this run skipped before the first cycle.", default=1,
+                  type=non_negative_int, metavar="N")
+STEP_START = Flag("--torch-profile-step-start",
+                  "First global iteration to record (Megatron style, resume-safe); replaces "
+                  "--torch-profile-wait/-skip-first/-repeat.", type=non_negative_int, metavar="N")
+STEP_END = Flag("--torch-profile-step-end",
+                "Global iteration at which recording stops (exclusive); default step-start + active.",
+                type=positive_int, metavar="N")
+RECORD_SHAPES = Flag("--torch-profile-record-shapes", "Record operator input shapes.", default=False,
+                     action="store_true")
+PROFILE_MEMORY = Flag("--torch-profile-profile-memory", "Record tensor memory allocations and frees.",
+                      default=False, action="store_true")
+WITH_STACK = Flag("--torch-profile-with-stack", "Record Python source locations of operators.", default=False,
+                  action="store_true")
+WITH_FLOPS = Flag("--torch-profile-with-flops", "Estimate FLOPs of matrix multiplications and convolutions.",
+                  default=False, action="store_true")
+WITH_MODULES = Flag("--torch-profile-with-modules", "Record the nn.Module hierarchy of operators.", default=False,
+                    action="store_true")
+EXECUTION_TRACE = Flag("--torch-profile-execution-trace",
+                       "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the same "
+                       "windows on the traced ranks, published in each cycle folder's execution_traces/ as "
+                       "<stem>.et.json.gz.",
+                       default=False, action="store_true")
+ACTIVITIES = Flag("--torch-profile-activities", "Activities to record: cpu, cuda. Default: cpu, plus cuda when "
+                  "available.", type=str.lower, nargs="+", choices=("cpu", "cuda"), metavar="A",
+                  default_doc="cpu [cuda]")
+PROFILE_DIR = Flag("--torch-profile-dir", "Output directory for traces and summaries.", metavar="DIR",
+                   default_doc="`--tensorboard-dir` if set, else `./prof`")
+GZIP = Flag("--torch-profile-gzip", "Gzip-compress published traces (.pt.trace.json.gz).", default=True,
+            action=argparse.BooleanOptionalAction)
+GZIP_LEVEL = Flag("--torch-profile-gzip-level", "Compression level 1..9 (runs off the training thread).",
+                  default=6, type=gzip_level, metavar="L")
+STAGING_DIR = Flag("--torch-profile-staging-dir",
+                   "Node-local directory the raw trace is written to before the barrier (a private "
+                   "torchprof-<uid>/pid<pid> directory is made in it). Default: /dev/shm while memory allows, else "
+                   "the system temp directory; chosen again at every flush from the space and memory free then.",
+                   metavar="DIR", default_doc="auto")
+EXPORT = Flag("--torch-profile-export",
+              "How the trace leaves the training process: 'fork' serialises it in a forked child (the "
+              "training thread pays only for stop()); 'inline' serialises it on the training thread. "
+              "Compression and publishing always run in a separate process. 'fork' falls back to inline for a "
+              "flush when host memory cannot cover the child or the fork fails.",
+              default="fork", choices=("fork", "inline"), metavar="MODE")
+FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
+                     "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at flushes, "
+                     "memory snapshots and the exit.",
+                     default=1800.0, type=positive_float, metavar="S")
+EXIT_TIMEOUT = Flag("--torch-profile-exit-timeout",
+                    "Seconds a rank waits at a clean exit for its traces still being published, before every rank "
+                    "meets at the fence (then they are stopped and cleaned up; 0: do not wait). Must be shorter "
+                    "than --torch-profile-flush-timeout.",
+                    default=600.0, type=non_negative_float, metavar="S")
+TERM_GRACE = Flag("--torch-profile-term-grace",
+                  "Seconds after SIGTERM within which profiling cleans up (pending traces may finish, the rest "
+                  "are stopped, partial files removed) before the signal is delivered as without the profiler. "
+                  "Keep it under the scheduler's kill wait (SLURM KillWait, 30 s by default).",
+                  default=10.0, type=positive_float, metavar="S")
+MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
+                        "Host memory to keep free (the job's cgroup limit less its working set, else MemAvailable). "
+                        "Below it a recording window ends early on every rank at the same iteration, and a trace "
+                        "is exported inline to disk instead of forked or staged in RAM. 0 turns the guard off.",
+                        default=2048, type=non_negative_int, metavar="MB")
+SUMMARY = Flag("--torch-profile-summary", "Write a per-rank operator summary next to each trace.", default=True,
+               action=argparse.BooleanOptionalAction)
+SUMMARY_ROWS = Flag("--torch-profile-summary-rows", "Rows in the per-rank operator summary.", default=30,
+                    type=positive_int, metavar="N")
+TENSORBOARD_DIR = Flag("--tensorboard-dir",
+                       "TensorBoard log directory (Megatron-LM's flag, reused when the host defines it).",
+                       metavar="DIR", host_owned=True)
+
+PROFILE_FLAGS = register_group(FlagGroup(
+    title="torch profiler",
+    description="torch.profiler traces of chosen steps and ranks, flushed without tripping NCCL watchdog "
+                "timeouts (torchprof-args).",
+    flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END, RECORD_SHAPES,
+           PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES, PROFILE_DIR, GZIP,
+           GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, SUMMARY,
+           SUMMARY_ROWS, TENSORBOARD_DIR),
+    order=10,
+))
+
+MEMORY_SNAPSHOT = Flag("--torch-profile-memory-snapshot",
+                       "Record CUDA allocator history on the --torch-profile-ranks and dump a snapshot pickle per "
+                       "rank after each profiled cycle, every --torch-profile-memory-snapshot-interval iterations "
+                       "and on CUDA out-of-memory errors. Needs CUDA.", default=False, action="store_true")
+MEMORY_MAX_ENTRIES = Flag("--torch-profile-memory-snapshot-max-entries",
+                          "Allocation/free events kept (a ring buffer; older ones are dropped).", default=100_000,
+                          type=positive_int, metavar="N")
+MEMORY_STACKS = Flag("--torch-profile-memory-snapshot-stacks",
+                     "Stacks recorded per event: python (cheap) or all (adds C++ frames; symbolising them can "
+                     "take minutes per dump).", default="python", type=str.lower, choices=("python", "all"),
+                     metavar="S")
+MEMORY_INTERVAL = Flag("--torch-profile-memory-snapshot-interval",
+                       "Also dump every N iterations (0 = only after profiled cycles and on OOM).", default=0,
+                       type=non_negative_int, metavar="N")
+NSYS = Flag("--torch-profile-nsys",
+            "Call cudaProfilerStart/Stop around the scheduled active steps and emit NVTX ranges for steps and "
+            "timers, for `nsys profile --capture-range=cudaProfilerApi` (see `torchprof nsys`). Needs CUDA.",
+            default=False, action="store_true")
+
+MEMORY_NSYS_FLAGS = register_group(FlagGroup(
+    title="torch profiler: memory snapshots, nsys",
+    description="CUDA allocator snapshots per rank (pytorch.org/memory_viz) and Nsight Systems capture ranges "
+                "around the scheduled steps (torchprof-args).",
+    flags=(MEMORY_SNAPSHOT, MEMORY_MAX_ENTRIES, MEMORY_STACKS, MEMORY_INTERVAL, NSYS),
+    order=20,
+))
+
+class FlightRecorderAction(argparse.Action):
+    """Stores N and turns PyTorch's flight recorder on right away, at parse time: PyTorch reads its
+    buffer size when the first process group is created, which may be the next line."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        from torchprof_args.runtime.flight_recorder import configure_environment
+
+        configure_environment(int(values), profile_dir(namespace))  # type: ignore[call-overload]
+
+
+FLIGHT_RECORDER = Flag("--torch-profile-flight-recorder",
+                       "Keep PyTorch's flight recorder of the last N collectives per process group and dump it into "
+                       "<profile dir>/flight_recorder/ on an NCCL watchdog timeout (PyTorch's own), a failed fence "
+                       "barrier, an exception leaving the profiler, and SIGTERM; `torchprof hang DIR` reads the dumps. "
+                       "Takes effect when the flags are parsed: parse them before init_process_group.",
+                       type=positive_int, action=FlightRecorderAction, metavar="N")
+
+FLIGHT_RECORDER_FLAGS = register_group(FlagGroup(
+    title="hang forensics",
+    description="PyTorch's flight recorder, dumped on every rank when a job hangs, for `torchprof hang` "
+                "(torchprof-args).",
+    flags=(FLIGHT_RECORDER,),
+    order=25,
+))
+
+#: Megatron-core parallel axes a rank can be selected by.
+PARALLEL_AXES = ("dp", "tp", "pp", "cp", "ep")
+
+
+def parallel_selector(text: str) -> tuple[str, tuple[int, ...]]:
+    """``AXIS=VALUES``: an axis of :data:`PARALLEL_AXES` and indices like ``0``, ``0,2`` or ``0-3``."""
+    axis, sep, values = text.partition("=")
+    axis = axis.strip().lower()
+    if not sep or axis not in PARALLEL_AXES or not values.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected AXIS=INDICES with AXIS one of {', '.join(PARALLEL_AXES)} (e.g. dp=0, tp=0-1, pp=0,3), "
+            f"got {text!r}")
+    indices: list[int] = []
+    for part in values.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{axis}: expected indices like 0, 0,2 or 0-3, got {values!r}") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"{axis}: bad index range {part.strip()!r}")
+        indices.extend(range(first, last + 1))
+    return axis, tuple(sorted(set(indices)))
+
+
+PARALLEL_RANKS = Flag("--torch-profile-parallel-ranks",
+                      "Trace the ranks whose parallel coordinates match every AXIS=INDICES given (axes dp, tp, pp, "
+                      "cp, ep; e.g. 'dp=0' traces one full model replica, 'dp=0 tp=0' its first tensor-parallel rank "
+                      "of every stage). Replaces --torch-profile-ranks. Without megatron-core's parallel_state "
+                      "every rank is a data-parallel replica (dp = global rank).",
+                      type=parallel_selector, nargs="+", metavar="AXIS=I")
+
+PARALLEL_FLAGS = register_group(FlagGroup(
+    title="parallel rank selection",
+    description="Choose traced ranks by their megatron-core parallel coordinates instead of global rank numbers "
+                "(torchprof-args).",
+    flags=(PARALLEL_RANKS,),
+    order=40,
+))
+
+
+def profile_dir(args: argparse.Namespace) -> str:
+    """``--torch-profile-dir``, else ``--tensorboard-dir`` when set, else ``./prof``."""
+    return flag_value(args, PROFILE_DIR) or flag_value(args, TENSORBOARD_DIR) or "./prof"

@@ -1,0 +1,362 @@
+"""Hang forensics: PyTorch's flight recorder, on, and dumped on every way a hang ends.
+
+``--torch-profile-flight-recorder N`` keeps the last N collectives of every process group in
+PyTorch's own ring buffer.  PyTorch reads the buffer size when the first process group is
+created, so the flag's argparse action sets the environment at parse time
+(:func:`configure_environment`); :meth:`FlightRecorder.arm` warns when the process group existed
+before that.
+
+PyTorch dumps the buffer by itself only on an NCCL watchdog timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``,
+into ``<profile dir>/flight_recorder/nccl_trace_rank_<R>``), and its analyzer needs a dump from
+every rank.  :class:`FlightRecorder` therefore also dumps, through PyTorch's own dump call, when
+the fence barrier fails (a rank is missing), when an exception leaves the profiler's context (a
+collective timed out), and on SIGTERM (the launcher stopping the other ranks): a watcher thread
+woken by the signal (``signal.set_wakeup_fd``) dumps even while the main thread is blocked in a
+collective.  The first dump of a process wins (it is the state closest to the hang); later
+triggers are logged.  Beside each dump, ``dump_info_rank<R>.json`` says why and when, with the
+rank's process-group table (gloo dumps lack it; ``torchprof hang`` needs it).
+
+Import-light: torch is imported only when a dump is taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from torchprof_args import _dist
+from torchprof_args.atomic import write_bytes_atomically, write_json_atomically
+from torchprof_args.log import get_logger
+from torchprof_args.naming import (
+    FLIGHT_RECORDER_PREFIXES,
+    FLIGHT_RECORDER_SUBDIR,
+    flight_recorder_info_name,
+    short_hostname,
+)
+
+__all__ = ["FlightRecorder", "configure_environment", "flight_recorder_dir"]
+
+logger = get_logger(__name__)
+
+#: PyTorch's variables: current names, then the NCCL-era ones (still read, with a deprecation
+#: warning, by recent versions; the only ones older versions read).
+BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+DUMP_ON_TIMEOUT_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+
+SIGTERM_REASON = "SIGTERM received (the launcher is stopping this rank)"
+
+#: Set by :func:`configure_environment`: whether a process group already existed then.
+_STATE: dict[str, Any] = {"configured": False, "pg_existed": False}
+
+
+def flight_recorder_dir(profile_dir: str) -> str:
+    """``<profile dir>/flight_recorder``, absolute."""
+    return os.path.join(os.path.abspath(profile_dir), FLIGHT_RECORDER_SUBDIR)
+
+
+def configure_environment(entries: int, profile_dir: str) -> None:
+    """Turn PyTorch's flight recorder on for this process (``entries`` per process group) and
+    point its NCCL-timeout dumps at ``<profile_dir>/flight_recorder/``.  Must run before the
+    first process group is created; whether one existed is remembered for :meth:`FlightRecorder.arm`."""
+    _STATE["inherited_buffer"] = any(os.environ.get(name, "0") not in ("", "0") for name in BUFFER_VARS)
+    for name in _names(BUFFER_VARS):
+        os.environ[name] = str(entries)
+    os.environ.setdefault(DUMP_ON_TIMEOUT_VAR, "1")
+    point_dumps_at(profile_dir)
+    _STATE.update(configured=True, pg_existed=_dist.dist_if_initialized() is not None)
+
+
+def _launcher_set_buffer() -> bool:
+    """Whether the buffer size came from the environment the process started with."""
+    return bool(_STATE.get("inherited_buffer"))
+
+
+def point_dumps_at(profile_dir: str) -> None:
+    """PyTorch's dump file prefix -> ``<profile_dir>/flight_recorder/nccl_trace_rank_`` (read when it dumps)."""
+    prefix = os.path.join(flight_recorder_dir(profile_dir), FLIGHT_RECORDER_PREFIXES["nccl"])
+    for name in _names(DUMP_FILE_VARS):
+        os.environ[name] = prefix
+
+
+def _names(variables: tuple[str, str]) -> tuple[str, ...]:
+    """The current name, plus the NCCL-era one for PyTorch before 2.9 (read without importing torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return variables
+    return variables if (major, minor) < (2, 9) else variables[:1]
+
+
+def _process_groups() -> dict[str, dict[str, Any]]:
+    """This rank's process groups: name -> description and global ranks (what gloo dumps lack)."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world  # noqa: SLF001 - the only place PyTorch keeps this table
+        return {str(world.pg_names[pg]): {"desc": getattr(pg, "group_desc", "undefined"),
+                                          "ranks": sorted(int(r) for r in world.pg_group_ranks[pg])}
+                for pg in list(world.pg_map)}
+    except Exception:  # noqa: BLE001 - a table is a nicety; the dump is what matters
+        return {}
+
+
+def _dump_calls() -> dict[str, Any]:
+    """PyTorch's own dump call of each recorder this build has (NCCL's only with CUDA and NCCL)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+
+    calls: dict[str, Any] = {}
+    nccl = getattr(c10d, "_dump_nccl_trace", None)
+    if nccl is not None and torch.cuda.is_available() and dist.is_nccl_available():
+        calls["nccl"] = nccl
+    cpu = getattr(c10d, "_dump_fr_trace", None)
+    if cpu is not None:
+        calls["gloo"] = cpu
+    return calls
+
+
+class _PlainData(pickle.Unpickler):
+    """Builds only builtin containers and scalars (what a dump holds); refuses every global."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+
+def _entries(data: bytes) -> int:
+    try:
+        dump = _PlainData(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError):
+        return 0
+    return len(dump.get("entries") or []) if isinstance(dump, dict) else 0
+
+
+def _warm_up() -> None:
+    """Import what PyTorch's dump call imports on its first call with entries to symbolise
+    (``torch._inductor``, 1-3 s), in a background thread now, so that a dump at a hang, with the
+    launcher's SIGKILL coming, does not wait for it."""
+
+    def load() -> None:
+        try:
+            import importlib
+
+            importlib.import_module("torch._inductor")
+        except Exception as err:  # noqa: BLE001 - only a speed-up
+            logger.debug("flight recorder warm-up failed: %s", err)
+
+    if "torch._inductor" not in sys.modules:
+        threading.Thread(target=load, name="torchprof-fr-warmup", daemon=True).start()
+
+
+class _SigtermWatcher:
+    """Calls ``on_sigterm`` from a thread as soon as SIGTERM arrives (main thread blocked or not).
+
+    Without a Python-level SIGTERM handler there is no wakeup: then ``handler`` is installed (the
+    recorder's: dump, then terminate as SIGTERM's default action would).
+    """
+
+    def __init__(self, on_sigterm: Any, handler: Any) -> None:
+        self._on_sigterm = on_sigterm
+        self._handler = handler
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+        self._installed_handler: Any = None
+
+    def start(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        current = signal.getsignal(signal.SIGTERM)
+        if current == signal.SIG_IGN:
+            return False
+        if current in (signal.SIG_DFL, None):  # the C-level handler (and its wakeup) needs a Python one
+            self._installed_handler = self._handler
+            signal.signal(signal.SIGTERM, self._handler)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        if previous != -1:  # someone else (asyncio) owns the wakeup fd: leave it to them
+            signal.set_wakeup_fd(previous)
+            reader.close()
+            writer.close()
+            return False
+        self._pair = (reader, writer)
+        threading.Thread(target=self._loop, args=(reader,), name="torchprof-fr-sigterm", daemon=True).start()
+        return True
+
+    def _loop(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                logger.debug("SIGTERM seen by the flight recorder's watcher thread")
+                self._on_sigterm()
+
+    def stop(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._pair is not None:
+            signal.set_wakeup_fd(-1)
+            reader, writer = self._pair
+            for sock in (writer, reader):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._pair = None
+        if self._installed_handler is not None and signal.getsignal(signal.SIGTERM) == self._installed_handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._installed_handler = None
+
+
+def _terminate(signum: int) -> None:
+    """What SIGTERM would have done without a handler."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+class FlightRecorder:
+    """Dumps PyTorch's flight recorder of this rank into ``directory`` (see the module docstring)."""
+
+    def __init__(self, directory: str, *, entries: int, rank: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.entries = entries
+        self.rank = _dist.rank() if rank is None else rank
+        self._armed = False
+        self.dumped: str | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._writer_thread: int | None = None
+        self._terminate_after = False
+        self._guard: Any = None
+        self._sigterm = _SigtermWatcher(lambda: self.dump(SIGTERM_REASON), self._on_sigterm_handler)
+
+    @classmethod
+    def from_config(cls, config: Any, rank: int) -> FlightRecorder | None:
+        """The recorder of a :class:`~torchprof_args.runtime.config.FlightRecorderConfig` (None when
+        off); warns when the process group was created before the recorder could be turned on."""
+        if not config.enabled:
+            return None
+        if not _STATE["configured"]:  # configs built without the flag's parse-time action
+            configure_environment(config.entries, str(Path(config.output_dir).parent))
+        if _STATE["pg_existed"] and not _launcher_set_buffer():
+            logger.warning(
+                "rank %d: --torch-profile-flight-recorder: the process group was created before the flag took effect, "
+                "so PyTorch's flight recorder is off (it reads TORCH_FR_BUFFER_SIZE when the first process group is "
+                "created). Parse the flags before init_process_group, or export TORCH_FR_BUFFER_SIZE=%d in the "
+                "launcher.", rank, config.entries)
+        return cls(config.output_dir, entries=config.entries, rank=rank)
+
+    def arm(self, guard: Any = None) -> None:
+        """Create the dump directory, point PyTorch's dumps at it, watch for SIGTERM (main thread).
+
+        ``guard``: the profiler's installed :class:`~torchprof_args.runtime.signals.SigtermGuard`,
+        whose watchdog thread already owns the signal wakeup: the dump rides on it (as soon as the
+        signal arrives, and again at the safe point in case no watchdog could start).  Without
+        one (flight recorder only), this recorder watches by itself.
+        """
+        if self._armed:
+            return
+        self._armed = True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        point_dumps_at(str(self.directory.parent))
+        _warm_up()
+        if guard is not None and guard.installed:
+            self._guard = guard
+            guard.on_arrival.append(self._dump_on_sigterm)
+            guard.hooks.append(self._dump_on_sigterm)
+            watching = True
+        else:
+            watching = self._sigterm.start()
+        logger.debug("rank %d: flight recorder armed (%d entries, dumps to %s; SIGTERM watcher %s)", self.rank,
+                     self.entries, self.directory, "on" if watching else "off")
+
+    def disarm(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            for hooks in (guard.on_arrival, guard.hooks):
+                with contextlib.suppress(ValueError):
+                    hooks.remove(self._dump_on_sigterm)
+        self._sigterm.stop()
+        self._armed = False
+
+    def _dump_on_sigterm(self) -> None:
+        self.dump(SIGTERM_REASON)
+
+    def on_fence_failure(self, iteration: int, what: str, err: BaseException) -> None:
+        """A :class:`~torchprof_args.runtime.fence.Fence` failure hook: a rank did not arrive."""
+        self.dump(f"the {what} barrier at iteration {iteration} failed: {str(err)[:200]}")
+
+    def dump(self, reason: str, wait: float = 60.0) -> list[Path]:
+        """Write this rank's dump(s) through PyTorch's own dump call; never raises.  The first
+        dump of the process wins: a later call from another thread waits (at most ``wait`` s) for
+        it to be written, so a process about to exit does not cut it short, and only logs."""
+        reason = " ".join(reason.split())  # one line, in the log and in dump_info
+        with self._lock:
+            first = self.dumped is None
+            if first:
+                self.dumped, self._writer_thread = reason, threading.get_ident()
+        if not first:
+            if self._writer_thread != threading.get_ident():  # a signal handler inside our own dump: no wait
+                self._done.wait(wait)
+            logger.info("rank %d: flight recorder already dumped (%s); not dumping again for: %s",
+                        self.rank, self.dumped, reason)
+            return []
+        try:
+            return self._write_once(reason)
+        finally:
+            self._done.set()
+            if self._terminate_after:
+                _terminate(signal.SIGTERM)
+
+    def _write_once(self, reason: str) -> list[Path]:
+        try:
+            return self._write(reason)
+        except (SystemExit, KeyboardInterrupt):  # a signal handler raised in the middle: finish, then go on
+            self._write(reason)
+            raise
+        except Exception as err:  # noqa: BLE001 - forensics must never make things worse
+            logger.error("rank %d: flight recorder dump failed (%s: %s)", self.rank, type(err).__name__, err)
+            return []
+
+    def _on_sigterm_handler(self, signum: int, frame: Any) -> None:
+        """The SIGTERM handler when nobody else has one: dump, then terminate (after our own dump
+        if the signal interrupted it)."""
+        if self._writer_thread == threading.get_ident() and not self._done.is_set():
+            self._terminate_after = True
+            return
+        self.dump(SIGTERM_REASON)
+        _terminate(signum)
+
+    def _write(self, reason: str) -> list[Path]:
+        written: list[Path] = []
+        for backend, call in _dump_calls().items():
+            data = call()
+            if not _entries(data):
+                continue
+            path = self.directory / f"{FLIGHT_RECORDER_PREFIXES[backend]}{self.rank}"
+            write_bytes_atomically(path, data)
+            written.append(path)
+        write_json_atomically(self.directory / flight_recorder_info_name(self.rank), {
+            "rank": self.rank, "host": short_hostname(), "pid": os.getpid(), "reason": reason,
+            "time": time.time(), "files": [p.name for p in written], "process_groups": _process_groups(),
+            "world_size": _dist.world_size()}, indent=1)
+        if written:
+            logger.warning("rank %d: flight recorder dumped to %s (%s); run `torchprof hang %s` once every rank has "
+                           "dumped", self.rank, ", ".join(map(str, written)), reason, self.directory)
+        else:
+            logger.warning("rank %d: flight recorder had no collectives to dump (%s)", self.rank, reason)
+        return written
