@@ -253,20 +253,22 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnSto
     if start is not None:
         stream.metadata.update(probe.metadata)
     fd = os.open(path, os.O_RDONLY) if start is not None else None
+    memory = parallel.has_memory_events(fd, start, probe.metadata) if fd is not None and start is not None else None
     children: list[parallel.Worker] = []
     scratch = None
     try:
         if workers > 1:
             scratch = tempfile.TemporaryFile(prefix="torchprof-columns-")  # noqa: SIM115 - closed below
             ctx = mp.get_context("fork")
-            children = [parallel.Worker(ctx, path, scratch.fileno(), comms) for _ in range(workers - 1)]
+            children = [parallel.Worker(ctx, path, scratch.fileno(), comms, memory) for _ in range(workers - 1)]
             for child in children:
                 child.start_feeder()
         if own_bar:  # after forking: tqdm starts a monitor thread
             from tqdm import tqdm
 
             bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False, disable=None)
-        parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store, comms)
+        parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store, comms,
+                           memory)
     finally:
         for child in children:
             child.close()
