@@ -6,27 +6,12 @@ every rank must call it, after ``init_process_group`` if any) and call ``prof.st
 once per optimizer step.  On ranks that are not traced, or without ``--torch-profile``, ``step``
 is one integer comparison.
 
-The flush protocol (why a 512-rank job survives a multi-minute trace export):
-
-1. every rank evaluates the same :class:`~torchprof_args.runtime.schedule.ProfileSchedule`, so
-   every rank knows the flush iterations without communicating;
-2. at a flush iteration the traced ranks stop the profiler and hand the trace to
-   :class:`~torchprof_args.runtime.export.writer.TraceWriter` (serialised to node-local staging
-   by a forked child); then all ranks meet at the :class:`~torchprof_args.runtime.fence.Fence`
-   (device synchronised, gloo barrier with a long timeout), so nobody waits inside a watchdogged
-   NCCL collective;
-3. compression and the move into the output directory run in a publisher process and publish
-   atomically;
-4. every pause longer than a collective timeout goes through the fence: flushes, memory snapshots,
-   and the clean exit (after this rank's publishers, at most ``--torch-profile-exit-timeout``);
-   a window ends early on every rank when host memory runs low (:mod:`~.hostmem`); SIGTERM is
-   acted on at a safe point within ``--torch-profile-term-grace`` (:mod:`~.signals`);
-5. any profiling error is logged with rank and reason, and training goes on.
-
-With ``--torch-profile-on-demand`` an :class:`~torchprof_args.ondemand.controller.OnDemandController`
-adds a second source of windows: at its check iterations all ranks agree on a window requested
-by ``torchprof trigger``; its actions come after the schedule's, the profiler is created lazily
-on the ranks the request names, and its flush goes through the same fence.
+Every rank evaluates the same schedule (and adopts the same on-demand windows), so every rank
+knows without communicating where a pause is: a flush, a memory snapshot, the exit.  There the
+traced ranks hand their trace to :class:`~torchprof_args.runtime.export.writer.TraceWriter` and
+every rank meets at the :class:`~torchprof_args.runtime.fence.Fence`, never inside a watchdogged
+NCCL collective; SIGTERM is acted on at a safe point; any profiling error is logged with rank and
+reason, and training goes on.  ARCHITECTURE.md follows a trace from ``step()`` to its file.
 """
 
 from __future__ import annotations
@@ -43,7 +28,6 @@ import torch
 from torchprof_args import _dist
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.log import get_logger
-from torchprof_args.naming import EXECUTION_TRACE_SUFFIX, companion_relpath, cycle_dir_name, trace_stem
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.config import ProfilerConfig
@@ -427,15 +411,10 @@ class TorchProfiler:
                               world_size=self.world_size)
 
     def _submit(self, export: Any, first: int, last: int, execution_trace: Path | None = None) -> None:
-        if self._writer is None:
-            if execution_trace is not None:
-                execution_trace.unlink(missing_ok=True)
-            return
-        stem = trace_stem(self.rank)
-        level = self.config.export.gzip_level
-        extra = [(str(execution_trace), companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None), level)
-                 ] if execution_trace is not None else []
-        self._writer.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
+        if self._writer is not None:
+            self._writer.submit_window(export, first, last, execution_trace)
+        elif execution_trace is not None:
+            execution_trace.unlink(missing_ok=True)
 
     # -- figures ----------------------------------------------------------------------------
 

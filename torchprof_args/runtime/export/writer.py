@@ -22,7 +22,16 @@ from typing import Any
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.log import get_logger
-from torchprof_args.naming import TRACE_SUFFIX, operator_table_path, sidecar_path, trace_file_name
+from torchprof_args.naming import (
+    EXECUTION_TRACE_SUFFIX,
+    TRACE_SUFFIX,
+    companion_relpath,
+    cycle_dir_name,
+    operator_table_path,
+    sidecar_path,
+    trace_file_name,
+    trace_stem,
+)
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.child import check_export, fork_export, remove_export_leftovers
 from torchprof_args.runtime.export.job import PublishJob
@@ -82,6 +91,17 @@ class TraceWriter:
             extra_files=[[staged, str(folder / name), level] for staged, name, level in extra_files],
             sidecar_path=str(sidecar_path(trace_path)) if summary_rows else None,
         )
+
+    def submit_window(self, export: Callable[[str], None], first: int, last: int,
+                      execution_trace: Path | None = None) -> None:
+        """Publish the trace of the window that recorded iterations ``first..last`` (its cycle folder
+        and this rank's stem from :mod:`~torchprof_args.naming`), with the window's execution trace
+        (a finished file in staging) beside it when there is one."""
+        stem = trace_stem(self.rank)
+        level = self.config.gzip_level
+        extra = [(str(execution_trace), companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None),
+                  level)] if execution_trace is not None else []
+        self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
 
     def submit(self, export: Callable[[str], None], cycle: str, stem: str, steps: int = 1,
                extra_files: Sequence[ExtraFile] = ()) -> None:
