@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["dist_if_initialized", "env_int", "rank", "unrecorded", "world_size", "world_size_if_known"]
+__all__ = ["dist_if_initialized", "env_int", "rank", "unrecorded", "wait", "world_size", "world_size_if_known"]
 
 
 def dist_if_initialized() -> Any:
@@ -77,3 +77,13 @@ def unrecorded() -> Iterator[None]:
     finally:
         switch(True)
 
+
+def wait(work: Any, timeout: float | None = None) -> None:
+    """Wait for an asynchronous collective of ours (``timeout`` seconds, or its group's), unrecorded."""
+    with unrecorded():
+        if timeout is None:
+            work.wait()
+        else:
+            import datetime
+
+            work.wait(datetime.timedelta(seconds=timeout))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchprof_args.errors import TraceError
+from torchprof_args.flags.types import positive_int
 
 
 def top_count(text: str) -> int | None:
@@ -26,16 +27,6 @@ def top_count(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a whole number or 'all', got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 or 'all', got {value}")
-    return value
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
@@ -180,7 +171,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
     p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP)
     p.add_argument("-o", "--output", required=True, help="report .html to write")
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
-    p.add_argument("--slowest", type=positive, default=5, help="slowest ranks listed when none is a straggler")
+    p.add_argument("--slowest", type=positive_int, default=5, help="slowest ranks listed when none is a straggler")
     p.set_defaults(func=guard(_report, "report"))
 
     p = subparsers.add_parser(
@@ -192,8 +183,8 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
     p.add_argument("base", metavar="BASE", help="the reference: " + _INPUTS_HELP.replace("folders", "folder"))
     p.add_argument("new", metavar="NEW", help="compared with BASE")
     p.add_argument("--json", action="store_true", help="the whole comparison as one JSON object")
-    p.add_argument("--rows", type=positive, default=15, help="rows per table in the text output (default 15)")
-    p.add_argument("--workers", type=positive, default=None, help="processes that parse traces (default: the CPUs)")
+    p.add_argument("--rows", type=positive_int, default=15, help="rows per table in the text output (default 15)")
+    p.add_argument("--workers", type=positive_int, default=None, help="processes that parse traces (default: the CPUs)")
     p.set_defaults(func=guard(_diff, "diff"))
 
 

@@ -95,7 +95,8 @@ def _print_text(args: argparse.Namespace, summaries: list[dict[str, Any]], view:
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser], inputs_help: str) -> None:
     """Add ``torchprof summary`` (``parents``: the shared --no-progress / --reparse options)."""
-    from torchprof_args.analysis.commands import guard, positive, top_count
+    from torchprof_args.analysis.commands import guard, top_count
+    from torchprof_args.flags.types import positive_int
 
     p = subparsers.add_parser(
         "summary", parents=parents, help="per-rank summaries and cross-rank views of Kineto traces (HTA numbers)",
@@ -107,12 +108,12 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser], inputs_hel
     p.add_argument("--json", action="store_true", help="one JSON object per trace, then one cross_rank object per cycle")
     p.add_argument("--top", type=top_count, default=30, help="entries in the top-N lists, or 'all' (default 30)")
     p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
-    p.add_argument("--slowest", type=positive, default=5, metavar="K",
+    p.add_argument("--slowest", type=positive_int, default=5, metavar="K",
                    help="the K slowest and K fastest ranks in the cross-rank view (default 5)")
     p.add_argument("--all-ranks", action="store_true", help="one line per rank in the cross-rank view")
     p.add_argument("--per-rank", action="store_true", help="every rank's summary, not only the slowest rank's")
     p.add_argument(
-        "--workers", type=positive, default=None,
+        "--workers", type=positive_int, default=None,
         help="processes that parse (default: one trace per CPU for traces under 32 MB; two per trace above)",
     )
     p.add_argument("--write-sidecars", action="store_true",

@@ -218,13 +218,7 @@ class OnDemandController:
             return None
         work, buffer = pending
         try:
-            with _dist.unrecorded():
-                if timeout is None:
-                    work.wait()
-                else:
-                    import datetime
-
-                    work.wait(datetime.timedelta(seconds=timeout))
+            _dist.wait(work, timeout)
             return decode_decision(bytes(buffer.numpy()), self.world_size)
         except Exception as err:  # noqa: BLE001
             self._broken = True

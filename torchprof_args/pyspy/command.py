@@ -16,9 +16,9 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from torchprof_args.flags.types import non_negative_int, positive_int
 from torchprof_args.pyspy import record
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def _add_record(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output-dir", default=os.path.join("prof", "pyspy"), metavar="DIR",
                    help="directory for the raw profiles (created if missing; default prof/pyspy)")
-    p.add_argument("--rate", type=_int_at_least(1), default=100, metavar="R",
+    p.add_argument("--rate", type=positive_int, default=100, metavar="R",
                    help="samples per second per process (default 100)")
     p.add_argument("--native", action="store_true",
                    help="also sample native (C/C++/CUDA runtime) frames; slower")
@@ -78,7 +78,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aggregate-leaf-paths", action="store_true",
                    help="merge rows with the same function and library frame reached through "
                         "different call paths")
-    p.add_argument("--top", type=_int_at_least(0), default=20, metavar="N",
+    p.add_argument("--top", type=non_negative_int, default=20, metavar="N",
                    help="rows to show (0 = all; default 20)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_run_report)
@@ -95,21 +95,6 @@ def _add_flamegraph(sub: argparse._SubParsersAction) -> None:
                    help="output file: .svg (SVG with embedded script) or .html")
     p.add_argument("--title", help="title shown above the graph (default: the file names)")
     p.set_defaults(func=_run_flamegraph)
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum`` (argparse turns the error into one line)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def _error(message: str) -> int:

@@ -129,11 +129,7 @@ class Fence:
             return None
         work, votes = pending
         try:
-            with _dist.unrecorded():
-                if timeout is None:
-                    work.wait()
-                else:
-                    work.wait(datetime.timedelta(seconds=timeout))
+            _dist.wait(work, timeout)
         except Exception as err:  # noqa: BLE001
             logger.error("rank %d: memory vote on the fence group failed (%s); training continues", self.rank, err)
             return None
