@@ -37,7 +37,6 @@ __all__ = [
     "companion_file_name",
     "companion_path",
     "companion_relpath",
-    "execution_trace_file_name",
     "rank_from_file_name",
     "safe_token",
     "short_hostname",
@@ -126,11 +125,6 @@ def trace_file_name(stem: str, gzip: bool) -> str:
 def companion_file_name(stem: str, suffix: str, gzip: bool) -> str:
     """A file published beside the trace ``<stem>.pt.trace.json[.gz]``: ``<stem><suffix>[.gz]``."""
     return stem + suffix + (GZIP_SUFFIX if gzip else "")
-
-
-def execution_trace_file_name(stem: str, gzip: bool) -> str:
-    """``<stem>.et.json.gz`` (or ``.et.json``): the window's execution trace (see :func:`companion_path`)."""
-    return companion_file_name(stem, EXECUTION_TRACE_SUFFIX, gzip)
 
 
 def companion_relpath(stem: str, suffix: str, gzip: bool) -> str:
