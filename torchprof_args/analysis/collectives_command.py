@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.analysis.commands import guard
 from torchprof_args.errors import TraceError
 
 __all__ = ["collectives_report", "format_collectives", "register"]
@@ -169,21 +169,14 @@ def format_collectives(report: dict[str, Any], rows: int = 10) -> str:
 # -- command line -------------------------------------------------------------------------------
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        report = collectives_report(args.traces, cycle=args.cycle, top=max(args.top, args.rows),
-                                    progress=not args.no_progress, workers=args.workers)
-    except TraceError as exc:
-        print(f"torchprof collectives: error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        if args.json:
-            from torchprof_args.analysis.summary import finite
+    report = collectives_report(args.traces, cycle=args.cycle, top=max(args.top, args.rows),
+                                progress=not args.no_progress, workers=args.workers)
+    if args.json:
+        from torchprof_args.analysis.summary import finite
 
-            print(json.dumps(finite(report)))
-        else:
-            print(format_collectives(report, rows=args.rows))
-    except BrokenPipeError:
-        return 0
+        print(json.dumps(finite(report)))
+    else:
+        print(format_collectives(report, rows=args.rows))
     return 0
 
 
@@ -200,4 +193,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top", type=int, default=20, help="worst-skew instances listed in --json (default 20)")
     p.add_argument("--workers", type=int, default=None, help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=guard(_run, "collectives"))

@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 from typing import Any
 
-from torchprof_args.errors import TraceError
+from torchprof_args.analysis.commands import guard
 
 __all__ = ["format_hang", "register"]
 
@@ -113,16 +112,11 @@ def format_hang(report: dict[str, Any], pytorch_output: bool = True) -> str:
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.hang import analyse_dumps
 
-    try:
-        report = analyse_dumps(args.directory)
-    except TraceError as exc:
-        print(f"torchprof hang: error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        print(json.dumps(report, default=str) if args.json else format_hang(report, not args.brief), end="" if not
-              args.json else "\n")
-    except BrokenPipeError:
-        return 0
+    report = analyse_dumps(args.directory)
+    if args.json:
+        print(json.dumps(report, default=str))
+    else:
+        print(format_hang(report, not args.brief), end="")
     return 0
 
 
@@ -134,4 +128,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("directory", metavar="DIR", help="the run's --torch-profile-dir, or its flight_recorder/")
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object")
     p.add_argument("--brief", action="store_true", help="leave out PyTorch's analyzer output")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=guard(_run, "hang"))
