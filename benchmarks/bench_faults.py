@@ -17,10 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "jobs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import faults  # noqa: E402
-from fault_scenarios import FAULTS, run  # noqa: E402
+from helpers import faults  # noqa: E402
+from helpers.fault_scenarios import FAULTS, run  # noqa: E402
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, REPO
+from helpers.paths import DATA, REPO
 
 from torchprof_args.analysis import TraceError, format_profiler_list, load_trace, summarize
 from torchprof_args.analysis.merge import merge_traces

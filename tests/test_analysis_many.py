@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, REPO
+from helpers.paths import DATA, REPO
 
 from torchprof_args.analysis import load_trace, summarize
 from torchprof_args.analysis.analyzers.cross_rank import cross_rank

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DATA
+from helpers.paths import DATA
 
 from torchprof_args.analysis import load_trace, loader, summarize
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA, rank_results
-from readme_examples import run_readme_example
+from helpers.examples import run_readme_example
+from helpers.paths import DATA
+from helpers.processes import rank_results
 
 from torchprof_args.analysis.analyzers.collective_match import (
     MATCH_KIND_ORDER,

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers.paths import REPO
 
 from torchprof_args import MetricsWriter, Timers
 from torchprof_args.console import main as torchprof

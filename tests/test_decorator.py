@@ -10,8 +10,9 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, subprocess_env
-from readme_examples import run_readme_example
+from helpers.examples import run_readme_example
+from helpers.paths import REPO
+from helpers.processes import subprocess_env
 
 import torchprof_args
 
@@ -90,7 +91,7 @@ def test_conflicting_directories_are_refused(tmp_path, capsys):
 
 
 def test_decorator_with_deepspeed_writes_profiler_ds(tmp_path):
-    from conftest import run_torchrun
+    from helpers.processes import run_torchrun
 
     proc = run_torchrun(REPO / "tests" / "jobs" / "cli_deepspeed_job.py", "--profiling", "--prof_dir",
                         str(tmp_path / "prof"), "--torch-profile-skip-first", "2", nproc=1, cwd=tmp_path)

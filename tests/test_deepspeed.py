@@ -9,7 +9,7 @@ import gzip
 import json
 from pathlib import Path
 
-from readme_examples import run_readme_example
+from helpers.examples import run_readme_example
 
 
 def _profiler_steps(path: Path) -> list[int]:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_torchrun, subprocess_env
+from helpers.paths import REPO
+from helpers.processes import run_torchrun, subprocess_env
 
 pytestmark = pytest.mark.slow
 

@@ -10,14 +10,9 @@ publisher outlives the job.  ``benchmarks/bench_faults.py`` runs each fault on i
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "tests" / "jobs"))
-import faults  # noqa: E402
-from fault_scenarios import FAULTS, HEAVY, Outcome, Scenario, run, trace_steps  # noqa: E402
+from helpers import faults
+from helpers.fault_scenarios import FAULTS, HEAVY, Outcome, Scenario, run, trace_steps
 
 pytestmark = pytest.mark.slow
 

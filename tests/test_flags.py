@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, subprocess_env
+from helpers.paths import REPO
+from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args, validate_args
 from torchprof_args.config import flag_reference_markdown

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, rank_results, subprocess_env
-from readme_examples import run_readme_example
+from helpers.examples import run_readme_example
+from helpers.paths import REPO
+from helpers.processes import free_port, rank_results, subprocess_env
 
 from torchprof_args import add_torch_profile_args
 from torchprof_args.analysis.hang import analyse_dumps

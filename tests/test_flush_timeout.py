@@ -8,7 +8,8 @@ import gzip
 import json
 
 import pytest
-from conftest import REPO, rank_results, run_torchrun
+from helpers.paths import REPO
+from helpers.processes import rank_results, run_torchrun
 
 JOB = REPO / "tests" / "jobs" / "flush_job.py"
 HEAVY = ["--pg-timeout", "3", "--iters", "14", "--layers", "24", "--torch-profile-active", "10",

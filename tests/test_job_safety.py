@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
 from torchprof_args.runtime.config import ExportConfig

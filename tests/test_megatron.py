@@ -17,9 +17,10 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import REPO, subprocess_env
-from megatron_lm import CPU_FLAGS, pythonpath, takes_config_container, tree_params
-from readme_examples import run_readme_example
+from helpers.examples import run_readme_example
+from helpers.megatron_lm import CPU_FLAGS, pythonpath, takes_config_container, tree_params
+from helpers.paths import REPO
+from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
 from torchprof_args import megatron as tpm

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers.paths import REPO
 
 from torchprof_args import MetricsWriter, Timers, TorchProfileArgsError, add_torch_profile_args, validate_args
 from torchprof_args.metrics.config import (

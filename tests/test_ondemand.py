@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, subprocess_env
+from helpers.paths import REPO
+from helpers.processes import subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args

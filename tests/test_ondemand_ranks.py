@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, rank_results, subprocess_env
+from helpers.paths import REPO
+from helpers.processes import free_port, rank_results, subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 JOB = REPO / "tests" / "jobs" / "ondemand_job.py"

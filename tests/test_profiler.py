@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import subprocess_env
+from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfiler, add_torch_profile_args
 from torchprof_args.analysis import load_trace, summarize

@@ -33,14 +33,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from helpers import faults  # tests/ is on PYTHONPATH (helpers.processes.subprocess_env)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import faults  # noqa: E402
-
-from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args  # noqa: E402
-from torchprof_args.atomic import write_json_atomically  # noqa: E402
-from torchprof_args.config import configs_from_args  # noqa: E402
-from torchprof_args.runtime.memory import MemorySnapshotter  # noqa: E402
+from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args
+from torchprof_args.atomic import write_json_atomically
+from torchprof_args.config import configs_from_args
+from torchprof_args.runtime.memory import MemorySnapshotter
 
 
 def parse() -> argparse.Namespace:

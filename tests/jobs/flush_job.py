@@ -16,17 +16,13 @@ import datetime
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from helpers.demo_model import TinyGPT, synthetic_batches  # tests/ is on PYTHONPATH (subprocess_env)
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "integrations" / "demo"))
-from model import TinyGPT, synthetic_batches  # noqa: E402
-
-from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
-from torchprof_args.atomic import write_json_atomically  # noqa: E402
+from torchprof_args import TorchProfiler, add_torch_profile_args
+from torchprof_args.atomic import write_json_atomically
 
 
 def main() -> int:

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, free_port, subprocess_env
+from helpers.paths import REPO
+from helpers.processes import free_port, subprocess_env
 
 
 def readme_example(name: str) -> str:

@@ -15,18 +15,17 @@ import dataclasses
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import faults  # noqa: E402
+from helpers import faults
+from helpers.paths import JOBS
+from helpers.processes import free_port, subprocess_env
 
-REPO = Path(__file__).resolve().parents[2]
-JOB = REPO / "tests" / "jobs" / "fault_job.py"
+JOB = JOBS / "fault_job.py"
 BASE = ["--torch-profile", "--torch-profile-dir", "{out}", "--no-torch-profile-summary", "--result-dir", "{res}"]
 HEAVY = ["--layers", "24", "--torch-profile-record-shapes", "--torch-profile-with-stack", "--torch-profile-active", "2",
          "--torch-profile-gzip-level", "9"]
@@ -88,11 +87,6 @@ class Outcome:
         return [line for line in self.logs.get(rank, []) if line.startswith("ERROR")]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def run(scenario: Scenario, root: str | os.PathLike[str]) -> Outcome:
     """Run ``scenario`` under ``root`` (a fresh directory) and collect what it left behind."""
@@ -101,10 +95,9 @@ def run(scenario: Scenario, root: str | os.PathLike[str]) -> Outcome:
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     args = [a.format(**{k: str(v) for k, v in paths.items()}) for a in [*BASE, *scenario.args]]
     args += ["--iters", str(scenario.iters)]
-    env = dict(os.environ, TMPDIR=str(root / "tmp"), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    env = subprocess_env(TMPDIR=str(root / "tmp"), OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={_free_port()}", str(JOB), *args]
+               f"--master_port={free_port()}", str(JOB), *args]
     with contextlib.ExitStack() as stack:
         for name, size, read_only in scenario.mounts:
             stack.enter_context(faults.tmpfs(paths[name], size, read_only=read_only))

@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+
+from helpers.paths import REPO
 
 #: The Megatron-LM releases tested: the last with ``pretrain(..., extra_args_provider=...)``
 #: generation and one with ``pretrain(cfg_container, ...)``.

@@ -1,0 +1,44 @@
+"""Child processes for the tests: free ports, the environment they run in, a real ``torchrun``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.paths import REPO
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment with the checkout and ``tests/`` (for :mod:`helpers`) on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    paths = (str(REPO), str(REPO / "tests"), env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra)
+    return env
+
+
+def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 300,
+                 cwd: str | Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=subprocess_env(**env), cwd=cwd)
+
+
+def rank_results(result_dir: str | Path) -> dict[int, dict]:
+    """The ``rank<R>.json`` files the test jobs write (per-rank files: torchrun interleaves stdout)."""
+    return {entry["rank"]: entry for entry in
+            (json.loads(path.read_text()) for path in sorted(Path(result_dir).glob("rank*.json")))}
