@@ -1,4 +1,11 @@
-"""Rank-aware logging: every line says which rank wrote it."""
+"""Rank-aware logging that fits the host application's logging.
+
+Every record of a ``torchprof_args`` logger carries the rank: as the ``rank`` attribute and as a
+``[torchprof rank R]`` prefix of its message, so the line says which rank wrote it whatever
+formatter prints it.  Records propagate to the application's handlers (Megatron-LM writing to a
+file, a cluster's JSON logger); only while the application has configured no handler at all does
+the package print them itself, on standard error.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +14,61 @@ import os
 
 from torchprof_args import _dist
 
-_FORMAT = "%(asctime)s [torchprof rank %(rank)s] %(levelname)s %(name)s: %(message)s"
+ROOT_NAME = "torchprof_args"
+LEVEL_VARIABLE = "TORCHPROF_LOG_LEVEL"
+_FALLBACK_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class _RankFilter(logging.Filter):
+    """Stamps each record with the rank, once, before any handler sees it."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "rank"):
             record.rank = _dist.rank()
+            record.msg = f"[torchprof rank {record.rank}] {record.msg}"
         return True
 
 
-def get_logger(name: str) -> logging.Logger:
-    """A ``torchprof_args`` logger whose lines carry the rank.
+class _FallbackHandler(logging.StreamHandler):
+    """Prints to standard error only while neither the root logger nor any logger between it
+    and the package has a handler: once the application configures logging, it owns the lines."""
 
-    A handler is attached once to the package's root logger unless the application configured
-    its own; set ``TORCHPROF_LOG_LEVEL`` (e.g. DEBUG) to change verbosity.
-    """
-    root = logging.getLogger("torchprof_args")
-    if not getattr(root, "_torchprof_configured", False):
-        root._torchprof_configured = True  # type: ignore[attr-defined]
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(_FORMAT))
-        handler.addFilter(_RankFilter())
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _application_has_handlers():
+            super().emit(record)
+
+
+def _application_has_handlers() -> bool:
+    logger = logging.getLogger(ROOT_NAME).parent
+    while logger is not None:
+        if logger.handlers:
+            return True
+        logger = logger.parent if logger.propagate else None
+    return False
+
+
+_RANK_FILTER = _RankFilter()
+
+
+def _configure_package_logger() -> logging.Logger:
+    root = logging.getLogger(ROOT_NAME)
+    if not any(isinstance(h, _FallbackHandler) for h in root.handlers):
+        handler = _FallbackHandler()
+        handler.setFormatter(logging.Formatter(_FALLBACK_FORMAT))
         root.addHandler(handler)
-        root.setLevel(os.environ.get("TORCHPROF_LOG_LEVEL", "INFO").upper())
-        root.propagate = False
-    return logging.getLogger(name if name.startswith("torchprof_args") else f"torchprof_args.{name}")
+        root.setLevel(os.environ.get(LEVEL_VARIABLE, "INFO").upper())
+    return root
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The ``torchprof_args`` logger ``name``, whose records carry the rank.
+
+    Verbosity: ``TORCHPROF_LOG_LEVEL`` (e.g. DEBUG; INFO by default), or the application's own
+    ``logging.getLogger("torchprof_args").setLevel(...)``.
+    """
+    _configure_package_logger()
+    full_name = name if name.startswith(ROOT_NAME) else f"{ROOT_NAME}.{name}"
+    logger = logging.getLogger(full_name)
+    if _RANK_FILTER not in logger.filters:
+        logger.addFilter(_RANK_FILTER)
+    return logger
