@@ -16,12 +16,13 @@ Differences from Megatron's timers, all aimed at production jobs:
   when one rank stays above ``--straggler-threshold``.
 
 Semantics (log levels 0/1/2 with dummy timers above the level; log options ``max``, ``minmax``,
-``all``; ``normalizer``; ``reset``; ``barrier``) follow Megatron's.
+``all``; ``normalizer``; ``reset``; ``barrier``) follow Megatron's.  The readings themselves
+(:class:`TimerSnapshot`) and their Megatron-style report live in
+:mod:`~torchprof_args.metrics.snapshot` and are importable from here too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from torchprof_args.errors import TimerError, TimerNamesMismatchError
 from torchprof_args.log import get_logger
 from torchprof_args.metrics.config import TimersConfig
 from torchprof_args.metrics.gather import RankGather, Request
+from torchprof_args.metrics.snapshot import TimerSnapshot, format_snapshot, timer_scalars
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS, StragglerTracker, straggler_figures
 from torchprof_args.metrics.timer import (
     CudaEventTimer,
@@ -48,41 +50,6 @@ logger = get_logger(__name__)
 
 _MAX_LOG_LEVEL = 2
 _LOG_OPTIONS = ("max", "minmax", "all")
-
-
-@dataclasses.dataclass
-class TimerSnapshot:
-    """Timer readings of every rank from one collective.
-
-    ``times[r][i]`` is group rank ``r``'s seconds for ``names[i]`` (NaN where that rank did not
-    run the timer); ``per_rank[r]`` is the figures rank ``r`` sent along (or ``None``);
-    ``global_ranks[r]`` its global rank and ``coordinates[r]`` its megatron-core parallel
-    coordinates (None when megatron-core's parallel state was not up).
-    """
-
-    names: list[str]
-    times: list[list[float]]
-    per_rank: list[Any]
-    global_ranks: list[int] | None = None
-    coordinates: list[Any] | None = None
-
-    @property
-    def world_size(self) -> int:
-        return len(self.times)
-
-    def rank_times(self, name: str) -> list[float]:
-        """Seconds of ``name`` on each rank (NaN where it did not run)."""
-        index = self.names.index(name)
-        return [row[index] for row in self.times]
-
-    def min_max(self, normalizer: float = 1.0) -> dict[str, tuple[float, float]]:
-        """``name -> (min, max)`` seconds across the ranks that ran it, divided by ``normalizer``."""
-        result: dict[str, tuple[float, float]] = {}
-        for index, name in enumerate(self.names):
-            values = [row[index] for row in self.times if not math.isnan(row[index])]
-            if values:
-                result[name] = (min(values) / normalizer, max(values) / normalizer)
-        return result
 
 
 def _numeric_figures(per_rank: Any) -> dict[str, float]:
@@ -272,8 +239,12 @@ class Timers:
         return TimerSnapshot(
             list(agreement.names),
             [row[:count] for row in rows],
-            [{key: value for key, value in zip(agreement.figures, row[count:], strict=True) if not math.isnan(value)}
-             if agreement.figures or per_rank is not None else None for row in rows],
+            [
+                {key: value for key, value in zip(agreement.figures, row[count:], strict=True)
+                 if not math.isnan(value)}
+                if agreement.figures or per_rank is not None else None
+                for row in rows
+            ],
             list(agreement.global_ranks),
             list(agreement.coordinates),
         )
@@ -291,7 +262,9 @@ class Timers:
         self.stragglers.update(iteration, snapshot.names, times, per_rank, ranks, snapshot.coordinates)
         return scalars, per_rank
 
-    def _get_elapsed_time_all_ranks(self, names: Sequence[str], reset: bool, barrier: bool) -> list[list[float]]:
+    def _get_elapsed_time_all_ranks(
+        self, names: Sequence[str], reset: bool, barrier: bool
+    ) -> list[list[float]]:
         """Megatron's helper name: ``[rank][name]`` seconds, 0.0 where a rank did not run it."""
         snapshot = self.gather(names, reset=reset, barrier=barrier)
         return [[0.0 if math.isnan(t) else t for t in row] for row in snapshot.times]
@@ -362,43 +335,3 @@ class Timers:
                     "step) nor log(dict, step=); pass a SummaryWriter, wandb, or a MetricsWriter."
                 )
         return scalars
-
-
-def timer_scalars(min_max: dict[str, tuple[float, float]], log_option: str) -> dict[str, float]:
-    """Megatron-style keys: ``timers/<name>-time`` (max) and, unless ``max``, ``-time-min``."""
-    scalars: dict[str, float] = {}
-    for name, (low, high) in min_max.items():
-        scalars[f"timers/{name}-time"] = high
-        if log_option != "max":
-            scalars[f"timers/{name}-time-min"] = low
-    return scalars
-
-
-def format_snapshot(snapshot: TimerSnapshot, log_option: str, normalizer: float = 1.0) -> str | None:
-    """Megatron's text report of a snapshot, in milliseconds."""
-    scale = 1000.0 / normalizer
-    if log_option == "all":
-        lines = ["times across ranks (ms):"]
-        for index, name in enumerate(snapshot.names):
-            rows = [
-                f"     rank {rank:2d}: {row[index] * scale:.2f}"
-                for rank, row in enumerate(snapshot.times)
-                if not math.isnan(row[index])
-            ]
-            if rows:
-                lines.append(f"  {name}:")
-                lines += rows
-        return "\n".join(lines) if len(lines) > 1 else None
-    min_max = snapshot.min_max(normalizer / 1000.0)
-    if not min_max:
-        return None
-    if log_option == "max":
-        lines = ["max time across ranks (ms):"]
-        lines += [f"    {(name + ' ').ljust(48, '.')}: {high:.2f}" for name, (_, high) in min_max.items()]
-    else:
-        lines = ["(min, max) time across ranks (ms):"]
-        lines += [
-            f"    {(name + ' ').ljust(48, '.')}: ({low:.2f}, {high:.2f})"
-            for name, (low, high) in min_max.items()
-        ]
-    return "\n".join(lines)
