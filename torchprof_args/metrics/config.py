@@ -51,38 +51,45 @@ def straggler_threshold(text: str) -> float:
 LOG_LEVEL = Flag("--timing-log-level",
                  "Timers up to this level are measured; higher ones are free no-ops (Megatron-LM's flag).",
                  default=0, type=timing_log_level, metavar="{0,1,2}", host_owned=True)
-LOG_OPTION = Flag("--timing-log-option", "How timers are reduced across ranks: max, minmax, or all (Megatron-LM's "
-                  "flag).", default="minmax", choices=("max", "minmax", "all"), host_owned=True)
-LOG_INTERVAL = Flag("--log-interval", "Iterations between two metric writes (Megatron-LM's flag).", default=100,
-                    type=positive_int, metavar="N", host_owned=True)
+LOG_OPTION = Flag("--timing-log-option",
+                  "How timers are reduced across ranks: max, minmax, or all (Megatron-LM's flag).",
+                  default="minmax", choices=("max", "minmax", "all"), host_owned=True)
+LOG_INTERVAL = Flag("--log-interval", "Iterations between two metric writes (Megatron-LM's flag).",
+                    default=100, type=positive_int, metavar="N", host_owned=True)
 SYNCHRONIZE = Flag("--timing-synchronize",
-                   "Synchronize the device at every timer start/stop (Megatron's behaviour) instead of timing with "
-                   "CUDA events resolved at log time.", default=False, action="store_true")
-WANDB_PROJECT = Flag("--wandb-project", "wandb project (Megatron-LM's flag).", metavar="NAME", host_owned=True,
-                     default_doc="torchprof")
-WANDB_EXP_NAME = Flag("--wandb-exp-name", "wandb run name (Megatron-LM's flag).", metavar="NAME", host_owned=True)
+                   "Synchronize the device at every timer start/stop (Megatron's behaviour) instead of "
+                   "timing with CUDA events resolved at log time.", default=False, action="store_true")
+WANDB_PROJECT = Flag("--wandb-project", "wandb project (Megatron-LM's flag).", metavar="NAME",
+                     host_owned=True, default_doc="torchprof")
+WANDB_EXP_NAME = Flag("--wandb-exp-name", "wandb run name (Megatron-LM's flag).", metavar="NAME",
+                      host_owned=True)
 WANDB_ENTITY = Flag("--wandb-entity", "wandb entity (team or user).", metavar="NAME", host_owned=True)
 WANDB_SAVE_DIR = Flag("--wandb-save-dir", "Directory for wandb's local run files (Megatron-LM's flag).",
                       metavar="DIR", host_owned=True, default_doc="the metrics directory")
-WANDB_MODE = Flag("--wandb-mode", "online uploads live; offline writes locally for a later `wandb sync`; disabled "
-                  "skips wandb.", choices=("online", "offline", "disabled"),
+WANDB_MODE = Flag("--wandb-mode",
+                  "online uploads live; offline writes locally for a later `wandb sync`; disabled skips "
+                  "wandb.", choices=("online", "offline", "disabled"),
                   default_doc="online with wandb credentials, else offline")
-METRICS_DIR = Flag("--metrics-dir", "Directory for metrics.jsonl and the TensorBoard event files.", metavar="DIR",
-                   default_doc="`--torch-profile-dir`'s default")
-METRICS_SINKS = Flag("--metrics-sinks", "Where the metrics writer writes.", default=list(ALL_SINKS), type=str.lower,
-                     nargs="+", choices=ALL_SINKS, metavar="SINK")
-METRICS_RANK = Flag("--metrics-rank", "Global rank that writes the metrics (wandb, TensorBoard, metrics.jsonl); "
-                    "default the last rank, as in Megatron-LM.", type=non_negative_int, metavar="R",
+METRICS_DIR = Flag("--metrics-dir", "Directory for metrics.jsonl and the TensorBoard event files.",
+                   metavar="DIR", default_doc="`--torch-profile-dir`'s default")
+METRICS_SINKS = Flag("--metrics-sinks", "Where the metrics writer writes.", default=list(ALL_SINKS),
+                     type=str.lower, nargs="+", choices=ALL_SINKS, metavar="SINK")
+METRICS_RANK = Flag("--metrics-rank",
+                    "Global rank that writes the metrics (wandb, TensorBoard, metrics.jsonl); default the "
+                    "last rank, as in Megatron-LM.", type=non_negative_int, metavar="R",
                     default_doc="last rank")
 STRAGGLER_THRESHOLD = Flag("--straggler-threshold",
-                           "Warn (on rank 0) when a rank's time for a --straggler-timers timer stays above this many "
-                           "times the median of all ranks for --straggler-intervals log intervals in a row; 0 turns "
-                           "the warning off (the per-rank scores are still written).",
+                           "Warn (on rank 0) when a rank's time for a --straggler-timers timer stays above "
+                           "this many times the median of all ranks for --straggler-intervals log "
+                           "intervals in a row; 0 turns the warning off (the per-rank scores are still "
+                           "written).",
                            default=1.2, type=straggler_threshold, metavar="X")
-STRAGGLER_INTERVALS = Flag("--straggler-intervals", "Log intervals in a row above --straggler-threshold before a rank "
-                           "is reported as a straggler.", default=3, type=positive_int, metavar="N")
-STRAGGLER_TIMERS = Flag("--straggler-timers", "Timers that get a straggler score per rank (time over the median; "
-                        "written per rank to metrics.jsonl, the dashboard's heatmap).",
+STRAGGLER_INTERVALS = Flag("--straggler-intervals",
+                           "Log intervals in a row above --straggler-threshold before a rank is reported "
+                           "as a straggler.", default=3, type=positive_int, metavar="N")
+STRAGGLER_TIMERS = Flag("--straggler-timers",
+                        "Timers that get a straggler score per rank (time over the median; written per rank "
+                        "to metrics.jsonl, the dashboard's heatmap).",
                         default=list(DEFAULT_STRAGGLER_TIMERS), nargs="+", metavar="NAME")
 FLOPS_PER_ITERATION = Flag("--metrics-flops-per-iteration",
                            "Model FLOPs of one training iteration (all ranks together), for TFLOP/s per GPU.",
@@ -90,8 +97,8 @@ FLOPS_PER_ITERATION = Flag("--metrics-flops-per-iteration",
 
 TIMER_FLAGS = register_group(FlagGroup(
     title="step timers and metrics",
-    description="Megatron-compatible step timers (CUDA events, no device synchronize per start/stop) written to "
-                "wandb, TensorBoard and a local metrics.jsonl (torchprof-args).",
+    description="Megatron-compatible step timers (CUDA events, no device synchronize per start/stop) "
+                "written to wandb, TensorBoard and a local metrics.jsonl (torchprof-args).",
     flags=(LOG_LEVEL, LOG_OPTION, LOG_INTERVAL, SYNCHRONIZE, WANDB_PROJECT, WANDB_EXP_NAME, WANDB_ENTITY,
            WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, METRICS_RANK, FLOPS_PER_ITERATION,
            STRAGGLER_THRESHOLD, STRAGGLER_INTERVALS, STRAGGLER_TIMERS),
@@ -137,7 +144,8 @@ class TimersConfig:
     @classmethod
     def from_namespace(cls, args: argparse.Namespace, *, nvtx: bool) -> TimersConfig:
         threshold = flag_value(args, STRAGGLER_THRESHOLD)
-        return cls(log_level=flag_value(args, LOG_LEVEL) or 0, log_option=flag_value(args, LOG_OPTION) or "minmax",
+        return cls(log_level=flag_value(args, LOG_LEVEL) or 0,
+                   log_option=flag_value(args, LOG_OPTION) or "minmax",
                    synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx,
                    straggler_threshold=1.2 if threshold is None else float(threshold),
                    straggler_intervals=flag_value(args, STRAGGLER_INTERVALS) or 3,
@@ -173,16 +181,19 @@ class MetricsConfig:
     run_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_namespace(cls, args: argparse.Namespace, *, profile_dir: str, world_size: int | None) -> MetricsConfig:
+    def from_namespace(
+        cls, args: argparse.Namespace, *, profile_dir: str, world_size: int | None
+    ) -> MetricsConfig:
         metrics_rank = flag_value(args, METRICS_RANK)
         if metrics_rank is not None and world_size is not None and metrics_rank >= world_size:
-            raise TorchProfileArgsError(f"--metrics-rank {metrics_rank} is outside the world size {world_size} "
-                                        f"(valid ranks are 0..{world_size - 1}).")
+            raise TorchProfileArgsError(
+                f"--metrics-rank {metrics_rank} is outside the world size {world_size} "
+                f"(valid ranks are 0..{world_size - 1}).")
         sinks = tuple(flag_value(args, METRICS_SINKS) or ALL_SINKS)
         wandb = _wandb_config(args, sinks)
         batch, seq_length = getattr(args, "global_batch_size", None), getattr(args, "seq_length", None)
-        return cls(metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks, metrics_rank=metrics_rank,
-                   wandb=wandb, log_interval=flag_value(args, LOG_INTERVAL) or 100,
+        return cls(metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks,
+                   metrics_rank=metrics_rank, wandb=wandb, log_interval=flag_value(args, LOG_INTERVAL) or 100,
                    samples_per_iteration=batch or None,
                    tokens_per_iteration=batch * seq_length if batch and seq_length else None,
                    flops_per_iteration=flag_value(args, FLOPS_PER_ITERATION),
@@ -192,13 +203,16 @@ class MetricsConfig:
 def _wandb_config(args: argparse.Namespace, sinks: tuple[str, ...]) -> WandbConfig:
     mode = flag_value(args, WANDB_MODE)
     if mode in ("online", "offline") and "wandb" not in sinks:
-        raise TorchProfileArgsError(f"--wandb-mode {mode} needs 'wandb' in --metrics-sinks (now: {' '.join(sinks)}).")
+        raise TorchProfileArgsError(
+            f"--wandb-mode {mode} needs 'wandb' in --metrics-sinks (now: {' '.join(sinks)}).")
     if mode == "online" and not wandb_credentials_present():
         raise TorchProfileArgsError(
             "--wandb-mode online needs wandb credentials: run `wandb login` or set WANDB_API_KEY, or use "
             "--wandb-mode offline and `wandb sync` the run later.")
-    return WandbConfig(project=flag_value(args, WANDB_PROJECT) or "torchprof", name=flag_value(args, WANDB_EXP_NAME) or None,
-                       entity=flag_value(args, WANDB_ENTITY) or None, save_dir=flag_value(args, WANDB_SAVE_DIR) or None,
+    return WandbConfig(project=flag_value(args, WANDB_PROJECT) or "torchprof",
+                       name=flag_value(args, WANDB_EXP_NAME) or None,
+                       entity=flag_value(args, WANDB_ENTITY) or None,
+                       save_dir=flag_value(args, WANDB_SAVE_DIR) or None,
                        mode=mode)
 
 

@@ -95,7 +95,9 @@ def expand_panels(spec: Mapping[str, Any], keys: Sequence[str] | None) -> list[t
             if pattern is None:
                 shown = [k for k in templates if present is None or k in present]
                 if shown:
-                    shown_labels = [labels[templates.index(k)] if templates.index(k) < len(labels) else k for k in shown]
+                    shown_labels = [
+                        labels[templates.index(k)] if templates.index(k) < len(labels) else k for k in shown
+                    ]
                     panels.append(Panel(entry.get("title", shown[0]), unit, shown, shown_labels, band))
                 continue
             regex = _pattern_regex(pattern)
@@ -199,7 +201,9 @@ class _Frame:
         return self.top + self.plot_h - (y - self.y_low) / (self.y_high - self.y_low) * self.plot_h
 
 
-def _frame_for(series: list[tuple[list[float], list[float | None]]], factor: float) -> tuple[_Frame, list[float], list[float]]:
+def _frame_for(
+    series: list[tuple[list[float], list[float | None]]], factor: float
+) -> tuple[_Frame, list[float], list[float]]:
     """The frame that fits ``series`` (values scaled by ``factor``), with its x and y ticks."""
     xs_all = [x for xs, _ in series for x in xs]
     ys_all = [y for _, ys in series for y in ys if y is not None]
@@ -214,10 +218,13 @@ def _frame_for(series: list[tuple[list[float], list[float | None]]], factor: flo
     return _Frame(x_low, x_high, y_low, y_high), x_ticks, y_ticks
 
 
-def _axes_svg(frame: _Frame, panel: Panel, unit: str, x_ticks: list[float], y_ticks: list[float]) -> list[str]:
+def _axes_svg(
+    frame: _Frame, panel: Panel, unit: str, x_ticks: list[float], y_ticks: list[float]
+) -> list[str]:
     left, top, plot_w, plot_h = frame.left, frame.top, frame.plot_w, frame.plot_h
     out = [
-        f'<svg class="panel" xmlns="http://www.w3.org/2000/svg" width="{frame.width}" height="{frame.height}" '
+        f'<svg class="panel" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{frame.width}" height="{frame.height}" '
         f'viewBox="0 0 {frame.width} {frame.height}" role="img" aria-label="{html.escape(panel.title)}">',
         f'<rect x="0" y="0" width="{frame.width}" height="{frame.height}" fill="#ffffff"/>',
         f'<text x="{left}" y="20" class="title">{html.escape(panel.title)}'
@@ -230,16 +237,23 @@ def _axes_svg(frame: _Frame, panel: Panel, unit: str, x_ticks: list[float], y_ti
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(tick)}</text>')
     for tick in x_ticks:
         x = frame.px(tick)
-        out.append(f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" class="axis"/>')
-        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 17}" class="tick" text-anchor="middle">{_fmt(tick)}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" class="axis"/>'
+        )
+        out.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 17}" class="tick" text-anchor="middle">{_fmt(tick)}</text>'
+        )
     out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
     out.append(
-        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="axislabel" text-anchor="middle">iteration</text>'
+        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="axislabel" '
+        'text-anchor="middle">iteration</text>'
     )
     return out
 
 
-def _band_svg(frame: _Frame, series: list[tuple[list[float], list[float | None]]], factor: float) -> list[str]:
+def _band_svg(
+    frame: _Frame, series: list[tuple[list[float], list[float | None]]], factor: float
+) -> list[str]:
     """The shaded area between a max series and a min series."""
     (xs_hi, ys_hi), (xs_lo, ys_lo) = series
     upper = [(frame.px(x), frame.py(y * factor)) for x, y in zip(xs_hi, ys_hi, strict=True) if y is not None]
@@ -260,7 +274,9 @@ def _series_svg(frame: _Frame, panel: Panel, unit: str, index: int, label: str, 
     if not points:
         return []
     coords = " ".join(f"{frame.px(x):.1f},{frame.py(y):.1f}" for x, y in points)
-    out = [f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2"{dash} points="{coords}"/>']
+    out = [
+        f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2"{dash} points="{coords}"/>'
+    ]
     if len(points) <= 200:
         out += [f'<circle cx="{frame.px(x):.1f}" cy="{frame.py(y):.1f}" r="2.6" fill="{color}">'
                 f"<title>{html.escape(label)}: iteration {x:g}, {y:.4g} {html.escape(unit)}</title></circle>"

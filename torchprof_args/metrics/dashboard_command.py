@@ -51,7 +51,10 @@ def build_wandb_workspace(
                 plots.append(wr.LinePlot(title=title, x=x_key, y=list(panel.keys)))
         sections.append(ws.Section(name=section_name, panels=plots, is_open=True))
     return ws.Workspace(
-        entity=entity, project=project, name=name or spec.get("title", "torchprof step timings"), sections=sections
+        entity=entity,
+        project=project,
+        name=name or spec.get("title", "torchprof step timings"),
+        sections=sections,
     )
 
 
@@ -71,14 +74,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="metrics directory (or its metrics.jsonl)")
-    parser.add_argument("-o", "--output", metavar="HTML", help="HTML file to write (default RUN_DIR/timings.html)")
-    parser.add_argument("--spec", metavar="JSON", help="panel spec (default: the built-in, configs/wandb_dashboard.json)")
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                        help="metrics directory (or its metrics.jsonl)")
+    parser.add_argument("-o", "--output", metavar="HTML",
+                        help="HTML file to write (default RUN_DIR/timings.html)")
+    parser.add_argument("--spec", metavar="JSON",
+                        help="panel spec (default: the built-in, configs/wandb_dashboard.json)")
     parser.add_argument("--wandb", action="store_true", help="save the panels as a wandb workspace view")
     parser.add_argument("--entity", help="wandb entity (default: from RUN_DIR/wandb_run.json)")
     parser.add_argument("--project", help="wandb project (default: from RUN_DIR/wandb_run.json)")
     parser.add_argument("--view-name", help="name of the wandb view (default: the spec's title)")
-    parser.add_argument("--dry-run", action="store_true", help="with --wandb: print the view as JSON, send nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --wandb: print the view as JSON, send nothing")
     parser.add_argument("--write-spec", metavar="JSON", help="write the built-in panel spec to JSON and exit")
     parser.set_defaults(func=_run)
 
@@ -137,7 +144,9 @@ def _run(args: argparse.Namespace) -> int:
         return _fail("--wandb needs --entity (the run was logged without one): pass your wandb user or team.")
     keys = sorted({k for r in records for k in r.get("metrics", {})}) if records else None
     try:
-        workspace = build_wandb_workspace(spec, keys, entity=entity or "ENTITY", project=project, name=args.view_name)
+        workspace = build_wandb_workspace(
+            spec, keys, entity=entity or "ENTITY", project=project, name=args.view_name
+        )
     except ImportError as err:
         return _fail(str(err))
     if args.dry_run:

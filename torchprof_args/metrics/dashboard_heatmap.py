@@ -75,15 +75,19 @@ def _tick_indices(count: int, most: int) -> list[int]:
     return sorted({round(i * (count - 1) / max(1, shown - 1)) for i in range(shown)})
 
 
-def _axes(left: float, top: float, width: float, height: float, xs: list[float], labels: list[str]) -> list[str]:
+def _axes(
+    left: float, top: float, width: float, height: float, xs: list[float], labels: list[str]
+) -> list[str]:
     out = [f'<rect x="{left}" y="{top}" width="{width}" height="{height}" class="frame"/>']
     cell_w, cell_h = width / len(xs), height / len(labels)
     for index in _tick_indices(len(xs), 6):
         x = left + (index + 0.5) * cell_w
-        out.append(f'<text x="{x:.1f}" y="{top + height + 15}" class="tick" text-anchor="middle">{xs[index]:g}</text>')
+        out.append(f'<text x="{x:.1f}" y="{top + height + 15}" class="tick" '
+                   f'text-anchor="middle">{xs[index]:g}</text>')
     for index in _tick_indices(len(labels), 8):
         y = top + (index + 0.5) * cell_h + 4
-        out.append(f'<text x="{left - 6}" y="{y:.1f}" class="tick" text-anchor="end">{html.escape(labels[index])}</text>')
+        out.append(f'<text x="{left - 6}" y="{y:.1f}" class="tick" '
+                   f'text-anchor="end">{html.escape(labels[index])}</text>')
     out.append(f'<text x="{left + width / 2:.1f}" y="{top + height + 30}" class="axislabel" '
                'text-anchor="middle">iteration</text>')
     out.append(f'<text x="14" y="{top + height / 2:.1f}" class="axislabel" text-anchor="middle" '
@@ -98,12 +102,15 @@ def _legend(left: float, y: float) -> list[str]:
         out.append(f'<rect x="{left + index * 22}" y="{y}" width="22" height="9" fill="{_color(value)}" '
                    'stroke="#bbb" stroke-width="0.5"/>')
     out.append(f'<text x="{left}" y="{y + 20}" class="legend">0.5x</text>')
-    out.append(f'<text x="{left + 3 * 22 + 11}" y="{y + 20}" class="legend" text-anchor="middle">median</text>')
+    out.append(f'<text x="{left + 3 * 22 + 11}" y="{y + 20}" class="legend" '
+               'text-anchor="middle">median</text>')
     out.append(f'<text x="{left + 7 * 22}" y="{y + 20}" class="legend" text-anchor="end">2x+</text>')
     return out
 
 
-def heatmap_svg(title: str, unit: str, xs: list[float], labels: list[str], cells: list[list[float | None]]) -> str:
+def heatmap_svg(
+    title: str, unit: str, xs: list[float], labels: list[str], cells: list[list[float | None]]
+) -> str:
     """One heatmap panel as an inline SVG (same frame and classes as the line panels)."""
     width, height, left, top, right, bottom = 420, 270, 62, 34, 14, 62
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -111,8 +118,8 @@ def heatmap_svg(title: str, unit: str, xs: list[float], labels: list[str], cells
         f'<svg class="panel heatmap" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
         f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-        f'<text x="{left}" y="20" class="title">{html.escape(title)} <tspan class="unit">({html.escape(unit)}, '
-        "per rank)</tspan></text>",
+        f'<text x="{left}" y="20" class="title">{html.escape(title)} '
+        f'<tspan class="unit">({html.escape(unit)}, per rank)</tspan></text>',
     ]
     cell_w, cell_h = plot_w / len(xs), plot_h / len(labels)
     titled = len(xs) * len(labels) <= MAX_TITLED_CELLS
@@ -122,7 +129,8 @@ def heatmap_svg(title: str, unit: str, xs: list[float], labels: list[str], cells
                     f'width="{cell_w + 0.05:.2f}" height="{cell_h + 0.05:.2f}" fill="{_color(value)}"')
             if titled:
                 shown = "no reading" if value is None else f"{value:.2f}x the median"
-                rect += f"><title>rank {html.escape(labels[row])}, iteration {xs[column]:g}: {shown}</title></rect>"
+                rect += (f"><title>rank {html.escape(labels[row])}, iteration {xs[column]:g}: "
+                         f"{shown}</title></rect>")
             else:
                 rect += "/>"
             out.append(rect)

@@ -144,7 +144,9 @@ class RankGather:
         return len(agreement.names) + len(agreement.figures)
 
     @staticmethod
-    def _values(agreement: Agreement, times: Mapping[str, float], figures: Mapping[str, float]) -> list[float]:
+    def _values(
+        agreement: Agreement, times: Mapping[str, float], figures: Mapping[str, float]
+    ) -> list[float]:
         return ([float(times.get(name, math.nan)) for name in agreement.names]
                 + [float(figures.get(key, math.nan)) for key in agreement.figures])
 
@@ -165,8 +167,9 @@ class RankGather:
         if any(item[1] for item in gathered):
             if not all(item[1] for item in gathered):
                 raise TimerNamesMismatchError(
-                    "Timers.log/write must be called with the same timer names on every rank: some ranks passed "
-                    "names=None (every timer) and others an explicit list. Pass one form on all ranks.")
+                    "Timers.log/write must be called with the same timer names on every rank: some ranks "
+                    "passed names=None (every timer) and others an explicit list. Pass one form on all "
+                    "ranks.")
             names = _ordered_union(names_by_rank)
         elif any(n != names_by_rank[0] for n in names_by_rank):
             raise TimerNamesMismatchError(

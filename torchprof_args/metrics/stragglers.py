@@ -115,13 +115,17 @@ class StragglerTracker:
                 streak.count += 1
                 repeats, rest = divmod(streak.count, self.intervals)
                 if rest == 0 and repeats & (repeats - 1) == 0:
-                    readings = [row[index] for row in times if row[index] is not None and math.isfinite(row[index])]
+                    readings = [
+                        row[index] for row in times if row[index] is not None and math.isfinite(row[index])
+                    ]
                     median = statistics.median(readings)
                     coords = coordinates[rank] if coordinates else None
                     issued.append(
-                        f"straggler: rank {global_ranks[rank]}{_coordinates_text(coords)} {name} took {score:.2f}x the "
-                        f"median of {len(readings)} ranks ({times[rank][index] * 1e3:.1f} ms vs {median * 1e3:.1f} ms) "
-                        f"for {streak.count} log intervals in a row (iterations {streak.first_iteration}-{iteration}; "
+                        f"straggler: rank {global_ranks[rank]}{_coordinates_text(coords)} {name} took "
+                        f"{score:.2f}x the median of {len(readings)} ranks "
+                        f"({times[rank][index] * 1e3:.1f} ms vs {median * 1e3:.1f} ms) "
+                        f"for {streak.count} log intervals in a row "
+                        f"(iterations {streak.first_iteration}-{iteration}; "
                         f"--straggler-threshold {self.threshold:g})")
         if self.rank == 0:
             for line in issued:

@@ -2,9 +2,10 @@
 
 Every rank creates a :class:`MetricsWriter` and calls :meth:`MetricsWriter.log_step` once per
 log interval; the readings of all ranks (timers, memory, the profiler's own figures) travel in
-one fixed-size collective (:mod:`~torchprof_args.metrics.gather`), and only the metrics rank (default the last, as in Megatron-LM) writes.  A sink
-that cannot start or fails mid-run (wandb not installed, unreachable, crashed) is dropped with
-one warning; the others keep going and training never stops because of metrics.
+one fixed-size collective (:mod:`~torchprof_args.metrics.gather`), and only the metrics rank
+(default the last, as in Megatron-LM) writes.  A sink that cannot start or fails mid-run (wandb
+not installed, unreachable, crashed) is dropped with one warning; the others keep going and
+training never stops because of metrics.
 
 Keys follow Megatron-LM's conventions: ``iteration-time`` (seconds per iteration),
 ``timers/<name>-time`` (max across ranks, seconds per iteration) and ``timers/<name>-time-min``,
@@ -137,9 +138,9 @@ class MetricsWriter:
                 config=dict(config.run_settings), run_file=self.metrics_dir / WANDB_RUN_FILENAME))
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, *, timers: Any = None, samples_per_iteration: float | None = None,
-                  tokens_per_iteration: float | None = None, flops_per_iteration: float | None = None,
-                  **kwargs: Any) -> MetricsWriter:
+    def from_args(cls, args: argparse.Namespace, *, timers: Any = None,
+                  samples_per_iteration: float | None = None, tokens_per_iteration: float | None = None,
+                  flops_per_iteration: float | None = None, **kwargs: Any) -> MetricsWriter:
         """A writer configured by the flags (Megatron-LM's args namespace works too).
 
         Samples and tokens per iteration default to Megatron's ``global_batch_size`` and
@@ -149,13 +150,17 @@ class MetricsWriter:
         from torchprof_args.config import configs_from_args
 
         run = configs_from_args(args, world_size=kwargs.get("world_size"))
-        overrides = {name: value for name, value in (("samples_per_iteration", samples_per_iteration),
-                                                     ("tokens_per_iteration", tokens_per_iteration),
-                                                     ("flops_per_iteration", flops_per_iteration)) if value is not None}
+        overrides = {
+            name: value
+            for name, value in (
+                ("samples_per_iteration", samples_per_iteration),
+                ("tokens_per_iteration", tokens_per_iteration),
+                ("flops_per_iteration", flops_per_iteration),
+            )
+            if value is not None
+        }
         kwargs.setdefault("start_iteration", run.start_iteration)
         return cls(dataclasses.replace(run.metrics, **overrides), timers=timers, **kwargs)
-
-    # -- sink management ---------------------------------------------------------------------
 
     # -- sink management ---------------------------------------------------------------------
 
@@ -173,9 +178,11 @@ class MetricsWriter:
         try:
             self._sinks.append(factory())
         except ImportError as err:
-            self._warn_once(name, f"{name} metrics are off: {err}. Install it to get them; the other sinks keep working.")
+            self._warn_once(name, f"{name} metrics are off: {err}. Install it to get them; the other "
+                                  "sinks keep working.")
         except Exception as err:  # noqa: BLE001  (metrics must never stop training)
-            self._warn_once(name, f"{name} metrics are off: could not start ({type(err).__name__}: {err}); the other sinks keep working.")
+            self._warn_once(name, f"{name} metrics are off: could not start ({type(err).__name__}: "
+                                  f"{err}); the other sinks keep working.")
 
     def _emit(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
         for sink in list(self._sinks):
@@ -249,7 +256,9 @@ class MetricsWriter:
         iterations = max(1, iteration - self._last_iteration)
         measured = (now - self._last_time) / iterations
         self._last_iteration, self._last_time = iteration, now
-        local: dict[str, float] = {"iteration-time": measured if iteration_time is None else float(iteration_time)}
+        local: dict[str, float] = {
+            "iteration-time": measured if iteration_time is None else float(iteration_time)
+        }
         local.update(_local_memory())
         local.update(_extra_figures(extra))
         timer_normalizer = float(normalizer) if normalizer else float(iterations)
@@ -287,7 +296,9 @@ class MetricsWriter:
         snapshot = self.timers.gather(names, reset=reset, barrier=barrier, per_rank=local)
         scalars, scores = self.timers.interval_figures(snapshot, normalizer, iteration)
         per_rank: dict[str, list] = {
-            f"timers/{name}-time": [None if math.isnan(t) else t / normalizer for t in snapshot.rank_times(name)]
+            f"timers/{name}-time": [
+                None if math.isnan(t) else t / normalizer for t in snapshot.rank_times(name)
+            ]
             for name in snapshot.names}
         per_rank.update(scores)
         return [figures or {} for figures in snapshot.per_rank], scalars, per_rank
@@ -302,7 +313,8 @@ class MetricsWriter:
             try:
                 sink.close()
             except Exception as err:  # noqa: BLE001
-                self._warn_once(f"{sink.name}-close", f"{sink.name} did not close cleanly ({type(err).__name__}: {err}).")
+                self._warn_once(f"{sink.name}-close",
+                                f"{sink.name} did not close cleanly ({type(err).__name__}: {err}).")
         self._sinks = []
 
     def __enter__(self) -> MetricsWriter:
