@@ -16,26 +16,28 @@ __all__ = ["CONTROL_SUBDIR", "OnDemandConfig", "default_control_dir"]
 CONTROL_SUBDIR = "ondemand"
 
 ON_DEMAND = Flag("--torch-profile-on-demand",
-                 "Accept trace requests from `torchprof trigger --job-dir DIR` (or `--pid PID` on the node) while "
-                 "the job runs. Works with or without --torch-profile.", default=False, action="store_true")
+                 "Accept trace requests from `torchprof trigger --job-dir DIR` (or `--pid PID` on the node) "
+                 "while the job runs. Works with or without --torch-profile.",
+                 default=False, action="store_true")
 CONTROL_DIR = Flag("--torch-profile-on-demand-dir",
-                   "Control directory for requests and answers: private to your user, on a filesystem that rank 0 "
-                   "and the trigger both reach.", metavar="DIR", default_doc="`<profile dir>/ondemand`")
+                   "Control directory for requests and answers: private to your user, on a filesystem that "
+                   "rank 0 and the trigger both reach.", metavar="DIR",
+                   default_doc="`<profile dir>/ondemand`")
 CHECK_SECONDS = Flag("--torch-profile-on-demand-check-seconds",
-                     "Check for requests about every S seconds of training (rank 0 turns this into iterations from "
-                     "the measured step time; one small asynchronous broadcast per check).", default=10.0,
-                     type=positive_float, metavar="S")
+                     "Check for requests about every S seconds of training (rank 0 turns this into "
+                     "iterations from the measured step time; one small asynchronous broadcast per check).",
+                     default=10.0, type=positive_float, metavar="S")
 INTERVAL = Flag("--torch-profile-on-demand-interval",
-                "Fewest iterations between two request checks (also the spacing of the first checks).", default=10,
-                type=positive_int, metavar="N")
+                "Fewest iterations between two request checks (also the spacing of the first checks).",
+                default=10, type=positive_int, metavar="N")
 MAX_ITERATIONS = Flag("--torch-profile-on-demand-max-iterations",
                       "Most iterations one request may trace (larger requests are rejected).", default=20,
                       type=positive_int, metavar="N")
 
 ON_DEMAND_FLAGS = register_group(FlagGroup(
     title="torch profiler: on-demand",
-    description="Trace chosen ranks for a few iterations while the job runs, when `torchprof trigger` asks; no "
-                "relaunch, no daemon (torchprof-args).",
+    description="Trace chosen ranks for a few iterations while the job runs, when `torchprof trigger` "
+                "asks; no relaunch, no daemon (torchprof-args).",
     flags=(ON_DEMAND, CONTROL_DIR, CHECK_SECONDS, INTERVAL, MAX_ITERATIONS),
     order=50,
 ))
@@ -64,7 +66,9 @@ class OnDemandConfig:
     gzip: bool = True
 
     @classmethod
-    def from_namespace(cls, args: argparse.Namespace, *, profile_dir: str, warmup: int, gzip: bool) -> OnDemandConfig:
+    def from_namespace(
+        cls, args: argparse.Namespace, *, profile_dir: str, warmup: int, gzip: bool
+    ) -> OnDemandConfig:
         enabled = bool(flag_value(args, ON_DEMAND))
         control_dir = flag_value(args, CONTROL_DIR)
         if control_dir and not enabled:

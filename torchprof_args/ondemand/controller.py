@@ -143,7 +143,9 @@ class OnDemandController:
         self._following_check = self.next_check + self.config.interval
         return self.next_check
 
-    def poll(self, iteration: int, group: Any, busy: Callable[[int], bool] | None = None) -> OnDemandWindow | None:
+    def poll(
+        self, iteration: int, group: Any, busy: Callable[[int], bool] | None = None
+    ) -> OnDemandWindow | None:
         """Collective: every rank calls it at the same check iteration and gets the same answer.
 
         With a process group the decision is pipelined by one check: at check *k* rank 0 takes at
@@ -180,7 +182,8 @@ class OnDemandController:
         if previous is None or iteration <= previous[0] or now <= previous[1]:
             return self.config.interval
         seconds_per_iteration = (now - previous[1]) / (iteration - previous[0])
-        return max(self.config.interval, min(int(self.config.check_seconds / seconds_per_iteration), 10_000_000))
+        return max(self.config.interval,
+                   min(int(self.config.check_seconds / seconds_per_iteration), 10_000_000))
 
     def _decide(self, place_after: int, busy: Callable[[int], bool] | None) -> OnDemandWindow | None:
         """Rank 0: take the next request, with its window placed after ``place_after``."""
@@ -195,7 +198,9 @@ class OnDemandController:
             self._busy_until = window.end
         return window
 
-    def _post_decision(self, window: OnDemandWindow | None, check_after: int, group: Any, iteration: int) -> None:
+    def _post_decision(
+        self, window: OnDemandWindow | None, check_after: int, group: Any, iteration: int
+    ) -> None:
         try:
             import torch
             import torch.distributed as dist

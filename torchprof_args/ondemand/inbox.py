@@ -126,7 +126,9 @@ class Inbox:
                 return window
         return None
 
-    def _take(self, name: str, iteration: int | None, busy: Callable[[int], bool] | None) -> OnDemandWindow | None:
+    def _take(
+        self, name: str, iteration: int | None, busy: Callable[[int], bool] | None
+    ) -> OnDemandWindow | None:
         """Consume one entry of ``requests/``: rename it into ``processed/``, then judge it.
 
         ``iteration`` None means the job is ending: valid requests are answered "rejected".
@@ -157,10 +159,12 @@ class Inbox:
             self.answer(request_id, {"status": "rejected", "reason": str(err)})
             return None
         traces = {str(r): self.trace_path(r, window) for r in self._traced_ranks(window)}
-        message = (f"ranks {ranks_text(window.ranks)} trace global iterations {window.start}..{window.end - 1} "
-                   f"(checked at iteration {iteration}, {window.start - window.warmup_start} warmup step(s))")
+        message = (f"ranks {ranks_text(window.ranks)} trace global iterations "
+                   f"{window.start}..{window.end - 1} (checked at iteration {iteration}, "
+                   f"{window.start - window.warmup_start} warmup step(s))")
         if window.warmup_start > iteration + 1:
-            message += f"; moved to start after the scheduled profiling at iteration {window.warmup_start - 1}"
+            message += ("; moved to start after the scheduled profiling at iteration "
+                        f"{window.warmup_start - 1}")
         logger.info("rank 0: on-demand request %s accepted: %s", request_id, message)
         self.answer(request_id, {
             "status": "accepted",
@@ -173,21 +177,24 @@ class Inbox:
         })
         return window
 
-
     def _traced_ranks(self, window: OnDemandWindow) -> list[int]:
         return list(range(self.world_size)) if window.ranks is None else list(window.ranks)
 
     def trace_path(self, rank: int, window: OnDemandWindow) -> str:
         """Where ``rank``'s trace of ``window`` will be published (``naming.trace_relpath``: the
         window's cycle folder under the rank's profile directory)."""
-        who = self.identities[rank] if rank < len(self.identities) else Identity(short_hostname(), 0, self.trace_dir)
-        relpath = trace_relpath(rank, window.start, window.end - 1, gzip=self.config.gzip, host=who.host, pid=who.pid)
+        who = (self.identities[rank] if rank < len(self.identities)
+               else Identity(short_hostname(), 0, self.trace_dir))
+        relpath = trace_relpath(rank, window.start, window.end - 1, gzip=self.config.gzip,
+                                host=who.host, pid=who.pid)
         return os.path.join(who.trace_dir, relpath)
 
     def answer(self, request_id: str, payload: dict[str, Any]) -> None:
         try:
-            write_control_file(os.path.join(self.answers_dir, f"{request_id}.json"),
-                               {"version": PROTOCOL_VERSION, "id": request_id, "answered": time.time(), **payload})
+            write_control_file(
+                os.path.join(self.answers_dir, f"{request_id}.json"),
+                {"version": PROTOCOL_VERSION, "id": request_id, "answered": time.time(), **payload},
+            )
         except OSError as err:
             logger.error("rank 0: cannot write the answer to on-demand request %s: %s", request_id,
                          err.strerror or err)

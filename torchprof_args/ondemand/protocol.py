@@ -139,7 +139,9 @@ def parse_request(data: bytes, *, request_id: str, world_size: int, max_iteratio
         ranks_tuple = None
     else:
         if not isinstance(ranks, list) or not ranks or not all(_is_int(r) for r in ranks):
-            raise RequestRejected(f"ranks must be 'all' or a non-empty list of global ranks, got {ranks!r}"[:300])
+            raise RequestRejected(
+                f"ranks must be 'all' or a non-empty list of global ranks, got {ranks!r}"[:300]
+            )
         outside = sorted({r for r in ranks if not 0 <= r < world_size})
         if outside:
             raise RequestRejected(f"rank(s) {' '.join(map(str, outside[:10]))} outside the world size "
@@ -149,7 +151,9 @@ def parse_request(data: bytes, *, request_id: str, world_size: int, max_iteratio
     if not isinstance(requested_by, dict) or set(requested_by) - REQUESTED_BY_FIELDS or not all(
         isinstance(v, (str, int)) and len(str(v)) <= 100 for v in requested_by.values()
     ):
-        raise RequestRejected(f"requested_by must be an object with fields {', '.join(sorted(REQUESTED_BY_FIELDS))}")
+        raise RequestRejected(
+            f"requested_by must be an object with fields {', '.join(sorted(REQUESTED_BY_FIELDS))}"
+        )
     if "created" in payload and not isinstance(payload["created"], (int, float)):
         raise RequestRejected("created must be a number (seconds since the epoch)")
     return TraceRequest(request_id, iterations, ranks_tuple)

@@ -52,13 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="the job's --torch-profile-on-demand-dir, or its --torch-profile-dir")
     where.add_argument("--pid", type=positive_int, metavar="PID",
                        help="a rank's process id, or its launcher's (torchrun, srun), on this node")
-    where.add_argument("--list", action="store_true", help="list the on-demand jobs of your user on this node")
+    where.add_argument("--list", action="store_true",
+                       help="list the on-demand jobs of your user on this node")
     parser.add_argument("--iterations", type=positive_int, default=3, metavar="N",
                         help="iterations to trace (default 3; the job caps it with "
                              "--torch-profile-on-demand-max-iterations)")
     parser.add_argument("--ranks", type=rank_token, nargs="+", default=[0], metavar="R",
                         help="global ranks to trace, or 'all' (default 0)")
-    parser.add_argument("--wait", action="store_true", help="after the answer, wait until the traces are written")
+    parser.add_argument("--wait", action="store_true",
+                        help="after the answer, wait until the traces are written")
     parser.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
                         help="give up after S seconds in all (default 600); an untaken request is withdrawn")
     parser.add_argument("--json", action="store_true", help="print the job's answer as JSON")
@@ -153,7 +155,9 @@ def _withdraw(request_path: Path) -> bool:
         return False
 
 
-def wait_for_answer(control_dir: Path, request_id: str, request_path: Path, deadline: float) -> dict[str, Any]:
+def wait_for_answer(
+    control_dir: Path, request_id: str, request_path: Path, deadline: float
+) -> dict[str, Any]:
     answer_path = control_dir / ANSWERS / f"{request_id}.json"
     grace_given = False
     while True:

@@ -37,7 +37,9 @@ def encode_decision(window: OnDemandWindow | None, check_after: int, world_size:
 
 
 def decode_decision(payload: bytes, world_size: int) -> tuple[OnDemandWindow | None, int]:
-    has_window, check_after, check, warmup_start, start, end, all_ranks = _DECISION_HEADER.unpack_from(payload, 0)
+    has_window, check_after, check, warmup_start, start, end, all_ranks = (
+        _DECISION_HEADER.unpack_from(payload, 0)
+    )
     if not has_window:
         return None, check_after
     request_id = payload[_DECISION_HEADER.size:_DECISION_HEADER.size + _ID_BYTES].rstrip(b"\0").decode()
