@@ -29,7 +29,9 @@ _LAZY = {
     "OnDemandController": "torchprof_args.ondemand.controller",
 }
 
-__all__ = ["TorchProfileArgsError", "add_torch_profile_args", "cli", "configs_from_args", "validate_args", *_LAZY]
+__all__ = [
+    "TorchProfileArgsError", "add_torch_profile_args", "cli", "configs_from_args", "validate_args", *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["dist_if_initialized", "env_int", "rank", "unrecorded", "wait", "world_size", "world_size_if_known"]
+__all__ = [
+    "dist_if_initialized", "env_int", "rank", "unrecorded", "wait", "world_size", "world_size_if_known",
+]
 
 
 def dist_if_initialized() -> Any:

@@ -162,8 +162,8 @@ class DeepSpeedProfilerHook:
         self.flops_report = self.profile_dir / FLOPS_REPORT_NAME
         self._flops_partial = partial_path(self.flops_report)
         config.output_file = str(self._flops_partial)
-        logger.info("DeepSpeed flops profiler report (step %d) goes to %s", engine.flops_profiler_profile_step(),
-                    self.flops_report)
+        logger.info("DeepSpeed flops profiler report (step %d) goes to %s",
+                    engine.flops_profiler_profile_step(), self.flops_report)
 
     def _publish_flops_report(self) -> None:
         """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""
@@ -181,7 +181,8 @@ class DeepSpeedProfilerHook:
 
 
 def is_pipeline_engine(engine: Any) -> bool:
-    """Whether ``engine`` is DeepSpeed's pipeline-parallel ``PipelineEngine`` (optimizer steps in ``train_batch``)."""
+    """Whether ``engine`` is DeepSpeed's pipeline-parallel ``PipelineEngine`` (optimizer steps in
+    ``train_batch``)."""
     try:
         from deepspeed.runtime.pipe.engine import PipelineEngine
     except ImportError:
@@ -200,9 +201,10 @@ def attach(
     """Profile ``engine`` by the ``--torch-profile-*`` flags in ``args``; use as a context manager.
 
     Call on every rank after ``deepspeed.initialize`` (and after ``engine.load_checkpoint``:
-    numbering continues from ``engine.global_steps``); a ``PipelineEngine`` (every stage) too.  ``metrics`` is a
-    :class:`torchprof_args.MetricsWriter` (or anything with ``add_scalar(tag, value, step)``)
-    that receives DeepSpeed's wall-clock timers and the profiler's figures.
+    numbering continues from ``engine.global_steps``); a ``PipelineEngine`` (every stage) too.
+    ``metrics`` is a :class:`torchprof_args.MetricsWriter` (or anything with
+    ``add_scalar(tag, value, step)``) that receives DeepSpeed's wall-clock timers and the profiler's
+    figures.
     """
     return DeepSpeedProfilerHook(engine, args, metrics=metrics, start_iteration=start_iteration,
                                  log_interval=log_interval)

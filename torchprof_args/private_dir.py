@@ -14,7 +14,9 @@ from torchprof_args.errors import TorchProfileArgsError
 __all__ = ["check_private_dir", "ensure_private_dir"]
 
 
-def check_private_dir(path: str | os.PathLike[str], flag: str = "--torch-profile-on-demand-dir") -> str | None:
+def check_private_dir(
+    path: str | os.PathLike[str], flag: str = "--torch-profile-on-demand-dir"
+) -> str | None:
     """Why ``path`` is not a safe private directory (a sentence naming ``flag``), or None when it is.
 
     Safe: a real directory (not a symlink), owned by the current user, not group- or

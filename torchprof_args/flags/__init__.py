@@ -14,4 +14,6 @@ from torchprof_args.flags.registry import (
     was_given,
 )
 
-__all__ = ["Flag", "FlagGroup", "add_flag_groups", "flag_value", "register_group", "registered_groups", "was_given"]
+__all__ = [
+    "Flag", "FlagGroup", "add_flag_groups", "flag_value", "register_group", "registered_groups", "was_given",
+]

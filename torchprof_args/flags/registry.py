@@ -166,7 +166,9 @@ def _tracking_action(action: Any) -> type[argparse.Action]:
     tracking = _TRACKING.get(base)
     if tracking is None:
 
-        def __call__(self: argparse.Action, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        def __call__(
+            self: argparse.Action, parser: Any, namespace: Any, values: Any, option_string: Any = None
+        ) -> None:
             base.__call__(self, parser, namespace, values, option_string)
             given = vars(namespace).setdefault(GIVEN_ATTR, set())
             given.add(self.dest)

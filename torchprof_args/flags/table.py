@@ -31,7 +31,8 @@ def flag_table_markdown(groups: Iterable[FlagGroup]) -> str:
     """One markdown table per group: flag, default, meaning."""
     lines: list[str] = []
     for group in groups:
-        lines += [f"**{group.title}**: {group.description}", "", "| flag | default | meaning |", "|---|---|---|"]
+        lines += [f"**{group.title}**: {group.description}", "",
+                  "| flag | default | meaning |", "|---|---|---|"]
         lines += [_row(flag) for flag in group.flags]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -64,7 +64,8 @@ class TrainingHook:
         self.prof.start()
 
     def close(self, clean: bool = True) -> None:
-        """Flush a partly recorded window (``clean``: :meth:`flush_at_exit`), wait for pending publications."""
+        """Flush a partly recorded window (``clean``: :meth:`flush_at_exit`), wait for pending
+        publications."""
         if clean:
             self.flush_at_exit()
         self.prof.stop(clean=clean)

@@ -20,7 +20,9 @@ from pathlib import Path
 from torchprof_args.atomic import partial_path
 from torchprof_args.naming import safe_token, short_hostname
 
-__all__ = ["PYSPY_INSTALL_HINT", "Recording", "find_py_spy", "finish", "output_name", "record_command", "start"]
+__all__ = [
+    "PYSPY_INSTALL_HINT", "Recording", "find_py_spy", "finish", "output_name", "record_command", "start",
+]
 
 PYSPY_INSTALL_HINT = "install it with `pip install 'torchprof-args[pyspy]'` (or `pip install py-spy`)"
 #: The script py-spy runs; see :mod:`torchprof_args.pyspy.launcher`.

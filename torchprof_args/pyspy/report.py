@@ -138,7 +138,10 @@ def format_table(rows: Iterable[ReportRow], max_width: int = 60) -> str:
     numeric = {2, 5, 6}
 
     def fmt(cells: Sequence[str]) -> str:
-        out = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        out = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return " " + " | ".join(out)
 
     lines = [fmt(COLUMNS), "-" + "-+-".join("-" * w for w in widths) + "-"]
