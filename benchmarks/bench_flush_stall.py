@@ -47,7 +47,8 @@ def run_once(mode: str, layers: int, active: int, iters: int) -> float:
             "--torch-profile-profile-memory", "--torch-profile-with-stack", "--no-torch-profile-summary",
             "--result-dir", os.path.join(out, "results"), *extra,
         ]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCHPROF_LOG_LEVEL": "WARNING"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+               "TORCHPROF_LOG_LEVEL": "WARNING"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if run.returncode != 0:
             raise SystemExit(f"{mode} run failed:\n{run.stderr[-2000:]}")
@@ -60,7 +61,9 @@ def run_once(mode: str, layers: int, active: int, iters: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--active", type=int, default=10)
@@ -72,7 +75,8 @@ def main() -> None:
         stalls[mode] = statistics.median(runs)
         print(f"  {mode:10s} runs: {', '.join(f'{r:.2f}s' for r in runs)}", flush=True)
     stock = stalls["stock"]
-    print(f"\nflush stall on rank 0 (median of {args.repeats}; {args.layers} layers, {args.active} active steps)")
+    print(f"\nflush stall on rank 0 (median of {args.repeats}; {args.layers} layers, "
+          f"{args.active} active steps)")
     print(f"{'mode':12s}{'stall s':>10s}{'vs stock':>10s}{'vs floor':>10s}")
     for mode, stall in stalls.items():
         print(f"{mode:12s}{stall:10.2f}{stall / stock:10.2f}{stall / stalls['floor']:10.2f}")

@@ -72,7 +72,8 @@ def single_process(calls: int) -> None:
     # (Right after creating it, rank 0 also lists it: the mtime may be too coarse to trust yet.)
     make(on)
     time.sleep(MTIME_SETTLE_SECONDS + 0.5)
-    every_step = [*on, "--torch-profile-on-demand-interval", "1", "--torch-profile-on-demand-check-seconds", "1e-9"]
+    every_step = [*on, "--torch-profile-on-demand-interval", "1",
+                  "--torch-profile-on-demand-check-seconds", "1e-9"]
     cases = [
         ("profiling off", profiler_loop([]), calls),
         ("on-demand (default settings)", profiler_loop(on), calls),
@@ -88,8 +89,8 @@ def single_process(calls: int) -> None:
         results[name] = cost - baseline
         print(f"{name:44s}{cost * 1e9:10.1f}{(cost - baseline) * 1e9:15.1f}")
     default = results["on-demand (default settings)"]
-    print(f"\ntarget < 1000 ns/step over empty with default settings: {'met' if default < 1e-6 else 'NOT met'} "
-          f"({default * 1e9:.0f} ns); one check costs about "
+    print("\ntarget < 1000 ns/step over empty with default settings: "
+          f"{'met' if default < 1e-6 else 'NOT met'} ({default * 1e9:.0f} ns); one check costs about "
           f"{(results['on-demand, check every step'] - results['profiling off']) * 1e6:.1f} us")
 
 
@@ -160,7 +161,9 @@ def two_ranks(steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=2_000_000, help="steps per single-process run")
     parser.add_argument("--rank-steps", type=int, default=5000, help="steps per run on the two ranks")
     parser.add_argument("--no-ranks", action="store_true", help="skip part 2 (torchrun, two ranks)")

@@ -53,7 +53,9 @@ def make(argv: list[str], rank: int = 0, world: int = 1) -> TorchProfiler:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=2_000_000)
     args = parser.parse_args()
     out = tempfile.mkdtemp()

@@ -60,7 +60,9 @@ def bare_pair(pairs: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pairs", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--intervals", type=int, default=200)
@@ -107,8 +109,8 @@ def main() -> int:
     names = [f"timer-{i}" for i in range(8)]
     with tempfile.TemporaryDirectory() as directory:
         log_timers = Timers(0, "minmax", device="cpu")
-        writer = MetricsWriter(MetricsConfig(str(directory), sinks=("jsonl",)), timers=log_timers, rank=0, world_size=1,
-                               console=False)
+        writer = MetricsWriter(MetricsConfig(str(directory), sinks=("jsonl",)), timers=log_timers, rank=0,
+                               world_size=1, console=False)
         gather_best = log_step_best = float("inf")
         for iteration in range(1, options.intervals + 1):
             for name in names:
@@ -197,16 +199,16 @@ def _free_port() -> int:
 
 
 def bench_gather_across_ranks(world_sizes: list[int], gathers: int) -> None:
-    print(f"\none log interval across gloo ranks (8 timers + {len(FIGURES)} per-rank figures), slowest rank's "
-          f"wall time, {gathers} intervals each, interleaved in blocks of {BLOCK}")
+    print(f"\none log interval across gloo ranks (8 timers + {len(FIGURES)} per-rank figures), "
+          f"slowest rank's wall time, {gathers} intervals each, interleaved in blocks of {BLOCK}")
     print(f"{'ranks':>5s} {'before: all_gather_object':>26s} {'after: fixed-size tensor':>26s} {'ratio':>7s}")
     print(f"{'':5s} {'median':>12s} {'p90':>13s} {'median':>12s} {'p90':>13s} {'(median)':>7s}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     for world in world_sizes:
         with tempfile.TemporaryDirectory() as directory:
             command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                       "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(Path(__file__).resolve()),
-                       "--worker", directory, "--gathers", str(gathers)]
+                       "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+                       str(Path(__file__).resolve()), "--worker", directory, "--gathers", str(gathers)]
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:
                 print(f"{world:5d} failed: {done.stderr[-2000:]}")

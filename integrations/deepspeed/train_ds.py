@@ -30,7 +30,9 @@ from model import TinyGPT, synthetic_batches  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     parser.add_argument("--train-iters", type=int, default=6, help="optimizer steps in total")
     parser.add_argument("--seq-length", type=int, default=32)

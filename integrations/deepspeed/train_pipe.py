@@ -1,7 +1,7 @@
 """Train a small GPT with DeepSpeed pipeline parallelism, profiled by torchprof-args.
 
-    deepspeed --num_gpus 2 integrations/deepspeed/train_pipe.py --deepspeed_config configs/ds_pipe_config.json \\
-        --torch-profile --torch-profile-dir ./prof
+    deepspeed --num_gpus 2 integrations/deepspeed/train_pipe.py \\
+        --deepspeed_config configs/ds_pipe_config.json --torch-profile --torch-profile-dir ./prof
     # or: torchrun --nproc_per_node 2 integrations/deepspeed/train_pipe.py ... (CPU: DS_ACCELERATOR=cpu)
 
 The model is a ``PipelineModule`` (embedding, blocks, head) cut into ``--pipeline-stages`` stages;
@@ -51,7 +51,9 @@ class Head(torch.nn.Module):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     parser.add_argument("--train-iters", type=int, default=6, help="optimizer steps in total")
     parser.add_argument("--pipeline-stages", type=int, default=2)
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                            partition_method="uniform")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, optimizer=optimizer)
-    batches = synthetic_batches(args.vocab_size, args.seq_length, engine.train_micro_batch_size_per_gpu(), seed=1234)
+    batches = synthetic_batches(args.vocab_size, args.seq_length, engine.train_micro_batch_size_per_gpu(),
+                                seed=1234)
     try:
         hook = torchprof_args.deepspeed.attach(engine, args)
     except TorchProfileArgsError as err:
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({engine.gradient_accumulation_steps()} micro-batches each), loss {loss.item():.3f}; "
               f"traces: {[Path(t).name for t in hook.prof.published_traces]}", flush=True)
     elif engine.is_first_stage():
-        print(f"stage {engine.stage_id}: traces: {[Path(t).name for t in hook.prof.published_traces]}", flush=True)
+        print(f"stage {engine.stage_id}: traces: {[Path(t).name for t in hook.prof.published_traces]}",
+              flush=True)
     return 0
 
 

@@ -48,7 +48,8 @@ def main(argv: list[str]) -> int:
     ]
     print("$ " + " ".join(command[2:]), flush=True)
     # The ranks run this checkout's package, whatever else the environment has installed.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     code = subprocess.run(command, cwd=REPO, env=env).returncode
     if code != 0:
         print(f"demo: the training job failed with exit code {code}", file=sys.stderr)
@@ -66,16 +67,18 @@ def main(argv: list[str]) -> int:
         for summary in summaries:
             print(f"  {summary.relative_to(REPO)}")
     if traces:
-        print("\n$ .venv/bin/torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)), flush=True)
-        subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")], cwd=REPO,
-                       env=env)
+        print("\n$ .venv/bin/torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)),
+              flush=True)
+        subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(OUTPUT / "tensorboard")],
+                       cwd=REPO, env=env)
     dashboard = OUTPUT / "timings.html"
     subprocess.run([sys.executable, "-m", "torchprof_args", "dashboard", str(OUTPUT / "tensorboard"),
                     "-o", str(dashboard)], cwd=REPO, env=env, check=False)
     print("\nhow to open them:")
     print("  Perfetto UI: open https://ui.perfetto.dev and drag a .pt.trace.json.gz file onto it")
     print("               (traces over ~1 GB: `torchprof split TRACE --max-mb 500` first)")
-    print(f"  HTA:         TraceAnalysis(trace_dir='{(OUTPUT / 'tensorboard').relative_to(REPO)}/iter000003-000003')"
+    print("  HTA:         TraceAnalysis("
+          f"trace_dir='{(OUTPUT / 'tensorboard').relative_to(REPO)}/iter000003-000003')"
           " reads one cycle's ranks")
     print("  TensorBoard: pip install torch-tb-profiler tensorboard; "
           f"tensorboard --logdir {(OUTPUT / 'tensorboard').relative_to(REPO)}")

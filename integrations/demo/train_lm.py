@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     timers = Timers.from_args(args)
 
     torch.manual_seed(args.seed)
-    model = TinyGPT(args.vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads, args.seq_length)
+    model = TinyGPT(args.vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads,
+                    args.seq_length)
     if world_size > 1:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
