@@ -8,7 +8,7 @@ STAMP := $(VENV)/.torchprof-installed
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test test-fast lint bench setup clean
 
 $(STAMP): setup.py constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# The unit tests (no multi-process job, no real framework run): well under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

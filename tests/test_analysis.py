@@ -50,6 +50,7 @@ def _key(e: dict) -> str:
     return json.dumps(e, sort_keys=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", GPU_TRACES, ids=lambda p: p.name)
 def test_summary_matches_hta(path: Path, tmp_path: Path) -> None:
     pytest.importorskip("hta")
@@ -78,6 +79,7 @@ def test_summary_matches_hta(path: Path, tmp_path: Path) -> None:
         assert mine[kind] == pytest.approx(total, rel=0.005), kind
 
 
+@pytest.mark.slow
 def test_json_and_gz_and_small_chunks_agree(tmp_path: Path) -> None:
     plain = tmp_path / "t.json"
     plain.write_bytes(gzip.decompress(GPU_2RANK.read_bytes()))
@@ -94,6 +96,7 @@ def test_json_and_gz_and_small_chunks_agree(tmp_path: Path) -> None:
     assert a["world_size"] == 2 and a["steps"][0]["name"] == "ProfilerStep#4"
 
 
+@pytest.mark.slow
 def test_string_timestamps_relative_to_base(tmp_path: Path) -> None:
     """Kineto's "us.ns" string form: ts/dur strings, relative to baseTimeNanoseconds."""
     doc = json.loads(gzip.decompress(GPU_2RANK.read_bytes()))
@@ -150,6 +153,7 @@ def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_real_cpu_trace_profiler_list(cpu_trace: Path) -> None:
     s = summarize(load_trace(cpu_trace), top=30)
     assert s["gpu"] is None and s["cpu"]["threads"]
@@ -174,6 +178,7 @@ def test_profiler_list_sorted_by_device_time() -> None:
     assert device == sorted(device, reverse=True) and device[0] > 0
 
 
+@pytest.mark.slow
 def test_split_round_trip(tmp_path: Path) -> None:
     pieces = split_trace(GPU_2RANK, max_mb=2.0, out_dir=tmp_path / "pieces")
     assert len(pieces) > 3
@@ -198,6 +203,7 @@ def test_split_too_small(tmp_path: Path) -> None:
         split_trace(GPU_2RANK, max_mb=0.01, out_dir=tmp_path)
 
 
+@pytest.mark.slow
 def test_merge_keeps_every_event(tmp_path: Path) -> None:
     ranks = [p for p in TRACES if "128rank" in p.name]
     for p in ranks:
@@ -220,6 +226,7 @@ def test_merge_keeps_every_event(tmp_path: Path) -> None:
     assert pids0 and pids1 and not pids0 & pids1
 
 
+@pytest.mark.slow
 def test_cli_summary_json_and_report(tmp_path: Path) -> None:
     ranks = [p for p in TRACES if "128rank" in p.name]
     for p in ranks:
@@ -248,6 +255,7 @@ def test_cli_summary_json_and_report(tmp_path: Path) -> None:
         (b"", "empty"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_one_line_error(tmp_path: Path, content: bytes, message: str) -> None:
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
@@ -257,6 +265,7 @@ def test_bad_input_one_line_error(tmp_path: Path, content: bytes, message: str) 
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_bad_gzip_and_empty_dir(tmp_path: Path) -> None:
     trunc = tmp_path / "t.json.gz"
     trunc.write_bytes(GPU_2RANK.read_bytes()[:50_000])

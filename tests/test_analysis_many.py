@@ -75,6 +75,7 @@ def test_discovery_of_run_cycle_and_flat_folders(tmp_path: Path) -> None:
         expand([tmp_path / "empty"])
 
 
+@pytest.mark.slow
 def test_sidecars_give_what_parsing_gives(tmp_path: Path) -> None:
     run = _run_folder(tmp_path / "run")
     parsed = _cli("summary", "--json", "--reparse", str(run))
@@ -97,6 +98,7 @@ def test_sidecars_give_what_parsing_gives(tmp_path: Path) -> None:
     assert "0 sidecar(s) written" in again.stdout and "4 already up to date" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_sidecar_is_used_only_while_it_matches(tmp_path: Path) -> None:
     trace = tmp_path / "rank00000_h_pid1.pt.trace.json.gz"
     shutil.copy(RANKS_128[0], trace)
@@ -138,6 +140,7 @@ def test_shards_cover_every_trace_once(tmp_path: Path) -> None:
             parse_shard(bad, {})
 
 
+@pytest.mark.slow
 def test_sharded_sidecar_writing_on_the_command_line(tmp_path: Path) -> None:
     run = _run_folder(tmp_path / "run")
     outputs = [_cli("summary", "--write-sidecars", "--shard", f"{k}/3", str(run)) for k in range(3)]
@@ -200,6 +203,7 @@ def test_parallel_coordinates_from_megatron_process_groups() -> None:
     assert parallel_from_pg_config({"rank": 0, "pg_config": [{"pg_desc": "default_pg", "ranks": [0, 1]}]}) is None
 
 
+@pytest.mark.slow
 def test_report_for_1024_ranks_is_small_and_complete() -> None:
     summaries = _many(1024)
     page = render_report([("iter000100-000101", summaries, finite(cross_rank(summaries)))])
@@ -232,6 +236,7 @@ def _hta_ops(path: Path, device: str, folder: Path) -> tuple[dict[tuple[str, str
     return out, len(trace.iterations())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", [CPU_CYCLES, [GPU_2RANK, RANKS_128[0]]], ids=["two_cycles_one_job", "two_jobs"])
 def test_diff_agrees_with_hta_trace_diff(pair: list[Path], tmp_path: Path) -> None:
     pytest.importorskip("hta")
@@ -263,6 +268,7 @@ def test_diff_agrees_with_hta_trace_diff(pair: list[Path], tmp_path: Path) -> No
     assert text.returncode == 0 and "BASE" in text.stdout and "by time cost (+) or saving (-)" in text.stdout
 
 
+@pytest.mark.slow
 def test_diff_of_run_folders_uses_sidecars(tmp_path: Path) -> None:
     run = _run_folder(tmp_path / "run")
     assert _cli("summary", "--write-sidecars", str(run)).returncode == 0
@@ -274,6 +280,7 @@ def test_diff_of_run_folders_uses_sidecars(tmp_path: Path) -> None:
     assert all(m["delta"] == pytest.approx(0.0) for m in result["metrics"] if m["delta"] is not None)
 
 
+@pytest.mark.slow
 def test_merge_and_split_take_folders(tmp_path: Path) -> None:
     run = _run_folder(tmp_path / "run")
     out = tmp_path / "merged.json.gz"

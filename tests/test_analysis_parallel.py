@@ -27,6 +27,7 @@ def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "BLOCK_EVENTS", 5000)
 
 
+@pytest.mark.slow
 def test_workers_and_forms_agree(tmp_path: Path, small_segments: None) -> None:
     plain = tmp_path / "t.json"
     plain.write_bytes(gzip.decompress(GPU_2RANK.read_bytes()))
@@ -40,6 +41,7 @@ def test_workers_and_forms_agree(tmp_path: Path, small_segments: None) -> None:
     assert trace.metadata["baseTimeNanoseconds"] == 1711964646000000000
 
 
+@pytest.mark.slow
 def test_nested_objects_fool_cuts_then_fall_back(tmp_path: Path, small_segments: None) -> None:
     """"},{" inside args at every cut point: wrong range cuts are detected and the load redone."""
     blob = [{"k": "x" * 40}] * 2000  # ~100 KB of "}, {" in one event's args

@@ -39,6 +39,7 @@ def _raw_nccl_kernels(path: Path) -> list[dict]:
     return sorted(kernels, key=lambda e: e["ts"])
 
 
+@pytest.mark.slow
 def test_loading_with_comms_keeps_the_columns_and_adds_the_side_table() -> None:
     plain, comms = load_trace(NCCL_2RANK), load_trace(NCCL_2RANK, comms=True)
     assert plain.comms is None and comms.comms
@@ -51,6 +52,7 @@ def test_loading_with_comms_keeps_the_columns_and_adds_the_side_table() -> None:
     assert sorted(map(repr, parallel.comms)) == sorted(map(repr, comms.comms))
 
 
+@pytest.mark.slow
 def test_128_rank_pair_matches_kernels_per_stream_against_the_raw_events() -> None:
     report = collectives_report([str(p) for p in PAIR])
     assert report["ranks"] == [0, 1] and report["world_size"] == 128
@@ -78,6 +80,7 @@ def test_128_rank_pair_matches_kernels_per_stream_against_the_raw_events() -> No
     assert "Ranks by the waiting they caused" in text and "all_gather #0 stream 203" in text
 
 
+@pytest.mark.slow
 def test_2rank_nccl_trace_reads_process_group_and_sizes_from_the_kernels() -> None:
     report = collectives_report([str(NCCL_2RANK)])
     assert report["matched_by"] == MATCH_PG_ORDER and report["process_groups"] == ["0"]

@@ -71,6 +71,7 @@ def test_expand_panels_from_keys_and_without_keys() -> None:
     assert regex_panel.regex == r"^timers/(?P<name>.+)\-time$"
 
 
+@pytest.mark.slow
 def test_html_has_one_svg_plot_per_panel(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = run_dir / "timings.html"
     assert torchprof(["dashboard", str(run_dir), "-o", str(output)]) == 0
@@ -134,6 +135,7 @@ def test_html_renders_in_headless_chromium(run_dir: Path, tmp_path: Path) -> Non
     assert blue > 1000
 
 
+@pytest.mark.slow
 def test_wandb_workspace_has_the_same_panels(run_dir: Path) -> None:
     keys = sorted({k for line in (run_dir / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)["metrics"]})
     workspace = build_wandb_workspace(DEFAULT_SPEC, keys, entity="team", project="dash")

@@ -17,6 +17,7 @@ from helpers.processes import subprocess_env
 import torchprof_args
 
 
+@pytest.mark.slow
 def test_readme_example_writes_traces_profiler_list_and_tensorboard(tmp_path):
     proc = run_readme_example("cli", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -31,6 +32,7 @@ def test_readme_example_writes_traces_profiler_list_and_tensorboard(tmp_path):
     assert list((prof / "tensorboard" / "rank00000").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_invalid_flags_exit_2_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "integrations" / "cli" / "train.py"), "--profiling",
                            "--torch-profile-step-end", "3"], cwd=tmp_path, capture_output=True, text=True,
@@ -40,6 +42,7 @@ def test_invalid_flags_exit_2_with_one_line(tmp_path):
         "train.py: error: --torch-profile-step-end needs --torch-profile-step-start."]
 
 
+@pytest.mark.slow
 def test_bare_decorator_on_a_plain_function_with_resume_and_memory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     seen = {}
@@ -90,6 +93,7 @@ def test_conflicting_directories_are_refused(tmp_path, capsys):
     assert "--prof_dir and --torch-profile-dir" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_decorator_with_deepspeed_writes_profiler_ds(tmp_path):
     from helpers.processes import run_torchrun
 

@@ -9,6 +9,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 from helpers.examples import run_readme_example
 
 
@@ -18,6 +19,7 @@ def _profiler_steps(path: Path) -> list[int]:
     return sorted({int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")})
 
 
+@pytest.mark.slow
 def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path):
     proc = run_readme_example("deepspeed", tmp_path, WANDB_MODE="disabled")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -61,6 +63,7 @@ def _events_per_step(events: list[dict], name: str) -> dict[int, int]:
     return counts
 
 
+@pytest.mark.slow
 def test_readme_example_pipeline_engine_steps_on_optimizer_steps_of_both_stages(tmp_path):
     """A real PipelineModule in 2 stages on 2 gloo ranks, gradient accumulation 3: train_batch()
     takes the optimizer steps (not engine.step()), and both stages' traces number them."""

@@ -41,6 +41,7 @@ def staging_is_empty(logs) -> bool:
     return gone and not [m for m in logs.at(logging.WARNING) if "staging leftovers" in m]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fork", "inline"])
 def test_each_window_gets_its_execution_trace_beside_its_trace(tmp_path, mode, logs):
     args = make_args(tmp_path, "--torch-profile-active", "2", "--torch-profile-repeat", "2", "--torch-profile-wait", "1",

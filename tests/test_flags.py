@@ -207,6 +207,7 @@ def test_import_is_light():
 @pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.flags", "torchprof_args.runtime.config",
                                     "torchprof_args.metrics.config", "torchprof_args.ondemand.config",
                                     "torchprof_args.config", "torchprof_args.cli"])
+@pytest.mark.slow
 def test_every_config_module_imports_first_without_a_circle(module):
     """Each module imported first, in a fresh interpreter: a circle would fail on a partial module."""
     code = f"import {module}, torchprof_args.flags.registry as r; print(len(r.registered_groups()))"

@@ -46,6 +46,7 @@ def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: p
         parser.parse_args(["--torch-profile-flight-recorder", "0"])
 
 
+@pytest.mark.slow
 def test_profiler_warns_when_the_process_group_came_first(tmp_path: Path) -> None:
     """A real (1-rank gloo) process group created before the flags are parsed: PyTorch read no buffer size."""
     script = textwrap.dedent(f"""

@@ -253,6 +253,7 @@ def run_job(tmp_path: Path, body: str, *flags: str) -> subprocess.CompletedProce
                           env=subprocess_env(TMPDIR=str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_sigterm_with_an_application_handler_runs_it_and_training_goes_on(tmp_path):
     """Megatron-style: the application's own handler sets a flag; the profiler cleans up at the
     next step, hands the signal to that handler, and the loop finishes."""
@@ -275,6 +276,7 @@ def test_sigterm_with_an_application_handler_runs_it_and_training_goes_on(tmp_pa
     assert not (tmp_path / f"torchprof-{os.getuid()}").exists()
 
 
+@pytest.mark.slow
 def test_forked_exporter_resets_signal_handlers_first(tmp_path):
     """SIGTERM sent to the forked exporter kills it (default action) instead of running the
     trainer's handler there; the trainer reports it and trains on."""

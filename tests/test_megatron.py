@@ -53,6 +53,7 @@ def test_parallel_selector_and_resolution():
         traced.resolve_parallel_ranks([("dp", (5,))], coords)
 
 
+@pytest.mark.slow
 def test_parallel_ranks_without_parallel_state_are_data_parallel(tmp_path, monkeypatch):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path),
@@ -96,6 +97,7 @@ def _tensorboard_scalars(directory: Path) -> dict[str, list[int]]:
     return scalars
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", tree_params())
 def test_megatron_lm_install_parser_and_refusals_at_parse_time(tree, tmp_path):
     """Real megatron.training: install()/uninstall(), its parser with composed providers, and
@@ -126,6 +128,7 @@ def test_megatron_lm_install_parser_and_refusals_at_parse_time(tree, tmp_path):
         assert outcome["built"] == [] and not outcome["distributed"], outcome
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", tree_params())
 def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree, tmp_path):
     """Megatron-LM's real pretrain() of a tiny GPT, TP 2 on 2 gloo CPU ranks, profiled by install():
@@ -167,6 +170,7 @@ class _ScalarLog:
         self.flushed += 1
 
 
+@pytest.mark.slow
 def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_path):
     """Without Megatron-LM: TrainingHook (the hook install() builds) with Megatron-compatible timers;
     an early exit at 5 inside the window 4-6 is flushed, timed and written."""

@@ -171,6 +171,7 @@ def test_wandb_offline_run_holds_the_same_series(two_rank_run: Path) -> None:
     assert run_info["mode"] == "offline"
 
 
+@pytest.mark.slow
 def test_wandb_failing_mid_run_warns_once_and_other_sinks_go_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -92,6 +92,7 @@ def test_window_is_traced_answered_and_named_like_the_answer(tmp_path):
     assert not list(registry_dir().glob("*.json")), "the registry entry is removed at exit"
 
 
+@pytest.mark.slow
 def test_window_moves_past_a_scheduled_cycle(tmp_path, caplog):
     """Scheduled: warmup 3, record 4..5.  A request checked at 2 would overlap: it starts after 5."""
     args = make_args(tmp_path, "--torch-profile", "--torch-profile-skip-first", "2", "--torch-profile-active", "2",
@@ -227,6 +228,7 @@ def test_on_demand_dir_flag_needs_on_demand(tmp_path):
         validate_args(args, world_size=1)
 
 
+@pytest.mark.slow
 def test_pid_registry_finds_a_rank_and_its_launcher(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
@@ -296,6 +298,7 @@ def trigger_cli(*argv: str) -> subprocess.CompletedProcess[str]:
                           text=True, env=subprocess_env(TORCHPROF_RUNTIME_DIR=os.environ["TORCHPROF_RUNTIME_DIR"]))
 
 
+@pytest.mark.slow
 def test_trigger_errors_are_one_line(tmp_path):
     missing = trigger_cli("--job-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
@@ -310,6 +313,7 @@ def test_trigger_errors_are_one_line(tmp_path):
     assert nobody.returncode == 2 and "no job started with --torch-profile-on-demand" in nobody.stderr
 
 
+@pytest.mark.slow
 def test_unanswered_request_is_withdrawn_at_the_timeout(tmp_path):
     prof = TorchProfiler.from_args(make_args(tmp_path))
     prof.start()  # advertised, but never stepped: nobody takes the request
@@ -337,6 +341,7 @@ os._exit(0)  # skip Kineto's daemon shutdown (it waits for a dynolog that is not
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["late", "early", "wrapper"])
 def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
     set_it = "os.environ['KINETO_USE_DAEMON'] = '1'"

@@ -65,6 +65,7 @@ def output_files(tmp_path: Path) -> list[str]:
     return sorted(p.relative_to(prof_dir).as_posix() for p in prof_dir.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fork", "inline"])
 def test_cycles_are_traced_and_published(tmp_path, mode):
     args = make_args(tmp_path, "--torch-profile-active", "2", "--torch-profile-repeat", "2",
@@ -85,6 +86,7 @@ def test_cycles_are_traced_and_published(tmp_path, mode):
     assert prof.stats["traces_written"] == 2 and prof.stats["trace_mb"] > 0
 
 
+@pytest.mark.slow
 def test_resume_continues_numbering_and_absolute_window(tmp_path):
     args = make_args(tmp_path, "--torch-profile-step-start", "105", "--torch-profile-step-end", "107")
     prof = TorchProfiler.from_args(args, start_iteration=100)
@@ -93,6 +95,7 @@ def test_resume_continues_numbering_and_absolute_window(tmp_path):
     assert "iter000105-000106" in prof.published_traces[0]
 
 
+@pytest.mark.slow
 def test_relative_schedule_follows_callers_numbering(tmp_path):
     """args.iteration unknown: the first step() call anchors skip-first to this run."""
     prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-skip-first", "2"))
@@ -100,6 +103,7 @@ def test_relative_schedule_follows_callers_numbering(tmp_path):
     assert [profiler_steps(t) for t in prof.published_traces] == [[504]]
 
 
+@pytest.mark.slow
 def test_uncompressed_output(tmp_path):
     prof = TorchProfiler.from_args(make_args(tmp_path, "--no-torch-profile-gzip"))
     train(prof, range(1, 5))
@@ -107,6 +111,7 @@ def test_uncompressed_output(tmp_path):
     assert profiler_steps(prof.published_traces[0]) == [3]
 
 
+@pytest.mark.slow
 def test_partial_window_is_flushed_at_a_clean_exit(tmp_path):
     prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-active", "5"))
     train(prof, range(1, 6))  # records 3, 4, 5 of 3..7, then the loop ends
@@ -136,6 +141,7 @@ def test_disabled_and_unselected_ranks_write_nothing(tmp_path, monkeypatch):
     assert output_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_export_failure_is_logged_and_training_continues(tmp_path, caplog):
     args = make_args(tmp_path, "--torch-profile-repeat", "2", "--torch-profile-wait", "1")
     prof = TorchProfiler.from_args(args)
@@ -169,6 +175,7 @@ def test_cuda_activity_request_degrades_on_cpu(tmp_path, caplog):
     assert len(prof.published_traces) == 1
 
 
+@pytest.mark.slow
 def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_path):
     """A publisher still compressing at exit is stopped after the timeout and cleans up."""
     out = tmp_path / "out"
@@ -197,6 +204,7 @@ def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_pa
     assert writer.stats["publish_failures"] == 1
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_pending_traces_before_exit(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
@@ -227,6 +235,7 @@ def test_partial_path_is_hidden():
     assert partial_path("/x/y/trace.json.gz") == Path("/x/y/.partial-trace.json.gz")
 
 
+@pytest.mark.slow
 def test_per_rank_summaries_are_written_in_the_summaries_folder(tmp_path):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"),

@@ -45,6 +45,7 @@ def run_loop(prof: TorchProfiler, iterations: range, oom_at: int | None = None) 
             prof.step(iteration)
 
 
+@pytest.mark.slow
 def test_snapshots_at_flushes_and_on_oom(tmp_path):
     fake = FakeAllocator()
     memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap")), rank=0,
@@ -75,6 +76,7 @@ def test_nsys_capture_follows_the_recorded_steps(tmp_path):
     assert captured == ["push step 3", "push step 4"]
 
 
+@pytest.mark.slow
 def test_memory_snapshot_on_cpu_warns_once_and_training_goes_on(tmp_path, caplog):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-memory-snapshot", "--torch-profile-nsys",

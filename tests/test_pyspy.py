@@ -94,6 +94,7 @@ def recorded(tmp_path_factory) -> Path:
     return files[0]
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_record_names_file_per_host_and_run(recorded: Path) -> None:
     import socket
@@ -116,6 +117,7 @@ def test_output_name_includes_slurm_node_and_task() -> None:
     assert output_name(now=now, pid=7, env={}, host="h") == "pyspy_h_20250102-030405_7.txt"
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_record_exits_with_the_commands_exit_code(tmp_path: Path) -> None:
     code = "import sys, time\nt = time.time()\nwhile time.time() - t < 0.3: pass\nsys.exit(3)"
@@ -124,6 +126,7 @@ def test_record_exits_with_the_commands_exit_code(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_record_reports_a_missing_program(tmp_path: Path) -> None:
     result = _torchprof("pyspy", "record", "-o", str(tmp_path), "--", "/nonexistent/program")
@@ -143,6 +146,7 @@ def test_record_without_py_spy_says_how_to_install(monkeypatch, capsys) -> None:
     assert "py-spy is not installed" in err and "torchprof-args[pyspy]" in err
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_report_attributes_torch_time_to_the_training_step(recorded: Path, capsys) -> None:
     assert console.main(["pyspy", "report", str(recorded), "--aggregate-leaf-paths", "--top", "0", "--json"]) == 0
@@ -164,6 +168,7 @@ def test_report_attributes_torch_time_to_the_training_step(recorded: Path, capsy
     assert abs(sum(r["proportion"] for r in rows) - 1.0) < 1e-9
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_report_table_and_library_name(recorded: Path, capsys) -> None:
     assert console.main(["pyspy", "report", str(recorded), "--library-name", "torch.nn", "--top", "5"]) == 0
@@ -178,6 +183,7 @@ def test_report_table_and_library_name(recorded: Path, capsys) -> None:
     assert any("site-packages/torch/nn/" in line for line in body)
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_aggregation_merges_rows_without_losing_samples(recorded: Path) -> None:
     from torchprof_args.pyspy.parse import read_profiles
@@ -189,6 +195,7 @@ def test_aggregation_merges_rows_without_losing_samples(recorded: Path) -> None:
     assert sum(r.samples for r in plain) == sum(r.samples for r in merged) == profile.total_samples
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_flamegraph_svg_and_html(recorded: Path, tmp_path: Path, capsys) -> None:
     svg = tmp_path / "flame.svg"
@@ -325,6 +332,7 @@ def test_report_rows_pick_leaf_and_library_frame() -> None:
     assert [(r.name, r.samples) for r in merged] == [("forward", 10)]
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_sigterm_to_the_wrapper_still_writes_the_profile_and_stops_the_command(tmp_path: Path) -> None:
     import signal

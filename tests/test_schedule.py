@@ -29,6 +29,7 @@ def brute_force_next_busy(schedule: ProfileSchedule, after: int, first: int, hor
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("wait", "warmup", "active", "repeat", "skip_first"), COMBOS)
 def test_next_busy_iteration_matches_brute_force(wait, warmup, active, repeat, skip_first):
     schedule = ProfileSchedule(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first)

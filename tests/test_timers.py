@@ -312,6 +312,7 @@ def test_fixed_size_gather_on_two_ranks_agrees_once_and_names_the_straggler(tmp_
     assert warned.format(1) not in result.stderr  # rank 0 only
 
 
+@pytest.mark.slow
 def test_gather_carries_megatron_parallel_coordinates(tmp_path: Path) -> None:
     """With megatron-core's parallel state up, the one-time agreement carries each rank's
     coordinates (the straggler warning names them); without it, none."""
