@@ -12,10 +12,10 @@ from pathlib import Path
 from helpers.paths import REPO
 from helpers.processes import free_port, subprocess_env
 
-#: A marker and the bash block right after it.
-EXAMPLE = re.compile(r"<!-- example: ([\w.-]+) -->\s*```bash\n(.*?)```", re.S)
-#: Any example marker, followed by a bash block or not.
-MARKER = re.compile(r"<!-- example: ([^ ]*) -->")
+#: A marker (on a line of its own) and the bash block right after it.
+EXAMPLE = re.compile(r"^<!-- example: ([\w.-]+) -->\s*```bash\n(.*?)```", re.S | re.M)
+#: Any example marker on a line of its own, followed by a bash block or not.
+MARKER = re.compile(r"^<!-- example: (\S*) -->", re.M)
 
 
 def doc_pages() -> list[Path]:
