@@ -28,8 +28,9 @@ def _requested_and_mentioned() -> tuple[dict[str, str], set[str]]:
         if not calls:
             continue
         for call in calls:
-            if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
-                requested[call.args[0].value] = path.name
+            first = call.args[0] if call.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                requested[first.value] = path.name
         mentioned |= {node.value for node in ast.walk(tree)
                       if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     return requested, mentioned
@@ -37,8 +38,9 @@ def _requested_and_mentioned() -> tuple[dict[str, str], set[str]]:
 
 def test_every_marker_is_followed_by_a_bash_block_and_names_are_unique():
     examples = doc_examples()  # asserts uniqueness across README.md and docs/
-    markers = [name for page in doc_pages() for name in MARKER.findall(page.read_text(encoding="utf-8"))]
-    assert sorted(markers) == sorted(examples), "an example marker without a ```bash block right after it"
+    markers = [name for page in doc_pages()
+               for name in MARKER.findall(page.read_text(encoding="utf-8"))]
+    assert sorted(markers) == sorted(examples), "a marker without a ```bash block right after it"
     assert len(markers) == len(set(markers))
 
 
@@ -69,7 +71,8 @@ def test_readme_links_into_the_docs_resolve():
 
 def test_readme_install_names_every_extra_of_setup_py():
     source = (REPO / "setup.py").read_text(encoding="utf-8")
-    extras = set(re.findall(r'^\s*"(\w+)": \[', source, re.M)) | set(re.findall(r'EXTRAS\["(\w+)"\] =', source))
+    extras = set(re.findall(r'^\s*"(\w+)": \[', source, re.M))
+    extras |= set(re.findall(r'EXTRAS\["(\w+)"\] =', source))
     assert {"all", "docs", "pyspy"} <= extras
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]

@@ -20,7 +20,9 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["HELP_COLUMNS", "PAGES", "commands_page", "flags_page", "render_pages", "stale_pages", "write_pages"]
+__all__ = [
+    "HELP_COLUMNS", "PAGES", "commands_page", "flags_page", "render_pages", "stale_pages", "write_pages",
+]
 
 #: Terminal width the ``--help`` texts are rendered at.
 HELP_COLUMNS = 100
@@ -78,7 +80,9 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
     return found
 
 
-def _walk(parser: argparse.ArgumentParser, depth: int = 0) -> Iterator[tuple[int, argparse.ArgumentParser]]:
+def _walk(
+    parser: argparse.ArgumentParser, depth: int = 0
+) -> Iterator[tuple[int, argparse.ArgumentParser]]:
     yield depth, parser
     for _, sub in _subcommands(parser):
         yield from _walk(sub, depth + 1)
@@ -99,7 +103,8 @@ def commands_page() -> str:
         f"{HELP_COLUMNS} columns. The [guides](../index.md#guides) explain what each one is for.",
         "",
     ]
-    lines += [f"{'    ' * max(depth - 1, 0)}- [`{prog}`](#{_anchor(prog)})" for depth, prog, _ in entries if depth]
+    for depth, prog, _ in entries[1:]:  # a contents list; sub-sub-commands indented
+        lines.append(f"{'    ' * (depth - 1)}- [`{prog}`](#{_anchor(prog)})")
     lines.append("")
     for depth, prog, text in entries:
         lines += [f"{'#' * (max(depth, 1) + 1)} `{prog}`", "", "```text", text.rstrip(), "```", ""]
@@ -152,14 +157,16 @@ def write_pages(docs_dir: str | os.PathLike[str]) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchprof_args.docs_reference", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("docs_dir", nargs="?", default="docs", help="the documentation folder (default: docs)")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is stale")
+    parser.add_argument("docs_dir", nargs="?", default="docs",
+                        help="the documentation folder (default: docs)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a page is stale")
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_pages(args.docs_dir)
         for name in stale:
-            print(f"stale: {Path(args.docs_dir) / name} (run: torchprof flags --update-docs {args.docs_dir})",
-                  file=sys.stderr)
+            hint = f"run: torchprof flags --update-docs {args.docs_dir}"
+            print(f"stale: {Path(args.docs_dir) / name} ({hint})", file=sys.stderr)
         return 1 if stale else 0
     for path in write_pages(args.docs_dir):
         print(f"wrote {path}")

@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--update-docs",
         metavar="DOCS_DIR",
-        help="rewrite the generated reference pages (reference/flags.md, reference/commands.md) under DOCS_DIR",
+        help="rewrite the generated reference pages under DOCS_DIR: reference/flags.md, "
+        "reference/commands.md",
     )
     parser.set_defaults(func=_run)
 
