@@ -1,5 +1,5 @@
-# The README's two commands: `make demo` and `make test`.  Both build .venv from the repo's own
-# files (CPU torch pinned by constraints.txt) on a fresh clone with only Python 3.11 present.
+# The README's commands: `make demo`, `make test` and `make docs`.  All build .venv from the repo's
+# own files (CPU torch pinned by constraints.txt) on a fresh clone with only Python 3.11 present.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.torchprof-installed
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-fast lint bench setup clean
+.PHONY: demo test test-fast docs lint bench setup clean
 
 $(STAMP): setup.py constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+# The documentation site (mkdocs-material, no plugin that needs the network) into site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -36,4 +40,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) prof demo_output
+	rm -rf $(VENV) prof demo_output site

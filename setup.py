@@ -14,7 +14,8 @@ EXTRAS = {
     "pyspy": ["py-spy>=0.3.14"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
-EXTRAS["dev"] = EXTRAS["all"] + [
+EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline
+EXTRAS["dev"] = EXTRAS["all"] + EXTRAS["docs"] + [
     "pytest>=7",
     "pytest-timeout>=2.1",
     "ruff>=0.4",

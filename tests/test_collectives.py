@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.examples import run_readme_example
+from helpers.examples import run_doc_example
 from helpers.paths import DATA
 from helpers.processes import rank_results
 
@@ -144,7 +144,7 @@ def test_readme_example_two_rank_gloo_job_names_the_late_rank_and_the_collective
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The README's example, verbatim: rank 1 sleeps 0.4 s before the 4096-float all-reduce of
     iteration 3 of a real 2-rank torchrun job."""
-    proc = run_readme_example("collectives", tmp_path, timeout=300)
+    proc = run_doc_example("collectives", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {r["ended"] for r in rank_results(tmp_path).values()} == {"done"}
     line = next(x for x in proc.stdout.splitlines() if "ProfilerStep#3" in x and "all_reduce #1" in x)

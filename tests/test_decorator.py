@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from helpers.examples import run_readme_example
+from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import subprocess_env
 
@@ -19,7 +19,7 @@ import torchprof_args
 
 @pytest.mark.slow
 def test_readme_example_writes_traces_profiler_list_and_tensorboard(tmp_path):
-    proc = run_readme_example("cli", tmp_path)
+    proc = run_doc_example("cli", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     prof = tmp_path / "prof_other"
     (trace,) = prof.glob("*/*.pt.trace.json.gz")

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.examples import run_readme_example
+from helpers.examples import run_doc_example
 
 
 def _profiler_steps(path: Path) -> list[int]:
@@ -21,7 +21,7 @@ def _profiler_steps(path: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path):
-    proc = run_readme_example("deepspeed", tmp_path, WANDB_MODE="disabled")
+    proc = run_doc_example("deepspeed", tmp_path, WANDB_MODE="disabled")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     prof = tmp_path / "prof"
     traces = sorted(prof.glob("*/*.pt.trace.json.gz"))
@@ -67,7 +67,7 @@ def _events_per_step(events: list[dict], name: str) -> dict[int, int]:
 def test_readme_example_pipeline_engine_steps_on_optimizer_steps_of_both_stages(tmp_path):
     """A real PipelineModule in 2 stages on 2 gloo ranks, gradient accumulation 3: train_batch()
     takes the optimizer steps (not engine.step()), and both stages' traces number them."""
-    proc = run_readme_example("deepspeed-pipeline", tmp_path, WANDB_MODE="disabled")
+    proc = run_doc_example("deepspeed-pipeline", tmp_path, WANDB_MODE="disabled")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "stage 1: done at global step 5 (3 micro-batches each)" in proc.stdout
     traces = sorted((tmp_path / "prof").glob("*/*.pt.trace.json.gz"))

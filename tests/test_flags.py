@@ -12,7 +12,6 @@ from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args, validate_args
 from torchprof_args.config import flag_reference_markdown
-from torchprof_args.flags.table import BEGIN_MARKER, END_MARKER
 from torchprof_args.runtime.config import profile_dir as resolve_profile_dir
 from torchprof_args.runtime.schedule import ProfileSchedule
 
@@ -189,10 +188,15 @@ def test_adding_twice_is_harmless():
     assert parser.parse_args(["--torch-profile"]).torch_profile
 
 
-def test_readme_flag_table_is_generated_from_the_registry():
-    readme = (REPO / "README.md").read_text()
-    table = readme.split(BEGIN_MARKER, 1)[1].split(END_MARKER, 1)[0].strip()
-    assert table == flag_reference_markdown().strip(), "run: torchprof flags --update-readme README.md"
+def test_docs_reference_pages_are_generated_from_the_code():
+    """docs/reference/flags.md (the registry's table) and commands.md (every --help), regenerated."""
+    from torchprof_args.docs_reference import stale_pages
+
+    assert not stale_pages(REPO / "docs"), "run: torchprof flags --update-docs docs"
+    page = (REPO / "docs" / "reference" / "flags.md").read_text()
+    for row in flag_reference_markdown().splitlines():
+        if row.startswith("| `"):
+            assert row in page
 
 
 def test_import_is_light():

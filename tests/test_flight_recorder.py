@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.examples import run_readme_example
+from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import free_port, rank_results, subprocess_env
 
@@ -75,7 +75,7 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     dumps (rank 0: the exception leaving the profiler; rank 1: the failed barrier, or the
     launcher's SIGTERM) and PyTorch's analyzer, on the normalised dumps, names rank 1."""
     prof = tmp_path / "prof"
-    proc = run_readme_example("hang", tmp_path, timeout=300)
+    proc = run_doc_example("hang", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     context = proc.stdout[-4000:] + proc.stderr[-6000:]
     assert "did not join" in proc.stdout, context

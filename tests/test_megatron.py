@@ -17,7 +17,7 @@ import types
 from pathlib import Path
 
 import pytest
-from helpers.examples import run_readme_example
+from helpers.examples import run_doc_example
 from helpers.megatron_lm import CPU_FLAGS, pythonpath, takes_config_container, tree_params
 from helpers.paths import REPO
 from helpers.processes import subprocess_env
@@ -134,8 +134,8 @@ def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree
     """Megatron-LM's real pretrain() of a tiny GPT, TP 2 on 2 gloo CPU ranks, profiled by install():
     --exit-interval 5 inside the window 4-6 flushes 4-5 at exit (timed and written); the resumed
     run (launch.sh) traces global iteration 8 on both ranks."""
-    proc = run_readme_example("megatron", tmp_path, pythonpath=pythonpath(tree), timeout=600,
-                              MEGATRON_LM=str(tree), CPU_FLAGS=CPU_FLAGS)
+    proc = run_doc_example("megatron", tmp_path, pythonpath=pythonpath(tree), timeout=600,
+                           MEGATRON_LM=str(tree), CPU_FLAGS=CPU_FLAGS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     tb = tmp_path / "tb"
     traces = sorted(tb.glob("iter*/*.pt.trace.json.gz"))

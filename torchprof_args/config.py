@@ -61,7 +61,7 @@ def add_torch_profile_args(parser: argparse.ArgumentParser) -> argparse.Argument
 
 
 def flag_reference_markdown() -> str:
-    """The README's flag table (``torchprof flags --markdown``)."""
+    """The flag table of docs/reference/flags.md (``torchprof flags --markdown``)."""
     return flag_table_markdown(registered_groups())
 
 

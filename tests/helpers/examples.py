@@ -1,4 +1,5 @@
-"""Run the README's worked examples verbatim (``<!-- example: NAME -->`` + a bash block)."""
+"""Run the documentation's worked examples verbatim: ``<!-- example: NAME -->`` followed by a bash
+block, in README.md or any ``docs/**/*.md`` page (names are unique across them)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,37 @@ from pathlib import Path
 from helpers.paths import REPO
 from helpers.processes import free_port, subprocess_env
 
-
-def readme_example(name: str) -> str:
-    """The bash block that follows ``<!-- example: name -->`` in README.md."""
-    text = (REPO / "README.md").read_text()
-    match = re.search(rf"<!-- example: {re.escape(name)} -->\s*```bash\n(.*?)```", text, re.S)
-    assert match, f"README.md has no example {name!r}"
-    return match.group(1)
+#: A marker (on a line of its own) and the bash block right after it.
+EXAMPLE = re.compile(r"^<!-- example: ([\w.-]+) -->\s*```bash\n(.*?)```", re.S | re.M)
+#: Any example marker on a line of its own, followed by a bash block or not.
+MARKER = re.compile(r"^<!-- example: (\S*) -->", re.M)
 
 
-def run_readme_example(name: str, workdir: Path, *, pythonpath: list[Path] = (), timeout: float = 300,
-                       **env: str) -> subprocess.CompletedProcess[str]:
+def doc_pages() -> list[Path]:
+    """README.md and every markdown page of the documentation site."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def doc_examples() -> dict[str, tuple[Path, str]]:
+    """Every example: name -> (the page, its bash block).  A name used twice is an error."""
+    found: dict[str, tuple[Path, str]] = {}
+    for page in doc_pages():
+        for match in EXAMPLE.finditer(page.read_text(encoding="utf-8")):
+            name = match.group(1)
+            assert name not in found, f"example {name!r} is in both {found[name][0]} and {page}"
+            found[name] = (page, match.group(2))
+    return found
+
+
+def doc_example(name: str) -> str:
+    """The bash block that follows ``<!-- example: name -->`` in README.md or docs/."""
+    examples = doc_examples()
+    assert name in examples, f"neither README.md nor docs/ has an example {name!r}"
+    return examples[name][1]
+
+
+def run_doc_example(name: str, workdir: Path, *, pythonpath: list[Path] = (), timeout: float = 300,
+                    **env: str) -> subprocess.CompletedProcess[str]:
     """Run the example in ``workdir`` (with the repo's integrations/, configs/ and tests/ linked in;
     ``torchprof`` runs this checkout's code, whatever the environment's console script points at)."""
     for entry in ("integrations", "configs", "tests"):
@@ -32,6 +53,6 @@ def run_readme_example(name: str, workdir: Path, *, pythonpath: list[Path] = (),
     environment = subprocess_env(MASTER_PORT=str(free_port()), **env)
     environment["PATH"] = os.pathsep.join([bindir, environment.get("PATH", "")])
     environment["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), environment["PYTHONPATH"]])
-    script = 'set -euo pipefail\ntorchprof() { python -m torchprof_args "$@"; }\n' + readme_example(name)
+    script = 'set -euo pipefail\ntorchprof() { python -m torchprof_args "$@"; }\n' + doc_example(name)
     return subprocess.run(["bash", "-c", script], cwd=workdir, env=environment, capture_output=True,
                           text=True, timeout=timeout)

@@ -1,4 +1,4 @@
-"""Flag declarations as data: the registry, shared argparse types and the README table.
+"""Flag declarations as data: the registry, shared argparse types and the docs' flag table.
 
 Import-light and feature-free: features declare their groups in their own ``config`` modules
 and register them here; :mod:`torchprof_args.config` turns parsed flags into configs.

@@ -1,4 +1,4 @@
-"""``torchprof flags``: print the flag reference (the README table is generated from it)."""
+"""``torchprof flags``: print the flag reference (the docs' reference pages are generated from it)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "flags", help="print the --torch-profile-* flag reference", description=__doc__
     )
-    parser.add_argument("--markdown", action="store_true", help="print the README's markdown table")
+    parser.add_argument("--markdown", action="store_true", help="print the flag table as markdown")
     parser.add_argument(
-        "--update-readme", metavar="README", help="rewrite the table between the README's FLAG TABLE markers"
+        "--update-docs",
+        metavar="DOCS_DIR",
+        help="rewrite the generated reference pages under DOCS_DIR: reference/flags.md, "
+        "reference/commands.md",
     )
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.atomic import write_text_atomically
     from torchprof_args.config import add_torch_profile_args, flag_reference_markdown
-    from torchprof_args.flags.table import replace_flag_table
 
-    if args.update_readme:
-        with open(args.update_readme, encoding="utf-8") as handle:
-            text = handle.read()
-        write_text_atomically(args.update_readme, replace_flag_table(text, flag_reference_markdown()))
+    if args.update_docs:
+        from torchprof_args.docs_reference import write_pages
+
+        for path in write_pages(args.update_docs):
+            print(f"wrote {path}")
         return 0
     if args.markdown:
         print(flag_reference_markdown(), end="")

@@ -3,7 +3,7 @@
 Features declare their flags as :class:`Flag` constants in a :class:`FlagGroup` and call
 :func:`register_group` when their ``config`` module is imported; the registry itself knows no
 feature.  From the same declarations come the argparse groups (:func:`add_flag_groups`), the
-help text, the README table (:mod:`torchprof_args.flags.table`) and, at the one boundary where
+help text, the docs' flag table (:mod:`torchprof_args.flags.table`) and, at the one boundary where
 flags become configs (:mod:`torchprof_args.config`), the values (:func:`flag_value`) and whether
 the user gave an option or left its default (:func:`was_given`).
 
@@ -47,7 +47,7 @@ class Flag:
     metavar: str | None = None
     #: A host framework (Megatron-LM) may define this option; reuse it if present.
     host_owned: bool = False
-    #: What the README table shows as the default when ``default`` does not say it well.
+    #: What the flag table shows as the default when ``default`` does not say it well.
     default_doc: str | None = None
 
     @property
@@ -79,7 +79,7 @@ class Flag:
 
 @dataclasses.dataclass(frozen=True)
 class FlagGroup:
-    """A titled group of flags, as in ``--help``.  ``order`` places it in help and the README;
+    """A titled group of flags, as in ``--help``.  ``order`` places it in help and the flag table;
     groups with ``standard=False`` are added only by the entry point that asks for them."""
 
     title: str

@@ -1,16 +1,28 @@
-"""The README's flag table, generated from the registry (a test keeps the README in sync)."""
+"""The flag table of the documentation (``docs/reference/flags.md``), generated from the registry.
+
+:mod:`torchprof_args.docs_reference` writes the page; a test regenerates it and compares.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable
 
 from torchprof_args.flags.registry import Flag, FlagGroup
 
-__all__ = ["BEGIN_MARKER", "END_MARKER", "flag_table_markdown", "replace_flag_table"]
+__all__ = ["flag_table_markdown"]
 
-BEGIN_MARKER = "<!-- BEGIN FLAG TABLE -->"
-END_MARKER = "<!-- END FLAG TABLE -->"
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
+
+
+def _text(text: str) -> str:
+    """``text`` for a markdown table cell: ``<`` and ``>`` outside code spans escaped (an
+    unescaped ``<profile dir>`` would be read as an HTML tag and vanish), ``|`` escaped."""
+    parts = _CODE_SPAN.split(text)
+    for index in range(0, len(parts), 2):
+        parts[index] = parts[index].replace("<", "&lt;").replace(">", "&gt;")
+    return "".join(parts).replace("|", "\\|")
 
 
 def _row(flag: Flag) -> str:
@@ -24,22 +36,19 @@ def _row(flag: Flag) -> str:
         meaning += f" Choices: {', '.join(map(str, flag.choices))}."
     if flag.host_owned:
         meaning += " Reused if the host parser defines it."
-    return f"| `{option}` | {flag.default_text()} | {meaning} |"
+    return f"| `{option}` | {_text(flag.default_text())} | {_text(meaning)} |"
 
 
-def flag_table_markdown(groups: Iterable[FlagGroup]) -> str:
-    """One markdown table per group: flag, default, meaning."""
+def flag_table_markdown(groups: Iterable[FlagGroup], *, heading: str | None = None) -> str:
+    """One markdown table per group: flag, default, meaning.  Each group opens with
+    ``**title**: description``, or with a ``heading`` line (e.g. ``"##"``) holding the title."""
     lines: list[str] = []
     for group in groups:
-        lines += [f"**{group.title}**: {group.description}", "",
-                  "| flag | default | meaning |", "|---|---|---|"]
+        if heading:
+            lines += [f"{heading} {group.title}", "", _text(group.description), ""]
+        else:
+            lines += [f"**{group.title}**: {_text(group.description)}", ""]
+        lines += ["| flag | default | meaning |", "|---|---|---|"]
         lines += [_row(flag) for flag in group.flags]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
-
-
-def replace_flag_table(readme: str, table: str) -> str:
-    """``readme`` with the text between the FLAG TABLE markers replaced by ``table``."""
-    head, rest = readme.split(BEGIN_MARKER, 1)
-    _, tail = rest.split(END_MARKER, 1)
-    return f"{head}{BEGIN_MARKER}\n{table}{END_MARKER}{tail}"

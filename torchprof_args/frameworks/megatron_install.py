@@ -44,7 +44,7 @@ def _load_training_module() -> Any:
         raise MegatronIntegrationError(
             f"this Megatron-LM's {_TRAINING_MODULE} has no {', '.join(missing)}: its layout is unknown "
             "to torchprof_args.megatron.install(). Add the few lines of torchprof_args.megatron."
-            "TrainingHook to your training loop instead (see the README)."
+            "TrainingHook to your training loop instead (see docs/frameworks/megatron.md)."
         )
     return training
 
