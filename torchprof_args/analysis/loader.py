@@ -1,7 +1,7 @@
 """``load_trace``: read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace`.
 
 The file is read in batches (:class:`~torchprof_args.analysis.reader.TraceStream`), each batch
-decoded into columns (:mod:`torchprof_args.analysis.trace`), here or in worker processes
+decoded into columns (:mod:`torchprof_args.analysis.columns`), here or in worker processes
 (:mod:`torchprof_args.analysis.parallel`), and the columns accumulated in fixed-size blocks
 (:class:`ColumnStore`) that are released one by one as the final arrays are filled, so peak
 memory stays close to the columns' real size.
@@ -19,18 +19,18 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis import parallel
-from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.analysis.trace import (
+from torchprof_args.analysis.columns import (
     I32_MAX,
     I32_MIN,
     MEMORY_COLUMNS,
-    NO_CAT,
     Part,
-    Trace,
     decode_events,
     reduce_batch,
     reduce_memory,
 )
+from torchprof_args.analysis.events import NO_CAT
+from torchprof_args.analysis.reader import TraceStream
+from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["BLOCK_EVENTS", "SEGMENT_BYTES", "load_trace", "release_memory_eagerly"]

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from torchprof_args.analysis.columns import PART_COLUMNS, Part, decode_events, reduce_batch
 from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.analysis.trace import PART_COLUMNS, Part, decode_events, reduce_batch
 from torchprof_args.errors import TraceError
 
 if TYPE_CHECKING:

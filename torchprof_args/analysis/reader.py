@@ -95,7 +95,7 @@ class TraceStream:
     ) -> None:
         self.path = Path(path)
         #: with ``validate=False`` cuts are not checked by decoding here; the consumer must then
-        #: treat a batch that fails to decode as a wrong cut (see ``trace._load_parallel``).
+        #: treat a batch that fails to decode as a wrong cut (see ``loader.load_trace``).
         self.validate = validate
         self.chunk_bytes = chunk_bytes
         self.progress = progress
