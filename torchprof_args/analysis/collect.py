@@ -9,7 +9,6 @@ that cannot be read is reported and skipped; the others go on.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -119,7 +118,7 @@ def collect(files: list[Path], *, top: int | None = 30, reparse: bool = False, w
     bar = _bar(len(todo), progress)
     for i in big:
         _record(out, files[i], i, parse_one(str(files[i]), top, write, workers, progress, keep), bar, on_parsed)
-    processes = workers if workers is not None else _cpus()
+    processes = workers if workers is not None else parallel.usable_cpus()
     for j, result in _pooled([str(files[i]) for i in small], top, write, keep, min(processes, len(small))):
         _record(out, files[small[j]], small[j], result, bar, on_parsed)
     if bar is not None:
@@ -162,6 +161,3 @@ def _bar(total: int, progress: bool) -> Any:
     tqdm.monitor_interval = 0  # no monitor thread: the pool forks after the bar exists
     return tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)  # None: off unless a tty
 
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
