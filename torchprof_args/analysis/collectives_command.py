@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.commands import guard
+from torchprof_args.analysis.cmdline import guard
 from torchprof_args.errors import TraceError
 
 __all__ = ["collectives_report", "format_collectives", "register"]

@@ -17,7 +17,7 @@ import datetime
 import json
 from typing import Any
 
-from torchprof_args.analysis.commands import guard
+from torchprof_args.analysis.cmdline import guard
 
 __all__ = ["format_hang", "register"]
 
