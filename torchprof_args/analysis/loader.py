@@ -245,7 +245,7 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False)
         file_bytes=stream.file_bytes,
         uncompressed_bytes=stream.uncompressed_bytes,
         compressed=stream.compressed,
-        _cache={"name_cat": columns["name_cat"]},
+        name_cat=columns["name_cat"],
         comms=columns["comms"] if comms else None,
     )
 

@@ -2,18 +2,44 @@
 
 :mod:`.loader` builds a :class:`Trace` from a file (decoded by :mod:`.events` and
 :mod:`.columns`, in worker processes by :mod:`.parallel` when the file is large); the analyzers
-(:mod:`.analyzers`) read it.
+(:mod:`.analyzers`) read it and keep what they derive from it in its :class:`TraceMemo`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Trace"]
+__all__ = ["Trace", "TraceMemo"]
+
+
+@dataclass
+class TraceMemo:
+    """Tables the analyzers derive from one :class:`Trace`, each computed on first use (None until
+    then) and kept, because several analyses of a summary need the same ones.
+
+    Valid for as long as the trace's columns are unchanged: nothing in the package writes to a
+    loaded trace; code that does must call :meth:`clear`.
+    """
+
+    #: ``ProfilerStep#N`` rows (:func:`.analyzers.steps.steps`).
+    steps: list[dict[str, Any]] | None = None
+    #: the CPU events' nesting: ``idx``, ``parent``, ``depth``, ``bounds``
+    #: (:func:`.analyzers.cpu_ops.cpu_tree`).
+    cpu_tree: dict[str, np.ndarray] | None = None
+    #: per-name operator totals (:func:`.analyzers.cpu_ops.cpu_ops`).
+    cpu_ops: dict[str, np.ndarray] | None = None
+    #: kernel class of every name, as text and as a small integer (:mod:`.analyzers.gpu`).
+    name_types: np.ndarray | None = None
+    name_codes: np.ndarray | None = None
+
+    def clear(self) -> None:
+        """Forget every table (after a change to the trace's columns)."""
+        for f in fields(self):
+            setattr(self, f.name, None)
 
 
 @dataclass
@@ -26,8 +52,8 @@ class Trace:
     events per device (``device`` code, ``peak_allocated``, ``peak_reserved``, ``samples``).
     ``comms`` is the side table of communication events (rows in
     :data:`~torchprof_args.analysis.comm_events.COMM_FIELDS` order) when the trace was loaded
-    with ``comms=True``, else None.  ``_cache`` memoises tables the analyzers derive from the
-    trace (kernel classes of names, the CPU tree).
+    with ``comms=True``, else None.  ``name_cat[n]`` is the category id of name ``n``'s first
+    event (None when the builder did not record it).  ``memo`` holds the analyzers' derived tables.
     """
 
     path: Path
@@ -48,7 +74,8 @@ class Trace:
     uncompressed_bytes: int
     compressed: bool
     comms: list[tuple[Any, ...]] | None = None
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    name_cat: np.ndarray | None = field(default=None, repr=False)
+    memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)
 
     @property
     def rank(self) -> int | None:

@@ -51,7 +51,7 @@ def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
     outside = _outside_steps(trace, starts, ends)
     cpu_calls, cpu_time = _cpu_in_steps(trace, outside)
     gpu_calls, gpu_time = _gpu_in_steps(trace, outside)
-    name_cat = trace._cache.get("name_cat")
+    name_cat = trace.name_cat
     return {
         "steps": len(spans),
         "cpu": _rows(trace, cpu_calls, cpu_time, top,
