@@ -25,4 +25,6 @@ from torchprof_args.analysis.text import format_profiler_list, format_summary
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
-__all__ = ["Trace", "TraceError", "cross_rank", "format_profiler_list", "format_summary", "load_trace", "summarize"]
+__all__ = [
+    "Trace", "TraceError", "cross_rank", "format_profiler_list", "format_summary", "load_trace", "summarize",
+]

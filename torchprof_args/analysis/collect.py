@@ -184,5 +184,6 @@ def _bar(total: int, progress: bool) -> Any:
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: the pool forks after the bar exists
-    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)  # None: off unless a tty
+    # disable=None: no bar unless stderr is a terminal
+    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)
 

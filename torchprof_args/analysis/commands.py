@@ -43,7 +43,10 @@ def _diff(args: argparse.Namespace) -> int:
             return 1
         sides.append([s for _, summaries in cycles for s in summaries])
     result = finite(diff_summaries(*sides))
-    print(json.dumps(result) if args.json else format_diff(result, args.base, args.new, rows=args.rows), end="\n" if args.json else "")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_diff(result, args.base, args.new, rows=args.rows), end="")
     return 0
 
 
@@ -69,8 +72,9 @@ def _merge(args: argparse.Namespace) -> int:
 
     cycles = group_by_cycle(expand(args.inputs))
     if len(cycles) > 1:
-        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({', '.join(c.label for c in cycles[:4])}"
-                         f"{' ...' if len(cycles) > 4 else ''}); merge one cycle folder at a time")
+        labels = ", ".join(c.label for c in cycles[:4]) + (" ..." if len(cycles) > 4 else "")
+        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({labels}); merge one cycle folder "
+                         "at a time")
     result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
     events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
     print(f"wrote {result['output']} ({events} events)")
@@ -100,42 +104,49 @@ def register(subparsers: Any) -> None:
 def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "report", parents=parents, help="self-contained HTML report of many ranks' traces",
-        description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over ranks, "
-        "a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the straggler table, "
-        "kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
+        description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over "
+        "ranks, a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the "
+        "straggler table, kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
     )
     p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
     p.add_argument("-o", "--output", required=True, help="report .html to write")
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
-    p.add_argument("--slowest", type=positive_int, default=5, help="slowest ranks listed when none is a straggler")
+    p.add_argument("--slowest", type=positive_int, default=5,
+                   help="slowest ranks listed when none is a straggler")
     p.set_defaults(func=guard(_report, "report"))
 
     p = subparsers.add_parser(
         "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
-        description="Step time, GPU idle/compute/overlap and kernel time per class side by side with deltas; "
-        "operators and kernels added, removed or changed in calls or time per rank and step, sorted by the time "
-        "they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder or a run folder.",
+        description="Step time, GPU idle/compute/overlap and kernel time per class side by side with "
+        "deltas; operators and kernels added, removed or changed in calls or time per rank and step, sorted "
+        "by the time they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder "
+        "or a run folder.",
     )
     p.add_argument("base", metavar="BASE", help="the reference: " + INPUTS_HELP.replace("folders", "folder"))
     p.add_argument("new", metavar="NEW", help="compared with BASE")
     p.add_argument("--json", action="store_true", help="the whole comparison as one JSON object")
-    p.add_argument("--rows", type=positive_int, default=15, help="rows per table in the text output (default 15)")
-    p.add_argument("--workers", type=positive_int, default=None, help="processes that parse traces (default: the CPUs)")
+    p.add_argument("--rows", type=positive_int, default=15,
+                   help="rows per table in the text output (default 15)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes that parse traces (default: the CPUs)")
     p.set_defaults(func=guard(_diff, "diff"))
 
 
 def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
         "split", parents=[common], help="cut huge traces into standalone traces of at most N MB",
-        description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the metadata.",
+        description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the "
+        "metadata.",
     )
     p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
     p.add_argument("--max-mb", type=float, required=True, help="largest piece, in MB of JSON")
-    p.add_argument("-o", "--output", default=None, help="output folder for one trace (default: TRACE's name + .split)")
+    p.add_argument("-o", "--output", default=None,
+                   help="output folder for one trace (default: TRACE's name + .split)")
     p.set_defaults(func=guard(_split, "split"))
 
     p = subparsers.add_parser(
-        "merge", parents=[common], help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
+        "merge", parents=[common],
+        help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
         description="Merge the traces of one cycle (a cycle folder, a run folder with one cycle, or files), "
         "aligning clocks with baseTimeNanoseconds.",
     )

@@ -80,7 +80,8 @@ class ColumnStore:
 
     def __init__(self) -> None:
         self.keys: dict[tuple[Any, Any, Any, Any], int] = {}
-        self.dtypes = {"ts": np.float64, "dur": np.float64, "key": np.int32, "stream": np.int32, "corr": np.int32}
+        self.dtypes = {"ts": np.float64, "dur": np.float64, "key": np.int32, "stream": np.int32,
+                       "corr": np.int32}
         self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self.dtypes}
         self.fill = BLOCK_EVENTS  # events in the last block (full: a new block is needed)
         self.total = 0
@@ -185,7 +186,8 @@ def _first_categories(name_id: np.ndarray, cat_id: np.ndarray, n_names: int) -> 
     return name_cat
 
 
-def load_trace(path: str | Path, progress: bool = False, workers: int | None = None, comms: bool = False) -> Trace:
+def load_trace(path: str | Path, progress: bool = False, workers: int | None = None,
+               comms: bool = False) -> Trace:
     """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
 
     ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when

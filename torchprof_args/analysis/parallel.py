@@ -175,9 +175,11 @@ def _read_column(fd: int, offset: int, n: int, dtype: str) -> np.ndarray:
 class Worker:
     """One forked worker, fed by a thread so a large text never blocks the main process."""
 
-    def __init__(self, ctx: Any, path: Path, out_fd: int, comms: bool = False, memory: bool | None = None) -> None:
+    def __init__(self, ctx: Any, path: Path, out_fd: int, comms: bool = False,
+                 memory: bool | None = None) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd, comms, memory), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd, comms, memory),
+                                daemon=True)
         self.proc.start()
         child_conn.close()
         self.out_fd = out_fd

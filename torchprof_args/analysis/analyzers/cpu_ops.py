@@ -84,7 +84,8 @@ def _fix_ties(trace: Trace, sel: np.ndarray, ts: np.ndarray, order: np.ndarray) 
     order[pos] = sub[np.lexsort((-end, ts[pos]))]
 
 
-def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.ndarray, lo: int, hi: int) -> None:
+def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.ndarray, lo: int,
+                 hi: int) -> None:
     """Sort ``idx[lo:hi]`` (one thread, in file order) in place and fill its parent / depth.
 
     Written for the busiest thread of a multi-GB trace: each temporary is dropped (or made

@@ -143,9 +143,11 @@ def _launch_ids(trace: Trace) -> np.ndarray:
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def _rows(trace: Trace, calls: np.ndarray, time: np.ndarray, top: int | None, extra: Any) -> list[dict[str, Any]]:
+def _rows(trace: Trace, calls: np.ndarray, time: np.ndarray, top: int | None,
+          extra: Any) -> list[dict[str, Any]]:
     present = np.flatnonzero(calls)
     present = present[np.argsort(-time[present], kind="stable")]
     if top is not None:
         present = present[: max(top, 0)]
-    return [{"name": trace.names[i], **extra(i), "calls": int(calls[i]), "total_us": float(time[i])} for i in present]
+    return [{"name": trace.names[i], **extra(i), "calls": int(calls[i]), "total_us": float(time[i])}
+            for i in present]
