@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                         ("torchprof report DIR -o report.html (sidecars)", report_s)):
         print(f"{label:62} {secs:7.2f}  < 5 s {'ok' if secs < 5 else 'MISSED'}")
     print(f"report: {report.stat().st_size / 1e6:.2f} MB")
-    print(f"\nno sidecars: torchprof summary --write-sidecars --reparse --shard K/{args.shards} DIR, one shard "
-          "at a time")
+    print(f"\nno sidecars: torchprof summary --write-sidecars --reparse --shard K/{args.shards} DIR, "
+          "one shard at a time")
     print(f"{'':62} {'wall s':>7} {'MB':>7} {'MB/s':>6} {'MB/CPU-s':>9}")
     for label, rows in ((f"{args.ranks} real traces, 1.7 MB each", shards),
                         (f"{args.big_ranks} traces of {args.big_rank_mb:.0f} MB", big_shards)):
