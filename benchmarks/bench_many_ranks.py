@@ -62,7 +62,8 @@ def _perturbed(summary: dict, rank: int, world: int, rng: random.Random, slow_no
     if gpu:
         gpu["idle_pct"] = min(max(gpu["idle_pct"] * rng.gauss(1.0, 0.05) * factor, 0.0), 100.0)
         if gpu.get("comm_comp_overlap_pct") is not None:
-            gpu["comm_comp_overlap_pct"] = min(max(gpu["comm_comp_overlap_pct"] * rng.gauss(1.0, 0.08), 0.0), 100.0)
+            jittered = gpu["comm_comp_overlap_pct"] * rng.gauss(1.0, 0.08)
+            gpu["comm_comp_overlap_pct"] = min(max(jittered, 0.0), 100.0)
         for table in (gpu["kernel_type_us"], gpu["kernel_type_overlapping_us"]):
             for key in table:
                 table[key] *= rng.gauss(1.0, 0.02)
@@ -97,7 +98,8 @@ def _timed(args: list[str]) -> tuple[float, str, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True,
+                          env=env)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -111,9 +113,10 @@ def _best(args: list[str], repeat: int) -> tuple[float, str]:
 
 
 def _shard_rate(run: Path, k: int, n: int, repeat: int) -> tuple[float, float, float, int, float]:
-    """(wall s, MB/s, MB per CPU-second, traces, MB) of one shard's --write-sidecars --reparse, best of ``repeat``."""
-    runs = [_timed(["summary", "--write-sidecars", "--reparse", "--no-progress", "--shard", f"{k}/{n}", str(run)])
-            for _ in range(max(repeat, 1))]
+    """(wall s, MB/s, MB per CPU-second, traces, MB) of one shard's --write-sidecars --reparse, best
+    of ``repeat``."""
+    command = ["summary", "--write-sidecars", "--reparse", "--no-progress", "--shard", f"{k}/{n}", str(run)]
+    runs = [_timed(command) for _ in range(max(repeat, 1))]
     wall, stdout, cpu = min(runs, key=lambda r: r[0])
     match = re.search(r"(\d+) of \d+ trace\(s\): (\d+) sidecar\(s\) written \(([\d,]+) MB parsed", stdout)
     if match is None:
@@ -144,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-ranks", type=int, default=8, help="ranks of the large-trace no-sidecar run")
     parser.add_argument("--big-rank-mb", type=float, default=256, help="MB of JSON per rank there (0: skip)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--big-mb", type=float, default=1024, help="size of the single-trace reference (.json.gz)")
+    parser.add_argument("--big-mb", type=float, default=1024,
+                        help="size of the single-trace reference (.json.gz)")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "many_ranks")
     args = parser.parse_args(argv)
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -160,11 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             target = scratch / trace.parent.name / trace.name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(trace, target)
-    shards = [_shard_rate(scratch, k, args.shards, args.repeat) for k in range(min(args.shards_run, args.shards))]
+    run_shards = range(min(args.shards_run, args.shards))
+    shards = [_shard_rate(scratch, k, args.shards, args.repeat) for k in run_shards]
     big_shards = []
     if args.big_rank_mb > 0:
         big_run = _big_run(args.out, SOURCES[0], args.big_ranks, args.big_rank_mb)
-        big_shards = [_shard_rate(big_run, k, args.shards, args.repeat) for k in range(min(args.shards_run, args.shards))]
+        big_shards = [_shard_rate(big_run, k, args.shards, args.repeat) for k in run_shards]
     from bench_shapes import replica, run_once, uncompressed_mb
 
     big = replica(SOURCES[0], args.big_mb, HERE / "out" / "shapes", True)
@@ -173,26 +178,30 @@ def main(argv: list[str] | None = None) -> int:
     best_big = min(big_runs, key=lambda r: r["wall_s"])
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
-    print(f"\n{args.ranks} ranks, one cycle ({run}); {os.cpu_count()} CPUs; load average {load_before} at start, "
-          f"{load_after} at end; best of {args.repeat}")
+    print(f"\n{args.ranks} ranks, one cycle ({run}); {os.cpu_count()} CPUs; load average {load_before} at "
+          f"start, {load_after} at end; best of {args.repeat}")
     print(f"{'':62} {'wall s':>7}  target")
     for label, secs in (("torchprof summary DIR (sidecars, text)", summary_s),
                         ("torchprof summary --json DIR (sidecars)", json_s),
                         ("torchprof report DIR -o report.html (sidecars)", report_s)):
         print(f"{label:62} {secs:7.2f}  < 5 s {'ok' if secs < 5 else 'MISSED'}")
     print(f"report: {report.stat().st_size / 1e6:.2f} MB")
-    print(f"\nno sidecars: torchprof summary --write-sidecars --reparse --shard K/{args.shards} DIR, one shard at a time")
+    print(f"\nno sidecars: torchprof summary --write-sidecars --reparse --shard K/{args.shards} DIR, "
+          "one shard at a time")
     print(f"{'':62} {'wall s':>7} {'MB':>7} {'MB/s':>6} {'MB/CPU-s':>9}")
     for label, rows in ((f"{args.ranks} real traces, 1.7 MB each", shards),
                         (f"{args.big_ranks} traces of {args.big_rank_mb:.0f} MB", big_shards)):
         for k, (wall, rate, per_cpu, n, mb) in enumerate(rows):
-            print(f"{f'shard {k}/{args.shards}: {n} of {label}':62} {wall:7.2f} {mb:7.0f} {rate:6.0f} {per_cpu:9.0f}")
-    print(f"{f'single trace: torchprof summary ({big_mb:,.0f} MB .json.gz)':62} {best_big['wall_s']:7.2f} {big_mb:7.0f} "
-          f"{big_mb / best_big['wall_s']:6.0f} {big_mb / best_big['cpu_s']:9.0f}")
+            print(f"{f'shard {k}/{args.shards}: {n} of {label}':62} {wall:7.2f} {mb:7.0f} {rate:6.0f} "
+                  f"{per_cpu:9.0f}")
+    print(f"{f'single trace: torchprof summary ({big_mb:,.0f} MB .json.gz)':62} {best_big['wall_s']:7.2f} "
+          f"{big_mb:7.0f} {big_mb / best_big['wall_s']:6.0f} {big_mb / best_big['cpu_s']:9.0f}")
     print("\nslowest ranks (from the text view):")
-    print("\n".join(line for line in summary_out.splitlines() if "slowest rank" in line or "stragglers" in line))
+    print("\n".join(line for line in summary_out.splitlines()
+                    if "slowest rank" in line or "stragglers" in line))
     print(json.dumps({"summary_s": summary_s, "summary_json_s": json_s, "report_s": report_s,
-                      "shard_mb_per_s": [r[1] for r in shards], "big_shard_mb_per_s": [r[1] for r in big_shards],
+                      "shard_mb_per_s": [r[1] for r in shards],
+                      "big_shard_mb_per_s": [r[1] for r in big_shards],
                       "single_trace_mb_per_s": big_mb / best_big["wall_s"]}))
     return 0
 

@@ -58,8 +58,8 @@ def run_once(path: Path, sample: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "torchprof_args", "summary", "--json", "--no-progress", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    command = [sys.executable, "-m", "torchprof_args", "summary", "--json", "--no-progress", str(path)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     peak = peak_rss = 0.0
     stop = threading.Event()
 
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="*", type=Path, help="default: every .json.gz trace in tests/data")
     parser.add_argument("--size-mb", type=float, default=1024)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per shape; the fastest wall time is reported")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per shape; the fastest wall time is reported")
     parser.add_argument("--gzip", action="store_true", help="measure the .json.gz replicas instead of .json")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "shapes")
     args = parser.parse_args(argv)
@@ -129,16 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         best = min(runs, key=lambda r: r["wall_s"])
         memory = run_once(path, sample=True)
         rows.append((source.name, mb, best, memory["pss_mb"], memory["max_rss_mb"]))
-        print(f"{source.name}: " + ", ".join(f"{r['wall_s']:.2f} s" for r in runs), file=sys.stderr, flush=True)
+        times = ", ".join(f"{r['wall_s']:.2f} s" for r in runs)
+        print(f"{source.name}: {times}", file=sys.stderr, flush=True)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
-    print(f"\n`torchprof summary --json` on ~{args.size_mb:.0f} MB replicas ({'.json.gz' if args.gzip else '.json'}), "
-          f"{os.cpu_count()} CPUs, load average {load_before} at start, {load_after} at end; best of {args.repeat}")
+    kind = ".json.gz" if args.gzip else ".json"
+    print(f"\n`torchprof summary --json` on ~{args.size_mb:.0f} MB replicas ({kind}), {os.cpu_count()} CPUs, "
+          f"load average {load_before} at start, {load_after} at end; best of {args.repeat}")
     print(f"{'shape (source trace)':36} {'MB':>6} {'wall s':>7} {'MB/s':>6} {'CPU s':>6} {'peak PSS MB':>11} "
-          f"{'PSS/size':>8} {'main RSS MB':>11}  targets (>= {TARGET_MBPS:.0f} MB/s, <= {TARGET_MEMORY_SHARE:.0%})")
+          f"{'PSS/size':>8} {'main RSS MB':>11}  "
+          f"targets (>= {TARGET_MBPS:.0f} MB/s, <= {TARGET_MEMORY_SHARE:.0%})")
     for name, mb, best, pss, rss in rows:
         speed = mb / best["wall_s"]
-        ok = ("ok" if speed >= TARGET_MBPS else "SLOW") + " / " + ("ok" if pss / mb <= TARGET_MEMORY_SHARE else "OVER")
+        ok = (("ok" if speed >= TARGET_MBPS else "SLOW") + " / "
+              + ("ok" if pss / mb <= TARGET_MEMORY_SHARE else "OVER"))
         print(f"{name:36} {mb:6.0f} {best['wall_s']:7.2f} {speed:6.0f} {best['cpu_s']:6.2f} {pss:11.0f} "
               f"{pss / mb:8.1%} {rss:11.0f}  {ok}")
     return 0

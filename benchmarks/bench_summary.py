@@ -46,7 +46,8 @@ trace = load_trace(sys.argv[1], workers=workers)
 t1 = time.perf_counter()
 s = summarize(trace)
 t2 = time.perf_counter()
-print(json.dumps({"load_s": t1 - t0, "total_s": t2 - t0, "cpu_s": cpu() - c0, "bytes": trace.uncompressed_bytes,
+print(json.dumps({"load_s": t1 - t0, "total_s": t2 - t0, "cpu_s": cpu() - c0,
+                  "bytes": trace.uncompressed_bytes,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
                   "idle_pct": s["gpu"]["idle_pct"], "overlap_pct": s["gpu"]["comm_comp_overlap_pct"]}))
@@ -76,9 +77,12 @@ ov = ta.get_comm_comp_overlap(visualize=False)
 ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
 t2 = time.perf_counter()
 c = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"load_s": t1 - t0, "total_s": t2 - t0, "cpu_s": time.process_time() - c0 + c.ru_utime + c.ru_stime,
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "worker_rss_mb": c.ru_maxrss / 1024,
-                  "idle_pct": float(tb["idle_time_pctg"].iloc[0]), "overlap_pct": float(ov["comp_comm_overlap_pctg"].iloc[0])}))
+print(json.dumps({"load_s": t1 - t0, "total_s": t2 - t0,
+                  "cpu_s": time.process_time() - c0 + c.ru_utime + c.ru_stime,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "worker_rss_mb": c.ru_maxrss / 1024,
+                  "idle_pct": float(tb["idle_time_pctg"].iloc[0]),
+                  "overlap_pct": float(ov["comp_comm_overlap_pctg"].iloc[0])}))
 """
 
 
@@ -126,18 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     gunzip = None
     if args.gzip:
         gz = _trace(args.out, args.size_mb, True)
-        rows.append(("torchprof summary (.json.gz)", _best(OURS, args.repeat, str(gz), str(REPO), args.workers)))
+        gz_row = _best(OURS, args.repeat, str(gz), str(REPO), args.workers)
+        rows.append(("torchprof summary (.json.gz)", gz_row))
         gunzip = _best(GUNZIP, args.repeat, str(gz))
     small = big if hta_mb == args.size_mb else _trace(args.out, hta_mb, False)
     hta = _run(HTA, str(small.parent))
     hta_mb_real = small.stat().st_size / 1e6
     scale = mb / hta_mb_real
     note = "" if small == big else f" (ran on {hta_mb_real:.0f} MB, times x{scale:.2f} extrapolated)"
-    hta_row = {**hta, "total_s": hta["total_s"] * scale, "cpu_s": hta["cpu_s"] * scale, "rss_size_mb": hta_mb_real}
+    hta_row = {**hta, "total_s": hta["total_s"] * scale, "cpu_s": hta["cpu_s"] * scale,
+               "rss_size_mb": hta_mb_real}
     rows.append((f"HTA load + 3 analyses{note}", hta_row))
     after = _load()
 
-    print(f"\ninput: {mb:,.0f} MB of uncompressed JSON ({big}); {os.cpu_count()} CPUs; {before} at start, {after} at end")
+    print(f"\ninput: {mb:,.0f} MB of uncompressed JSON ({big}); {os.cpu_count()} CPUs; {before} at start, "
+          f"{after} at end")
     head = (f"{'':44} {'wall s':>7} {'MB/s':>6} {'CPU s':>7} {'MB/s CPU':>8} {'peak RSS MB':>16} "
             f"{'RSS/size':>8} {'vs HTA':>7} {'idle %':>7} {'overlap %':>9}")
     print(head)
@@ -145,14 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         rss = r["rss_mb"] + r.get("worker_rss_mb", 0.0)
         rss_text = f"{r['rss_mb']:.0f}+{r.get('worker_rss_mb', 0.0):.0f}"
         size = r.get("rss_size_mb", mb)
-        print(f"{label:44} {r['total_s']:7.2f} {mb / r['total_s']:6.0f} {r['cpu_s']:7.2f} {mb / r['cpu_s']:8.0f} "
-              f"{rss_text:>16} {rss / size:8.1%} {hta_row['total_s'] / r['total_s']:6.1f}x "
-              f"{r['idle_pct']:7.2f} {r['overlap_pct']:9.2f}")
+        print(f"{label:44} {r['total_s']:7.2f} {mb / r['total_s']:6.0f} {r['cpu_s']:7.2f} "
+              f"{mb / r['cpu_s']:8.0f} {rss_text:>16} {rss / size:8.1%} "
+              f"{hta_row['total_s'] / r['total_s']:6.1f}x {r['idle_pct']:7.2f} {r['overlap_pct']:9.2f}")
     if gunzip is not None:
-        print(f"{'isal gunzip alone (.json.gz -> bytes)':44} {gunzip['total_s']:7.2f} {gunzip['bytes'] / 1e6 / gunzip['total_s']:6.0f} "
-              f"{gunzip['cpu_s']:7.2f} {gunzip['bytes'] / 1e6 / gunzip['cpu_s']:8.0f}")
-    print(f"\nours: best of {args.repeat}, load {ours['load_s']:.2f} s of {ours['total_s']:.2f} s; peak RSS is main+worker "
-          f"(summed, each process's own peak); HTA's RSS/size is of the file it read")
+        gunzip_mb = gunzip["bytes"] / 1e6
+        print(f"{'isal gunzip alone (.json.gz -> bytes)':44} {gunzip['total_s']:7.2f} "
+              f"{gunzip_mb / gunzip['total_s']:6.0f} {gunzip['cpu_s']:7.2f} "
+              f"{gunzip_mb / gunzip['cpu_s']:8.0f}")
+    print(f"\nours: best of {args.repeat}, load {ours['load_s']:.2f} s of {ours['total_s']:.2f} s; "
+          "peak RSS is main+worker (summed, each process's own peak); HTA's RSS/size is of the file it read")
     return 0
 
 

@@ -29,7 +29,8 @@ def _id_span(events: list[dict], key: str) -> int:
     if key == "id":
         ids = [e["id"] for e in events if isinstance(e.get("id"), int)]
     else:
-        ids = [e["args"][key] for e in events if isinstance(e.get("args"), dict) and isinstance(e["args"].get(key), int)]
+        ids = [e["args"][key] for e in events
+               if isinstance(e.get("args"), dict) and isinstance(e["args"].get(key), int)]
     return max(ids) - min(ids) + 1 if ids else 0
 
 
@@ -96,7 +97,8 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
         for e in meta_events:
             emit(b",\n  " + encoder.encode(e))
         emit(b"\n  ],\n")
-        tail = {k: v for k, v in head.items() if k not in ("deviceProperties", "distributedInfo", "schemaVersion")}
+        in_head = ("deviceProperties", "distributedInfo", "schemaVersion")
+        tail = {k: v for k, v in head.items() if k not in in_head}
         parts = [b'  "' + k.encode() + b'": ' + encoder.encode(v) for k, v in tail.items()]
         emit(b",\n".join(parts) + b"\n}\n")
     os.replace(tmp, out)
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
     parser.add_argument("--size-mb", type=float, default=1100)
-    parser.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "out" / "big.pt.trace.json")
+    parser.add_argument("-o", "--output", type=Path,
+                        default=REPO / "benchmarks" / "out" / "big.pt.trace.json")
     parser.add_argument("--gzip", action="store_true", help="write .json.gz (level 1)")
     args = parser.parse_args(argv)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,8 @@ def test_real_traces_are_in_the_repository() -> None:
     """The HTA comparisons below run on every real trace: they must not silently vanish."""
     assert [p.name for p in TRACES] == [
         "cpu_2rank_gloo_rank0_iter3.json.gz", "cpu_2rank_gloo_rank0_iter5.json.gz",
-        "gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz", "gpu_2rank_nccl_rank0.json.gz",
+        "gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz",
+        "gpu_2rank_nccl_rank0.json.gz",
     ]
 
 
@@ -243,7 +244,8 @@ def test_cli_summary_json_and_report(tmp_path: Path) -> None:
     proc = _cli("report", str(tmp_path), "-o", str(report))
     assert proc.returncode == 0, proc.stderr
     page = report.read_text()
-    assert page.count("<svg") >= 3 and "Stragglers" in page and "http" not in page.replace("http://www.w3.org", "")
+    assert page.count("<svg") >= 3 and "Stragglers" in page
+    assert "http" not in page.replace("http://www.w3.org", "")
 
 
 @pytest.mark.parametrize(
@@ -287,18 +289,23 @@ def _snapshot() -> dict:
                 "active_size": 5 << 20, "requested_size": 5 << 20, "stream": 0, "segment_type": "large",
                 "segment_pool_id": (0, 0), "is_expandable": False,
                 "blocks": [
-                    {"address": 1 << 30, "size": 4 << 20, "requested_size": 4 << 20, "state": "active_allocated", "frames": frames},
-                    {"address": (1 << 30) + (4 << 20), "size": 1 << 20, "requested_size": 1 << 20, "state": "inactive", "frames": []},
-                    {"address": (1 << 30) + (5 << 20), "size": 1 << 20, "requested_size": 1 << 20, "state": "active_allocated",
+                    {"address": 1 << 30, "size": 4 << 20, "requested_size": 4 << 20,
+                     "state": "active_allocated", "frames": frames},
+                    {"address": (1 << 30) + (4 << 20), "size": 1 << 20, "requested_size": 1 << 20,
+                     "state": "inactive", "frames": []},
+                    {"address": (1 << 30) + (5 << 20), "size": 1 << 20, "requested_size": 1 << 20,
+                     "state": "active_allocated",
                      "frames": [{"filename": "model.py", "line": 7, "name": "attn"}]},
-                    {"address": (1 << 30) + (6 << 20), "size": 2 << 20, "requested_size": 2 << 20, "state": "inactive", "frames": []},
+                    {"address": (1 << 30) + (6 << 20), "size": 2 << 20, "requested_size": 2 << 20,
+                     "state": "inactive", "frames": []},
                 ],
             }
         ],
         "device_traces": [[
             {"action": "alloc", "addr": 1, "size": 4 << 20, "stream": 0, "time_us": 1, "frames": frames},
             {"action": "alloc", "addr": 2, "size": 3 << 20, "stream": 0, "time_us": 2, "frames": frames},
-            {"action": "free_completed", "addr": 2, "size": 3 << 20, "stream": 0, "time_us": 3, "frames": frames},
+            {"action": "free_completed", "addr": 2, "size": 3 << 20, "stream": 0, "time_us": 3,
+             "frames": frames},
         ]],
         "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""},
     }

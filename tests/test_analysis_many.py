@@ -34,8 +34,8 @@ CPU_CYCLES = [DATA / "cpu_2rank_gloo_rank0_iter3.json.gz", DATA / "cpu_2rank_glo
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "torchprof_args", *args, "--no-progress"], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "torchprof_args", *args, "--no-progress"],
+                          capture_output=True, text=True, env=env, timeout=300)
 
 
 def _run_folder(root: Path) -> Path:
@@ -56,8 +56,10 @@ def test_discovery_of_run_cycle_and_flat_folders(tmp_path: Path) -> None:
     run = _run_folder(tmp_path / "run")
     files = expand([run])
     assert [f.relative_to(run).as_posix() for f in files] == [
-        "iter000010-000011/rank00000_node0_pid40.pt.trace.json.gz", "iter000010-000011/rank00001_node0_pid41.pt.trace.json.gz",
-        "iter000020-000021/rank00000_node0_pid40.pt.trace.json.gz", "iter000020-000021/rank00001_node0_pid41.pt.trace.json.gz",
+        "iter000010-000011/rank00000_node0_pid40.pt.trace.json.gz",
+        "iter000010-000011/rank00001_node0_pid41.pt.trace.json.gz",
+        "iter000020-000021/rank00000_node0_pid40.pt.trace.json.gz",
+        "iter000020-000021/rank00001_node0_pid41.pt.trace.json.gz",
     ]
     cycles = group_by_cycle(files)
     assert [(Path(c.label).name, c.iterations, len(c.files)) for c in cycles] == [
@@ -131,9 +133,11 @@ def test_shards_cover_every_trace_once(tmp_path: Path) -> None:
     assert all(set(a).isdisjoint(b) for i, a in enumerate(shares) for b in shares[i + 1:])
     loads = [sum(f.stat().st_size for f in share) for share in shares]
     assert max(loads) - min(loads) <= 1000 + 37 * 10  # balanced by bytes within one file
-    assert shard_files(list(reversed(files)), 1, 3) == list(reversed(shares[1]))  # listing order does not matter
+    # listing order does not matter
+    assert shard_files(list(reversed(files)), 1, 3) == list(reversed(shares[1]))
     assert parse_shard("2/5") == (2, 5)
-    assert parse_shard("auto", {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "RANK": "0", "WORLD_SIZE": "2"}) == (3, 8)
+    both = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "RANK": "0", "WORLD_SIZE": "2"}
+    assert parse_shard("auto", both) == (3, 8)
     assert parse_shard("auto", {"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2)
     for bad, message in (("5/5", "0..N-1"), ("a/b", "expected K/N"), ("auto", "neither SLURM_PROCID")):
         with pytest.raises(TraceError, match=message):
@@ -148,9 +152,10 @@ def test_sharded_sidecar_writing_on_the_command_line(tmp_path: Path) -> None:
     written = sum(int(p.stdout.split("sidecar(s) written")[0].rsplit(":", 1)[1]) for p in outputs)
     assert written == 4 and len(list(run.rglob("*.summary.json"))) == 4
     assert outputs[0].stdout.startswith("shard 0/3: ")
-    env_run = subprocess.run([sys.executable, "-m", "torchprof_args", "summary", "--write-sidecars", "--shard", "auto",
-                              str(run)], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO), "SLURM_PROCID": "1", "SLURM_NTASKS": "3"})
+    env_run = subprocess.run(
+        [sys.executable, "-m", "torchprof_args", "summary", "--write-sidecars", "--shard", "auto", str(run)],
+        capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SLURM_PROCID": "1", "SLURM_NTASKS": "3"})
     assert env_run.returncode == 0 and env_run.stdout.startswith("shard 1/3: ")
     bad = _cli("summary", "--shard", "0/2", str(run))
     assert bad.returncode == 1 and "add --write-sidecars" in bad.stderr and bad.stderr.count("\n") == 1
@@ -180,7 +185,8 @@ def test_cross_rank_view_for_many_ranks() -> None:
     means = [s["step_mean_us"] for s in summaries]
     d = view["distributions"]["step_mean_us"]
     assert (d["min"], d["max"], d["n"]) == (min(means), max(means), 64)
-    assert d["p50"] == pytest.approx(np.percentile(means, 50)) and d["p90"] == pytest.approx(np.percentile(means, 90))
+    assert d["p50"] == pytest.approx(np.percentile(means, 50))
+    assert d["p90"] == pytest.approx(np.percentile(means, 90))
     assert [r["rank"] for r in view["slowest"][:2]] in ([5, 6], [6, 5])
     assert [r["rank"] for r in view["stragglers"]] in ([5, 6], [6, 5])
     assert view["fastest"][0]["step_mean_us"] == min(means) and len(view["fastest"]) == 4
@@ -200,7 +206,8 @@ def test_parallel_coordinates_from_megatron_process_groups() -> None:
         {"pg_desc": "DATA_PARALLEL_GROUP_GLOO", "ranks": [5, 7]},
     ]}
     assert parallel_from_pg_config(info) == {"dp": 0, "tp": 1, "pp": 1}
-    assert parallel_from_pg_config({"rank": 0, "pg_config": [{"pg_desc": "default_pg", "ranks": [0, 1]}]}) is None
+    world_only = {"rank": 0, "pg_config": [{"pg_desc": "default_pg", "ranks": [0, 1]}]}
+    assert parallel_from_pg_config(world_only) is None
 
 
 @pytest.mark.slow
@@ -225,9 +232,11 @@ def _hta_ops(path: Path, device: str, folder: Path) -> tuple[dict[tuple[str, str
     folder.mkdir()
     shutil.copy(path, folder / path.name)
     trace = LabeledTrace(label=path.name, trace_dir=str(folder))
-    ops = trace.get_ops_summary(trace.extract_ops(iteration=trace.iterations(), device_type=DeviceType[device]))
+    ops = trace.get_ops_summary(trace.extract_ops(iteration=trace.iterations(),
+                                                  device_type=DeviceType[device]))
     out: dict[tuple[str, str], tuple[int, float]] = {}
-    for cat, name, calls, total in zip(ops["cat"], ops["name"], ops["counts"], ops["total_duration"], strict=True):
+    columns = (ops["cat"], ops["name"], ops["counts"], ops["total_duration"])
+    for cat, name, calls, total in zip(*columns, strict=True):
         key = (cat if device == "CPU" else "", name)  # GPU: kernels, memcpy and memset together
         if device == "GPU" and cat == "gpu_user_annotation":
             continue
@@ -237,7 +246,8 @@ def _hta_ops(path: Path, device: str, folder: Path) -> tuple[dict[tuple[str, str
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pair", [CPU_CYCLES, [GPU_2RANK, RANKS_128[0]]], ids=["two_cycles_one_job", "two_jobs"])
+@pytest.mark.parametrize("pair", [CPU_CYCLES, [GPU_2RANK, RANKS_128[0]]],
+                         ids=["two_cycles_one_job", "two_jobs"])
 def test_diff_agrees_with_hta_trace_diff(pair: list[Path], tmp_path: Path) -> None:
     pytest.importorskip("hta")
     logging.getLogger("hta").setLevel(logging.ERROR)

@@ -46,12 +46,13 @@ def test_nested_objects_fool_cuts_then_fall_back(tmp_path: Path, small_segments:
     """"},{" inside args at every cut point: wrong range cuts are detected and the load redone."""
     blob = [{"k": "x" * 40}] * 2000  # ~100 KB of "}, {" in one event's args
     events = [
-        {"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "pid": 1, "tid": 1 + i % 2, "ts": i * 10.0, "dur": 4.0,
-         "args": {"blob": blob} if i % 50 == 0 else {"External id": i}}
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "pid": 1, "tid": 1 + i % 2, "ts": i * 10.0,
+         "dur": 4.0, "args": {"blob": blob} if i % 50 == 0 else {"External id": i}}
         for i in range(6000)
     ]
     events.insert(0, {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1.0, "s": "t",
-                      "args": {"Total Allocated": 123, "Total Reserved": 456, "Device Type": 0, "Device Id": -1}})
+                      "args": {"Total Allocated": 123, "Total Reserved": 456, "Device Type": 0,
+                               "Device Id": -1}})
     path = tmp_path / "nested.json"
     path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 1}}))
     one, two = _summary(path, 1), _summary(path, 2)
@@ -65,7 +66,8 @@ def test_odd_values_take_the_loose_path(tmp_path: Path) -> None:
     """Unknown phases, missing ph, string numbers, non-object elements: same as HTA-style rules."""
     events = [
         {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": "10.5", "dur": "2"},
-        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 11, "dur": 1, "args": {"stream": "7", "correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 11, "dur": 1,
+         "args": {"stream": "7", "correlation": 3}},
         {"ph": "Z", "name": "unknown phase"},
         17,
         {"name": "no phase"},

@@ -67,7 +67,8 @@ def test_128_rank_pair_matches_kernels_per_stream_against_the_raw_events() -> No
         last = 1 if k1["ts"] > k0["ts"] else 0
         assert inst["last_rank"] == last and inst["transfer_us"] == (k1, k0)[1 - last]["dur"]
         assert inst["dur_us"] == {0: k0["dur"], 1: k1["dur"]}
-        assert inst["bytes"] == 16777216 * 128 and inst["bytes_assumed"]  # int8 input x world (size not recorded)
+        # int8 input x world (the size is not recorded)
+        assert inst["bytes"] == 16777216 * 128 and inst["bytes_assumed"]
         assert inst["algbw_gbps"] == pytest.approx(inst["bytes"] / (inst["transfer_us"] * 1e3))
         assert inst["busbw_gbps"] == pytest.approx(inst["algbw_gbps"] * 127 / 128)
         assert (inst["algorithm"], inst["protocol"]) == ("RING", "SIMPLE")
@@ -85,11 +86,13 @@ def test_2rank_nccl_trace_reads_process_group_and_sizes_from_the_kernels() -> No
     report = collectives_report([str(NCCL_2RANK)])
     assert report["matched_by"] == MATCH_PG_ORDER and report["process_groups"] == ["0"]
     raw = _raw_nccl_kernels(NCCL_2RANK)
-    assert [i["kind"] for i in report["instances"]] == [canonical_kind(k["args"]["Collective name"]) for k in raw]
+    kinds = [canonical_kind(k["args"]["Collective name"]) for k in raw]
+    assert [i["kind"] for i in report["instances"]] == kinds
     for inst, kernel in zip(report["instances"], raw, strict=True):
         args = kernel["args"]
         assert inst["bytes"] == args["In msg nelems"] * dtype_bytes(args["dtype"])
-        assert inst["pg_desc"] == "default_pg" and inst["group_size"] == 2 and inst["transfer_us"] == kernel["dur"]
+        assert inst["pg_desc"] == "default_pg" and inst["group_size"] == 2
+        assert inst["transfer_us"] == kernel["dur"]
         assert inst["busbw_gbps"] == pytest.approx(inst["bytes"] / (kernel["dur"] * 1e3))  # n = 2: factor 1
     assert report["worst_skew"] == []  # one rank: nothing to compare
     assert "no collective seen by two or more ranks" in format_collectives(report)
@@ -113,8 +116,10 @@ def test_matching_by_sequence_number_and_alignment_of_a_missing_record() -> None
     assert report["ranks_by_wait_caused"][0]["rank"] == 2
     # no seq, no pg: rank 1's stream lacks the middle all-gather (a sampled trace); alignment keeps
     # the all-reduce after it matched instead of shifting every later record
-    records = [[_record("all_reduce", 0), _record("all_gather", 100, nbytes=8192), _record("all_reduce", 200)],
-               [_record("all_reduce", 1), _record("all_reduce", 230)]]
+    records = [
+        [_record("all_reduce", 0), _record("all_gather", 100, nbytes=8192), _record("all_reduce", 200)],
+        [_record("all_reduce", 1), _record("all_reduce", 230)],
+    ]
     report = match_collectives([RankComms(r, f"r{r}", "x", recs, 2, []) for r, recs in enumerate(records)])
     assert report["matched_by"] == MATCH_STREAM_ORDER
     compared = [(i["kind"], i["ranks"], i["skew_us"]) for i in report["instances"]]
@@ -125,14 +130,18 @@ def test_matching_by_sequence_number_and_alignment_of_a_missing_record() -> None
 
 def test_bus_bandwidth_factors_are_nccl_tests() -> None:
     assert bus_factor("all_reduce", 8) == 2 * 7 / 8
-    assert bus_factor("all_gather", 8) == bus_factor("reduce_scatter", 8) == bus_factor("all_to_all", 8) == 7 / 8
+    assert bus_factor("all_gather", 8) == bus_factor("reduce_scatter", 8) == 7 / 8
+    assert bus_factor("all_to_all", 8) == 7 / 8
     assert bus_factor("broadcast", 8) == bus_factor("send_recv", 8) == bus_factor("all_reduce", 1) == 1.0
     assert canonical_kind("nccl:_all_gather_base") == "all_gather" == canonical_kind("ALLGATHER_coalesced")
-    assert canonical_kind("_reduce_scatter_base") == "reduce_scatter" and canonical_kind("gloo:all_to_all") == "all_to_all"
-    assert dtype_bytes("c10::BFloat16") == 2 and dtype_bytes("long int") == 8 and dtype_bytes("Float8_e4m3fn") == 1
+    assert canonical_kind("_reduce_scatter_base") == "reduce_scatter"
+    assert canonical_kind("gloo:all_to_all") == "all_to_all"
+    assert dtype_bytes("c10::BFloat16") == 2 and dtype_bytes("long int") == 8
+    assert dtype_bytes("Float8_e4m3fn") == 1
 
 
-def test_unknown_cycle_and_missing_input_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_cycle_and_missing_input_are_one_line_errors(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert torchprof(["collectives", str(tmp_path / "nope")]) == 1
     assert "no such file or directory" in capsys.readouterr().err
     assert torchprof(["collectives", str(DATA), "--cycle", "5"]) == 1
@@ -152,7 +161,8 @@ def test_readme_example_two_rank_gloo_job_names_the_late_rank_and_the_collective
     assert proc.stdout.index("Ranks by the waiting they caused") < proc.stdout.index("worst arrival skew")
     assert torchprof(["collectives", str(tmp_path / "prof"), "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["source"].startswith("gloo collectives on the CPU") and report["matched_by"] == MATCH_KIND_ORDER
+    assert report["source"].startswith("gloo collectives on the CPU")
+    assert report["matched_by"] == MATCH_KIND_ORDER
     assert report["cycle"] == "iterations 2-4" and report["ranks"] == [0, 1]
     worst = report["instances"][report["worst_skew"][0]]
     assert (worst["kind"], worst["bytes"], worst["step"], worst["last_rank"]) == ("all_reduce", 4096 * 4,

@@ -27,7 +27,8 @@ from torchprof_args.console import main as torchprof
 from torchprof_args.runtime import flight_recorder
 
 JOB = REPO / "tests" / "jobs" / "comm_job.py"
-ENV_VARS = (*flight_recorder.BUFFER_VARS, *flight_recorder.DUMP_FILE_VARS, flight_recorder.DUMP_ON_TIMEOUT_VAR)
+ENV_VARS = (*flight_recorder.BUFFER_VARS, *flight_recorder.DUMP_FILE_VARS,
+            flight_recorder.DUMP_ON_TIMEOUT_VAR)
 
 
 def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,10 +36,12 @@ def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: p
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(flight_recorder, "_STATE", {"configured": False, "pg_existed": False})
     parser = add_torch_profile_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--torch-profile-dir", str(tmp_path / "run"), "--torch-profile-flight-recorder", "32"])
+    args = parser.parse_args(["--torch-profile-dir", str(tmp_path / "run"),
+                              "--torch-profile-flight-recorder", "32"])
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "32"  # set by the argparse action, before any process group
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "run" / "flight_recorder" / "nccl_trace_rank_")
+    expected = tmp_path / "run" / "flight_recorder" / "nccl_trace_rank_"
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(expected)
     config = configs_from_args(args).profiler.flight_recorder
     assert (config.entries, config.output_dir) == (32, f"{tmp_path / 'run'}/flight_recorder")
     assert not configs_from_args(parser.parse_args([])).profiler.flight_recorder.enabled
@@ -61,7 +64,8 @@ def test_profiler_warns_when_the_process_group_came_first(tmp_path: Path) -> Non
     env = subprocess_env()
     for name in ENV_VARS:
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the process group was created before the flag took effect" in done.stderr
     assert "export TORCH_FR_BUFFER_SIZE=16" in done.stderr
@@ -86,11 +90,12 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
                                                        "gloo_trace_rank_0", "gloo_trace_rank_1"], context
     infos = {r: json.loads((dumps / f"dump_info_rank{r}.json").read_text()) for r in (0, 1)}
     assert infos[0]["reason"].startswith("RuntimeError left the profiler's context"), (infos, context)
-    assert infos[1]["reason"].startswith(("the flush barrier at iteration 3 failed", "SIGTERM received")), (infos,
-                                                                                                             context)
+    reasons = ("the flush barrier at iteration 3 failed", "SIGTERM received")
+    assert infos[1]["reason"].startswith(reasons), (infos, context)
     assert infos[0]["process_groups"]["0"] == {"desc": "default_pg", "ranks": [0, 1]}
     raw = pickle.loads((dumps / "gloo_trace_rank_0").read_bytes())
-    assert raw["pg_config"] == {"": {"name": "", "desc": "", "ranks": "[]"}}  # what PyTorch 2.13's gloo dump holds
+    # what PyTorch 2.13's gloo dump holds
+    assert raw["pg_config"] == {"": {"name": "", "desc": "", "ranks": "[]"}}
 
     assert torchprof(["hang", str(prof)]) == 0
     text = capsys.readouterr().out
@@ -107,7 +112,8 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     assert text.index("did not join") < text.index("PyTorch's analyzer")
 
     # PyTorch's analyzer alone on the dumps as written: the process-group table it cannot read
-    with pytest.raises(KeyError, match=r"\('[01]', [01]\)"):  # e.g. ('0', 0): process group and rank, in file order
+    # e.g. ('0', 0): process group and rank, in file order
+    with pytest.raises(KeyError, match=r"\('[01]', [01]\)"):
         from torch.distributed.flight_recorder.components.builder import build_db
         from torch.distributed.flight_recorder.components.config_manager import JobConfig
         from torch.distributed.flight_recorder.components.loader import read_dir
@@ -143,7 +149,8 @@ def test_sigterm_dumps_while_the_main_thread_is_blocked_in_a_collective(tmp_path
                f"--master_port={free_port()}", str(JOB), "--result-dir", str(tmp_path), "--iters", "3",
                "--slow-rank", "1", "--slow-iteration", "2", "--slow-seconds", "8",
                "--torch-profile-dir", str(prof), "--torch-profile-flight-recorder", "64"]
-    job = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
     try:
         pid_file = tmp_path / "rank0.pid"
         deadline = time.monotonic() + 120
@@ -158,6 +165,7 @@ def test_sigterm_dumps_while_the_main_thread_is_blocked_in_a_collective(tmp_path
     assert info["reason"] == flight_recorder.SIGTERM_REASON
     dump = pickle.loads((prof / "flight_recorder" / "gloo_trace_rank_0").read_bytes())
     last = dump["entries"][-1]  # dumped while rank 0 was still in it (before rank 1 arrived): not retired
-    assert (last["profiling_name"], last["input_sizes"], last["retired"]) == ("gloo:all_reduce", [[4096]], False)
+    assert (last["profiling_name"], last["input_sizes"], last["retired"]) == (
+        "gloo:all_reduce", [[4096]], False)
     assert "exitcode  : -15" in output and "rank      : 0" in output  # then SIGTERM's default action
     assert not (tmp_path / "rank0.json").exists()

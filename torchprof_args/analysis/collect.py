@@ -9,18 +9,25 @@ that cannot be read is reported and skipped; the others go on.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchprof_args.analysis import parallel
-from torchprof_args.analysis.sidecar import read_sidecar, trace_identity, truncate, write_sidecar
+from torchprof_args.analysis.loader import load_trace
+from torchprof_args.analysis.sidecar import (
+    read_sidecar,
+    sidecar_matches,
+    trace_identity,
+    truncate,
+    write_sidecar,
+)
+from torchprof_args.analysis.summary import finite, summarize
 from torchprof_args.errors import TraceError
 
-__all__ = ["Collected", "collect", "parse_one"]
+__all__ = ["Collected", "Parsed", "collect", "parse_one"]
 
 
 @dataclass
@@ -36,17 +43,27 @@ class Collected:
     parse_seconds: float = 0.0
 
 
+class Parsed(NamedTuple):
+    """What parsing one trace gave (:func:`parse_one`)."""
+
+    #: the summary cut to ``top``; None when the trace failed or none was to be kept.
+    summary: dict[str, Any] | None
+    #: one line naming the trace: why it failed, or why its sidecar could not be written.
+    error: str | None
+    #: bytes of trace JSON parsed (uncompressed); 0 when the trace could not be read.
+    parsed_bytes: int
+    #: whether the trace's sidecar was written.
+    sidecar_written: bool
+
+
 def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1, progress: bool = False,
-              keep: bool = True) -> tuple[dict[str, Any] | None, str | None, int, bool]:
-    """Parse one trace: (summary cut to ``top``, error, uncompressed bytes, sidecar written).
+              keep: bool = True) -> Parsed:
+    """Parse one trace and summarise it.
 
     With ``write`` the complete summary is published as the trace's sidecar first; a sidecar
     that cannot be written (read-only folder) is reported as the error, the summary still returned.
     Without ``keep`` no summary is returned (a sidecar-writing shard does not need them).
     """
-    from torchprof_args.analysis.loader import load_trace
-    from torchprof_args.analysis.summary import finite, summarize
-
     trace_path = Path(path)
     try:
         identity = trace_identity(trace_path)
@@ -55,21 +72,21 @@ def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1, 
         summary = finite(summarize(trace, top=None if write else top))
         del trace
     except TraceError as exc:
-        return None, str(exc), 0, False
+        return Parsed(None, str(exc), 0, False)
     except OSError as exc:
-        return None, f"{trace_path}: cannot be read ({exc.strerror or exc})", 0, False
+        return Parsed(None, f"{trace_path}: cannot be read ({exc.strerror or exc})", 0, False)
     if not write:
-        return summary, None, size, False
+        return Parsed(summary, None, size, False)
     error = None
     try:
         write_sidecar(summary, trace_path, identity)
     except OSError as exc:
         error = f"{trace_path}: cannot write its sidecar ({exc.strerror or exc})"
-    return truncate(summary, top) if keep else None, error, size, error is None
+    return Parsed(truncate(summary, top) if keep else None, error, size, error is None)
 
 
 def _pooled(paths: list[str], top: int | None, write: bool, keep: bool,
-            processes: int) -> Iterator[tuple[int, tuple]]:
+            processes: int) -> Iterator[tuple[int, Parsed]]:
     """(index, parse_one result) for small traces, ``processes`` at a time, as they finish."""
     import multiprocessing as mp
 
@@ -83,20 +100,42 @@ def _pooled(paths: list[str], top: int | None, write: bool, keep: bool,
         yield from pool.imap_unordered(_pool_task, tasks, chunksize=chunk)
 
 
-def _pool_task(task: tuple[int, str, int | None, bool, bool]) -> tuple[int, tuple]:
+def _pool_task(task: tuple[int, str, int | None, bool, bool]) -> tuple[int, Parsed]:
     index, path, top, write, keep = task
     return index, parse_one(path, top, write, keep=keep)
 
 
 def collect(files: list[Path], *, top: int | None = 30, reparse: bool = False, write: bool = False,
             keep: bool = True, workers: int | None = None, progress: bool = False,
-            on_parsed: Callable[[Path, tuple], None] | None = None) -> Collected:
+            on_parsed: Callable[[Path, Parsed], None] | None = None) -> Collected:
     """Summaries of ``files``: matching sidecars unless ``reparse``, else parsed (and, with
     ``write``, published as sidecars).  ``on_parsed(path, result)`` is told of each parsed trace.
-    Without ``keep`` (sidecar writing only) no summary is kept, and a matching sidecar is not read."""
-    from torchprof_args.analysis.sidecar import sidecar_matches
-
+    Without ``keep`` (sidecar writing only) no summary is kept, and a matching sidecar is not read.
+    """
     out = Collected([None] * len(files))
+    todo = _from_sidecars(files, out, top, reparse, keep)
+    if not todo:
+        return out
+    started = time.perf_counter()
+    big = [i for i in todo if _is_big(files[i])]
+    small = [i for i in todo if i not in set(big)]
+    bar = _bar(len(todo), progress)
+    for i in big:
+        result = parse_one(str(files[i]), top, write, workers, progress, keep)
+        _record(out, files[i], i, result, bar, on_parsed)
+    processes = workers if workers is not None else parallel.usable_cpus()
+    for j, result in _pooled([str(files[i]) for i in small], top, write, keep, min(processes, len(small))):
+        _record(out, files[small[j]], small[j], result, bar, on_parsed)
+    if bar is not None:
+        bar.close()
+    out.parse_seconds = time.perf_counter() - started
+    return out
+
+
+def _from_sidecars(files: list[Path], out: Collected, top: int | None, reparse: bool,
+                   keep: bool) -> list[int]:
+    """Fill ``out`` from the matching sidecars (only counted without ``keep``); the indices of
+    the files left to parse."""
     todo: list[int] = []
     for i, f in enumerate(files):
         if not keep:
@@ -111,32 +150,17 @@ def collect(files: list[Path], *, top: int | None = 30, reparse: bool = False, w
         else:
             out.summaries[i] = found
             out.from_sidecars += 1
-    if not todo:
-        return out
-    started = time.perf_counter()
-    big = [i for i in todo if _is_big(files[i])]
-    small = [i for i in todo if i not in set(big)]
-    bar = _bar(len(todo), progress)
-    for i in big:
-        _record(out, files[i], i, parse_one(str(files[i]), top, write, workers, progress, keep), bar, on_parsed)
-    processes = workers if workers is not None else _cpus()
-    for j, result in _pooled([str(files[i]) for i in small], top, write, keep, min(processes, len(small))):
-        _record(out, files[small[j]], small[j], result, bar, on_parsed)
-    if bar is not None:
-        bar.close()
-    out.parse_seconds = time.perf_counter() - started
-    return out
+    return todo
 
 
-def _record(out: Collected, path: Path, index: int, result: tuple, bar: Any,
-            on_parsed: Callable[[Path, tuple], None] | None) -> None:
-    summary, error, size, written = result
-    out.summaries[index] = summary
-    out.parsed += size > 0
-    out.parsed_bytes += size
-    out.sidecars_written += written
-    if error:
-        out.errors.append(error)
+def _record(out: Collected, path: Path, index: int, result: Parsed, bar: Any,
+            on_parsed: Callable[[Path, Parsed], None] | None) -> None:
+    out.summaries[index] = result.summary
+    out.parsed += result.parsed_bytes > 0
+    out.parsed_bytes += result.parsed_bytes
+    out.sidecars_written += result.sidecar_written
+    if result.error:
+        out.errors.append(result.error)
     if bar is not None:
         bar.update(1)
     if on_parsed is not None:
@@ -160,8 +184,6 @@ def _bar(total: int, progress: bool) -> Any:
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: the pool forks after the bar exists
-    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)  # None: off unless a tty
+    # disable=None: no bar unless stderr is a terminal
+    return tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)
 
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.commands import guard
+from torchprof_args.analysis.cmdline import guard
 from torchprof_args.errors import TraceError
 
 __all__ = ["collectives_report", "format_collectives", "register"]
@@ -34,8 +34,10 @@ def _choose_cycle(files: list[Path], cycle: int | None) -> tuple[list[Path], str
     if cycle is not None:
         chosen = [c for c in named if c.iterations[0] == cycle]  # type: ignore[index]
         if not chosen:
-            known = ", ".join(str(c.iterations[0]) for c in named) or "none (no iter<first>-<last> folders or names)"  # type: ignore[index]
-            raise TraceError(f"--cycle {cycle}: no traces of a cycle starting at iteration {cycle} (cycles: {known})")
+            known = (", ".join(str(c.iterations[0]) for c in named)  # type: ignore[index]
+                     or "none (no iter<first>-<last> folders or names)")
+            raise TraceError(f"--cycle {cycle}: no traces of a cycle starting at iteration {cycle} "
+                             f"(cycles: {known})")
         first, last = chosen[0].iterations  # type: ignore[misc]
         return chosen[0].files, f"iterations {first}-{last}"
     if len(cycles) <= 1:
@@ -64,8 +66,8 @@ def collectives_report(paths: list[str], *, cycle: int | None = None, top: int =
         rank = trace.rank if trace.rank is not None else rank_from_file_name(path.name)
         rank = index if rank is None else rank
         if rank in ranks:
-            raise TraceError(f"{path}: a second trace of rank {rank} (also {ranks[rank].file}); give one cycle's "
-                             "traces (--cycle picks one in a directory)")
+            raise TraceError(f"{path}: a second trace of rank {rank} (also {ranks[rank].file}); give one "
+                             "cycle's traces (--cycle picks one in a directory)")
         ranks[rank] = rank_collectives(trace, rank)
         del trace
     report = match_collectives(list(ranks.values()), top=top)
@@ -98,23 +100,32 @@ def _gbps(value: float | None) -> str:
 
 def _what(inst: dict[str, Any]) -> str:
     if inst["pg"] is not None:
-        where = f" pg {inst['pg']}" + (f" ({inst['pg_desc']})" if inst.get("pg_desc") not in (None, "undefined") else "")
+        where = f" pg {inst['pg']}"
+        if inst.get("pg_desc") not in (None, "undefined"):
+            where += f" ({inst['pg_desc']})"
     else:
         where = f" {inst['channel']}" if inst["channel"].startswith("stream") else ""
-    number = f" seq {inst['seq']}" if inst["seq"] is not None else (f" #{inst['order']}" if inst["order"] is not None else "")
+    if inst["seq"] is not None:
+        number = f" seq {inst['seq']}"
+    else:
+        number = f" #{inst['order']}" if inst["order"] is not None else ""
     return f"{inst['kind']}{number}{where}"
 
 
 def _header(report: dict[str, Any]) -> list[str]:
     ranks, world = report["ranks"], report["world_size"]
     groups = report["process_groups"]
-    lines = [f"torchprof collectives: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}" + (f" of {world}" if world else "")
-             + f", {report['collective_count']} collectives"
-             + (f" in {len(groups)} process group{'s' if len(groups) != 1 else ''}" if groups else "")
-             + (f", {report['cycle']}" if report.get("cycle") else "")]
+    head = f"torchprof collectives: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    head += (f" of {world}" if world else "") + f", {report['collective_count']} collectives"
+    if groups:
+        head += f" in {len(groups)} process group{'s' if len(groups) != 1 else ''}"
+    if report.get("cycle"):
+        head += f", {report['cycle']}"
+    lines = [head]
     lines.append(f"  events:     {report['source'] or 'no collectives found'}")
     lines.append(f"  matched by: {report['matched_by']}")
-    lines.append("  clock:      each rank's trace clock (on several hosts, skews below their clock offset are noise)")
+    lines.append("  clock:      each rank's trace clock (on several hosts, skews below their clock offset "
+                 "are noise)")
     lines += [f"  note:       {note}" for note in report["notes"]]
     return lines
 
@@ -126,21 +137,22 @@ def _ranks_table(report: dict[str, Any], rows: int) -> list[str]:
              f"{'waited for others':>18}"]
     for row in report["ranks_by_wait_caused"][:rows]:
         lines.append(f"  {row['rank']:>5} {row['last_arrivals']:>6}/{row['collectives']:<7} "
-                     f"{_ms(row['wait_caused_us']):>15} {row['wait_caused_pct']:>6.1f}% {_ms(row['late_us']):>12} "
-                     f"{_ms(row['waited_us']):>18}")
+                     f"{_ms(row['wait_caused_us']):>15} {row['wait_caused_pct']:>6.1f}% "
+                     f"{_ms(row['late_us']):>12} {_ms(row['waited_us']):>18}")
     return lines
 
 
 def _worst_table(report: dict[str, Any], rows: int) -> list[str]:
     instances = report["instances"]
     lines = ["", "Collectives with the worst arrival skew",
-             f"  {'step':<18} {'collective':<34} {'size':>10} {'skew':>12} {'last':>5} {'duration min..max':>24} "
-             f"{'algbw':>7} {'busbw GB/s':>10}"]
+             f"  {'step':<18} {'collective':<34} {'size':>10} {'skew':>12} {'last':>5} "
+             f"{'duration min..max':>24} {'algbw':>7} {'busbw GB/s':>10}"]
     for index in report["worst_skew"][:rows]:
         inst = instances[index]
         durations = f"{_ms(inst['dur_min_us'])}..{_ms(inst['dur_max_us'])}"
-        lines.append(f"  {inst['step']:<18} {_what(inst)[:34]:<34} {_size(inst['bytes']):>10} {_ms(inst['skew_us']):>12} "
-                     f"{inst['last_rank']:>5} {durations:>24} {_gbps(inst['algbw_gbps']):>7} "
+        lines.append(f"  {inst['step']:<18} {_what(inst)[:34]:<34} {_size(inst['bytes']):>10} "
+                     f"{_ms(inst['skew_us']):>12} {inst['last_rank']:>5} {durations:>24} "
+                     f"{_gbps(inst['algbw_gbps']):>7} "
                      f"{_gbps(inst['busbw_gbps']):>10}")
     if not report["worst_skew"]:
         lines.append("  (no collective seen by two or more ranks)")
@@ -153,8 +165,8 @@ def _types_table(report: dict[str, Any], rows: int) -> list[str]:
              f"{'skew mean':>11} {'skew max':>11} {'busbw median':>13}"]
     for row in report["by_type"][:rows]:
         lines.append(f"  {row['kind']:<16} {str(row['pg']):<6} {row['count']:>6} {_size(row['bytes']):>11} "
-                     f"{_ms(row['transfer_us']):>20} {_ms(row['skew_mean_us']):>11} {_ms(row['skew_max_us']):>11} "
-                     f"{_gbps(row['busbw_median_gbps']):>13}")
+                     f"{_ms(row['transfer_us']):>20} {_ms(row['skew_mean_us']):>11} "
+                     f"{_ms(row['skew_max_us']):>11} {_gbps(row['busbw_median_gbps']):>13}")
     return lines
 
 
@@ -185,12 +197,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "collectives", help="match collectives across ranks: arrival skew, last-arriving rank, bus bandwidth",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help="one cycle's per-rank traces, or directories")
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR",
+                   help="one cycle's per-rank traces, or directories")
     p.add_argument("--cycle", type=int, default=None, metavar="ITER",
                    help="the cycle whose trace file names start at this iteration (default: the latest)")
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object (every instance)")
     p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
     p.add_argument("--top", type=int, default=20, help="worst-skew instances listed in --json (default 20)")
-    p.add_argument("--workers", type=int, default=None, help="decoding processes per trace (default: as summary)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=guard(_run, "collectives"))

@@ -1,5 +1,6 @@
-"""The communication events of a trace, with the fields Kineto records on them (``torchprof collectives``).
+"""The communication events of a trace, with the fields Kineto records on them.
 
+Used by ``torchprof collectives``.
 The trace model keeps two ``args`` of each event (stream, correlation): decoding more for every
 event costs ~17 % of the reader's time, so only a loader asked for ``comms=True`` decodes with the
 wider :class:`XComm` struct, and keeps a side table of the few events that are collectives:
@@ -22,7 +23,15 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from torchprof_args.analysis.trace import _INSTANTS, _SKIP, _SKIPPED, _X, NO_CAT, _LooseEvent, _tighten
+from torchprof_args.analysis.events import (
+    INSTANTS,
+    NO_CAT,
+    SKIPPED,
+    LooseEvent,
+    XEvent,
+    decode_batch,
+    tighten,
+)
 
 __all__ = ["COMM_FIELDS", "XComm", "comm_row", "comm_rows", "decode_comm_events", "is_comm_name"]
 
@@ -34,7 +43,8 @@ COMM_FIELDS = (
 
 
 class _CommArgs(msgspec.Struct, gc=False, frozen=True):
-    """``args`` of any event, with the communication fields; ``Any`` where writers disagree on types."""
+    """``args`` of any event, with the communication fields (``Any`` where writers disagree on
+    types)."""
 
     stream: int = -1
     correlation: int = -1
@@ -67,24 +77,21 @@ class XComm(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     args: _CommArgs = _NO_COMM_ARGS
 
 
-_typed = msgspec.json.Decoder(list[Union[(XComm, *_INSTANTS, *_SKIPPED)]], strict=False)  # noqa: UP007
-_loose = msgspec.json.Decoder(list[_LooseEvent], strict=False)
-_loose_one = msgspec.json.Decoder(_LooseEvent, strict=False)
-_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_typed = msgspec.json.Decoder(list[Union[(XComm, *INSTANTS, *SKIPPED)]], strict=False)  # noqa: UP007
 _encode = msgspec.json.Encoder().encode
 
 
 _ARG_KEYS = {
-    "collective": "Collective name", "pg_name": "Process Group Name", "pg_desc": "Process Group Description",
-    "pg_ranks": "Process Group Ranks", "group_size": "Group size", "seq": "Seq", "in_nelems": "In msg nelems",
-    "out_nelems": "Out msg nelems", "dtype": "dtype",
+    "collective": "Collective name", "pg_name": "Process Group Name",
+    "pg_desc": "Process Group Description", "pg_ranks": "Process Group Ranks", "group_size": "Group size",
+    "seq": "Seq", "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "dtype": "dtype",
 }
 
 
-def _tighten_comm(event: _LooseEvent) -> Any:
+def _tighten_comm(event: LooseEvent) -> Any:
     """The loose path's event, with the communication fields when it is a complete event."""
-    base = _tighten(event)
-    if base.__class__ is not _X:
+    base = tighten(event)
+    if base.__class__ is not XEvent:
         return base
     args = event.args if isinstance(event.args, dict) else {}
     raw = {key: msgspec.Raw(_encode(args[key])) for key in ("Input Dims", "Input type") if key in args}
@@ -95,21 +102,9 @@ def _tighten_comm(event: _LooseEvent) -> Any:
 
 
 def decode_comm_events(text: Any) -> list[Any]:
-    """Like :func:`~torchprof_args.analysis.trace.decode_events`, with :class:`XComm` complete events."""
-    try:
-        return _typed.decode(text)
-    except msgspec.ValidationError:
-        pass
-    try:
-        return [_tighten_comm(e) for e in _loose.decode(text)]
-    except msgspec.ValidationError:
-        out = []
-        for raw in _raw_list.decode(text):
-            try:
-                out.append(_tighten_comm(_loose_one.decode(raw)))
-            except msgspec.ValidationError:
-                out.append(_SKIP)
-        return out
+    """Like :func:`~torchprof_args.analysis.events.decode_plain`, with :class:`XComm` complete
+    events."""
+    return decode_batch(text, _typed, _tighten_comm)
 
 
 def is_comm_name(name: str) -> bool:
@@ -135,7 +130,8 @@ def comm_row(event: XComm) -> tuple[Any, ...] | None:
 
 def comm_rows(xs: list[XComm], args: list[_CommArgs], key: np.ndarray, keys: list[tuple[Any, ...]]
               ) -> list[tuple[Any, ...]]:
-    """Rows of the communication events of one batch: named like one, or carrying a collective name.
+    """Rows of the communication events of one batch: named like one, or carrying a collective
+    name.
 
     ``key[i]`` indexes ``keys`` (event i's interned (name, cat, pid, tid)): the name test runs
     once per distinct key, not per event.

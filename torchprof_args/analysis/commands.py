@@ -2,70 +2,25 @@
 
 Every trace command takes trace files, cycle folders or run folders (:mod:`.discover`), reads a
 trace's summary from its sidecar when one matches (:mod:`.sidecar`) and parses it otherwise
-(:mod:`.collect`).  The handlers of ``summary`` are in :mod:`.summary_command`.
+(:mod:`.collect`, per cycle: :mod:`.cycles`).  ``summary`` is in :mod:`.summary_command`; what
+the commands share in :mod:`.cmdline`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Callable
 from typing import Any
 
+from torchprof_args.analysis import summary_command
+from torchprof_args.analysis.cmdline import INPUTS_HELP, guard, top_count
 from torchprof_args.errors import TraceError
 from torchprof_args.flags.types import positive_int
 
 
-def top_count(text: str) -> int | None:
-    """``--top``: a number of entries, or ``all`` (None)."""
-    if text == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or 'all', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 or 'all', got {value}")
-    return value
-
-
-def cycle_summaries(inputs: list[str], args: argparse.Namespace, top: int | None) -> tuple[list[tuple[Any, list]], Any]:
-    """(cycle, its summaries) for every cycle of ``inputs``, and the :class:`Collected` record.
-
-    Traces that fail are reported on stderr (one line each) and left out.
-    """
-    from torchprof_args.analysis.collect import collect
-    from torchprof_args.analysis.discover import expand, group_by_cycle
-    from torchprof_args.analysis.loader import release_memory_eagerly
-
-    release_memory_eagerly()
-    files = expand(inputs)
-    got = collect(files, top=top, reparse=args.reparse, workers=getattr(args, "workers", None),
-                  progress=not args.no_progress)
-    if not any(s is not None for s in got.summaries):
-        if len(got.errors) == 1:
-            raise TraceError(got.errors[0])
-        for error in got.errors:
-            print(f"torchprof {args.command}: {error}", file=sys.stderr)
-        raise TraceError(f"none of the {len(files)} traces could be read")
-    for error in got.errors:
-        print(f"torchprof {args.command}: {error}", file=sys.stderr)
-    by_file = {str(f): s for f, s in zip(files, got.summaries, strict=True)}
-    cycles = []
-    for cycle in group_by_cycle(files):
-        summaries = [by_file[str(f)] for f in cycle.files if by_file[str(f)] is not None]
-        if summaries:
-            cycles.append((cycle, summaries))
-    if len(files) > 1 and got.parsed and not got.errors:
-        print(f"torchprof {args.command}: {got.from_sidecars} summaries read from sidecars, {got.parsed} trace(s) "
-              f"parsed ({got.parsed_bytes / 1e6:,.0f} MB in {got.parse_seconds:.1f} s); "
-              f"`torchprof summary --write-sidecars` keeps them for next time", file=sys.stderr)
-    return cycles, got
-
-
 def _report(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+    from torchprof_args.analysis.cycles import cycle_summaries
     from torchprof_args.analysis.report import write_report
     from torchprof_args.analysis.summary import finite
 
@@ -77,6 +32,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.cycles import cycle_summaries
     from torchprof_args.analysis.diff import diff_summaries, format_diff
     from torchprof_args.analysis.summary import finite
 
@@ -87,7 +43,10 @@ def _diff(args: argparse.Namespace) -> int:
             return 1
         sides.append([s for _, summaries in cycles for s in summaries])
     result = finite(diff_summaries(*sides))
-    print(json.dumps(result) if args.json else format_diff(result, args.base, args.new, rows=args.rows), end="\n" if args.json else "")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_diff(result, args.base, args.new, rows=args.rows), end="")
     return 0
 
 
@@ -113,8 +72,9 @@ def _merge(args: argparse.Namespace) -> int:
 
     cycles = group_by_cycle(expand(args.inputs))
     if len(cycles) > 1:
-        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({', '.join(c.label for c in cycles[:4])}"
-                         f"{' ...' if len(cycles) > 4 else ''}); merge one cycle folder at a time")
+        labels = ", ".join(c.label for c in cycles[:4]) + (" ..." if len(cycles) > 4 else "")
+        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({labels}); merge one cycle folder "
+                         "at a time")
     result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
     events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
     print(f"wrote {result['output']} ({events} events)")
@@ -129,34 +89,14 @@ def _mem(args: argparse.Namespace) -> int:
     return 0
 
 
-def guard(func: Callable[[argparse.Namespace], int], name: str) -> Callable[[argparse.Namespace], int]:
-    """Run a command: a :class:`TraceError` becomes one line on stderr and exit status 1."""
-    def run(args: argparse.Namespace) -> int:
-        args.command = name
-        try:
-            return func(args)
-        except TraceError as exc:
-            print(f"torchprof {name}: error: {exc}", file=sys.stderr)
-            return 1
-        except BrokenPipeError:
-            return 0
-
-    return run
-
-
-_INPUTS_HELP = "trace files (.json/.json.gz), cycle folders or run folders"
-
-
 def register(subparsers: Any) -> None:
     """Add the trace toolkit's sub-commands to ``torchprof``."""
-    from torchprof_args.analysis import summary_command
-
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-progress", action="store_true", help="no progress bars")
     reading = argparse.ArgumentParser(add_help=False)
     reading.add_argument("--reparse", action="store_true",
                          help="parse every trace even where a matching summary sidecar exists")
-    summary_command.register(subparsers, [common, reading], _INPUTS_HELP)
+    summary_command.register(subparsers, [common, reading])
     _register_report_and_diff(subparsers, [common, reading])
     _register_tools(subparsers, common)
 
@@ -164,46 +104,53 @@ def register(subparsers: Any) -> None:
 def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "report", parents=parents, help="self-contained HTML report of many ranks' traces",
-        description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over ranks, "
-        "a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the straggler table, "
-        "kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
+        description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over "
+        "ranks, a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the "
+        "straggler table, kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP)
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
     p.add_argument("-o", "--output", required=True, help="report .html to write")
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
-    p.add_argument("--slowest", type=positive_int, default=5, help="slowest ranks listed when none is a straggler")
+    p.add_argument("--slowest", type=positive_int, default=5,
+                   help="slowest ranks listed when none is a straggler")
     p.set_defaults(func=guard(_report, "report"))
 
     p = subparsers.add_parser(
         "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
-        description="Step time, GPU idle/compute/overlap and kernel time per class side by side with deltas; "
-        "operators and kernels added, removed or changed in calls or time per rank and step, sorted by the time "
-        "they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder or a run folder.",
+        description="Step time, GPU idle/compute/overlap and kernel time per class side by side with "
+        "deltas; operators and kernels added, removed or changed in calls or time per rank and step, sorted "
+        "by the time they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder "
+        "or a run folder.",
     )
-    p.add_argument("base", metavar="BASE", help="the reference: " + _INPUTS_HELP.replace("folders", "folder"))
+    p.add_argument("base", metavar="BASE", help="the reference: " + INPUTS_HELP.replace("folders", "folder"))
     p.add_argument("new", metavar="NEW", help="compared with BASE")
     p.add_argument("--json", action="store_true", help="the whole comparison as one JSON object")
-    p.add_argument("--rows", type=positive_int, default=15, help="rows per table in the text output (default 15)")
-    p.add_argument("--workers", type=positive_int, default=None, help="processes that parse traces (default: the CPUs)")
+    p.add_argument("--rows", type=positive_int, default=15,
+                   help="rows per table in the text output (default 15)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes that parse traces (default: the CPUs)")
     p.set_defaults(func=guard(_diff, "diff"))
 
 
 def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
         "split", parents=[common], help="cut huge traces into standalone traces of at most N MB",
-        description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the metadata.",
+        description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the "
+        "metadata.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP)
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
     p.add_argument("--max-mb", type=float, required=True, help="largest piece, in MB of JSON")
-    p.add_argument("-o", "--output", default=None, help="output folder for one trace (default: TRACE's name + .split)")
+    p.add_argument("-o", "--output", default=None,
+                   help="output folder for one trace (default: TRACE's name + .split)")
     p.set_defaults(func=guard(_split, "split"))
 
     p = subparsers.add_parser(
-        "merge", parents=[common], help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
+        "merge", parents=[common],
+        help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
         description="Merge the traces of one cycle (a cycle folder, a run folder with one cycle, or files), "
         "aligning clocks with baseTimeNanoseconds.",
     )
-    p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=_INPUTS_HELP + " (one cycle)")
+    p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP + " (one cycle)")
     p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
     p.set_defaults(func=guard(_merge, "merge"))
 

@@ -41,7 +41,8 @@ def _gpu_steps(summary: dict[str, Any]) -> int:
     return max(n - 1 if (summary.get("gpu") or {}).get("last_step_excluded") else n, 1)
 
 
-def _per_step_table(summaries: list[dict[str, Any]], key: str, kind: str) -> tuple[dict[str, dict[str, Any]], int]:
+def _per_step_table(summaries: list[dict[str, Any]], key: str,
+                    kind: str) -> tuple[dict[str, dict[str, Any]], int]:
     """Per name over every rank: calls and time per rank-step; the number of rank-steps."""
     rank_steps = sum((s.get("ops_in_steps") or {}).get("steps", 0) for s in summaries)
     table: dict[str, dict[str, Any]] = {}
@@ -92,7 +93,8 @@ def _metric(name: str, unit: str, base: float | None, new: float | None) -> dict
 
 def _metrics(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     out = [_metric("step time (mean over ranks)", "us", base["step_mean_us"], new["step_mean_us"]),
-           _metric("slowest rank's mean step", "us", base["slowest_step_mean_us"], new["slowest_step_mean_us"]),
+           _metric("slowest rank's mean step", "us", base["slowest_step_mean_us"],
+                   new["slowest_step_mean_us"]),
            _metric("GPU idle", "%", base["idle_pct"], new["idle_pct"]),
            _metric("GPU compute", "%", base["compute_pct"], new["compute_pct"]),
            _metric("comm/comp overlap", "%", base["comm_comp_overlap_pct"], new["comm_comp_overlap_pct"])]
@@ -161,14 +163,18 @@ def _metric_line(m: dict[str, Any], width: int) -> str:
 
 def _side_text(label: str, where: str, side: dict[str, Any]) -> str:
     ranks = side["ranks"]
-    rank_text = ("rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}") if ranks else "no rank"
+    if not ranks:
+        rank_text = "no rank"
+    else:
+        rank_text = "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
     return f"{label} {where} ({side['traces']} trace(s), {rank_text}, {side['rank_steps']} rank-step(s))"
 
 
 def _names_section(title: str, rows: list[dict[str, Any]], limit: int) -> list[str]:
     if not rows:
         return [f"{title}: none on either side"]
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("added", "removed", "changed", "unchanged")}
+    statuses = ("added", "removed", "changed", "unchanged")
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in statuses}
     moved = [r for r in rows if r["status"] != "unchanged"]
     lines = [f"{title} per rank and step, by time cost (+) or saving (-): " + ", ".join(
         f"{n} {s}" for s, n in counts.items())]

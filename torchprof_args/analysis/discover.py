@@ -28,8 +28,10 @@ def traces_in(directory: Path) -> list[Path]:
     torch.profiler's ``*.pt.trace.json[.gz]`` files when there are any (a run folder also holds
     other JSON, e.g. wandb's), else every ``.json`` / ``.json.gz`` file.  Hidden files are skipped.
     """
-    candidates = sorted(p for p in directory.iterdir()
-                        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_FILE_SUFFIXES))
+    candidates = sorted(
+        p for p in directory.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.name.endswith(TRACE_FILE_SUFFIXES)
+    )
     return [p for p in candidates if TRACE_SUFFIX in p.name] or candidates
 
 
@@ -69,7 +71,8 @@ def expand(inputs: list[str | Path]) -> list[Path]:
         if path.is_dir():
             found = _in_folder(path)
             if not found:
-                raise TraceError(f"{path}: no .json or .json.gz trace files in this folder or its cycle folders")
+                raise TraceError(f"{path}: no .json or .json.gz trace files in this folder or its cycle "
+                                 "folders")
             files += found
         elif not path.exists():
             raise TraceError(f"{path}: no such file or directory")

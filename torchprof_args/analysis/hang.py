@@ -63,7 +63,8 @@ def find_dumps(path: str | Path) -> tuple[Path, dict[str, dict[int, Path]], dict
             if entry.name.startswith(prefix) and entry.name[len(prefix):].isdigit():
                 dumps.setdefault(backend, {})[int(entry.name[len(prefix):])] = entry
     if not dumps:
-        raise TraceError(f"{directory}: no flight-recorder dumps ({', '.join(p + '<rank>' for p in FLIGHT_RECORDER_PREFIXES.values())}); "
+        names = ", ".join(p + "<rank>" for p in FLIGHT_RECORDER_PREFIXES.values())
+        raise TraceError(f"{directory}: no flight-recorder dumps ({names}); "
                          "run with --torch-profile-flight-recorder N")
     return directory, dumps, infos
 
@@ -77,7 +78,8 @@ def load_dump(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except Exception as exc:  # noqa: BLE001 - refused globals, truncated files, not a pickle
-        raise TraceError(f"{path}: not a plain-data flight-recorder dump ({type(exc).__name__}: {exc})") from None
+        raise TraceError(f"{path}: not a plain-data flight-recorder dump "
+                         f"({type(exc).__name__}: {exc})") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list) or "version" not in dump:
         raise TraceError(f"{path}: not a flight-recorder dump (no 'entries' list and 'version')")
     return dump
@@ -91,7 +93,8 @@ def _ranks_of(value: Any) -> list[int]:
         return []
 
 
-def _group_table(dumps: dict[int, dict[str, Any]], infos: dict[int, dict[str, Any]]) -> tuple[dict[str, dict], list[str]]:
+def _group_table(dumps: dict[int, dict[str, Any]],
+                 infos: dict[int, dict[str, Any]]) -> tuple[dict[str, dict], list[str]]:
     """Every process group's description and members: from the dumps' own tables when usable, the
     dumping ranks' tables, else from which ranks' entries name the group."""
     table: dict[str, dict[str, Any]] = {}
@@ -103,14 +106,16 @@ def _group_table(dumps: dict[int, dict[str, Any]], infos: dict[int, dict[str, An
                 table.setdefault(str(name), {"desc": config.get("desc", "undefined"), "ranks": ranks})
     for info in infos.values():
         for name, config in (info.get("process_groups") or {}).items():
-            table.setdefault(str(name), {"desc": config.get("desc", "undefined"), "ranks": sorted(config["ranks"])})
+            table.setdefault(str(name), {"desc": config.get("desc", "undefined"),
+                                         "ranks": sorted(config["ranks"])})
     world = max([info.get("world_size") or 0 for info in infos.values()] + [max(dumps) + 1])
     for dump in dumps.values():
         for entry in dump["entries"]:
             name, desc = entry["process_group"]
             if str(name) in table:
                 continue
-            members = sorted(r for r, d in dumps.items() if any(e["process_group"][0] == name for e in d["entries"]))
+            members = sorted(r for r, d in dumps.items()
+                             if any(e["process_group"][0] == name for e in d["entries"]))
             if desc == "default_pg":
                 members = list(range(world))
             notes.append(f"process group {name} ({desc}): members not recorded; taken as ranks {members}")
@@ -118,7 +123,8 @@ def _group_table(dumps: dict[int, dict[str, Any]], infos: dict[int, dict[str, An
     return table, notes
 
 
-def normalise_dumps(dumps: dict[int, dict[str, Any]], infos: dict[int, dict[str, Any]]) -> tuple[dict[int, dict], list[str]]:
+def normalise_dumps(dumps: dict[int, dict[str, Any]],
+                    infos: dict[int, dict[str, Any]]) -> tuple[dict[int, dict], list[str]]:
     """The dumps with a process-group table PyTorch's analyzer can read, and what was assumed."""
     table, notes = _group_table(dumps, infos)
     out = {}
@@ -126,8 +132,10 @@ def normalise_dumps(dumps: dict[int, dict[str, Any]], infos: dict[int, dict[str,
         groups = {name for name, config in table.items() if rank in config["ranks"]}
         groups |= {str(e["process_group"][0]) for e in dump["entries"]}
         fixed = dict(dump)
-        fixed["pg_config"] = {name: {"name": name, "desc": table[name]["desc"], "ranks": str(table[name]["ranks"])}
-                              for name in sorted(groups)}
+        fixed["pg_config"] = {
+            name: {"name": name, "desc": table[name]["desc"], "ranks": str(table[name]["ranks"])}
+            for name in sorted(groups)
+        }
         out[rank] = fixed
     return out, notes
 
@@ -166,13 +174,14 @@ def _run_pytorch_analyzer(dumps: dict[int, dict], prefix: str, incomplete: bool)
     with tempfile.TemporaryDirectory(prefix="torchprof-hang-") as tmp, _captured_analyzer_log() as lines:
         for rank, dump in dumps.items():
             (Path(tmp) / f"{prefix}{rank}").write_bytes(pickle.dumps(dump))
-        args = job_config().parse_args([tmp, "--prefix", prefix] + (["--allow-incomplete-ranks"] if incomplete else []))
+        argv = [tmp, "--prefix", prefix] + (["--allow-incomplete-ranks"] if incomplete else [])
+        args = job_config().parse_args(argv)
         try:
             details, version = read_dir(args)
             db = build_db(details, args, version)
         except (AssertionError, KeyError, ValueError) as exc:
-            raise TraceError(f"PyTorch's flight-recorder analyzer failed on these dumps ({type(exc).__name__}: "
-                             f"{exc})") from None
+            raise TraceError(f"PyTorch's flight-recorder analyzer failed on these dumps "
+                             f"({type(exc).__name__}: {exc})") from None
     return db, lines
 
 
@@ -190,9 +199,10 @@ def _seq(entry: dict[str, Any]) -> int:
 def _entry_view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     if entry is None:
         return None
-    return {"collective": entry.get("profiling_name"), "seq": _seq(entry), "pg": str(entry["process_group"][0]),
-            "pg_desc": entry["process_group"][1], "input_sizes": entry.get("input_sizes"),
-            "state": entry.get("state"), "frames": _user_frames(entry.get("frames"))}
+    return {"collective": entry.get("profiling_name"), "seq": _seq(entry),
+            "pg": str(entry["process_group"][0]), "pg_desc": entry["process_group"][1],
+            "input_sizes": entry.get("input_sizes"), "state": entry.get("state"),
+            "frames": _user_frames(entry.get("frames"))}
 
 
 def _in_group(dump: dict[str, Any], pg: str) -> list[dict[str, Any]]:
@@ -237,8 +247,8 @@ def _findings(db: Any, dumps: dict[int, dict[str, Any]]) -> list[dict[str, Any]]
         out.append({"pg": pg, "pg_desc": collective.pg_desc, "collective": collective.collective_name,
                     "seq": collective.collective_seq_id, "p2p_seq": collective.p2p_seq_id,
                     "input_sizes": collective.input_sizes, "state": collective.collective_state,
-                    "expected_ranks": sorted(collective.expected_ranks), "joined": joined, "missing_ranks": missing,
-                    "mismatched_ranks": sorted(mismatched), "ranks": absent,
+                    "expected_ranks": sorted(collective.expected_ranks), "joined": joined,
+                    "missing_ranks": missing, "mismatched_ranks": sorted(mismatched), "ranks": absent,
                     "frames": _user_frames(collective.collective_frames)})
     return out
 
@@ -251,15 +261,17 @@ def _status(dumps: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[str, i
         for pg_id, status in (dump.get("pg_status") or {}).items():
             if isinstance(status, dict):
                 table.setdefault(names.get(str(pg_id), f"id {pg_id}"), {})[rank] = {
-                    key.removeprefix("last_").removesuffix("_collective"): value for key, value in status.items()}
+                    key.removeprefix("last_").removesuffix("_collective"): value
+                    for key, value in status.items()}
     return table
 
 
 def analyse_dumps(path: str | Path) -> dict[str, Any]:
     """Every recorder's dumps under ``path`` through PyTorch's analyzer; the answer as plain data."""
     directory, by_backend, infos = find_dumps(path)
+    said = ("reason", "host", "pid", "time", "files")
     report: dict[str, Any] = {"directory": str(directory), "recorders": [],
-                              "dumped": {rank: {k: info.get(k) for k in ("reason", "host", "pid", "time", "files")}
+                              "dumped": {rank: {k: info.get(k) for k in said}
                                          for rank, info in sorted(infos.items())}}
     for backend in ("nccl", "gloo"):
         files = by_backend.get(backend)
@@ -267,9 +279,11 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
             continue
         raw = {rank: load_dump(file) for rank, file in sorted(files.items())}
         dumps, notes = normalise_dumps(raw, infos)
-        members = {r for dump in dumps.values() for config in dump["pg_config"].values() for r in _ranks_of(config["ranks"])}
+        members = {r for dump in dumps.values() for config in dump["pg_config"].values()
+                   for r in _ranks_of(config["ranks"])}
         missing_dumps = sorted(members - set(dumps))
-        db, log = _run_pytorch_analyzer(dumps, FLIGHT_RECORDER_PREFIXES[backend], incomplete=bool(missing_dumps))
+        db, log = _run_pytorch_analyzer(dumps, FLIGHT_RECORDER_PREFIXES[backend],
+                                        incomplete=bool(missing_dumps))
         report["recorders"].append({
             "backend": backend, "ranks": sorted(dumps), "missing_dumps": missing_dumps,
             "version": str(next(iter(dumps.values())).get("version")), "findings": _findings(db, dumps),

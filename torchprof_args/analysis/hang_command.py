@@ -1,13 +1,13 @@
 """``torchprof hang DIR``: which ranks did not join which collective, from the flight-recorder dumps.
 
-    torchprof hang prof/                  # the --torch-profile-dir of a run with --torch-profile-flight-recorder
+    torchprof hang prof/        # the --torch-profile-dir of a run with --torch-profile-flight-recorder
     torchprof hang prof/flight_recorder --json
 
 The answer comes first (per process group: the collective some ranks never joined, who issued
 it, each missing rank's last collective in that group (and the last its recorder saw complete)
-and its last one anywhere, with the Python stacks the recorder kept), then each group's last enqueued/completed collective per rank, why each rank
-dumped, and PyTorch's own analyzer output (``torch.distributed.flight_recorder``), which did the
-matching (:mod:`torchprof_args.analysis.hang`).
+and its last one anywhere, with the Python stacks the recorder kept), then each group's last
+enqueued/completed collective per rank, why each rank dumped, and PyTorch's own analyzer output
+(``torch.distributed.flight_recorder``), which did the matching (:mod:`torchprof_args.analysis.hang`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import datetime
 import json
 from typing import Any
 
-from torchprof_args.analysis.commands import guard
+from torchprof_args.analysis.cmdline import guard
 
 __all__ = ["format_hang", "register"]
 
@@ -44,8 +44,8 @@ def _finding_lines(finding: dict[str, Any]) -> list[str]:
     if finding["missing_ranks"]:
         lines.append(f"{group}: rank{'s' if len(finding['missing_ranks']) > 1 else ''} "
                      f"{_ranks(finding['missing_ranks'])} did not join {what}; rank"
-                     f"{'s' if len(finding['joined']) != 1 else ''} {_ranks(finding['joined'])} issued it and "
-                     f"{'wait' if len(finding['joined']) != 1 else 'waits'} in it")
+                     f"{'s' if len(finding['joined']) != 1 else ''} {_ranks(finding['joined'])} issued it "
+                     f"and {'wait' if len(finding['joined']) != 1 else 'waits'} in it")
     for rank in finding["mismatched_ranks"]:
         lines.append(f"{group}: rank {rank} issued a different collective at {what}: "
                      f"{finding['ranks'][rank]['mismatch']}")
@@ -60,8 +60,9 @@ def _finding_lines(finding: dict[str, Any]) -> list[str]:
         lines += [f"      {frame}" for frame in (last or {}).get("frames", [])[:4]]
         recorded = about["last_recorded"]
         if recorded != last:
-            lines.append(f"  rank {rank}: last collective it issued anywhere: {_collective(recorded)} in process group "
-                         f"{recorded['pg'] if recorded else '-'}, state {recorded['state'] if recorded else '-'}")
+            lines.append(f"  rank {rank}: last collective it issued anywhere: {_collective(recorded)} in "
+                         f"process group {recorded['pg'] if recorded else '-'}, "
+                         f"state {recorded['state'] if recorded else '-'}")
             lines += [f"      {frame}" for frame in (recorded or {}).get("frames", [])[:4]]
     if finding["frames"]:
         lines.append(f"  where rank{'s' if len(finding['joined']) != 1 else ''} {_ranks(finding['joined'])} "
@@ -74,17 +75,18 @@ def _recorder_lines(recorder: dict[str, Any]) -> list[str]:
     lines = [f"{recorder['backend']} flight recorder: dumps of ranks {_ranks(recorder['ranks'])} "
              f"(dump format {recorder['version']}); {recorder['matched']} collectives matched on every rank"]
     if recorder["missing_dumps"]:
-        lines.append(f"NO DUMP from ranks {_ranks(recorder['missing_dumps'])}: they never dumped (killed, crashed, "
-                     "or stuck where no dump is taken): look at them first")
+        lines.append(f"NO DUMP from ranks {_ranks(recorder['missing_dumps'])}: they never dumped (killed, "
+                     "crashed, or stuck where no dump is taken): look at them first")
     for finding in recorder["findings"]:
         lines += _finding_lines(finding)
     if not recorder["findings"] and not recorder["missing_dumps"]:
-        lines.append("every recorded collective was joined by every rank of its group: the hang is not a missing "
-                     "collective (look at the ranks' stacks: torchprof pyspy, py-spy dump)")
+        lines.append("every recorded collective was joined by every rank of its group: the hang is not a "
+                     "missing collective (look at the ranks' stacks: torchprof pyspy, py-spy dump)")
     lines += [f"note: {note}" for note in recorder["notes"]]
     lines += ["", "Last collectives per process group (enqueued / completed, by sequence number)"]
     for pg, ranks in recorder["status"].items():
-        cells = "  ".join(f"rank {rank}: {s.get('enqueued', '?')}/{s.get('completed', '?')}" for rank, s in ranks.items())
+        cells = "  ".join(f"rank {rank}: {s.get('enqueued', '?')}/{s.get('completed', '?')}"
+                          for rank, s in ranks.items())
         lines.append(f"  pg {pg:<8} {cells}")
     return lines
 
@@ -97,12 +99,15 @@ def format_hang(report: dict[str, Any], pytorch_output: bool = True) -> str:
     if report["dumped"]:
         lines.append("Why each rank dumped")
         for rank, info in report["dumped"].items():
-            when = datetime.datetime.fromtimestamp(info["time"]).strftime("%H:%M:%S") if info.get("time") else "?"
-            lines.append(f"  rank {rank} ({info.get('host')}, pid {info.get('pid')}, {when}): {info.get('reason')}")
+            stamp = info.get("time")
+            when = datetime.datetime.fromtimestamp(stamp).strftime("%H:%M:%S") if stamp else "?"
+            lines.append(f"  rank {rank} ({info.get('host')}, pid {info.get('pid')}, {when}): "
+                         f"{info.get('reason')}")
         lines.append("")
     if pytorch_output:
         for recorder in report["recorders"]:
-            lines.append(f"PyTorch's analyzer (torch.distributed.flight_recorder), {recorder['backend']} dumps:")
+            lines.append("PyTorch's analyzer (torch.distributed.flight_recorder), "
+                         f"{recorder['backend']} dumps:")
             lines += [f"  {line}" for text in recorder["pytorch_analyzer"] for line in text.splitlines()]
             if not recorder["pytorch_analyzer"]:
                 lines.append("  (nothing to report)")
@@ -123,7 +128,8 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``torchprof hang``."""
     p = subparsers.add_parser(
-        "hang", help="which ranks did not join which collective: PyTorch's flight-recorder analyzer on the dumps",
+        "hang",
+        help="which ranks did not join which collective: PyTorch's flight-recorder analyzer on the dumps",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", metavar="DIR", help="the run's --torch-profile-dir, or its flight_recorder/")
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object")

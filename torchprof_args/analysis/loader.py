@@ -1,7 +1,7 @@
 """``load_trace``: read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace`.
 
 The file is read in batches (:class:`~torchprof_args.analysis.reader.TraceStream`), each batch
-decoded into columns (:mod:`torchprof_args.analysis.trace`), here or in worker processes
+decoded into columns (:mod:`torchprof_args.analysis.columns`), here or in worker processes
 (:mod:`torchprof_args.analysis.parallel`), and the columns accumulated in fixed-size blocks
 (:class:`ColumnStore`) that are released one by one as the final arrays are filled, so peak
 memory stays close to the columns' real size.
@@ -13,24 +13,25 @@ import gc
 import mmap
 import os
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from torchprof_args.analysis import parallel
-from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.analysis.trace import (
+from torchprof_args.analysis.columns import (
     I32_MAX,
     I32_MIN,
     MEMORY_COLUMNS,
-    NO_CAT,
     Part,
-    Trace,
     decode_events,
     reduce_batch,
     reduce_memory,
 )
+from torchprof_args.analysis.events import NO_CAT
+from torchprof_args.analysis.reader import TraceStream
+from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["BLOCK_EVENTS", "SEGMENT_BYTES", "load_trace", "release_memory_eagerly"]
@@ -79,7 +80,8 @@ class ColumnStore:
 
     def __init__(self) -> None:
         self.keys: dict[tuple[Any, Any, Any, Any], int] = {}
-        self.dtypes = {"ts": np.float64, "dur": np.float64, "key": np.int32, "stream": np.int32, "corr": np.int32}
+        self.dtypes = {"ts": np.float64, "dur": np.float64, "key": np.int32, "stream": np.int32,
+                       "corr": np.int32}
         self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self.dtypes}
         self.fill = BLOCK_EVENTS  # events in the last block (full: a new block is needed)
         self.total = 0
@@ -98,12 +100,7 @@ class ColumnStore:
         if self.dtypes["corr"] == np.int32 and len(part.corr) and (
             int(part.corr.min()) < I32_MIN or int(part.corr.max()) > I32_MAX
         ):
-            self.dtypes["corr"] = np.int64
-            self.blocks["corr"] = [b.astype(np.int64) for b in self.blocks["corr"]]
-            if self.blocks["corr"]:  # keep the last block writable at full size
-                last = _empty(BLOCK_EVENTS, np.int64)
-                last[: self.fill] = self.blocks["corr"][-1][: self.fill]
-                self.blocks["corr"][-1] = last
+            self._widen_corr()
         n, done = len(part.ts), 0
         while done < n:
             if self.fill == BLOCK_EVENTS:
@@ -117,6 +114,15 @@ class ColumnStore:
             done += step
         self.total += n
 
+    def _widen_corr(self) -> None:
+        """Store correlation ids as int64 from now on (a part holds one beyond int32)."""
+        self.dtypes["corr"] = np.int64
+        self.blocks["corr"] = [b.astype(np.int64) for b in self.blocks["corr"]]
+        if self.blocks["corr"]:  # keep the last block writable at full size
+            last = _empty(BLOCK_EVENTS, np.int64)
+            last[: self.fill] = self.blocks["corr"][-1][: self.fill]
+            self.blocks["corr"][-1] = last
+
     def finish(self) -> dict[str, Any]:
         """The final columns; blocks are released one by one as they are copied."""
         names: dict[str, int] = {}
@@ -125,10 +131,26 @@ class ColumnStore:
         tables = {
             "name_id": np.array([names.setdefault(k[0], len(names)) for k in self.keys], dtype=np.int32),
             "cat_id": np.array([cats.setdefault(k[1], len(cats)) for k in self.keys], dtype=np.int32),
-            "thread_id": np.array([threads.setdefault((k[2], k[3]), len(threads)) for k in self.keys], dtype=np.int32),
+            "thread_id": np.array([threads.setdefault((k[2], k[3]), len(threads)) for k in self.keys],
+                                  dtype=np.int32),
         }
-        out: dict[str, Any] = {}
         sizes = [BLOCK_EVENTS] * (len(self.blocks["ts"]) - 1) + [self.fill] if self.total else []
+        out: dict[str, Any] = self._id_columns(tables, sizes)
+        for col in ("ts", "dur", "stream", "corr"):
+            out[col] = self._column(col, sizes)
+        rows = {col: np.concatenate([m[col] for m in self.memory]) if self.memory else np.zeros(0, dtype)
+                for col, dtype in MEMORY_COLUMNS}
+        out["memory"] = reduce_memory(rows["device"], rows["peak_allocated"], rows["peak_reserved"],
+                                      rows["samples"])
+        out["n_events"] = self.n_events
+        out["comms"] = self.comms
+        out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
+        out["name_cat"] = _first_categories(tables["name_id"], tables["cat_id"], len(names))
+        return out
+
+    def _id_columns(self, tables: dict[str, np.ndarray], sizes: list[int]) -> dict[str, np.ndarray]:
+        """``name_id``, ``cat_id``, ``thread_id`` of every event (``tables`` maps each interned
+        key to them), releasing the key blocks as they are read."""
         finals = {c: _empty(self.total, np.int32) for c in tables}
         o = 0
         blocks = self.blocks.pop("key")
@@ -138,35 +160,34 @@ class ColumnStore:
                 np.take(table, block[:size], out=finals[col][o : o + size])
             o += size
             del block
-        out.update(finals)
-        for col in ("ts", "dur", "stream", "corr"):
-            blocks = self.blocks.pop(col)
-            final = _empty(self.total, self.dtypes[col])
-            o = 0
-            for size in sizes:
-                block = blocks.pop(0)
-                final[o : o + size] = block[:size]
-                o += size
-                del block
-            out[col] = final
-        rows = {col: np.concatenate([m[col] for m in self.memory]) if self.memory else np.zeros(0, dtype)
-                for col, dtype in MEMORY_COLUMNS}
-        out["memory"] = reduce_memory(rows["device"], rows["peak_allocated"], rows["peak_reserved"], rows["samples"])
-        out["n_events"] = self.n_events
-        out["comms"] = self.comms
-        out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
-        # Each name's category (of its first event): a few hundred keys, not millions of events.
-        name_cat = np.zeros(len(names), dtype=np.int32)
-        seen: set[int] = set()
-        for name, cat in zip(tables["name_id"].tolist(), tables["cat_id"].tolist(), strict=True):
-            if name not in seen:
-                seen.add(name)
-                name_cat[name] = cat
-        out["name_cat"] = name_cat
-        return out
+        return finals
+
+    def _column(self, col: str, sizes: list[int]) -> np.ndarray:
+        """Column ``col`` in one array, releasing its blocks as they are copied."""
+        blocks = self.blocks.pop(col)
+        final = _empty(self.total, self.dtypes[col])
+        o = 0
+        for size in sizes:
+            block = blocks.pop(0)
+            final[o : o + size] = block[:size]
+            o += size
+            del block
+        return final
 
 
-def load_trace(path: str | Path, progress: bool = False, workers: int | None = None, comms: bool = False) -> Trace:
+def _first_categories(name_id: np.ndarray, cat_id: np.ndarray, n_names: int) -> np.ndarray:
+    """Each name's category (of its first key): a few hundred keys, not millions of events."""
+    name_cat = np.zeros(n_names, dtype=np.int32)
+    seen: set[int] = set()
+    for name, cat in zip(name_id.tolist(), cat_id.tolist(), strict=True):
+        if name not in seen:
+            seen.add(name)
+            name_cat[name] = cat
+    return name_cat
+
+
+def load_trace(path: str | Path, progress: bool = False, workers: int | None = None,
+               comms: bool = False) -> Trace:
     """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
 
     ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
@@ -226,58 +247,74 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False)
         file_bytes=stream.file_bytes,
         uncompressed_bytes=stream.uncompressed_bytes,
         compressed=stream.compressed,
-        _cache={"name_cat": columns["name_cat"]},
+        name_cat=columns["name_cat"],
         comms=columns["comms"] if comms else None,
     )
 
 
-def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore, comms: bool = False) -> TraceStream:
+def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore,
+               comms: bool = False) -> TraceStream:
     """Fill ``store`` from ``path`` (ranges of a plain file, else streamed batches), with worker
     processes when asked or when the file is large; returns the stream that read the metadata.
 
     Raises :class:`~torchprof_args.analysis.parallel.WrongCut` when a range cut was wrong.
     """
-    import multiprocessing as mp
-
     size = path.stat().st_size
     probe = TraceStream(path)
     start = probe.events_offset()  # None for gzip and unusual layouts
-    compressed = probe.compressed
-    if workers is None:
-        workers = parallel.default_workers(path, compressed, size)
-    elif workers > 1 and not parallel.can_fork(mp):
-        workers = 1
-    bar = None
+    workers = _worker_count(path, workers, probe.compressed, size)
     own_bar = progress and start is not None and size >= (64 << 20)
     stream = TraceStream(path, progress=progress and not own_bar, validate=False)
     if start is not None:
         stream.metadata.update(probe.metadata)
-    fd = os.open(path, os.O_RDONLY) if start is not None else None
-    memory = parallel.has_memory_events(fd, start, probe.metadata) if fd is not None and start is not None else None
-    children: list[parallel.Worker] = []
-    scratch = None
-    try:
-        if workers > 1:
-            scratch = tempfile.TemporaryFile(prefix="torchprof-columns-")  # noqa: SIM115 - closed below
-            ctx = mp.get_context("fork")
-            children = [parallel.Worker(ctx, path, scratch.fileno(), comms, memory) for _ in range(workers - 1)]
-            for child in children:
-                child.start_feeder()
-        if own_bar:  # after forking: tqdm starts a monitor thread
-            from tqdm import tqdm
-
-            bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False, disable=None)
-        parallel.run_tasks(parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES), fd, children, bar, store, comms,
-                           memory)
-    finally:
-        for child in children:
-            child.close()
-        if scratch is not None:
-            scratch.close()
-        if fd is not None:
-            os.close(fd)
-        if bar is not None:
-            bar.close()
+    with ExitStack() as stack:
+        fd = memory = None
+        if start is not None:
+            fd = os.open(path, os.O_RDONLY)
+            stack.callback(os.close, fd)
+            memory = parallel.has_memory_events(fd, start, probe.metadata)
+        children = _start_workers(stack, path, workers, comms, memory)
+        bar = _progress_bar(stack, path, size) if own_bar else None  # after forking: tqdm has a thread
+        tasks = parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES)
+        parallel.run_tasks(tasks, fd, children, bar, store.add, comms, memory)
     if start is not None:
         stream.uncompressed_bytes = size
     return stream
+
+
+def _worker_count(path: Path, workers: int | None, compressed: bool, size: int) -> int:
+    """The decoding processes for this file: as asked (1 where this process may not fork), else
+    :func:`~torchprof_args.analysis.parallel.default_workers`."""
+    import multiprocessing as mp
+
+    if workers is None:
+        return parallel.default_workers(path, compressed, size)
+    return 1 if workers > 1 and not parallel.can_fork(mp) else workers
+
+
+def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
+                   memory: bool | None) -> list[parallel.Worker]:
+    """``workers - 1`` forked decoding processes (this one decodes too), closed by ``stack``."""
+    if workers <= 1:
+        return []
+    import multiprocessing as mp
+
+    scratch = stack.enter_context(tempfile.TemporaryFile(prefix="torchprof-columns-"))  # noqa: SIM115
+    ctx = mp.get_context("fork")
+    children = []
+    for _ in range(workers - 1):
+        child = parallel.Worker(ctx, path, scratch.fileno(), comms, memory)
+        stack.callback(child.close)
+        children.append(child)
+    for child in children:
+        child.start_feeder()
+    return children
+
+
+def _progress_bar(stack: ExitStack, path: Path, size: int) -> Any:
+    """A byte progress bar over the file, closed by ``stack``."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", leave=False, disable=None)
+    stack.callback(bar.close)
+    return bar

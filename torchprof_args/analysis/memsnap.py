@@ -50,9 +50,8 @@ def _site(frames: Any) -> str:
         if not isinstance(frame, dict):
             continue
         filename = str(frame.get("filename", ""))
-        if filename and not filename.startswith(("??", "<")) and "torch/" not in filename and not filename.endswith(
-            (".cpp", ".h", ".cu")
-        ):
+        if (filename and not filename.startswith(("??", "<")) and "torch/" not in filename
+                and not filename.endswith((".cpp", ".h", ".cu"))):
             return f"{filename}:{frame.get('line', '?')} ({frame.get('name', '?')})"
     for frame in frames:
         if isinstance(frame, dict) and frame.get("filename"):
@@ -145,7 +144,8 @@ def format_snapshot(summary: dict[str, Any], path: str) -> str:
         lines += [
             f"device {d['device']}: reserved {mib(d['reserved_bytes'])} in {d['segments']} segments,"
             f" allocated {mib(d['allocated_bytes'])} (requested {mib(d['requested_bytes'])})",
-            f"  cached free {mib(d['cached_free_bytes'])}, largest free block {mib(d['largest_free_block_bytes'])},"
+            f"  cached free {mib(d['cached_free_bytes'])},"
+            f" largest free block {mib(d['largest_free_block_bytes'])},"
             f" fragmentation {d['fragmentation_pct']:.1f}%",
             f"  peak allocated in recorded history: {mib(d['peak_allocated_in_history_bytes'])}"
             f" ({d['history_events']} events)",

@@ -59,7 +59,8 @@ def peek(path: Path) -> tuple[int | None, int]:
     return (int(rank.group(1)) if rank else None), (int(base.group(1)) if base else 0)
 
 
-def merge_traces(inputs: str | Path | list[Path], output: str | Path, progress: bool = False) -> dict[str, Any]:
+def merge_traces(inputs: str | Path | list[Path], output: str | Path,
+                 progress: bool = False) -> dict[str, Any]:
     """Write the merged trace of ``inputs`` (a directory of one cycle's traces, or the trace files)
     to ``output`` (``.gz`` compresses); returns counts per rank.
 
@@ -170,5 +171,6 @@ class _RankRewriter:
             if new not in self.named:
                 extra.append({"ph": "M", "name": "process_name", "pid": new, "tid": 0,
                               "args": {"name": f"rank {self.rank}: pid {pid}"}})
-            extra.append({"ph": "M", "name": "process_sort_index", "pid": new, "tid": 0, "args": {"sort_index": new}})
+            extra.append({"ph": "M", "name": "process_sort_index", "pid": new, "tid": 0,
+                          "args": {"sort_index": new}})
         return extra

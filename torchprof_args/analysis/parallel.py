@@ -18,19 +18,16 @@ import gc
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 
+from torchprof_args.analysis.columns import PART_COLUMNS, Part, decode_events, reduce_batch
 from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.analysis.trace import PART_COLUMNS, Part, decode_events, reduce_batch
 from torchprof_args.errors import TraceError
-
-if TYPE_CHECKING:
-    from torchprof_args.analysis.loader import ColumnStore
 
 
 # -- ranges -----------------------------------------------------------------------------------
@@ -139,15 +136,7 @@ def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False, memory:
                 conn.send(("bad", index))
                 continue
             del text
-            where = []
-            for name, _ in PART_COLUMNS:
-                data = getattr(part, name)
-                where.append((written, len(data), data.dtype.str))
-                view = memoryview(data).cast("B")
-                done = 0
-                while done < len(view):
-                    done += os.pwrite(out_fd, view[done:], written + done)
-                written += len(view)
+            where, written = _write_columns(out_fd, part, written)
             conn.send(("ok", index, part.n_events, where, part.keys, part.memory, part.comms))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
         conn.send(("err", f"{type(exc).__name__}: {exc}"))
@@ -155,12 +144,42 @@ def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False, memory:
         os.close(fd)
 
 
+def _write_columns(out_fd: int, part: Part, written: int) -> tuple[list[tuple[int, int, str]], int]:
+    """Write ``part``'s arrays to ``out_fd`` from offset ``written``: (offset, length, dtype) of
+    each, and the new end offset."""
+    where = []
+    for name, _ in PART_COLUMNS:
+        data = getattr(part, name)
+        where.append((written, len(data), data.dtype.str))
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(out_fd, view[done:], written + done)
+        written += len(view)
+    return where, written
+
+
+def _read_column(fd: int, offset: int, n: int, dtype: str) -> np.ndarray:
+    """The array :func:`_write_columns` wrote at ``offset``."""
+    arr = np.empty(n, dtype=np.dtype(dtype))
+    view = memoryview(arr).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise TraceError("a trace decoding worker's output could not be read back")
+        done += got
+    return arr
+
+
 class Worker:
     """One forked worker, fed by a thread so a large text never blocks the main process."""
 
-    def __init__(self, ctx: Any, path: Path, out_fd: int, comms: bool = False, memory: bool | None = None) -> None:
+    def __init__(self, ctx: Any, path: Path, out_fd: int, comms: bool = False,
+                 memory: bool | None = None) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd, comms, memory), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, str(path), out_fd, comms, memory),
+                                daemon=True)
         self.proc.start()
         child_conn.close()
         self.out_fd = out_fd
@@ -210,17 +229,7 @@ class Worker:
             raise WrongCut
         _, index, n_events, where, keys, memory, comms = msg
         self.outstanding -= 1
-        cols = []
-        for offset, n, dtype in where:
-            arr = np.empty(n, dtype=np.dtype(dtype))
-            view = memoryview(arr).cast("B")
-            done = 0
-            while done < len(view):
-                got = os.preadv(self.out_fd, [view[done:]], offset + done)
-                if got <= 0:
-                    raise TraceError("a trace decoding worker's output could not be read back")
-                done += got
-            cols.append(arr)
+        cols = [_read_column(self.out_fd, offset, n, dtype) for offset, n, dtype in where]
         return index, Part(n_events, *cols, keys, memory, comms)
 
     def close(self) -> None:
@@ -235,33 +244,38 @@ class Worker:
         self.conn.close()
 
 
+class _InOrder:
+    """Parts handed to ``add`` in file order: a part that arrives early waits for the ones before
+    it, so interned tables come out in order of first appearance."""
+
+    def __init__(self, add: Callable[[Part], None]) -> None:
+        self.add = add
+        self.waiting: dict[int, Part] = {}
+        self.next_index = 0
+
+    def put(self, index: int, part: Part) -> None:
+        self.waiting[index] = part
+        while self.next_index in self.waiting:
+            self.add(self.waiting.pop(self.next_index))
+            self.next_index += 1
+
+
 def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
-              store: ColumnStore, comms: bool = False, memory: bool | None = None) -> None:
-    """Decode every task, here or in a worker (each kept at most a few tasks ahead).
-
-    Parts are added to ``store`` in file order (a part that arrives early waits for the ones
-    before it), so interned tables come out in order of first appearance.
-    """
-    parts: dict[int, Part] = {}
-    next_index = 0
-
-    def flush() -> None:
-        nonlocal next_index
-        while next_index in parts:
-            store.add(parts.pop(next_index))
-            next_index += 1
+              add: Callable[[Part], None], comms: bool = False, memory: bool | None = None) -> None:
+    """Decode every task, here or in a worker (each kept at most a few tasks ahead), and hand
+    the parts to ``add`` in file order."""
+    ordered = _InOrder(add)
+    sizes: dict[int, int] = {}  # bytes of the tasks in workers, for the progress bar
 
     def take(child: Worker, block: bool) -> bool:
         got = child.receive(block)
         if got is None:
             return False
-        parts[got[0]] = got[1]
-        flush()
+        ordered.put(*got)
         if bar is not None:
             bar.update(sizes.pop(got[0], 0))
         return True
 
-    sizes: dict[int, int] = {}
     for index, (offset, length, text) in enumerate(tasks):
         for child in children:
             while child.outstanding and take(child, False):
@@ -273,15 +287,14 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
             continue
         if text is None:
             text = read_range(fd, offset, length)  # type: ignore[arg-type]
-        parts[index] = decode_part(text, comms, memory if offset >= 0 else None)
+        part = decode_part(text, comms, memory if offset >= 0 else None)
         del text
-        flush()
+        ordered.put(index, part)
         if bar is not None:
             bar.update(length)
     for child in children:
         while child.outstanding:
             take(child, True)
-    flush()
 
 
 #: tasks a worker may hold ahead of the main process: too few leave it idle while the main process
@@ -307,7 +320,7 @@ def default_workers(path: Path, compressed: bool, size: int) -> int:
 
     if size < (PARALLEL_MIN_GZIP_BYTES if compressed else PARALLEL_MIN_BYTES):
         return 1
-    return 2 if can_fork(mp) and _cpus() >= 2 else 1
+    return 2 if can_fork(mp) and usable_cpus() >= 2 else 1
 
 
 def can_fork(mp: Any) -> bool:
@@ -319,5 +332,6 @@ def can_fork(mp: Any) -> bool:
     )
 
 
-def _cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -91,11 +91,12 @@ class TraceStream:
     """
 
     def __init__(
-        self, path: str | Path, *, progress: bool = False, chunk_bytes: int = CHUNK_BYTES, validate: bool = True
+        self, path: str | Path, *, progress: bool = False, chunk_bytes: int = CHUNK_BYTES,
+        validate: bool = True,
     ) -> None:
         self.path = Path(path)
         #: with ``validate=False`` cuts are not checked by decoding here; the consumer must then
-        #: treat a batch that fails to decode as a wrong cut (see ``trace._load_parallel``).
+        #: treat a batch that fails to decode as a wrong cut (see ``loader.load_trace``).
         self.validate = validate
         self.chunk_bytes = chunk_bytes
         self.progress = progress
@@ -120,8 +121,8 @@ class TraceStream:
             from tqdm import tqdm
 
             self._bar = tqdm(  # disable=None: no bar when stderr is not a terminal (batch job logs)
-                total=self.file_bytes, unit="B", unit_scale=True, desc=f"reading {self.path.name}", leave=False,
-                disable=None,
+                total=self.file_bytes, unit="B", unit_scale=True, desc=f"reading {self.path.name}",
+                leave=False, disable=None,
             )
             callback = self._bar.update
         counted = io.BufferedReader(_CountingFile(raw, callback), buffer_size=1 << 20)
@@ -138,7 +139,8 @@ class TraceStream:
         return data
 
     # -- iteration ---------------------------------------------------------------------------
-    def batches(self, decode: Callable[[bytes], Any] | None = None, start: int | None = None) -> Iterator[Any]:
+    def batches(self, decode: Callable[[bytes], Any] | None = None,
+                start: int | None = None) -> Iterator[Any]:
         """Yield ``decode(text)`` for successive ``[...]`` JSON texts of events.
 
         ``decode`` must raise ``msgspec.DecodeError`` only for malformed JSON (that is how a wrong

@@ -21,9 +21,11 @@ from torchprof_args.atomic import write_text_atomically
 
 __all__ = ["render_report", "write_report"]
 
-_STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
-          "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}td.n{text-align:right}h2{margin-top:36px;"
-          "border-bottom:2px solid #4e79a7}svg{display:block;margin:8px 0}.row{display:flex;flex-wrap:wrap;gap:12px}")
+_STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}"
+          "table{border-collapse:collapse;font-size:12px}"
+          "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}td.n{text-align:right}"
+          "h2{margin-top:36px;border-bottom:2px solid #4e79a7}svg{display:block;margin:8px 0}"
+          ".row{display:flex;flex-wrap:wrap;gap:12px}")
 _KINDS = ("computation", "communication", "memory")
 #: straggler-table rows shown (the slowest first); the folded table has every rank.
 STRAGGLER_ROWS = 20
@@ -46,11 +48,15 @@ def _where(row: dict[str, Any]) -> str:
 def _rank_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return [[r["rank"], _where(r), r["steps"], fmt_us(r["step_mean_us"]),
              "-" if r["vs_median_pct"] is None else f"{r['vs_median_pct']:+.1f}%",
-             fmt_pct(r["idle_pct"]), fmt_pct(r["compute_pct"]), fmt_pct(r["comm_comp_overlap_pct"]), Path(r["file"]).name]
+             fmt_pct(r["idle_pct"]), fmt_pct(r["compute_pct"]), fmt_pct(r["comm_comp_overlap_pct"]),
+             Path(r["file"]).name]
             for r in rows]
 
 
-_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "vs median", "GPU idle", "compute", "overlap", "file"]
+_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "vs median", "GPU idle", "compute",
+                 "overlap", "file"]
+#: the numeric columns of :data:`_RANK_HEADERS`.
+_RANK_NUMERIC = {0, 2, 3, 4, 5, 6, 7}
 
 
 def _heatmap(view: dict[str, Any]) -> str:
@@ -59,8 +65,8 @@ def _heatmap(view: dict[str, Any]) -> str:
         return "<p>No ProfilerStep annotations in these traces: no per-step times.</p>"
     values = np.array([[r["step_us"].get(n, np.nan) for n in names] for r in rows], dtype=np.float64)
     labels = [n.replace("ProfilerStep", "") for n in names]
-    return svg.heatmap("Step time per rank (rows) and ProfilerStep (columns), against each step's median over ranks",
-                       [f"rank {r['rank']}" for r in rows], labels, values, fmt_us)
+    return svg.heatmap("Step time per rank (rows) and ProfilerStep (columns), against each step's median "
+                       "over ranks", [f"rank {r['rank']}" for r in rows], labels, values, fmt_us)
 
 
 def _breakdown(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
@@ -83,7 +89,8 @@ def _breakdown(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
 
 def _picks(view: dict[str, Any]) -> list[tuple[str, int]]:
     """(label, rank) of the slowest, median and fastest ranks."""
-    timed = sorted((r for r in view["ranks"] if r["step_mean_us"] is not None), key=lambda r: r["step_mean_us"])
+    timed = sorted((r for r in view["ranks"] if r["step_mean_us"] is not None),
+                   key=lambda r: r["step_mean_us"])
     if not timed:
         return [(f"rank {view['ranks'][0]['rank']}", view["ranks"][0]["rank"])] if view["ranks"] else []
     picks = {"slowest": timed[-1], "median": timed[len(timed) // 2], "fastest": timed[0]}
@@ -109,33 +116,45 @@ def _top_kernels(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> st
 
 def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
     by_rank = {(s["rank"] if s.get("rank") is not None else i): s for i, s in enumerate(summaries)}
-    rows, dist = view["ranks"], view["distributions"]
-    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>",
-             _table(["", "min", "p50", "p90", "max"],
-                    [[label, *(fmt(dist[key][q]) if dist[key]["n"] else "-" for q in ("min", "p50", "p90", "max"))]
-                     for label, key, fmt in (("mean step time", "step_mean_us", fmt_us), ("GPU idle", "idle_pct", fmt_pct),
-                                             ("comm/comp overlap", "comm_comp_overlap_pct", fmt_pct))], {1, 2, 3, 4})]
+    rows = view["ranks"]
+    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _distributions(view["distributions"])]
     if view.get("slowest_rank") is not None:
         parts.append(f"<p>Slowest rank <b>{view['slowest_rank']}</b>, fastest {view['fastest_rank']}, spread "
                      f"{view['spread_pct']:.2f}% of the mean step ({fmt_us(view['step_mean_us'])}); "
-                     f"{len(view['stragglers'])} straggler(s) more than {view['straggler_pct']:g}% above the median.</p>")
+                     f"{len(view['stragglers'])} straggler(s) more than {view['straggler_pct']:g}% above the "
+                     "median.</p>")
     parts += ["<h3>Step time per rank and step</h3>", _heatmap(view), "<h3>Across ranks</h3><div class=row>",
               svg.histogram("Mean step time", [r["step_mean_us"] for r in rows], fmt_us),
               svg.histogram("GPU idle (% of kernel-active span)", [r["idle_pct"] for r in rows], fmt_pct),
-              svg.histogram("Communication overlapped by compute", [r["comm_comp_overlap_pct"] for r in rows], fmt_pct),
-              "</div>", "<h3>Stragglers</h3>"]
-    if view["stragglers"]:
-        shown = view["stragglers"][:STRAGGLER_ROWS]
-        parts.append(_table(_RANK_HEADERS, _rank_rows(shown), {0, 2, 3, 4, 5, 6, 7}))
-        if len(view["stragglers"]) > len(shown):
-            parts.append(f"<p>... and {len(view['stragglers']) - len(shown)} more (all ranks below).</p>")
-    else:
-        parts.append(f"<p>No rank's mean step is more than {view['straggler_pct']:g}% above the median. "
-                     "Slowest ranks:</p>" + _table(_RANK_HEADERS, _rank_rows(view["slowest"]), {0, 2, 3, 4, 5, 6, 7}))
+              svg.histogram("Communication overlapped by compute", [r["comm_comp_overlap_pct"] for r in rows],
+                            fmt_pct),
+              "</div>", "<h3>Stragglers</h3>", *_stragglers(view)]
     parts += [_breakdown(view, by_rank), _top_kernels(view, by_rank),
               f"<details><summary>All {len(rows)} ranks</summary>",
-              _table(_RANK_HEADERS, _rank_rows(rows), {0, 2, 3, 4, 5, 6, 7}), "</details>"]
+              _table(_RANK_HEADERS, _rank_rows(rows), _RANK_NUMERIC), "</details>"]
     return "\n".join(p for p in parts if p)
+
+
+def _distributions(dist: dict[str, Any]) -> str:
+    """Min / p50 / p90 / max over ranks of the mean step time, GPU idle and overlap."""
+    quantiles = ("min", "p50", "p90", "max")
+    measures = (("mean step time", "step_mean_us", fmt_us), ("GPU idle", "idle_pct", fmt_pct),
+                ("comm/comp overlap", "comm_comp_overlap_pct", fmt_pct))
+    return _table(["", *quantiles],
+                  [[label, *(fmt(dist[key][q]) if dist[key]["n"] else "-" for q in quantiles)]
+                   for label, key, fmt in measures], {1, 2, 3, 4})
+
+
+def _stragglers(view: dict[str, Any]) -> list[str]:
+    """The stragglers' table (at most :data:`STRAGGLER_ROWS`), else the slowest ranks'."""
+    if not view["stragglers"]:
+        return [f"<p>No rank's mean step is more than {view['straggler_pct']:g}% above the median. "
+                "Slowest ranks:</p>" + _table(_RANK_HEADERS, _rank_rows(view["slowest"]), _RANK_NUMERIC)]
+    shown = view["stragglers"][:STRAGGLER_ROWS]
+    parts = [_table(_RANK_HEADERS, _rank_rows(shown), _RANK_NUMERIC)]
+    if len(view["stragglers"]) > len(shown):
+        parts.append(f"<p>... and {len(view['stragglers']) - len(shown)} more (all ranks below).</p>")
+    return parts
 
 
 def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> str:
@@ -143,8 +162,8 @@ def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]
     ranks = sum(len(s) for _, s, _ in cycles)
     head = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
             f"<style>{_STYLE}</style></head><body><h1>torchprof trace report</h1>",
-            f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis definitions; "
-            "hover a cell or bar for its value.</p>"]
+            f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis "
+            "definitions; hover a cell or bar for its value.</p>"]
     return "\n".join(head + [_cycle_section(*c) for c in cycles] + ["</body></html>"])
 
 

@@ -33,9 +33,10 @@ def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[in
         for index_var, count_var in AUTO_SOURCES:
             index, count = environ.get(index_var, ""), environ.get(count_var, "")
             if index.isdigit() and count.isdigit():
-                return _checked(int(index), int(count), f"--shard auto ({index_var}={index}, {count_var}={count})")
-        raise TraceError("--shard auto: neither SLURM_PROCID/SLURM_NTASKS (srun) nor RANK/WORLD_SIZE (torchrun) "
-                         "is set; give --shard K/N")
+                where = f"--shard auto ({index_var}={index}, {count_var}={count})"
+                return _checked(int(index), int(count), where)
+        raise TraceError("--shard auto: neither SLURM_PROCID/SLURM_NTASKS (srun) nor RANK/WORLD_SIZE "
+                         "(torchrun) is set; give --shard K/N")
     k, sep, n = text.partition("/")
     if not sep or not k.strip().isdigit() or not n.strip().isdigit():
         raise TraceError(f"--shard {text!r}: expected K/N (e.g. 3/16, shard 3 of 0..15) or auto")

@@ -20,8 +20,10 @@ import msgspec
 from torchprof_args.atomic import write_bytes_atomically
 from torchprof_args.naming import sidecar_path
 
-__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "read_sidecar", "sidecar_matches", "trace_identity", "truncate",
-           "write_sidecar"]
+__all__ = [
+    "SIDECAR_FORMAT", "SIDECAR_VERSION", "read_sidecar", "sidecar_matches", "trace_identity", "truncate",
+    "write_sidecar",
+]
 
 SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.

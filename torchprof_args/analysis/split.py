@@ -57,7 +57,8 @@ def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
 
 def _header(metadata: dict[str, Any]) -> bytes:
     """A piece's opening: the trace's top-level fields, then ``"traceEvents": [``."""
-    parts = [b'"' + k.encode() + b'": ' + msgspec.json.encode(v) for k, v in metadata.items() if k != "traceEvents"]
+    parts = [b'"' + k.encode() + b'": ' + msgspec.json.encode(v)
+             for k, v in metadata.items() if k != "traceEvents"]
     return b"{" + b", ".join(parts + [b'"traceEvents": [\n'])
 
 
@@ -132,7 +133,8 @@ def _scan(path: Path, progress: bool) -> _Scan:
     )
 
 
-def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = None, progress: bool = False) -> list[Path]:
+def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = None,
+                progress: bool = False) -> list[Path]:
     """Split ``path`` into pieces of at most ``max_mb`` MB (uncompressed JSON); returns their paths.
 
     Pieces are ``<out_dir>/<stem>.partNNN.json``; ``out_dir`` defaults to ``<stem>.split`` beside

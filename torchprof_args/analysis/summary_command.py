@@ -17,13 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.analysis.cmdline import INPUTS_HELP, guard, top_count
 from torchprof_args.errors import TraceError
+from torchprof_args.flags.types import positive_int
 
 __all__ = ["register"]
 
 
 def _write_sidecars(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.collect import collect
+    from torchprof_args.analysis.collect import Parsed, collect
     from torchprof_args.analysis.discover import expand
     from torchprof_args.analysis.loader import release_memory_eagerly
     from torchprof_args.analysis.shard import parse_shard, shard_files
@@ -35,10 +37,10 @@ def _write_sidecars(args: argparse.Namespace) -> int:
     mine = shard_files(files, k, n)
     where = f"shard {k}/{n}: " if n > 1 else ""
 
-    def told(path: Path, result: tuple) -> None:
-        _, error, size, written = result
-        if written:
-            print(f"{where}wrote {sidecar_path(path)} ({size / 1e6:,.1f} MB of trace JSON)", flush=True)
+    def told(path: Path, result: Parsed) -> None:
+        if result.sidecar_written:
+            print(f"{where}wrote {sidecar_path(path)} ({result.parsed_bytes / 1e6:,.1f} MB of trace JSON)",
+                  flush=True)
 
     got = collect(mine, top=args.top, reparse=args.reparse, write=True, keep=False, workers=args.workers,
                   progress=not args.no_progress, on_parsed=told)
@@ -53,7 +55,7 @@ def _write_sidecars(args: argparse.Namespace) -> int:
 
 def _summary(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-    from torchprof_args.analysis.commands import cycle_summaries
+    from torchprof_args.analysis.cycles import cycle_summaries
     from torchprof_args.analysis.summary import finite
 
     if args.shard and not args.write_sidecars:
@@ -93,31 +95,34 @@ def _print_text(args: argparse.Namespace, summaries: list[dict[str, Any]], view:
         print(format_summary(s, rows=args.rows))
 
 
-def register(subparsers: Any, parents: list[argparse.ArgumentParser], inputs_help: str) -> None:
+def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``torchprof summary`` (``parents``: the shared --no-progress / --reparse options)."""
-    from torchprof_args.analysis.commands import guard, top_count
-    from torchprof_args.flags.types import positive_int
-
     p = subparsers.add_parser(
-        "summary", parents=parents, help="per-rank summaries and cross-rank views of Kineto traces (HTA numbers)",
-        description="Summarise traces: steps, GPU idle/compute/communication/overlap (HTA definitions), top kernels "
-        "and CPU operators, memory; for several ranks, a cross-rank view per profiled cycle. Reads each trace's "
-        "summary sidecar (summaries/<stem>.summary.json) when it matches the trace, else parses the trace.",
+        "summary", parents=parents,
+        help="per-rank summaries and cross-rank views of Kineto traces (HTA numbers)",
+        description="Summarise traces: steps, GPU idle/compute/communication/overlap (HTA definitions), top "
+        "kernels and CPU operators, memory; for several ranks, a cross-rank view per profiled cycle. Reads "
+        "each trace's summary sidecar (summaries/<stem>.summary.json) when it matches the trace, else parses "
+        "the trace.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=inputs_help)
-    p.add_argument("--json", action="store_true", help="one JSON object per trace, then one cross_rank object per cycle")
-    p.add_argument("--top", type=top_count, default=30, help="entries in the top-N lists, or 'all' (default 30)")
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per trace, then one cross_rank object per cycle")
+    p.add_argument("--top", type=top_count, default=30,
+                   help="entries in the top-N lists, or 'all' (default 30)")
     p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
     p.add_argument("--slowest", type=positive_int, default=5, metavar="K",
                    help="the K slowest and K fastest ranks in the cross-rank view (default 5)")
     p.add_argument("--all-ranks", action="store_true", help="one line per rank in the cross-rank view")
-    p.add_argument("--per-rank", action="store_true", help="every rank's summary, not only the slowest rank's")
+    p.add_argument("--per-rank", action="store_true",
+                   help="every rank's summary, not only the slowest rank's")
     p.add_argument(
         "--workers", type=positive_int, default=None,
         help="processes that parse (default: one trace per CPU for traces under 32 MB; two per trace above)",
     )
     p.add_argument("--write-sidecars", action="store_true",
-                   help="parse the traces without a matching sidecar and write theirs (summaries/<stem>.summary.json)")
+                   help="parse the traces without a matching sidecar and write theirs "
+                   "(summaries/<stem>.summary.json)")
     p.add_argument("--shard", metavar="K/N", default=None,
                    help="with --write-sidecars: only the K-th of N stable shares of the traces (0 <= K < N); "
                    "'auto' reads SLURM_PROCID/SLURM_NTASKS, else RANK/WORLD_SIZE")

@@ -58,7 +58,8 @@ def heatmap(title: str, row_labels: list[str], col_labels: list[str], values: np
     finite = np.abs(rel[np.isfinite(rel)])
     scale = max(float(np.percentile(finite, 99)) if len(finite) else 0.0, 0.01)
     titles = n_rows * n_cols <= MAX_CELL_TITLES
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" font-size="11">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+           'font-size="11">',
            f'<text x="4" y="16" font-weight="bold" font-size="13">{_esc(title)}</text>']
     every = max(1, math.ceil(13.0 / cell_h))
     for i, label in enumerate(row_labels):
@@ -75,7 +76,8 @@ def heatmap(title: str, row_labels: list[str], col_labels: list[str], values: np
                        f'height="{cell_h:.2f}" fill="{fill}">{tip}</rect>')
         out.append("".join(row) + "</g>")
         if i % every == 0:
-            out.append(f'<text x="{left - 4}" y="{y + min(cell_h, 11):.1f}" text-anchor="end">{_esc(label)}</text>')
+            out.append(f'<text x="{left - 4}" y="{y + min(cell_h, 11):.1f}" text-anchor="end">'
+                       f'{_esc(label)}</text>')
     col_every = max(1, math.ceil(70.0 / cell_w))
     base = top + cell_h * n_rows + 14
     for j in range(0, n_cols, col_every):
@@ -89,7 +91,8 @@ def _legend(x: float, y: float, scale: float) -> str:
     parts = []
     for k in range(21):
         t = 1.0 - k / 10.0
-        parts.append(f'<rect x="{x:.0f}" y="{y + k * 8:.0f}" width="14" height="8" fill="{_diverging(t * scale, scale)}"/>')
+        parts.append(f'<rect x="{x:.0f}" y="{y + k * 8:.0f}" width="14" height="8" '
+                     f'fill="{_diverging(t * scale, scale)}"/>')
     for t, label in ((1.0, f"+{100 * scale:.1f}% (slower)"), (0.0, "the step's median"),
                      (-1.0, f"-{100 * scale:.1f}% (faster)")):
         parts.append(f'<text x="{x + 18:.0f}" y="{y + (1.0 - t) * 80 + 8:.0f}">{_esc(label)}</text>')
@@ -115,14 +118,15 @@ def histogram(title: str, values: list[float], fmt: Callable[[float], str], bins
         if c == 0:
             continue
         h = plot_h * c / cmax
-        out.append(f'<rect x="{left + i * bar_w:.1f}" y="{top + plot_h - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
-                   f'height="{h:.1f}" fill="{COLORS["bar"]}"><title>{int(c)} rank(s): {fmt(edges[i])} - '
-                   f'{fmt(edges[i + 1])}</title></rect>')
+        out.append(f'<rect x="{left + i * bar_w:.1f}" y="{top + plot_h - h:.1f}" '
+                   f'width="{max(bar_w - 1, 1):.1f}" height="{h:.1f}" fill="{COLORS["bar"]}">'
+                   f'<title>{int(c)} rank(s): {fmt(edges[i])} - {fmt(edges[i + 1])}</title></rect>')
     out.append(f'<text x="{left - 4}" y="{top + 9}" text-anchor="end">{cmax}</text>')
     axis = top + plot_h + 14
     out.append(f'<text x="{left}" y="{axis}">{_esc(fmt(lo))}</text>')
     out.append(f'<text x="{width - 10}" y="{axis}" text-anchor="end">{_esc(fmt(hi))}</text>')
-    out.append(f'<text x="{left}" y="{axis + 16}">{len(data)} ranks, median {_esc(fmt(float(np.median(data))))}</text>')
+    median = _esc(fmt(float(np.median(data))))
+    out.append(f'<text x="{left}" y="{axis + 16}">{len(data)} ranks, median {median}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -133,7 +137,8 @@ def stacked_bars(title: str, rows: list[tuple[str, dict[str, float]]], unit: str
     series = list(dict.fromkeys(name for _, parts in rows for name in parts))
     vmax = max([sum(parts.values()) for _, parts in rows] + [1e-12])
     height = 30 + row_h * len(rows) + 30
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + bar_w + 120}" height="{height}" font-size="11">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + bar_w + 120}" height="{height}" '
+           'font-size="11">',
            f'<text x="4" y="16" font-weight="bold">{_esc(title)}</text>']
     for i, (label, parts) in enumerate(rows):
         y, x = 28 + i * row_h, float(left)
@@ -141,14 +146,15 @@ def stacked_bars(title: str, rows: list[tuple[str, dict[str, float]]], unit: str
         for name in series:
             w = bar_w * parts.get(name, 0.0) / vmax
             if w > 0:
-                out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="16" fill="{COLORS.get(name, "#76b7b2")}">'
+                out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="16" '
+                           f'fill="{COLORS.get(name, "#76b7b2")}">'
                            f'<title>{_esc(name)}: {parts[name]:,.2f} {unit}</title></rect>')
                 x += w
         out.append(f'<text x="{x + 4:.1f}" y="{y + 13}">{sum(parts.values()):,.2f} {unit}</text>')
     lx, ly = left, height - 12
     for name in series:
-        out.append(f'<rect x="{lx}" y="{ly - 9}" width="10" height="10" fill="{COLORS.get(name, "#76b7b2")}"/>'
-                   f'<text x="{lx + 14}" y="{ly}">{_esc(name)}</text>')
+        out.append(f'<rect x="{lx}" y="{ly - 9}" width="10" height="10" '
+                   f'fill="{COLORS.get(name, "#76b7b2")}"/><text x="{lx + 14}" y="{ly}">{_esc(name)}</text>')
         lx += 14 + 7 * len(name) + 16
     out.append("</svg>")
     return "\n".join(out)

@@ -44,7 +44,8 @@ def _memory_lines(summary: dict[str, Any]) -> list[str]:
     mem = summary.get("memory") or []
     if not mem:
         return ["Memory: no [memory] events (record with profile_memory=True)"]
-    lines = ["Memory (from [memory] events):", f"  {'device':<10} {'peak allocated':>16} {'peak reserved':>16} {'samples':>9}"]
+    lines = ["Memory (from [memory] events):",
+             f"  {'device':<10} {'peak allocated':>16} {'peak reserved':>16} {'samples':>9}"]
     for m in mem:
         lines.append(
             f"  {m['device']:<10} {_bytes(m['peak_allocated_bytes']):>16} "
@@ -63,7 +64,9 @@ def format_profiler_list(summary: dict[str, Any], rows: int = 30) -> str:
     ops = summary.get("top_ops_by_device") if has_device else summary.get("top_cpu_ops")
     ops = (ops or [])[:rows]
     rank = summary.get("rank")
-    head = f"Trace: {summary.get('file')}" + (f" (rank {rank} of {summary.get('world_size')})" if rank is not None else "")
+    head = f"Trace: {summary.get('file')}"
+    if rank is not None:
+        head += f" (rank {rank} of {summary.get('world_size')})"
     lines = [head, ""]
     lines += _steps_lines(summary)
     lines.append("")
@@ -76,7 +79,8 @@ def format_profiler_list(summary: dict[str, Any], rows: int = 30) -> str:
     lines += [cols, "-" * len(cols)]
     for op in ops:
         line = (
-            f"{_cut(op['name'], width):<{width}} {op['calls']:>8} {fmt_us(op['self_cpu_us']):>15} {fmt_us(op['cpu_total_us']):>15}"
+            f"{_cut(op['name'], width):<{width}} {op['calls']:>8} {fmt_us(op['self_cpu_us']):>15}"
+            f" {fmt_us(op['cpu_total_us']):>15}"
         )
         if has_device:
             line += f" {fmt_us(op['self_device_us']):>18} {fmt_us(op['device_total_us']):>15}"
@@ -115,14 +119,16 @@ def format_summary(summary: dict[str, Any], rows: int = 10) -> str:
         lines.append(f"  communication/computation overlap: {fmt_pct(gpu['comm_comp_overlap_pct'])}")
         lines.append(f"Top {min(rows, len(summary['top_kernels']))} GPU kernels by total time:")
         for k in summary["top_kernels"][:rows]:
-            lines.append(f"  {fmt_us(k['total_us']):>12} {k['pct']:6.2f}% {k['calls']:>7}x {k['type']:<13} {_cut(k['name'], 90)}")
+            lines.append(f"  {fmt_us(k['total_us']):>12} {k['pct']:6.2f}% {k['calls']:>7}x {k['type']:<13} "
+                         f"{_cut(k['name'], 90)}")
     else:
         cpu = summary.get("cpu")
         lines.append("GPU: no kernels in this trace (CPU-only view)")
         if cpu:
             lines.append(f"CPU threads over a {fmt_us(cpu['span_us'])} span:")
             for t in cpu["threads"][:rows]:
-                lines.append(f"  pid {t['pid']} tid {t['tid']}: busy {fmt_us(t['busy_us'])} ({fmt_pct(t['busy_pct'])})")
+                lines.append(f"  pid {t['pid']} tid {t['tid']}: busy {fmt_us(t['busy_us'])} "
+                             f"({fmt_pct(t['busy_pct'])})")
     for title, key, field in (
         ("Top CPU operators by total time", "top_cpu_ops", "cpu_total_us"),
         ("Top CPU operators by self time", "top_cpu_ops_by_self", "self_cpu_us"),
@@ -168,7 +174,8 @@ def format_cross_rank(view: dict[str, Any], title: str = "", all_ranks: bool = F
     for label, key, fmt in _DIST_ROWS:
         d = view["distributions"][key]
         if d["n"]:
-            lines.append(f"  {label:<18} " + " ".join(f"{fmt(d[q]):>10}" for q in ("min", "p50", "p90", "max")))
+            quantiles = " ".join(f"{fmt(d[q]):>10}" for q in ("min", "p50", "p90", "max"))
+            lines.append(f"  {label:<18} {quantiles}")
     if view.get("slowest_rank") is not None:
         lines.append(
             f"  slowest rank {view['slowest_rank']}, fastest rank {view['fastest_rank']},"

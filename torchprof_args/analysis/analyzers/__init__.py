@@ -2,7 +2,9 @@
 
 Each analyzer is a function of the trace's columns that returns plain, JSON-ready values;
 :func:`torchprof_args.analysis.summary.summarize` composes them.  All are vectorised with numpy
-(no per-event Python loop), so they keep up with multi-GB traces.
+(no per-event Python loop), so they keep up with multi-GB traces.  Tables that several of them
+need (steps, the CPU tree, kernel classes) are computed once per trace and kept in its
+:class:`~torchprof_args.analysis.trace.TraceMemo` (``trace.memo``).
 
 * :mod:`.steps`: ``ProfilerStep#N`` spans;
 * :mod:`.gpu`: GPU time breakdown, kernel types and top kernels, with Holistic Trace Analysis'

@@ -38,8 +38,8 @@ MATCH_SEQ = "process group and sequence number"
 MATCH_PG_ORDER = "order within each process group and ProfilerStep (the traces record no sequence numbers)"
 MATCH_STREAM_ORDER = ("order on each NCCL stream within each ProfilerStep (the traces record neither process "
                       "group nor sequence number; a communicator's stream stands in for its process group)")
-MATCH_KIND_ORDER = ("order of each collective type within each ProfilerStep (the traces record neither process "
-                    "group nor sequence number)")
+MATCH_KIND_ORDER = ("order of each collective type within each ProfilerStep (the traces record neither "
+                    "process group nor sequence number)")
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -118,11 +118,13 @@ def _aligned_keys(ranks: Sequence[RankComms], mode: str, streams: dict[int, dict
                 position = {b + k: a + k for a, b, size in blocks.get_matching_blocks() for k in range(size)}
             for j, record in enumerate(records):
                 i = position.get(j)
-                out[rank].append(((*channel, i) if i is not None else (*channel, "unmatched", rank, j), record))
+                key = (*channel, i) if i is not None else (*channel, "unmatched", rank, j)
+                out[rank].append((key, record))
     return out
 
 
-def _bandwidth(kind: str, nbytes: int | None, transfer_us: float, n: int) -> tuple[float | None, float | None]:
+def _bandwidth(kind: str, nbytes: int | None, transfer_us: float,
+               n: int) -> tuple[float | None, float | None]:
     if not nbytes or transfer_us <= 0:
         return None, None
     algbw = nbytes / (transfer_us * 1e3)  # bytes per microsecond -> GB/s
@@ -146,7 +148,8 @@ def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], 
     return {
         "id": index, "kind": kind, "pg": sample.pg, "pg_desc": sample.pg_desc, "seq": sample.seq,
         "step": sample.step, "channel": sample.channel,
-        "order": key[-1] if sample.seq is None and "unmatched" not in key else None, "unmatched": "unmatched" in key,
+        "order": key[-1] if sample.seq is None and "unmatched" not in key else None,
+        "unmatched": "unmatched" in key,
         "ranks": len(members), "missing_ranks": sorted(set(expected) - set(members)),
         "group_size": n, "group_size_assumed": n is None, "bytes": sample.nbytes,
         "bytes_assumed": any(r.size_assumed for r in members.values()), "dtype": sample.dtype,
@@ -154,7 +157,8 @@ def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], 
         "first_start_us": first, "skew_us": last - first, "first_rank": first_rank, "last_rank": last_rank,
         "arrival_offset_us": {rank: s - first for rank, s in sorted(starts.items())},
         "dur_us": {rank: r.dur_us for rank, r in sorted(members.items())},
-        "dur_min_us": min(r.dur_us for r in members.values()), "dur_max_us": max(r.dur_us for r in members.values()),
+        "dur_min_us": min(r.dur_us for r in members.values()),
+        "dur_max_us": max(r.dur_us for r in members.values()),
         "transfer_us": transfer, "algbw_gbps": algbw, "busbw_gbps": busbw,
         "wait_caused_us": sum(last - s for s in starts.values()),
         "kinds_differ": {rank: r.kind for rank, r in sorted(members.items())} if len(kinds) > 1 else None,
@@ -162,8 +166,8 @@ def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], 
 
 
 def _rank_table(instances: list[dict[str, Any]], ranks: list[int]) -> list[dict[str, Any]]:
-    rows = {rank: {"rank": rank, "collectives": 0, "last_arrivals": 0, "wait_caused_us": 0.0, "waited_us": 0.0,
-                   "late_us": 0.0} for rank in ranks}
+    rows = {rank: {"rank": rank, "collectives": 0, "last_arrivals": 0, "wait_caused_us": 0.0,
+                   "waited_us": 0.0, "late_us": 0.0} for rank in ranks}
     for inst in instances:
         if inst["ranks"] < 2:
             continue
@@ -199,13 +203,14 @@ def _notes(ranks: Sequence[RankComms], instances: list[dict[str, Any]], same_str
     notes = []
     world = next((rc.world_size for rc in ranks if rc.world_size), None)
     if world and len(ranks) < world:
-        notes.append(f"{len(ranks)} of {world} ranks' traces: skew and last arrival are among these ranks only.")
+        notes.append(f"{len(ranks)} of {world} ranks' traces: skew and last arrival are among these ranks "
+                     "only.")
     if not same_streams:
         notes.append("the ranks' NCCL streams differ: streams were paired by their order of first use.")
     unmatched = sum(1 for i in instances if i["unmatched"])
     if unmatched and len(ranks) > 1:
-        notes.append(f"{unmatched} records have no counterpart on the other ranks (type and size did not line up; "
-                     "a sampled or truncated trace?): listed, not compared.")
+        notes.append(f"{unmatched} records have no counterpart on the other ranks (type and size did not "
+                     "line up; a sampled or truncated trace?): listed, not compared.")
     differ = sum(1 for i in instances if i["kinds_differ"])
     if differ:
         notes.append(f"{differ} matched instances have different collective types on different ranks: the "
@@ -213,9 +218,11 @@ def _notes(ranks: Sequence[RankComms], instances: list[dict[str, Any]], same_str
     sizes = {g.get("pg_size") for rc in ranks for g in rc.pg_config if isinstance(g, dict)}
     subgroups = not world or not sizes or sizes - {world}
     if subgroups and any(i["group_size_assumed"] for i in instances if i["busbw_gbps"] is not None):
-        notes.append("group sizes not recorded: bus bandwidth assumes the whole world (or the ranks present).")
+        notes.append("group sizes not recorded: bus bandwidth assumes the whole world (or the ranks "
+                     "present).")
     if any(rc.source and "gloo" in rc.source for rc in ranks) and not any(i["bytes"] for i in instances):
-        notes.append("no message sizes: record with --torch-profile-record-shapes to get gloo's sizes and bandwidth.")
+        notes.append("no message sizes: record with --torch-profile-record-shapes to get gloo's sizes and "
+                     "bandwidth.")
     missing = [rc.rank for rc in ranks if not rc.records]
     if missing:
         notes.append(f"no collectives found in the traces of ranks {missing}.")

@@ -40,15 +40,17 @@ __all__ = ["CommRecord", "RankComms", "canonical_kind", "dtype_bytes", "rank_col
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
-SOURCE_HOST = "host-side nccl:<op> records only (no GPU activity in the trace: arrival = when the rank issued it)"
+SOURCE_HOST = ("host-side nccl:<op> records only (no GPU activity in the trace: arrival = when the rank "
+               "issued it)")
 
 P2P_KINDS = frozenset({"send", "recv", "send_recv"})
 
 _KINDS = {
     "allreduce": "all_reduce", "allgather": "all_gather", "allgatherbase": "all_gather",
-    "allgatherintotensor": "all_gather", "reducescatter": "reduce_scatter", "reducescatterbase": "reduce_scatter",
-    "reducescattertensor": "reduce_scatter", "alltoall": "all_to_all", "alltoallbase": "all_to_all",
-    "alltoallsingle": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast", "broadcastoop": "broadcast",
+    "allgatherintotensor": "all_gather", "reducescatter": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter", "reducescattertensor": "reduce_scatter",
+    "alltoall": "all_to_all", "alltoallbase": "all_to_all", "alltoallsingle": "all_to_all",
+    "alltoallv": "all_to_all", "broadcast": "broadcast", "broadcastoop": "broadcast",
     "reduce": "reduce", "reduceoop": "reduce", "send": "send", "recv": "recv", "sendrecv": "send_recv",
     "barrier": "barrier", "gather": "gather", "scatter": "scatter", "allreducecoalesced": "all_reduce",
     "allgathercoalesced": "all_gather", "reducescattercoalesced": "reduce_scatter", "coalesced": "coalesced",
@@ -59,9 +61,10 @@ _KERNEL_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)((?:_[A-Za-z0-9]+)*)")
 
 #: Bytes per element of the dtype names NCCL records and the ones ``Input type`` uses.
 _DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2,
-    "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "short int": 2,
-    "int16": 2, "byte": 1, "unsigned char": 1, "uint8": 1, "char": 1, "signed char": 1, "int8": 1, "bool": 1,
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "c10::half": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
+    "short": 2, "short int": 2, "int16": 2, "byte": 1, "unsigned char": 1, "uint8": 1, "char": 1,
+    "signed char": 1, "int8": 1, "bool": 1,
 }
 
 
@@ -159,7 +162,8 @@ def _first_type(types_text: str | None) -> str | None:
         types = json.loads(types_text) if types_text else []
     except ValueError:
         return None
-    return next((t for t in types if isinstance(t, str) and t and t not in ("Scalar", "TensorList", "ScalarList")), None)
+    not_tensors = ("Scalar", "TensorList", "ScalarList")
+    return next((t for t in types if isinstance(t, str) and t and t not in not_tensors), None)
 
 
 def _message_bytes(kind: str, row: dict[str, Any], group_size: int | None) -> int | None:
@@ -253,7 +257,8 @@ def _record(kind: str, row: dict[str, Any], ident: dict[str, Any], base_us: floa
         kind=kind, start_us=row["ts"] + base_us, dur_us=row["dur"], channel=channel, step=step,
         pg=None if pg is None else str(pg), pg_desc=ident.get("pg_desc"), pg_ranks=ranks, group_size=size,
         seq=_int(ident.get("seq")), nbytes=_message_bytes(kind, ident, size or world_size),
-        dtype=ident.get("dtype") or _first_type(ident.get("input_type")), algorithm=algorithm, protocol=protocol,
+        dtype=ident.get("dtype") or _first_type(ident.get("input_type")), algorithm=algorithm,
+        protocol=protocol,
         size_assumed=size is None and kind == "all_gather" and not ident.get("out_nelems"))
 
 
@@ -271,8 +276,9 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
             kind = canonical_kind(str(ident["collective"]))
         elif ident.get("annotation"):
             kind = canonical_kind(ident["annotation"])  # e.g. all_to_all run as SendRecv kernels
-        records.append(_record(kind or "unknown", row, ident, base_us, step_of.at(launch[0] if launch else row["ts"]),
-                               f"stream {row['stream']}", trace.world_size, algorithm, protocol))
+        step = step_of.at(launch[0] if launch else row["ts"])
+        records.append(_record(kind or "unknown", row, ident, base_us, step, f"stream {row['stream']}",
+                               trace.world_size, algorithm, protocol))
     return records
 
 
@@ -284,7 +290,8 @@ def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us:
         ident = _identity(row, enclosing.around((row["pid"], row["tid"]), row["ts"]))
         kind = canonical_kind(row["name"])
         channel = f"pg {ident['pg_name']}" if ident.get("pg_name") is not None else kind
-        records.append(_record(kind, row, ident, base_us, step_of.at(row["ts"]), channel, world_size, algorithm))
+        step = step_of.at(row["ts"])
+        records.append(_record(kind, row, ident, base_us, step, channel, world_size, algorithm))
     return records
 
 
@@ -294,7 +301,8 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     ``rank`` overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
     """
     if trace.comms is None:
-        raise TraceError(f"{trace.path}: loaded without communication events; use load_trace(..., comms=True)")
+        raise TraceError(f"{trace.path}: loaded without communication events; "
+                         "use load_trace(..., comms=True)")
     rows = [dict(zip(COMM_FIELDS, row, strict=True)) for row in trace.comms]
     kernels = [r for r in rows if r["cat"] == "kernel" and "nccl" in r["name"].lower()]
     cpu = [r for r in rows if r["stream"] == -1]

@@ -30,10 +30,10 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     event of its thread one level up.  Threads are done one at a time, so temporaries are only as
     large as the busiest thread; the arrays kept are int32.  ``bounds`` delimits the threads:
     thread ``k``'s events are ``idx[bounds[k]:bounds[k + 1]]``, and parents never cross them.
+    Kept in ``trace.memo``.
     """
-    cached = trace._cache.get("cpu_tree")
-    if cached is not None:
-        return cached
+    if trace.memo.cpu_tree is not None:
+        return trace.memo.cpu_tree
     idx = _cpu_events(trace)
     thread = trace.thread_id[idx]
     counts = np.bincount(thread) if len(thread) else np.zeros(0, dtype=np.int64)
@@ -50,7 +50,7 @@ def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         _thread_tree(trace, idx, parent, depth, int(lo), int(hi))
     tree = {"idx": idx, "parent": parent, "depth": depth, "bounds": bounds}
-    trace._cache["cpu_tree"] = tree
+    trace.memo.cpu_tree = tree
     return tree
 
 
@@ -84,7 +84,8 @@ def _fix_ties(trace: Trace, sel: np.ndarray, ts: np.ndarray, order: np.ndarray) 
     order[pos] = sub[np.lexsort((-end, ts[pos]))]
 
 
-def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.ndarray, lo: int, hi: int) -> None:
+def _thread_tree(trace: Trace, idx: np.ndarray, parent: np.ndarray, depth: np.ndarray, lo: int,
+                 hi: int) -> None:
     """Sort ``idx[lo:hi]`` (one thread, in file order) in place and fill its parent / depth.
 
     Written for the busiest thread of a multi-GB trace: each temporary is dropped (or made
@@ -140,11 +141,10 @@ def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
     Arrays indexed by name id.  Self CPU is an op's duration minus its children's; device time
     is that of the kernels the op launched (self) or that it and its descendants launched (total).
     Threads are done one at a time (parents never cross threads), in pieces, so the temporaries
-    are about 8 bytes per event of the busiest thread.
+    are about 8 bytes per event of the busiest thread.  Kept in ``trace.memo``.
     """
-    cached = trace._cache.get("cpu_ops")
-    if cached is not None:
-        return cached
+    if trace.memo.cpu_ops is not None:
+        return trace.memo.cpu_ops
     tree = cpu_tree(trace)
     size = len(trace.names)
     out = {"calls": np.zeros(size, dtype=np.int64), **{k: np.zeros(size) for k in _OP_KEYS[1:]}}
@@ -155,7 +155,7 @@ def cpu_ops(trace: Trace) -> dict[str, np.ndarray]:
         if kernels is not None:
             _thread_device_times(trace, tree, int(lo), int(hi), kernels, out)
     np.maximum(out["self_cpu"], 0.0, out=out["self_cpu"])  # overlapping children in a broken trace
-    trace._cache["cpu_ops"] = out
+    trace.memo.cpu_ops = out
     return out
 
 

@@ -31,7 +31,8 @@ def distribution(values: list[float | None]) -> dict[str, float | int | None]:
             "max": float(data.max()), "mean": float(data.mean())}
 
 
-def cross_rank(summaries: list[dict[str, Any]], k: int = 5, straggler_pct: float = STRAGGLER_PCT) -> dict[str, Any]:
+def cross_rank(summaries: list[dict[str, Any]], k: int = 5,
+               straggler_pct: float = STRAGGLER_PCT) -> dict[str, Any]:
     """The view of one cycle's per-rank summaries (:func:`~torchprof_args.analysis.summary.summarize`
     results; a summary without a rank takes its position).
 
@@ -53,7 +54,8 @@ def cross_rank(summaries: list[dict[str, Any]], k: int = 5, straggler_pct: float
         "steps": _step_names(rows),
         "slowest": by_time[:k],
         "fastest": by_time[::-1][:k],
-        "stragglers": [r for r in by_time if r["vs_median_pct"] is not None and r["vs_median_pct"] > straggler_pct],
+        "stragglers": [r for r in by_time
+                       if r["vs_median_pct"] is not None and r["vs_median_pct"] > straggler_pct],
         "straggler_pct": straggler_pct,
         "slowest_rank": None, "fastest_rank": None, "spread_pct": None, "step_mean_us": None,
     }

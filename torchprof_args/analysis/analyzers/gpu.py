@@ -63,21 +63,19 @@ def kernel_type(name: str) -> str:
 
 
 def _name_types(trace: Trace) -> np.ndarray:
-    """Kernel class of every distinct name (cached on the trace)."""
-    cached = trace._cache.get("name_types")
-    if cached is None:
-        cached = np.array([kernel_type(n) for n in trace.names] or [OTHER], dtype=object)
-        trace._cache["name_types"] = cached
-    return cached
+    """Kernel class of every distinct name (kept in ``trace.memo``)."""
+    memo = trace.memo
+    if memo.name_types is None:
+        memo.name_types = np.array([kernel_type(n) for n in trace.names] or [OTHER], dtype=object)
+    return memo.name_types
 
 
 def _name_codes(trace: Trace) -> np.ndarray:
     """Kernel class of every name as a small integer (see ``_TYPE_CODES``)."""
-    cached = trace._cache.get("name_codes")
-    if cached is None:
-        cached = np.array([_TYPE_CODES[str(t)] for t in _name_types(trace)], dtype=np.int8)
-        trace._cache["name_codes"] = cached
-    return cached
+    memo = trace.memo
+    if memo.name_codes is None:
+        memo.name_codes = np.array([_TYPE_CODES[str(t)] for t in _name_types(trace)], dtype=np.int8)
+    return memo.name_codes
 
 
 def hta_kernels(trace: Trace) -> tuple[np.ndarray, bool]:

@@ -59,8 +59,10 @@ def identity(trace: Trace) -> dict[str, Any]:
         match = _HOST_IN_NAME.match(trace.path.name)
         host = match.group(1) if match else None
     iterations = ours.get("iterations")
-    if not (isinstance(iterations, list) and len(iterations) == 2 and all(isinstance(i, int) for i in iterations)):
-        found = cycle_of_name(trace.path.parent.name, folder=True) or cycle_of_name(trace.path.name, folder=False)
+    if not (isinstance(iterations, list) and len(iterations) == 2
+            and all(isinstance(i, int) for i in iterations)):
+        found = (cycle_of_name(trace.path.parent.name, folder=True)
+                 or cycle_of_name(trace.path.name, folder=False))
         iterations = list(found) if found else None
     parallel = ours.get("parallel")
     if not (isinstance(parallel, dict) and all(isinstance(v, int) for v in parallel.values())):

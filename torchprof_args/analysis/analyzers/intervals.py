@@ -39,7 +39,8 @@ def time_per_combination(intervals: dict[int, tuple[np.ndarray, np.ndarray]]) ->
     if not parts:
         return {}
     t = np.concatenate([a for s, e, _ in parts for a in (s, e)])
-    d = np.concatenate([np.full(len(a), sign * bit, dtype=np.int8) for s, e, bit in parts for a, sign in ((s, 1), (e, -1))])
+    d = np.concatenate([np.full(len(a), sign * bit, dtype=np.int8)
+                        for s, e, bit in parts for a, sign in ((s, 1), (e, -1))])
     order = np.argsort(t, kind="stable")
     t = t[order]
     d = d[order]
@@ -51,4 +52,5 @@ def time_per_combination(intervals: dict[int, tuple[np.ndarray, np.ndarray]]) ->
     state = running[:-1]
     active = state > 0
     sums = np.bincount(state[active], weights=seg[active], minlength=1)
-    return {int(value): float(sums[value]) for value in np.flatnonzero(np.bincount(state[active], minlength=1))}
+    present = np.flatnonzero(np.bincount(state[active], minlength=1))
+    return {int(value): float(sums[value]) for value in present}

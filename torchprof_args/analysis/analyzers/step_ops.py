@@ -51,7 +51,7 @@ def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
     outside = _outside_steps(trace, starts, ends)
     cpu_calls, cpu_time = _cpu_in_steps(trace, outside)
     gpu_calls, gpu_time = _gpu_in_steps(trace, outside)
-    name_cat = trace._cache.get("name_cat")
+    name_cat = trace.name_cat
     return {
         "steps": len(spans),
         "cpu": _rows(trace, cpu_calls, cpu_time, top,
@@ -143,9 +143,11 @@ def _launch_ids(trace: Trace) -> np.ndarray:
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def _rows(trace: Trace, calls: np.ndarray, time: np.ndarray, top: int | None, extra: Any) -> list[dict[str, Any]]:
+def _rows(trace: Trace, calls: np.ndarray, time: np.ndarray, top: int | None,
+          extra: Any) -> list[dict[str, Any]]:
     present = np.flatnonzero(calls)
     present = present[np.argsort(-time[present], kind="stable")]
     if top is not None:
         present = present[: max(top, 0)]
-    return [{"name": trace.names[i], **extra(i), "calls": int(calls[i]), "total_us": float(time[i])} for i in present]
+    return [{"name": trace.names[i], **extra(i), "calls": int(calls[i]), "total_us": float(time[i])}
+            for i in present]

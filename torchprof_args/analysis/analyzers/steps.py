@@ -19,11 +19,11 @@ def steps(trace: Trace) -> list[dict[str, Any]]:
     """ProfilerStep#N annotations on the CPU, in time order (first occurrence of each name).
 
     Each is ``{"name", "start_us", "dur_us"}``.  Only CPU events count (no CUDA stream): GPU-side
-    copies of the annotation would count a step twice.
+    copies of the annotation would count a step twice.  Kept in ``trace.memo`` (callers get
+    copies).
     """
-    cached = trace._cache.get("steps")
-    if cached is not None:
-        return [dict(s) for s in cached]
+    if trace.memo.steps is not None:
+        return [dict(s) for s in trace.memo.steps]
     is_step = lookup(trace.names, STEP_RE.match)
     idx = np.flatnonzero(is_step[trace.name_id])
     idx = idx[trace.stream[idx] == -1]
@@ -35,5 +35,5 @@ def steps(trace: Trace) -> list[dict[str, Any]]:
             continue
         seen.add(name)
         out.append({"name": name, "start_us": float(trace.ts[i]), "dur_us": float(trace.dur[i])})
-    trace._cache["steps"] = out
+    trace.memo.steps = out
     return [dict(s) for s in out]
