@@ -5,7 +5,8 @@ and on-demand windows.  So the ``torch.profiler.profile`` here gets a schedule t
 whatever action :class:`Recorder` was told for the next step, and its ``step_num`` is kept equal
 to the global iteration (``ProfilerStep#N`` in the trace is iteration N).  With an
 :class:`~torchprof_args.runtime.execution_trace.ExecutionTrace` set, each recorded window also
-gets PyTorch's execution trace, handed over with the Kineto trace.
+gets PyTorch's execution trace.  A flushed window goes straight to the
+:class:`~torchprof_args.runtime.export.writer.TraceWriter`.
 """
 
 from __future__ import annotations
@@ -13,32 +14,28 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.config import TraceConfig
 from torchprof_args.runtime.execution_trace import ExecutionTrace
-from torchprof_args.runtime.schedule import Action
+from torchprof_args.runtime.schedule import RECORDING, Action
+
+if TYPE_CHECKING:
+    from torchprof_args.runtime.export.writer import TraceWriter
 
 __all__ = ["RECORDING", "Recorder", "resolve_activities"]
 
 logger = get_logger(__name__)
 
-RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
-
-#: ``submit(export, first_iteration, last_iteration, execution_trace)``: hand over a stopped trace
-#: (``execution_trace``: the window's finished execution-trace file in staging, or None).
-Submit = Callable[[Callable[[str], None], int, int, "Path | None"], None]
-
 # Clearing events between cycles is exactly what we want: one trace per cycle.
 warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
 
 
-def resolve_activities(requested: tuple[str, ...] | list[str] | None) -> list[torch.profiler.ProfilerActivity]:
+def resolve_activities(
+        requested: tuple[str, ...] | list[str] | None) -> list[torch.profiler.ProfilerActivity]:
     """``--torch-profile-activities`` as torch activities: CPU, plus CUDA when available."""
     names = list(requested) if requested else ["cpu", "cuda"]
     activities = []
@@ -59,17 +56,18 @@ class Recorder:
     with the rank, and training goes on.
     """
 
-    def __init__(self, config: TraceConfig, submit: Submit, *, rank: int) -> None:
+    def __init__(self, config: TraceConfig, *, rank: int) -> None:
         self.config = config
         self.rank = rank
         self.broken = False
-        self._submit = submit
         self._profiler: torch.profiler.profile | None = None
         self._next_action = Action.NONE
         self._window_first: int | None = None
         self._iteration = 0
         self._discard = False
-        #: Set by the profiler (it knows the staging directory) with --torch-profile-execution-trace.
+        #: Set by the profiler at start: where flushed windows go (it knows the staging directory).
+        self.writer: TraceWriter | None = None
+        #: Set by the profiler with --torch-profile-execution-trace.
         self.execution_trace: ExecutionTrace | None = None
 
     @property
@@ -101,22 +99,26 @@ class Recorder:
         return self._window_first == first
 
     def step(self, iteration: int, current: Action, upcoming: Action) -> bool:
-        """End ``iteration`` (whose action was ``current``) and enter ``upcoming``.
+        """End ``iteration`` (whose action was ``current``) and enter ``upcoming``; torch.profiler
+        starts here when this rank's first window (on demand) comes up.
 
-        A flush happens inside, through ``submit``.  Returns True when a window starts recording
-        at ``iteration + 1``.
+        A flush happens inside (to the writer).  Returns True when a window starts recording at
+        ``iteration + 1``.
         """
         if self._profiler is None:
-            return False
+            if upcoming is Action.NONE or self.broken:
+                return False
+            return self.start(iteration + 1, upcoming)
         if upcoming in RECORDING and current not in RECORDING:
             self._window_first = iteration + 1
             self._start_execution_trace(iteration + 1)  # before torch.profiler opens ProfilerStep#N+1
         self._next_action = upcoming
         self._iteration = iteration
         self._profiler.step_num = iteration
-        if current is Action.RECORD_AND_SAVE and self._profiler.current_action == torch.profiler.ProfilerAction.RECORD:
+        actions = torch.profiler.ProfilerAction
+        if current is Action.RECORD_AND_SAVE and self._profiler.current_action == actions.RECORD:
             # The window was cut short (low host memory): this step ends it.
-            self._profiler.current_action = torch.profiler.ProfilerAction.RECORD_AND_SAVE
+            self._profiler.current_action = actions.RECORD_AND_SAVE
         try:
             self._profiler.step()  # stops, and calls _on_trace_ready, at a flush step
         except Exception as err:  # noqa: BLE001
@@ -175,6 +177,9 @@ class Recorder:
         first = self._window_first if self._window_first is not None else last
         self._window_first = None
         finished = execution_trace.finish() if execution_trace is not None else None
-        self._submit(profiler.export_chrome_trace, first, last, finished)
+        if self.writer is not None:
+            self.writer.submit_window(profiler.export_chrome_trace, first, last, finished)
+        elif finished is not None:
+            finished.unlink(missing_ok=True)
         if execution_trace is not None and self._next_action in RECORDING:
             execution_trace.start(last + 1)  # a window that follows at once (no wait, no warmup)

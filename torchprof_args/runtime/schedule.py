@@ -31,6 +31,10 @@ class Action(enum.Enum):
     RECORD_AND_SAVE = 3
 
 
+#: The actions during which torch.profiler records (and nsys captures).
+RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
+
+
 @dataclasses.dataclass(frozen=True)
 class ProfileSchedule:
     """Which iterations are warmed up, recorded, and flushed."""
