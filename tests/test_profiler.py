@@ -26,7 +26,7 @@ from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
 from torchprof_args.naming import operator_table_path
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.staging import StagingArea
-from torchprof_args.runtime.export.writer import TraceWriter
+from torchprof_args.runtime.export.writer import Route, TraceWriter
 
 
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
@@ -193,7 +193,7 @@ def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_pa
                 handle.write(b'{"name": "' + chunk + b'"},')
             handle.write(b"{}]}")
 
-    writer.submit(export, "iter000001-000001", "rank00000_slow")
+    assert writer.submit(export, "iter000001-000001", "rank00000_slow").route is Route.INLINE
     time.sleep(1.0)
     assert any(p.name.startswith(PARTIAL_PREFIX) for p in out.rglob("*")), "publisher should be mid-write"
     writer.close(time.monotonic() + 0.1, "the test's deadline")

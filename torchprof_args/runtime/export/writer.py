@@ -8,11 +8,14 @@ thread exports, checks the file, and spawns the publisher; when even that cannot
 publishes in-process.  The training thread waits at the fence meanwhile anyway.  A
 :class:`~torchprof_args.runtime.export.reaper.Reaper` thread waits on the processes, logs each
 outcome with the rank and removes leftovers.  Every failure is logged with the rank and reason,
-leaves nothing behind, and never reaches training.
+leaves nothing behind, and never reaches training; :meth:`TraceWriter.submit` returns which way the
+trace went (:class:`Submission`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import subprocess
 import time
@@ -40,13 +43,46 @@ from torchprof_args.runtime.export.publisher import publish, publisher_argv, pub
 from torchprof_args.runtime.export.reaper import Pending, Reaper, remove_job_files
 from torchprof_args.runtime.export.staging import StagingArea
 
-__all__ = ["TraceWriter"]
+__all__ = ["Route", "Submission", "TraceWriter"]
 
 logger = get_logger(__name__)
 
 #: ``(staged path, path in the trace's cycle folder, gzip level or None)``: files published with a trace
 #: (``naming.companion_relpath``: not beside the traces, which HTA would read as traces).
 ExtraFile = tuple[str, str, "int | None"]
+
+
+class Route(enum.Enum):
+    """Which way a submitted trace went."""
+
+    #: A forked child exports it and becomes its publisher; the reaper watches that process.
+    FORKED = "forked"
+    #: Exported on the training thread (asked, memory short, or the fork failed); the reaper
+    #: watches the publisher process.
+    INLINE = "inline"
+    #: Exported and published on the training thread: no publisher process could start.
+    IN_PROCESS = "published in process"
+    #: Not exported (the writer is closing, or the export failed; logged, nothing left behind).
+    DROPPED = "dropped"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    """The outcome of :meth:`TraceWriter.submit`."""
+
+    route: Route
+    #: Where the trace is (being) published; None when it was dropped before a job existed.
+    trace_path: str | None = None
+    #: FORKED, INLINE: the exporter/publisher process the reaper now watches.
+    pid: int | None = None
+    #: FAILED, DROPPED, or IN_PROCESS when publishing failed: why.
+    error: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A process still publishes the trace (its outcome is logged when it ends)."""
+        return self.pid is not None
 
 
 class TraceWriter:
@@ -67,7 +103,7 @@ class TraceWriter:
                                         "publish_failures": 0}
         self.published: list[str] = []
         self.accepting = True
-        self._reaper = Reaper(rank, config.flush_timeout, self._on_done)
+        self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped)
 
     @property
     def in_flight(self) -> int:
@@ -93,20 +129,22 @@ class TraceWriter:
         )
 
     def submit_window(self, export: Callable[[str], None], first: int, last: int,
-                      execution_trace: Path | None = None) -> None:
+                      execution_trace: Path | None = None) -> Submission:
         """Publish the trace of the window that recorded iterations ``first..last`` (its cycle folder
         and this rank's stem from :mod:`~torchprof_args.naming`), with the window's execution trace
         (a finished file in staging) beside it when there is one."""
         stem = trace_stem(self.rank)
         level = self.config.gzip_level
-        extra = [(str(execution_trace), companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None),
-                  level)] if execution_trace is not None else []
-        self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
+        extra: list[ExtraFile] = []
+        if execution_trace is not None:
+            relpath = companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None)
+            extra.append((str(execution_trace), relpath, level))
+        return self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
 
     def submit(self, export: Callable[[str], None], cycle: str, stem: str, steps: int = 1,
-               extra_files: Sequence[ExtraFile] = ()) -> None:
-        """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via ``export(path)``
-        and publish it in the background.
+               extra_files: Sequence[ExtraFile] = ()) -> Submission:
+        """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via
+        ``export(path)`` and publish it in the background; returns which way it went.
 
         ``steps``: recorded steps (sizes the next estimate).  ``extra_files`` are published with
         the trace; they must already lie in one of ``staging.dirs``.  Never raises: failures are
@@ -115,31 +153,38 @@ class TraceWriter:
         name = f"{cycle}/{stem}"
         if not self.accepting:
             logger.warning("rank %d: trace %s dropped: the process is shutting down", self.rank, name)
-            return
+            return Submission(Route.DROPPED, error="the process is shutting down")
         plan = self.planner.plan(steps)
         if plan.note:
             logger.warning("rank %d: trace %s: %s", self.rank, name, plan.note)
-        job = self.job_for(cycle, stem, plan.staging, extra_files)
-        job_path = str(plan.staging / f"{cycle}_{stem}.job.json")
+        job, job_path = self._job_file(plan.staging, cycle, stem, extra_files)
         try:
             job.save(job_path)
             pending = self._fork(export, job, job_path, steps) if plan.mode == "fork" else None
             if pending is None and plan.mode == "fork":  # the fork failed: inline, on disk
                 remove_job_files(job, job_path)
                 plan = self.planner.fallback(steps)
-                job = self.job_for(cycle, stem, plan.staging, extra_files)
-                job_path = str(plan.staging / f"{cycle}_{stem}.job.json")
+                job, job_path = self._job_file(plan.staging, cycle, stem, extra_files)
                 job.save(job_path)
+            route = Route.FORKED if pending is not None else Route.INLINE
             if pending is None:
-                pending = self._inline(export, job, job_path, steps)
+                self._export_inline(export, job)
+                pending = self._spawn_publisher(job, job_path, steps)
+                if pending is None:
+                    return self._publish_here(job, job_path, steps)
         except Exception as err:
             remove_job_files(job, job_path)
             self._count_failure()
             logger.error("rank %d: could not export trace %s: %s: %s; training continues",
                          self.rank, name, type(err).__name__, err)
-            return
-        if pending is not None:
-            self._reaper.watch(pending)
+            return Submission(Route.FAILED, job.trace_path, error=f"{type(err).__name__}: {err}")
+        self._reaper.watch(pending)
+        return Submission(route, job.trace_path, pid=pending.pid)
+
+    def _job_file(self, staging: Path, cycle: str, stem: str,
+                  extra_files: Sequence[ExtraFile]) -> tuple[PublishJob, str]:
+        """The job of ``cycle``'s trace and its file's path in ``staging``."""
+        return self.job_for(cycle, stem, staging, extra_files), str(staging / f"{cycle}_{stem}.job.json")
 
     def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str, steps: int) -> Pending | None:
         """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
@@ -156,8 +201,9 @@ class TraceWriter:
             os.close(write_fd)
         return Pending(pid, job, job_path, steps, read_fd)
 
-    def _inline(self, export: Callable[[str], None], job: PublishJob, job_path: str, steps: int) -> Pending | None:
-        """Export on this thread, then spawn the publisher (or publish here when no process can start)."""
+    @staticmethod
+    def _export_inline(export: Callable[[str], None], job: PublishJob) -> None:
+        """Export on this thread to a hidden name, check it, rename it to the staged path."""
         staged_tmp = partial_path(job.staged_path)
         try:
             export(str(staged_tmp))
@@ -166,6 +212,9 @@ class TraceWriter:
         except BaseException:
             remove_export_leftovers(staged_tmp)
             raise
+
+    def _spawn_publisher(self, job: PublishJob, job_path: str, steps: int) -> Pending | None:
+        """Start the publisher of an exported trace; None when no process can start (logged)."""
         read_fd, write_fd = os.pipe()
         argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
         try:
@@ -175,24 +224,34 @@ class TraceWriter:
             os.close(read_fd)
             logger.warning("rank %d: cannot start a publisher process (%s); publishing %s on the training thread",
                            self.rank, err.strerror or err, Path(job.trace_path).name)
-            started = time.monotonic()
-            status = publish(job)
-            remove_job_files(job, job_path)
-            self._on_done(Pending(os.getpid(), job, job_path, steps, -1, started), status)
             return None
         finally:
             os.close(write_fd)
         return Pending(popen.pid, job, job_path, steps, read_fd, popen=popen)
+
+    def _publish_here(self, job: PublishJob, job_path: str, steps: int) -> Submission:
+        """Publish on the training thread (no process could start) and record the outcome now."""
+        started = time.monotonic()
+        status = publish(job)
+        remove_job_files(job, job_path)
+        self._record(job, steps, started, status)
+        return Submission(Route.IN_PROCESS, job.trace_path, error=status.get("error"))
 
     # -- outcomes --------------------------------------------------------------------------
 
     def _count_failure(self) -> None:
         self.stats["publish_failures"] += 1
 
-    def _on_done(self, pending: Pending, status: dict[str, Any]) -> None:
-        trace_path = pending.job.trace_path
+    def _on_reaped(self, pending: Pending, status: dict[str, Any]) -> None:
+        """The reaper's callback (on its thread) when a publisher process ended."""
+        self._record(pending.job, pending.steps, pending.started, status)
+
+    def _record(self, job: PublishJob, steps: int, started: float, status: dict[str, Any]) -> None:
+        """Learn the trace's size, count and log the outcome of ``job`` (``started``: monotonic,
+        when it was handed over)."""
+        trace_path = job.trace_path
         if "raw_mb" in status:
-            self.planner.learn(status["raw_mb"] * 1e6, pending.steps)
+            self.planner.learn(status["raw_mb"] * 1e6, steps)
         if "error" in status:
             self._count_failure()
             logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status["error"])
@@ -202,7 +261,7 @@ class TraceWriter:
         self.stats["publish_seconds"] = status.get("seconds", 0.0)
         self.published.append(status["trace_path"])
         logger.info("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
-                    status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - pending.started)
+                    status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - started)
         for key in ("summary_error", "extra_errors"):
             if key in status:
                 logger.warning("rank %d: %s for %s: %s", self.rank, key.replace("_", " "), trace_path, status[key])
