@@ -9,7 +9,9 @@ the user gave an option or left its default (:func:`was_given`).
 
 Flags that a host framework may already define (Megatron-LM's ``--tensorboard-dir``,
 ``--log-interval``, ...) are marked ``host_owned``: when the host parser has the option we read
-its value instead of redefining it, so the plugin never clashes with the host.
+its value instead of redefining it, so the plugin never clashes with the host.  A renamed flag
+keeps its old spellings as ``aliases``: they parse to the same ``dest`` (and count as given) but
+appear neither in ``--help`` nor in the README table.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Flag:
     host_owned: bool = False
     #: What the flag table shows as the default when ``default`` does not say it well.
     default_doc: str | None = None
+    #: Old spellings that still parse to this flag's ``dest``; hidden from help and the README.
+    aliases: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
@@ -64,6 +68,17 @@ class Flag:
         if self.action in ("store_true", "store_false"):
             kwargs.pop("type", None)
         return kwargs
+
+    def alias_kwargs(self) -> dict[str, Any]:
+        """``add_argument`` keywords of the hidden :attr:`aliases`: same ``dest`` and action, no
+        help, no default of their own (the flag's own option sets it)."""
+        return {**self.argparse_kwargs(), "dest": self.dest, "help": argparse.SUPPRESS,
+                "default": argparse.SUPPRESS}
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Every spelling: the option, then its aliases."""
+        return (self.option, *self.aliases)
 
     def default_text(self) -> str:
         if self.default_doc is not None:
@@ -97,8 +112,9 @@ def register_group(group: FlagGroup) -> FlagGroup:
     known = _GROUPS.get(group.title)
     if known is not None and known != group:
         raise ValueError(f"two different flag groups are titled {group.title!r}")
-    taken = {flag.option for other in _GROUPS.values() if other.title != group.title for flag in other.flags}
-    clash = sorted(taken & {flag.option for flag in group.flags})
+    taken = {option for other in _GROUPS.values() if other.title != group.title for flag in other.flags
+             for option in flag.options}
+    clash = sorted(taken & {option for flag in group.flags for option in flag.options})
     if clash:
         raise ValueError(f"flag group {group.title!r} redefines {', '.join(clash)}")
     _GROUPS[group.title] = group
@@ -125,6 +141,9 @@ def add_flag_groups(parser: argparse.ArgumentParser, groups: Iterable[FlagGroup]
             if group is None:
                 group = parser.add_argument_group(spec.title, spec.description)
             group.add_argument(flag.option, **flag.argparse_kwargs())
+            aliases = [alias for alias in flag.aliases if not _host_has_option(parser, alias)]
+            if aliases:
+                group.add_argument(*aliases, **flag.alias_kwargs())
     return parser
 
 
