@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.paths import DATA, REPO
 
-from torchprof_args.analysis import TraceError, format_profiler_list, load_trace, summarize
+from torchprof_args.analysis import TraceError, format_operator_table, load_trace, summarize
 from torchprof_args.analysis.merge import merge_traces
 from torchprof_args.analysis.reader import TraceStream
 from torchprof_args.analysis.split import split_trace
@@ -155,7 +155,7 @@ def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_real_cpu_trace_profiler_list(cpu_trace: Path) -> None:
+def test_real_cpu_trace_operator_table(cpu_trace: Path) -> None:
     s = summarize(load_trace(cpu_trace), top=30)
     assert s["gpu"] is None and s["cpu"]["threads"]
     assert len(s["steps"]) == 3 and all(step["dur_us"] > 0 for step in s["steps"])
@@ -165,15 +165,15 @@ def test_real_cpu_trace_profiler_list(cpu_trace: Path) -> None:
     assert addmm["calls"] == 6  # two Linear layers x three active steps
     assert 0 < addmm["self_cpu_us"] <= addmm["cpu_total_us"]
     assert s["memory"] and s["memory"][0]["device"] == "cpu" and s["memory"][0]["peak_allocated_bytes"] > 0
-    text = format_profiler_list(s, rows=30)
+    text = format_operator_table(s, rows=30)
     assert "Self CPU total" in text and "CPU total" in text and "Self device total" not in text
     assert "aten::addmm" in text and "ProfilerStep#" in text
     assert text.rstrip().splitlines()[-1].startswith("  cpu")  # memory overview at the end
 
 
-def test_profiler_list_sorted_by_device_time() -> None:
+def test_operator_table_sorted_by_device_time() -> None:
     s = summarize(load_trace(GPU_2RANK), top=20)
-    text = format_profiler_list(s, rows=20)
+    text = format_operator_table(s, rows=20)
     assert "Self device total" in text and "Memory:" in text
     device = [op["device_total_us"] for op in s["top_ops_by_device"]]
     assert device == sorted(device, reverse=True) and device[0] > 0

@@ -37,7 +37,7 @@ def test_two_rank_training_job_traces_both_ranks(tmp_path):
         # Nothing but traces beside traces; summaries in their own folder.
         assert sorted(p.name for p in (tb / cycle).iterdir()) == sorted([t.name for t in traces] + ["summaries"])
         assert sorted(p.name for p in (tb / cycle / "summaries").iterdir()) == sorted(
-            t.name.replace(".pt.trace.json.gz", suffix) for t in traces for suffix in (".profiler_list.dat", ".summary.json"))
+            t.name.replace(".pt.trace.json.gz", suffix) for t in traces for suffix in (".operator_table.txt", ".summary.json"))
         for rank, trace in enumerate(traces):
             with gzip.open(trace, "rt") as handle:
                 data = json.load(handle)

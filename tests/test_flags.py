@@ -12,6 +12,8 @@ from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args, validate_args
 from torchprof_args.config import flag_reference_markdown
+from torchprof_args.flags import Flag, FlagGroup, register_group, was_given
+from torchprof_args.runtime import flags as runtime_flags
 from torchprof_args.runtime.config import profile_dir as resolve_profile_dir
 from torchprof_args.runtime.schedule import ProfileSchedule
 
@@ -69,7 +71,7 @@ def test_configs_from_args_builds_every_feature_config(tmp_path):
     assert trace.enabled and trace.ranks == (0, 1) and trace.output_dir == str(tmp_path)
     assert trace.schedule == ProfileSchedule(warmup=3, active=2, step_start=5, step_end=7)
     assert trace.profiler_options()["record_shapes"] and not trace.profiler_options()["with_stack"]
-    assert export.gzip_level is None and export.mode == "fork" and export.summary_rows == 30
+    assert export.gzip_level is None and export.mode == "fork" and export.operator_table_rows == 30
     assert on_demand.enabled and on_demand.warmup == 3 and not on_demand.gzip
     assert on_demand.control_dir == str(tmp_path / "ondemand")
     assert run.timers.log_level == 2 and run.timers.nvtx
@@ -122,6 +124,44 @@ def test_cross_flag_errors_name_the_flags(argv, words):
         validate_args(parse(*argv), world_size=4)
     assert words in str(err.value)
     assert isinstance(err.value, ValueError)
+
+
+TABLE, TABLE_ROWS = "--torch-profile-operator-table", "--torch-profile-operator-table-rows"
+
+
+@pytest.mark.parametrize(("old", "new", "given"), [
+    (["--torch-profile-summary-rows", "12"], [TABLE_ROWS, "12"], [TABLE_ROWS]),
+    (["--no-torch-profile-summary"], ["--no-torch-profile-operator-table"], [TABLE]),
+    (["--torch-profile-summary"], [TABLE], [TABLE]),
+    (["--no-torch-profile-summary", "--torch-profile-summary-rows", "5"],
+     ["--no-torch-profile-operator-table", TABLE_ROWS, "5"], [TABLE, TABLE_ROWS]),
+])
+def test_old_summary_flags_still_parse_as_the_operator_table_flags(tmp_path, old, new, given):
+    base = ["--torch-profile", "--torch-profile-dir", str(tmp_path)]
+    old_args, new_args = parse(*base, *old), parse(*base, *new)
+    assert vars(old_args) == vars(new_args)  # the same values, and the same options recorded as given
+    assert configs_from_args(old_args, world_size=1) == configs_from_args(new_args, world_size=1)
+    flags = (runtime_flags.OPERATOR_TABLE, runtime_flags.OPERATOR_TABLE_ROWS)
+    assert [flag.option for flag in flags if was_given(old_args, flag)] == given
+
+
+def test_old_summary_flags_are_hidden(capsys):
+    rows = configs_from_args(parse("--torch-profile-summary-rows", "7"), world_size=1).profiler.export
+    assert rows.operator_table_rows == 7
+    assert configs_from_args(parse("--no-torch-profile-summary"), world_size=1).profiler.export.operator_table_rows is None
+    help_text = add_torch_profile_args(argparse.ArgumentParser()).format_help()
+    assert "--torch-profile-operator-table-rows" in help_text and "--no-torch-profile-operator-table" in help_text
+    assert "torch-profile-summary" not in help_text and "torch-profile-summary" not in flag_reference_markdown()
+
+
+def test_aliases_clash_like_options_and_yield_to_the_host():
+    clash = FlagGroup("test: alias clash", "", (Flag("--my-flag", "x", aliases=("--torch-profile-summary",)),))
+    with pytest.raises(ValueError, match="redefines --torch-profile-summary"):
+        register_group(clash)
+    host = argparse.ArgumentParser()
+    host.add_argument("--torch-profile-summary", default="the host's")
+    args = add_torch_profile_args(host).parse_args(["--torch-profile-summary", "x", "--no-torch-profile-operator-table"])
+    assert args.torch_profile_summary == "x" and args.torch_profile_operator_table is False
 
 
 def test_unwritable_output_dir_is_reported(tmp_path):

@@ -186,7 +186,7 @@ def test_publisher_publishes_a_valid_job_and_its_extra_files(tmp_path):
     extra = staging / "r.et.json"
     extra.write_text('{"nodes": []}')
     job_path = staging / "r.job.json"
-    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), summary_path=None,
+    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), operator_table_path=None,
                extra_files=[[str(extra), str(output / "cycle1" / "r.et.json.gz"), 6]]).save(job_path)
     assert (job_path.stat().st_mode & 0o777) == 0o600
     read, write = os.pipe()
@@ -204,7 +204,7 @@ def test_publisher_rejects_jobs_reaching_outside_its_directories(tmp_path, bad):
     staging, output, staged = make_job(tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
-    job = PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), summary_path=None)
+    job = PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), operator_table_path=None)
     if bad == "staged outside":
         job.staged_path = str(victim)
     elif bad == "trace outside":
@@ -245,7 +245,7 @@ def run_job(tmp_path: Path, body: str, *flags: str) -> subprocess.CompletedProce
         import argparse, os, signal, sys, time, torch
         from torchprof_args import TorchProfiler, add_torch_profile_args
         args = add_torch_profile_args(argparse.ArgumentParser()).parse_args(
-            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r}, "--no-torch-profile-summary",
+            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r}, "--no-torch-profile-operator-table",
              *{list(flags)!r}])
         model = torch.nn.Linear(16, 16)
     """) + textwrap.dedent(body))

@@ -177,7 +177,7 @@ def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_
     from torchprof_args import Timers
 
     parser = add_torch_profile_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path), "--no-torch-profile-summary",
+    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path), "--no-torch-profile-operator-table",
                               "--torch-profile-step-start", "4", "--torch-profile-step-end", "7"])
     writer = _ScalarLog()
     hook = tpm.TrainingHook(args, timers=Timers(0, "max"), writers=[writer, None])

@@ -39,7 +39,7 @@ def private_runtime_dir(tmp_path, monkeypatch):
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     return parser.parse_args(["--torch-profile-on-demand", "--torch-profile-dir", str(tmp_path / "prof"),
-                              "--no-torch-profile-summary", "--torch-profile-on-demand-interval", "5", *argv])
+                              "--no-torch-profile-operator-table", "--torch-profile-on-demand-interval", "5", *argv])
 
 
 def control_dir(tmp_path: Path) -> Path:

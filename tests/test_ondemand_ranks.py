@@ -49,7 +49,7 @@ def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
          "--torch-profile-on-demand",
          "--torch-profile-on-demand-interval", "5", "--torch-profile-on-demand-check-seconds", "0.5",
          "--torch-profile-dir", str(prof_dir),
-         "--no-torch-profile-summary"],
+         "--no-torch-profile-operator-table"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:

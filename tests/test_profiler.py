@@ -32,7 +32,7 @@ from torchprof_args.runtime.export.writer import Route, TraceWriter
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     return parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"),
-                              "--no-torch-profile-summary", *argv])
+                              "--no-torch-profile-operator-table", *argv])
 
 
 def train(prof: TorchProfiler, iterations: range, fail_at: int | None = None) -> None:
@@ -183,7 +183,7 @@ def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_pa
     staging = StagingArea(str(tmp_path / "staging"))
     staging.open()
     (staged_dir,) = [d for d in staging.dirs if str(d).startswith(str(tmp_path))]
-    writer = TraceWriter(out, staging, ExportConfig(mode="inline", gzip_level=9, summary_rows=None), rank=0)
+    writer = TraceWriter(out, staging, ExportConfig(mode="inline", gzip_level=9, operator_table_rows=None), rank=0)
 
     def export(path: str) -> None:  # ~400 MB of incompressible-ish JSON: gzip -9 takes seconds
         with open(path, "wb") as handle:
@@ -211,7 +211,7 @@ def test_sigterm_finishes_pending_traces_before_exit(tmp_path):
         import argparse, sys, time, torch
         from torchprof_args import TorchProfiler, add_torch_profile_args
         args = add_torch_profile_args(argparse.ArgumentParser()).parse_args(
-            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r}, "--no-torch-profile-summary"])
+            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r}, "--no-torch-profile-operator-table"])
         model = torch.nn.Linear(16, 16)
         with TorchProfiler.from_args(args) as prof:
             for iteration in range(1, 100000):
@@ -236,10 +236,10 @@ def test_partial_path_is_hidden():
 
 
 @pytest.mark.slow
-def test_per_rank_summaries_are_written_in_the_summaries_folder(tmp_path):
+def test_summary_sidecar_and_operator_table_are_written_in_the_summaries_folder(tmp_path):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"),
-                              "--torch-profile-profile-memory", "--torch-profile-summary-rows", "12"])
+                              "--torch-profile-profile-memory", "--torch-profile-operator-table-rows", "12"])
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 5))
     (trace,) = prof.published_traces
@@ -247,12 +247,12 @@ def test_per_rank_summaries_are_written_in_the_summaries_folder(tmp_path):
     stem = Path(trace).name.replace(".pt.trace.json.gz", "")
     # Nothing but the trace sits in the cycle folder (HTA reads every .json/.gz there as a trace).
     assert sorted(output_files(tmp_path)) == [f"iter000003-000003/{Path(trace).name}",
-                                              f"iter000003-000003/summaries/{stem}.profiler_list.dat",
+                                              f"iter000003-000003/summaries/{stem}.operator_table.txt",
                                               f"iter000003-000003/summaries/{stem}.summary.json"]
     sidecar = read_sidecar(trace, top=None)
     assert sidecar is not None and sidecar == finite(summarize(load_trace(trace), top=None))
-    summary = operator_table_path(trace).read_text()
-    assert summary.startswith(f"Trace: {trace}")
-    assert "ProfilerStep#3" in summary and "aten::addmm" in summary, summary
-    assert "Memory (from [memory] events)" in summary and "peak allocated" in summary
+    table = operator_table_path(trace).read_text()
+    assert table.startswith(f"Trace: {trace}")
+    assert "ProfilerStep#3" in table and "aten::addmm" in table, table
+    assert "Memory (from [memory] events)" in table and "peak allocated" in table
     assert not any(Path(name).name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))

@@ -26,12 +26,12 @@ from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.schedule import ProfileSchedule
 
 
-def profiler_config(tmp_path, schedule: ProfileSchedule, *, record: bool = False, summary: bool = True,
+def profiler_config(tmp_path, schedule: ProfileSchedule, *, record: bool = False, operator_table: bool = True,
                     memory: bool = False, nsys: bool = False) -> ProfilerConfig:
     """A profiler config as the flags would give, with the stand-ins' features switched on."""
     return ProfilerConfig(
         trace=TraceConfig(enabled=record, schedule=schedule, output_dir=str(tmp_path / "prof")),
-        export=ExportConfig(summary_rows=30 if summary else None),
+        export=ExportConfig(operator_table_rows=30 if operator_table else None),
         memory=MemorySnapshotConfig(enabled=memory), nsys=NsysConfig(enabled=nsys))
 
 
@@ -50,7 +50,7 @@ def test_snapshots_at_flushes_and_on_oom(tmp_path):
     fake = FakeAllocator()
     memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap")), rank=0,
                                host="node1", cuda_available=True, snapshot_fn=fake.snapshot, record_fn=fake.record)
-    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, repeat=2), record=True, summary=False),
+    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, repeat=2), record=True, operator_table=False),
                          rank=0, world_size=1, memory=memory)
     with pytest.raises(torch.OutOfMemoryError):
         run_loop(prof, range(1, 12), oom_at=10)
@@ -80,7 +80,7 @@ def test_nsys_capture_follows_the_recorded_steps(tmp_path):
 def test_memory_snapshot_on_cpu_warns_once_and_training_goes_on(tmp_path, caplog):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-memory-snapshot", "--torch-profile-nsys",
-                              "--torch-profile-dir", str(tmp_path), "--no-torch-profile-summary"])
+                              "--torch-profile-dir", str(tmp_path), "--no-torch-profile-operator-table"])
     prof = TorchProfiler.from_args(args)
     run_loop(prof, range(1, 6))
     assert len(prof.published_traces) == 1

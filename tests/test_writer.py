@@ -25,7 +25,7 @@ def export(path: str) -> None:
 def make_writer(tmp_path: Path, mode: str) -> TraceWriter:
     staging = StagingArea(str(tmp_path / "staging"))
     staging.open()
-    config = ExportConfig(mode=mode, gzip_level=None, summary_rows=None)
+    config = ExportConfig(mode=mode, gzip_level=None, operator_table_rows=None)
     return TraceWriter(tmp_path / "out", staging, config, rank=0)
 
 

@@ -15,8 +15,8 @@
 The decorator adds ``--profiling`` (enable), ``--ptensorboard`` (TensorBoard output too),
 ``--prof_dir DIR`` (default ``./prof``) and the full ``--torch-profile-*`` group; bad flags exit 2
 with a one-line error.  The profiler is created on first use (after your ``init_process_group``).
-At the end it writes ``profiler_list.dat`` in the profile directory: top operators by device
-time (CPU time when there is none) and a memory overview, from this run's traces.  With DeepSpeed,
+At the end it writes ``profiler_list.dat`` in the profile directory: the operator table of each of
+this run's traces (top operators by device time, CPU time when there is none, and memory).  With DeepSpeed,
 ``profiling.attach_deepspeed(engine)`` steps on optimizer steps and writes ``profiler_ds.txt``.
 """
 
@@ -167,7 +167,8 @@ class Profiling:
     # -- the end ----------------------------------------------------------------------------
 
     def finish(self, clean: bool) -> None:
-        """Stop the profiler, then write ``profiler_list.dat`` (and TensorBoard output)."""
+        """Stop the profiler, then write ``profiler_list.dat`` (the operator tables; and TensorBoard
+        output)."""
         if self.deepspeed is not None:
             self.deepspeed.close(clean=clean)
         elif self.prof is not None:
@@ -180,8 +181,8 @@ class Profiling:
         if self.tensorboard:
             self._link_traces_for_tensorboard(traces)
         try:
-            write_profiler_list(traces, self.prof_dir / profiler_list_name(self.prof.rank))
-        except Exception as err:  # the traces are published; a summary failure is reported only
+            write_operator_tables(traces, self.prof_dir / profiler_list_name(self.prof.rank))
+        except Exception as err:  # the traces are published; a table failure is reported only
             logger.warning("could not write %s: %s: %s", PROFILER_LIST_NAME, type(err).__name__, err)
 
     def _link_traces_for_tensorboard(self, traces: list[str]) -> None:
@@ -198,20 +199,21 @@ class Profiling:
                     os.symlink(os.path.abspath(trace), target)
 
 
-def write_profiler_list(traces: list[str], path: Path) -> Path:
-    """Top operators (device time, else CPU time) and memory of ``traces``, written atomically.
+def write_operator_tables(traces: list[str], path: Path) -> Path:
+    """The operator table of each of ``traces`` (top operators by device time, else CPU time, and
+    memory), one after the other in ``path``, written atomically.
 
     Each trace's summary comes from the sidecar its publisher wrote, when it matches the trace.
     """
-    from torchprof_args.analysis import format_profiler_list, load_trace, summarize
+    from torchprof_args.analysis import format_operator_table, load_trace, summarize
     from torchprof_args.analysis.sidecar import read_sidecar
 
     parts = []
     for trace in traces:
         summary = read_sidecar(trace) or summarize(load_trace(trace))
-        parts.append(f"# {Path(trace).parent.name}/{Path(trace).name}\n{format_profiler_list(summary)}")
+        parts.append(f"# {Path(trace).parent.name}/{Path(trace).name}\n{format_operator_table(summary)}")
     write_text_atomically(path, "\n".join(parts))
-    logger.info("operator summary written to %s", path)
+    logger.info("operator tables written to %s", path)
     return path
 
 

@@ -21,10 +21,10 @@ __all__ = [
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
     "METRICS_FILENAME",
+    "OPERATOR_TABLE_SUFFIX",
     "PROFILER_LIST_NAME",
     "SIDECAR_SUFFIX",
     "SUMMARIES_SUBDIR",
-    "SUMMARY_SUFFIX",
     "TRACE_FILE_SUFFIXES",
     "TRACE_SUFFIX",
     "WANDB_RUN_FILENAME",
@@ -54,14 +54,15 @@ GZIP_SUFFIX = ".gz"
 TRACE_FILE_SUFFIXES = (".json", ".json.gz")
 #: PyTorch's execution trace (Chakra input) of a window, published with its Kineto trace.
 EXECUTION_TRACE_SUFFIX = ".et.json"
-#: The per-trace operator table (``profiler_list.dat`` style) of each published trace, in the
-#: ``summaries/`` folder beside it.
-SUMMARY_SUFFIX = ".profiler_list.dat"
+#: The operator table of each published trace (steps, top operators, memory: the
+#: ``profiler_list.dat`` layout), in the ``summaries/`` folder beside it.
+OPERATOR_TABLE_SUFFIX = ".operator_table.txt"
 #: The per-trace summary sidecar: what ``torchprof summary --json`` prints, and the trace's size
 #: and mtime, so the tools read it instead of parsing a trace that has not changed.
 SIDECAR_SUFFIX = ".summary.json"
-#: The folder, inside a trace's folder, that holds its summaries (sidecars, operator tables):
-#: nothing but traces may sit beside traces, since HTA reads every .json/.gz of a folder as one.
+#: The folder, inside a trace's folder, that holds what is derived from each trace (summary
+#: sidecars, operator tables): nothing but traces may sit beside traces, since HTA reads every
+#: .json/.gz of a folder as one.
 SUMMARIES_SUBDIR = "summaries"
 #: One folder per profiled cycle: ``iter000120-000121`` holds every rank's trace of iterations
 #: 120..121, so HTA's ``TraceAnalysis(trace_dir=...)`` reads a cycle as it is.
@@ -69,7 +70,7 @@ CYCLE_DIR_PREFIX = "iter"
 #: Files published with a trace that are not traces go into a subfolder of the cycle folder
 #: named for what they hold (a ``.json.gz`` beside the traces would be read by HTA as a trace).
 COMPANION_SUBDIRS = {EXECUTION_TRACE_SUFFIX: "execution_traces"}
-#: The run-level operator table of the ``torchprof_args.cli`` decorator (seed name).
+#: The file of the ``torchprof_args.cli`` decorator's run-level operator tables (its seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
 #: ``<profile dir>/flight_recorder/``: PyTorch flight-recorder dumps, ``<prefix><rank>`` each.
@@ -167,9 +168,10 @@ def sidecar_path(trace_path: str | os.PathLike[str]) -> Path:
 
 
 def operator_table_path(trace_path: str | os.PathLike[str]) -> Path:
-    """``<folder>/summaries/<stem>.profiler_list.dat``: the operator table of ``trace_path``."""
+    """``<folder>/summaries/<stem>.operator_table.txt``: the operator table of ``trace_path``."""
     trace_path = Path(trace_path)
-    return trace_path.parent / SUMMARIES_SUBDIR / (strip_trace_suffixes(trace_path.name) + SUMMARY_SUFFIX)
+    name = strip_trace_suffixes(trace_path.name) + OPERATOR_TABLE_SUFFIX
+    return trace_path.parent / SUMMARIES_SUBDIR / name
 
 
 def rank_from_file_name(name: str) -> int | None:

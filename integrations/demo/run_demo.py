@@ -55,17 +55,18 @@ def main(argv: list[str]) -> int:
         print(f"demo: the training job failed with exit code {code}", file=sys.stderr)
         return code
     # One folder per profiled cycle (iter000003-000003/), every rank's trace in it, and the
-    # summaries the publisher wrote (sidecars the tools read, operator tables) in its summaries/.
+    # files the publisher derived from each trace (summary sidecars the tools read, operator
+    # tables) in its summaries/.
     traces = sorted((OUTPUT / "tensorboard").glob("iter*/*.pt.trace.json*"))
-    summaries = sorted((OUTPUT / "tensorboard").glob("iter*/summaries/*.profiler_list.dat"))
+    tables = sorted((OUTPUT / "tensorboard").glob("iter*/summaries/*.operator_table.txt"))
     print("\n=== torchprof-args demo finished ===")
     print(f"traces ({len(traces)}):")
     for trace in traces:
         print(f"  {trace.relative_to(REPO)}  ({trace.stat().st_size / 1e6:.1f} MB)")
-    if summaries:
-        print(f"per-rank operator summaries ({len(summaries)}):")
-        for summary in summaries:
-            print(f"  {summary.relative_to(REPO)}")
+    if tables:
+        print(f"per-rank operator tables ({len(tables)}):")
+        for table in tables:
+            print(f"  {table.relative_to(REPO)}")
     if traces:
         print("\n$ .venv/bin/torchprof summary " + str((OUTPUT / "tensorboard").relative_to(REPO)),
               flush=True)

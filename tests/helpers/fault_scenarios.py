@@ -26,7 +26,7 @@ from helpers.paths import JOBS
 from helpers.processes import free_port, subprocess_env
 
 JOB = JOBS / "fault_job.py"
-BASE = ["--torch-profile", "--torch-profile-dir", "{out}", "--no-torch-profile-summary", "--result-dir", "{res}"]
+BASE = ["--torch-profile", "--torch-profile-dir", "{out}", "--no-torch-profile-operator-table", "--result-dir", "{res}"]
 HEAVY = ["--layers", "24", "--torch-profile-record-shapes", "--torch-profile-with-stack", "--torch-profile-active", "2",
          "--torch-profile-gzip-level", "9"]
 

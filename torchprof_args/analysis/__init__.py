@@ -23,10 +23,11 @@ from __future__ import annotations
 from torchprof_args.analysis.analyzers.cross_rank import cross_rank
 from torchprof_args.analysis.loader import load_trace
 from torchprof_args.analysis.summary import summarize
-from torchprof_args.analysis.text import format_profiler_list, format_summary
+from torchprof_args.analysis.text import format_operator_table, format_profiler_list, format_summary
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
 __all__ = [
-    "Trace", "TraceError", "cross_rank", "format_profiler_list", "format_summary", "load_trace", "summarize",
+    "Trace", "TraceError", "cross_rank", "format_operator_table", "format_profiler_list", "format_summary",
+    "load_trace", "summarize",
 ]

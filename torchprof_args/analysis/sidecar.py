@@ -3,7 +3,7 @@
 ``<trace folder>/summaries/<stem>.summary.json`` holds what ``torchprof summary --json --top all``
 prints for the trace (every kernel and operator, not only the top 30) plus the trace's name, size
 and mtime.  The publisher writes one when it publishes a trace (it parses the staged copy for
-``profiler_list.dat`` anyway); ``torchprof summary --write-sidecars [--shard K/N]`` writes them
+the trace's operator table anyway); ``torchprof summary --write-sidecars [--shard K/N]`` writes them
 for traces from elsewhere.  A sidecar is used only while it matches its trace (same name, size
 and mtime, same sidecar version); otherwise the trace is parsed.  Sidecars live in a subfolder
 because HTA reads every ``.json`` / ``.gz`` file of a folder as a trace.

@@ -1,4 +1,5 @@
-"""Plain-text renderings of summaries: ``profiler_list.dat`` table and ``torchprof summary``."""
+"""Plain-text renderings of summaries: a trace's operator table (the ``profiler_list.dat`` layout)
+and ``torchprof summary``."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def _memory_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_profiler_list(summary: dict[str, Any], rows: int = 30) -> str:
-    """A ``profiler_list.dat``-style table from :func:`summarize`'s result.
+def format_operator_table(summary: dict[str, Any], rows: int = 30) -> str:
+    """The operator table (``profiler_list.dat`` layout) of :func:`summarize`'s result.
 
     Step durations first, then the top operators sorted by device (kernel) time, or by CPU time
     when the trace has no kernels, then peak memory per device.
@@ -90,6 +91,10 @@ def format_profiler_list(summary: dict[str, Any], rows: int = 30) -> str:
     lines.append("")
     lines += _memory_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+#: The old name of :func:`format_operator_table`, kept for scripts that import it (it was public).
+format_profiler_list = format_operator_table
 
 
 def format_summary(summary: dict[str, Any], rows: int = 10) -> str:

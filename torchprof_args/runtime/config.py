@@ -119,7 +119,7 @@ class ExportConfig:
     mode: str = "fork"
     staging_dir: str | None = None
     gzip_level: int | None = 6  # None: published uncompressed
-    summary_rows: int | None = 30  # None: no per-trace operator summary
+    operator_table_rows: int | None = 30  # None: no operator table (nor summary sidecar) per trace
     flush_timeout: float = 1800.0
     exit_timeout: float = 600.0
     term_grace: float = 10.0
@@ -131,7 +131,8 @@ class ExportConfig:
             mode=flag_value(args, flags.EXPORT),
             staging_dir=flag_value(args, flags.STAGING_DIR),
             gzip_level=flag_value(args, flags.GZIP_LEVEL) if flag_value(args, flags.GZIP) else None,
-            summary_rows=flag_value(args, flags.SUMMARY_ROWS) if flag_value(args, flags.SUMMARY) else None,
+            operator_table_rows=(flag_value(args, flags.OPERATOR_TABLE_ROWS)
+                                 if flag_value(args, flags.OPERATOR_TABLE) else None),
             flush_timeout=float(flag_value(args, flags.FLUSH_TIMEOUT)),
             exit_timeout=float(flag_value(args, flags.EXIT_TIMEOUT)),
             term_grace=float(flag_value(args, flags.TERM_GRACE)),

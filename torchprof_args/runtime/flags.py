@@ -100,10 +100,13 @@ MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
                         "Below it a recording window ends early on every rank at the same iteration, and a trace "
                         "is exported inline to disk instead of forked or staged in RAM. 0 turns the guard off.",
                         default=2048, type=non_negative_int, metavar="MB")
-SUMMARY = Flag("--torch-profile-summary", "Write a per-rank operator summary next to each trace.", default=True,
-               action=argparse.BooleanOptionalAction)
-SUMMARY_ROWS = Flag("--torch-profile-summary-rows", "Rows in the per-rank operator summary.", default=30,
-                    type=positive_int, metavar="N")
+OPERATOR_TABLE = Flag("--torch-profile-operator-table",
+                      "Publish with each trace, in its cycle folder's summaries/, its operator table "
+                      "(<stem>.operator_table.txt: steps, top operators, memory) and its summary sidecar "
+                      "(<stem>.summary.json).",
+                      default=True, action=argparse.BooleanOptionalAction, aliases=("--torch-profile-summary",))
+OPERATOR_TABLE_ROWS = Flag("--torch-profile-operator-table-rows", "Operators listed in each operator table.",
+                           default=30, type=positive_int, metavar="N", aliases=("--torch-profile-summary-rows",))
 TENSORBOARD_DIR = Flag("--tensorboard-dir",
                        "TensorBoard log directory (Megatron-LM's flag, reused when the host defines it).",
                        metavar="DIR", host_owned=True)
@@ -114,8 +117,8 @@ PROFILE_FLAGS = register_group(FlagGroup(
                 "timeouts (torchprof-args).",
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END, RECORD_SHAPES,
            PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES, PROFILE_DIR, GZIP,
-           GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, SUMMARY,
-           SUMMARY_ROWS, TENSORBOARD_DIR),
+           GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB,
+           OPERATOR_TABLE, OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
     order=10,
 ))
 

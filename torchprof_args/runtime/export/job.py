@@ -51,16 +51,18 @@ class JobRejected(ValueError):
 class PublishJob:
     """Everything the publisher process needs, saved to the job file as JSON.
 
-    ``extra_files`` is the place for more files published with this trace (an execution trace,
-    a sidecar): ``[staged path, target path, gzip level or None]`` each; the publisher moves
-    them into the output directory after the trace, atomically, and removes them from staging.
+    ``extra_files`` is the place for more files published with this trace (an execution trace):
+    ``[staged path, target path, gzip level or None]`` each; the publisher moves them into the
+    output directory after the trace, atomically, and removes them from staging.  The operator
+    table and the summary sidecar are parsed from the staged trace by the publisher itself.
     """
 
     staged_path: str
     trace_path: str
     gzip_level: int | None = 6
-    summary_path: str | None = None
-    summary_rows: int = 30
+    #: the trace's operator table (``naming.operator_table_path``), ``operator_table_rows`` operators.
+    operator_table_path: str | None = None
+    operator_table_rows: int = 30
     rank: int = 0
     extra_files: list[list[Any]] = dataclasses.field(default_factory=list)
     #: the trace's summary sidecar (``naming.sidecar_path``), written with the operator table.
@@ -92,7 +94,7 @@ class PublishJob:
 
     def published_files(self) -> list[str]:
         files = [self.trace_path, *(str(extra[1]) for extra in self.extra_files)]
-        return files + [p for p in (self.summary_path, self.sidecar_path) if p]
+        return files + [p for p in (self.operator_table_path, self.sidecar_path) if p]
 
     def leftovers(self) -> list[Path]:
         """Every file this job may leave if its processes die: staged files and their hidden partial

@@ -7,8 +7,8 @@ its command line (:meth:`PublishJob.load <torchprof_args.runtime.export.job.Publ
 then publishes, each under a hidden temporary name renamed into place:
 
 1. the trace, gzip-compressed into the (possibly slow, shared) output directory;
-2. the per-trace operator summary;
-3. ``extra_files``: more files that belong with this trace (the place for sidecars).
+2. its summary sidecar and operator table, parsed once from the staged copy;
+3. ``extra_files``: more files that belong with this trace (an execution trace).
 
 Its outcome goes back to the training process on the status pipe.  SIGTERM unwinds it, so its
 partial files are removed; what a SIGKILL leaves, the training process removes.  Nothing
@@ -54,7 +54,8 @@ def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
 
 
 def publish(job: PublishJob) -> dict[str, Any]:
-    """Publish one staged trace, its summary and its extra files; returns the status record.
+    """Publish one staged trace, its summary sidecar, operator table and extra files; returns the
+    status record.
 
     Staged files are removed whatever happens.
     """
@@ -67,9 +68,9 @@ def publish(job: PublishJob) -> dict[str, Any]:
         _copy_compressed(staged, trace_path, job.gzip_level)
         status["trace_mb"] = trace_path.stat().st_size / 1e6
         status["publish_seconds"] = time.perf_counter() - started
-        if job.summary_path:
+        if job.operator_table_path:
             try:
-                status["summary_path"] = _write_summary(staged, job, trace_path)
+                status["operator_table_path"] = _write_summary_files(staged, job, trace_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status["summary_error"] = f"{type(err).__name__}: {err}"
         _publish_extra_files(job, status)
@@ -98,11 +99,12 @@ def _publish_extra_files(job: PublishJob, status: dict[str, Any]) -> None:
         status["extra_errors"] = errors
 
 
-def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
-    """The trace's summary, parsed from the uncompressed staged copy (fast, local), published as
-    its sidecar (``summaries/<stem>.summary.json``: what ``torchprof summary`` then reads instead of
-    the trace) and its operator table (``summaries/<stem>.profiler_list.dat``)."""
-    from torchprof_args.analysis import format_profiler_list, load_trace, summarize
+def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
+    """Step 2: the trace's summary, parsed from the uncompressed staged copy (fast, local),
+    published as its sidecar (``summaries/<stem>.summary.json``: what ``torchprof summary`` then
+    reads instead of the trace) and rendered as its operator table
+    (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
+    from torchprof_args.analysis import format_operator_table, load_trace, summarize
     from torchprof_args.analysis.sidecar import write_sidecar
     from torchprof_args.analysis.summary import finite
 
@@ -110,9 +112,9 @@ def _write_summary(staged: Path, job: PublishJob, published: Path) -> str:
     summary["file"] = str(published)
     if job.sidecar_path:
         write_sidecar(summary, published, target=Path(job.sidecar_path))
-    with atomic_output(job.summary_path, "w", fsync=True) as handle:
-        handle.write(format_profiler_list(summary, rows=job.summary_rows))
-    return job.summary_path
+    with atomic_output(job.operator_table_path, "w", fsync=True) as handle:
+        handle.write(format_operator_table(summary, rows=job.operator_table_rows))
+    return job.operator_table_path
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

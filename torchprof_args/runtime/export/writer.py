@@ -111,21 +111,22 @@ class TraceWriter:
 
     # -- submitting ------------------------------------------------------------------------
 
-    def job_for(self, cycle: str, stem: str, staging: Path, extra_files: Sequence[ExtraFile] = ()) -> PublishJob:
+    def job_for(self, cycle: str, stem: str, staging: Path,
+                extra_files: Sequence[ExtraFile] = ()) -> PublishJob:
         """The job of ``stem``'s trace of ``cycle``: ``<output>/<cycle>/<stem>.pt.trace.json.gz``, its
         summary sidecar and operator table in ``<output>/<cycle>/summaries/`` (naming.trace_relpath)."""
-        gzip_level, summary_rows = self.config.gzip_level, self.config.summary_rows
+        gzip_level, rows = self.config.gzip_level, self.config.operator_table_rows
         folder = self.output_dir / cycle
         trace_path = folder / trace_file_name(stem, gzip=gzip_level is not None)
         return PublishJob(
             staged_path=str(staging / f"{cycle}_{stem}{TRACE_SUFFIX}"),  # staging is flat: rank and cycle
             trace_path=str(trace_path),
             gzip_level=gzip_level,
-            summary_path=str(operator_table_path(trace_path)) if summary_rows else None,
-            summary_rows=summary_rows or 0,
+            operator_table_path=str(operator_table_path(trace_path)) if rows else None,
+            operator_table_rows=rows or 0,
             rank=self.rank,
             extra_files=[[staged, str(folder / name), level] for staged, name, level in extra_files],
-            sidecar_path=str(sidecar_path(trace_path)) if summary_rows else None,
+            sidecar_path=str(sidecar_path(trace_path)) if rows else None,
         )
 
     def submit_window(self, export: Callable[[str], None], first: int, last: int,
