@@ -48,9 +48,10 @@ __all__ = ["PROFILER_LIST_NAME", "Profiling", "cli"]
 #: Default region name wrapped around each training step (seed name).
 TRAIN_STEP_REGION = "accelerator.train_step"
 
-PROFILING = Flag("--profiling", "Enable profiling (same as --torch-profile).", default=False, action="store_true")
-PTENSORBOARD = Flag("--ptensorboard", "Also write TensorBoard output: step-time scalars and the traces in a run "
-                    "directory TensorBoard's profiler plugin reads.", default=False, action="store_true")
+PROFILING = Flag("--profiling", "Enable profiling (same as --torch-profile).", default=False,
+                 action="store_true")
+PTENSORBOARD = Flag("--ptensorboard", "Also write TensorBoard output: step-time scalars and the traces in a "
+                    "run directory TensorBoard's profiler plugin reads.", default=False, action="store_true")
 PROF_DIR = Flag("--prof_dir", "Profile directory (same as --torch-profile-dir).", metavar="DIR",
                 default_doc="`./prof`")
 
@@ -76,7 +77,8 @@ def apply_cli_aliases(args: argparse.Namespace) -> argparse.Namespace:
     prof_dir = flag_value(args, PROF_DIR)
     if prof_dir:
         if args.torch_profile_dir and os.path.abspath(args.torch_profile_dir) != os.path.abspath(prof_dir):
-            raise TorchProfileArgsError("--prof_dir and --torch-profile-dir name different directories; give one.")
+            raise TorchProfileArgsError("--prof_dir and --torch-profile-dir name different directories; "
+                                        "give one.")
         args.torch_profile_dir = prof_dir
     elif not args.torch_profile_dir:
         args.torch_profile_dir = "./prof"
@@ -160,7 +162,8 @@ class Profiling:
             if self._tensorboard is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tensorboard = SummaryWriter(str(self.prof_dir / "tensorboard" / f"rank{_dist.rank():05d}"))
+                log_dir = self.prof_dir / "tensorboard" / f"rank{_dist.rank():05d}"
+                self._tensorboard = SummaryWriter(str(log_dir))
             self._tensorboard.add_scalar("step-time-seconds", now - self._last_step_time, iteration)
         self._last_step_time = now
 
@@ -186,8 +189,9 @@ class Profiling:
             logger.warning("could not write %s: %s: %s", PROFILER_LIST_NAME, type(err).__name__, err)
 
     def _link_traces_for_tensorboard(self, traces: list[str]) -> None:
-        """TensorBoard's profiler plugin reads ``<logdir>/<run>/plugins/profile/<session>/*.pt.trace.json.gz``:
-        one session per profiled cycle (its folder's name, ``iter000003-000004``), one worker per rank."""
+        """TensorBoard's profiler plugin reads
+        ``<logdir>/<run>/plugins/profile/<session>/*.pt.trace.json.gz``: one session per profiled
+        cycle (its folder's name, ``iter000003-000004``), one worker per rank."""
         for trace in traces:
             session = self.prof_dir / "tensorboard" / "plugins" / "profile" / Path(trace).parent.name
             session.mkdir(parents=True, exist_ok=True)

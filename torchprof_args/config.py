@@ -119,7 +119,8 @@ def _check_environment(profiler: ProfilerConfig, world_size: int | None) -> None
 
 
 def check_writable_dir(path: str, flag: str) -> None:
-    """Create ``path`` if needed and prove a file can be written there; else a one-line error naming ``flag``."""
+    """Create ``path`` if needed and prove a file can be written there; else a one-line error
+    naming ``flag``."""
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:

@@ -111,11 +111,12 @@ def trace_stem(rank: int, *, host: str | None = None, pid: int | None = None) ->
     return f"rank{rank:05d}_{host}_pid{pid}"
 
 
-def trace_relpath(rank: int, first_iteration: int, last_iteration: int, *, gzip: bool, host: str | None = None,
-                  pid: int | None = None) -> str:
+def trace_relpath(rank: int, first_iteration: int, last_iteration: int, *, gzip: bool,
+                  host: str | None = None, pid: int | None = None) -> str:
     """Where, under the profile directory, a rank's trace of one cycle is published:
     ``iter000120-000121/rank00003_node17_pid4242.pt.trace.json.gz``."""
-    return f"{cycle_dir_name(first_iteration, last_iteration)}/{trace_file_name(trace_stem(rank, host=host, pid=pid), gzip)}"
+    name = trace_file_name(trace_stem(rank, host=host, pid=pid), gzip)
+    return f"{cycle_dir_name(first_iteration, last_iteration)}/{name}"
 
 
 def trace_file_name(stem: str, gzip: bool) -> str:

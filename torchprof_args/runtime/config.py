@@ -93,22 +93,23 @@ def _schedule(args: argparse.Namespace) -> ProfileSchedule:
     if start is not None or end is not None:
         if start is None:
             raise TorchProfileArgsError("--torch-profile-step-end needs --torch-profile-step-start.")
-        given = [flag.option for flag in (flags.WAIT, flags.SKIP_FIRST, flags.REPEAT) if was_given(args, flag)]
+        relative = (flags.WAIT, flags.SKIP_FIRST, flags.REPEAT)
+        given = [flag.option for flag in relative if was_given(args, flag)]
         if given:
             raise TorchProfileArgsError(
-                f"--torch-profile-step-start/-end cannot be combined with {', '.join(given)}: choose absolute "
-                "iterations or a relative schedule.")
+                f"--torch-profile-step-start/-end cannot be combined with {', '.join(given)}: choose "
+                "absolute iterations or a relative schedule.")
         if end is not None and was_given(args, flags.ACTIVE):
-            raise TorchProfileArgsError("--torch-profile-active cannot be combined with --torch-profile-step-end "
-                                        "(the window is step-end - step-start).")
+            raise TorchProfileArgsError("--torch-profile-active cannot be combined with "
+                                        "--torch-profile-step-end (the window is step-end - step-start).")
         if end is not None and end <= start:
             raise TorchProfileArgsError(f"--torch-profile-step-end ({end}) must be greater than "
                                         f"--torch-profile-step-start ({start}).")
         end = start + active if end is None else end
         active = end - start
-    return ProfileSchedule(wait=flag_value(args, flags.WAIT), warmup=flag_value(args, flags.WARMUP), active=active,
-                           repeat=flag_value(args, flags.REPEAT), skip_first=flag_value(args, flags.SKIP_FIRST),
-                           step_start=start, step_end=end)
+    return ProfileSchedule(wait=flag_value(args, flags.WAIT), warmup=flag_value(args, flags.WARMUP),
+                           active=active, repeat=flag_value(args, flags.REPEAT),
+                           skip_first=flag_value(args, flags.SKIP_FIRST), step_start=start, step_end=end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +142,8 @@ class ExportConfig:
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(
                 f"--torch-profile-exit-timeout ({config.exit_timeout:g} s) must be shorter than "
-                f"--torch-profile-flush-timeout ({config.flush_timeout:g} s): at exit every rank waits at the fence "
-                "while the slowest rank waits for its publishers.")
+                f"--torch-profile-flush-timeout ({config.flush_timeout:g} s): at exit every rank waits at "
+                "the fence while the slowest rank waits for its publishers.")
         return config
 
 
@@ -162,10 +163,11 @@ class MemorySnapshotConfig:
         options = (flags.MEMORY_MAX_ENTRIES, flags.MEMORY_STACKS, flags.MEMORY_INTERVAL)
         given = [flag.option for flag in options if was_given(args, flag)]
         if given and not enabled:
-            raise TorchProfileArgsError(
-                f"{', '.join(given)} only take effect with --torch-profile-memory-snapshot; add it or drop them.")
+            raise TorchProfileArgsError(f"{', '.join(given)} only take effect with "
+                                        "--torch-profile-memory-snapshot; add it or drop them.")
         return cls(enabled=enabled, max_entries=flag_value(args, flags.MEMORY_MAX_ENTRIES),
-                   stacks=flag_value(args, flags.MEMORY_STACKS), interval=flag_value(args, flags.MEMORY_INTERVAL),
+                   stacks=flag_value(args, flags.MEMORY_STACKS),
+                   interval=flag_value(args, flags.MEMORY_INTERVAL),
                    output_dir=f"{profile_dir(args)}/{MEMORY_SNAPSHOT_SUBDIR}")
 
 

@@ -63,7 +63,8 @@ class Fence:
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
 
     def wait(self, iteration: int, what: str = "flush") -> bool:
-        """Synchronise the device, then wait for every rank; False (logged, hooks run) if the barrier failed."""
+        """Synchronise the device, then wait for every rank; False (logged, hooks run) if the barrier
+        failed."""
         self.waits += 1
         try:
             _synchronize_device()
@@ -79,7 +80,8 @@ class Fence:
             return True
         except Exception as err:  # noqa: BLE001 - profiling must never stop training
             logger.error("rank %d: %s barrier at iteration %d failed (%s); training continues. Raise "
-                         "--torch-profile-flush-timeout if exports take longer.", self.rank, what, iteration, err)
+                         "--torch-profile-flush-timeout if exports take longer.", self.rank, what, iteration,
+                         err)
             self._run_failure_hooks(iteration, what, err)
             return False
 
@@ -113,14 +115,16 @@ class Fence:
         votes = torch.zeros(self.world_size, dtype=torch.int64)
         votes[self.rank] = value
         with _dist.unrecorded():  # inside a recording window: not one of the job's collectives
-            self._vote = (dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True), votes)
+            work = dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            self._vote = (work, votes)
 
     @property
     def vote_pending(self) -> bool:
         return self._vote is not None or self._local_vote is not None
 
     def collect_vote(self, timeout: float | None = None) -> list[int] | None:
-        """Every rank's value posted at the last :meth:`post_vote` (None when none is pending or it failed)."""
+        """Every rank's value posted at the last :meth:`post_vote` (None when none is pending or it
+        failed)."""
         local, self._local_vote = self._local_vote, None
         if local is not None:
             return local
@@ -131,6 +135,7 @@ class Fence:
         try:
             _dist.wait(work, timeout)
         except Exception as err:  # noqa: BLE001
-            logger.error("rank %d: memory vote on the fence group failed (%s); training continues", self.rank, err)
+            logger.error("rank %d: memory vote on the fence group failed (%s); training continues", self.rank,
+                         err)
             return None
         return [int(v) for v in votes.tolist()]

@@ -27,9 +27,11 @@ def non_negative_float(text: str) -> float:
 
 
 TORCH_PROFILE = Flag("--torch-profile", "Enable torch.profiler tracing.", default=False, action="store_true")
-RANKS = Flag("--torch-profile-ranks", "Global ranks to trace, or 'all'.", default=[0], type=rank_token, nargs="+",
-             metavar="R")
-WAIT = Flag("--torch-profile-wait", "Steps to wait at the start of each cycle (torch.profiler.schedule wait).",
+RANKS = Flag("--torch-profile-ranks",
+             "Global ranks to trace, or 'all'.",
+             default=[0], type=rank_token, nargs="+", metavar="R")
+WAIT = Flag("--torch-profile-wait",
+            "Steps to wait at the start of each cycle (torch.profiler.schedule wait).",
             default=0, type=non_negative_int, metavar="N")
 WARMUP = Flag("--torch-profile-warmup", "Warmup steps before recording in each cycle (not recorded).",
               default=1, type=non_negative_int, metavar="N")
@@ -38,8 +40,9 @@ ACTIVE = Flag("--torch-profile-active",
               default=1, type=positive_int, metavar="N")
 REPEAT = Flag("--torch-profile-repeat", "Number of cycles (0 = until the run ends).", default=1,
               type=non_negative_int, metavar="N")
-SKIP_FIRST = Flag("--torch-profile-skip-first", "Steps of this run skipped before the first cycle.", default=1,
-                  type=non_negative_int, metavar="N")
+SKIP_FIRST = Flag("--torch-profile-skip-first",
+                  "Steps of this run skipped before the first cycle.",
+                  default=1, type=non_negative_int, metavar="N")
 STEP_START = Flag("--torch-profile-step-start",
                   "First global iteration to record (Megatron style, resume-safe); replaces "
                   "--torch-profile-wait/-skip-first/-repeat.", type=non_negative_int, metavar="N")
@@ -54,16 +57,17 @@ WITH_STACK = Flag("--torch-profile-with-stack", "Record Python source locations 
                   action="store_true")
 WITH_FLOPS = Flag("--torch-profile-with-flops", "Estimate FLOPs of matrix multiplications and convolutions.",
                   default=False, action="store_true")
-WITH_MODULES = Flag("--torch-profile-with-modules", "Record the nn.Module hierarchy of operators.", default=False,
-                    action="store_true")
+WITH_MODULES = Flag("--torch-profile-with-modules",
+                    "Record the nn.Module hierarchy of operators.",
+                    default=False, action="store_true")
 EXECUTION_TRACE = Flag("--torch-profile-execution-trace",
-                       "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the same "
-                       "windows on the traced ranks, published in each cycle folder's execution_traces/ as "
-                       "<stem>.et.json.gz.",
+                       "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the "
+                       "same windows on the traced ranks, published in each cycle folder's "
+                       "execution_traces/ as <stem>.et.json.gz.",
                        default=False, action="store_true")
-ACTIVITIES = Flag("--torch-profile-activities", "Activities to record: cpu, cuda. Default: cpu, plus cuda when "
-                  "available.", type=str.lower, nargs="+", choices=("cpu", "cuda"), metavar="A",
-                  default_doc="cpu [cuda]")
+ACTIVITIES = Flag("--torch-profile-activities",
+                  "Activities to record: cpu, cuda. Default: cpu, plus cuda when available.",
+                  type=str.lower, nargs="+", choices=("cpu", "cuda"), metavar="A", default_doc="cpu [cuda]")
 PROFILE_DIR = Flag("--torch-profile-dir", "Output directory for traces and summaries.", metavar="DIR",
                    default_doc="`--tensorboard-dir` if set, else `./prof`")
 GZIP = Flag("--torch-profile-gzip", "Gzip-compress published traces (.pt.trace.json.gz).", default=True,
@@ -72,41 +76,46 @@ GZIP_LEVEL = Flag("--torch-profile-gzip-level", "Compression level 1..9 (runs of
                   default=6, type=gzip_level, metavar="L")
 STAGING_DIR = Flag("--torch-profile-staging-dir",
                    "Node-local directory the raw trace is written to before the barrier (a private "
-                   "torchprof-<uid>/pid<pid> directory is made in it). Default: /dev/shm while memory allows, else "
-                   "the system temp directory; chosen again at every flush from the space and memory free then.",
+                   "torchprof-<uid>/pid<pid> directory is made in it). Default: /dev/shm while memory "
+                   "allows, else the system temp directory; chosen again at every flush from the space and "
+                   "memory free then.",
                    metavar="DIR", default_doc="auto")
 EXPORT = Flag("--torch-profile-export",
               "How the trace leaves the training process: 'fork' serialises it in a forked child (the "
               "training thread pays only for stop()); 'inline' serialises it on the training thread. "
-              "Compression and publishing always run in a separate process. 'fork' falls back to inline for a "
-              "flush when host memory cannot cover the child or the fork fails.",
+              "Compression and publishing always run in a separate process. 'fork' falls back to inline for "
+              "a flush when host memory cannot cover the child or the fork fails.",
               default="fork", choices=("fork", "inline"), metavar="MODE")
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
-                     "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at flushes, "
-                     "memory snapshots and the exit.",
+                     "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at "
+                     "flushes, memory snapshots and the exit.",
                      default=1800.0, type=positive_float, metavar="S")
 EXIT_TIMEOUT = Flag("--torch-profile-exit-timeout",
-                    "Seconds a rank waits at a clean exit for its traces still being published, before every rank "
-                    "meets at the fence (then they are stopped and cleaned up; 0: do not wait). Must be shorter "
-                    "than --torch-profile-flush-timeout.",
+                    "Seconds a rank waits at a clean exit for its traces still being published, before "
+                    "every rank meets at the fence (then they are stopped and cleaned up; 0: do not wait). "
+                    "Must be shorter than --torch-profile-flush-timeout.",
                     default=600.0, type=non_negative_float, metavar="S")
 TERM_GRACE = Flag("--torch-profile-term-grace",
-                  "Seconds after SIGTERM within which profiling cleans up (pending traces may finish, the rest "
-                  "are stopped, partial files removed) before the signal is delivered as without the profiler. "
-                  "Keep it under the scheduler's kill wait (SLURM KillWait, 30 s by default).",
+                  "Seconds after SIGTERM within which profiling cleans up (pending traces may finish, the "
+                  "rest are stopped, partial files removed) before the signal is delivered as without the "
+                  "profiler. Keep it under the scheduler's kill wait (SLURM KillWait, 30 s by default).",
                   default=10.0, type=positive_float, metavar="S")
 MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
-                        "Host memory to keep free (the job's cgroup limit less its working set, else MemAvailable). "
-                        "Below it a recording window ends early on every rank at the same iteration, and a trace "
-                        "is exported inline to disk instead of forked or staged in RAM. 0 turns the guard off.",
+                        "Host memory to keep free (the job's cgroup limit less its working set, else "
+                        "MemAvailable). Below it a recording window ends early on every rank at the same "
+                        "iteration, and a trace is exported inline to disk instead of forked or staged in "
+                        "RAM. 0 turns the guard off.",
                         default=2048, type=non_negative_int, metavar="MB")
 OPERATOR_TABLE = Flag("--torch-profile-operator-table",
                       "Publish with each trace, in its cycle folder's summaries/, its operator table "
                       "(<stem>.operator_table.txt: steps, top operators, memory) and its summary sidecar "
                       "(<stem>.summary.json).",
-                      default=True, action=argparse.BooleanOptionalAction, aliases=("--torch-profile-summary",))
-OPERATOR_TABLE_ROWS = Flag("--torch-profile-operator-table-rows", "Operators listed in each operator table.",
-                           default=30, type=positive_int, metavar="N", aliases=("--torch-profile-summary-rows",))
+                      default=True, action=argparse.BooleanOptionalAction,
+                      aliases=("--torch-profile-summary",))
+OPERATOR_TABLE_ROWS = Flag("--torch-profile-operator-table-rows",
+                           "Operators listed in each operator table.",
+                           default=30, type=positive_int, metavar="N",
+                           aliases=("--torch-profile-summary-rows",))
 TENSORBOARD_DIR = Flag("--tensorboard-dir",
                        "TensorBoard log directory (Megatron-LM's flag, reused when the host defines it).",
                        metavar="DIR", host_owned=True)
@@ -115,36 +124,39 @@ PROFILE_FLAGS = register_group(FlagGroup(
     title="torch profiler",
     description="torch.profiler traces of chosen steps and ranks, flushed without tripping NCCL watchdog "
                 "timeouts (torchprof-args).",
-    flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END, RECORD_SHAPES,
-           PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES, PROFILE_DIR, GZIP,
-           GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB,
-           OPERATOR_TABLE, OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
+    flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END,
+           RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES,
+           PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE,
+           MIN_FREE_HOST_MB, OPERATOR_TABLE, OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
     order=10,
 ))
 
 MEMORY_SNAPSHOT = Flag("--torch-profile-memory-snapshot",
-                       "Record CUDA allocator history on the --torch-profile-ranks and dump a snapshot pickle per "
-                       "rank after each profiled cycle, every --torch-profile-memory-snapshot-interval iterations "
-                       "and on CUDA out-of-memory errors. Needs CUDA.", default=False, action="store_true")
+                       "Record CUDA allocator history on the --torch-profile-ranks and dump a snapshot "
+                       "pickle per rank after each profiled cycle, every "
+                       "--torch-profile-memory-snapshot-interval iterations and on CUDA out-of-memory "
+                       "errors. Needs CUDA.",
+                       default=False, action="store_true")
 MEMORY_MAX_ENTRIES = Flag("--torch-profile-memory-snapshot-max-entries",
-                          "Allocation/free events kept (a ring buffer; older ones are dropped).", default=100_000,
-                          type=positive_int, metavar="N")
+                          "Allocation/free events kept (a ring buffer; older ones are dropped).",
+                          default=100_000, type=positive_int, metavar="N")
 MEMORY_STACKS = Flag("--torch-profile-memory-snapshot-stacks",
-                     "Stacks recorded per event: python (cheap) or all (adds C++ frames; symbolising them can "
-                     "take minutes per dump).", default="python", type=str.lower, choices=("python", "all"),
-                     metavar="S")
+                     "Stacks recorded per event: python (cheap) or all (adds C++ frames; symbolising them "
+                     "can take minutes per dump).",
+                     default="python", type=str.lower, choices=("python", "all"), metavar="S")
 MEMORY_INTERVAL = Flag("--torch-profile-memory-snapshot-interval",
                        "Also dump every N iterations (0 = only after profiled cycles and on OOM).", default=0,
                        type=non_negative_int, metavar="N")
 NSYS = Flag("--torch-profile-nsys",
-            "Call cudaProfilerStart/Stop around the scheduled active steps and emit NVTX ranges for steps and "
-            "timers, for `nsys profile --capture-range=cudaProfilerApi` (see `torchprof nsys`). Needs CUDA.",
+            "Call cudaProfilerStart/Stop around the scheduled active steps and emit NVTX ranges for steps "
+            "and timers, for `nsys profile --capture-range=cudaProfilerApi` (see `torchprof nsys`). Needs "
+            "CUDA.",
             default=False, action="store_true")
 
 MEMORY_NSYS_FLAGS = register_group(FlagGroup(
     title="torch profiler: memory snapshots, nsys",
-    description="CUDA allocator snapshots per rank (pytorch.org/memory_viz) and Nsight Systems capture ranges "
-                "around the scheduled steps (torchprof-args).",
+    description="CUDA allocator snapshots per rank (pytorch.org/memory_viz) and Nsight Systems capture "
+                "ranges around the scheduled steps (torchprof-args).",
     flags=(MEMORY_SNAPSHOT, MEMORY_MAX_ENTRIES, MEMORY_STACKS, MEMORY_INTERVAL, NSYS),
     order=20,
 ))
@@ -162,10 +174,11 @@ class FlightRecorderAction(argparse.Action):
 
 
 FLIGHT_RECORDER = Flag("--torch-profile-flight-recorder",
-                       "Keep PyTorch's flight recorder of the last N collectives per process group and dump it into "
-                       "<profile dir>/flight_recorder/ on an NCCL watchdog timeout (PyTorch's own), a failed fence "
-                       "barrier, an exception leaving the profiler, and SIGTERM; `torchprof hang DIR` reads the dumps. "
-                       "Takes effect when the flags are parsed: parse them before init_process_group.",
+                       "Keep PyTorch's flight recorder of the last N collectives per process group and dump "
+                       "it into <profile dir>/flight_recorder/ on an NCCL watchdog timeout (PyTorch's own), "
+                       "a failed fence barrier, an exception leaving the profiler, and SIGTERM; `torchprof "
+                       "hang DIR` reads the dumps. Takes effect when the flags are parsed: parse them "
+                       "before init_process_group.",
                        type=positive_int, action=FlightRecorderAction, metavar="N")
 
 FLIGHT_RECORDER_FLAGS = register_group(FlagGroup(
@@ -194,7 +207,8 @@ def parallel_selector(text: str) -> tuple[str, tuple[int, ...]]:
         try:
             first, last = int(low), int(high if dash else low)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{axis}: expected indices like 0, 0,2 or 0-3, got {values!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{axis}: expected indices like 0, 0,2 or 0-3, got {values!r}") from None
         if first < 0 or last < first:
             raise argparse.ArgumentTypeError(f"{axis}: bad index range {part.strip()!r}")
         indices.extend(range(first, last + 1))
@@ -202,16 +216,17 @@ def parallel_selector(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 PARALLEL_RANKS = Flag("--torch-profile-parallel-ranks",
-                      "Trace the ranks whose parallel coordinates match every AXIS=INDICES given (axes dp, tp, pp, "
-                      "cp, ep; e.g. 'dp=0' traces one full model replica, 'dp=0 tp=0' its first tensor-parallel rank "
-                      "of every stage). Replaces --torch-profile-ranks. Without megatron-core's parallel_state "
-                      "every rank is a data-parallel replica (dp = global rank).",
+                      "Trace the ranks whose parallel coordinates match every AXIS=INDICES given (axes dp, "
+                      "tp, pp, cp, ep; e.g. 'dp=0' traces one full model replica, 'dp=0 tp=0' its first "
+                      "tensor-parallel rank of every stage). Replaces --torch-profile-ranks. Without "
+                      "megatron-core's parallel_state every rank is a data-parallel replica (dp = global "
+                      "rank).",
                       type=parallel_selector, nargs="+", metavar="AXIS=I")
 
 PARALLEL_FLAGS = register_group(FlagGroup(
     title="parallel rank selection",
-    description="Choose traced ranks by their megatron-core parallel coordinates instead of global rank numbers "
-                "(torchprof-args).",
+    description="Choose traced ranks by their megatron-core parallel coordinates instead of global rank "
+                "numbers (torchprof-args).",
     flags=(PARALLEL_RANKS,),
     order=40,
 ))

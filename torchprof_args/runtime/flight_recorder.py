@@ -82,7 +82,8 @@ def _launcher_set_buffer() -> bool:
 
 
 def point_dumps_at(profile_dir: str) -> None:
-    """PyTorch's dump file prefix -> ``<profile_dir>/flight_recorder/nccl_trace_rank_`` (read when it dumps)."""
+    """PyTorch's dump file prefix -> ``<profile_dir>/flight_recorder/nccl_trace_rank_`` (read when it
+    dumps)."""
     prefix = os.path.join(flight_recorder_dir(profile_dir), FLIGHT_RECORDER_PREFIXES["nccl"])
     for name in _names(DUMP_FILE_VARS):
         os.environ[name] = prefix
@@ -217,7 +218,8 @@ class _SigtermWatcher:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._pair = None
-        if self._installed_handler is not None and signal.getsignal(signal.SIGTERM) == self._installed_handler:
+        handler = self._installed_handler
+        if handler is not None and signal.getsignal(signal.SIGTERM) == handler:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._installed_handler = None
 
@@ -254,10 +256,10 @@ class FlightRecorder:
             configure_environment(config.entries, str(Path(config.output_dir).parent))
         if _STATE["pg_existed"] and not _launcher_set_buffer():
             logger.warning(
-                "rank %d: --torch-profile-flight-recorder: the process group was created before the flag took effect, "
-                "so PyTorch's flight recorder is off (it reads TORCH_FR_BUFFER_SIZE when the first process group is "
-                "created). Parse the flags before init_process_group, or export TORCH_FR_BUFFER_SIZE=%d in the "
-                "launcher.", rank, config.entries)
+                "rank %d: --torch-profile-flight-recorder: the process group was created before the flag "
+                "took effect, so PyTorch's flight recorder is off (it reads TORCH_FR_BUFFER_SIZE when the "
+                "first process group is created). Parse the flags before init_process_group, or export "
+                "TORCH_FR_BUFFER_SIZE=%d in the launcher.", rank, config.entries)
         return cls(config.output_dir, entries=config.entries, rank=rank)
 
     def arm(self, guard: Any = None) -> None:
@@ -281,8 +283,8 @@ class FlightRecorder:
             watching = True
         else:
             watching = self._sigterm.start()
-        logger.debug("rank %d: flight recorder armed (%d entries, dumps to %s; SIGTERM watcher %s)", self.rank,
-                     self.entries, self.directory, "on" if watching else "off")
+        logger.debug("rank %d: flight recorder armed (%d entries, dumps to %s; SIGTERM watcher %s)",
+                     self.rank, self.entries, self.directory, "on" if watching else "off")
 
     def disarm(self) -> None:
         guard, self._guard = self._guard, None
@@ -355,8 +357,8 @@ class FlightRecorder:
             "time": time.time(), "files": [p.name for p in written], "process_groups": _process_groups(),
             "world_size": _dist.world_size()}, indent=1)
         if written:
-            logger.warning("rank %d: flight recorder dumped to %s (%s); run `torchprof hang %s` once every rank has "
-                           "dumped", self.rank, ", ".join(map(str, written)), reason, self.directory)
+            logger.warning("rank %d: flight recorder dumped to %s (%s); run `torchprof hang %s` once every "
+                           "rank has dumped", self.rank, ", ".join(map(str, written)), reason, self.directory)
         else:
             logger.warning("rank %d: flight recorder had no collectives to dump (%s)", self.rank, reason)
         return written

@@ -157,7 +157,8 @@ def _cgroup_mount(mounts: list[str], version: int) -> tuple[str, Path] | None:
         except ValueError:
             continue
         fstype, options = fields[separator + 1], fields[-1].split(",")
-        if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "memory" in options):
+        v1_memory = version == 1 and fstype == "cgroup" and "memory" in options
+        if (version == 2 and fstype == "cgroup2") or v1_memory:
             return fields[3], Path(fields[4])
     return None
 
@@ -174,7 +175,8 @@ def free_disk_bytes(path: str | os.PathLike[str]) -> int:
             return 0
 
 
-def is_ram_backed(path: str | os.PathLike[str], mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> bool:
+def is_ram_backed(path: str | os.PathLike[str],
+                  mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> bool:
     """Whether ``path`` lies on tmpfs/ramfs (RAM charged to the writer's cgroup), by the longest
     mount point that contains it (the last of stacked mounts wins)."""
     target = os.path.realpath(path)
@@ -258,8 +260,8 @@ class WindowMemoryGuard:
             return
         planned_last = timeline.cut_window(iteration)
         ranks = ", ".join(f"rank {low_rank}: {free_mb:.0f} MB" for low_rank, free_mb in low)
-        logger.warning("rank %d: host memory below --torch-profile-min-free-host-mb (%d MB) while recording (%s "
-                       "free); ending the window at iteration %d instead of %d on every rank", rank,
+        logger.warning("rank %d: host memory below --torch-profile-min-free-host-mb (%d MB) while recording "
+                       "(%s free); ending the window at iteration %d instead of %d on every rank", rank,
                        self.min_free_bytes >> 20, ranks, iteration, planned_last)
 
     def abandon(self) -> None:

@@ -100,7 +100,8 @@ class MemorySnapshotter:
         cuda_available: bool | None = None,
     ) -> None:
         if config.stacks not in ("python", "all"):
-            raise ValueError(f"--torch-profile-memory-snapshot-stacks must be 'python' or 'all', got {config.stacks!r}")
+            raise ValueError("--torch-profile-memory-snapshot-stacks must be 'python' or 'all', "
+                             f"got {config.stacks!r}")
         self.config = config
         self.output_dir = config.output_dir
         self.interval = config.interval

@@ -11,8 +11,8 @@ from torchprof_args.runtime.timeline import Timeline
 __all__ = ["trace_metadata"]
 
 
-def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *, traced_ranks: tuple[int, ...] | None,
-                   rank: int, world_size: int) -> dict[str, Any]:
+def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *,
+                   traced_ranks: tuple[int, ...] | None, rank: int, world_size: int) -> dict[str, Any]:
     """Settings, rank and window of the trace whose window starts recording at ``first`` (Kineto
     takes metadata only while recording, so this is added when the window opens)."""
     metadata = {

@@ -73,8 +73,8 @@ def resolve_parallel_ranks(selectors: Sequence[tuple[str, Sequence[int]]],
               if all(coords.get(axis, 0) in set(indices) for axis, indices in selectors)]
     if not chosen:
         sizes = ", ".join(f"{axis} 0..{max(c.get(axis, 0) for c in coordinates)}" for axis in PARALLEL_AXES)
-        raise TorchProfileArgsError(
-            f"--torch-profile-parallel-ranks {_selector_text(selectors)} selects no rank (this job has {sizes}).")
+        raise TorchProfileArgsError(f"--torch-profile-parallel-ranks {_selector_text(selectors)} selects "
+                                    f"no rank (this job has {sizes}).")
     return chosen
 
 
@@ -83,6 +83,6 @@ def traced_ranks(trace: TraceConfig) -> tuple[int, ...] | None:
     if not trace.parallel_ranks:
         return trace.ranks
     ranks = resolve_parallel_ranks(trace.parallel_ranks, _all_coordinates())
-    logger.info("--torch-profile-parallel-ranks %s: tracing global ranks %s", _selector_text(trace.parallel_ranks),
-                ranks)
+    logger.info("--torch-profile-parallel-ranks %s: tracing global ranks %s",
+                _selector_text(trace.parallel_ranks), ranks)
     return tuple(ranks)

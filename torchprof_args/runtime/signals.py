@@ -125,8 +125,8 @@ class SigtermGuard:
         """After the clean-up: restore the previous disposition and send SIGTERM to this process again."""
         previous = self._previous
         self.restore()
-        logger.warning("rank %d: profiling cleaned up %.1f s after SIGTERM; delivering it to the %s", self.rank,
-                       time.monotonic() - (self.received_at or time.monotonic()),
+        logger.warning("rank %d: profiling cleaned up %.1f s after SIGTERM; delivering it to the %s",
+                       self.rank, time.monotonic() - (self.received_at or time.monotonic()),
                        "default action" if previous == signal.SIG_DFL else "application's handler")
         _flush_streams()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -138,9 +138,9 @@ class SigtermGuard:
         """Watchdog thread: the grace ended and the main thread reached no safe point."""
         if self._done.is_set():
             return
-        logger.error("rank %d: no safe point within --torch-profile-term-grace (%.0f s) after SIGTERM (the main "
-                     "thread is blocked); stopping publishers and removing partial files from this thread",
-                     self.rank, self.grace)
+        logger.error("rank %d: no safe point within --torch-profile-term-grace (%.0f s) after SIGTERM (the "
+                     "main thread is blocked); stopping publishers and removing partial files from this "
+                     "thread", self.rank, self.grace)
         if self._emergency is not None:
             try:
                 self._emergency()
@@ -148,8 +148,8 @@ class SigtermGuard:
                 logger.error("rank %d: emergency clean-up failed: %s", self.rank, err)
         if self._previous == signal.SIG_DFL and not self._done.is_set():
             _die_by_sigterm()
-        logger.warning("rank %d: the application's SIGTERM handler runs when the main thread returns to Python",
-                       self.rank)
+        logger.warning("rank %d: the application's SIGTERM handler runs when the main thread returns to "
+                       "Python", self.rank)
 
 
 class _Watchdog:

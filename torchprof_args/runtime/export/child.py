@@ -40,11 +40,12 @@ def check_export(path: str | os.PathLike[str]) -> None:
             handle.seek(max(0, size - 64))
             tail = handle.read().rstrip()
     except FileNotFoundError:
-        raise ExportIncomplete(f"the exporter wrote no trace file (Kineto leaves only {path.name}.tmp when a write "
-                               f"fails: is the staging filesystem {path.parent} full? {free_mb:.1f} MB free)") from None
+        raise ExportIncomplete(f"the exporter wrote no trace file (Kineto leaves only {path.name}.tmp when a "
+                               f"write fails: is the staging filesystem {path.parent} full? {free_mb:.1f} MB "
+                               "free)") from None
     if size == 0 or not tail.endswith(b"}"):
-        raise ExportIncomplete(f"the exported trace {path} is truncated ({size} bytes; {free_mb:.1f} MB free on "
-                               f"{path.parent})")
+        raise ExportIncomplete(f"the exported trace {path} is truncated ({size} bytes; {free_mb:.1f} MB free "
+                               f"on {path.parent})")
 
 
 def _free_mb(directory: Path) -> float:
@@ -89,8 +90,8 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
         os.execve(argv[0], argv, env)
     except BaseException as err:  # noqa: BLE001 - report anything, then leave
         with contextlib.suppress(BaseException):
-            report_status(status_fd, {"trace_path": job.trace_path, "rank": job.rank,
-                                      "error": f"export failed in the forked child: {type(err).__name__}: {err}"})
+            error = f"export failed in the forked child: {type(err).__name__}: {err}"
+            report_status(status_fd, {"trace_path": job.trace_path, "rank": job.rank, "error": error})
             remove_export_leftovers(staged_tmp)
     finally:
         os._exit(EXIT_EXPORT_FAILED)

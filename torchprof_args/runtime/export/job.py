@@ -72,12 +72,14 @@ class PublishJob:
         write_json_atomically(job_path, dataclasses.asdict(self), private=True)
 
     @classmethod
-    def load(cls, job_path: str | os.PathLike[str], staging_dirs: Iterable[str], output_dir: str) -> PublishJob:
+    def load(cls, job_path: str | os.PathLike[str], staging_dirs: Iterable[str],
+             output_dir: str) -> PublishJob:
         """Read and check a job file (see the module docstring); raises :class:`JobRejected`."""
         staging = [os.path.realpath(d) for d in staging_dirs]
         _check_job_file(job_path, staging)
         try:
-            with open(os.open(job_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), encoding="utf-8") as handle:
+            fd = os.open(job_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with open(fd, encoding="utf-8") as handle:
                 fields = json.load(handle)
             job = cls(**fields)
         except (OSError, ValueError, TypeError) as err:
@@ -113,7 +115,8 @@ def _check_job_file(job_path: str | os.PathLike[str], staging: list[str]) -> Non
     except OSError as err:
         raise JobRejected(f"job file {job_path} cannot be read: {err}") from None
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise JobRejected(f"job file {job_path} is not a regular file of uid {os.getuid()} writable only by it")
+        raise JobRejected(f"job file {job_path} is not a regular file of uid {os.getuid()} writable only "
+                          "by it")
 
 
 def _require_in(path: str, directories: list[str], what: str, *, directly: bool) -> None:
@@ -123,7 +126,8 @@ def _require_in(path: str, directories: list[str], what: str, *, directly: bool)
                  for d in directories)
     if not inside:
         where = " or ".join(directories)
-        raise JobRejected(f"{what} {path} lies outside {where}, the directories this publisher was started for")
+        raise JobRejected(f"{what} {path} lies outside {where}, the directories this publisher was started "
+                          "for")
 
 
 def report_status(fd: int | None, status: dict[str, Any]) -> None:

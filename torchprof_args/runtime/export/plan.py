@@ -81,9 +81,9 @@ class ExportPlanner:
                 mode = "inline"
                 notes = [
                     f"memory for this rank ({max(0, share) / _MB:.0f} MB: {memory.free_mb:.0f} MB free by "
-                    f"{memory.source}, less --torch-profile-min-free-host-mb, shared by {self.local_ranks} local "
-                    f"rank(s)) does not cover a forked exporter ({worst_copy / _MB:.0f} MB of anonymous memory that "
-                    "copy-on-write may duplicate); exporting inline"]
+                    f"{memory.source}, less --torch-profile-min-free-host-mb, shared by {self.local_ranks} "
+                    f"local rank(s)) does not cover a forked exporter ({worst_copy / _MB:.0f} MB of "
+                    "anonymous memory that copy-on-write may duplicate); exporting inline"]
                 directory = self._staging_for(estimate, ram_allowed=False, notes=notes)
         return ExportPlan(mode, directory, "; ".join(notes) or None)
 

@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_PUBLISH_FAILED if "error" in status else 0
 
 
-def publisher_argv(job_path: str, staging_dirs: list[str], output_dir: str, status_fd: int | None) -> list[str]:
+def publisher_argv(job_path: str, staging_dirs: list[str], output_dir: str,
+                   status_fd: int | None) -> list[str]:
     """The command line that starts a publisher for ``job_path``."""
     argv = [sys.executable, "-m", __name__, job_path, "--output", output_dir]
     for directory in staging_dirs:

@@ -129,13 +129,14 @@ class Reaper:
             if pending is None:
                 return
             if not _wait(pending, pending.started + self.timeout):
-                logger.error("rank %d: publishing %s took longer than --torch-profile-flush-timeout (%.0f s); "
-                             "stopping it", self.rank, pending.job.trace_path, self.timeout)
+                logger.error("rank %d: publishing %s took longer than --torch-profile-flush-timeout "
+                             "(%.0f s); stopping it", self.rank, pending.job.trace_path, self.timeout)
                 _terminate(pending)
             try:
                 self._finish(pending)
             except Exception as err:  # noqa: BLE001 - the thread must survive to reap the others
-                logger.error("rank %d: cleaning up after %s failed: %s", self.rank, pending.job.trace_path, err)
+                logger.error("rank %d: cleaning up after %s failed: %s", self.rank, pending.job.trace_path,
+                             err)
 
     def _finish(self, pending: Pending) -> None:
         status = read_status(pending.status_fd) or {"error": _reason(pending)}

@@ -56,8 +56,8 @@ class StagingArea:
                     raise
                 problems.append(str(err))
         if not self.dirs:
-            raise TorchProfileArgsError(f"no usable staging directory: {' '.join(problems)} Give a private, writable "
-                                        f"node-local directory with {STAGING_FLAG}.")
+            raise TorchProfileArgsError(f"no usable staging directory: {' '.join(problems)} Give a private, "
+                                        f"writable node-local directory with {STAGING_FLAG}.")
         for problem in problems:
             logger.warning("rank %d: staging skips %s", self.rank, problem)
 
@@ -97,9 +97,11 @@ class StagingArea:
     def close(self) -> None:
         """Remove the directories (everything left in them is this process's) and drop the locks."""
         for directory in self.dirs:
-            leftovers = [p.name for p in directory.iterdir() if p.name != LOCK_NAME] if directory.is_dir() else []
+            names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+            leftovers = [name for name in names if name != LOCK_NAME]
             if leftovers:
-                logger.warning("rank %d: removing staging leftovers %s from %s", self.rank, leftovers, directory)
+                logger.warning("rank %d: removing staging leftovers %s from %s", self.rank, leftovers,
+                               directory)
             shutil.rmtree(directory, ignore_errors=True)
             with contextlib.suppress(OSError):
                 directory.parent.rmdir()  # torchprof-<uid>, when no other job of this user stages here

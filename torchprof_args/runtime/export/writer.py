@@ -140,7 +140,8 @@ class TraceWriter:
         if execution_trace is not None:
             relpath = companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None)
             extra.append((str(execution_trace), relpath, level))
-        return self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1, extra_files=extra)
+        return self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1,
+                           extra_files=extra)
 
     def submit(self, export: Callable[[str], None], cycle: str, stem: str, steps: int = 1,
                extra_files: Sequence[ExtraFile] = ()) -> Submission:
@@ -187,7 +188,8 @@ class TraceWriter:
         """The job of ``cycle``'s trace and its file's path in ``staging``."""
         return self.job_for(cycle, stem, staging, extra_files), str(staging / f"{cycle}_{stem}.job.json")
 
-    def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str, steps: int) -> Pending | None:
+    def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str,
+              steps: int) -> Pending | None:
         """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
         read_fd, write_fd = os.pipe()
         argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
@@ -219,12 +221,12 @@ class TraceWriter:
         read_fd, write_fd = os.pipe()
         argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
         try:
-            popen = subprocess.Popen(argv, env=publisher_env(), start_new_session=True, stdin=subprocess.DEVNULL,
-                                     pass_fds=(write_fd, *self.staging.lock_fds))
+            popen = subprocess.Popen(argv, env=publisher_env(), start_new_session=True,
+                                     stdin=subprocess.DEVNULL, pass_fds=(write_fd, *self.staging.lock_fds))
         except OSError as err:
             os.close(read_fd)
-            logger.warning("rank %d: cannot start a publisher process (%s); publishing %s on the training thread",
-                           self.rank, err.strerror or err, Path(job.trace_path).name)
+            logger.warning("rank %d: cannot start a publisher process (%s); publishing %s on the training "
+                           "thread", self.rank, err.strerror or err, Path(job.trace_path).name)
             return None
         finally:
             os.close(write_fd)
@@ -265,7 +267,8 @@ class TraceWriter:
                     status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - started)
         for key in ("summary_error", "extra_errors"):
             if key in status:
-                logger.warning("rank %d: %s for %s: %s", self.rank, key.replace("_", " "), trace_path, status[key])
+                logger.warning("rank %d: %s for %s: %s", self.rank, key.replace("_", " "), trace_path,
+                               status[key])
 
     # -- the end ---------------------------------------------------------------------------
 
