@@ -24,7 +24,8 @@ from helpers.fault_scenarios import FAULTS, run  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="run the faults whose name contains this")
     parser.add_argument("--markdown", action="store_true", help="print a README table")
     args = parser.parse_args()
@@ -37,8 +38,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="torchprof-fault-") as root:
             outcome = run(scenario, root)
         leftovers = len(outcome.leftovers) + len(outcome.orphans)
-        rows.append((scenario.name, "yes" if outcome.survived else "NO", str(len(outcome.partials)), str(leftovers),
-                     f"{outcome.seconds:.1f}"))
+        rows.append((scenario.name, "yes" if outcome.survived else "NO", str(len(outcome.partials)),
+                     str(leftovers), f"{outcome.seconds:.1f}"))
         print(f"{rows[-1][0]:50s} {rows[-1][1]:>8s} {rows[-1][2]:>8s} {rows[-1][3]:>9s} {rows[-1][4]:>8s}",
               file=sys.stderr, flush=True)
     header = ("fault", "survived", "partial files", "leftovers", "seconds")

@@ -44,8 +44,8 @@ def run_once(mode: str, layers: int, active: int, iters: int) -> float:
             f"--master_port={free_port()}", str(JOB), "--mode", "torchprof" if mode == "inline" else mode,
             "--pg-timeout", "600", "--iters", str(iters), "--layers", str(layers), "--torch-profile-dir", out,
             "--torch-profile-active", str(active), "--torch-profile-record-shapes",
-            "--torch-profile-profile-memory", "--torch-profile-with-stack", "--no-torch-profile-operator-table",
-            "--result-dir", os.path.join(out, "results"), *extra,
+            "--torch-profile-profile-memory", "--torch-profile-with-stack",
+            "--no-torch-profile-operator-table", "--result-dir", os.path.join(out, "results"), *extra,
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "TORCHPROF_LOG_LEVEL": "WARNING"}

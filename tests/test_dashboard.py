@@ -36,7 +36,8 @@ def run_dir(tmp_path: Path) -> Path:
                            samples_per_iteration=16, tokens_per_iteration=16 * 64, flops_per_iteration=2e9)
     writer = MetricsWriter(config, timers=timers, rank=0, world_size=1, console=False)
     for iteration in range(1, 41):
-        for name, seconds in (("batch-generator", 0.0002), ("forward-backward", 0.0006 + 0.00002 * (iteration % 7))):
+        for name, seconds in (("batch-generator", 0.0002),
+                              ("forward-backward", 0.0006 + 0.00002 * (iteration % 7))):
             timers(name, log_level=0).start()
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
@@ -50,7 +51,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 def test_spec_file_in_configs_is_the_built_in_spec() -> None:
     shipped = json.loads((REPO / "configs" / "wandb_dashboard.json").read_text())
-    assert shipped == DEFAULT_SPEC, "regenerate with: torchprof dashboard --write-spec configs/wandb_dashboard.json"
+    assert shipped == DEFAULT_SPEC, (
+        "regenerate with: torchprof dashboard --write-spec configs/wandb_dashboard.json")
 
 
 def test_expand_panels_from_keys_and_without_keys() -> None:
@@ -64,7 +66,8 @@ def test_expand_panels_from_keys_and_without_keys() -> None:
         ("fwd", ["timers/fwd-time", "timers/fwd-time-min"], True),
         ("opt", ["timers/opt-time"], False),
     ]
-    assert [p.keys for p in sections["Profiler: max and min across ranks"]] == [["profiler/trace_mb", "profiler/trace_mb-min"]]
+    assert [p.keys for p in sections["Profiler: max and min across ranks"]] == [
+        ["profiler/trace_mb", "profiler/trace_mb-min"]]
     assert "Throughput" not in sections  # no data, no panel
     unknown = dict(expand_panels(DEFAULT_SPEC, None))
     (regex_panel,) = unknown["Timers: max and min across ranks (per iteration)"]
@@ -107,7 +110,8 @@ def test_missing_metrics_file_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
     assert "metrics.jsonl not found" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)")
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="chromium is not installed (apt-get install chromium)")
 def test_html_renders_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
     from PIL import Image
 
@@ -115,7 +119,8 @@ def test_html_renders_in_headless_chromium(run_dir: Path, tmp_path: Path) -> Non
     assert torchprof(["dashboard", str(run_dir), "-o", str(output)]) == 0
     flags = [
         "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--no-first-run", "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+        "--no-first-run", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
     ]
     dom = subprocess.run(
         [*flags, "--dump-dom", output.as_uri()], capture_output=True, text=True, timeout=120, check=True
@@ -131,22 +136,26 @@ def test_html_renders_in_headless_chromium(run_dir: Path, tmp_path: Path) -> Non
     colours = image.getcolors(maxcolors=1_000_000)
     assert len(colours) > 500  # lines, bands, text: far from a blank page
     # the series colours are drawn: the first palette colour (#1f77b4) appears on many pixels
-    blue = sum(count for count, rgb in colours if abs(rgb[0] - 0x1F) < 40 and abs(rgb[1] - 0x77) < 40 and abs(rgb[2] - 0xB4) < 40)
+    blue = sum(count for count, rgb in colours
+               if abs(rgb[0] - 0x1F) < 40 and abs(rgb[1] - 0x77) < 40 and abs(rgb[2] - 0xB4) < 40)
     assert blue > 1000
 
 
 @pytest.mark.slow
 def test_wandb_workspace_has_the_same_panels(run_dir: Path) -> None:
-    keys = sorted({k for line in (run_dir / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)["metrics"]})
+    keys = sorted({k for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                   for k in json.loads(line)["metrics"]})
     workspace = build_wandb_workspace(DEFAULT_SPEC, keys, entity="team", project="dash")
     titles = {section.name: [panel.title for panel in section.panels] for section in workspace.sections}
-    assert titles["Timers: max and min across ranks (per iteration)"] == ["batch-generator (s)", "forward-backward (s)"]
+    assert titles["Timers: max and min across ranks (per iteration)"] == [
+        "batch-generator (s)", "forward-backward (s)"]
     model = workspace_json(workspace)
     assert model["entity"] == "team" and model["project"] == "dash"
     panels = [p for s in model["spec"]["section"]["panel_bank_config"]["sections"] for p in s["panels"]]
     assert len(panels) == 9
     assert all(p["config"]["x_axis"] == "iteration" for p in panels)
-    assert ["timers/forward-backward-time", "timers/forward-backward-time-min"] in [p["config"]["metrics"] for p in panels]
+    assert ["timers/forward-backward-time", "timers/forward-backward-time-min"] in [
+        p["config"]["metrics"] for p in panels]
 
 
 def test_wandb_command_dry_run_and_refusal_without_credentials(

@@ -16,7 +16,8 @@ from helpers.examples import run_doc_example
 def _profiler_steps(path: Path) -> list[int]:
     with gzip.open(path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
-    return sorted({int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")})
+    return sorted({int(e["name"].split("#")[1]) for e in events
+                   if e.get("name", "").startswith("ProfilerStep#")})
 
 
 @pytest.mark.slow
@@ -28,7 +29,8 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
     windows = sorted(p.name.split("_")[0] + "_" + p.parent.name[len("iter"):] for p in traces)
     # skip-first 2, warmup 1, active 2 -> optimizer steps 4-5 on both ranks; after the resume at
     # step 6, --torch-profile-step-start 8 -> global step 8 on rank 0.
-    assert windows == ["rank00000_000004-000005", "rank00000_000008-000008", "rank00001_000004-000005"], windows
+    assert windows == ["rank00000_000004-000005", "rank00000_000008-000008",
+                       "rank00001_000004-000005"], windows
     for trace in traces:
         expected = [8] if trace.parent.name == "iter000008-000008" else [4, 5]
         # ProfilerStep#N are optimizer steps (2 micro-steps each), not micro-steps.
@@ -85,18 +87,22 @@ def test_readme_example_pipeline_engine_steps_on_optimizer_steps_of_both_stages(
 
 
 def _check_execution_trace(trace: Path, kineto_events: list[dict], micro_batch_forward: str) -> None:
-    """--torch-profile-execution-trace: a valid Chakra execution trace of the same window, published beside."""
+    """--torch-profile-execution-trace: a valid Chakra execution trace of the same window,
+    published beside."""
     et_path = trace.parent / "execution_traces" / trace.name.replace(".pt.trace.json.gz", ".et.json.gz")
     with gzip.open(et_path, "rt") as handle:
         execution_trace = json.load(handle)
     assert execution_trace["schema"].startswith("1.") and "chakra" in execution_trace["schema"]
     nodes = execution_trace["nodes"]
     ids = {node["id"] for node in nodes}
-    assert len(ids) == len(nodes) and all({"name", "ctrl_deps", "inputs", "outputs"} <= node.keys() for node in nodes)
-    assert all(node["ctrl_deps"] in ids for node in nodes if node["ctrl_deps"]), "parents are nodes of the trace"
+    assert len(ids) == len(nodes) and all({"name", "ctrl_deps", "inputs", "outputs"} <= node.keys()
+                                          for node in nodes)
+    assert all(node["ctrl_deps"] in ids for node in nodes if node["ctrl_deps"]), (
+        "parents are nodes of the trace")
     names = [node["name"] for node in nodes]
     # The same window as the Kineto trace: steps 3 and 4, their micro-batches, their operators.
-    assert sorted(name for name in names if name.startswith("ProfilerStep#")) == ["ProfilerStep#3", "ProfilerStep#4"]
+    assert sorted(name for name in names if name.startswith("ProfilerStep#")) == [
+        "ProfilerStep#3", "ProfilerStep#4"]
     assert names.count(micro_batch_forward) == 6 and names.count("Optimizer.step#AdamW.step") == 2
     kineto_ops = sum(1 for e in kineto_events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::"))
     et_ops = sum(1 for name in names if name.startswith("aten::"))

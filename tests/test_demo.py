@@ -24,9 +24,9 @@ SEED_FLAG_BLOCK = [
 
 def test_two_rank_training_job_traces_both_ranks(tmp_path):
     """The demo job, two cycles: per-cycle folders HTA reads as they are, sidecars the tools use."""
-    run = run_torchrun(REPO / "integrations" / "demo" / "train_lm.py", "--train-iters", "6", "--log-interval", "2",
-                       "--tensorboard-dir", str(tmp_path / "tb"), *SEED_FLAG_BLOCK, "--torch-profile-repeat", "2",
-                       WANDB_MODE="offline", WANDB_SILENT="true")
+    run = run_torchrun(REPO / "integrations" / "demo" / "train_lm.py", "--train-iters", "6",
+                       "--log-interval", "2", "--tensorboard-dir", str(tmp_path / "tb"), *SEED_FLAG_BLOCK,
+                       "--torch-profile-repeat", "2", WANDB_MODE="offline", WANDB_SILENT="true")
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     tb = tmp_path / "tb"  # --tensorboard-dir is the default profile dir
     cycles = sorted(p.name for p in tb.glob("iter*"))
@@ -35,9 +35,11 @@ def test_two_rank_training_job_traces_both_ranks(tmp_path):
         traces = sorted((tb / cycle).glob("*.pt.trace.json.gz"))
         assert [t.name[:9] for t in traces] == ["rank00000", "rank00001"]
         # Nothing but traces beside traces; summaries in their own folder.
-        assert sorted(p.name for p in (tb / cycle).iterdir()) == sorted([t.name for t in traces] + ["summaries"])
+        assert sorted(p.name for p in (tb / cycle).iterdir()) == sorted(
+            [t.name for t in traces] + ["summaries"])
         assert sorted(p.name for p in (tb / cycle / "summaries").iterdir()) == sorted(
-            t.name.replace(".pt.trace.json.gz", suffix) for t in traces for suffix in (".operator_table.txt", ".summary.json"))
+            t.name.replace(".pt.trace.json.gz", suffix)
+            for t in traces for suffix in (".operator_table.txt", ".summary.json"))
         for rank, trace in enumerate(traces):
             with gzip.open(trace, "rt") as handle:
                 data = json.load(handle)
@@ -79,8 +81,8 @@ def _hta_reads_each_cycle_as_is(tb, cycles):
 
 def _tools_use_the_sidecars(tb, cycles):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "torchprof_args", *args, "--no-progress"], capture_output=True,
-                              text=True, env=subprocess_env(), timeout=300)
+        return subprocess.run([sys.executable, "-m", "torchprof_args", *args, "--no-progress"],
+                              capture_output=True, text=True, env=subprocess_env(), timeout=300)
 
     summary = cli("summary", "--json", str(tb))
     assert summary.returncode == 0 and "parsed" not in summary.stderr, summary.stderr
@@ -107,6 +109,7 @@ def test_bad_flags_fail_before_training_with_one_line(tmp_path):
 
 def test_single_flag_error_exits_2_in_parse_args():
     run = subprocess.run([sys.executable, str(REPO / "integrations" / "demo" / "train_lm.py"),
-                          "--torch-profile-active", "0"], capture_output=True, text=True, env=subprocess_env())
+                          "--torch-profile-active", "0"],
+                         capture_output=True, text=True, env=subprocess_env())
     assert run.returncode == 2
     assert "error: argument --torch-profile-active: must be >= 1" in run.stderr

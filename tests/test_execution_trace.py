@@ -31,7 +31,8 @@ def execution_trace_of(trace: str | Path) -> dict:
 
 
 def step_nodes(execution_trace: dict) -> list[int]:
-    return sorted(int(n["name"].split("#")[1]) for n in execution_trace["nodes"] if n["name"].startswith("ProfilerStep#"))
+    return sorted(int(n["name"].split("#")[1]) for n in execution_trace["nodes"]
+                  if n["name"].startswith("ProfilerStep#"))
 
 
 def staging_is_empty(logs) -> bool:
@@ -44,8 +45,9 @@ def staging_is_empty(logs) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fork", "inline"])
 def test_each_window_gets_its_execution_trace_beside_its_trace(tmp_path, mode, logs):
-    args = make_args(tmp_path, "--torch-profile-active", "2", "--torch-profile-repeat", "2", "--torch-profile-wait", "1",
-                     "--torch-profile-export", mode, "--torch-profile-execution-trace")
+    args = make_args(tmp_path, "--torch-profile-active", "2", "--torch-profile-repeat", "2",
+                     "--torch-profile-wait", "1", "--torch-profile-export", mode,
+                     "--torch-profile-execution-trace")
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 13))
     assert [profiler_steps(t) for t in prof.published_traces] == [[4, 5], [8, 9]]
@@ -61,8 +63,9 @@ def test_each_window_gets_its_execution_trace_beside_its_trace(tmp_path, mode, l
 
 def test_back_to_back_windows_and_uncompressed_output(tmp_path):
     """No wait and no warmup: a window starts right after the previous one is flushed."""
-    args = make_args(tmp_path, "--torch-profile-wait", "0", "--torch-profile-warmup", "0", "--torch-profile-active", "1",
-                     "--torch-profile-repeat", "3", "--no-torch-profile-gzip", "--torch-profile-execution-trace")
+    args = make_args(tmp_path, "--torch-profile-wait", "0", "--torch-profile-warmup", "0",
+                     "--torch-profile-active", "1", "--torch-profile-repeat", "3", "--no-torch-profile-gzip",
+                     "--torch-profile-execution-trace")
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 7))
     assert [profiler_steps(t) for t in prof.published_traces] == [[2], [3], [4]]
@@ -73,7 +76,8 @@ def test_back_to_back_windows_and_uncompressed_output(tmp_path):
 
 
 def test_partial_window_is_kept_at_a_clean_exit_and_dropped_after_an_exception(tmp_path, logs):
-    prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-active", "5", "--torch-profile-execution-trace"))
+    prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-active", "5",
+                                             "--torch-profile-execution-trace"))
     train(prof, range(1, 6))  # records 3, 4, 5 of 3..7, then the loop ends
     (trace,) = prof.published_traces
     assert step_nodes(execution_trace_of(trace))[:3] == [3, 4, 5]
@@ -89,7 +93,8 @@ def test_partial_window_is_kept_at_a_clean_exit_and_dropped_after_an_exception(t
 def test_untraced_rank_records_no_execution_trace(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-ranks", "0", "--torch-profile-execution-trace"))
+    prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-ranks", "0",
+                                             "--torch-profile-execution-trace"))
     train(prof, range(1, 6))
     assert not prof.record and output_files(tmp_path) == []
 

@@ -84,15 +84,18 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
         failed = {it: why for it, why in expected.items() if why}
         assert len(errors) == len(failed), outcome.logs[rank]
         for error, (iteration, why) in zip(errors, sorted(failed.items()), strict=True):
-            assert f"rank {rank}:" in error and f"iter{iteration:06d}-{iteration:06d}" in error and why in error
-        published = sorted(t.parent.name[len("iter"):][:6] for t in outcome.traces if t.name.startswith(f"rank{rank:05d}_"))
+            assert (f"rank {rank}:" in error and f"iter{iteration:06d}-{iteration:06d}" in error
+                    and why in error)
+        published = sorted(t.parent.name[len("iter"):][:6] for t in outcome.traces
+                           if t.name.startswith(f"rank{rank:05d}_"))
         assert published == [f"{it:06d}" for it, why in sorted(expected.items()) if not why]
         log = "\n".join(outcome.logs[rank])
         if full_staging:
             assert "full?" in errors[1]  # the reason names the full staging filesystem
             assert len(one_line(log, f"rank {rank}: trace", "it has less free than the estimated")) == 2
         if fork_limit:
-            assert one_line(log, f"rank {rank}: cannot start a publisher process (Resource temporarily unavailable)")
+            assert one_line(log, f"rank {rank}: cannot start a publisher process "
+                                 "(Resource temporarily unavailable)")
     if fork_limit:
         assert one_line("\n".join(outcome.logs[0]), "rank 0: fork failed (Resource temporarily unavailable)")
 
@@ -101,16 +104,18 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
 def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path):
     """Rank 0's publisher is SIGKILLed with its partial file in the output directory (cycle 1), the
     output filesystem is full (cycle 2), then remounted read-only (cycle 3)."""
-    scenario = Scenario("output faults", [*HEAVY, "--kill-publisher", "0", "--torch-profile-repeat", "3",
-                                          "--output-fs", "{out}", "--at", "5:drain", "--at", "5:fill-output",
-                                          "--at", "8:drain", "--at", "8:unfill-output", "--at", "8:remount-ro"],
+    scenario = Scenario("output faults",
+                        [*HEAVY, "--kill-publisher", "0", "--torch-profile-repeat", "3",
+                         "--output-fs", "{out}", "--at", "5:drain", "--at", "5:fill-output",
+                         "--at", "8:drain", "--at", "8:unfill-output", "--at", "8:remount-ro"],
                         mounts=(("out", "64m", False),), iters=11)
     outcome = run(scenario, tmp_path)
     assert_clean(outcome)
     assert outcome.results[0]["killed_mid_publish"] is True
     errors = outcome.errors(0)
     assert len(errors) == 3, outcome.logs[0]
-    assert "rank 0:" in errors[0] and "iter000003-000004" in errors[0] and "was killed by SIGKILL" in errors[0]
+    assert ("rank 0:" in errors[0] and "iter000003-000004" in errors[0]
+            and "was killed by SIGKILL" in errors[0])
     assert "iter000006-000007" in errors[1] and "No space left on device" in errors[1]
     assert "iter000009-000010" in errors[2] and "Read-only file system" in errors[2]
     assert outcome.traces == [] and outcome.errors(1) == []
@@ -119,8 +124,9 @@ def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path):
 def test_sigterm_mid_flush_is_acted_on_at_the_end_of_the_flush_and_delivered(tmp_path):
     """Rank 0 (fork) gets SIGTERM inside torch.profiler's trace-ready callback, rank 1 (inline)
     inside its export: no crash, publishers finished or stopped, SIGTERM delivered."""
-    scenario = Scenario("sigterm mid-flush", ["--torch-profile-ranks", "all", "--rank-export", "1=inline",
-                                              "--inject", "0:1:sigterm-in-flush", "--inject", "1:1:sigterm-in-export"],
+    scenario = Scenario("sigterm mid-flush",
+                        ["--torch-profile-ranks", "all", "--rank-export", "1=inline",
+                         "--inject", "0:1:sigterm-in-flush", "--inject", "1:1:sigterm-in-export"],
                         expect="sigterm")
     outcome = run(scenario, tmp_path)
     assert_clean(outcome)
@@ -157,7 +163,8 @@ def test_slow_snapshot_and_low_host_memory_with_a_short_collective_timeout(tmp_p
     assert_clean(outcome)
     for rank in (0, 1):
         log = "\n".join(outcome.logs[rank])
-        assert one_line(log, f"rank {rank}: host memory below --torch-profile-min-free-host-mb (100000000 MB)",
+        assert one_line(log,
+                        f"rank {rank}: host memory below --torch-profile-min-free-host-mb (100000000 MB)",
                         "rank 0:", "rank 1:", "ending the window at iteration 4 instead of 6 on every rank")
         assert one_line(log, "exporting inline")
         (trace,) = names(outcome, rank)

@@ -52,7 +52,8 @@ def test_defaults_are_visible_right_after_parsing():
 def test_an_option_given_with_its_default_value_still_counts_as_given():
     with pytest.raises(TorchProfileArgsError, match="cannot be combined with --torch-profile-wait"):
         validate_args(parse("--torch-profile-step-start", "5", "--torch-profile-wait", "0"), world_size=1)
-    with pytest.raises(TorchProfileArgsError, match="--torch-profile-memory-snapshot-stacks only take effect"):
+    with pytest.raises(TorchProfileArgsError,
+                       match="--torch-profile-memory-snapshot-stacks only take effect"):
         validate_args(parse("--torch-profile-memory-snapshot-stacks", "python"), world_size=1)
     # a namespace built by hand (no record of given options): a value other than the default counts
     args = parse()
@@ -62,7 +63,8 @@ def test_an_option_given_with_its_default_value_still_counts_as_given():
 
 
 def test_configs_from_args_builds_every_feature_config(tmp_path):
-    args = parse("--torch-profile", "--torch-profile-dir", str(tmp_path), "--torch-profile-ranks", "1", "0", "1",
+    args = parse("--torch-profile", "--torch-profile-dir", str(tmp_path),
+                 "--torch-profile-ranks", "1", "0", "1",
                  "--torch-profile-step-start", "5", "--torch-profile-active", "2", "--no-torch-profile-gzip",
                  "--torch-profile-record-shapes", "--torch-profile-on-demand", "--torch-profile-warmup", "3",
                  "--timing-log-level", "2", "--metrics-sinks", "jsonl", "--torch-profile-nsys")
@@ -115,7 +117,8 @@ def test_single_flag_errors_fail_in_parse_args(argv, flag, words, capsys):
          "cannot be combined with --torch-profile-wait"),
         (["--torch-profile-step-start", "5", "--torch-profile-step-end", "8", "--torch-profile-active", "2"],
          "--torch-profile-active cannot be combined with --torch-profile-step-end"),
-        (["--torch-profile", "--torch-profile-ranks", "0", "5"], "--torch-profile-ranks 5 outside the world size 4"),
+        (["--torch-profile", "--torch-profile-ranks", "0", "5"],
+         "--torch-profile-ranks 5 outside the world size 4"),
         (["--torch-profile", "--torch-profile-ranks", "all", "1"], "either 'all' or rank numbers"),
     ],
 )
@@ -148,19 +151,24 @@ def test_old_summary_flags_still_parse_as_the_operator_table_flags(tmp_path, old
 def test_old_summary_flags_are_hidden(capsys):
     rows = configs_from_args(parse("--torch-profile-summary-rows", "7"), world_size=1).profiler.export
     assert rows.operator_table_rows == 7
-    assert configs_from_args(parse("--no-torch-profile-summary"), world_size=1).profiler.export.operator_table_rows is None
+    assert (configs_from_args(parse("--no-torch-profile-summary"), world_size=1)
+            .profiler.export.operator_table_rows is None)
     help_text = add_torch_profile_args(argparse.ArgumentParser()).format_help()
-    assert "--torch-profile-operator-table-rows" in help_text and "--no-torch-profile-operator-table" in help_text
-    assert "torch-profile-summary" not in help_text and "torch-profile-summary" not in flag_reference_markdown()
+    assert ("--torch-profile-operator-table-rows" in help_text
+            and "--no-torch-profile-operator-table" in help_text)
+    assert ("torch-profile-summary" not in help_text
+            and "torch-profile-summary" not in flag_reference_markdown())
 
 
 def test_aliases_clash_like_options_and_yield_to_the_host():
-    clash = FlagGroup("test: alias clash", "", (Flag("--my-flag", "x", aliases=("--torch-profile-summary",)),))
+    clash = FlagGroup("test: alias clash", "",
+                      (Flag("--my-flag", "x", aliases=("--torch-profile-summary",)),))
     with pytest.raises(ValueError, match="redefines --torch-profile-summary"):
         register_group(clash)
     host = argparse.ArgumentParser()
     host.add_argument("--torch-profile-summary", default="the host's")
-    args = add_torch_profile_args(host).parse_args(["--torch-profile-summary", "x", "--no-torch-profile-operator-table"])
+    args = add_torch_profile_args(host).parse_args(
+        ["--torch-profile-summary", "x", "--no-torch-profile-operator-table"])
     assert args.torch_profile_summary == "x" and args.torch_profile_operator_table is False
 
 
@@ -241,21 +249,25 @@ def test_docs_reference_pages_are_generated_from_the_code():
 
 def test_import_is_light():
     code = ("import sys, torchprof_args, torchprof_args.console; "
-            "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'wandb', 'deepspeed', 'megatron', "
-            "'numpy') or m.startswith('torchprof_args.analysis')]; "
+            "heavy = [m for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'wandb', 'deepspeed', 'megatron', 'numpy') "
+            "or m.startswith('torchprof_args.analysis')]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=subprocess_env())
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.flags", "torchprof_args.runtime.config",
-                                    "torchprof_args.metrics.config", "torchprof_args.ondemand.config",
-                                    "torchprof_args.config", "torchprof_args.cli"])
+@pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.flags",
+                                    "torchprof_args.runtime.config", "torchprof_args.metrics.config",
+                                    "torchprof_args.ondemand.config", "torchprof_args.config",
+                                    "torchprof_args.cli"])
 @pytest.mark.slow
 def test_every_config_module_imports_first_without_a_circle(module):
     """Each module imported first, in a fresh interpreter: a circle would fail on a partial module."""
     code = f"import {module}, torchprof_args.flags.registry as r; print(len(r.registered_groups()))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=subprocess_env())
     assert result.returncode == 0, result.stderr
 
 
@@ -268,7 +280,8 @@ def test_the_registry_knows_no_feature():
         top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
         modules = [node.module or "" for node in top_level if isinstance(node, ast.ImportFrom)]
         modules += [alias.name for node in top_level if isinstance(node, ast.Import) for alias in node.names]
-        outside = [m for m in modules if m.startswith("torchprof_args") and not m.startswith("torchprof_args.flags")]
+        outside = [m for m in modules
+                   if m.startswith("torchprof_args") and not m.startswith("torchprof_args.flags")]
         assert not outside, f"{path.name} imports {outside}"
 
 

@@ -130,7 +130,8 @@ def test_unsafe_staging_is_refused_with_the_flag_named(tmp_path):
     user_dir = tmp_path / "stage" / f"torchprof-{os.getuid()}"
     user_dir.mkdir(parents=True)
     user_dir.chmod(0o775)
-    with pytest.raises(TorchProfileArgsError, match=r"--torch-profile-staging-dir .* group- or world-writable"):
+    with pytest.raises(TorchProfileArgsError,
+                       match=r"--torch-profile-staging-dir .* group- or world-writable"):
         StagingArea(str(tmp_path / "stage")).open()
     user_dir.chmod(0o700)
     (tmp_path / "elsewhere").mkdir()
@@ -225,7 +226,8 @@ def test_publisher_rejects_jobs_reaching_outside_its_directories(tmp_path, bad):
 
 def test_safety_flags_and_their_checks(tmp_path):
     export = configs_from_args(parse("--torch-profile", "--torch-profile-dir", str(tmp_path),
-                                     "--torch-profile-term-grace", "7", "--torch-profile-min-free-host-mb", "0",
+                                     "--torch-profile-term-grace", "7",
+                                     "--torch-profile-min-free-host-mb", "0",
                                      "--torch-profile-exit-timeout", "0")).profiler.export
     assert (export.term_grace, export.min_free_host_mb, export.exit_timeout) == (7.0, 0, 0.0)
     assert ExportConfig().term_grace < 30 and ExportConfig().min_free_host_mb == 2048
@@ -245,8 +247,8 @@ def run_job(tmp_path: Path, body: str, *flags: str) -> subprocess.CompletedProce
         import argparse, os, signal, sys, time, torch
         from torchprof_args import TorchProfiler, add_torch_profile_args
         args = add_torch_profile_args(argparse.ArgumentParser()).parse_args(
-            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r}, "--no-torch-profile-operator-table",
-             *{list(flags)!r}])
+            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r},
+             "--no-torch-profile-operator-table", *{list(flags)!r}])
         model = torch.nn.Linear(16, 16)
     """) + textwrap.dedent(body))
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
@@ -267,7 +269,8 @@ def test_sigterm_with_an_application_handler_runs_it_and_training_goes_on(tmp_pa
                     os.kill(os.getpid(), signal.SIGTERM)
                 prof.step(iteration)
         print("got", got, "traces", len(prof.published_traces), "handler restored",
-              signal.getsignal(signal.SIGTERM) is not None and signal.getsignal(signal.SIGTERM).__name__ == "<lambda>")
+              signal.getsignal(signal.SIGTERM) is not None
+              and signal.getsignal(signal.SIGTERM).__name__ == "<lambda>")
     """, "--torch-profile-repeat", "0", "--torch-profile-wait", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "got [15] traces 1 handler restored True" in result.stdout, result.stdout + result.stderr[-2000:]

@@ -74,7 +74,8 @@ def test_install_fails_clearly_without_megatron_lm_or_with_an_unknown_layout(mon
 
 
 def test_train_without_the_args_provider_fails_clearly():
-    training = types.SimpleNamespace(get_args=lambda: argparse.Namespace(iteration=0), get_timers=lambda: None)
+    training = types.SimpleNamespace(get_args=lambda: argparse.Namespace(iteration=0),
+                                     get_timers=lambda: None)
     with pytest.raises(tpm.MegatronIntegrationError, match="extra_args_provider=torchprof_args.megatron"):
         hook_for(training)
 
@@ -82,7 +83,8 @@ def test_train_without_the_args_provider_fails_clearly():
 def _profiler_steps(path: Path) -> list[int]:
     with gzip.open(path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
-    return sorted({int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")})
+    return sorted({int(e["name"].split("#")[1]) for e in events
+                   if e.get("name", "").startswith("ProfilerStep#")})
 
 
 def _tensorboard_scalars(directory: Path) -> dict[str, list[int]]:
@@ -105,8 +107,9 @@ def test_megatron_lm_install_parser_and_refusals_at_parse_time(tree, tmp_path):
     result_path = tmp_path / "result.json"
     env = subprocess_env()
     env["PYTHONPATH"] = ":".join([*map(str, pythonpath(tree)), env["PYTHONPATH"]])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "jobs" / "megatron_lm_checks.py"), str(result_path),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "jobs" / "megatron_lm_checks.py"),
+                           str(result_path), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(result_path.read_text())
     # pretrain(cfg_container, ...) from core_v0.18.0; pretrain(..., extra_args_provider=...) before.
@@ -145,7 +148,8 @@ def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree
     for trace in traces:
         # The exit window: steps 4 and 5, then torch.profiler's open ProfilerStep#6 holds the rest of
         # iteration 5's loop body after training_log (the checkpoint save and the exit decision).
-        assert _profiler_steps(trace) == ([8] if trace.parent.name == "iter000008-000008" else [4, 5, 6]), trace
+        assert _profiler_steps(trace) == (
+            [8] if trace.parent.name == "iter000008-000008" else [4, 5, 6]), trace
     assert not list(tb.rglob(".partial-*"))
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
 
@@ -177,7 +181,8 @@ def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_
     from torchprof_args import Timers
 
     parser = add_torch_profile_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path), "--no-torch-profile-operator-table",
+    args = parser.parse_args(["--torch-profile", "--torch-profile-dir", str(tmp_path),
+                              "--no-torch-profile-operator-table",
                               "--torch-profile-step-start", "4", "--torch-profile-step-end", "7"])
     writer = _ScalarLog()
     hook = tpm.TrainingHook(args, timers=Timers(0, "max"), writers=[writer, None])

@@ -51,7 +51,8 @@ def _read_wandb_history(run_dir: Path) -> list[dict]:
     )
     records = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     metric_defs = [r["metric"] for r in records if r.get("type") == "metric"]
-    assert {"glob_name": "*", "options": {"defined": True, "step_sync": True}, "step_metric": "iteration"} in metric_defs
+    assert {"glob_name": "*", "options": {"defined": True, "step_sync": True},
+            "step_metric": "iteration"} in metric_defs
     return [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
@@ -102,7 +103,8 @@ def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) ->
         assert metrics["timers/batch-generator-time-min"] == rank0
         for name in ("forward-backward",):
             values = per_rank[f"timers/{name}-time"]
-            assert (metrics[f"timers/{name}-time-min"], metrics[f"timers/{name}-time"]) == (min(values), max(values))
+            assert (metrics[f"timers/{name}-time-min"], metrics[f"timers/{name}-time"]) == (
+                min(values), max(values))
     flush = [r["metrics"]["profiler/flush_seconds"] for r in records]
     assert flush == sorted(flush) and flush[-1] == pytest.approx(0.16)
 
@@ -118,7 +120,8 @@ def test_slowest_rank_and_straggler_scores_in_metrics_and_heatmap(two_rank_run: 
         times = per_rank["timers/batch-generator-time"]  # rank 1 sleeps 10 ms longer there (as a rule)
         assert metrics["timers/batch-generator-time-max-rank"] == float(times.index(max(times)))
         # optimizer goes through Megatron-style timers.write: its scalars, but no per-rank series
-        assert metrics["stragglers/optimizer-score-max"] >= 1.0 and "stragglers/optimizer-score" not in per_rank
+        assert (metrics["stragglers/optimizer-score-max"] >= 1.0
+                and "stragglers/optimizer-score" not in per_rank)
         for name in ("forward-backward",):  # a default --straggler-timers timer, logged by log_step
             scores = per_rank[f"stragglers/{name}-score"]
             times = per_rank[f"timers/{name}-time"]
@@ -131,7 +134,8 @@ def test_slowest_rank_and_straggler_scores_in_metrics_and_heatmap(two_rank_run: 
     output = two_rank_run / "timings.html"
     assert torchprof(["dashboard", str(two_rank_run), "-o", str(output)]) == 0
     page = output.read_text()
-    assert page.count('<svg class="panel heatmap"') == 1  # forward-backward (optimizer has no per-rank series)
+    # one heatmap: forward-backward (optimizer has no per-rank series)
+    assert page.count('<svg class="panel heatmap"') == 1
     assert page.count('class="cell"') == 2 * 4  # 2 ranks x 4 intervals
     assert "rank 1, iteration 8:" in page and "x the median</title>" in page
 
@@ -211,7 +215,8 @@ def test_wandb_not_installed_warns_and_the_rest_works(
 
 
 def test_add_scalar_and_log_buffer_per_iteration(tmp_path: Path) -> None:
-    writer = MetricsWriter(MetricsConfig(str(tmp_path), sinks=("jsonl",)), rank=0, world_size=1, console=False)
+    writer = MetricsWriter(MetricsConfig(str(tmp_path), sinks=("jsonl",)), rank=0, world_size=1,
+                           console=False)
     writer.add_scalar("a", 1.0, 10)
     writer.log({"b": 2.0}, step=10)
     writer.add_scalar("a", 3.0, 20)  # a new iteration flushes the previous one
@@ -233,7 +238,8 @@ def test_non_writing_rank_has_no_sinks(tmp_path: Path) -> None:
 def test_from_args_uses_flags_and_megatron_names(tmp_path: Path) -> None:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(
-        ["--tensorboard-dir", str(tmp_path / "tb"), "--metrics-sinks", "jsonl", "--metrics-flops-per-iteration", "4e12"]
+        ["--tensorboard-dir", str(tmp_path / "tb"), "--metrics-sinks", "jsonl",
+         "--metrics-flops-per-iteration", "4e12"]
     )
     args.global_batch_size, args.seq_length = 8, 128  # what Megatron-LM's namespace carries
     writer = MetricsWriter.from_args(args, rank=1, world_size=2, console=False)
@@ -252,7 +258,8 @@ def test_validation_errors_name_the_flags(tmp_path: Path) -> None:
     with pytest.raises(TorchProfileArgsError, match="--wandb-mode online needs wandb credentials"):
         validate_args(parser.parse_args(["--wandb-mode", "online"]), world_size=1)
     with pytest.raises(TorchProfileArgsError, match="needs 'wandb' in --metrics-sinks"):
-        validate_args(parser.parse_args(["--wandb-mode", "offline", "--metrics-sinks", "jsonl"]), world_size=1)
+        validate_args(parser.parse_args(["--wandb-mode", "offline", "--metrics-sinks", "jsonl"]),
+                      world_size=1)
     validate_args(parser.parse_args(["--metrics-rank", "3", "--wandb-mode", "disabled"]), world_size=4)
 
 
@@ -271,7 +278,8 @@ def test_wandb_mode_default_follows_credentials(tmp_path: Path, monkeypatch: pyt
 def test_transformer_flops_match_the_closed_form() -> None:
     # GPT-3 style (no GQA, ffn = 4h): 72 * B * s * L * h^2 * (1 + s/(6h) + V/(12 L h))
     batch, seq, layers, hidden, vocab = 512, 2048, 24, 2048, 51200
-    expected = 72 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+    expected = (72 * batch * seq * layers * hidden**2
+                * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden)))
     got = transformer_flops_per_iteration(
         num_layers=layers, hidden_size=hidden, seq_length=seq, vocab_size=vocab, global_batch_size=batch,
         num_attention_heads=16,

@@ -39,7 +39,8 @@ def private_runtime_dir(tmp_path, monkeypatch):
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     return parser.parse_args(["--torch-profile-on-demand", "--torch-profile-dir", str(tmp_path / "prof"),
-                              "--no-torch-profile-operator-table", "--torch-profile-on-demand-interval", "5", *argv])
+                              "--no-torch-profile-operator-table", "--torch-profile-on-demand-interval", "5",
+                              *argv])
 
 
 def control_dir(tmp_path: Path) -> Path:
@@ -95,8 +96,8 @@ def test_window_is_traced_answered_and_named_like_the_answer(tmp_path):
 @pytest.mark.slow
 def test_window_moves_past_a_scheduled_cycle(tmp_path, caplog):
     """Scheduled: warmup 3, record 4..5.  A request checked at 2 would overlap: it starts after 5."""
-    args = make_args(tmp_path, "--torch-profile", "--torch-profile-skip-first", "2", "--torch-profile-active", "2",
-                     "--torch-profile-on-demand-interval", "2")
+    args = make_args(tmp_path, "--torch-profile", "--torch-profile-skip-first", "2",
+                     "--torch-profile-active", "2", "--torch-profile-on-demand-interval", "2")
     prof = TorchProfiler.from_args(args)
     run_steps(prof, range(1, 14), lambda i: i == 1 and submit(control_dir(tmp_path), 2, [0]))
     assert [profiler_steps(t) for t in prof.published_traces] == [[4, 5], [7, 8]]
@@ -224,7 +225,8 @@ def test_control_dir_is_created_private(tmp_path):
 def test_on_demand_dir_flag_needs_on_demand(tmp_path):
     args = add_torch_profile_args(argparse.ArgumentParser()).parse_args(
         ["--torch-profile-on-demand-dir", str(tmp_path)])
-    with pytest.raises(TorchProfileArgsError, match="--torch-profile-on-demand-dir needs --torch-profile-on-demand"):
+    with pytest.raises(TorchProfileArgsError,
+                       match="--torch-profile-on-demand-dir needs --torch-profile-on-demand"):
         validate_args(args, world_size=1)
 
 
@@ -262,7 +264,8 @@ def test_pid_registry_finds_a_rank_and_its_launcher(tmp_path):
             launcher.kill()
         launcher.wait(timeout=30)
     assert list(registry_dir().glob("*.json")) == [], "unregistered on SIGTERM"
-    with pytest.raises(LookupError, match=f"--pid {os.getpid()}: no job started with --torch-profile-on-demand"):
+    with pytest.raises(LookupError,
+                       match=f"--pid {os.getpid()}: no job started with --torch-profile-on-demand"):
         find_control_dir_by_pid(os.getpid())
 
 
@@ -294,8 +297,9 @@ def test_stale_registry_entries_are_dropped(tmp_path):
 
 
 def trigger_cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchprof_args", "trigger", *argv], capture_output=True,
-                          text=True, env=subprocess_env(TORCHPROF_RUNTIME_DIR=os.environ["TORCHPROF_RUNTIME_DIR"]))
+    return subprocess.run([sys.executable, "-m", "torchprof_args", "trigger", *argv],
+                          capture_output=True, text=True,
+                          env=subprocess_env(TORCHPROF_RUNTIME_DIR=os.environ["TORCHPROF_RUNTIME_DIR"]))
 
 
 @pytest.mark.slow
@@ -345,7 +349,8 @@ os._exit(0)  # skip Kineto's daemon shutdown (it waits for a dynolog that is not
 @pytest.mark.parametrize("when", ["late", "early", "wrapper"])
 def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
     set_it = "os.environ['KINETO_USE_DAEMON'] = '1'"
-    code = KINETO_SCRIPT.format(before=set_it if when == "early" else "", after=set_it if when == "late" else "")
+    code = KINETO_SCRIPT.format(before=set_it if when == "early" else "",
+                                after=set_it if when == "late" else "")
     command = [sys.executable, "-c", code]
     if when == "wrapper":  # the documented way: the launcher wrapper sets it before Python starts
         command = ["bash", str(REPO / "integrations" / "dynolog" / "run_with_dynolog_env.sh"), *command]
@@ -353,7 +358,8 @@ def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
     env.pop("KINETO_USE_DAEMON", None)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    warnings = [line for line in result.stderr.splitlines() if "KINETO_USE_DAEMON is set, but only after" in line]
+    warnings = [line for line in result.stderr.splitlines()
+                if "KINETO_USE_DAEMON is set, but only after" in line]
     if when == "late":
         assert len(warnings) == 1 and "[torchprof rank 0]" in warnings[0] and "rank 0:" in warnings[0]
     else:

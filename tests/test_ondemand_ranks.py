@@ -45,7 +45,8 @@ def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
     env = subprocess_env(TORCHPROF_RUNTIME_DIR=str(tmp_path / "runtime"))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-         f"--master_port={free_port()}", str(JOB), "--stop-file", str(stop), "--result-dir", str(tmp_path / "results"),
+         f"--master_port={free_port()}", str(JOB), "--stop-file", str(stop),
+         "--result-dir", str(tmp_path / "results"),
          "--torch-profile-on-demand",
          "--torch-profile-on-demand-interval", "5", "--torch-profile-on-demand-check-seconds", "0.5",
          "--torch-profile-dir", str(prof_dir),

@@ -56,7 +56,8 @@ def read_trace(path: str | Path) -> dict:
 
 def profiler_steps(path: str | Path) -> list[int]:
     events = read_trace(path)["traceEvents"]
-    return sorted(int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    return sorted(int(e["name"].split("#")[1]) for e in events
+                  if e.get("name", "").startswith("ProfilerStep#"))
 
 
 def output_files(tmp_path: Path) -> list[str]:
@@ -69,7 +70,8 @@ def output_files(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("mode", ["fork", "inline"])
 def test_cycles_are_traced_and_published(tmp_path, mode):
     args = make_args(tmp_path, "--torch-profile-active", "2", "--torch-profile-repeat", "2",
-                     "--torch-profile-wait", "1", "--torch-profile-export", mode, "--torch-profile-record-shapes")
+                     "--torch-profile-wait", "1", "--torch-profile-export", mode,
+                     "--torch-profile-record-shapes")
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 13))
     traces = prof.published_traces
@@ -183,7 +185,8 @@ def test_writer_close_stops_slow_publishers_without_leaving_partial_files(tmp_pa
     staging = StagingArea(str(tmp_path / "staging"))
     staging.open()
     (staged_dir,) = [d for d in staging.dirs if str(d).startswith(str(tmp_path))]
-    writer = TraceWriter(out, staging, ExportConfig(mode="inline", gzip_level=9, operator_table_rows=None), rank=0)
+    writer = TraceWriter(out, staging, ExportConfig(mode="inline", gzip_level=9, operator_table_rows=None),
+                         rank=0)
 
     def export(path: str) -> None:  # ~400 MB of incompressible-ish JSON: gzip -9 takes seconds
         with open(path, "wb") as handle:
@@ -211,7 +214,8 @@ def test_sigterm_finishes_pending_traces_before_exit(tmp_path):
         import argparse, sys, time, torch
         from torchprof_args import TorchProfiler, add_torch_profile_args
         args = add_torch_profile_args(argparse.ArgumentParser()).parse_args(
-            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r}, "--no-torch-profile-operator-table"])
+            ["--torch-profile", "--torch-profile-dir", {str(tmp_path / 'prof')!r},
+             "--no-torch-profile-operator-table"])
         model = torch.nn.Linear(16, 16)
         with TorchProfiler.from_args(args) as prof:
             for iteration in range(1, 100000):
@@ -221,7 +225,8 @@ def test_sigterm_finishes_pending_traces_before_exit(tmp_path):
                     print("flushed", flush=True)
                 time.sleep(0.01)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=subprocess_env())
     assert proc.stdout.readline().strip() == "flushed"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM  # delivered again, with the default action
@@ -243,7 +248,8 @@ def test_summary_sidecar_and_operator_table_are_written_in_the_summaries_folder(
     prof = TorchProfiler.from_args(args)
     train(prof, range(1, 5))
     (trace,) = prof.published_traces
-    assert profiler_steps(trace) == [3]  # the trace itself is whole (tells a recording problem from a summary one)
+    # the trace itself is whole (tells a recording problem from a summary one)
+    assert profiler_steps(trace) == [3]
     stem = Path(trace).name.replace(".pt.trace.json.gz", "")
     # Nothing but the trace sits in the cycle folder (HTA reads every .json/.gz there as a trace).
     assert sorted(output_files(tmp_path)) == [f"iter000003-000003/{Path(trace).name}",

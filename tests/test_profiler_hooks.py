@@ -49,8 +49,10 @@ def run_loop(prof: TorchProfiler, iterations: range, oom_at: int | None = None) 
 def test_snapshots_at_flushes_and_on_oom(tmp_path):
     fake = FakeAllocator()
     memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap")), rank=0,
-                               host="node1", cuda_available=True, snapshot_fn=fake.snapshot, record_fn=fake.record)
-    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, repeat=2), record=True, operator_table=False),
+                               host="node1", cuda_available=True, snapshot_fn=fake.snapshot,
+                               record_fn=fake.record)
+    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, repeat=2), record=True,
+                                         operator_table=False),
                          rank=0, world_size=1, memory=memory)
     with pytest.raises(torch.OutOfMemoryError):
         run_loop(prof, range(1, 12), oom_at=10)
@@ -66,7 +68,8 @@ def test_snapshots_at_flushes_and_on_oom(tmp_path):
 def test_nsys_capture_follows_the_recorded_steps(tmp_path):
     backend = CallLog()
     nsys = NsysController(backend=backend, cuda_available=True)
-    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, skip_first=1, warmup=1), nsys=True),
+    prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(active=2, skip_first=1, warmup=1),
+                                         nsys=True),
                          rank=0, world_size=1, nsys=nsys)
     run_loop(prof, range(1, 7))
     starts = [i for i, call in enumerate(backend.calls) if call == "start"]
@@ -97,7 +100,8 @@ def test_memory_snapshot_options_need_the_main_flag():
 def test_interval_snapshots_between_cycles(tmp_path):
     """Idle steps take the fast path; the planner still stops at every multiple of the interval."""
     fake = FakeAllocator()
-    memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap"), interval=3),
+    memory = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path / "snap"),
+                                                    interval=3),
                                rank=0, host="node1", cuda_available=True, snapshot_fn=fake.snapshot,
                                record_fn=fake.record)
     prof = TorchProfiler(profiler_config(tmp_path, ProfileSchedule(skip_first=100), memory=True), rank=0,

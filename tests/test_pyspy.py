@@ -73,7 +73,8 @@ def _torchprof(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
     )
 
 
-needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
+needs_py_spy = pytest.mark.skipif(find_py_spy() is None,
+                                  reason="py-spy is not installed (pip install py-spy)")
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +112,11 @@ def test_output_name_includes_slurm_node_and_task() -> None:
     import datetime
 
     now = datetime.datetime(2025, 1, 2, 3, 4, 5)
-    name = output_name(now=now, pid=42, env={"SLURM_NODEID": "3", "SLURM_PROCID": "17"}, host="gpu-a1.cluster")
+    name = output_name(now=now, pid=42, env={"SLURM_NODEID": "3", "SLURM_PROCID": "17"},
+                       host="gpu-a1.cluster")
     assert name == "pyspy_gpu-a1_node3_task17_20250102-030405_42.txt"
-    assert output_name(now=now, pid=7, env={"NODE_RANK": "1"}, host="h") == "pyspy_h_node1_20250102-030405_7.txt"
+    assert output_name(now=now, pid=7, env={"NODE_RANK": "1"}, host="h") == (
+        "pyspy_h_node1_20250102-030405_7.txt")
     assert output_name(now=now, pid=7, env={}, host="h") == "pyspy_h_20250102-030405_7.txt"
 
 
@@ -149,7 +152,8 @@ def test_record_without_py_spy_says_how_to_install(monkeypatch, capsys) -> None:
 @pytest.mark.slow
 @needs_py_spy
 def test_report_attributes_torch_time_to_the_training_step(recorded: Path, capsys) -> None:
-    assert console.main(["pyspy", "report", str(recorded), "--aggregate-leaf-paths", "--top", "0", "--json"]) == 0
+    assert console.main(["pyspy", "report", str(recorded), "--aggregate-leaf-paths", "--top", "0",
+                         "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = data["rows"]
     total = data["total_samples"]

@@ -22,7 +22,8 @@ def test_relative_mode_matches_torch_profiler_schedule(wait, warmup, active, rep
         assert ours.action(first + step, first).name == torch_schedule(step).name, step
 
 
-def brute_force_next_busy(schedule: ProfileSchedule, after: int, first: int, horizon: int = 400) -> int | None:
+def brute_force_next_busy(schedule: ProfileSchedule, after: int, first: int,
+                          horizon: int = 400) -> int | None:
     for iteration in range(after + 1, after + horizon):
         if schedule.action(iteration, first) is not Action.NONE:
             return iteration
@@ -55,9 +56,9 @@ def test_from_args_step_start_without_end_uses_active():
 
     from torchprof_args import configs_from_args
 
-    args = argparse.Namespace(torch_profile_step_start=50, torch_profile_step_end=None, torch_profile_active=3,
-                              torch_profile_wait=0, torch_profile_warmup=1, torch_profile_repeat=1,
-                              torch_profile_skip_first=1)
+    args = argparse.Namespace(torch_profile_step_start=50, torch_profile_step_end=None,
+                              torch_profile_active=3, torch_profile_wait=0, torch_profile_warmup=1,
+                              torch_profile_repeat=1, torch_profile_skip_first=1)
     schedule = configs_from_args(args, world_size=1).profiler.trace.schedule
     assert (schedule.step_start, schedule.step_end, schedule.active) == (50, 53, 3)
     assert "record iterations 50..52" in schedule.describe()

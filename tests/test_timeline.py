@@ -61,13 +61,15 @@ def test_cycles_wait_warmup_active_repeat():
     }
     assert [i for i, p in plans.items() if p.cycle_snapshot] == [7, 13]
     assert plans[13].next_busy == math.inf  # the last cycle: nothing planned after it
-    assert [i for i, p in plans.items() if p.nsys_recording] == [5, 6, 11, 12]  # the step before each recorded one
+    # nsys_recording: the step before each recorded one
+    assert [i for i, p in plans.items() if p.nsys_recording] == [5, 6, 11, 12]
     assert not any(p.window_ends for p in plans.values())
 
 
 def test_untraced_rank_fences_at_the_same_steps_without_recording():
     schedule = ProfileSchedule(wait=3, warmup=1, active=2, repeat=2, skip_first=1)
-    traced, untraced = walk(timeline(schedule), range(1, 40)), walk(timeline(schedule, record=False), range(1, 40))
+    traced, untraced = (walk(timeline(schedule), range(1, 40)),
+                        walk(timeline(schedule, record=False), range(1, 40)))
     assert traced.keys() == untraced.keys()
     assert [(p.action, p.fence, p.next_busy) for p in traced.values()] == [
         (p.action, p.fence, p.next_busy) for p in untraced.values()]
@@ -107,7 +109,8 @@ def test_relative_schedule_follows_the_first_step_number():
                                   103: (SAVE, NONE, FENCE_FLUSH)}
 
 
-def on_demand(line: Timeline, decisions: dict[int, tuple[OnDemandWindow | None, float]]) -> Callable[[int], None]:
+def on_demand(line: Timeline,
+              decisions: dict[int, tuple[OnDemandWindow | None, float]]) -> Callable[[int], None]:
     """The on-demand decisions every rank adopts at its checks (check -> window, next check), as the
     profiler's check does."""
 

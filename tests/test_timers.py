@@ -198,7 +198,8 @@ def test_from_args_reads_the_flags(tmp_path: Path) -> None:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = validate_args(
         parser.parse_args(
-            ["--timing-log-level", "2", "--timing-log-option", "all", "--timing-synchronize", "--metrics-dir", str(tmp_path)]
+            ["--timing-log-level", "2", "--timing-log-option", "all", "--timing-synchronize",
+             "--metrics-dir", str(tmp_path)]
         ),
         world_size=1,
     )
@@ -220,7 +221,8 @@ def test_straggler_flags(capsys: pytest.CaptureFixture[str]) -> None:
     parser = add_torch_profile_args(argparse.ArgumentParser())
     timers = Timers.from_args(parser.parse_args(["--straggler-threshold", "1.5", "--straggler-intervals", "5",
                                                  "--straggler-timers", "fwd", "opt"]))
-    assert (timers.stragglers.threshold, timers.stragglers.intervals, timers._straggler_timers) == (1.5, 5, ("fwd", "opt"))
+    assert (timers.stragglers.threshold, timers.stragglers.intervals, timers._straggler_timers) == (
+        1.5, 5, ("fwd", "opt"))
     assert Timers.from_args(parser.parse_args(["--straggler-threshold", "0"])).stragglers.threshold == 0
     with pytest.raises(SystemExit):
         parser.parse_args(["--straggler-threshold", "0.9"])
@@ -294,20 +296,23 @@ def test_fixed_size_gather_on_two_ranks_agrees_once_and_names_the_straggler(tmp_
         assert first["per_rank"] == [{"memory/x": 0.0}, {"memory/x": 1.0}]
         assert union_new_key["per_rank"] == [{"memory/x": 0.0, "profiler/y": 1.0}, {"memory/x": 1.0}]
         assert new_timer["names"] == ["forward-backward", "optimizer", "eval"]
-        assert math.isnan(new_timer["times"][0][2]) and new_timer["times"][1][2] > 0  # rank 0 never ran "eval"
+        # rank 0 never ran "eval"
+        assert math.isnan(new_timer["times"][0][2]) and new_timer["times"][1][2] > 0
         for interval in entry["intervals"]:
             fwd0, fwd1 = (row[0] for row in interval["times"])
             assert fwd1 > fwd0
             assert interval["scalars"]["timers/forward-backward-time-max-rank"] == 1.0
             assert interval["scalars"]["stragglers/forward-backward-score-max-rank"] == 1.0
-            assert interval["scores"]["stragglers/forward-backward-score"] == pytest.approx([0.4, 1.6])  # / 2.5 ms
+            # each rank's time / the 2.5 ms median
+            assert interval["scores"]["stragglers/forward-backward-score"] == pytest.approx([0.4, 1.6])
         assert "same timer names on every rank" in entry["mismatch"]
         assert "rank 1 has extra ['optimizer']" in entry["mismatch"]
         # streak of 2 intervals -> warned at 2, then at 4 (doubling); every rank agrees on them
         assert entry["warnings"] == [
-            f"straggler: rank 1 forward-backward took 1.60x the median of 2 ranks (4.0 ms vs 2.5 ms) for {n} log "
-            f"intervals in a row (iterations 1-{n}; --straggler-threshold 1.2)" for n in (2, 4)]
-    warned = "WARNING torchprof_args.metrics.stragglers: [torchprof rank {}] straggler: rank 1 forward-backward"
+            "straggler: rank 1 forward-backward took 1.60x the median of 2 ranks (4.0 ms vs 2.5 ms) "
+            f"for {n} log intervals in a row (iterations 1-{n}; --straggler-threshold 1.2)" for n in (2, 4)]
+    warned = ("WARNING torchprof_args.metrics.stragglers: [torchprof rank {}] straggler: "
+              "rank 1 forward-backward")
     assert warned.format(0) in result.stderr
     assert warned.format(1) not in result.stderr  # rank 0 only
 

@@ -19,7 +19,8 @@ CYCLE, STEM = "iter000001-000002", "rank00000_host_pid1"
 
 
 def export(path: str) -> None:
-    Path(path).write_text(json.dumps({"traceEvents": [{"name": "ProfilerStep#1", "ph": "X", "ts": 0, "dur": 1}]}))
+    Path(path).write_text(json.dumps(
+        {"traceEvents": [{"name": "ProfilerStep#1", "ph": "X", "ts": 0, "dur": 1}]}))
 
 
 def make_writer(tmp_path: Path, mode: str) -> TraceWriter:
@@ -30,7 +31,8 @@ def make_writer(tmp_path: Path, mode: str) -> TraceWriter:
 
 
 def published(tmp_path: Path) -> list[str]:
-    return sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    return sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*")
+                  if p.is_file())
 
 
 def staged(writer: TraceWriter) -> list[str]:

@@ -108,7 +108,8 @@ def gather_check(args: argparse.Namespace, timers: Timers, rank: int) -> int:
     def interval(iteration: int, names, figures=None, new_timer: str | None = None) -> None:
         # readings injected (Timer.set_elapsed), not measured: the test checks arithmetic, not timing
         for name in ("forward-backward", "optimizer") + ((new_timer,) if new_timer else ()):
-            timers(name, log_level=0).set_elapsed(0.004 if (name == "forward-backward" and rank == 1) else 0.001)
+            timers(name, log_level=0).set_elapsed(
+                0.004 if (name == "forward-backward" and rank == 1) else 0.001)
         before = gather.collectives
         snapshot = timers.gather(names, per_rank=figures)
         scalars, per_rank = timers.interval_figures(snapshot, 1.0, iteration)

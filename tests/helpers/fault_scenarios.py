@@ -26,9 +26,10 @@ from helpers.paths import JOBS
 from helpers.processes import free_port, subprocess_env
 
 JOB = JOBS / "fault_job.py"
-BASE = ["--torch-profile", "--torch-profile-dir", "{out}", "--no-torch-profile-operator-table", "--result-dir", "{res}"]
-HEAVY = ["--layers", "24", "--torch-profile-record-shapes", "--torch-profile-with-stack", "--torch-profile-active", "2",
-         "--torch-profile-gzip-level", "9"]
+BASE = ["--torch-profile", "--torch-profile-dir", "{out}", "--no-torch-profile-operator-table",
+        "--result-dir", "{res}"]
+HEAVY = ["--layers", "24", "--torch-profile-record-shapes", "--torch-profile-with-stack",
+         "--torch-profile-active", "2", "--torch-profile-gzip-level", "9"]
 
 
 @dataclasses.dataclass
@@ -104,7 +105,8 @@ def run(scenario: Scenario, root: str | os.PathLike[str]) -> Outcome:
         if scenario.prepare is not None:
             scenario.prepare(paths)
         started = time.monotonic()
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=scenario.timeout, cwd=root)
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=scenario.timeout,
+                              cwd=root)
         seconds = time.monotonic() - started
         time.sleep(0.2)  # let killed processes go
         outcome = _collect(scenario, proc, seconds, paths)
@@ -115,14 +117,16 @@ def _collect(scenario: Scenario, proc: subprocess.CompletedProcess[str], seconds
              paths: dict[str, Path]) -> Outcome:
     res = paths["res"]
     results = {r["rank"]: r for r in (json.loads(p.read_text()) for p in sorted(res.glob("rank*.json")))}
-    pids = {r["rank"]: r["pid"] for r in (json.loads(p.read_text()) for p in sorted(res.glob("started*.json")))}
+    pids = {r["rank"]: r["pid"]
+            for r in (json.loads(p.read_text()) for p in sorted(res.glob("started*.json")))}
     logs = {int(p.stem[3:]): p.read_text().splitlines() for p in sorted(res.glob("log*.txt"))}
     out = paths["out"]
     files = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
     partials = [str(p) for p in files if p.name.startswith(".partial") or p.name.endswith((".tmp", ".part"))]
     traces = [p for p in files if p.name.endswith(".pt.trace.json.gz")]
-    return Outcome(scenario, proc.returncode, proc.stdout + proc.stderr, seconds, results, logs, pids, partials,
-                   _staging_leftovers(paths, pids.values()), faults.processes_mentioning(str(paths["root"])),
+    return Outcome(scenario, proc.returncode, proc.stdout + proc.stderr, seconds, results, logs, pids,
+                   partials, _staging_leftovers(paths, pids.values()),
+                   faults.processes_mentioning(str(paths["root"])),
                    traces, [str(t) for t in traces if not _valid_trace(t)])
 
 
@@ -150,7 +154,8 @@ def _valid_trace(path: Path) -> bool:
 def trace_steps(path: Path) -> list[int]:
     with gzip.open(path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
-    return sorted(int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    return sorted(int(e["name"].split("#")[1]) for e in events
+                  if e.get("name", "").startswith("ProfilerStep#"))
 
 
 def group_writable_staging(paths: dict[str, Path]) -> None:
@@ -168,24 +173,30 @@ def read_only_output(paths: dict[str, Path]) -> None:
 
 #: One scenario per fault (benchmarks/bench_faults.py prints a row for each).
 FAULTS = [
-    Scenario("output dir unwritable from the start", [], mounts=(("out", "1m", True),) if faults.can_mount() else (),
+    Scenario("output dir unwritable from the start", [],
+             mounts=(("out", "1m", True),) if faults.can_mount() else (),
              expect="refuse", iters=4, prepare=None if faults.can_mount() else read_only_output),
-    Scenario("staging dir group-writable on one rank", ["--torch-profile-ranks", "all", "--rank-staging", "1={stage}"],
+    Scenario("staging dir group-writable on one rank",
+             ["--torch-profile-ranks", "all", "--rank-staging", "1={stage}"],
              expect="refuse", iters=4, prepare=group_writable_staging),
     Scenario("output dir unwritable mid-run",
-             ["--torch-profile-repeat", "2", "--output-fs", "{out}", "--at", "4:drain", "--at", "4:remount-ro"],
+             ["--torch-profile-repeat", "2", "--output-fs", "{out}",
+              "--at", "4:drain", "--at", "4:remount-ro"],
              mounts=(("out", "64m", False),)),
     Scenario("output filesystem full during publish", ["--output-fs", "{out}", "--at", "2:fill-output"],
              mounts=(("out", "16m", False),), iters=4),
     Scenario("staging filesystem full during export (fork)",
-             ["--torch-profile-staging-dir", "{stage}", "--fill-dir", "{stage}", "--inject", "0:1:fill-staging"],
+             ["--torch-profile-staging-dir", "{stage}", "--fill-dir", "{stage}",
+              "--inject", "0:1:fill-staging"],
              mounts=(("stage", "256m", False),), iters=4),
     Scenario("staging filesystem full during export (inline)",
-             ["--torch-profile-export", "inline", "--torch-profile-staging-dir", "{stage}", "--fill-dir", "{stage}",
-              "--inject", "0:1:fill-staging"], mounts=(("stage", "256m", False),), iters=4),
+             ["--torch-profile-export", "inline", "--torch-profile-staging-dir", "{stage}",
+              "--fill-dir", "{stage}", "--inject", "0:1:fill-staging"],
+             mounts=(("stage", "256m", False),), iters=4),
     Scenario("publisher SIGKILLed mid-publish", [*HEAVY, "--kill-publisher", "0"], iters=5),
     Scenario("export raises (fork)", ["--inject", "0:1:raise"], iters=4),
-    Scenario("export raises (inline)", ["--torch-profile-export", "inline", "--inject", "0:1:raise"], iters=4),
+    Scenario("export raises (inline)", ["--torch-profile-export", "inline", "--inject", "0:1:raise"],
+             iters=4),
     Scenario("fork fails (EAGAIN)", ["--inject", "0:1:fork-limit"], needs_fork_limit=True, iters=4),
     Scenario("SIGTERM to one rank mid-flush (fork)", ["--inject", "0:1:sigterm-in-flush"], expect="sigterm"),
     Scenario("SIGTERM to one rank mid-export (inline)",
@@ -194,11 +205,12 @@ FAULTS = [
              ["--torch-profile-memory-snapshot", "--slow-snapshot", "1:30", "--sigterm-in-fence", "0:1",
               "--torch-profile-term-grace", "3"], expect="sigterm"),
     Scenario("slow interval memory snapshot (PG timeout 2 s)",
-             ["--pg-timeout", "2", "--torch-profile-memory-snapshot", "--torch-profile-memory-snapshot-interval", "4",
-              "--slow-snapshot", "0:4", "--torch-profile-skip-first", "10"]),
+             ["--pg-timeout", "2", "--torch-profile-memory-snapshot",
+              "--torch-profile-memory-snapshot-interval", "4", "--slow-snapshot", "0:4",
+              "--torch-profile-skip-first", "10"]),
     Scenario("slow publisher at exit (PG timeout 2 s)",
              ["--pg-timeout", "2", "--stop-publisher", "0:5", "--collective-after-exit"], iters=3),
     Scenario("low host memory ends a window early",
-             ["--torch-profile-active", "4", "--torch-profile-ranks", "all", "--torch-profile-min-free-host-mb",
-              "100000000"]),
+             ["--torch-profile-active", "4", "--torch-profile-ranks", "all",
+              "--torch-profile-min-free-host-mb", "100000000"]),
 ]

@@ -41,7 +41,8 @@ def megatron_lm_trees() -> list[tuple[str, Path]]:
         root = Path(configured).expanduser().resolve()
         if _is_tree(root):
             return [(root.name, root)]
-        return [(child.name, child) for child in sorted(root.iterdir()) if _is_tree(child)] if root.is_dir() else []
+        return ([(child.name, child) for child in sorted(root.iterdir()) if _is_tree(child)]
+                if root.is_dir() else [])
     shared = REPO.parent / "shared" / "megatron-lm"
     return [(tag, shared / tag) for tag in TAGS if _is_tree(shared / tag)]
 
@@ -53,8 +54,8 @@ def tree_params() -> list:
         return [pytest.param(tree, id=name) for name, tree in trees]
     configured = os.environ.get("MEGATRON_LM_PATH")
     if configured:
-        reason = (f"MEGATRON_LM_PATH={configured} holds no Megatron-LM checkout (megatron/training/training.py "
-                  "and pretrain_gpt.py), nor folders of them")
+        reason = (f"MEGATRON_LM_PATH={configured} holds no Megatron-LM checkout "
+                  "(megatron/training/training.py and pretrain_gpt.py), nor folders of them")
     else:
         reason = ("no Megatron-LM source: set MEGATRON_LM_PATH to a checkout (or a folder of them), or put "
                   f"checkouts at {REPO.parent / 'shared' / 'megatron-lm'}/<tag> for tags {', '.join(TAGS)}")

@@ -59,7 +59,8 @@ def main() -> int:
                 prof.step(iteration)
         outcome["ended"] = "done"
     except BaseException as err:  # noqa: BLE001 - the test reads how each rank ended
-        outcome.update(ended=type(err).__name__, error=str(err)[:500], traceback=traceback.format_exc()[-2000:])
+        outcome.update(ended=type(err).__name__, error=str(err)[:500],
+                       traceback=traceback.format_exc()[-2000:])
     write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"), outcome)
     if outcome["ended"] == "done":
         dist.destroy_process_group()

@@ -168,8 +168,8 @@ def build_profiler(args: argparse.Namespace, rank: int) -> TorchProfiler:
         return {"segments": [], "device_traces": [[]]}
 
     run = configs_from_args(args, world_size=dist.get_world_size())
-    memory = MemorySnapshotter(run.profiler.memory, rank=rank, snapshot_fn=slow_dump, record_fn=lambda **_: None,
-                               cuda_available=True)
+    memory = MemorySnapshotter(run.profiler.memory, rank=rank, snapshot_fn=slow_dump,
+                               record_fn=lambda **_: None, cuda_available=True)
     return TorchProfiler(run.profiler, rank=rank, world_size=dist.get_world_size(), memory=memory)
 
 
@@ -211,7 +211,8 @@ def main() -> int:
         prof.start()
     except TorchProfileArgsError as err:
         print(f"fault_job.py: error: {err}", file=sys.stderr)
-        dist.destroy_process_group()  # leave like a well-behaved job: gloo's threads ended, not torn down at exit
+        # leave like a well-behaved job: gloo's threads ended, not torn down at exit
+        dist.destroy_process_group()
         return 2
     state = {"cycle": 0}
     prof._sigterm.hooks.append(lambda: write_json_atomically(  # noqa: SLF001 - the documented hook point
@@ -241,8 +242,8 @@ def main() -> int:
         dist.all_reduce(grad_sync)
     write_json_atomically(results / f"rank{rank}.json", {
         "rank": rank, "iterations": iterations, "traces": prof.published_traces, "stats": prof.stats,
-        "exit_seconds": exit_seconds, "log": records.lines, **{k: v for k, v in state.items() if k != "cycle"},
-        "submissions": state["cycle"]})
+        "exit_seconds": exit_seconds, "log": records.lines,
+        **{k: v for k, v in state.items() if k != "cycle"}, "submissions": state["cycle"]})
     dist.barrier()
     dist.destroy_process_group()
     return 0

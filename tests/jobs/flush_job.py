@@ -65,7 +65,8 @@ def main() -> int:
                 activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                 on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True)
                 if args.mode == "stock" else (lambda _prof: None),
-                record_shapes=args.torch_profile_record_shapes, profile_memory=args.torch_profile_profile_memory,
+                record_shapes=args.torch_profile_record_shapes,
+                profile_memory=args.torch_profile_profile_memory,
                 with_stack=args.torch_profile_with_stack,
             )
             profiler.start()

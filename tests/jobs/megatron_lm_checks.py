@@ -21,10 +21,10 @@ from megatron.training.arguments import parse_args  # noqa: E402
 
 import torchprof_args.megatron as tpm  # noqa: E402
 
-MEGATRON_FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-                  "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
-                  "--train-iters", "4", "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
-                  "--vocab-size", "128"]
+MEGATRON_FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                  "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
+                  "--global-batch-size", "4", "--train-iters", "4", "--lr", "1e-3", "--mock-data",
+                  "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
 
 
 def check_install() -> dict:
@@ -48,12 +48,13 @@ def check_parse(workdir: Path) -> dict:
     def mine(parser):  # noqa: ANN001, ANN202  (returns None: allowed)
         parser.add_argument("--my-flag", type=int, default=3)
 
-    sys.argv = ["pretrain_gpt.py", *MEGATRON_FLAGS, "--tensorboard-dir", str(workdir / "tb"), "--log-interval", "7",
-                "--timing-log-level", "2", "--torch-profile", "--torch-profile-parallel-ranks", "dp=0", "tp=0-1",
-                "--my-flag", "5"]
+    sys.argv = ["pretrain_gpt.py", *MEGATRON_FLAGS, "--tensorboard-dir", str(workdir / "tb"),
+                "--log-interval", "7", "--timing-log-level", "2", "--torch-profile",
+                "--torch-profile-parallel-ranks", "dp=0", "tp=0-1", "--my-flag", "5"]
     args = parse_args(extra_args_provider=tpm.compose_args_providers(mine, tpm.extra_args_provider))
-    return {"my_flag": args.my_flag, "tensorboard_dir": args.tensorboard_dir, "log_interval": args.log_interval,
-            "timing_log_level": args.timing_log_level, "torch_profile": args.torch_profile,
+    return {"my_flag": args.my_flag, "tensorboard_dir": args.tensorboard_dir,
+            "log_interval": args.log_interval, "timing_log_level": args.timing_log_level,
+            "torch_profile": args.torch_profile,
             "parallel_ranks": [[axis, list(ids)] for axis, ids in args.torch_profile_parallel_ranks],
             "num_layers": args.num_layers}
 

@@ -10,7 +10,8 @@ does); Python imports it at start-up.  Megatron-LM expects a GPU in many places,
 * a torch function mode rewrites ``device="cuda"`` (or a device index) to the CPU in factory
   calls, ``Tensor.to`` and ``Tensor.cuda``;
 * the few Megatron-LM modules that import triton unguarded (batch-invariant kernels, MoE paged
-  stashing: options the tests do not use) are stub modules when triton is absent; the dataset index helpers are not compiled into Megatron-LM's (read-only) tree:
+  stashing: options the tests do not use) are stub modules when triton is absent; the dataset
+  index helpers are not compiled into Megatron-LM's (read-only) tree:
   the compiled ``helpers_cpp`` of the installed megatron-core package is used (same helpers.cpp);
 * ``typing.override`` (Python 3.12, imported by core_v0.19.0) comes from ``typing_extensions``.
 
