@@ -82,7 +82,7 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
     for rank in (0, 1):
         errors = outcome.errors(rank)
         failed = {it: why for it, why in expected.items() if why}
-        assert len(errors) == len(failed), outcome.logs[rank]
+        assert len(errors) == len(failed), "\n".join(outcome.logs[rank])  # every line, for a diagnosis
         for error, (iteration, why) in zip(errors, sorted(failed.items()), strict=True):
             assert (f"rank {rank}:" in error and f"iter{iteration:06d}-{iteration:06d}" in error
                     and why in error)
