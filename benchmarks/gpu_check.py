@@ -52,8 +52,13 @@ from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
 
 SECTIONS = ("tests", "stall", "fork", "timers", "snapshot", "trace-size")
 #: Suite files whose fast tests take CUDA paths on a GPU host (run with -m "gpu or not slow").
-CUDA_CAPABLE_SUITE = ("test_nsys.py", "test_memory_snapshot.py", "test_profiler_hooks.py", "test_timers.py",
-                      "test_profiler.py")
+CUDA_CAPABLE_SUITE = (
+    "test_nsys.py",
+    "test_memory_snapshot.py",
+    "test_profiler_hooks.py",
+    "test_timers.py",
+    "test_profiler.py",
+)
 OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
 STALL_OPTIONS = ("record_shapes", "profile_memory", "with_stack")
 
@@ -93,28 +98,64 @@ class Settings:
     def model(self) -> str:
         count = parameters(self)
         size = f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.2f}M"
-        return (f"GPT {size} params, {self.layers}x{self.hidden}, seq {self.seq_len}, "
-                f"batch {self.batch}, {str(self.dtype).removeprefix('torch.')}")
+        return (
+            f"GPT {size} params, {self.layers}x{self.hidden}, seq {self.seq_len}, "
+            f"batch {self.batch}, {str(self.dtype).removeprefix('torch.')}"
+        )
 
 
 def parameters(s: Settings) -> int:
     """Parameter count of the demo GPT with these sizes (embedding tied with the head)."""
-    return s.layers * (12 * s.hidden * s.hidden + 13 * s.hidden) + s.vocab * s.hidden + s.seq_len * s.hidden + 2 * s.hidden
+    return (
+        s.layers * (12 * s.hidden * s.hidden + 13 * s.hidden)
+        + s.vocab * s.hidden
+        + s.seq_len * s.hidden
+        + 2 * s.hidden
+    )
 
 
 def settings(args: argparse.Namespace) -> Settings:
     if args.smoke:
-        return Settings("cpu", torch.float32, hidden=64, layers=2, heads=4, seq_len=64, batch=2, vocab=256, repeats=1,
-                        fork_gb=[0.05], timer_pairs=2000, snapshot_timeout=60, tests_timeout=120)
-    return Settings("cuda", torch.bfloat16, args.hidden, args.layers, args.heads, args.seq_len, args.batch, args.vocab,
-                    args.repeats, args.fork_gb, args.timer_pairs, args.snapshot_timeout, args.tests_timeout)
+        return Settings(
+            "cpu",
+            torch.float32,
+            hidden=64,
+            layers=2,
+            heads=4,
+            seq_len=64,
+            batch=2,
+            vocab=256,
+            repeats=1,
+            fork_gb=[0.05],
+            timer_pairs=2000,
+            snapshot_timeout=60,
+            tests_timeout=120,
+        )
+    return Settings(
+        "cuda",
+        torch.bfloat16,
+        args.hidden,
+        args.layers,
+        args.heads,
+        args.seq_len,
+        args.batch,
+        args.vocab,
+        args.repeats,
+        args.fork_gb,
+        args.timer_pairs,
+        args.snapshot_timeout,
+        args.tests_timeout,
+    )
 
 
 # -- the workload ------------------------------------------------------------------------------
 
+
 def demo_model_module() -> Any:
     """integrations/demo/model.py (a folder of scripts, not a package), loaded from its file."""
-    spec = importlib.util.spec_from_file_location("torchprof_demo_model", REPO / "integrations" / "demo" / "model.py")
+    spec = importlib.util.spec_from_file_location(
+        "torchprof_demo_model", REPO / "integrations" / "demo" / "model.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -127,16 +168,18 @@ class Workload:
     def __init__(self, s: Settings) -> None:
         torch.manual_seed(0)
         self.s = s
-        model = demo_model_module().TinyGPT(vocab=s.vocab, hidden=s.hidden, layers=s.layers, heads=s.heads,
-                                            seq_len=s.seq_len)
+        model = demo_model_module().TinyGPT(
+            vocab=s.vocab, hidden=s.hidden, layers=s.layers, heads=s.heads, seq_len=s.seq_len
+        )
         self.model = model.to(device=s.device, dtype=s.dtype)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.tokens = torch.randint(0, s.vocab, (s.batch, s.seq_len + 1), device=s.device)
 
     def step(self) -> None:
         logits = self.model(self.tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, self.s.vocab).float(),
-                                                 self.tokens[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, self.s.vocab).float(), self.tokens[:, 1:].reshape(-1)
+        )
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -153,7 +196,9 @@ def activities(s: Settings) -> list[torch.profiler.ProfilerActivity]:
     return found + [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else found
 
 
-def timed_steps(work: Workload, count: int, after_step: Callable[[int], None] = lambda _i: None) -> list[float]:
+def timed_steps(
+    work: Workload, count: int, after_step: Callable[[int], None] = lambda _i: None
+) -> list[float]:
     """Wall seconds of ``count`` steps, each including ``after_step(i)`` (the profiler's step)."""
     times = []
     for index in range(count):
@@ -166,24 +211,54 @@ def timed_steps(work: Workload, count: int, after_step: Callable[[int], None] = 
 
 # -- tests -------------------------------------------------------------------------------------
 
+
 def section_tests(s: Settings, out: Path, smoke: bool) -> list[Row]:
     """pytest on tests/gpu (and the CUDA-capable suite files); one row per GPU test, one for the rest."""
     xml = out / "pytest.xml"
     paths = ["tests/gpu"] + ([] if smoke else [f"tests/{name}" for name in CUDA_CAPABLE_SUITE])
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rs",
-               "-m", "gpu or not slow", f"--junitxml={xml}", *paths]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-rs",
+        "-m",
+        "gpu or not slow",
+        f"--junitxml={xml}",
+        *paths,
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     started = time.monotonic()
     try:
-        run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=s.tests_timeout)
+        run = subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=s.tests_timeout
+        )
     except subprocess.TimeoutExpired as err:
-        (out / "pytest.log").write_text((err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes)
-                                        else err.stdout or "")
+        (out / "pytest.log").write_text(
+            (err.stdout or b"").decode(errors="replace")
+            if isinstance(err.stdout, bytes)
+            else err.stdout or ""
+        )
         return [Row("tests", "pytest", " ".join(paths), f"TIMED OUT after {s.tests_timeout:.0f} s", ok=False)]
     (out / "pytest.log").write_text(run.stdout + run.stderr)
     if not xml.exists():
-        return [Row("tests", "pytest", " ".join(paths), f"exit {run.returncode}, no report",
-                    (run.stdout + run.stderr)[-300:].replace("\n", " "), ok=False)]
+        return [
+            Row(
+                "tests",
+                "pytest",
+                " ".join(paths),
+                f"exit {run.returncode}, no report",
+                (run.stdout + run.stderr)[-300:].replace("\n", " "),
+                ok=False,
+            )
+        ]
     rows, suite = [], {"passed": 0, "skipped": 0, "failed": []}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
@@ -197,22 +272,40 @@ def section_tests(s: Settings, out: Path, smoke: bool) -> list[Row]:
         else:
             outcome, note = "passed", ""
         if "gpu." in case.get("classname", "") or "tests.gpu" in case.get("classname", ""):
-            rows.append(Row("tests", name, "", f"{outcome} ({seconds:.1f} s)", note, seconds, outcome != "FAILED"))
+            rows.append(
+                Row("tests", name, "", f"{outcome} ({seconds:.1f} s)", note, seconds, outcome != "FAILED")
+            )
         elif outcome == "FAILED":
             suite["failed"].append(name)
         else:
             suite[outcome] += 1
     if not smoke:
         failed = suite["failed"]
-        rows.append(Row("tests", "suite files with CUDA paths", ", ".join(CUDA_CAPABLE_SUITE),
-                        f"{suite['passed']} passed, {suite['skipped']} skipped, {len(failed)} failed",
-                        ("failed: " + ", ".join(failed))[:300] if failed else "", ok=not failed))
-    rows.append(Row("tests", "pytest run", "", f"exit {run.returncode} in {time.monotonic() - started:.0f} s",
-                    "log: pytest.log, report: pytest.xml", ok=run.returncode in (0, 5)))
+        rows.append(
+            Row(
+                "tests",
+                "suite files with CUDA paths",
+                ", ".join(CUDA_CAPABLE_SUITE),
+                f"{suite['passed']} passed, {suite['skipped']} skipped, {len(failed)} failed",
+                ("failed: " + ", ".join(failed))[:300] if failed else "",
+                ok=not failed,
+            )
+        )
+    rows.append(
+        Row(
+            "tests",
+            "pytest run",
+            "",
+            f"exit {run.returncode} in {time.monotonic() - started:.0f} s",
+            "log: pytest.log, report: pytest.xml",
+            ok=run.returncode in (0, 5),
+        )
+    )
     return rows
 
 
 # -- flush stall -------------------------------------------------------------------------------
+
 
 def section_stall(s: Settings, out: Path) -> list[Row]:
     """Flush-step time minus the median of 3 unprofiled steps before the window, per mode."""
@@ -227,8 +320,11 @@ def section_stall(s: Settings, out: Path) -> list[Row]:
             for mode in ("stock", "floor", "torchprof"):
                 baseline = statistics.median(timed_steps(work, 3))
                 with tempfile.TemporaryDirectory(dir=out) as scratch:
-                    flush, trace_mb = (torchprof_window(work, Path(scratch), active) if mode == "torchprof"
-                                       else stock_window(work, Path(scratch), active, mode))
+                    flush, trace_mb = (
+                        torchprof_window(work, Path(scratch), active)
+                        if mode == "torchprof"
+                        else stock_window(work, Path(scratch), active, mode)
+                    )
                 results.setdefault((active, mode), []).append(flush - baseline)
                 if mode == "stock":
                     sizes[active] = trace_mb
@@ -240,19 +336,33 @@ def section_stall(s: Settings, out: Path) -> list[Row]:
             stall = statistics.median(results[(active, mode)])
             ratio = f"{stall / stock:.2f} x stock" if stock > 0 else ""
             note = f"stock trace {sizes[active]:.1f} MB gz; {options}" if mode == "stock" else ratio
-            rows.append(Row("stall", f"flush stall, {mode}", f"{active} active; {s.model}",
-                            f"{stall:.2f} s", note, stall))
+            rows.append(
+                Row(
+                    "stall",
+                    f"flush stall, {mode}",
+                    f"{active} active; {s.model}",
+                    f"{stall:.2f} s",
+                    note,
+                    stall,
+                )
+            )
     return rows
 
 
 def stock_window(work: Workload, directory: Path, active: int, mode: str) -> tuple[float, float]:
     """One window of torch.profiler: ``stock`` exports with the tensorboard handler, ``floor`` does
     nothing (stop() alone).  Returns the flush step's seconds and the trace's MB."""
-    handler = (torch.profiler.tensorboard_trace_handler(str(directory), use_gzip=True) if mode == "stock"
-               else (lambda _prof: None))
-    profiler = torch.profiler.profile(activities=activities(work.s), on_trace_ready=handler,
-                                      schedule=torch.profiler.schedule(wait=0, warmup=1, active=active, repeat=1),
-                                      **{option: True for option in STALL_OPTIONS})
+    handler = (
+        torch.profiler.tensorboard_trace_handler(str(directory), use_gzip=True)
+        if mode == "stock"
+        else (lambda _prof: None)
+    )
+    profiler = torch.profiler.profile(
+        activities=activities(work.s),
+        on_trace_ready=handler,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=active, repeat=1),
+        **{option: True for option in STALL_OPTIONS},
+    )
     profiler.start()
     times = timed_steps(work, active + 2, lambda _i: profiler.step())
     profiler.stop()
@@ -262,8 +372,17 @@ def stock_window(work: Workload, directory: Path, active: int, mode: str) -> tup
 def torchprof_window(work: Workload, directory: Path, active: int) -> tuple[float, float]:
     """The same window through TorchProfiler (fork export, fence, publisher); the exit wait for
     the publisher is not part of any step."""
-    flags = ["--torch-profile", "--torch-profile-dir", str(directory), "--torch-profile-skip-first", "0",
-             "--torch-profile-warmup", "1", "--torch-profile-active", str(active)]
+    flags = [
+        "--torch-profile",
+        "--torch-profile-dir",
+        str(directory),
+        "--torch-profile-skip-first",
+        "0",
+        "--torch-profile-warmup",
+        "1",
+        "--torch-profile-active",
+        str(active),
+    ]
     flags += [f"--torch-profile-{option.replace('_', '-')}" for option in STALL_OPTIONS]
     prof = TorchProfiler.from_args(add_torch_profile_args(argparse.ArgumentParser()).parse_args(flags))
     with prof:
@@ -275,6 +394,7 @@ def torchprof_window(work: Workload, directory: Path, active: int) -> tuple[floa
 
 
 # -- fork --------------------------------------------------------------------------------------
+
 
 def section_fork(s: Settings, out: Path) -> list[Row]:
     """Best of 3 ``os.fork()`` calls (parent side) with each size of touched host tensor alive."""
@@ -292,9 +412,16 @@ def section_fork(s: Settings, out: Path) -> list[Row]:
                 continue
             with host_tensor(int(gb * 1e9), pinned) as (alloc_seconds, _):
                 seconds = fork_seconds()
-            rows.append(Row("fork", f"os.fork(), {kind}", f"{gb:.3g} GB host tensor", f"{seconds * 1e3:.1f} ms",
-                            "; ".join(filter(None, [clamp, f"allocated and touched in {alloc_seconds:.1f} s"])),
-                            seconds))
+            rows.append(
+                Row(
+                    "fork",
+                    f"os.fork(), {kind}",
+                    f"{gb:.3g} GB host tensor",
+                    f"{seconds * 1e3:.1f} ms",
+                    "; ".join(filter(None, [clamp, f"allocated and touched in {alloc_seconds:.1f} s"])),
+                    seconds,
+                )
+            )
     return rows
 
 
@@ -331,6 +458,7 @@ def fork_seconds(tries: int = 3) -> float:
 
 # -- timers ------------------------------------------------------------------------------------
 
+
 def section_timers(s: Settings, out: Path) -> list[Row]:
     """Nanoseconds per start/stop pair on an idle device, and per read of 100 pairs."""
     from torchprof_args.metrics.timers import Timers
@@ -352,8 +480,16 @@ def section_timers(s: Settings, out: Path) -> list[Row]:
             started = time.perf_counter()
             timer.elapsed()
             read = min(read, time.perf_counter() - started)
-        rows.append(Row("timers", f"start/stop pair, {label}", f"{pairs} pairs, best of 3", f"{best * 1e9:,.0f} ns",
-                        f"reading {pairs} pairs: {read * 1e6:,.0f} us", best))
+        rows.append(
+            Row(
+                "timers",
+                f"start/stop pair, {label}",
+                f"{pairs} pairs, best of 3",
+                f"{best * 1e9:,.0f} ns",
+                f"reading {pairs} pairs: {read * 1e6:,.0f} us",
+                best,
+            )
+        )
     if s.device != "cuda":
         rows.append(Row("timers", "CUDA-event and synchronizing timers", "", "n/a", "needs CUDA"))
     return rows
@@ -361,25 +497,51 @@ def section_timers(s: Settings, out: Path) -> list[Row]:
 
 # -- memory snapshots --------------------------------------------------------------------------
 
+
 def section_snapshot(s: Settings, out: Path, args: argparse.Namespace) -> list[Row]:
     """Each stack mode in a fresh process (clean allocator history), bounded by --snapshot-timeout."""
     if s.device != "cuda":
         return [Row("snapshot", "memory snapshot dump", "python / all stacks", "n/a", "needs CUDA")]
     rows = []
     for stacks in ("python", "all"):
-        command = [sys.executable, __file__, "--worker", "snapshot", "--stacks", stacks, "--out", str(out),
-                   *model_flags(args)]
+        command = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "snapshot",
+            "--stacks",
+            stacks,
+            "--out",
+            str(out),
+            *model_flags(args),
+        ]
         try:
             run = subprocess.run(command, capture_output=True, text=True, timeout=s.snapshot_timeout)
         except subprocess.TimeoutExpired:
-            rows.append(Row("snapshot", "memory snapshot dump", f"{stacks} stacks", f"> {s.snapshot_timeout:.0f} s",
-                            "timed out (model build, 3 steps and the dump)", None))
+            rows.append(
+                Row(
+                    "snapshot",
+                    "memory snapshot dump",
+                    f"{stacks} stacks",
+                    f"> {s.snapshot_timeout:.0f} s",
+                    "timed out (model build, 3 steps and the dump)",
+                    None,
+                )
+            )
             continue
         if run.returncode != 0:
             raise RuntimeError(f"snapshot worker ({stacks}) failed: {run.stderr[-500:]}")
         found = json.loads(run.stdout.strip().splitlines()[-1])
-        rows.append(Row("snapshot", "memory snapshot dump", f"{stacks} stacks", f"{found['seconds']:.2f} s",
-                        f"{found['mb']:.1f} MB pickle, {found['events']:,} events; {s.model}", found["seconds"]))
+        rows.append(
+            Row(
+                "snapshot",
+                "memory snapshot dump",
+                f"{stacks} stacks",
+                f"{found['seconds']:.2f} s",
+                f"{found['mb']:.1f} MB pickle, {found['events']:,} events; {s.model}",
+                found["seconds"],
+            )
+        )
     return rows
 
 
@@ -390,8 +552,9 @@ def snapshot_worker(args: argparse.Namespace) -> int:
 
     s = settings(args)
     with tempfile.TemporaryDirectory(dir=args.out) as scratch:
-        snap = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=scratch, stacks=args.stacks),
-                                 rank=0, host="bench")
+        snap = MemorySnapshotter(
+            MemorySnapshotConfig(enabled=True, output_dir=scratch, stacks=args.stacks), rank=0, host="bench"
+        )
         with snap.session():
             work = Workload(s)
             timed_steps(work, 3)
@@ -409,6 +572,7 @@ def snapshot_worker(args: argparse.Namespace) -> int:
 
 # -- trace size --------------------------------------------------------------------------------
 
+
 def section_trace_size(s: Settings, out: Path) -> list[Row]:
     """Uncompressed trace MB per recorded iteration (2 active steps) with no option, then each alone."""
     work = Workload(s)
@@ -418,29 +582,43 @@ def section_trace_size(s: Settings, out: Path) -> list[Row]:
         with tempfile.TemporaryDirectory(dir=out) as scratch:
             path = Path(scratch) / "trace.json"
             profiler = torch.profiler.profile(
-                activities=activities(s), schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
+                activities=activities(s),
+                schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
                 on_trace_ready=lambda prof, target=path: prof.export_chrome_trace(str(target)),
-                **({} if option == "none" else {option: True}))
+                **({} if option == "none" else {option: True}),
+            )
             profiler.start()
             timed_steps(work, 3, lambda _i, profiler=profiler: profiler.step())
             profiler.stop()
             mb = path.stat().st_size / 1e6 / 2
             gz = len(gzip.compress(path.read_bytes(), compresslevel=1)) / 1e6 / 2
-        rows.append(Row("trace-size", "trace MB per iteration", option, f"{mb:.2f} MB",
-                        f"{gz:.2f} MB gzip -1; {s.model}", mb))
+        rows.append(
+            Row(
+                "trace-size",
+                "trace MB per iteration",
+                option,
+                f"{mb:.2f} MB",
+                f"{gz:.2f} MB gzip -1; {s.model}",
+                mb,
+            )
+        )
     return rows
 
 
 # -- the table ---------------------------------------------------------------------------------
 
+
 def device_line(s: Settings) -> str:
     if s.device != "cuda":
-        return f"CPU smoke run on {socket.gethostname()} (torch {torch.__version__}); figures are not GPU figures"
+        host = socket.gethostname()
+        return f"CPU smoke run on {host} (torch {torch.__version__}); figures are not GPU figures"
     props = torch.cuda.get_device_properties(0)
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else "n/a"
-    return (f"{torch.cuda.device_count()} x {props.name} ({props.total_memory / 2**30:.0f} GiB), torch "
-            f"{torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}, {os.cpu_count()} CPUs, "
-            f"host {socket.gethostname()}")
+    return (
+        f"{torch.cuda.device_count()} x {props.name} ({props.total_memory / 2**30:.0f} GiB), torch "
+        f"{torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}, {os.cpu_count()} CPUs, "
+        f"host {socket.gethostname()}"
+    )
 
 
 def markdown(rows: list[Row]) -> str:
@@ -448,22 +626,44 @@ def markdown(rows: list[Row]) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = ["| section | check | setting | result | notes |", "|---|---|---|---|---|"]
-    lines += [f"| {r.section} | {cell(r.check)} | {cell(r.setting)} | {cell(r.result)} | {cell(r.notes)} |"
-              for r in rows]
+    lines += [
+        f"| {r.section} | {cell(r.check)} | {cell(r.setting)} | {cell(r.result)} | {cell(r.notes)} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
 def model_flags(args: argparse.Namespace) -> list[str]:
-    return ["--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads), "--seq-len",
-            str(args.seq_len), "--batch", str(args.batch), "--vocab", str(args.vocab)]
+    return [
+        "--hidden",
+        str(args.hidden),
+        "--layers",
+        str(args.layers),
+        "--heads",
+        str(args.heads),
+        "--seq-len",
+        str(args.seq_len),
+        "--batch",
+        str(args.batch),
+        "--vocab",
+        str(args.vocab),
+    ]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU, toy sizes: checks the script, not a GPU")
     parser.add_argument("--out", type=Path, help="results folder (default benchmarks/out/gpu-check-<time>)")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="S",
-                        help=f"what to run: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        metavar="S",
+        help=f"what to run: {', '.join(SECTIONS)} (default: all)",
+    )
     model = parser.add_argument_group("model (default ~1.08B parameters)")
     model.add_argument("--hidden", type=int, default=2048)
     model.add_argument("--layers", type=int, default=20)
@@ -472,8 +672,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--batch", type=int, default=4)
     model.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--repeats", type=int, default=2, help="flush-stall windows per mode (median)")
-    parser.add_argument("--fork-gb", type=float, nargs="+", default=[20.0, 60.0],
-                        help="host tensor sizes for the fork rows (clamped to 70%% of free memory)")
+    parser.add_argument(
+        "--fork-gb",
+        type=float,
+        nargs="+",
+        default=[20.0, 60.0],
+        help="host tensor sizes for the fork rows (clamped to 70%% of free memory)",
+    )
     parser.add_argument("--timer-pairs", type=int, default=20000)
     parser.add_argument("--snapshot-timeout", type=float, default=180.0, help="seconds per snapshot worker")
     parser.add_argument("--tests-timeout", type=float, default=480.0, help="seconds for the pytest run")
@@ -487,8 +692,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "snapshot":
         return snapshot_worker(args)
     if not torch.cuda.is_available() and not args.smoke:
-        print(f"gpu-check: CUDA is not available here (torch {torch.__version__}); nothing to check "
-              "(`--smoke` runs the script's plumbing on CPU)")
+        print(
+            f"gpu-check: CUDA is not available here (torch {torch.__version__}); nothing to check "
+            "(`--smoke` runs the script's plumbing on CPU)"
+        )
         return 0
     s = settings(args)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -518,11 +725,24 @@ def main(argv: list[str] | None = None) -> int:
     header = f"gpu-check {stamp}: {device_line(s)}"
     table = markdown(rows)
     (out / "results.md").write_text(f"{header}\n\n{table}")
-    (out / "results.json").write_text(json.dumps({
-        "meta": {"device": device_line(s), "smoke": args.smoke, "time": stamp, "python": platform.python_version(),
-                 "torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv[1:],
-                 "section_seconds": durations},
-        "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "meta": {
+                    "device": device_line(s),
+                    "smoke": args.smoke,
+                    "time": stamp,
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "cuda": torch.version.cuda,
+                    "argv": sys.argv[1:],
+                    "section_seconds": durations,
+                },
+                "rows": [dataclasses.asdict(r) for r in rows],
+            },
+            indent=1,
+        )
+    )
     print(f"{header}\n\n{table}\nresults: {out}/results.md, results.json")
     return 0 if all(r.ok for r in rows) else 1
 

@@ -18,5 +18,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 "$python" -m pip install --no-index --find-links "$wheelhouse" -r "$wheelhouse/requirements-gpu-check.txt"
 "$python" -m pip install --no-index --find-links "$wheelhouse" --no-deps --force-reinstall \
     -r "$wheelhouse/requirements-gpu-check-nodeps.txt"
-"$python" -c 'import torch, torchprof_args.analysis; print("gpu_install_offline: ready, torch", torch.__version__,
-"CUDA", torch.version.cuda, "available" if torch.cuda.is_available() else "NOT available")'
+"$python" -c 'import torch, torchprof_args.analysis
+print("gpu_install_offline: ready, torch", torch.__version__, "CUDA", torch.version.cuda,
+      "available" if torch.cuda.is_available() else "NOT available")'

@@ -38,10 +38,21 @@ def test_cycle_and_interval_snapshots(tmp_path: Path, capsys: pytest.CaptureFixt
     """Recording 3-4 and an interval of 3 over 9 iterations: snapshots at 3, 4 (the cycle), 6, 9,
     each a readable allocator state with history and Python stacks from this job's code."""
     prof_dir = tmp_path / "prof"
-    prof = TorchProfiler.from_args(parse_flags(
-        "--torch-profile", "--torch-profile-dir", str(prof_dir), "--torch-profile-active", "2",
-        "--torch-profile-memory-snapshot", "--torch-profile-memory-snapshot-interval", "3",
-        "--torch-profile-memory-snapshot-max-entries", "50000", "--no-torch-profile-summary"))
+    prof = TorchProfiler.from_args(
+        parse_flags(
+            "--torch-profile",
+            "--torch-profile-dir",
+            str(prof_dir),
+            "--torch-profile-active",
+            "2",
+            "--torch-profile-memory-snapshot",
+            "--torch-profile-memory-snapshot-interval",
+            "3",
+            "--torch-profile-memory-snapshot-max-entries",
+            "50000",
+            "--no-torch-profile-summary",
+        )
+    )
     train(prof, Trainer(), range(1, 10))
     snapshots = prof_dir / "memory_snapshots"
     host = names(snapshots)[0].split("_rank")[0]
@@ -58,8 +69,11 @@ def test_cycle_and_interval_snapshots(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_real_oom_caught_by_the_guard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Asking for twice the GPU's memory raises a real OutOfMemoryError: the guard dumps
     ``..._oom.pickle`` (whose history ends with the allocator's ``oom`` event) and re-raises."""
-    snap = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path), max_entries=20000),
-                             rank=0, host="gpuhost")
+    snap = MemorySnapshotter(
+        MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path), max_entries=20000),
+        rank=0,
+        host="gpuhost",
+    )
     live = None
     with snap.session():
         live = torch.ones(16 << 20, device="cuda")  # 64 MiB that stay allocated
@@ -68,7 +82,9 @@ def test_real_oom_caught_by_the_guard(tmp_path: Path, capsys: pytest.CaptureFixt
             torch.empty(too_big, dtype=torch.uint8, device="cuda")
     path = tmp_path / "memory_snapshot_gpuhost_rank0_iter0000007_oom.pickle"
     assert names(tmp_path) == [path.name]
-    (device,) = [d for d in torchprof_mem(path, capsys)["devices"] if d["device"] == torch.cuda.current_device()]
+    (device,) = [
+        d for d in torchprof_mem(path, capsys)["devices"] if d["device"] == torch.cuda.current_device()
+    ]
     assert device["allocated_bytes"] >= live.numel() * live.element_size(), device
     history = load_snapshot(path)["device_traces"][torch.cuda.current_device()]
     assert "oom" in {entry.get("action") for entry in history}, "no 'oom' event in the allocator history"
@@ -79,13 +95,16 @@ def test_oom_leaving_the_profiler_is_dumped(tmp_path: Path, capsys: pytest.Captu
     ``with TorchProfiler``: the snapshot of iteration 2 is dumped before the error goes on, and the
     allocator serves the next step."""
     prof_dir = tmp_path / "prof"
-    prof = TorchProfiler.from_args(parse_flags("--torch-profile-memory-snapshot", "--torch-profile-dir",
-                                               str(prof_dir)))
+    prof = TorchProfiler.from_args(
+        parse_flags("--torch-profile-memory-snapshot", "--torch-profile-dir", str(prof_dir))
+    )
     trainer = Trainer()
 
     def allocate_too_much(iteration: int) -> None:
         if iteration == 2:
-            torch.empty(2 * torch.cuda.get_device_properties(0).total_memory, dtype=torch.uint8, device="cuda")
+            torch.empty(
+                2 * torch.cuda.get_device_properties(0).total_memory, dtype=torch.uint8, device="cuda"
+            )
 
     with pytest.raises(torch.OutOfMemoryError):
         train(prof, trainer, range(1, 7), inside=allocate_too_much)

@@ -27,9 +27,23 @@ FLUSH = 3
 
 
 def run_job(tmp_path: Path, mode: str, *extra: str):
-    return run_torchrun(JOB, "--mode", mode, "--pg-timeout", str(PG_TIMEOUT), "--export-delay", str(EXPORT_DELAY),
-                        "--torch-profile-dir", str(tmp_path / "prof"), "--result-dir", str(tmp_path / "results"),
-                        *SCHEDULE, *extra, nproc=2, timeout=300)
+    return run_torchrun(
+        JOB,
+        "--mode",
+        mode,
+        "--pg-timeout",
+        str(PG_TIMEOUT),
+        "--export-delay",
+        str(EXPORT_DELAY),
+        "--torch-profile-dir",
+        str(tmp_path / "prof"),
+        "--result-dir",
+        str(tmp_path / "results"),
+        *SCHEDULE,
+        *extra,
+        nproc=2,
+        timeout=300,
+    )
 
 
 def test_stock_handler_dies_of_the_nccl_timeout(tmp_path: Path) -> None:

@@ -85,7 +85,9 @@ def spied_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], str]
         patch.setattr(torch.cuda.nvtx, "range_push", push)
         patch.setattr(torch.cuda.nvtx, "range_pop", pop)
         patch.setattr(torch.cuda, "cudart", lambda: cudart)
-        args = parse_flags("--torch-profile", "--torch-profile-nsys", "--torch-profile-dir", str(out), *SCHEDULE)
+        args = parse_flags(
+            "--torch-profile", "--torch-profile-nsys", "--torch-profile-dir", str(out), *SCHEDULE
+        )
         prof = TorchProfiler.from_args(args)
         timer = Timers.from_args(args)("forward-backward", log_level=0)
         trainer = Trainer()
@@ -137,8 +139,10 @@ def test_trace_shows_cuda_profiler_start_in_the_first_active_step(spied_run) -> 
             start = float(trace.ts[index])
             spans.setdefault(name, []).append((start, start + float(trace.dur[index])))
     if not any(name.startswith("cudaProfilerSt") for name in spans):
-        pytest.skip("this Kineto build records no cudaProfilerStart/Stop runtime call; the calls are checked by "
-                    "the spies above")
+        pytest.skip(
+            "this Kineto build records no cudaProfilerStart/Stop runtime call; the calls are checked by "
+            "the spies above"
+        )
     assert "cudaProfilerStop" not in spans, "the capture stops only after the window's flush"
     (call,) = spans["cudaProfilerStart"]
     (step,) = spans[f"ProfilerStep#{ACTIVE[0]}"]
@@ -148,23 +152,45 @@ def test_trace_shows_cuda_profiler_start_in_the_first_active_step(spied_run) -> 
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems' nsys is not on PATH")
 def test_nsys_captures_only_the_active_steps(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from helpers.gpu_train import Trainer, parse_flags, train
         from torchprof_args import TorchProfiler
 
         prof = TorchProfiler.from_args(parse_flags("--torch-profile-nsys", *{SCHEDULE!r}))
         train(prof, Trainer(), range({ITERATIONS.start}, {ITERATIONS.stop}))
-    """))
+    """)
+    )
     out = tmp_path / "nsys"
-    run = subprocess.run([sys.executable, "-m", "torchprof_args", "nsys", "--run", "--output-dir", str(out), "--",
-                          sys.executable, str(script)], capture_output=True, text=True, timeout=240,
-                         env=subprocess_env(), cwd=REPO)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchprof_args",
+            "nsys",
+            "--run",
+            "--output-dir",
+            str(out),
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=subprocess_env(),
+        cwd=REPO,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     (report,) = out.glob("*.nsys-rep")
     output = ""
     for name in ("nvtx_sum", "nvtxsum"):  # renamed in Nsight Systems 2023
-        stats = subprocess.run(["nsys", "stats", "--force-export=true", "--report", name, "--format", "csv",
-                                str(report)], capture_output=True, text=True, timeout=120)
+        stats = subprocess.run(
+            ["nsys", "stats", "--force-export=true", "--report", name, "--format", "csv", str(report)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         output = stats.stdout + stats.stderr
         if stats.returncode == 0 and "step" in stats.stdout:
             break

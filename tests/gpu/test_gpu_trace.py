@@ -29,14 +29,18 @@ def flags(tmp_path: Path, *argv: str):
 def step_numbers(trace_path: str) -> list[int]:
     with gzip.open(trace_path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
-    return sorted(int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    return sorted(
+        int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")
+    )
 
 
 @pytest.mark.timeout(180)
 def test_window_kernels_are_in_the_trace_and_its_summary(tmp_path: Path) -> None:
     """Skip 2, warm up 1, record iterations 4-6: the published trace holds those steps and their
     kernels; ``summarize`` (and the publisher's sidecar) give GPU kernel time > 0."""
-    prof = TorchProfiler.from_args(flags(tmp_path, "--torch-profile-skip-first", "2", "--torch-profile-active", "3"))
+    prof = TorchProfiler.from_args(
+        flags(tmp_path, "--torch-profile-skip-first", "2", "--torch-profile-active", "3")
+    )
     train(prof, Trainer(), range(1, 9))
     (published,) = prof.published_traces
     assert step_numbers(published) == [4, 5, 6]
@@ -74,13 +78,19 @@ def test_ten_forked_exports_with_live_cuda_and_cupti(tmp_path: Path, monkeypatch
     def export_and_note(self: torch.profiler.profile, path: str, *args: Any, **kwargs: Any) -> Any:
         started = time.monotonic()
         result = export(self, path, *args, **kwargs)
-        note = {"pid": os.getpid(), "ppid": os.getppid(), "bad_fork": torch.cuda._is_in_bad_fork(),
-                "seconds": time.monotonic() - started}
+        note = {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "bad_fork": torch.cuda._is_in_bad_fork(),
+            "seconds": time.monotonic() - started,
+        }
         (children / f"{os.getpid()}.json").write_text(json.dumps(note))
         return result
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", export_and_note)
-    prof = TorchProfiler.from_args(flags(tmp_path, "--torch-profile-repeat", "10", "--torch-profile-export", "fork"))
+    prof = TorchProfiler.from_args(
+        flags(tmp_path, "--torch-profile-repeat", "10", "--torch-profile-export", "fork")
+    )
     trainer = Trainer()
     started = time.monotonic()
     train(prof, trainer, range(1, 23))

@@ -20,13 +20,18 @@ def cuda_device_count() -> int:
 
 
 #: On a test of the CPU fallback: it cannot happen where CUDA is present (tests/gpu covers that path).
-cpu_only = pytest.mark.skipif(cuda_device_count() > 0,
-                              reason="checks the CPU-only fallback; CUDA is available here (tests/gpu covers it)")
+cpu_only = pytest.mark.skipif(
+    cuda_device_count() > 0,
+    reason="checks the CPU-only fallback; CUDA is available here (tests/gpu covers it)",
+)
 
 
 def requires_gpus(count: int = 1) -> pytest.MarkDecorator:
     """Skip unless at least ``count`` CUDA devices are visible (the reason says how many are)."""
     found = cuda_device_count()
     what = "CUDA is not available" if found == 0 else f"only {found} CUDA device(s) visible"
-    return pytest.mark.skipif(found < count, reason=f"needs {count} CUDA device(s): {what} (torch "
-                                                     f"{torch.__version__}, built for CUDA {torch.version.cuda})")
+    return pytest.mark.skipif(
+        found < count,
+        reason=f"needs {count} CUDA device(s): {what} (torch "
+        f"{torch.__version__}, built for CUDA {torch.version.cuda})",
+    )

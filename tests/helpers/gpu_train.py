@@ -23,12 +23,23 @@ def parse_flags(*argv: str) -> argparse.Namespace:
 class Trainer:
     """One optimizer step per :meth:`step` on ``device``; batches are copied from the host each step."""
 
-    def __init__(self, device: str = "cuda", *, vocab: int = 1024, hidden: int = 256, layers: int = 4,
-                 seq_len: int = 128, batch: int = 8, seed: int = 0) -> None:
+    def __init__(
+        self,
+        device: str = "cuda",
+        *,
+        vocab: int = 1024,
+        hidden: int = 256,
+        layers: int = 4,
+        seq_len: int = 128,
+        batch: int = 8,
+        seed: int = 0,
+    ) -> None:
         torch.manual_seed(seed)
         self.device = torch.device(device)
         self.vocab = vocab
-        self.model = TinyGPT(vocab=vocab, hidden=hidden, layers=layers, heads=4, seq_len=seq_len).to(self.device)
+        self.model = TinyGPT(vocab=vocab, hidden=hidden, layers=layers, heads=4, seq_len=seq_len).to(
+            self.device
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self._batches = synthetic_batches(vocab, seq_len, batch, seed=seed)
 
@@ -41,8 +52,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def train(prof, trainer: Trainer, iterations: Iterable[int],
-          inside: Callable[[int], None] | None = None) -> None:
+def train(
+    prof, trainer: Trainer, iterations: Iterable[int], inside: Callable[[int], None] | None = None
+) -> None:
     """``with prof:`` one step per iteration, then ``prof.step(iteration)``; ``inside(iteration)``
     runs after the step's work (timers, extra checks)."""
     with prof:

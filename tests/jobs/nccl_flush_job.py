@@ -50,8 +50,11 @@ def main() -> int:
     args = parser.parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.pg_timeout),
-                            device_id=torch.device("cuda", local_rank))
+    dist.init_process_group(
+        "nccl",
+        timeout=datetime.timedelta(seconds=args.pg_timeout),
+        device_id=torch.device("cuda", local_rank),
+    )
     rank = dist.get_rank()
     if rank == 0:
         delay_exports(args.export_delay)
@@ -69,10 +72,17 @@ def main() -> int:
         profiler = None
         if rank == 0:
             profiler = torch.profiler.profile(
-                schedule=torch.profiler.schedule(skip_first=args.torch_profile_skip_first,
-                                                 wait=args.torch_profile_wait, warmup=args.torch_profile_warmup,
-                                                 active=args.torch_profile_active, repeat=1),
-                on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True))
+                schedule=torch.profiler.schedule(
+                    skip_first=args.torch_profile_skip_first,
+                    wait=args.torch_profile_wait,
+                    warmup=args.torch_profile_warmup,
+                    active=args.torch_profile_active,
+                    repeat=1,
+                ),
+                on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                    args.torch_profile_dir, use_gzip=True
+                ),
+            )
             profiler.start()
         for _ in range(args.iters):
             started = time.perf_counter()
@@ -91,8 +101,10 @@ def main() -> int:
                 times.append(time.perf_counter() - started)
     torch.cuda.synchronize()
     dist.barrier()
-    write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"),
-                          {"rank": rank, "mode": args.mode, "times": times, "sum": float(grad_sync[0].item())})
+    write_json_atomically(
+        os.path.join(args.result_dir, f"rank{rank}.json"),
+        {"rank": rank, "mode": args.mode, "times": times, "sum": float(grad_sync[0].item())},
+    )
     dist.destroy_process_group()
     return 0
 
