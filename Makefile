@@ -8,7 +8,7 @@ STAMP := $(VENV)/.torchprof-installed
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-fast docs lint bench setup clean
+.PHONY: demo test test-fast docs lint bench setup clean gpu-check wheelhouse gpu-install
 
 $(STAMP): setup.py constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,23 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# GPU validation (docs/gpu-validation.md).  GPU_PYTHON is the GPU machine's python, with its own
+# CUDA torch (not .venv's CPU build); `make wheelhouse` runs where PyPI is reachable, `make
+# gpu-install` installs from it offline, `make gpu-check` runs the tests and benchmarks.
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+WHEELHOUSE ?= wheelhouse
+GPU_PYTHON_VERSIONS ?= 3.10 3.11 3.12
+
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+wheelhouse:
+	PYTHON=$(PYTHON) GPU_PYTHON_VERSIONS="$(GPU_PYTHON_VERSIONS)" bash benchmarks/gpu_wheelhouse.sh $(WHEELHOUSE)
+
+gpu-install:
+	PYTHON=$(GPU_PYTHON) bash benchmarks/gpu_install_offline.sh $(WHEELHOUSE)
 
 clean:
 	rm -rf $(VENV) prof demo_output site

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.cuda import cpu_only
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
 from torchprof_args.naming import memory_snapshot_name as snapshot_file_name
@@ -51,8 +52,8 @@ def _with_cuda(tmp_path: Path, **options) -> tuple[MemorySnapshotter, FakeAlloca
     return snap, fake
 
 
+@cpu_only
 def test_cpu_only_warns_once_and_writes_nothing(tmp_path: Path, logs) -> None:
-    assert not torch.cuda.is_available()
     snap = MemorySnapshotter.from_args(_parse("--torch-profile-memory-snapshot",
                                               "--torch-profile-memory-snapshot-interval", "1",
                                               "--torch-profile-dir", str(tmp_path)), rank=0)
@@ -69,6 +70,7 @@ def test_cpu_only_warns_once_and_writes_nothing(tmp_path: Path, logs) -> None:
     assert not list(tmp_path.rglob("*"))
 
 
+@cpu_only
 def test_cpu_only_oom_is_re_raised(tmp_path: Path) -> None:
     snap = MemorySnapshotter(snapshot_config(tmp_path), rank=0)
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

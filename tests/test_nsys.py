@@ -7,7 +7,7 @@ import logging
 import shlex
 
 import pytest
-import torch
+from helpers.cuda import cpu_only
 
 from torchprof_args import add_torch_profile_args, configs_from_args, console
 from torchprof_args.runtime.nsys import NsysController
@@ -68,8 +68,8 @@ def _args(*argv: str) -> argparse.Namespace:
     return add_torch_profile_args(argparse.ArgumentParser()).parse_args(list(argv))
 
 
+@cpu_only
 def test_controller_on_cpu_says_once_and_does_nothing(logs) -> None:
-    assert not torch.cuda.is_available()
     nsys = NsysController(enabled=configs_from_args(_args("--torch-profile-nsys")).profiler.nsys.enabled)
     for iteration in range(6):
         nsys.on_step(iteration, recording=iteration in (2, 3))

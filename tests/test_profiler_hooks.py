@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from helpers.cuda import cpu_only
 from test_memory_snapshot import FakeAllocator
 from test_nsys import CallLog
 
@@ -80,6 +81,7 @@ def test_nsys_capture_follows_the_recorded_steps(tmp_path):
 
 
 @pytest.mark.slow
+@cpu_only
 def test_memory_snapshot_on_cpu_warns_once_and_training_goes_on(tmp_path, caplog):
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile", "--torch-profile-memory-snapshot", "--torch-profile-nsys",

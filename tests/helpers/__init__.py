@@ -4,6 +4,7 @@
 
 * :mod:`helpers.paths`: the repository and its test data;
 * :mod:`helpers.processes`: free ports, the subprocess environment, a real ``torchrun`` launcher;
+* :mod:`helpers.cuda`: skip markers for GPU tests and CPU-fallback tests;
 * :mod:`helpers.logs`: a handler that collects the package's log records;
 * :mod:`helpers.examples`: the documentation's worked examples, run verbatim;
 * :mod:`helpers.megatron_lm`: Megatron-LM source trees and their CPU flags;
