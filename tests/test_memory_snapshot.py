@@ -47,8 +47,8 @@ def snapshot_config(directory: Path, **options) -> MemorySnapshotConfig:
 
 def _with_cuda(tmp_path: Path, **options) -> tuple[MemorySnapshotter, FakeAllocator]:
     fake = FakeAllocator()
-    snap = MemorySnapshotter(snapshot_config(tmp_path, **options), rank=3, host="node7.cluster", cuda_available=True,
-                             snapshot_fn=fake.snapshot, record_fn=fake.record)
+    snap = MemorySnapshotter(snapshot_config(tmp_path, **options), rank=3, host="node7.cluster",
+                             cuda_available=True, snapshot_fn=fake.snapshot, record_fn=fake.record)
     return snap, fake
 
 
@@ -83,7 +83,8 @@ def test_cpu_only_oom_is_re_raised(tmp_path: Path) -> None:
 def test_dumps_at_cycle_end_interval_and_oom(tmp_path: Path, logs) -> None:
     snap, fake = _with_cuda(tmp_path, interval=3, max_entries=5000, stacks="python")
     snap.start()
-    assert fake.record_calls == [{"enabled": "all", "context": "all", "stacks": "python", "max_entries": 5000}]
+    assert fake.record_calls == [
+        {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 5000}]
     written = [snap.on_step(i, profiled_cycle_ended=(i == 4)) for i in range(1, 8)]
     assert [Path(p).name if p else None for p in written] == [
         None, None,
@@ -155,7 +156,8 @@ def test_write_snapshot_is_atomic(tmp_path: Path) -> None:
 
 
 def test_snapshot_file_name() -> None:
-    assert snapshot_file_name("gpu12.cluster.org", 5, 1200) == "memory_snapshot_gpu12_rank5_iter0001200.pickle"
+    name = snapshot_file_name("gpu12.cluster.org", 5, 1200)
+    assert name == "memory_snapshot_gpu12_rank5_iter0001200.pickle"
     assert snapshot_file_name("h", 0, 7, "oom") == "memory_snapshot_h_rank0_iter0000007_oom.pickle"
     assert re.fullmatch(r"memory_snapshot_a-b_rank1_iter\d{7}\.pickle", snapshot_file_name("a b", 1, 3))
 
@@ -165,7 +167,8 @@ def test_from_args(tmp_path: Path) -> None:
                   "--torch-profile-memory-snapshot-max-entries", "123",
                   "--torch-profile-ranks", "0", "2", "--torch-profile-dir", str(tmp_path))
     snap = MemorySnapshotter.from_args(args, rank=2)
-    assert snap.enabled and snap.config.stacks == "all" and snap.config.max_entries == 123 and snap.interval == 0
+    assert snap.enabled and snap.config.stacks == "all"
+    assert snap.config.max_entries == 123 and snap.interval == 0
     assert snap.output_dir == str(tmp_path / "memory_snapshots")
     defaults = MemorySnapshotter.from_args(_parse("--torch-profile-memory-snapshot"), rank=0)
     assert defaults.config == MemorySnapshotConfig(enabled=True)
