@@ -46,6 +46,8 @@ def test_hang_without_pytorchs_analyzer_is_one_line(tmp_path: Path, monkeypatch:
                                                     capsys: pytest.CaptureFixture) -> None:
     """torch 2.9 has the gloo dumps but not torch.distributed.flight_recorder (2.10)."""
     _pretend_torch(monkeypatch, (2, 9))
+    for name in [n for n in sys.modules if n.startswith("torch.distributed.flight_recorder.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported by another test: forgotten until the end
     monkeypatch.setitem(sys.modules, "torch.distributed.flight_recorder", None)  # as on 2.9: no module
     dumps = tmp_path / "flight_recorder"
     dumps.mkdir()
