@@ -1,4 +1,5 @@
-"""Packaging for torchprof-args.  torch is a dependency but never pinned: users bring their own
+"""Packaging for torchprof-args.  torch is a dependency with only a lower bound (the oldest release
+tested, torchprof_args.torch_support.MIN_TORCH): users bring their own
 (CUDA) build.  The repository's Makefile pins the CPU build for its own demo and CI."""
 
 from pathlib import Path
@@ -37,7 +38,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["torchprof_args", "torchprof_args.*"]),
     package_data={"torchprof_args": ["py.typed", "assets/*"]},
-    install_requires=["torch", "msgspec>=0.18", "numpy", "tqdm"],
+    install_requires=["torch>=2.9", "msgspec>=0.18", "numpy", "tqdm"],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["torchprof=torchprof_args.console:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],

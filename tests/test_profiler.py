@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -166,6 +167,24 @@ def test_profiler_options_reach_torch(tmp_path):
     assert any(e.get("cat") == "python_function" for e in events)
     # torch 2.13 on CPU does not write FLOP estimates into the trace; the setting is recorded.
     assert read_trace(prof.published_traces[0])["torchprof_args"]["with_flops"] is True
+
+
+def test_with_modules_gives_the_module_hierarchy_on_this_torch(tmp_path, logs, recwarn):
+    """Where with_modules does nothing in eager mode (torch 2.14+), with_stack records the
+    ``nn.Module`` events instead: one line on rank 0, no FutureWarning."""
+    prof = TorchProfiler.from_args(make_args(tmp_path, "--torch-profile-with-modules"))
+    train(prof, range(1, 5))
+    trace = read_trace(prof.published_traces[0])
+    said = [m for m in logs.at(logging.INFO) if "--torch-profile-with-modules" in m]
+    assert not [w for w in recwarn if "with_modules" in str(w.message)]
+    if prof.config.trace.modules_via_stack:
+        assert len(said) == 1 and "with_stack" in said[0], said
+        assert trace["torchprof_args"]["with_stack"] and not trace["torchprof_args"]["with_modules"]
+        assert trace["torchprof_args"]["module_hierarchy"].startswith("with_stack")
+        assert any(e.get("cat") == "python_function" and "nn.Module: Linear" in e.get("name", "")
+                   for e in trace["traceEvents"])
+    else:
+        assert not said and trace["torchprof_args"]["with_modules"]
 
 
 def test_cuda_activity_request_degrades_on_cpu(tmp_path, caplog):

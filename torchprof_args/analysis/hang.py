@@ -34,6 +34,9 @@ from typing import Any
 
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import FLIGHT_RECORDER_PREFIXES, FLIGHT_RECORDER_SUBDIR
+from torchprof_args.torch_support import needs
+
+HANG_FEATURE = "torchprof hang"
 
 __all__ = ["analyse_dumps", "find_dumps", "load_dump", "normalise_dumps"]
 
@@ -143,10 +146,15 @@ def normalise_dumps(dumps: dict[int, dict[str, Any]],
 def _pytorch_analyzer() -> tuple[Any, Any, Any]:
     """PyTorch's analyzer (``build_db``, ``JobConfig``, ``read_dir``), imported quietly: it warns on
     stderr at import when the optional ``tabulate`` is missing."""
-    with contextlib.redirect_stderr(io.StringIO()):
-        from torch.distributed.flight_recorder.components.builder import build_db
-        from torch.distributed.flight_recorder.components.config_manager import JobConfig
-        from torch.distributed.flight_recorder.components.loader import read_dir
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            from torch.distributed.flight_recorder.components.builder import build_db
+            from torch.distributed.flight_recorder.components.config_manager import JobConfig
+            from torch.distributed.flight_recorder.components.loader import read_dir
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("torch.distributed.flight_recorder"):
+            raise  # something else is missing: not a torch too old
+        raise TraceError(needs(HANG_FEATURE)) from None
     return build_db, JobConfig, read_dir
 
 

@@ -30,7 +30,7 @@ from torchprof_args.analysis.columns import (
     reduce_memory,
 )
 from torchprof_args.analysis.events import NO_CAT
-from torchprof_args.analysis.reader import TraceStream
+from torchprof_args.analysis.reader import TraceStream, not_utf8
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
@@ -214,6 +214,12 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
                 del events
         columns = store.finish()
         del store
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: {not_utf8(exc)}") from None
+    except TraceError as exc:  # a decoding worker's error does not know the file
+        if str(exc).startswith(str(path)):
+            raise
+        raise TraceError(f"{path}: {exc}") from None
     except MemoryError:
         raise TraceError(f"{path}: out of memory while reading the trace") from None
     except OSError as exc:

@@ -8,7 +8,6 @@ sorted by rank), and flow ids are made unique per rank.  Every event of every ra
 from __future__ import annotations
 
 import contextlib
-import gzip
 import re
 from pathlib import Path
 from typing import IO, Any
@@ -17,7 +16,7 @@ import msgspec
 
 from torchprof_args.analysis.discover import traces_in
 from torchprof_args.analysis.jsonout import ArrayWriter
-from torchprof_args.analysis.reader import TraceStream, _gzip_impl, is_gzip
+from torchprof_args.analysis.reader import GZIP_ERRORS, TraceStream, _gzip_impl, is_gzip
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import GZIP_SUFFIX, rank_from_file_name
@@ -52,8 +51,12 @@ def peek(path: Path) -> tuple[int | None, int]:
                 if not data:
                     break
                 tail = (tail + data)[-(256 << 10) :]
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise TraceError(f"{path}: cannot read ({exc})") from None
+    except OSError as exc:
+        if not is_gzip(path):
+            raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise TraceError(f"{path}: the gzip stream is truncated or corrupt ({exc})") from None
+    except GZIP_ERRORS as exc:
+        raise TraceError(f"{path}: the gzip stream is truncated or corrupt ({exc})") from None
     rank = _RANK_RE.search(head)
     base = _BASE_RE.search(tail) or _BASE_RE.search(head)
     return (int(rank.group(1)) if rank else None), (int(base.group(1)) if base else 0)

@@ -27,8 +27,13 @@ import msgspec
 
 from torchprof_args.errors import TraceError
 
+#: what reading a corrupt or truncated gzip stream raises (isal's own error included).
+GZIP_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, gzip.BadGzipFile)
 try:  # isal is several times faster than zlib and reads the same format.
     from isal import igzip as _gzip_impl
+    from isal.igzip_lib import IsalError
+
+    GZIP_ERRORS += (IsalError,)
 except ImportError:  # pragma: no cover - isal is an optional extra
     _gzip_impl = gzip  # type: ignore[assignment]
 
@@ -44,6 +49,11 @@ _EMPTY_ARRAY_RE = re.compile(rb"^\s*\]")
 #: where the end of the events array is looked for first (the keys after it are small).
 _TAIL_WINDOW = 1 << 20
 _json_any = msgspec.json.Decoder()
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """The one-line reason for a trace whose text is not UTF-8 (a corrupt or truncated write)."""
+    return f"not valid UTF-8 text ({exc.reason}); the file is corrupt, re-export or re-record it"
 
 
 def is_gzip(path: str | Path) -> bool:
@@ -133,7 +143,7 @@ class TraceStream:
     def _read(self, fh: IO[bytes], n: int) -> bytes:
         try:
             data = fh.read(n)
-        except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+        except GZIP_ERRORS as exc:
             raise TraceError(f"{self.path}: the gzip stream is truncated or corrupt ({exc})") from None
         self.uncompressed_bytes += len(data)
         return data
@@ -153,6 +163,8 @@ class TraceStream:
         fh = self._open()
         try:
             yield from self._batches(fh, start)
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{self.path}: {not_utf8(exc)}") from None
         finally:
             fh.close()
             if self._bar is not None:

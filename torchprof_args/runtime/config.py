@@ -17,6 +17,7 @@ from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.runtime import flags
 from torchprof_args.runtime.flags import PARALLEL_AXES, parallel_selector, profile_dir
 from torchprof_args.runtime.schedule import ProfileSchedule
+from torchprof_args.torch_support import WITH_MODULES_DEPRECATED, torch_at_least
 
 __all__ = [
     "ExportConfig",
@@ -61,11 +62,17 @@ class TraceConfig:
     with_modules: bool = False
     execution_trace: bool = False
     output_dir: str = "./prof"
+    #: ``with_modules`` asked on a torch where it does nothing in eager mode (2.14+): the module
+    #: hierarchy is recorded through ``with_stack`` instead (its ``nn.Module`` events).
+    modules_via_stack: bool = False
 
     def profiler_options(self) -> dict[str, bool]:
         """Keyword arguments of ``torch.profiler.profile`` besides activities and schedule."""
-        return {name: getattr(self, name)
-                for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")}
+        names = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
+        options = {name: getattr(self, name) for name in names}
+        if self.modules_via_stack:
+            options.update(with_stack=True, with_modules=False)
+        return options
 
     def selects(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -75,14 +82,16 @@ class TraceConfig:
         ranks = list(flag_value(args, flags.RANKS) or [0])
         if "all" in ranks and len(ranks) > 1:
             raise TorchProfileArgsError("--torch-profile-ranks: give either 'all' or rank numbers, not both.")
+        options = {name: bool(flag_value(args, flag)) for name, flag in _OPTION_FLAGS}
         return cls(
             enabled=bool(flag_value(args, flags.TORCH_PROFILE)),
             ranks=None if "all" in ranks else tuple(sorted(set(ranks))),
             parallel_ranks=tuple(flag_value(args, flags.PARALLEL_RANKS) or ()),
             schedule=_schedule(args),
             activities=tuple(flag_value(args, flags.ACTIVITIES) or ()),
-            **{name: bool(flag_value(args, flag)) for name, flag in _OPTION_FLAGS},
+            **options,
             output_dir=profile_dir(args),
+            modules_via_stack=options["with_modules"] and torch_at_least(WITH_MODULES_DEPRECATED),
         )
 
 

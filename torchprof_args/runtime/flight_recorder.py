@@ -42,6 +42,9 @@ from torchprof_args.naming import (
     flight_recorder_info_name,
     short_hostname,
 )
+from torchprof_args.torch_support import needs
+
+GLOO_FEATURE = "--torch-profile-flight-recorder (gloo dumps)"
 
 __all__ = ["FlightRecorder", "configure_environment", "flight_recorder_dir"]
 
@@ -345,7 +348,8 @@ class FlightRecorder:
 
     def _write(self, reason: str) -> list[Path]:
         written: list[Path] = []
-        for backend, call in _dump_calls().items():
+        calls = _dump_calls()
+        for backend, call in calls.items():
             data = call()
             if not _entries(data):
                 continue
@@ -359,6 +363,9 @@ class FlightRecorder:
         if written:
             logger.warning("rank %d: flight recorder dumped to %s (%s); run `torchprof hang %s` once every "
                            "rank has dumped", self.rank, ", ".join(map(str, written)), reason, self.directory)
+        elif "gloo" not in calls:
+            logger.warning("rank %d: flight recorder not dumped (%s): %s", self.rank, reason,
+                           needs(GLOO_FEATURE))
         else:
             logger.warning("rank %d: flight recorder had no collectives to dump (%s)", self.rank, reason)
         return written

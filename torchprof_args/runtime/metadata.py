@@ -20,6 +20,8 @@ def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *,
         "ranks": (["all"] if traced_ranks is None else list(traced_ranks)) if trace.enabled else [],
         "activities": list(trace.activities) or "auto",
         **trace.profiler_options(), "execution_trace": trace.execution_trace,
+        **({"module_hierarchy": "with_stack (asked by --torch-profile-with-modules)"}
+           if trace.modules_via_stack else {}),
         "rank": rank, "world_size": world_size, "host": short_hostname(),
         "iterations": [first, timeline.window_last(first)],
     }

@@ -162,6 +162,10 @@ class TorchProfiler:
             self._memory.start()
         if self._nsys is not None:
             self._nsys.on_step(first, recording=self.schedule.action(first, first) in RECORDING)
+        if self.rank == 0 and self.config.trace.modules_via_stack:
+            logger.info("rank 0: --torch-profile-with-modules: torch %s records the module hierarchy only "
+                        "through with_stack (with_modules does nothing in eager mode), so with_stack is on "
+                        "on every traced rank", torch.__version__)
         if self.record:
             logger.info("rank %d: profiling %s; traces go to %s", self.rank, self.schedule.describe(),
                         os.path.abspath(self.output_dir))
