@@ -292,6 +292,20 @@ def test_launcher_frames_are_stripped(launcher: str) -> None:
     assert [f.name for f in stack.frames] == ["2", "step"]
 
 
+def test_program_seen_before_exec_keeps_its_samples() -> None:
+    """py-spy keeps the command line it first read for a pid: a child caught between fork and exec
+    (the launcher's preexec_fn) shows the launcher's command line on every later sample."""
+    launcher = 'process 1:"/usr/bin/python /x/torchprof_args/pyspy/launcher.py s -- python t.py";'
+    stale_child = 'process 2:"/usr/bin/python /x/torchprof_args/pyspy/launcher.py s -- python t.py";'
+    text = (f"{launcher}{stale_child}step (t.py:3) 7\n"
+            f"{launcher}<module> (launcher.py:60);Popen.wait (subprocess.py:1264) 9\n")
+    profile = parse_raw_text(text)
+    assert profile.launcher_samples == 9
+    assert profile.total_samples == 7
+    (stack,) = profile.stacks
+    assert [f.name for f in stack.frames] == ["step"]
+
+
 def test_record_command_runs_the_launcher_that_the_parser_strips() -> None:
     from torchprof_args.pyspy.launcher import LAUNCHER_MARKER
     from torchprof_args.pyspy.record import record_command

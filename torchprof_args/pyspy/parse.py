@@ -229,12 +229,18 @@ def parse_raw_text(text: str, source: str = "<text>", progress: Any = None) -> P
 
 
 def _strip_launcher(frames: list[Frame]) -> list[Frame] | None:
-    """Remove the ``torchprof pyspy record`` launcher's process frame; None for its own samples."""
+    """Remove the ``torchprof pyspy record`` launcher's process frames; None for its own samples.
+
+    The launcher starts the program with ``Popen(preexec_fn=...)``: when py-spy first sees the
+    child between fork and exec, it keeps the launcher's command line for that pid, so the
+    program's own stacks may sit under a second, stale launcher frame.  Only stacks whose
+    innermost process is the outermost launcher are the launcher's own."""
     process_indexes = [i for i, f in enumerate(frames) if f.kind == PROCESS]
-    launcher = [i for i in process_indexes if any(m in (frames[i].path or "") for m in _LAUNCHER_MARKERS)]
+    launcher = [i for i in process_indexes
+                if any(m in (frames[i].path or "") for m in _LAUNCHER_MARKERS)]
     if not launcher:
         return frames
-    if process_indexes[-1] in launcher:
+    if process_indexes[-1] == launcher[0]:
         return None  # the launcher's own (waiting) stack
     return [f for i, f in enumerate(frames) if i not in launcher]
 
