@@ -47,7 +47,9 @@ def run_once(mode: str, layers: int, active: int, iters: int) -> float:
             "--torch-profile-profile-memory", "--torch-profile-with-stack",
             "--no-torch-profile-operator-table", "--result-dir", os.path.join(out, "results"), *extra,
         ]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+        # tests/ for the job's helpers (the demo model, the timed loop)
+        pythonpath = os.pathsep.join((str(REPO), str(REPO / "tests")))
+        env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1",
                "TORCHPROF_LOG_LEVEL": "WARNING"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if run.returncode != 0:

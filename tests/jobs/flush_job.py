@@ -15,13 +15,13 @@ import argparse
 import datetime
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 from helpers.demo_model import TinyGPT, synthetic_batches  # tests/ is on PYTHONPATH (subprocess_env)
+from helpers.flush_loop import timed_steps
 
-from torchprof_args import TorchProfiler, add_torch_profile_args
+from torchprof_args import add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
 
 
@@ -52,41 +52,25 @@ def main() -> int:
         optimizer.step()
         optimizer.zero_grad()
 
-    times: list[float] = []
-    if args.mode in ("stock", "floor"):
-        schedule = torch.profiler.schedule(
-            wait=args.torch_profile_wait or 0, warmup=args.torch_profile_warmup or 1,
-            active=args.torch_profile_active or 1, repeat=args.torch_profile_repeat or 1,
-            skip_first=args.torch_profile_skip_first or 1,
+    stock = args.mode in ("stock", "floor")
+    profiler = None
+    if stock and rank == 0:
+        profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(
+                wait=args.torch_profile_wait or 0, warmup=args.torch_profile_warmup or 1,
+                active=args.torch_profile_active or 1, repeat=args.torch_profile_repeat or 1,
+                skip_first=args.torch_profile_skip_first or 1,
+            ),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True)
+            if args.mode == "stock" else (lambda _prof: None),
+            record_shapes=args.torch_profile_record_shapes,
+            profile_memory=args.torch_profile_profile_memory,
+            with_stack=args.torch_profile_with_stack,
         )
-        profiler = None
-        if rank == 0:
-            profiler = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
-                on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True)
-                if args.mode == "stock" else (lambda _prof: None),
-                record_shapes=args.torch_profile_record_shapes,
-                profile_memory=args.torch_profile_profile_memory,
-                with_stack=args.torch_profile_with_stack,
-            )
-            profiler.start()
-        for _ in range(args.iters):
-            started = time.perf_counter()
-            train_step()
-            if profiler is not None:
-                profiler.step()
-            times.append(time.perf_counter() - started)
-        if profiler is not None:
-            profiler.stop()
-    else:
-        if args.mode == "none":
-            args.torch_profile = False
-        with TorchProfiler.from_args(args) as prof:
-            for iteration in range(1, args.iters + 1):
-                started = time.perf_counter()
-                train_step()
-                prof.step(iteration)
-                times.append(time.perf_counter() - started)
+    if args.mode == "none":
+        args.torch_profile = False
+    times = timed_steps(args, train_step, stock=stock, stock_profiler=profiler)
     dist.barrier()
     write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"), {
         "rank": rank, "mode": args.mode, "times": times,

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from helpers.flush_loop import timed_steps
 from helpers.gpu_train import Trainer
 
-from torchprof_args import TorchProfiler, add_torch_profile_args
+from torchprof_args import add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
 
 
@@ -67,38 +68,19 @@ def main() -> int:
 
     train_step()  # NCCL's communicator is set up before any timing
     torch.cuda.synchronize()
-    times: list[float] = []
-    if args.mode == "stock":
-        profiler = None
-        if rank == 0:
-            profiler = torch.profiler.profile(
-                schedule=torch.profiler.schedule(
-                    skip_first=args.torch_profile_skip_first,
-                    wait=args.torch_profile_wait,
-                    warmup=args.torch_profile_warmup,
-                    active=args.torch_profile_active,
-                    repeat=1,
-                ),
-                on_trace_ready=torch.profiler.tensorboard_trace_handler(
-                    args.torch_profile_dir, use_gzip=True
-                ),
-            )
-            profiler.start()
-        for _ in range(args.iters):
-            started = time.perf_counter()
-            train_step()
-            if profiler is not None:
-                profiler.step()
-            times.append(time.perf_counter() - started)
-        if profiler is not None:
-            profiler.stop()
-    else:
-        with TorchProfiler.from_args(args) as prof:
-            for iteration in range(1, args.iters + 1):
-                started = time.perf_counter()
-                train_step()
-                prof.step(iteration)
-                times.append(time.perf_counter() - started)
+    profiler = None
+    if args.mode == "stock" and rank == 0:
+        profiler = torch.profiler.profile(
+            schedule=torch.profiler.schedule(
+                skip_first=args.torch_profile_skip_first,
+                wait=args.torch_profile_wait,
+                warmup=args.torch_profile_warmup,
+                active=args.torch_profile_active,
+                repeat=1,
+            ),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(args.torch_profile_dir, use_gzip=True),
+        )
+    times = timed_steps(args, train_step, stock=args.mode == "stock", stock_profiler=profiler)
     torch.cuda.synchronize()
     dist.barrier()
     write_json_atomically(
