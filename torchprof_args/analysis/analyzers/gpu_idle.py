@@ -21,6 +21,7 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers import launch_bound
 from torchprof_args.analysis.analyzers.dataloader_stall import loader_spans
+from torchprof_args.analysis.analyzers.gpu import hta_kernels
 from torchprof_args.analysis.analyzers.host_sync import claimed
 from torchprof_args.analysis.analyzers.intervals import merge_intervals, total
 from torchprof_args.analysis.analyzers.select import lookup
@@ -50,16 +51,19 @@ REMEDY = ("keep the GPU fed: see the host-wait / other split; overlap data loadi
 
 def idle_time_breakdown(trace: Trace,
                         delay_us: float = CONSECUTIVE_KERNEL_DELAY_US) -> dict[int, dict[str, float]]:
-    """HTA's ``get_idle_time_breakdown`` over the whole trace: per stream, idle time (us) by category."""
-    sel = np.flatnonzero(lookup(trace.cats, KERNEL_CATS)[trace.cat_id] & (trace.stream != -1))
-    launch = _runtime_ts(trace, sel)
+    """HTA's ``get_idle_time_breakdown``: per stream, idle time (us) by category.  As HTA: over its
+    trace filter (kernels launched before the last step, :func:`.gpu.hta_kernels`), with its
+    rounding (``ceil(ts)``, ``floor(end)``)."""
+    kept, _ = hta_kernels(trace)
+    sel = np.flatnonzero(lookup(trace.cats, KERNEL_CATS)[trace.cat_id] & kept)
+    launch = np.ceil(_runtime_ts(trace, sel))
     out: dict[int, dict[str, float]] = {}
     for stream in np.unique(trace.stream[sel]):
         s = sel[trace.stream[sel] == stream]
         order = np.argsort(trace.ts[s], kind="stable")
         s, runtime = s[order], launch[trace.stream[sel] == stream][order]
-        end = trace.ts[s] + trace.dur[s]
-        gap = trace.ts[s][1:] - end[:-1]
+        end = np.floor(trace.ts[s] + trace.dur[s])
+        gap = np.ceil(trace.ts[s][1:]) - end[:-1]
         host = runtime[1:] > end[:-1]
         kernel = ~host & (gap < delay_us)
         out[int(stream)] = {"host_wait": float(gap[host].sum()), "kernel_wait": float(gap[kernel].sum()),

@@ -3,9 +3,10 @@
 ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``cudaEventSynchronize`` (and their HIP
 names) and blocking device-to-host copies (the runtime call of a ``Memcpy DtoH``: ``.item()``,
 ``.cpu()``, ``.tolist()``).  While the CPU waits it enqueues nothing, so once the queue drains
-the GPU idles until the CPU launches again.  A synchronisation's cost is the GPU idle time from
-its start to the first kernel after it returns (the copy's own GPU time is the ``memcpy``
-kind's); the time blocked is reported beside it.  With ``--torch-profile-with-stack`` each is
+the GPU idles until the CPU launches again.  A synchronisation's cost is the GPU idle time while it
+blocks and, when it found the GPU busy (it waited for the queue to drain), from its return to the
+next kernel (the copy's own GPU time is the ``memcpy`` kind's); the time blocked is reported
+beside it.  With ``--torch-profile-with-stack`` each is
 tied to its Python call site.
 """
 
@@ -65,13 +66,16 @@ def claimed(trace: Trace, ctx: StepContext | None = None) -> Intervals:
 
 
 def _stop(ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per call, the end of its window: the end of the idle gap it returns into, else its end."""
+    """Per call, the end of its window: when the GPU was busy as it began (it waited for the GPU
+    to drain), the end of the idle gap it returns into (the CPU had queued nothing meanwhile);
+    else its own end (a call that finds the GPU idle delays nothing after it returns)."""
     idle_s, idle_e = ctx.idle
     if len(idle_s) == 0:
         return end
+    busy_at_start = covered(ctx.busy, ts, np.minimum(ts + 1.0, end)) > 0
     j = np.searchsorted(idle_s, end, side="right") - 1
     last = idle_e[np.maximum(j, 0)]
-    return np.where((j >= 0) & (last > end), last, end)
+    return np.where(busy_at_start & (j >= 0) & (last > end), last, end)
 
 
 def _idle_caused(ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:

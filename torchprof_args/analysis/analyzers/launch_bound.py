@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.analyzers.dataloader_stall import loader_spans
+from torchprof_args.analysis.analyzers.gpu import hta_kernels
 from torchprof_args.analysis.analyzers.host_sync import claimed
 from torchprof_args.analysis.analyzers.intervals import merge_intervals, total
 from torchprof_args.analysis.analyzers.select import lookup
@@ -50,18 +51,32 @@ REMEDY = ("capture the step in CUDA graphs (Megatron --enable-cuda-graph / torch
 
 
 def launch_stats(trace: Trace) -> dict[str, np.ndarray]:
-    """HTA's kernel launch table over the whole trace, one row per kernel launched by a launch call
-    (:data:`LAUNCH_RE`): ``correlation``, ``cpu_duration``, ``gpu_duration``, ``launch_delay`` (us)."""
-    cpu = np.flatnonzero(lookup(trace.names, LAUNCH_RE.match)[trace.name_id] & (trace.stream == -1))
-    gpu = np.flatnonzero((trace.stream != -1) & (trace.corr >= 0))
+    """HTA's kernel launch table, one row per kernel launched by a launch call (:data:`LAUNCH_RE`):
+    ``correlation``, ``cpu_duration``, ``gpu_duration``, ``launch_delay`` (us, negative clipped
+    to 0).  As HTA: the events of its trace filter (the last step dropped, :func:`.gpu.hta_kernels`)
+    and its rounding (``ceil(ts)``, ``floor(end)``).  HIP launch calls count too (HTA knows CUDA's
+    names only, so it finds no launches in a ROCm trace)."""
+    kept, dropped_last = hta_kernels(trace)
+    cpu = lookup(trace.names, LAUNCH_RE.match)[trace.name_id] & (trace.stream == -1)
+    if dropped_last:
+        cpu &= trace.ts <= float(np.ceil(_last_step_start(trace))) - 1.0
+    cpu = np.flatnonzero(cpu)
+    gpu = np.flatnonzero(kept & (trace.corr >= 0))
     corr_cpu = trace.corr[cpu]
     order = np.argsort(corr_cpu, kind="stable")
     cpu, corr_cpu = cpu[order], corr_cpu[order]
     pos = np.minimum(np.searchsorted(corr_cpu, trace.corr[gpu]), max(len(cpu) - 1, 0))
     hit = (corr_cpu[pos] == trace.corr[gpu]) if len(cpu) else np.zeros(len(gpu), dtype=bool)
     gpu, launch = gpu[hit], cpu[pos[hit]]
-    return {"correlation": trace.corr[gpu], "cpu_duration": trace.dur[launch], "gpu_duration": trace.dur[gpu],
-            "launch_delay": trace.ts[gpu] - trace.ts[launch] - trace.dur[launch]}
+    g_ts, g_end = np.ceil(trace.ts[gpu]), np.floor(trace.ts[gpu] + trace.dur[gpu])
+    c_ts, c_end = np.ceil(trace.ts[launch]), np.floor(trace.ts[launch] + trace.dur[launch])
+    return {"correlation": trace.corr[gpu], "cpu_duration": c_end - c_ts, "gpu_duration": g_end - g_ts,
+            "launch_delay": np.maximum(g_ts - c_end, 0.0)}
+
+
+def _last_step_start(trace: Trace) -> float:
+    is_step = lookup(trace.names, lambda n: "ProfilerStep" in n)[trace.name_id] & (trace.stream == -1)
+    return float(trace.ts[is_step].max())
 
 
 def host_wait_gaps(trace: Trace, ctx: StepContext) -> tuple[Intervals, np.ndarray]:
