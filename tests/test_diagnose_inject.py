@@ -35,10 +35,11 @@ from torchprof_args.analysis.analyzers import (
     gpu_idle,
     host_sync,
     launch_bound,
+    low_mfu,
     memcpy,
 )
 from torchprof_args.analysis.analyzers.stepwise import context, host_wait
-from torchprof_args.analysis.findings import Finding
+from torchprof_args.analysis.findings import Finding, Gap
 from torchprof_args.analysis.rank_findings import rank_findings
 
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"  # 2 steps, 4.9k events: fast
@@ -47,17 +48,17 @@ ROCM = DATA / "rocm_mi250_1rank_minitoy.json.gz"
 
 
 def _findings(path: Path) -> dict[str, Finding]:
-    return {f.kind: f for f in rank_findings(load_trace(path)) if isinstance(f, Finding)}
+    return {f.kind: f for f in rank_findings(load_trace(path, flops=True)) if isinstance(f, Finding)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _magnitude_us(path: Path) -> float:
     """1.5 x the largest per-step saving of the unmodified trace, in us (at least 5 ms)."""
     savings = [f.saving_ms_per_step for f in _findings(path).values()]
     return max(5.0, 1.5 * max(savings, default=0.0)) * 1000.0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _first_busy_start(path: Path, after: str = "any") -> list[float]:
     """Per step, the start of the GPU's first busy period inside it (after a host-wait gap with
     ``after="host_wait"``, after a short non-host-wait gap with ``after="kernel_wait"``)."""
@@ -224,6 +225,32 @@ def test_rocm_trace_gives_the_same_loader_finding_as_cuda(tmp_path: Path) -> Non
         insert_pause(doc, t, d, cause={"name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
                                        "cat": "user_annotation", "pid": pid, "tid": tid})
     _check(write_doc(doc, tmp_path), "dataloader_stall", d / 1000.0)
+
+
+@pytest.mark.parametrize("mfu", [0.05, 0.5])
+def test_low_mfu_found_with_its_magnitude(tmp_path: Path, mfu: float) -> None:
+    """Matrix multiplications carrying FLOP counts (``with_flops``) on an H100: MFU 5 % is found
+    (ranked first: the step would be 8x shorter at 40 %), MFU 50 % is not."""
+    assert isinstance(low_mfu.analyze(load_trace(SAMPLED, flops=True)), Gap)  # no FLOPs recorded
+    trace = load_trace(SAMPLED)
+    ctx = context(trace)
+    doc = load_doc(SAMPLED)
+    doc["deviceProperties"] = [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
+    doc["with_flops"] = 1
+    mms = [e for e in doc["traceEvents"] if e.get("name") in ("aten::mm", "aten::addmm", "aten::bmm")
+           and ctx.start <= e["ts"] < ctx.end]
+    per_step = mfu * ctx.step_us / 1e6 * 989.4e12
+    for e in mms:
+        e["args"]["flops"] = int(per_step * ctx.n_steps / len(mms))
+    path = write_doc(doc, tmp_path)
+    if mfu >= low_mfu.THRESHOLD:
+        assert low_mfu.analyze(load_trace(path, flops=True)) is None
+        return
+    step_ms = ctx.step_us / 1000.0
+    finding = _check(path, "low_mfu", step_ms * (1 - mfu), step_ms * (1 - mfu / low_mfu.TARGET_MFU))
+    assert finding.evidence["mfu"] == pytest.approx(mfu, rel=0.01)
+    assert finding.evidence["device"] == "NVIDIA H100 80GB HBM3"
+    assert isinstance(low_mfu.analyze(load_trace(path)), Gap)  # loaded without its FLOP counts
 
 
 def test_analyzers_never_raise_on_cpu_traces_and_give_gaps() -> None:
