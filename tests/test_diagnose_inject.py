@@ -259,3 +259,26 @@ def test_analyzers_never_raise_on_cpu_traces_and_give_gaps() -> None:
     assert set(gaps) >= {"gpu_idle", "exposed_comm", "launch_bound", "host_sync", "memcpy", "low_mfu"}
     assert gaps["gpu_idle"] == "--torch-profile-activities cpu cuda"
     assert np.isfinite([r.saving_ms_per_step for r in results if isinstance(r, Finding)]).all()
+
+
+@pytest.mark.slow
+def test_flops_decoded_alike_on_every_path(tmp_path: Path) -> None:
+    """FLOP counts come out the same from the plain and the gzipped file, from one process and from
+    two, and from the loose decoder (a batch with an unusual value), and not at all unless asked."""
+    import gzip
+
+    doc = load_doc(SAMPLED)
+    mms = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
+    for i, e in enumerate(mms):
+        e["args"]["flops"] = 1000 * (i + 1)
+    mms[0]["args"]["stream"] = "not a number"  # the loose decoder takes that batch
+    plain = write_doc(doc, tmp_path)
+    packed = tmp_path / "injected.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    expected = sum(1000 * (i + 1) for i in range(len(mms)))
+    for path, workers in ((plain, 1), (plain, 2), (packed, 1), (packed, 2)):
+        trace = load_trace(path, workers=workers, flops=True)
+        idx, values = trace.flops
+        assert values.sum() == expected, (path.name, workers)
+        assert {trace.names[n] for n in trace.name_id[idx]} == {"aten::mm"}
+    assert load_trace(plain).flops is None
