@@ -143,6 +143,7 @@ def test_host_sync_without_stacks_names_the_flag(tmp_path: Path) -> None:
     assert finding.evidence["call_sites_need"] == "--torch-profile-with-stack"
 
 
+@pytest.mark.slow
 def test_memcpy_found_with_its_magnitude(tmp_path: Path) -> None:
     base = memcpy.analyze(load_trace(SAMPLED), threshold=0.0)
     assert isinstance(base, Finding)
@@ -160,6 +161,7 @@ def test_memcpy_found_with_its_magnitude(tmp_path: Path) -> None:
     assert finding.evidence["pageable_ms_per_step"] >= d / 1000.0 * len(starts) / 2
 
 
+@pytest.mark.slow
 def test_launch_bound_found_with_its_magnitude(tmp_path: Path) -> None:
     """An unfused loop of tiny kernels, each launched after 200 us of Python: the GPU waits."""
     base = launch_bound.analyze(load_trace(SAMPLED), threshold=0.0, short_share=0.0)
@@ -282,3 +284,25 @@ def test_flops_decoded_alike_on_every_path(tmp_path: Path) -> None:
         assert values.sum() == expected, (path.name, workers)
         assert {trace.names[n] for n in trace.name_id[idx]} == {"aten::mm"}
     assert load_trace(plain).flops is None
+
+
+@pytest.mark.slow
+def test_dataloader_stall_on_a_cpu_only_trace(tmp_path: Path) -> None:
+    """No GPU: the step waits for the whole fetch (a loader with a ``time.sleep``)."""
+    source = DATA / "cpu_2rank_gloo_rank0_iter3.json.gz"
+    doc = load_doc(source)
+    pid, tid = cpu_thread(doc)
+    d = 30_000.0
+    for t in reversed(step_starts(doc)):
+        insert_pause(doc, t, d, cause={"name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                                       "cat": "user_annotation", "pid": pid, "tid": tid})
+    assert dataloader_stall.analyze(load_trace(source)) is None
+    finding = _check(write_doc(doc, tmp_path), "dataloader_stall", d / 1000.0)
+    assert finding.summary.startswith("the step waits")
+
+
+def test_a_trace_without_steps_is_one_step() -> None:
+    results = rank_findings(load_trace(DATA / "gpu_1rank_alexnet.json.gz"))
+    found = [r for r in results if isinstance(r, Finding)]
+    assert found and all(f.evidence["whole_trace_as_one_step"] for f in found)
+    assert all(f.evidence["steps"] == 1 for f in found)
