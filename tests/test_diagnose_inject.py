@@ -40,7 +40,7 @@ from torchprof_args.analysis.analyzers import (
 )
 from torchprof_args.analysis.analyzers.stepwise import context, host_wait
 from torchprof_args.analysis.findings import Finding, Gap
-from torchprof_args.analysis.rank_findings import rank_findings
+from torchprof_args.analysis.rank_findings import ANALYZERS, rank_findings
 
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"  # 2 steps, 4.9k events: fast
 NCCL = DATA / "gpu_2rank_nccl_rank0.json.gz"  # 3 steps, 40k events
@@ -306,3 +306,39 @@ def test_a_trace_without_steps_is_one_step() -> None:
     found = [r for r in results if isinstance(r, Finding)]
     assert found and all(f.evidence["whole_trace_as_one_step"] for f in found)
     assert all(f.evidence["steps"] == 1 for f in found)
+
+
+def test_process_group_kinds_from_their_descriptions() -> None:
+    kinds = {desc: exposed_comm.group_kind(desc) for desc in (
+        "TENSOR_MODEL_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP",
+        "CONTEXT_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP", "default_pg", "mystery", None)}
+    assert list(kinds.values()) == ["tp", "pp", "ep", "cp", "dp", "dp", "unknown", "unknown"]
+
+
+@pytest.mark.slow
+def test_exposed_comm_split_by_process_group() -> None:
+    """Loaded with its communication fields, the real NCCL trace's exposed all-reduces belong to
+    the default (data-parallel) group, and the remedy is Megatron's gradient-reduction overlap."""
+    finding = exposed_comm.analyze(load_trace(NCCL, comms=True))
+    assert isinstance(finding, Finding)
+    assert list(finding.evidence["by_group_ms_per_step"]) == ["dp"]
+    assert finding.evidence["by_group_ms_per_step"]["dp"] == pytest.approx(finding.ms_per_step, rel=0.01)
+    assert "--overlap-grad-reduce" in finding.remedy
+    assert "by_group_ms_per_step" not in exposed_comm.analyze(load_trace(NCCL)).evidence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json.gz")), ids=lambda p: p.name)
+def test_every_real_trace_gives_json_findings(path: Path) -> None:
+    """Every real trace's findings and gaps are plain JSON (the sidecar stores them) and read back."""
+    import json
+
+    results = rank_findings(load_trace(path, flops=True))
+    assert [r.kind for r in results if not isinstance(r, Finding)] == sorted(
+        {r.kind for r in results if not isinstance(r, Finding)}, key=list(ANALYZERS).index)  # one gap a kind
+    assert {r.kind for r in results} <= set(ANALYZERS)
+    for result in results:
+        doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+        if isinstance(result, Finding):
+            assert Finding.from_json(doc) == result
+            assert 0.0 <= result.saving_ms_per_step <= result.ms_per_step + 1e-9
