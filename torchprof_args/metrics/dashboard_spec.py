@@ -51,7 +51,7 @@ DEFAULT_SPEC: dict[str, Any] = {
             "panels": [
                 {"title": "samples per second", "unit": "samples/s", "y": ["throughput/samples-per-sec"]},
                 {"title": "tokens per second", "unit": "tokens/s", "y": ["throughput/tokens-per-sec"]},
-                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput/tflops-per-gpu"]},
+                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput"]},
             ],
         },
         {
