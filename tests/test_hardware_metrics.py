@@ -7,6 +7,8 @@ are real.  tests/gpu/test_gpu_hardware.py runs the real paths where CUDA is pres
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from helpers.processes import rank_results, run_torchrun
 
 from torchprof_args import MetricsWriter, add_torch_profile_args
 from torchprof_args.config import configs_from_args
+from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.config import MetricsConfig
 from torchprof_args.metrics.hardware import DeviceReadings, hardware_reason, throttle_text
 from torchprof_args.metrics.health import AllocRetryWatch
@@ -161,3 +164,19 @@ def test_two_ranks_one_collective_reasons_and_allocator_warning(tmp_path: Path) 
     assert stderr.count("[torchprof rank 0] CUDA allocator retries grew") == 2
     assert "[torchprof rank 1] CUDA allocator retries grew" not in stderr
     assert "thermal slowdown" in stderr and records[0]["metrics"]["mfu"] == pytest.approx(40.0)
+
+    # the dashboard of the same run: MFU and allocator panels, per-rank heatmaps of clock, power and
+    # temperature relative to each interval's median (rank 1's clock: 1410 / 1695 = 0.83x)
+    page_path = tmp_path / "timings.html"
+    assert torchprof(["dashboard", str(tmp_path / "metrics"), "-o", str(page_path)]) == 0
+    page = page_path.read_text()
+    for title in ("MFU (model FLOPs utilisation)", "allocator fragmentation", "allocator retries and OOMs",
+                  "SM clock", "power", "temperature"):
+        assert f'class="title">{title}' in page, title
+    assert page.count('class="panel heatmap"') == 4  # 3 hardware + forward-backward's straggler scores
+    assert "rank 1, iteration 6: 0.83x the median" in page
+    if shutil.which("chromium"):
+        dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                              f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page_path.as_uri()],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        assert dom.count('class="panel heatmap"') == 4 and "SM clock" in dom

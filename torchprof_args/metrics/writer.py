@@ -276,7 +276,8 @@ class MetricsWriter:
         metrics.update(_throughput(
             step_time, samples=config.samples_per_iteration if samples is None else samples,
             tokens=config.tokens_per_iteration if tokens is None else tokens))
-        flops_per_iteration = flops_value(config.flops_per_iteration if flops is None else flops, iteration)
+        flops_per_iteration = (flops_value(config.flops_per_iteration if flops is None else flops, iteration)
+                               or metrics.get("throughput/model-flops-per-iteration"))  # DeepSpeed's profiler
         if flops_per_iteration:
             metrics.update(throughput_figures(step_time, self.world_size, flops_per_iteration, self.peak))
         if self.is_writer and not self._closed:
