@@ -54,11 +54,14 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
         assert records[0]["metrics"][f"deepspeed/{name}-ms"] > 0
         assert len(records[0]["per_rank"][f"deepspeed/{name}-ms"]) == 2
 
-    # model FLOPs per optimizer step from DeepSpeed's flops profiler (step 2, rank 0): its forward
-    # FLOPs per GPU x3 (forward + backward) x 2 micro-batches x 2 ranks; TFLOP/s per GPU from them
+    # model FLOPs per optimizer step from DeepSpeed's flops profiler (profile_step 2: the step after
+    # 2 finished ones, rank 0): its forward FLOPs per GPU x3 (forward + backward) x 2 micro-batches x
+    # 2 ranks, written from the next log interval on; TFLOP/s per GPU from them
     value, unit = re.search(r"fwd flops per GPU:\s+([0-9.]+) ?([KMGT]?)", report).groups()
     forward = float(value) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[unit]
-    for record in records[:3]:  # the first run: steps 2, 4, 6
+    assert "Profile Summary at step 3" in report
+    assert "throughput" not in records[0]["metrics"]  # step 2: not measured yet
+    for record in records[1:3]:  # the first run: steps 4, 6
         metrics = record["metrics"]
         assert metrics["throughput/model-flops-per-iteration"] == pytest.approx(3 * forward * 2 * 2, rel=1e-2)
         assert record["per_rank"]["throughput/model-flops-per-iteration"][1] is None  # measured on rank 0
