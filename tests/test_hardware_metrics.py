@@ -180,3 +180,21 @@ def test_two_ranks_one_collective_reasons_and_allocator_warning(tmp_path: Path) 
                               f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page_path.as_uri()],
                              capture_output=True, text=True, timeout=120, check=True).stdout
         assert dom.count('class="panel heatmap"') == 4 and "SM clock" in dom
+
+
+@pytest.mark.slow
+def test_readings_failing_on_one_rank_mid_run_do_not_stop_training(tmp_path: Path) -> None:
+    """Rank 1's NVML and memory_stats raise on every call from interval 4 on: both ranks log all 6
+    intervals, rank 1's readings are absent from then on (the layout is agreed anew once), rank 0's
+    go on."""
+    result = run_torchrun(REPO / "tests" / "jobs" / "hardware_job.py", str(tmp_path), "readings-fail",
+                          timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank, entry in rank_results(tmp_path).items():
+        assert [i["collectives"] for i in entry["intervals"]] == [3, 1, 1, 4, 1, 1], rank
+        assert entry["intervals"][-1]["metrics"]["gpu/sm-clock-mhz-min"] == 1980.0  # rank 0's only
+    records = read_metrics_file(tmp_path / "metrics" / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["per_rank"]["gpu/sm-clock-mhz"] for r in records[2:]] == [
+        [1980.0, 1410.0], [1980.0, None], [1980.0, None], [1980.0, None]]
+    assert records[-1]["per_rank"]["memory/alloc-retries"] == [0.0, None]

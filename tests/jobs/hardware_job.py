@@ -1,6 +1,8 @@
 """Two gloo ranks log 6 intervals through Timers + MetricsWriter with stand-in NVML and
 memory_stats readings: rank 1's GPU is throttled (SM clock 1410 vs 1980 MHz, thermal slowdown) and
-slow, and its allocator retries grow in intervals 2-3 and 5.  Writes rank<R>.json into argv[1]."""
+slow, and its allocator retries grow in intervals 2-3 and 5.  With argv[2] == "readings-fail", rank 1's
+NVML and memory_stats raise on every call from interval 4 on (a driver going away): training goes
+on.  Writes rank<R>.json into argv[1]."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from torchprof_args.metrics.hardware import DeviceReadings
 GIB = 2**30
 
 
+def _raise() -> dict:
+    raise RuntimeError("CUDA driver error: unknown error")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")
@@ -33,9 +39,13 @@ def main() -> None:
     writer = MetricsWriter(config, timers=timers, console=False)
     writer.readings = DeviceReadings(memory_stats=memory_stats(allocator), nvml=nvml)
     intervals = []
+    failing = len(sys.argv) > 2 and sys.argv[2] == "readings-fail"
     for iteration in range(1, 7):
         if rank == 1 and iteration in (2, 3, 5):
             allocator["num_alloc_retries"] += 3
+        if failing and rank == 1 and iteration == 4:
+            nvml.readings.clear()  # every NVML query raises from now on
+            writer.readings._memory_stats = _raise
         timers("forward-backward", log_level=0).start()
         time.sleep(0.03 if rank else 0.01)
         timers("forward-backward").stop()

@@ -120,6 +120,12 @@ def _nvml_index() -> int:
     return index
 
 
+def _clock_event_reasons(nvml: Any) -> Callable[[Any], float]:
+    """NVML's clock-event reasons call: its newer name (nvidia-ml-py 12.535+), else the older one."""
+    return (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+
+
 class DeviceReadings:
     """Reads this rank's allocator and NVML figures (see the module docstring).
 
@@ -195,7 +201,7 @@ class DeviceReadings:
             ("gpu/sm-clock-mhz", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
             ("gpu/power-w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
             ("gpu/temperature-c", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
-            ("gpu/throttle-reasons", lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)),
+            ("gpu/throttle-reasons", lambda: _clock_event_reasons(nvml)(handle)),
             ("gpu/ecc-uncorrected", lambda: nvml.nvmlDeviceGetTotalEccErrors(
                 handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)),
         )
