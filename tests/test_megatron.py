@@ -230,3 +230,31 @@ def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_
     assert _profiler_steps(Path(hook.prof.published_traces[0]))[:2] == [4, 5]
     assert writer.scalars == [("timers/torch-profile-flush-time", 5)] and writer.flushed == 1
     assert not list(tmp_path.rglob(".partial-*"))
+
+
+def test_megatron_flops_follows_both_signatures_of_num_floating_point_operations():
+    """core_v0.16.1: ``(args, batch_size)``; core_v0.19.0 also takes training_log's packed-sequence
+    sums, passed through only when training_log got them (the functions' real signatures)."""
+    from torchprof_args.frameworks.megatron_metrics import megatron_flops
+
+    calls = []
+
+    def old(args, batch_size):  # noqa: ANN001, ANN202
+        calls.append((batch_size,))
+        return 10.0 * batch_size
+
+    def new(args, batch_size, seqlen_squared_sum_in_batch=None, total_real_tokens_in_batch=None):  # noqa: ANN001, ANN202
+        calls.append((batch_size, seqlen_squared_sum_in_batch, total_real_tokens_in_batch))
+        return 1.0
+
+    args = argparse.Namespace(micro_batch_size=2, data_parallel_size=4)
+    thd = {"seqlen_squared_sum_in_batch": 9.0, "total_real_tokens_in_batch": 3.0}
+    assert megatron_flops(types.SimpleNamespace(num_floating_point_operations=old,
+                                                get_num_microbatches=lambda: 3), args, thd) == 240.0
+    megatron_flops(types.SimpleNamespace(num_floating_point_operations=new, get_num_microbatches=lambda: 3),
+                   args, {**thd, "seqlen_squared_sum_in_batch": None})
+    args.gtp_weight_remat_size = 2  # core_v0.19.0 counts the GTP-remat peers' micro-batches too
+    megatron_flops(types.SimpleNamespace(num_floating_point_operations=new, get_num_microbatches=lambda: 3),
+                   args, thd)
+    assert calls == [(24,), (24, None, 3.0), (48, 9.0, 3.0)]
+    assert megatron_flops(types.SimpleNamespace(), args, {}) is None  # no such function: no FLOPs
