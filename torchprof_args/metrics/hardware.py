@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from torchprof_args import _dist
 from torchprof_args.log import get_logger
 
 __all__ = ["DeviceReadings", "hardware_reason", "throttle_text"]
@@ -172,8 +173,9 @@ class DeviceReadings:
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(_nvml_index())
         except ImportError:
             self._nvml_failed = True
-            logger.info("GPU hardware readings (clock, power, temperature, throttling, ECC/XID) are off: "
-                        "install nvidia-ml-py (pip install 'torchprof-args[gpu]') to get them.")
+            if _dist.rank() == 0:  # one line for the job, not one per rank
+                logger.info("GPU hardware readings (clock, power, temperature, throttling, ECC/XID) are off: "
+                            "install nvidia-ml-py (pip install 'torchprof-args[gpu]') to get them.")
             return None
         except Exception as err:  # noqa: BLE001
             self._nvml_failed = True

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from torchprof_args import _dist
 from torchprof_args.device_peaks import peak_tflops
 from torchprof_args.log import get_logger
 
@@ -65,7 +66,7 @@ class PeakResolver:
     def _from_table(self) -> float | None:
         name = self._device_name()
         peak = peak_tflops(name, self.dtype) if name else None
-        if peak is None:
+        if peak is None and _dist.rank() == 0:  # one line for the job, not one per rank
             device = f"device {name!r}" if name else "no GPU"
             logger.warning("MFU is not logged: no peak TFLOP/s known for %s (%s); pass --metrics-peak-tflops "
                            "with the dense peak per GPU to get it.", device, self.dtype)
