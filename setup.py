@@ -13,6 +13,7 @@ EXTRAS = {
     "megatron": ["megatron-core>=0.9"],
     "analysis": ["isal>=1.6"],
     "pyspy": ["py-spy>=0.3.14"],
+    "gpu": ["nvidia-ml-py>=12.535"],  # NVML readings beside the step timers (clock, power, ECC/XID)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline

@@ -17,6 +17,12 @@ Then, for each --ranks count, a real gloo job (torchrun, CPU) times one log inte
 fixed-size float64 all-gather after a one-time agreement), interleaved in blocks of 20 intervals.
 An interval's cost is the slowest rank's wall time for the gather; the table shows the median
 and 90th percentile over --gathers intervals each, and the ratio.
+
+``--interval-ranks 2 4 8`` instead times one whole log interval (``MetricsWriter.log_step`` with 8
+timers, writing metrics.jsonl) on gloo ranks, with the allocator and GPU hardware fields of issue 19
+when the code has them (a stand-in NVML module and memory_stats: this machine has no GPU): the
+slowest rank's wall time (median, p90 over --gathers intervals) and the collectives per interval.
+Run it on main's code for "before" (same script, ``PYTHONPATH`` a checkout of main).
 """
 
 from __future__ import annotations
@@ -68,10 +74,17 @@ def main() -> int:
     parser.add_argument("--intervals", type=int, default=200)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="gloo world sizes to time")
     parser.add_argument("--gathers", type=int, default=300, help="timed intervals per implementation")
+    parser.add_argument("--interval-ranks", type=int, nargs="+", help="time whole log intervals instead")
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--interval-worker", metavar="DIR", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
         return gather_worker(options.worker, options.gathers)
+    if options.interval_worker:
+        return interval_worker(options.interval_worker, options.gathers)
+    if options.interval_ranks:
+        bench_intervals_across_ranks(options.interval_ranks, options.gathers)
+        return 0
 
     timers = Timers(1, "minmax", device="cpu")
     timer = timers("fwd", log_level=0)
@@ -222,6 +235,90 @@ def bench_gather_across_ranks(world_sizes: list[int], gathers: int) -> None:
         (before, before90), (after, after90) = row
         print(f"{world:5d} {before:9.0f} us {before90:10.0f} us {after:9.0f} us {after90:10.0f} us "
               f"{before / after:6.2f}x")
+
+
+# ---------------------------------------------------------------------------------------------
+# One whole log interval across gloo ranks, with the allocator and hardware fields when present
+
+
+class _StandInNvml:
+    """Answers NVML's calls with fixed readings (the benchmark machine has no GPU)."""
+
+    NVML_CLOCK_SM = NVML_TEMPERATURE_GPU = NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_VOLATILE_ECC = 0
+    nvmlEventTypeXidCriticalError = 8
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        if name == "nvmlEventSetWait":
+            def timeout(*args):  # noqa: ANN202
+                raise TimeoutError("no event")
+            return timeout
+        values = {"nvmlDeviceGetClockInfo": 1980, "nvmlDeviceGetPowerUsage": 650_000,
+                  "nvmlDeviceGetTemperature": 61, "nvmlDeviceGetCurrentClocksThrottleReasons": 0,
+                  "nvmlDeviceGetTotalEccErrors": 0}
+        return lambda *args: values.get(name, 0)
+
+
+def _inject_readings(writer: MetricsWriter) -> int:
+    """Stand-in readings on this branch's writer; returns how many fields they add (0 on main)."""
+    try:
+        from torchprof_args.metrics.hardware import DeviceReadings
+    except ImportError:
+        return 0
+    stats = {"allocated_bytes.all.peak": 30 * 2**30, "reserved_bytes.all.peak": 34 * 2**30,
+             "num_alloc_retries": 0, "num_ooms": 0}
+    writer.readings = DeviceReadings(memory_stats=lambda: stats, nvml=_StandInNvml())
+    return len(writer.readings.read())
+
+
+def interval_worker(result_dir: str, intervals: int) -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    timers = Timers(0, "minmax", device="cpu")
+    writer = MetricsWriter(MetricsConfig(os.path.join(result_dir, "metrics"), sinks=("jsonl",)),
+                           timers=timers, console=False)
+    fields = _inject_readings(writer)
+    seconds, collectives = [], []
+    for iteration in range(1, intervals + 6):
+        _tick(timers)
+        dist.barrier()
+        before, start = timers._rank_gather.collectives, time.perf_counter()
+        writer.log_step(iteration, names=TIMER_NAMES, extra={"flush_seconds": 0.1, "trace_mb": 2.0})
+        if iteration > 5:  # after the warm-up (and the one-time agreement)
+            seconds.append(time.perf_counter() - start)
+            collectives.append(timers._rank_gather.collectives - before)
+    writer.close()
+    with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump({"rank": rank, "seconds": seconds, "collectives": collectives, "fields": fields}, handle)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def bench_intervals_across_ranks(world_sizes: list[int], intervals: int) -> None:
+    print(f"one log interval (MetricsWriter.log_step, 8 timers, metrics.jsonl) across gloo ranks, "
+          f"slowest rank's wall time over {intervals} intervals")
+    print(f"{'ranks':>5s} {'hw fields':>9s} {'median':>10s} {'p90':>10s} {'collectives/interval':>21s}")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    for world in world_sizes:
+        with tempfile.TemporaryDirectory() as directory:
+            command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                       "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+                       str(Path(__file__).resolve()), "--interval-worker", directory,
+                       "--gathers", str(intervals)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                print(f"{world:5d} failed: {done.stderr[-2000:]}")
+                continue
+            results = [json.loads(Path(directory, f"rank{r}.json").read_text()) for r in range(world)]
+        count = len(results[0]["seconds"])
+        slowest = [max(result["seconds"][i] for result in results) for i in range(count)]
+        cuts = statistics.quantiles(slowest, n=10)
+        counts = sorted({c for result in results for c in result["collectives"]})
+        print(f"{world:5d} {results[0]['fields']:9d} {statistics.median(slowest) * 1e6:7.0f} us "
+              f"{cuts[-1] * 1e6:7.0f} us {','.join(map(str, counts)):>21s}")
 
 
 if __name__ == "__main__":

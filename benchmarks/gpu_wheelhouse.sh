@@ -24,6 +24,7 @@ versions=${GPU_PYTHON_VERSIONS:-$("$python" -c 'import sys; print("%d.%d" % sys.
 requirements=(
     "msgspec>=0.18" "numpy" "tqdm" "isal>=1.6"
     "pytest>=7" "pytest-timeout>=2.1" "psutil>=5.9" "pandas" "plotly" "pydot" "networkx" "pyyaml"
+    "nvidia-ml-py>=12.535"  # the [gpu] extra: tests/gpu/test_gpu_hardware.py reads NVML
 )
 without_deps=("HolisticTraceAnalysis>=0.2")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,20 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
     for name in ("fwd", "bwd", "bwd_allreduce", "step"):
         assert records[0]["metrics"][f"deepspeed/{name}-ms"] > 0
         assert len(records[0]["per_rank"][f"deepspeed/{name}-ms"]) == 2
+
+    # model FLOPs per optimizer step from DeepSpeed's flops profiler (profile_step 2: the step after
+    # 2 finished ones, rank 0): its forward FLOPs per GPU x3 (forward + backward) x 2 micro-batches x
+    # 2 ranks, written from the next log interval on; TFLOP/s per GPU from them
+    value, unit = re.search(r"fwd flops per GPU:\s+([0-9.]+) ?([KMGT]?)", report).groups()
+    forward = float(value) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[unit]
+    assert "Profile Summary at step 3" in report
+    assert "throughput" not in records[0]["metrics"]  # step 2: not measured yet
+    for record in records[1:3]:  # the first run: steps 4, 6
+        metrics = record["metrics"]
+        assert metrics["throughput/model-flops-per-iteration"] == pytest.approx(3 * forward * 2 * 2, rel=1e-2)
+        assert record["per_rank"]["throughput/model-flops-per-iteration"][1] is None  # measured on rank 0
+        assert metrics["throughput"] == pytest.approx(
+            metrics["throughput/model-flops-per-iteration"] / metrics["iteration-time"] / 2 / 1e12)
 
 
 def _events_per_step(events: list[dict], name: str) -> dict[int, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import subprocess
 import sys
 import types
@@ -87,16 +88,33 @@ def _profiler_steps(path: Path) -> list[int]:
                    if e.get("name", "").startswith("ProfilerStep#")})
 
 
-def _tensorboard_scalars(directory: Path) -> dict[str, list[int]]:
+def _tensorboard_values(directory: Path) -> dict[str, dict[int, float]]:
+    """``tag -> {step: value}`` of every TensorBoard event file in ``directory``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    scalars: dict[str, list[int]] = {}
-    for events in directory.glob("events.out.tfevents.*"):
+    values: dict[str, dict[int, float]] = {}
+    for events in sorted(directory.glob("events.out.tfevents.*")):
         accumulator = EventAccumulator(str(events))
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
-            scalars.setdefault(tag, []).extend(e.step for e in accumulator.Scalars(tag))
-    return scalars
+            values.setdefault(tag, {}).update((e.step, e.value) for e in accumulator.Scalars(tag))
+    return values
+
+
+def _tensorboard_scalars(directory: Path) -> dict[str, list[int]]:
+    return {tag: list(steps) for tag, steps in _tensorboard_values(directory).items()}
+
+
+def tiny_gpt_flops() -> int:
+    """Model FLOPs of one iteration of the worked example's GPT, by hand: 2 layers, hidden 64, 4
+    heads (kv channels 16, no GQA), FFN 4h, sequence 32, global batch 4, vocabulary 128 padded by
+    Megatron to a multiple of 128 x TP 2 = 256; 2 FLOPs per multiply-add, x3 for forward + backward;
+    causal attention counts half the s x s scores (Megatron-LM's convention)."""
+    batch, seq, hidden, layers, ffn, vocab = 4, 32, 64, 2, 256, 256
+    attention = hidden * 3 * hidden + hidden * seq + hidden * hidden  # QKV, QK^T and AV (halved), out
+    mlp = 2 * hidden * ffn
+    per_token = 2 * 3 * (layers * (attention + mlp) + hidden * vocab)
+    return batch * seq * per_token  # 91,226,112
 
 
 @pytest.mark.slow
@@ -158,6 +176,21 @@ def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree
     assert sorted(scalars["torch-profile-flush-time"]) == [5, 8]
     assert sorted(scalars["lm loss"]) == [1, 2, 3, 4, 5, 6, 7, 8]  # exited at 5, resumed to 8
 
+    # TFLOP/s from Megatron-LM's own num_floating_point_operations (the last rank's info line), against
+    # the hand calculation; MFU against --metrics-peak-tflops 1 (first run only: the resume has no peak)
+    flops = [float(f) for f in re.findall(r"model FLOPs per iteration ([0-9.e+]+)", proc.stdout)]
+    assert len(flops) == 8 and all(f == pytest.approx(tiny_gpt_flops(), rel=1e-5) for f in flops), flops
+    values = _tensorboard_values(tb)
+    assert sorted(values["throughput"]) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert sorted(values["mfu"]) == [1, 2, 3, 4, 5]
+    for step, mfu in values["mfu"].items():
+        assert mfu == pytest.approx(100.0 * values["throughput"][step], rel=1e-5)
+    assert "MFU is not logged: no peak TFLOP/s known for no GPU" in proc.stdout + proc.stderr
+    # Megatron's own Timers (level 1): the slowest rank and straggler scores of the same gather
+    assert sorted(values["forward-backward-time-max-rank"]) == [1, 2, 3, 4, 5]
+    assert set(values["forward-backward-time-max-rank"].values()) <= {0.0, 1.0}
+    assert all(score >= 1.0 for score in values["stragglers/forward-backward-score-max"].values())
+
 
 class _ScalarLog:
     """A writer with TensorBoard's ``add_scalar``; records what is written and whether it was flushed."""
@@ -197,3 +230,31 @@ def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_
     assert _profiler_steps(Path(hook.prof.published_traces[0]))[:2] == [4, 5]
     assert writer.scalars == [("timers/torch-profile-flush-time", 5)] and writer.flushed == 1
     assert not list(tmp_path.rglob(".partial-*"))
+
+
+def test_megatron_flops_follows_both_signatures_of_num_floating_point_operations():
+    """core_v0.16.1: ``(args, batch_size)``; core_v0.19.0 also takes training_log's packed-sequence
+    sums, passed through only when training_log got them (the functions' real signatures)."""
+    from torchprof_args.frameworks.megatron_metrics import megatron_flops
+
+    calls = []
+
+    def old(args, batch_size):  # noqa: ANN001, ANN202
+        calls.append((batch_size,))
+        return 10.0 * batch_size
+
+    def new(args, batch_size, seqlen_squared_sum_in_batch=None, total_real_tokens_in_batch=None):  # noqa: ANN001, ANN202
+        calls.append((batch_size, seqlen_squared_sum_in_batch, total_real_tokens_in_batch))
+        return 1.0
+
+    args = argparse.Namespace(micro_batch_size=2, data_parallel_size=4)
+    thd = {"seqlen_squared_sum_in_batch": 9.0, "total_real_tokens_in_batch": 3.0}
+    assert megatron_flops(types.SimpleNamespace(num_floating_point_operations=old,
+                                                get_num_microbatches=lambda: 3), args, thd) == 240.0
+    megatron_flops(types.SimpleNamespace(num_floating_point_operations=new, get_num_microbatches=lambda: 3),
+                   args, {**thd, "seqlen_squared_sum_in_batch": None})
+    args.gtp_weight_remat_size = 2  # core_v0.19.0 counts the GTP-remat peers' micro-batches too
+    megatron_flops(types.SimpleNamespace(num_floating_point_operations=new, get_num_microbatches=lambda: 3),
+                   args, thd)
+    assert calls == [(24,), (24, None, 3.0), (48, 9.0, 3.0)]
+    assert megatron_flops(types.SimpleNamespace(), args, {}) is None  # no such function: no FLOPs

@@ -18,7 +18,11 @@ same step.  When the ds_config enables them:
   metrics writer (max across ranks) every ``--log-interval`` optimizer steps, as
   ``deepspeed/<timer>-ms``;
 * ``flops_profiler`` (without its own ``output_file``): the report is written to
-  ``profiler_ds.txt`` in the profile directory, published atomically.
+  ``profiler_ds.txt`` in the profile directory, published atomically; the forward FLOPs it
+  measured at its ``profile_step`` give the model FLOPs of one optimizer step (x3 for forward and
+  backward, x gradient accumulation steps, x world size), sent to the metrics writer as
+  ``throughput/model-flops-per-iteration`` from then on: the writer logs ``throughput``
+  (TFLOP/s per GPU) and ``mfu`` from it (``--metrics-flops-per-iteration`` takes precedence).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ __all__ = ["DeepSpeedProfilerHook", "FLOPS_REPORT_NAME", "attach", "is_pipeline_
 
 #: The flops profiler's report in the profile directory (seed name).
 FLOPS_REPORT_NAME = "profiler_ds.txt"
+#: The per-rank figure carrying the model FLOPs of one optimizer step to the metrics writer.
+MODEL_FLOPS_FIGURE = "throughput/model-flops-per-iteration"
 
 
 class DeepSpeedProfilerHook:
@@ -65,6 +71,8 @@ class DeepSpeedProfilerHook:
         self.flops_report: Path | None = None
         self._flops_partial: Path | None = None
         self._wrapped: str | None = None
+        #: model FLOPs of one optimizer step (all ranks), from DeepSpeed's flops profiler (rank 0)
+        self.model_flops: float | None = None
         self._configure_flops_profiler()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -136,6 +144,8 @@ class DeepSpeedProfilerHook:
 
     def _write_metrics(self, global_step: int) -> None:
         figures = {**self.wall_clock_timers(), **{f"profiler/{k}": v for k, v in self.prof.stats.items()}}
+        if self.model_flops:  # rank 0 measured it; the gather's max gives every rank the figure
+            figures[MODEL_FLOPS_FIGURE] = self.model_flops
         try:
             if hasattr(self.metrics, "log_step"):  # torchprof_args.MetricsWriter: max across ranks
                 self.metrics.log_step(global_step, extra=figures)
@@ -158,12 +168,32 @@ class DeepSpeedProfilerHook:
             return
         if engine.global_rank != 0:
             return  # DeepSpeed profiles and writes the report on global rank 0 only
+        self._capture_model_flops()
         self.profile_dir.mkdir(parents=True, exist_ok=True)
         self.flops_report = self.profile_dir / FLOPS_REPORT_NAME
         self._flops_partial = partial_path(self.flops_report)
         config.output_file = str(self._flops_partial)
         logger.info("DeepSpeed flops profiler report (step %d) goes to %s",
                     engine.flops_profiler_profile_step(), self.flops_report)
+
+    def _capture_model_flops(self) -> None:
+        """Read the profiled forward FLOPs before DeepSpeed's ``end_profile`` drops them."""
+        profiler = getattr(self.engine, "flops_profiler", None)
+        original = getattr(profiler, "end_profile", None)
+        if original is None:
+            return
+
+        def end_profile(*args: Any, **kwargs: Any) -> Any:
+            try:
+                forward = float(profiler.get_total_flops())
+                engine = self.engine
+                self.model_flops = (3.0 * forward * engine.gradient_accumulation_steps()
+                                    * engine.world_size) or None
+            except Exception as err:  # noqa: BLE001 - metrics never stop training
+                logger.warning("could not read the flops profiler's FLOPs: %s: %s", type(err).__name__, err)
+            return original(*args, **kwargs)
+
+        profiler.end_profile = end_profile
 
     def _publish_flops_report(self) -> None:
         """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""

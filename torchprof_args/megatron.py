@@ -23,8 +23,11 @@ Three ways in, from least to most code:
 Every flush of a trace window, scheduled or at exit, is timed with Megatron's own timers
 (``torch-profile-flush``; Megatron's ``Timers.write`` names the scalar
 ``torch-profile-flush-time``) and written, max across ranks, through Megatron's TensorBoard and
-wandb writers.  ``--torch-profile-parallel-ranks`` selects traced ranks by megatron-core's
-parallel coordinates (:mod:`torchprof_args.runtime.ranks`).
+wandb writers.  At every log interval ``install()`` also writes TFLOP/s and MFU from Megatron-LM's
+own ``num_floating_point_operations``, the allocator and GPU readings, and the slowest rank and
+straggler scores of Megatron's own timers (:mod:`torchprof_args.frameworks.megatron_metrics`).
+``--torch-profile-parallel-ranks`` selects traced ranks by megatron-core's parallel coordinates
+(:mod:`torchprof_args.runtime.ranks`).
 """
 
 from torchprof_args.errors import MegatronIntegrationError

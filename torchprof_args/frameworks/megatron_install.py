@@ -13,6 +13,7 @@ from typing import Any
 
 from torchprof_args.errors import MegatronIntegrationError
 from torchprof_args.frameworks.megatron_loop import TrainingHook
+from torchprof_args.frameworks.megatron_metrics import MegatronIntervalMetrics
 from torchprof_args.log import get_logger
 
 __all__ = ["install", "installed", "pretrain_takes_config_container", "uninstall"]
@@ -83,6 +84,8 @@ def _wrap_train(training: Any) -> Callable[..., Any]:
         hook = _hook_for(training)
         hook.start()
         _active["hook"] = hook
+        metrics = _active["metrics"] = MegatronIntervalMetrics(training, hook.args, hook.timers, hook.writers)
+        metrics.attach()
         clean = False
         try:
             result = original(*args, **kwargs)
@@ -93,6 +96,8 @@ def _wrap_train(training: Any) -> Callable[..., Any]:
             raise
         finally:
             _active.pop("hook", None)
+            _active.pop("metrics", None)
+            metrics.detach()
             hook.close(clean=clean)
 
     return train
@@ -105,10 +110,13 @@ def _wrap_training_log(training: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def training_log(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        hook = _active.get("hook")
+        hook, metrics = _active.get("hook"), _active.get("metrics")
         if hook is not None:
-            iteration = signature.bind_partial(*args, **kwargs).arguments.get("iteration")
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+            iteration = arguments.get("iteration")
             if iteration is not None:
+                if metrics is not None:  # first: a flush's timer write must not replace the interval's read
+                    metrics.after_training_log(int(iteration), arguments)
                 hook.step(int(iteration))
         return result
 

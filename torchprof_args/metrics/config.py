@@ -11,7 +11,7 @@ import dataclasses
 import netrc
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchprof_args.errors import TorchProfileArgsError
@@ -94,6 +94,17 @@ STRAGGLER_TIMERS = Flag("--straggler-timers",
 FLOPS_PER_ITERATION = Flag("--metrics-flops-per-iteration",
                            "Model FLOPs of one training iteration (all ranks together), for TFLOP/s per GPU.",
                            type=positive_float, metavar="F")
+PEAK_TFLOPS = Flag("--metrics-peak-tflops",
+                   "Dense peak TFLOP/s of one GPU, for MFU (`mfu`, percent of this); overrides the "
+                   "built-in table of device peaks (A100, H100, H200, GH200, B200, GB200, L40S, MI250X, "
+                   "MI300X, MI325X).",
+                   type=positive_float, metavar="TFLOPS", default_doc="from the device name")
+PEAK_DTYPE = Flag("--metrics-peak-dtype", "Which of the table's dense peaks MFU is measured against.",
+                  default="bf16", choices=("bf16", "fp16", "fp8", "tf32"))
+GPU_HARDWARE = Flag("--metrics-gpu-hardware",
+                    "Per-rank GPU readings through NVML (SM clock, power, temperature, throttle reasons, "
+                    "ECC and XID errors) in each log interval; auto: when nvidia-ml-py is installed.",
+                    default="auto", choices=("auto", "off"))
 
 TIMER_FLAGS = register_group(FlagGroup(
     title="step timers and metrics",
@@ -101,6 +112,7 @@ TIMER_FLAGS = register_group(FlagGroup(
                 "written to wandb, TensorBoard and a local metrics.jsonl (torchprof-args).",
     flags=(LOG_LEVEL, LOG_OPTION, LOG_INTERVAL, SYNCHRONIZE, WANDB_PROJECT, WANDB_EXP_NAME, WANDB_ENTITY,
            WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, METRICS_RANK, FLOPS_PER_ITERATION,
+           PEAK_TFLOPS, PEAK_DTYPE, GPU_HARDWARE,
            STRAGGLER_THRESHOLD, STRAGGLER_INTERVALS, STRAGGLER_TIMERS),
     order=30,
 ))
@@ -177,7 +189,13 @@ class MetricsConfig:
     log_interval: int = 100
     samples_per_iteration: float | None = None
     tokens_per_iteration: float | None = None
-    flops_per_iteration: float | None = None
+    #: a number, or (Python API) a callable of the iteration
+    flops_per_iteration: float | Callable[[int], float] | None = None
+    #: ``--metrics-peak-tflops`` (None: from the device table), ``--metrics-peak-dtype``
+    peak_tflops: float | None = None
+    peak_dtype: str = "bf16"
+    #: ``--metrics-gpu-hardware``: NVML readings per rank (False: off)
+    gpu_hardware: bool = True
     run_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
@@ -197,6 +215,9 @@ class MetricsConfig:
                    samples_per_iteration=batch or None,
                    tokens_per_iteration=batch * seq_length if batch and seq_length else None,
                    flops_per_iteration=flag_value(args, FLOPS_PER_ITERATION),
+                   peak_tflops=flag_value(args, PEAK_TFLOPS),
+                   peak_dtype=flag_value(args, PEAK_DTYPE) or "bf16",
+                   gpu_hardware=(flag_value(args, GPU_HARDWARE) or "auto") != "off",
                    run_settings=jsonable(vars(args)))
 
 

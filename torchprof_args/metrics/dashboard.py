@@ -45,7 +45,7 @@ class Panel:
 
     def __init__(
         self, title: str, unit: str, keys: list[str], labels: list[str], band: bool, regex: str | None = None,
-        kind: str = "line", per_rank: str | None = None,
+        kind: str = "line", per_rank: str | None = None, relative: bool = False,
     ) -> None:
         self.title = title
         self.unit = unit
@@ -56,6 +56,8 @@ class Panel:
         self.regex = regex
         self.kind = kind
         self.per_rank = per_rank
+        #: a heatmap of raw readings (clock, power ...): each over its interval's median across ranks
+        self.relative = relative
 
     def __repr__(self) -> str:
         return f"Panel({self.title!r}, {self.keys!r})"
@@ -98,7 +100,9 @@ def expand_panels(spec: Mapping[str, Any], keys: Sequence[str] | None) -> list[t
                     shown_labels = [
                         labels[templates.index(k)] if templates.index(k) < len(labels) else k for k in shown
                     ]
-                    panels.append(Panel(entry.get("title", shown[0]), unit, shown, shown_labels, band))
+                    panels.append(Panel(entry.get("title", shown[0]), unit, shown, shown_labels,
+                                        band and len(shown) == 2, kind=entry.get("kind", "line"),
+                                        per_rank=entry.get("per_rank"), relative=bool(entry.get("relative"))))
                 continue
             regex = _pattern_regex(pattern)
             if present is None:
@@ -351,7 +355,7 @@ def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], s
         svgs = []
         for panel in panels:
             if panel.kind == "heatmap" and panel.per_rank:
-                grid = heatmap_grid(records, panel.per_rank, x_key)
+                grid = heatmap_grid(records, panel.per_rank, x_key, relative=panel.relative)
                 if grid is not None:
                     svgs.append(heatmap_svg(panel.title, panel.unit, *grid))
                 continue

@@ -34,11 +34,23 @@ def _bucket_max(values: Sequence[float | None]) -> float | None:
     return max(present) if present else None
 
 
-def heatmap_grid(records: Sequence[Mapping[str, Any]], key: str, x_key: str = "iteration") -> Grid | None:
+def _over_median(values: list[float | None]) -> list[float | None]:
+    present = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not present:
+        return values
+    middle = len(present) // 2
+    median = present[middle] if len(present) % 2 else (present[middle - 1] + present[middle]) / 2
+    return [None if v is None or median <= 0 else v / median for v in values]
+
+
+def heatmap_grid(records: Sequence[Mapping[str, Any]], key: str, x_key: str = "iteration",
+                 relative: bool = False) -> Grid | None:
     """``(x values, row labels, cells[row][column])`` of the per-rank series ``key``, folded to at
-    most MAX_ROWS x MAX_COLUMNS; None when no record has it."""
+    most MAX_ROWS x MAX_COLUMNS; None when no record has it.  ``relative``: each interval's values
+    over their median across ranks (raw readings such as SM clock or power)."""
     columns = [(record[x_key], record.get("per_rank", {}).get(key)) for record in records]
-    columns = [(x, values) for x, values in columns if isinstance(values, list) and values]
+    columns = [(x, _over_median(values) if relative else values) for x, values in columns
+               if isinstance(values, list) and values]
     if not columns:
         return None
     ranks = max(len(values) for _, values in columns)

@@ -6,11 +6,19 @@ from typing import Any
 
 __all__ = ["DEFAULT_SPEC"]
 
+
+def _hardware_heatmap(key: str, title: str) -> dict[str, Any]:
+    """A rank x interval heatmap of one NVML reading, relative to each interval's median."""
+    return {"kind": "heatmap", "per_rank": key, "relative": True, "title": title, "unit": "x median",
+            "y": [key, f"{key}-min"], "labels": ["max across ranks", "min across ranks"], "band": True}
+
+
 #: The dashboard: sections of line panels over ``x``.  A panel with ``for_each`` is repeated
 #: for every metric key matching the pattern (``{name}`` is the varying part; names matching
 #: ``skip`` are left out); ``band`` shades between the first two series (max and min).  A panel
 #: with ``"kind": "heatmap"`` draws ``per_rank`` (a key of the records' per-rank series) as a
-#: rank x iteration heatmap in the HTML page; wandb, which has no per-rank series, plots ``y``.
+#: rank x iteration heatmap in the HTML page (``relative``: each value over its interval's median
+#: across ranks); wandb, which has no per-rank series, plots ``y``.
 DEFAULT_SPEC: dict[str, Any] = {
     "title": "torchprof step timings",
     "x": "iteration",
@@ -51,7 +59,8 @@ DEFAULT_SPEC: dict[str, Any] = {
             "panels": [
                 {"title": "samples per second", "unit": "samples/s", "y": ["throughput/samples-per-sec"]},
                 {"title": "tokens per second", "unit": "tokens/s", "y": ["throughput/tokens-per-sec"]},
-                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput/tflops-per-gpu"]},
+                {"title": "TFLOP/s per GPU", "unit": "TFLOP/s", "y": ["throughput"]},
+                {"title": "MFU (model FLOPs utilisation)", "unit": "% of peak", "y": ["mfu"]},
             ],
         },
         {
@@ -64,6 +73,22 @@ DEFAULT_SPEC: dict[str, Any] = {
                     "labels": ["max allocated", "max reserved"],
                 },
                 {"title": "host peak RSS", "unit": "GB", "y": ["memory/host-max-rss-gb"]},
+                {"title": "allocator fragmentation (peak reserved - peak allocated)", "unit": "GB",
+                 "y": ["memory/fragmentation-gb"]},
+                {
+                    "title": "allocator retries and OOMs (since start)",
+                    "unit": "count",
+                    "y": ["memory/alloc-retries", "memory/ooms"],
+                    "labels": ["cudaMalloc retries", "OOMs"],
+                },
+            ],
+        },
+        {
+            "name": "GPU hardware: each rank over the median of all ranks (NVML)",
+            "panels": [
+                _hardware_heatmap("gpu/sm-clock-mhz", "SM clock"),
+                _hardware_heatmap("gpu/power-w", "power"),
+                _hardware_heatmap("gpu/temperature-c", "temperature"),
             ],
         },
         {

@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from torchprof_args.log import get_logger
+from torchprof_args.metrics.hardware import hardware_reason
 
 __all__ = ["DEFAULT_STRAGGLER_TIMERS", "StragglerTracker", "straggler_figures"]
 
@@ -94,9 +95,11 @@ class StragglerTracker:
 
     def update(self, iteration: int, names: Sequence[str], times: Sequence[Sequence[float]],
                per_rank: Mapping[str, Sequence[float | None]], global_ranks: Sequence[int],
-               coordinates: Sequence[Mapping[str, int] | None] | None = None) -> list[str]:
+               coordinates: Sequence[Mapping[str, int] | None] | None = None,
+               hardware: Sequence[Mapping[str, float] | None] | None = None) -> list[str]:
         """Fold in one interval's scores (a timer already seen at ``iteration`` is skipped);
-        returns the warnings of this interval."""
+        returns the warnings of this interval.  ``hardware[r]`` is group rank r's per-rank figures:
+        its ``gpu/`` readings say why a rank is slow (:func:`~.hardware.hardware_reason`)."""
         if self.threshold <= 0:
             return []
         issued: list[str] = []
@@ -120,13 +123,15 @@ class StragglerTracker:
                     ]
                     median = statistics.median(readings)
                     coords = coordinates[rank] if coordinates else None
+                    why = hardware_reason(hardware, rank) if hardware else ""
                     issued.append(
                         f"straggler: rank {global_ranks[rank]}{_coordinates_text(coords)} {name} took "
                         f"{score:.2f}x the median of {len(readings)} ranks "
                         f"({times[rank][index] * 1e3:.1f} ms vs {median * 1e3:.1f} ms) "
                         f"for {streak.count} log intervals in a row "
                         f"(iterations {streak.first_iteration}-{iteration}; "
-                        f"--straggler-threshold {self.threshold:g})")
+                        f"--straggler-threshold {self.threshold:g})"
+                        + (f"; rank {global_ranks[rank]}: {why}" if why else ""))
         if self.rank == 0:
             for line in issued:
                 logger.warning(line)

@@ -259,7 +259,8 @@ class Timers:
         ranks = snapshot.global_ranks or list(range(len(times)))
         extra, per_rank = straggler_figures(snapshot.names, times, ranks, self._straggler_timers)
         scalars.update(extra)
-        self.stragglers.update(iteration, snapshot.names, times, per_rank, ranks, snapshot.coordinates)
+        self.stragglers.update(iteration, snapshot.names, times, per_rank, ranks, snapshot.coordinates,
+                               hardware=snapshot.per_rank)
         return scalars, per_rank
 
     def _get_elapsed_time_all_ranks(

@@ -9,8 +9,10 @@ training never stops because of metrics.
 
 Keys follow Megatron-LM's conventions: ``iteration-time`` (seconds per iteration),
 ``timers/<name>-time`` (max across ranks, seconds per iteration) and ``timers/<name>-time-min``,
-``throughput/samples-per-sec``, ``throughput/tokens-per-sec``, ``throughput/tflops-per-gpu``,
-``memory/max-allocated-gb``, ``memory/max-reserved-gb``, ``memory/host-max-rss-gb`` and
+``throughput/samples-per-sec``, ``throughput/tokens-per-sec``, ``throughput`` (TFLOP/s per GPU, as
+Megatron-LM) and ``mfu`` (:mod:`~torchprof_args.metrics.mfu`), the allocator and ``gpu/`` readings
+of :mod:`~torchprof_args.metrics.hardware` (max across ranks, ``gpu/<figure>-min`` too),
+``memory/host-max-rss-gb`` and
 ``profiler/<figure>`` (max across ranks) with ``profiler/<figure>-min``; with several ranks also
 ``timers/<name>-time-max-rank`` (the slowest rank) and the straggler scores' maximum
 ``stragglers/<name>-score-max`` (and ``-score-max-rank``), whose per-rank values go to
@@ -27,15 +29,17 @@ import contextlib
 import dataclasses
 import math
 import os
-import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
 from torchprof_args.metrics.config import ALL_SINKS, MetricsConfig, default_wandb_mode
+from torchprof_args.metrics.hardware import DeviceReadings
+from torchprof_args.metrics.health import AllocRetryWatch
+from torchprof_args.metrics.mfu import PeakResolver, flops_value, throughput_figures
 from torchprof_args.metrics.sinks import JsonlSink, TensorBoardSink, WandbSink
 from torchprof_args.naming import METRICS_FILENAME, WANDB_RUN_FILENAME
 
@@ -47,20 +51,14 @@ logger = get_logger(__name__)
 # Per-rank figures
 
 
-def _local_memory() -> dict[str, float]:
-    figures: dict[str, float] = {}
+def _host_memory() -> dict[str, float]:
     try:
         import resource
 
         # ru_maxrss is KiB on Linux.
-        figures["memory/host-max-rss-gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return {"memory/host-max-rss-gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     except (ImportError, OSError):
-        pass
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        figures["memory/max-allocated-gb"] = torch.cuda.max_memory_allocated() / 2**30
-        figures["memory/max-reserved-gb"] = torch.cuda.max_memory_reserved() / 2**30
-    return figures
+        return {}
 
 
 def _number(value: Any) -> float | None:
@@ -119,6 +117,10 @@ class MetricsWriter:
         self._warned: set[str] = set()
         self._closed = False
         self._figures_gather: Any = None
+        #: this rank's allocator and NVML readings; the peak for MFU; the allocation-retry warning
+        self.readings = DeviceReadings(hardware=config.gpu_hardware)
+        self.peak = PeakResolver(config.peak_tflops, config.peak_dtype)
+        self.alloc_retries = AllocRetryWatch(rank=self.rank)
         if self.is_writer:
             self._start_sinks()
         # The first interval is measured from here: create the writer right before the loop.
@@ -237,7 +239,7 @@ class MetricsWriter:
         iteration_time: float | None = None,
         samples: float | None = None,
         tokens: float | None = None,
-        flops: float | None = None,
+        flops: float | Callable[[int], float] | None = None,
         extra: Mapping[str, Any] | None = None,
         normalizer: float | None = None,
         reset: bool = True,
@@ -248,9 +250,10 @@ class MetricsWriter:
         Every rank must call it with the same ``iteration`` (and ``names``, when given).
         ``iteration_time`` is seconds per iteration (default: measured between calls);
         ``samples``/``tokens``/``flops`` are per iteration for the whole job (defaults from the
-        constructor); timers are divided by ``normalizer`` (default: iterations since the last
-        call) so they read as seconds per iteration; ``extra`` is this rank's own figures (e.g.
-        ``prof.stats``).  Returns the metrics written (on every rank).
+        constructor; ``flops`` may be a callable of the iteration); timers are divided by
+        ``normalizer`` (default: iterations since the last call) so they read as seconds per
+        iteration; ``extra`` is this rank's own figures (e.g. ``prof.stats``).  Returns the
+        metrics written (on every rank).
         """
         now = time.perf_counter()
         iterations = max(1, iteration - self._last_iteration)
@@ -259,19 +262,24 @@ class MetricsWriter:
         local: dict[str, float] = {
             "iteration-time": measured if iteration_time is None else float(iteration_time)
         }
-        local.update(_local_memory())
+        local.update(_host_memory())
+        local.update(self.readings.read())
         local.update(_extra_figures(extra))
         timer_normalizer = float(normalizer) if normalizer else float(iterations)
         per_rank_local, timer_metrics, per_rank = self._gather(local, names, timer_normalizer, reset, barrier,
                                                                iteration)
         metrics = _reduce_across_ranks(per_rank_local, per_rank)
         metrics.update(timer_metrics)
+        self.alloc_retries.update(iteration, per_rank_local)
         config = self.config
+        step_time = metrics.get("iteration-time")
         metrics.update(_throughput(
-            metrics.get("iteration-time"), self.world_size,
-            samples=config.samples_per_iteration if samples is None else samples,
-            tokens=config.tokens_per_iteration if tokens is None else tokens,
-            flops=config.flops_per_iteration if flops is None else flops))
+            step_time, samples=config.samples_per_iteration if samples is None else samples,
+            tokens=config.tokens_per_iteration if tokens is None else tokens))
+        flops_per_iteration = (flops_value(config.flops_per_iteration if flops is None else flops, iteration)
+                               or metrics.get("throughput/model-flops-per-iteration"))  # DeepSpeed's profiler
+        if flops_per_iteration:
+            metrics.update(throughput_figures(step_time, self.world_size, flops_per_iteration, self.peak))
         if self.is_writer and not self._closed:
             if self._pending_iteration is not None and self._pending_iteration != iteration:
                 self.flush()
@@ -347,13 +355,12 @@ def _reduce_across_ranks(per_rank_local: list[Any], per_rank: dict[str, list]) -
         if not present:
             continue
         metrics[key] = max(present)
-        if key.startswith("profiler/"):
+        if key.startswith(("profiler/", "gpu/")):
             metrics[f"{key}-min"] = min(present)
     return metrics
 
 
-def _throughput(step_time: float | None, world_size: int, *, samples: float | None, tokens: float | None,
-                flops: float | None) -> dict[str, float]:
+def _throughput(step_time: float | None, *, samples: float | None, tokens: float | None) -> dict[str, float]:
     if not step_time or step_time <= 0:
         return {}
     figures: dict[str, float] = {}
@@ -361,8 +368,6 @@ def _throughput(step_time: float | None, world_size: int, *, samples: float | No
         figures["throughput/samples-per-sec"] = samples / step_time
     if tokens:
         figures["throughput/tokens-per-sec"] = tokens / step_time
-    if flops:
-        figures["throughput/tflops-per-gpu"] = flops / step_time / world_size / 1e12
     return figures
 
 
@@ -373,7 +378,8 @@ def _console_line(iteration: int, metrics: Mapping[str, float]) -> str:
     for key, label in (
         ("throughput/samples-per-sec", "samples/s"),
         ("throughput/tokens-per-sec", "tokens/s"),
-        ("throughput/tflops-per-gpu", "TFLOP/s/GPU"),
+        ("throughput", "TFLOP/s/GPU"),
+        ("mfu", "MFU %"),
     ):
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")
