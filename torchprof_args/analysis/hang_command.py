@@ -6,9 +6,10 @@
 Where each rank is comes first, from the ranks' stacks files (``--torch-profile-stacks``, on with
 the flight recorder): ranks whose main threads stand at the same frames form one group, the odd
 group first, with each rank's collective situation.  Then the flight recorder's answer (per
-process group: the collective some ranks never joined, who issued it, each missing rank's last collective in that group (and the last its recorder saw complete)
-and its last one anywhere, with the Python stacks the recorder kept), then each group's last
-enqueued/completed collective per rank, why each rank dumped, and PyTorch's own analyzer output
+process group: the collective some ranks never joined, who issued it, each missing rank's last
+collective in that group (and the last its recorder saw complete) and its last one anywhere,
+with the Python stacks the recorder kept), then each group's last enqueued/completed collective
+per rank, why each rank dumped, and PyTorch's own analyzer output
 (``torch.distributed.flight_recorder``), which did the matching (:mod:`torchprof_args.analysis.hang`).
 """
 
