@@ -115,7 +115,10 @@ def _span(ranks: list[int]) -> str:
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
-def format_where(answer: dict[str, Any], frames: int = 4) -> list[str]:
+MISSING_AT_HANG = "not dumped: killed, crashed, or started without --torch-profile-stacks"
+
+
+def format_where(answer: dict[str, Any], frames: int = 4, missing: str = MISSING_AT_HANG) -> list[str]:
     """The text lines: one per group (odd one first), its innermost frames, then ranks without stacks."""
     lines = []
     for group in answer["groups"]:
@@ -132,6 +135,5 @@ def format_where(answer: dict[str, Any], frames: int = 4) -> list[str]:
             lines += [f"      rank {r}: {text}" for r, text in group["collectives"].items() if text]
     if answer["missing"]:
         plural = "s" if len(answer["missing"]) > 1 else ""
-        lines.append(f"no stacks from rank{plural} {_span(answer['missing'])} (not dumped: killed, "
-                     "crashed, or started without --torch-profile-stacks)")
+        lines.append(f"no stacks from rank{plural} {_span(answer['missing'])} ({missing})")
     return lines
