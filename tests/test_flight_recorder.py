@@ -92,8 +92,9 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     ended = rank_results(tmp_path)
     assert "Timed out" in ended[0]["error"], (ended, context)
     dumps = prof / "flight_recorder"
-    assert sorted(p.name for p in dumps.iterdir()) == ["dump_info_rank0.json", "dump_info_rank1.json",
-                                                       "gloo_trace_rank_0", "gloo_trace_rank_1"], context
+    assert sorted(p.name for p in dumps.iterdir()) == [  # with the stacks (--torch-profile-stacks is implied)
+        "dump_info_rank0.json", "dump_info_rank1.json", "gloo_trace_rank_0", "gloo_trace_rank_1",
+        "stacks_rank0.json", "stacks_rank1.json"], context
     infos = {r: json.loads((dumps / f"dump_info_rank{r}.json").read_text()) for r in (0, 1)}
     assert infos[0]["reason"].startswith("RuntimeError left the profiler's context"), (infos, context)
     reasons = ("the flush barrier at iteration 3 failed", "SIGTERM received")
@@ -113,7 +114,7 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
         return
     assert torchprof(["hang", str(prof)]) == 0
     text = capsys.readouterr().out
-    answer = text.split("\n\n")[1].splitlines()
+    answer = text.split("\n\n")[2].splitlines()  # after where each rank is (the stacks)
     assert len(answer) > 3, (text, context)
     # 4 collectives an iteration: the all-reduce of iteration 3 is the group's 10th
     assert answer[1] == ("process group 0 (default_pg): rank 1 did not join gloo:all_reduce #10 (input sizes "

@@ -309,6 +309,9 @@ class FlightRecorder:
         except Exception as err:  # noqa: BLE001 - forensics must never make things worse
             logger.error("rank %d: flight recorder dump failed (%s: %s)", self.rank, type(err).__name__, err)
             return []
+        finally:
+            if self.stacks is not None:  # py-spy pauses the process: after the collectives are saved
+                self.stacks.add_native()
 
     def _on_sigterm_handler(self, signum: int, frame: Any) -> None:
         """The SIGTERM handler when nobody else has one: dump, then terminate (after our own dump

@@ -118,6 +118,7 @@ class StackDumper:
         self.directory = Path(directory)
         self.rank = rank
         self.native = native
+        self._last: dict[str, Any] | None = None
 
     @property
     def path(self) -> Path:
@@ -148,11 +149,25 @@ class StackDumper:
         return Path(path)
 
     def dump(self, reason: str, exc: BaseException | None = None) -> Path | None:
-        """At a hang: ``<directory>/stacks_rank<R>.json``, native frames when possible; never raises."""
+        """At a hang: ``<directory>/stacks_rank<R>.json``, Python frames only (quick); never raises.
+        :meth:`add_native` adds py-spy's frames after whatever else must be dumped first."""
         try:
-            path = self.write(self.path, reason, exc=exc, native=self.native)
+            self._last = self.record(reason, exc=exc)
+            write_json_atomically(self.path, self._last, private=True)
         except Exception as err:  # noqa: BLE001 - forensics must never make things worse
             logger.error("rank %d: writing the stacks failed (%s: %s)", self.rank, type(err).__name__, err)
             return None
-        logger.warning("rank %d: Python stacks of every thread written to %s (%s)", self.rank, path, reason)
-        return path
+        logger.warning("rank %d: Python stacks of every thread written to %s (%s)", self.rank, self.path,
+                       reason)
+        return self.path
+
+    def add_native(self) -> None:
+        """Rewrite the last :meth:`dump` with py-spy's native frames (when ``native``); never raises."""
+        payload = self._last
+        if payload is None or not self.native:
+            return
+        try:
+            payload["native"] = native_stacks()
+            write_json_atomically(self.path, payload, private=True)
+        except Exception as err:  # noqa: BLE001
+            logger.error("rank %d: adding native frames failed (%s: %s)", self.rank, type(err).__name__, err)
