@@ -293,8 +293,14 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
         members = {r for dump in dumps.values() for config in dump["pg_config"].values()
                    for r in _ranks_of(config["ranks"])}
         missing_dumps = sorted(members - set(dumps))
-        db, log = _run_pytorch_analyzer(dumps, FLIGHT_RECORDER_PREFIXES[backend],
-                                        incomplete=bool(missing_dumps))
+        try:
+            db, log = _run_pytorch_analyzer(dumps, FLIGHT_RECORDER_PREFIXES[backend],
+                                            incomplete=bool(missing_dumps))
+        except TraceError as err:
+            if not stacks:
+                raise
+            problems.append(f"the {backend} flight-recorder dumps were not analysed: {err}")
+            continue  # the stacks still say where each rank is
         report["recorders"].append({
             "backend": backend, "ranks": sorted(dumps), "missing_dumps": missing_dumps,
             "version": str(next(iter(dumps.values())).get("version")), "findings": _findings(db, dumps),
