@@ -86,6 +86,7 @@ def test_bad_stacks_requests_are_rejected_with_the_reason() -> None:
         parse_stacks_request(good, "../r1")
 
 
+@pytest.mark.slow  # the server looks once a second
 def test_server_answers_while_a_thread_is_blocked_and_rejects_a_symlink(tmp_path: Path) -> None:
     """A real server thread: one stat a second, every request answered by this rank itself."""
     control = tmp_path / "prof" / "stacks"
