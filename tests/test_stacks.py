@@ -246,10 +246,14 @@ def test_trigger_stacks_on_a_healthy_job_leaves_it_running(tmp_path: Path) -> No
     try:
         _wait_for(tmp_path / "prof" / "stacks" / "job.json", proc)
         outcomes = [request_stacks(tmp_path / "prof" / "stacks", native=False, timeout=30) for _ in range(2)]
+        by_pid = _torchprof(tmp_path, "trigger", "--stacks", "--pid", str(proc.pid))  # the launcher's pid
         proc.wait(timeout=240)
     finally:
         _end(proc)
     assert proc.returncode == 0, (tmp_path / "torchrun.err").read_text()[-3000:]
+    assert by_pid.returncode == 0, by_pid.stdout + by_pid.stderr
+    assert by_pid.stdout.startswith("stacks of 4 of 4 ranks in "), by_pid.stdout
+    assert by_pid.stdout.splitlines()[1].startswith("rank"), by_pid.stdout  # the first group: where it is
     for outcome in outcomes:
         assert outcome["answered"] == [0, 1, 2, 3] and not outcome["rejected"], outcome
         for rank in range(NPROC):
