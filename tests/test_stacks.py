@@ -24,6 +24,7 @@ from torchprof_args.analysis.hang_stacks import where_ranks_are
 from torchprof_args.console import main as torchprof
 from torchprof_args.errors import TraceError
 from torchprof_args.ondemand.protocol import RequestRejected, parse_stacks_request
+from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
 from torchprof_args.ondemand.stacks_trigger import request_stacks
 from torchprof_args.runtime.stacks import StackDumper, collect_threads
 from torchprof_args.runtime.stacks_server import StacksServer
@@ -236,6 +237,9 @@ def test_a_rank_blocked_in_a_c_call_answers_trigger_stacks(tmp_path: Path) -> No
     hang = _torchprof(tmp_path, "hang", "prof", "--brief")
     assert "rank 1: stacks_job.py:" in hang.stdout.split("\n\n")[1], hang.stdout + hang.stderr
     assert proc.returncode != 0 and not list(tmp_path.rglob(".partial-*"))
+    pids = {int((tmp_path / f"rank{rank}.pid").read_text()) for rank in range(NPROC)}
+    registered = {int(p.stem) for p in registry_dir(STACKS_REGISTRY).glob("*.json")}
+    assert not pids & registered, "a rank ended by SIGTERM left its `trigger --pid` entry"
 
 
 @pytest.mark.slow

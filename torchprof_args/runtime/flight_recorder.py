@@ -312,6 +312,8 @@ class FlightRecorder:
         finally:
             if self.stacks is not None:  # py-spy pauses the process: after the collectives are saved
                 self.stacks.add_native()
+            if reason == SIGTERM_REASON and self._server is not None:
+                self._server.forget()  # the process ends: no stale `trigger --pid` entry
 
     def _on_sigterm_handler(self, signum: int, frame: Any) -> None:
         """The SIGTERM handler when nobody else has one: dump, then terminate (after our own dump

@@ -90,10 +90,15 @@ class StacksServer:
             return
         self._stop.set()
         thread.join(timeout=2 * POLL_SECONDS)
-        unregister_process(self._registry_entry)
+        self.forget()
         if self.rank == 0:
             with contextlib.suppress(OSError):
                 self._write_job("stopped")
+
+    def forget(self) -> None:
+        """Leave the node's registry now (the process is ending by SIGTERM); the thread answers on."""
+        entry, self._registry_entry = self._registry_entry, None
+        unregister_process(entry)
 
     def _write_job(self, state: str) -> None:
         write_control_file(self.control_dir / JOB_FILE, {
