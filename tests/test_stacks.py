@@ -5,6 +5,7 @@ jobs with one rank stuck in a Python loop or blocked in a C call."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import stat
@@ -267,3 +268,24 @@ def test_trigger_stacks_on_a_healthy_job_leaves_it_running(tmp_path: Path) -> No
     assert all(ended[r]["ended"] == "done" and len(ended[r]["step_seconds"]) == 150 for r in range(NPROC))
     assert json.loads((tmp_path / "prof" / "stacks" / "job.json").read_text())["state"] == "stopped"
 
+
+
+def test_trigger_stacks_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert torchprof(["trigger", "--native", "--job-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "torchprof trigger: error: --native needs --stacks\n"
+    assert torchprof(["trigger", "--stacks", "--job-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchprof trigger: error: --job-dir ") and "--torch-profile-stacks" in err
+    assert err.count("\n") == 1
+
+
+def test_native_frames_unavailable_is_said_once(monkeypatch: pytest.MonkeyPatch, logs) -> None:
+    """Where py-spy is missing (or may not attach) the stacks say why, and the log says it once."""
+    from torchprof_args.runtime import stacks
+
+    monkeypatch.setattr(stacks, "_py_spy", lambda: None)
+    monkeypatch.setitem(stacks._NATIVE_STATE, "said", False)
+    first, second = stacks.native_stacks(), stacks.native_stacks()
+    assert first["status"] == second["status"] == "unavailable"
+    assert "py-spy is not installed" in first["detail"]
+    assert sum("no native frames" in line for line in logs.at(logging.WARNING)) == 1
