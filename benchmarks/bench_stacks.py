@@ -4,7 +4,7 @@ Four gloo ranks (torchrun) run ``tests/jobs/stacks_job.py`` (a small matrix prod
 and a short sleep per step) three times: without ``--torch-profile-stacks``, with it but no
 request (the server thread's one stat a second), and with a stacks request every second (every
 rank answers from its server thread; Python frames, as ``trigger --stacks`` asks by default;
-``--native`` adds py-spy's, which pauses each rank while it unwinds).  Prints each run's step times
+``--native`` adds py-spy's, which stops each rank while it unwinds).  Prints each run's step times
 (median, p90, mean, from every rank's steps after the first 10) with the ratio to the run without
 stacks, and the requests' latency (request written -> every rank's answer published).
 
