@@ -16,6 +16,11 @@ collective.  The first dump of a process wins (it is the state closest to the ha
 triggers are logged.  Beside each dump, ``dump_info_rank<R>.json`` says why and when, with the
 rank's process-group table (gloo dumps lack it; ``torchprof hang`` needs it).
 
+Before each dump, every rank writes its threads' stacks (:mod:`torchprof_args.runtime.stacks`,
+``stacks_rank<R>.json``), and serves them on request (:mod:`~torchprof_args.runtime.stacks_server`,
+whose tick also notices PyTorch's own NCCL-timeout dump).  ``--torch-profile-stacks`` without the
+recorder: a recorder with no entries, the same triggers, stacks and ``dump_info`` only.
+
 Import-light: torch is imported only when a dump is taken.
 """
 
