@@ -24,6 +24,7 @@ from torchprof_args import add_torch_profile_args
 from torchprof_args.analysis.hang import analyse_dumps, normalise_dumps
 from torchprof_args.config import configs_from_args
 from torchprof_args.console import main as torchprof
+from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
 from torchprof_args.runtime import flight_recorder
 from torchprof_args.torch_support import FEATURES, needs, torch_at_least
 
@@ -95,6 +96,9 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     assert sorted(p.name for p in dumps.iterdir()) == [  # with the stacks (--torch-profile-stacks is implied)
         "dump_info_rank0.json", "dump_info_rank1.json", "gloo_trace_rank_0", "gloo_trace_rank_1",
         "stacks_rank0.json", "stacks_rank1.json"], context
+    pids = {int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)}
+    registered = {int(p.stem) for p in registry_dir(STACKS_REGISTRY).glob("*.json")}
+    assert not pids & registered, "a rank left its `torchprof trigger --pid` entry behind"
     infos = {r: json.loads((dumps / f"dump_info_rank{r}.json").read_text()) for r in (0, 1)}
     assert infos[0]["reason"].startswith("RuntimeError left the profiler's context"), (infos, context)
     reasons = ("the flush barrier at iteration 3 failed", "SIGTERM received")

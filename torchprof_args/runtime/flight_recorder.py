@@ -286,6 +286,8 @@ class FlightRecorder:
         wins: a later call from another thread waits (at most ``wait`` s) for it to be written,
         so a process about to exit does not cut it short, and only logs."""
         reason = " ".join(reason.split())  # one line, in the log and in dump_info
+        if reason == SIGTERM_REASON and self._server is not None:
+            self._server.forget()  # the process ends: no stale `trigger --pid` entry
         with self._lock:
             first = self.dumped is None
             if first:
@@ -317,8 +319,6 @@ class FlightRecorder:
         finally:
             if self.stacks is not None:  # py-spy pauses the process: after the collectives are saved
                 self.stacks.add_native()
-            if reason == SIGTERM_REASON and self._server is not None:
-                self._server.forget()  # the process ends: no stale `trigger --pid` entry
 
     def _on_sigterm_handler(self, signum: int, frame: Any) -> None:
         """The SIGTERM handler when nobody else has one: dump, then terminate (after our own dump

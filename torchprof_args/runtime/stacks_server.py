@@ -55,7 +55,7 @@ class StacksServer:
 
     def __init__(self, control_dir: str | os.PathLike[str], dumper: StackDumper, *, rank: int,
                  world_size: int, tick: Callable[[], None] | None = None) -> None:
-        self.control_dir = Path(control_dir)
+        self.control_dir = Path(os.path.abspath(control_dir))  # the registry is read from anywhere
         self.dumper = dumper
         self.rank = rank
         self.world_size = world_size
