@@ -244,6 +244,33 @@ def test_a_rank_blocked_in_a_c_call_answers_trigger_stacks(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_on_demand_guides_trigger_stacks_example(tmp_path: Path) -> None:
+    """The on-demand guide's example verbatim: rank 1 blocked in a C call answers from its server
+    thread, and is the odd group, first; the launcher's SIGTERM then ends every rank."""
+    proc = run_doc_example("trigger-stacks", tmp_path, timeout=300)
+    context = proc.stdout[-4000:] + proc.stderr[-4000:] + (tmp_path / "job.log").read_text()[-3000:]
+    assert proc.returncode == 0, context
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("stacks of 4 of 4 ranks in ") and "prof/stacks/answers/" in lines[0], context
+    assert lines[1].startswith("rank 1: stacks_job.py:"), context
+    assert lines[1].endswith("in read_from_pipe_nobody_writes"), context
+    assert lines[2] == "      > return os.read(read_end, 1)", context
+    pids = {int((tmp_path / f"rank{rank}.pid").read_text()) for rank in range(NPROC)}
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids):  # the SIGTERM ended them
+        assert time.monotonic() < deadline, "ranks still running after the launcher's SIGTERM"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
 def test_trigger_stacks_on_a_healthy_job_leaves_it_running(tmp_path: Path) -> None:
     """Proof (c): every rank answers, the job finishes every step (step times: benchmarks/bench_stacks.py)."""
     proc = start_torchrun(JOB, "--result-dir", str(tmp_path), "--iters", "150", "--step-sleep", "0.05",
@@ -289,3 +316,24 @@ def test_native_frames_unavailable_is_said_once(monkeypatch: pytest.MonkeyPatch,
     assert first["status"] == second["status"] == "unavailable"
     assert "py-spy is not installed" in first["detail"]
     assert sum("no native frames" in line for line in logs.at(logging.WARNING)) == 1
+
+
+def test_a_thread_in_our_signal_handler_shows_where_the_signal_found_it() -> None:
+    """The stacks taken while the main thread runs one of our handlers (a dump in progress) show
+    the interrupted frame, not the handler's own work."""
+    from torchprof_args.runtime.stacks import mark_signal_handler
+
+    seen: list[list[dict]] = []
+
+    def handler(signum: int, frame: object) -> None:
+        seen.append(collect_threads()[0]["frames"])
+
+    mark_signal_handler(handler)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs on the main thread, right here
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    (frames,) = seen
+    assert frames[0]["function"] == "test_a_thread_in_our_signal_handler_shows_where_the_signal_found_it"
+    assert "os.kill" in frames[0]["code"]

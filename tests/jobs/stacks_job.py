@@ -9,8 +9,8 @@ then ``prof.step(iteration)``.
   before iteration I's all-reduce.
 The others wait in that all-reduce (until ``--pg-timeout``).
 
-Each rank writes ``--result-dir/rank<R>.pid`` when it starts and ``rank<R>.json`` with how it ended
-and its step times.
+Each rank writes ``--result-dir/rank<R>.pid`` when it starts, ``stuck<R>`` when it gets stuck, and
+``rank<R>.json`` with how it ended and its step times.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import datetime
 import os
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -64,9 +65,10 @@ def main() -> int:
             for iteration in range(1, args.iters + 1):
                 started = time.perf_counter()
                 weights = torch.tanh(weights @ weights)
-                if iteration == args.at_iteration and rank == args.spin_rank:
-                    spin_before_all_reduce()
-                if iteration == args.at_iteration and rank == args.pipe_rank:
+                if iteration == args.at_iteration and rank in (args.spin_rank, args.pipe_rank):
+                    Path(args.result_dir, f"stuck{rank}").touch()  # for the docs' example: it is stuck now
+                    if rank == args.spin_rank:
+                        spin_before_all_reduce()
                     read_from_pipe_nobody_writes()
                 dist.all_reduce(grads)
                 time.sleep(args.step_sleep)

@@ -46,8 +46,8 @@ from torchprof_args.naming import (
     flight_recorder_info_name,
     short_hostname,
 )
-from torchprof_args.runtime.signals import SigtermWatcher, terminate
-from torchprof_args.runtime.stacks import StackDumper
+from torchprof_args.runtime.signals import SigtermGuard, SigtermWatcher, terminate
+from torchprof_args.runtime.stacks import StackDumper, mark_signal_handler
 from torchprof_args.runtime.stacks_server import StacksServer
 from torchprof_args.torch_support import needs
 
@@ -355,3 +355,7 @@ class FlightRecorder:
         else:
             logger.warning("rank %d: flight recorder had no collectives to dump (%s)", self.rank, reason)
         return written
+
+
+for _handler in (FlightRecorder._on_sigterm_handler, SigtermGuard._handler):  # noqa: SLF001
+    mark_signal_handler(_handler)  # a rank's stacks show where the signal found it, not the dump

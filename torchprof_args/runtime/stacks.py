@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 from torchprof_args.atomic import write_json_atomically
@@ -30,7 +30,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.naming import short_hostname, stacks_file_name
 from torchprof_args.stackfile import FORMAT, VERSION
 
-__all__ = ["StackDumper", "collect_threads", "native_stacks"]
+__all__ = ["StackDumper", "collect_threads", "mark_signal_handler", "native_stacks"]
 
 logger = get_logger(__name__)
 
@@ -42,11 +42,27 @@ NATIVE_TIMEOUT = 10.0
 _NATIVE_STATE: dict[str, Any] = {"said": False}
 
 
+#: Code of this package's signal handlers: a thread inside one was interrupted where its caller
+#: frame stands; the handler's own frames (a dump in progress) are left out of its stack.
+_SIGNAL_HANDLERS: set[CodeType] = set()
+
+
+def mark_signal_handler(function: Any) -> None:
+    """Register ``function`` (a handler of this package) so that stacks skip its frames and theirs."""
+    _SIGNAL_HANDLERS.add(function.__code__)
+
+
 def _frames_of(frame: FrameType | None) -> list[dict[str, Any]]:
-    """``frame`` and its callers, innermost first, with each line's source text."""
-    frames = []
+    """``frame`` and its callers, innermost first, with each line's source text; a signal handler
+    of this package and everything it called are left out (the thread was where the handler
+    interrupted it)."""
+    frames: list[dict[str, Any]] = []
     while frame is not None and len(frames) < MAX_FRAMES:
         code = frame.f_code
+        if code in _SIGNAL_HANDLERS:
+            frames.clear()
+            frame = frame.f_back
+            continue
         line = frame.f_lineno or 0
         frames.append({"file": code.co_filename, "line": line, "function": code.co_name,
                        "code": linecache.getline(code.co_filename, line).strip()})
