@@ -24,6 +24,7 @@ from torchprof_args import add_torch_profile_args
 from torchprof_args.analysis.hang import analyse_dumps, normalise_dumps
 from torchprof_args.config import configs_from_args
 from torchprof_args.console import main as torchprof
+from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
 from torchprof_args.runtime import flight_recorder
 from torchprof_args.torch_support import FEATURES, needs, torch_at_least
 
@@ -92,8 +93,12 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     ended = rank_results(tmp_path)
     assert "Timed out" in ended[0]["error"], (ended, context)
     dumps = prof / "flight_recorder"
-    assert sorted(p.name for p in dumps.iterdir()) == ["dump_info_rank0.json", "dump_info_rank1.json",
-                                                       "gloo_trace_rank_0", "gloo_trace_rank_1"], context
+    assert sorted(p.name for p in dumps.iterdir()) == [  # with the stacks (--torch-profile-stacks is implied)
+        "dump_info_rank0.json", "dump_info_rank1.json", "gloo_trace_rank_0", "gloo_trace_rank_1",
+        "stacks_rank0.json", "stacks_rank1.json"], context
+    pids = {int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)}
+    registered = {int(p.stem) for p in registry_dir(STACKS_REGISTRY).glob("*.json")}
+    assert not pids & registered, "a rank left its `torchprof trigger --pid` entry behind"
     infos = {r: json.loads((dumps / f"dump_info_rank{r}.json").read_text()) for r in (0, 1)}
     assert infos[0]["reason"].startswith("RuntimeError left the profiler's context"), (infos, context)
     reasons = ("the flush barrier at iteration 3 failed", "SIGTERM received")
@@ -113,7 +118,7 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
         return
     assert torchprof(["hang", str(prof)]) == 0
     text = capsys.readouterr().out
-    answer = text.split("\n\n")[1].splitlines()
+    answer = text.split("\n\n")[2].splitlines()  # after where each rank is (the stacks)
     assert len(answer) > 3, (text, context)
     # 4 collectives an iteration: the all-reduce of iteration 3 is the group's 10th
     assert answer[1] == ("process group 0 (default_pg): rank 1 did not join gloo:all_reduce #10 (input sizes "

@@ -60,6 +60,27 @@ def test_hang_without_pytorchs_analyzer_is_one_line(tmp_path: Path, monkeypatch:
     assert err == f"torchprof hang: error: {support.needs('torchprof hang')}\n"
 
 
+def test_hang_without_pytorchs_analyzer_still_says_where_each_rank_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """torch 2.9 with the stacks beside the dumps: the stacks answer, the analyzer's absence is a note."""
+    from torchprof_args.runtime.stacks import StackDumper
+
+    _pretend_torch(monkeypatch, (2, 9))
+    for name in [n for n in sys.modules if n.startswith("torch.distributed.flight_recorder.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch.distributed.flight_recorder", None)
+    dumps = tmp_path / "flight_recorder"
+    dumps.mkdir()
+    entry = {"process_group": ("0", "default_pg"), "collective_seq_id": 1, "p2p_seq_id": 0, "is_p2p": False}
+    (dumps / "gloo_trace_rank_0").write_bytes(pickle.dumps(
+        {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": [entry]}))
+    StackDumper(dumps, rank=0, native=False).dump("a test")
+    assert torchprof(["hang", str(tmp_path), "--brief"]) == 0
+    out = capsys.readouterr().out
+    assert "  rank 0: test_torch_support.py:" in out
+    assert f"note: the gloo flight-recorder dumps were not analysed: {support.needs('torchprof hang')}" in out
+
+
 def test_gloo_dump_missing_gives_the_reason_not_no_collectives(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs) -> None:
     """torch before 2.8 has no _dump_fr_trace: the log line says so."""

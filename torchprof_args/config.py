@@ -102,7 +102,7 @@ def _check_environment(profiler: ProfilerConfig, world_size: int | None) -> None
     """Ranks against the world size, directories writable: before training starts."""
     if profiler.on_demand.enabled:
         check_writable_dir(profiler.on_demand.trace_dir, "--torch-profile-dir")
-    if profiler.flight_recorder.enabled:
+    if profiler.flight_recorder.active:
         check_writable_dir(profiler.flight_recorder.output_dir, "--torch-profile-dir")
     if not profiler.follows_schedule:
         return

@@ -24,6 +24,7 @@ __all__ = [
     "OPERATOR_TABLE_SUFFIX",
     "PROFILER_LIST_NAME",
     "SIDECAR_SUFFIX",
+    "STACKS_CONTROL_SUBDIR",
     "SUMMARIES_SUBDIR",
     "TRACE_FILE_SUFFIXES",
     "TRACE_SUFFIX",
@@ -41,6 +42,7 @@ __all__ = [
     "safe_token",
     "short_hostname",
     "sidecar_path",
+    "stacks_file_name",
     "strip_trace_suffixes",
     "trace_file_name",
     "trace_relpath",
@@ -78,6 +80,9 @@ FLIGHT_RECORDER_SUBDIR = "flight_recorder"
 #: Dump file prefixes by recorder: NCCL's is PyTorch's own default name (its watchdog writes it);
 #: the CPU backends' recorder (gloo) is dumped by torchprof-args under the other.
 FLIGHT_RECORDER_PREFIXES = {"nccl": "nccl_trace_rank_", "gloo": "gloo_trace_rank_"}
+#: ``<profile dir>/stacks/``: the control directory of ``torchprof trigger --stacks`` (requests,
+#: and each request's answers: one stacks file per rank).
+STACKS_CONTROL_SUBDIR = "stacks"
 #: The metrics writer's local record, one JSON object per logged iteration.
 METRICS_FILENAME = "metrics.jsonl"
 #: Written next to metrics.jsonl by the wandb sink: which wandb run holds these metrics.
@@ -197,3 +202,9 @@ def memory_snapshot_name(host: str, rank: int, iteration: int, reason: str | Non
 def flight_recorder_info_name(rank: int) -> str:
     """``dump_info_rank<R>.json``: why and when rank R dumped, and its process-group table."""
     return f"dump_info_rank{rank}.json"
+
+
+def stacks_file_name(rank: int) -> str:
+    """``stacks_rank<R>.json``: every Python thread's stack of rank R (in ``flight_recorder/`` at a
+    hang, in the request's answer folder on demand; :mod:`torchprof_args.stackfile`)."""
+    return f"stacks_rank{rank}.json"

@@ -29,13 +29,27 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def torchrun_command(script: str | Path, *args: str, nproc: int = 2) -> list[str]:
+    """The ``torchrun`` command line that runs ``script`` on ``nproc`` local ranks."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *args]
+
+
 def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 300,
                  cwd: str | Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env=subprocess_env(**env), cwd=cwd)
+    return subprocess.run(torchrun_command(script, *args, nproc=nproc), capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(**env), cwd=cwd)
+
+
+def start_torchrun(script: str | Path, *args: str, nproc: int = 2, cwd: str | Path | None = None,
+                   **env: str) -> subprocess.Popen[str]:
+    """Start ``script`` on ``nproc`` real ranks in its own session (so that a test can SIGTERM the
+    launcher, and kill the whole group if it does not end); output goes to files in ``cwd``."""
+    folder = Path(cwd or ".")
+    with open(folder / "torchrun.out", "w") as out, open(folder / "torchrun.err", "w") as err:
+        return subprocess.Popen(torchrun_command(script, *args, nproc=nproc), stdout=out, stderr=err,
+                                text=True, env=subprocess_env(**env), cwd=cwd, start_new_session=True)
 
 
 def rank_results(result_dir: str | Path) -> dict[int, dict]:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.analysis.hang_stacks import find_stacks, where_ranks_are
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import FLIGHT_RECORDER_PREFIXES, FLIGHT_RECORDER_SUBDIR
 from torchprof_args.torch_support import needs
@@ -45,7 +46,7 @@ _INFO_RE = re.compile(r"^dump_info_rank(\d+)\.json$")
 
 def find_dumps(path: str | Path) -> tuple[Path, dict[str, dict[int, Path]], dict[int, dict[str, Any]]]:
     """``(directory, {backend: {rank: dump file}}, {rank: dump info})`` under ``path`` (a profile
-    directory or its ``flight_recorder/``)."""
+    directory or its ``flight_recorder/``; a folder of stacks alone has no dumps)."""
     directory = Path(path)
     if (directory / FLIGHT_RECORDER_SUBDIR).is_dir():
         directory = directory / FLIGHT_RECORDER_SUBDIR
@@ -65,10 +66,6 @@ def find_dumps(path: str | Path) -> tuple[Path, dict[str, dict[int, Path]], dict
         for backend, prefix in FLIGHT_RECORDER_PREFIXES.items():
             if entry.name.startswith(prefix) and entry.name[len(prefix):].isdigit():
                 dumps.setdefault(backend, {})[int(entry.name[len(prefix):])] = entry
-    if not dumps:
-        names = ", ".join(p + "<rank>" for p in FLIGHT_RECORDER_PREFIXES.values())
-        raise TraceError(f"{directory}: no flight-recorder dumps ({names}); "
-                         "run with --torch-profile-flight-recorder N")
     return directory, dumps, infos
 
 
@@ -277,6 +274,12 @@ def _status(dumps: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[str, i
 def analyse_dumps(path: str | Path) -> dict[str, Any]:
     """Every recorder's dumps under ``path`` through PyTorch's analyzer; the answer as plain data."""
     directory, by_backend, infos = find_dumps(path)
+    stacks, problems = find_stacks(directory)
+    if not by_backend and not stacks:
+        names = ", ".join(p + "<rank>" for p in FLIGHT_RECORDER_PREFIXES.values())
+        raise TraceError(f"{directory}: no flight-recorder dumps ({names}) and no stacks "
+                         "(stacks_rank<R>.json); run with --torch-profile-flight-recorder N or "
+                         "--torch-profile-stacks")
     said = ("reason", "host", "pid", "time", "files")
     report: dict[str, Any] = {"directory": str(directory), "recorders": [],
                               "dumped": {rank: {k: info.get(k) for k in said}
@@ -290,11 +293,22 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
         members = {r for dump in dumps.values() for config in dump["pg_config"].values()
                    for r in _ranks_of(config["ranks"])}
         missing_dumps = sorted(members - set(dumps))
-        db, log = _run_pytorch_analyzer(dumps, FLIGHT_RECORDER_PREFIXES[backend],
-                                        incomplete=bool(missing_dumps))
+        try:
+            db, log = _run_pytorch_analyzer(dumps, FLIGHT_RECORDER_PREFIXES[backend],
+                                            incomplete=bool(missing_dumps))
+        except TraceError as err:
+            if not stacks:
+                raise
+            problems.append(f"the {backend} flight-recorder dumps were not analysed: {err}")
+            continue  # the stacks still say where each rank is
         report["recorders"].append({
             "backend": backend, "ranks": sorted(dumps), "missing_dumps": missing_dumps,
             "version": str(next(iter(dumps.values())).get("version")), "findings": _findings(db, dumps),
             "matched": sum(1 for c in db.collectives if c.pass_check and not c.missing_ranks),
-            "status": _status(dumps), "notes": notes, "pytorch_analyzer": log})
+            "status": _status(dumps), "notes": notes, "pytorch_analyzer": log,
+            "last": {rank: _entry_view(dump["entries"][-1])
+                     for rank, dump in dumps.items() if dump["entries"]}})
+    world = max([info.get("world_size") or 0 for info in infos.values()] or [0])
+    report["where"] = where_ranks_are(stacks, report["recorders"], world) if stacks else None
+    report["stacks_problems"] = problems
     return report

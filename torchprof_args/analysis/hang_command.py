@@ -1,12 +1,15 @@
-"""``torchprof hang DIR``: which ranks did not join which collective, from the flight-recorder dumps.
+"""``torchprof hang DIR``: where each rank is and which ranks did not join which collective.
 
     torchprof hang prof/        # the --torch-profile-dir of a run with --torch-profile-flight-recorder
     torchprof hang prof/flight_recorder --json
 
-The answer comes first (per process group: the collective some ranks never joined, who issued
-it, each missing rank's last collective in that group (and the last its recorder saw complete)
-and its last one anywhere, with the Python stacks the recorder kept), then each group's last
-enqueued/completed collective per rank, why each rank dumped, and PyTorch's own analyzer output
+Where each rank is comes first, from the ranks' stacks files (``--torch-profile-stacks``, on with
+the flight recorder): ranks whose main threads stand at the same frames form one group, the odd
+group first, with each rank's collective situation.  Then the flight recorder's answer (per
+process group: the collective some ranks never joined, who issued it, each missing rank's last
+collective in that group (and the last its recorder saw complete) and its last one anywhere,
+with the Python stacks the recorder kept), then each group's last enqueued/completed collective
+per rank, why each rank dumped, and PyTorch's own analyzer output
 (``torch.distributed.flight_recorder``), which did the matching (:mod:`torchprof_args.analysis.hang`).
 """
 
@@ -18,6 +21,7 @@ import json
 from typing import Any
 
 from torchprof_args.analysis.cmdline import guard
+from torchprof_args.analysis.hang_stacks import format_where
 
 __all__ = ["format_hang", "register"]
 
@@ -94,6 +98,10 @@ def _recorder_lines(recorder: dict[str, Any]) -> list[str]:
 def format_hang(report: dict[str, Any], pytorch_output: bool = True) -> str:
     """The text ``torchprof hang`` prints for :func:`~torchprof_args.analysis.hang.analyse_dumps`."""
     lines = [f"torchprof hang: {report['directory']}", ""]
+    if report.get("where"):
+        lines += ["Where each rank is (main thread, innermost frame first; the odd group first)"]
+        lines += [f"  {line}" for line in format_where(report["where"])] + [""]
+    lines += [f"note: {problem}" for problem in report.get("stacks_problems", [])]
     for recorder in report["recorders"]:
         lines += _recorder_lines(recorder) + [""]
     if report["dumped"]:
@@ -129,7 +137,7 @@ def register(subparsers: Any) -> None:
     """Add ``torchprof hang``."""
     p = subparsers.add_parser(
         "hang",
-        help="which ranks did not join which collective: PyTorch's flight-recorder analyzer on the dumps",
+        help="where each rank is (stacks) and which ranks did not join which collective (flight recorder)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", metavar="DIR", help="the run's --torch-profile-dir, or its flight_recorder/")
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object")

@@ -39,11 +39,14 @@ __all__ = [
     "PROTOCOL_VERSION",
     "REQUESTS",
     "RequestRejected",
+    "StacksRequest",
     "TraceRequest",
     "make_request",
+    "make_stacks_request",
     "parse_request",
     "read_request_file",
     "read_small_json",
+    "read_stacks_request",
     "resolve_control_dir",
     "write_control_file",
 ]
@@ -147,6 +150,12 @@ def parse_request(data: bytes, *, request_id: str, world_size: int, max_iteratio
             raise RequestRejected(f"rank(s) {' '.join(map(str, outside[:10]))} outside the world size "
                                   f"{world_size} (valid ranks are 0..{world_size - 1})")
         ranks_tuple = tuple(sorted(set(ranks)))
+    _check_origin(payload)
+    return TraceRequest(request_id, iterations, ranks_tuple)
+
+
+def _check_origin(payload: dict[str, Any]) -> None:
+    """The ``requested_by`` and ``created`` fields every request may carry."""
     requested_by = payload.get("requested_by", {})
     if not isinstance(requested_by, dict) or set(requested_by) - REQUESTED_BY_FIELDS or not all(
         isinstance(v, (str, int)) and len(str(v)) <= 100 for v in requested_by.values()
@@ -156,7 +165,6 @@ def parse_request(data: bytes, *, request_id: str, world_size: int, max_iteratio
         )
     if "created" in payload and not isinstance(payload["created"], (int, float)):
         raise RequestRejected("created must be a number (seconds since the epoch)")
-    return TraceRequest(request_id, iterations, ranks_tuple)
 
 
 def make_request(iterations: int, ranks: list[int] | str, request_id: str | None = None) -> dict[str, Any]:
@@ -174,6 +182,12 @@ def make_request(iterations: int, ranks: list[int] | str, request_id: str | None
 def read_request_file(path: str, request_id: str, *, world_size: int, max_iterations: int) -> TraceRequest:
     """Read and validate the request file ``path`` (a regular file of this user, small); raises
     :class:`RequestRejected` with the reason."""
+    return parse_request(_read_request_bytes(path), request_id=request_id, world_size=world_size,
+                         max_iterations=max_iterations)
+
+
+def _read_request_bytes(path: str) -> bytes:
+    """The bytes of a request file: a regular file (no symlink) of this user, small."""
     try:
         info = os.lstat(path)
     except OSError as err:
@@ -197,7 +211,58 @@ def read_request_file(path: str, request_id: str, *, world_size: int, max_iterat
         opened = os.fstat(handle.fileno())
         if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
             raise RequestRejected("the request was replaced while being read")
-        data = handle.read(MAX_REQUEST_BYTES + 1)
-    return parse_request(data, request_id=request_id, world_size=world_size,
-                         max_iterations=max_iterations)
+        return handle.read(MAX_REQUEST_BYTES + 1)
 
+
+# -- stacks requests (`torchprof trigger --stacks`): every rank reads and answers them itself ------
+
+STACKS_REQUEST_FIELDS = frozenset({"version", "id", "kind", "native", "requested_by", "created"})
+
+
+@dataclasses.dataclass(frozen=True)
+class StacksRequest:
+    """A validated stacks request: every rank writes its stacks (``native``: py-spy's frames too)."""
+
+    request_id: str
+    native: bool
+
+
+def make_stacks_request(native: bool, request_id: str | None = None) -> dict[str, Any]:
+    """The JSON payload ``torchprof trigger --stacks`` writes."""
+    return {"version": PROTOCOL_VERSION, "id": request_id or new_request_id(), "kind": "stacks",
+            "native": native, "created": time.time(),
+            "requested_by": {"host": short_hostname(), "pid": os.getpid(), "uid": os.getuid()}}
+
+
+def parse_stacks_request(data: bytes, request_id: str) -> StacksRequest:
+    """Validate the bytes of one stacks request; raises :class:`RequestRejected` with the reason."""
+    if not ID_PATTERN.fullmatch(request_id):
+        raise RequestRejected("the request's file name is not a valid request id")
+    if len(data) > MAX_REQUEST_BYTES:
+        raise RequestRejected(f"the request file is larger than {MAX_REQUEST_BYTES} bytes")
+    try:
+        payload = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise RequestRejected(f"the request is not valid JSON ({err})") from None
+    if not isinstance(payload, dict):
+        raise RequestRejected("the request must be a JSON object")
+    unknown = sorted(set(payload) - STACKS_REQUEST_FIELDS)
+    if unknown:
+        raise RequestRejected(f"unknown field(s) {', '.join(map(repr, unknown))[:200]}; known fields are "
+                              f"{', '.join(sorted(STACKS_REQUEST_FIELDS))}")
+    if payload.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+        raise RequestRejected(f"protocol version {payload.get('version')!r} is not supported "
+                              f"(this job speaks version {PROTOCOL_VERSION}); use the same torchprof-args")
+    if payload.get("kind") != "stacks":
+        raise RequestRejected(f"kind must be 'stacks', got {payload.get('kind')!r}"[:200])
+    if "id" in payload and payload["id"] != request_id:
+        raise RequestRejected("the id field does not match the file name")
+    if not isinstance(payload.get("native", False), bool):
+        raise RequestRejected("native must be true or false")
+    _check_origin(payload)
+    return StacksRequest(request_id, bool(payload.get("native", False)))
+
+
+def read_stacks_request(path: str, request_id: str) -> StacksRequest:
+    """Read and validate a stacks request file (checked like a trace request's)."""
+    return parse_stacks_request(_read_request_bytes(path), request_id)

@@ -20,22 +20,26 @@ from torchprof_args.naming import short_hostname
 from torchprof_args.ondemand.protocol import MAX_REQUEST_BYTES, read_small_json, write_control_file
 from torchprof_args.private_dir import check_private_dir
 
-__all__ = ["find_control_dir_by_pid", "register_process", "registered_processes", "registry_dir",
+__all__ = ["ONDEMAND_REGISTRY", "STACKS_REGISTRY",
+           "find_control_dir_by_pid", "register_process", "registered_processes", "registry_dir",
            "unregister_process"]
 
 logger = get_logger(__name__)
 
 _RUNTIME_ENV = "TORCHPROF_RUNTIME_DIR"
+#: One registry per kind of control directory: on-demand tracing's, and the stacks server's.
+ONDEMAND_REGISTRY, STACKS_REGISTRY = "ondemand-jobs", "stacks-jobs"
 
 
-def registry_dir() -> Path:
-    """``$TORCHPROF_RUNTIME_DIR/ondemand-jobs``, else ``/tmp/torchprof-<uid>/ondemand-jobs``.
+def registry_dir(kind: str = ONDEMAND_REGISTRY) -> Path:
+    """``$TORCHPROF_RUNTIME_DIR/<kind>``, else ``/tmp/torchprof-<uid>/<kind>`` (``ondemand-jobs``,
+    ``stacks-jobs``).
 
     A fixed path rather than ``$TMPDIR``: schedulers give each job its own ``TMPDIR``, and the
     trigger runs outside the job.
     """
     base = os.environ.get(_RUNTIME_ENV) or os.path.join("/tmp", f"torchprof-{os.getuid()}")
-    return Path(base) / "ondemand-jobs"
+    return Path(base) / kind
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -69,9 +73,10 @@ def _alive(pid: int, start_ticks: int | None) -> bool:
     return start_ticks is None or current is None or current == start_ticks
 
 
-def register_process(control_dir: str, rank: int) -> Path | None:
-    """Record this process in the node's registry; returns the entry (None if it could not be written)."""
-    directory = registry_dir()
+def register_process(control_dir: str, rank: int, kind: str = ONDEMAND_REGISTRY) -> Path | None:
+    """Record this process in the node's registry of ``kind``; returns the entry (None if it could
+    not be written)."""
+    directory = registry_dir(kind)
     try:
         os.makedirs(directory.parent, mode=0o700, exist_ok=True)
         with contextlib.suppress(FileExistsError):
@@ -103,9 +108,9 @@ def unregister_process(entry: Path | None) -> None:
             entry.unlink()
 
 
-def registered_processes() -> dict[int, dict[str, Any]]:
+def registered_processes(kind: str = ONDEMAND_REGISTRY) -> dict[int, dict[str, Any]]:
     """Live registry entries of this user on this node, by pid; stale entries are removed."""
-    directory = registry_dir()
+    directory = registry_dir(kind)
     found: dict[int, dict[str, Any]] = {}
     if check_private_dir(directory, "registry"):
         return found
@@ -125,12 +130,12 @@ def registered_processes() -> dict[int, dict[str, Any]]:
     return found
 
 
-def find_control_dir_by_pid(pid: int) -> Path:
+def find_control_dir_by_pid(pid: int, kind: str = ONDEMAND_REGISTRY) -> Path:
     """The control directory of the job that ``pid`` is a rank of, or an ancestor of (torchrun, srun).
 
     Raises LookupError with a sentence that says what to do.
     """
-    entries = registered_processes()
+    entries = registered_processes(kind)
     if pid in entries:
         return Path(entries[pid]["control_dir"])
     matches: set[str] = set()
@@ -146,9 +151,11 @@ def find_control_dir_by_pid(pid: int) -> Path:
     if matches:
         raise LookupError(f"--pid {pid}: several on-demand jobs run under it ({', '.join(sorted(matches))}); "
                           "pick one with --job-dir")
+    started = "--torch-profile-stacks (or --torch-profile-flight-recorder)" if kind == STACKS_REGISTRY \
+        else "--torch-profile-on-demand"
     raise LookupError(
-        f"--pid {pid}: no job started with --torch-profile-on-demand is that process or runs under it "
-        f"on this node (registry {registry_dir()}); check the pid and the user, or use --job-dir "
+        f"--pid {pid}: no job started with {started} is that process or runs under it "
+        f"on this node (registry {registry_dir(kind)}); check the pid and the user, or use --job-dir "
         "(needed from another node)."
     )
 

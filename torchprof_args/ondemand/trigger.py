@@ -1,9 +1,14 @@
-"""``torchprof trigger``: ask a running ``--torch-profile-on-demand`` job for a trace.
+"""``torchprof trigger``: ask a running ``--torch-profile-on-demand`` job for a trace, or any job
+with ``--torch-profile-stacks`` for every rank's stacks (``--stacks``, answered within 2 s).
 
 Writes a request into the job's control directory, waits for rank 0's answer (taken at the next
 check iteration), prints the accepted window and the trace paths, and with ``--wait`` waits until
 those traces are published.  Works from any node that sees the control directory (``--job-dir``),
 or on the job's node by process id (``--pid``: a rank, or its launcher such as torchrun).
+
+With ``--stacks`` every rank writes its Python stacks (``--native``: py-spy's native frames too)
+into ``<profile dir>/stacks/answers/<id>/``; the command prints where, and the ranks grouped by
+where they are, the odd group first (:mod:`torchprof_args.ondemand.stacks_trigger`).
 
 Exit codes: 0 done; 1 rejected, timed out or the job stopped; 2 bad arguments or directory.
 """
@@ -29,6 +34,7 @@ from torchprof_args.ondemand.protocol import (
     write_control_file,
 )
 from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered_processes
+from torchprof_args.ondemand.stacks_trigger import StacksTriggerError, run_stacks
 from torchprof_args.private_dir import check_private_dir
 
 POLL_SECONDS = 0.2
@@ -61,8 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="global ranks to trace, or 'all' (default 0)")
     parser.add_argument("--wait", action="store_true",
                         help="after the answer, wait until the traces are written")
-    parser.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
-                        help="give up after S seconds in all (default 600); an untaken request is withdrawn")
+    parser.add_argument("--timeout", type=positive_float, default=None, metavar="S",
+                        help="give up after S seconds in all (default 600; 10 with --stacks); an untaken "
+                             "request is withdrawn")
+    parser.add_argument("--stacks", action="store_true",
+                        help="every rank's Python stacks now (jobs with --torch-profile-stacks or "
+                             "--torch-profile-flight-recorder), instead of a trace")
+    parser.add_argument("--native", action="store_true",
+                        help="with --stacks: native frames too, from py-spy (pauses each rank briefly)")
     parser.add_argument("--json", action="store_true", help="print the job's answer as JSON")
     parser.set_defaults(func=_run)
 
@@ -71,8 +83,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.list:
             return _list_jobs()
+        if args.native and not args.stacks:
+            raise TriggerError("--native needs --stacks", code=2)
+        if args.stacks:
+            return run_stacks(args)
         return trigger(args)
-    except TriggerError as err:
+    except (TriggerError, StacksTriggerError) as err:
         print(f"torchprof trigger: error: {err}", file=sys.stderr)
         return err.code
 
@@ -198,7 +214,7 @@ def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False) -> l
 
 def trigger(args: argparse.Namespace) -> int:
     """Submit, print the answer, and optionally wait for the traces; returns the exit code."""
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + (args.timeout if args.timeout is not None else 600.0)
     control_dir = _control_dir(args)
     job = _read_job(control_dir)
     ranks = _check_request(args, job, control_dir)

@@ -12,7 +12,7 @@ import dataclasses
 
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import flag_value, was_given
-from torchprof_args.naming import FLIGHT_RECORDER_SUBDIR, MEMORY_SNAPSHOT_SUBDIR
+from torchprof_args.naming import FLIGHT_RECORDER_SUBDIR, MEMORY_SNAPSHOT_SUBDIR, STACKS_CONTROL_SUBDIR
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.runtime import flags
 from torchprof_args.runtime.flags import PARALLEL_AXES, parallel_selector, profile_dir
@@ -193,20 +193,31 @@ class NsysConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FlightRecorderConfig:
-    """PyTorch's flight recorder (``--torch-profile-flight-recorder``): entries per process group
-    (0: off) and where the dumps go."""
+    """Hang forensics: PyTorch's flight recorder (``--torch-profile-flight-recorder``: entries per
+    process group, 0: off), every rank's stacks (``--torch-profile-stacks``, implied by the
+    recorder), where the dumps go and the stacks server's control directory."""
 
     entries: int = 0
     output_dir: str = f"./prof/{FLIGHT_RECORDER_SUBDIR}"
+    stacks: bool = False
+    stacks_control_dir: str = f"./prof/{STACKS_CONTROL_SUBDIR}"
 
     @property
     def enabled(self) -> bool:
+        """PyTorch's flight recorder is on."""
         return self.entries > 0
+
+    @property
+    def active(self) -> bool:
+        """Something dumps at a hang (the flight recorder, the stacks or both)."""
+        return self.enabled or self.stacks
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> FlightRecorderConfig:
-        return cls(entries=flag_value(args, flags.FLIGHT_RECORDER) or 0,
-                   output_dir=f"{profile_dir(args)}/{FLIGHT_RECORDER_SUBDIR}")
+        entries = flag_value(args, flags.FLIGHT_RECORDER) or 0
+        return cls(entries=entries, output_dir=f"{profile_dir(args)}/{FLIGHT_RECORDER_SUBDIR}",
+                   stacks=bool(flag_value(args, flags.STACKS)) or entries > 0,
+                   stacks_control_dir=f"{profile_dir(args)}/{STACKS_CONTROL_SUBDIR}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -181,11 +181,18 @@ FLIGHT_RECORDER = Flag("--torch-profile-flight-recorder",
                        "before init_process_group.",
                        type=positive_int, action=FlightRecorderAction, metavar="N")
 
+STACKS = Flag("--torch-profile-stacks",
+               "Write every rank's Python stacks (all threads, main first; native frames through py-spy "
+               "when it may attach) into <profile dir>/flight_recorder/ wherever the flight recorder "
+               "dumps, and answer `torchprof trigger --stacks` within 2 s from a background thread. On "
+               "with --torch-profile-flight-recorder; this flag alone gives stacks without it.",
+               default=False, action="store_true")
+
 FLIGHT_RECORDER_FLAGS = register_group(FlagGroup(
     title="hang forensics",
-    description="PyTorch's flight recorder, dumped on every rank when a job hangs, for `torchprof hang` "
-                "(torchprof-args).",
-    flags=(FLIGHT_RECORDER,),
+    description="PyTorch's flight recorder and every rank's stacks, dumped on every rank when a job hangs, "
+                "for `torchprof hang` (torchprof-args).",
+    flags=(FLIGHT_RECORDER, STACKS),
     order=25,
 ))
 

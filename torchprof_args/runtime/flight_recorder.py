@@ -16,6 +16,11 @@ collective.  The first dump of a process wins (it is the state closest to the ha
 triggers are logged.  Beside each dump, ``dump_info_rank<R>.json`` says why and when, with the
 rank's process-group table (gloo dumps lack it; ``torchprof hang`` needs it).
 
+Before each dump, every rank writes its threads' stacks (:mod:`torchprof_args.runtime.stacks`,
+``stacks_rank<R>.json``), and serves them on request (:mod:`~torchprof_args.runtime.stacks_server`,
+whose tick also notices PyTorch's own NCCL-timeout dump).  ``--torch-profile-stacks`` without the
+recorder: a recorder with no entries, the same triggers, stacks and ``dump_info`` only.
+
 Import-light: torch is imported only when a dump is taken.
 """
 
@@ -26,7 +31,6 @@ import io
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time
@@ -42,6 +46,9 @@ from torchprof_args.naming import (
     flight_recorder_info_name,
     short_hostname,
 )
+from torchprof_args.runtime.signals import SigtermGuard, SigtermWatcher, terminate
+from torchprof_args.runtime.stacks import StackDumper, mark_signal_handler
+from torchprof_args.runtime.stacks_server import StacksServer
 from torchprof_args.torch_support import needs
 
 GLOO_FEATURE = "--torch-profile-flight-recorder (gloo dumps)"
@@ -164,82 +171,20 @@ def _warm_up() -> None:
         threading.Thread(target=load, name="torchprof-fr-warmup", daemon=True).start()
 
 
-class _SigtermWatcher:
-    """Calls ``on_sigterm`` from a thread as soon as SIGTERM arrives (main thread blocked or not).
-
-    Without a Python-level SIGTERM handler there is no wakeup: then ``handler`` is installed (the
-    recorder's: dump, then terminate as SIGTERM's default action would).
-    """
-
-    def __init__(self, on_sigterm: Any, handler: Any) -> None:
-        self._on_sigterm = on_sigterm
-        self._handler = handler
-        self._pair: tuple[socket.socket, socket.socket] | None = None
-        self._installed_handler: Any = None
-
-    def start(self) -> bool:
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        current = signal.getsignal(signal.SIGTERM)
-        if current == signal.SIG_IGN:
-            return False
-        if current in (signal.SIG_DFL, None):  # the C-level handler (and its wakeup) needs a Python one
-            self._installed_handler = self._handler
-            signal.signal(signal.SIGTERM, self._handler)
-        reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        if previous != -1:  # someone else (asyncio) owns the wakeup fd: leave it to them
-            signal.set_wakeup_fd(previous)
-            reader.close()
-            writer.close()
-            return False
-        self._pair = (reader, writer)
-        threading.Thread(target=self._loop, args=(reader,), name="torchprof-fr-sigterm", daemon=True).start()
-        return True
-
-    def _loop(self, reader: socket.socket) -> None:
-        while True:
-            try:
-                data = reader.recv(64)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGTERM in data:
-                logger.debug("SIGTERM seen by the flight recorder's watcher thread")
-                self._on_sigterm()
-
-    def stop(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if self._pair is not None:
-            signal.set_wakeup_fd(-1)
-            reader, writer = self._pair
-            for sock in (writer, reader):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._pair = None
-        handler = self._installed_handler
-        if handler is not None and signal.getsignal(signal.SIGTERM) == handler:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        self._installed_handler = None
-
-
-def _terminate(signum: int) -> None:
-    """What SIGTERM would have done without a handler."""
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
 class FlightRecorder:
     """Dumps PyTorch's flight recorder of this rank into ``directory`` (see the module docstring)."""
 
-    def __init__(self, directory: str, *, entries: int, rank: int | None = None) -> None:
+    def __init__(self, directory: str, *, entries: int, rank: int | None = None, stacks: bool = False,
+                 stacks_control_dir: str | None = None) -> None:
         self.directory = Path(directory)
         self.entries = entries
         self.rank = _dist.rank() if rank is None else rank
+        #: Every thread's stack, written first at each dump; served on request by ``_server``.
+        self.stacks = StackDumper(self.directory, self.rank) if stacks else None
+        self._server = None if self.stacks is None or stacks_control_dir is None else StacksServer(
+            stacks_control_dir, self.stacks, rank=self.rank, world_size=_dist.world_size(),
+            tick=self._check_pytorch_dump)
+        self._pytorch_dump_seen: float | None = None
         self._armed = False
         self.dumped: str | None = None
         self._lock = threading.Lock()
@@ -247,14 +192,18 @@ class FlightRecorder:
         self._writer_thread: int | None = None
         self._terminate_after = False
         self._guard: Any = None
-        self._sigterm = _SigtermWatcher(lambda: self.dump(SIGTERM_REASON), self._on_sigterm_handler)
+        self._sigterm = SigtermWatcher(lambda: self.dump(SIGTERM_REASON), self._on_sigterm_handler)
 
     @classmethod
     def from_config(cls, config: Any, rank: int) -> FlightRecorder | None:
         """The recorder of a :class:`~torchprof_args.runtime.config.FlightRecorderConfig` (None when
-        off); warns when the process group was created before the recorder could be turned on."""
-        if not config.enabled:
+        neither the recorder nor the stacks are on); warns when the process group was created before
+        the recorder could be turned on."""
+        if not config.active:
             return None
+        stacks = {"stacks": config.stacks, "stacks_control_dir": config.stacks_control_dir}
+        if not config.enabled:
+            return cls(config.output_dir, entries=0, rank=rank, **stacks)
         if not _STATE["configured"]:  # configs built without the flag's parse-time action
             configure_environment(config.entries, str(Path(config.output_dir).parent))
         if _STATE["pg_existed"] and not _launcher_set_buffer():
@@ -263,7 +212,7 @@ class FlightRecorder:
                 "took effect, so PyTorch's flight recorder is off (it reads TORCH_FR_BUFFER_SIZE when the "
                 "first process group is created). Parse the flags before init_process_group, or export "
                 "TORCH_FR_BUFFER_SIZE=%d in the launcher.", rank, config.entries)
-        return cls(config.output_dir, entries=config.entries, rank=rank)
+        return cls(config.output_dir, entries=config.entries, rank=rank, **stacks)
 
     def arm(self, guard: Any = None) -> None:
         """Create the dump directory, point PyTorch's dumps at it, watch for SIGTERM (main thread).
@@ -277,8 +226,12 @@ class FlightRecorder:
             return
         self._armed = True
         self.directory.mkdir(parents=True, exist_ok=True)
-        point_dumps_at(str(self.directory.parent))
-        _warm_up()
+        if self.entries:
+            point_dumps_at(str(self.directory.parent))
+            _warm_up()
+            self._pytorch_dump_seen = self._pytorch_dump_mtime()
+        if self._server is not None:
+            self._server.start()
         if guard is not None and guard.installed:
             self._guard = guard
             guard.on_arrival.append(self._dump_on_sigterm)
@@ -286,8 +239,9 @@ class FlightRecorder:
             watching = True
         else:
             watching = self._sigterm.start()
-        logger.debug("rank %d: flight recorder armed (%d entries, dumps to %s; SIGTERM watcher %s)",
-                     self.rank, self.entries, self.directory, "on" if watching else "off")
+        logger.debug("rank %d: hang forensics armed (%d flight-recorder entries, stacks %s, dumps to %s; "
+                     "SIGTERM watcher %s)", self.rank, self.entries, "on" if self.stacks else "off",
+                     self.directory, "on" if watching else "off")
 
     def disarm(self) -> None:
         guard, self._guard = self._guard, None
@@ -296,7 +250,26 @@ class FlightRecorder:
                 with contextlib.suppress(ValueError):
                     hooks.remove(self._dump_on_sigterm)
         self._sigterm.stop()
+        if self._server is not None:
+            self._server.stop()
         self._armed = False
+
+    def _pytorch_dump_mtime(self) -> float | None:
+        try:
+            return (self.directory / f"{FLIGHT_RECORDER_PREFIXES['nccl']}{self.rank}").stat().st_mtime
+        except OSError:
+            return None
+
+    def _check_pytorch_dump(self) -> None:
+        """The stacks server's tick: PyTorch's NCCL watchdog dumped by itself (a collective timed
+        out): write the stacks (and dump_info) beside its dump."""
+        if not self.entries or self.dumped is not None:
+            return
+        mtime = self._pytorch_dump_mtime()
+        if mtime is not None and mtime != self._pytorch_dump_seen:
+            self._pytorch_dump_seen = mtime
+            self.dump("PyTorch's NCCL watchdog dumped the flight recorder (a collective timed out)",
+                      pytorch_dumped=True)
 
     def _dump_on_sigterm(self) -> None:
         self.dump(SIGTERM_REASON)
@@ -305,11 +278,16 @@ class FlightRecorder:
         """A :class:`~torchprof_args.runtime.fence.Fence` failure hook: a rank did not arrive."""
         self.dump(f"the {what} barrier at iteration {iteration} failed: {str(err)[:200]}")
 
-    def dump(self, reason: str, wait: float = 60.0) -> list[Path]:
-        """Write this rank's dump(s) through PyTorch's own dump call; never raises.  The first
-        dump of the process wins: a later call from another thread waits (at most ``wait`` s) for
-        it to be written, so a process about to exit does not cut it short, and only logs."""
+    def dump(self, reason: str, wait: float = 60.0, *, exc: BaseException | None = None,
+             pytorch_dumped: bool = False) -> list[Path]:
+        """Write this rank's stacks, then its dump(s) through PyTorch's own dump call (not when
+        ``pytorch_dumped``: PyTorch did); never raises.  ``exc``: the exception that ended the
+        training loop (its traceback says where the rank was).  The first dump of the process
+        wins: a later call from another thread waits (at most ``wait`` s) for it to be written,
+        so a process about to exit does not cut it short, and only logs."""
         reason = " ".join(reason.split())  # one line, in the log and in dump_info
+        if reason == SIGTERM_REASON and self._server is not None:
+            self._server.forget()  # the process ends: no stale `trigger --pid` entry
         with self._lock:
             first = self.dumped is None
             if first:
@@ -321,21 +299,26 @@ class FlightRecorder:
                         self.rank, self.dumped, reason)
             return []
         try:
-            return self._write_once(reason)
+            return self._write_once(reason, exc, pytorch_dumped)
         finally:
             self._done.set()
             if self._terminate_after:
-                _terminate(signal.SIGTERM)
+                terminate(signal.SIGTERM)
 
-    def _write_once(self, reason: str) -> list[Path]:
+    def _write_once(self, reason: str, exc: BaseException | None, pytorch_dumped: bool) -> list[Path]:
+        if self.stacks is not None:  # first: the state closest to the hang, and quick
+            self.stacks.dump(reason, exc)
         try:
-            return self._write(reason)
+            return self._write(reason, pytorch_dumped)
         except (SystemExit, KeyboardInterrupt):  # a signal handler raised in the middle: finish, then go on
-            self._write(reason)
+            self._write(reason, pytorch_dumped)
             raise
         except Exception as err:  # noqa: BLE001 - forensics must never make things worse
             logger.error("rank %d: flight recorder dump failed (%s: %s)", self.rank, type(err).__name__, err)
             return []
+        finally:
+            if self.stacks is not None:  # py-spy pauses the process: after the collectives are saved
+                self.stacks.add_native()
 
     def _on_sigterm_handler(self, signum: int, frame: Any) -> None:
         """The SIGTERM handler when nobody else has one: dump, then terminate (after our own dump
@@ -344,11 +327,11 @@ class FlightRecorder:
             self._terminate_after = True
             return
         self.dump(SIGTERM_REASON)
-        _terminate(signum)
+        terminate(signum)
 
-    def _write(self, reason: str) -> list[Path]:
+    def _write(self, reason: str, pytorch_dumped: bool = False) -> list[Path]:
         written: list[Path] = []
-        calls = _dump_calls()
+        calls = _dump_calls() if self.entries and not pytorch_dumped else {}
         for backend, call in calls.items():
             data = call()
             if not _entries(data):
@@ -359,7 +342,10 @@ class FlightRecorder:
         write_json_atomically(self.directory / flight_recorder_info_name(self.rank), {
             "rank": self.rank, "host": short_hostname(), "pid": os.getpid(), "reason": reason,
             "time": time.time(), "files": [p.name for p in written], "process_groups": _process_groups(),
-            "world_size": _dist.world_size()}, indent=1)
+            "world_size": _dist.world_size(),
+            "stacks": self.stacks.path.name if self.stacks is not None else None}, indent=1)
+        if not self.entries or pytorch_dumped:
+            return written
         if written:
             logger.warning("rank %d: flight recorder dumped to %s (%s); run `torchprof hang %s` once every "
                            "rank has dumped", self.rank, ", ".join(map(str, written)), reason, self.directory)
@@ -369,3 +355,7 @@ class FlightRecorder:
         else:
             logger.warning("rank %d: flight recorder had no collectives to dump (%s)", self.rank, reason)
         return written
+
+
+for _handler in (FlightRecorder._on_sigterm_handler, SigtermGuard._handler):  # noqa: SLF001
+    mark_signal_handler(_handler)  # a rank's stacks show where the signal found it, not the dump

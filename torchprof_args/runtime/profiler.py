@@ -126,7 +126,7 @@ class TorchProfiler:
         if self._flight_recorder is not None and exc_type is not None and not clean_exit:
             # e.g. a collective timed out
             reason = f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}"
-            self._flight_recorder.dump(reason)
+            self._flight_recorder.dump(reason, exc=exc)
         if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
             self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
         self.stop(clean=exc_type is None)

@@ -30,6 +30,7 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -38,7 +39,7 @@ from typing import Any
 
 from torchprof_args.log import get_logger
 
-__all__ = ["SigtermGuard"]
+__all__ = ["SigtermGuard", "SigtermWatcher", "terminate"]
 
 logger = get_logger(__name__)
 
@@ -202,6 +203,77 @@ class _Watchdog:
         for fd in (self._read, self._write, self._stop_read, self._stop_write):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class SigtermWatcher:
+    """Without a :class:`SigtermGuard` (nothing profiled): calls ``on_sigterm`` from a thread as
+    soon as SIGTERM arrives (main thread blocked or not).
+
+    Without a Python-level SIGTERM handler there is no wakeup: then ``handler`` is installed (the
+    recorder's: dump, then terminate as SIGTERM's default action would).
+    """
+
+    def __init__(self, on_sigterm: Any, handler: Any) -> None:
+        self._on_sigterm = on_sigterm
+        self._handler = handler
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+        self._installed_handler: Any = None
+
+    def start(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        current = signal.getsignal(signal.SIGTERM)
+        if current == signal.SIG_IGN:
+            return False
+        if current in (signal.SIG_DFL, None):  # the C-level handler (and its wakeup) needs a Python one
+            self._installed_handler = self._handler
+            signal.signal(signal.SIGTERM, self._handler)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        if previous != -1:  # someone else (asyncio) owns the wakeup fd: leave it to them
+            signal.set_wakeup_fd(previous)
+            reader.close()
+            writer.close()
+            return False
+        self._pair = (reader, writer)
+        threading.Thread(target=self._loop, args=(reader,), name="torchprof-hang-sigterm",
+                         daemon=True).start()
+        return True
+
+    def _loop(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                logger.debug("SIGTERM seen by the hang forensics' watcher thread")
+                self._on_sigterm()
+
+    def stop(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._pair is not None:
+            signal.set_wakeup_fd(-1)
+            reader, writer = self._pair
+            for sock in (writer, reader):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._pair = None
+        handler = self._installed_handler
+        if handler is not None and signal.getsignal(signal.SIGTERM) == handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._installed_handler = None
+
+
+def terminate(signum: int) -> None:
+    """What SIGTERM would have done without a handler."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _flush_streams() -> None:
