@@ -105,13 +105,17 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
     reads instead of the trace) and rendered as its operator table
     (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
     from torchprof_args.analysis import format_operator_table, load_trace, summarize
+    from torchprof_args.analysis.diagnose import rank_diagnosis
     from torchprof_args.analysis.sidecar import write_sidecar
     from torchprof_args.analysis.summary import finite
 
-    summary = finite(summarize(load_trace(staged, progress=False), top=None))
+    trace = load_trace(staged, progress=False, comms=True)
+    summary = finite(summarize(trace, top=None))
     summary["file"] = str(published)
     if job.sidecar_path:
-        write_sidecar(summary, published, target=Path(job.sidecar_path))
+        diagnosis = finite(rank_diagnosis(trace))
+        write_sidecar(summary, published, target=Path(job.sidecar_path), diagnosis=diagnosis)
+    del trace
     with atomic_output(job.operator_table_path, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
     return job.operator_table_path
