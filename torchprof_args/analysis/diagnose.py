@@ -21,11 +21,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from torchprof_args.analysis.analyzers.collective_skew import (
+    SKEW_MIN_MS,
+    SKEW_MIN_PCT,
     collective_skew,
     compact_records,
     records_from_compact,
@@ -115,18 +117,32 @@ def _rank_of(doc: dict[str, Any], index: int) -> int:
 
 
 def _cross_rank(docs: list[dict[str, Any]], step_ms: float | None) -> list[Finding]:
-    out = []
-    found = straggler(docs, step_ms)
-    if found is not None:
-        out.append(found)
+    """``straggler`` and ``collective_skew``; the skew the stragglers explain is not counted twice."""
+    slow = straggler(docs, step_ms)
     comms = [RankComms(rank=d["rank"], file=d.get("file", ""), source=d.get("comm_source"),
                        records=records_from_compact(d.get("collectives")), world_size=d.get("world_size"),
                        pg_config=d.get("pg_config") or []) for d in docs]
     n_steps = max((len(d.get("steps") or []) for d in docs), default=1)
     skew = collective_skew(comms, n_steps, step_ms, {d["rank"]: d.get("base_us", 0.0) for d in docs})
-    if skew is not None:
-        out.append(skew)
-    return out
+    if slow is not None and skew is not None:
+        skew = _beyond_stragglers(skew, slow, step_ms)
+    return [f for f in (slow, skew) if f is not None]
+
+
+def _beyond_stragglers(skew: Finding, slow: Finding, step_ms: float | None) -> Finding | None:
+    """The skew left once the stragglers' extra work is taken out (their lateness *is* that work):
+    the waiting each straggler caused, up to its excess, is subtracted; None when nothing is left
+    above the threshold."""
+    caused = skew.evidence.get("wait_caused_ms_per_step") or {}
+    excess = slow.evidence.get("excess_ms_per_step") or {}
+    explained = sum(min(caused.get(r, 0.0), x) for r, x in excess.items())
+    left = skew.ms_per_step - explained
+    if left <= max(SKEW_MIN_MS, SKEW_MIN_PCT / 100.0 * (step_ms or 0.0)):
+        return None
+    return replace(skew, ms_per_step=left, saving_ms_per_step=left,
+                   share_of_step=left / step_ms if step_ms else skew.share_of_step,
+                   summary=f"{skew.summary[:-1]}; {left:.1f} ms of it beyond the stragglers' extra work.",
+                   evidence={**skew.evidence, "explained_by_straggler_ms": round(explained, 3)})
 
 
 def _merged_gaps(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ __all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_PCT", "step_work", "straggler"]
 #: a rank counts as a straggler when its excess work is above this share of the step (%) ...
 STRAGGLER_MIN_PCT = 5.0
 #: ... and above this many milliseconds.
-STRAGGLER_MIN_MS = 1.0
+STRAGGLER_MIN_MS = 2.0
 
 
 def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord], base_us: float
