@@ -30,7 +30,9 @@ def test_real_traces_are_in_the_repository() -> None:
     assert [p.name for p in TRACES] == [
         "cpu_2rank_gloo_rank0_iter3.json.gz", "cpu_2rank_gloo_rank0_iter5.json.gz",
         "gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz",
-        "gpu_2rank_nccl_rank0.json.gz",
+        "gpu_1rank_alexnet.json.gz", "gpu_1rank_cuda_event_sync.json.gz",
+        "gpu_1rank_cuda_event_sync_multistream.json.gz", "gpu_1rank_simple_add_kineto.json.gz",
+        "gpu_2rank_nccl_rank0.json.gz", "rocm_mi250_1rank_minitoy.json.gz",
     ]
 
 
@@ -72,7 +74,10 @@ def test_summary_matches_hta(path: Path, tmp_path: Path) -> None:
     assert gpu["compute_pct"] == pytest.approx(temporal["compute_time_pctg"], abs=0.5)
     assert gpu["non_compute_pct"] == pytest.approx(temporal["non_compute_time_pctg"], abs=0.5)
     assert gpu["idle_pct"] + gpu["compute_pct"] + gpu["non_compute_pct"] == pytest.approx(100.0)
-    assert gpu["comm_comp_overlap_pct"] == pytest.approx(overlap, abs=0.5)
+    if overlap != overlap:  # NaN: HTA's answer for a trace without communication kernels
+        assert gpu["comm_comp_overlap_pct"] is None
+    else:
+        assert gpu["comm_comp_overlap_pct"] == pytest.approx(overlap, abs=0.5)
     mine = {k.upper(): v for k, v in gpu["kernel_type_us"].items()}
     mine.update({k.upper(): v for k, v in gpu["kernel_type_overlapping_us"].items()})
     assert set(hta_kinds) == {k for k, v in mine.items() if v > 0}

@@ -35,6 +35,9 @@ class TraceMemo:
     #: kernel class of every name, as text and as a small integer (:mod:`.analyzers.gpu`).
     name_types: np.ndarray | None = None
     name_codes: np.ndarray | None = None
+    #: the steps, kernels and GPU idle time the diagnose analyzers share
+    #: (:func:`.analyzers.stepwise.context`).
+    diagnose: Any = None
 
     def clear(self) -> None:
         """Forget every table (after a change to the trace's columns)."""
@@ -75,6 +78,9 @@ class Trace:
     compressed: bool
     comms: list[tuple[Any, ...]] | None = None
     name_cat: np.ndarray | None = field(default=None, repr=False)
+    #: the events that carry ``args.flops`` (``--torch-profile-with-flops``): their indices and
+    #: FLOP counts; None when the builder did not look, empty arrays when the trace has none.
+    flops: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)
 
     @property
