@@ -15,9 +15,12 @@ from typing import Any
 
 from helpers.paths import DATA
 
-__all__ = ["insert_time", "load_events", "straggler_pair", "write_events"]
+__all__ = ["CPU_PAIR", "GPU_PAIR", "insert_time", "load_events", "straggler_pair", "write_events"]
 
+#: two real ranks of one job: a 128-GPU NCCL job's ranks 0 and 1, and tests/jobs/diagnose_job.py's
+#: 2-rank gloo DDP job without a problem.
 GPU_PAIR = ("gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz")
+CPU_PAIR = ("cpu_2rank_ddp_rank0.json.gz", "cpu_2rank_ddp_rank1.json.gz")
 
 
 def load_events(path: Path) -> dict[str, Any]:
@@ -50,23 +53,38 @@ def _steps(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(spans, key=lambda e: e["ts"])
 
 
+def _is_collective(event: dict[str, Any]) -> bool:
+    name = str(event.get("name", ""))
+    return (event.get("cat") == "kernel" and "nccl" in name.lower()) or name.startswith("gloo:")
+
+
 def _first_collective(doc: dict[str, Any], lo: float, hi: float) -> float | None:
-    kernels = [e["ts"] for e in doc["traceEvents"] if e.get("cat") == "kernel"
-               and "nccl" in str(e.get("name", "")).lower() and lo <= e.get("ts", -1) < hi]
-    return min(kernels) if kernels else None
+    starts = [e["ts"] for e in doc["traceEvents"] if lo <= e.get("ts", -1) < hi and _is_collective(e)]
+    return min(starts) if starts else None
 
 
-def straggler_pair(dst: Path, x_us: float, slow: int = 1) -> list[Path]:
-    """The real 2-rank GPU pair in ``dst`` with rank ``slow`` doing ``x_us`` more work per step (and
-    the other rank waiting that long in its first collective of each step); ``x_us=0``: unmodified."""
+def _work_point(doc: dict[str, Any], lo: float, hi: float) -> float:
+    """The first operator start in [lo, hi) while no collective runs: where extra work goes."""
+    busy = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in doc["traceEvents"]
+            if _is_collective(e) and isinstance(e.get("ts"), (int, float))]
+    for ts in sorted(e["ts"] for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and lo < e["ts"] < hi):
+        if not any(s <= ts < e for s, e in busy):
+            return ts
+    return lo + 1
+
+
+def straggler_pair(dst: Path, x_us: float, slow: int = 1, pair: tuple[str, str] = GPU_PAIR) -> list[Path]:
+    """A real pair of ranks (:data:`GPU_PAIR`, :data:`CPU_PAIR`) in ``dst`` with rank ``slow`` doing
+    ``x_us`` more work per step (and the other rank waiting that long in its first collective of each
+    step); ``x_us=0``: unmodified."""
     out = []
-    for rank, name in enumerate(GPU_PAIR):
+    for rank, name in enumerate(pair):
         doc = load_events(DATA / name)
         steps = _steps(doc)
         points = []
         for i, step in enumerate(steps):
             hi = steps[i + 1]["ts"] if i + 1 < len(steps) else step["ts"] + step["dur"]
-            at = step["ts"] + 1 if rank == slow else _first_collective(doc, step["ts"], hi)
+            at = _work_point(doc, step["ts"], hi) if rank == slow else _first_collective(doc, step["ts"], hi)
             if at is not None and x_us:
                 points.append(at + (1 if rank != slow else 0))
         for t0 in sorted(points, reverse=True):

@@ -25,12 +25,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.analysis.analyzers.collective_match import match_collectives
 from torchprof_args.analysis.analyzers.collective_skew import (
     SKEW_MIN_MS,
     SKEW_MIN_PCT,
     collective_skew,
     compact_records,
+    matched_instances,
     records_from_compact,
+    waited_us,
 )
 from torchprof_args.analysis.analyzers.collectives import RankComms, rank_collectives
 from torchprof_args.analysis.analyzers.pipeline_bubble import pipeline_bubble
@@ -38,6 +41,7 @@ from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.analyzers.straggler import step_work, straggler
 from torchprof_args.analysis.findings import FINDINGS_VERSION, Finding, Gap
 from torchprof_args.analysis.loader import load_trace
+from torchprof_args.analysis.rank_findings import rank_findings
 from torchprof_args.analysis.sidecar import read_diagnosis
 from torchprof_args.analysis.summary import finite
 from torchprof_args.analysis.trace import Trace
@@ -52,12 +56,7 @@ DIAGNOSIS_FORMAT = 1
 
 def _per_rank_items(trace: Trace) -> list[Finding | Gap]:
     """The per-rank analyzers' findings and gaps, then this module's pipeline bubble."""
-    try:
-        from torchprof_args.analysis.rank_findings import rank_findings
-    except ImportError:  # the per-rank analyzers' branch is not merged yet
-        items: list[Finding | Gap] = []
-    else:
-        items = list(rank_findings(trace))
+    items: list[Finding | Gap] = list(rank_findings(trace))
     if not any(i.kind == "pipeline_bubble" for i in items):
         bubble = pipeline_bubble(trace)
         if bubble is not None:
@@ -117,13 +116,17 @@ def _rank_of(doc: dict[str, Any], index: int) -> int:
 
 
 def _cross_rank(docs: list[dict[str, Any]], step_ms: float | None) -> list[Finding]:
-    """``straggler`` and ``collective_skew``; the skew the stragglers explain is not counted twice."""
-    slow = straggler(docs, step_ms)
+    """``straggler`` and ``collective_skew`` from one matching of the ranks' collectives; the skew
+    the stragglers explain is not counted twice."""
     comms = [RankComms(rank=d["rank"], file=d.get("file", ""), source=d.get("comm_source"),
                        records=records_from_compact(d.get("collectives")), world_size=d.get("world_size"),
                        pg_config=d.get("pg_config") or []) for d in docs]
+    report = match_collectives(comms, top=5) if sum(1 for c in comms if c.records) >= 2 else None
+    waits = waited_us(report) if report is not None and matched_instances(report) else None
+    slow = straggler(docs, step_ms, waits)
     n_steps = max((len(d.get("steps") or []) for d in docs), default=1)
-    skew = collective_skew(comms, n_steps, step_ms, {d["rank"]: d.get("base_us", 0.0) for d in docs})
+    bases = {d["rank"]: d.get("base_us", 0.0) for d in docs}
+    skew = collective_skew(report, n_steps, step_ms, bases) if report is not None else None
     if slow is not None and skew is not None:
         skew = _beyond_stragglers(skew, slow, step_ms)
     return [f for f in (slow, skew) if f is not None]

@@ -66,6 +66,16 @@ def _evidence(finding: dict[str, Any]) -> str:
     return text
 
 
+def _gap_lines(gaps: list[dict[str, Any]]) -> list[tuple[tuple[str | None, str], list[str]]]:
+    """Gaps with the same flag and reason on one line: ((flag, reason), kinds)."""
+    grouped: dict[tuple[str | None, str], list[str]] = {}
+    for gap in gaps:
+        kinds = grouped.setdefault((gap.get("flag"), gap["reason"].rstrip(".")), [])
+        if gap["kind"] not in kinds:
+            kinds.append(gap["kind"])
+    return list(grouped.items())
+
+
 def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
     """The text ``torchprof diagnose`` prints for :func:`~.diagnose.diagnose`'s result."""
     findings, gaps = doc["findings"], doc.get("gaps") or []
@@ -75,7 +85,7 @@ def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
     lines = [head]
     if not findings:
         lines.append("  nothing above the documented thresholds (docs/guides/diagnose.md)")
-    budget = max_lines - 1 - min(len(gaps), 4) - 1
+    budget = max_lines - 1 - min(len(_gap_lines(gaps)), 4) - 1
     for n, f in enumerate(findings, 1):
         if len(lines) + 4 > budget and n < len(findings):
             lines.append(f"  ... {len(findings) - n + 1} more finding(s) in --json")
@@ -85,9 +95,9 @@ def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
         lines.append(f"   {f['summary']}")
         lines.append(f"   evidence: {_evidence(f)}")
         lines.append(f"   bound: {f['saving_bound']}. Fix: {f['remedy']}")
-    for gap in gaps[: max(max_lines - len(lines), 0)]:
-        flag = f"record with {gap['flag']}" if gap.get("flag") else "no flag records it"
-        lines.append(f"  to see {gap['kind']}, {flag} ({gap['reason']})")
+    for (flag, reason), kinds in _gap_lines(gaps)[: max(max_lines - len(lines), 0)]:
+        how = f"record with {flag}" if flag else "no flag records it"
+        lines.append(f"  to see {', '.join(kinds)}, {how} ({reason})")
     return "\n".join(lines[:max_lines])
 
 

@@ -2,10 +2,11 @@
 
 From the collectives matcher (:mod:`.collective_match`): for each collective seen by two or more
 ranks, the arrival skew is the last rank's start minus the first's; every other rank waits in the
-collective for that long at most.  Per step, the job loses the sum of the skews of the step's
-collectives (sequential collectives of one step do not overlap, so the skews add up).  The ranks
-named are those that arrived last in the instances that caused at least
-:data:`LATE_SHARE_MIN_PCT` of the waiting.
+collective for that long at most.  Per step, the job loses the union of the instances' [first
+arrival, last arrival] intervals (collectives that overlap, like DDP's gradient buckets, count
+once).  Point-to-point transfers (send / recv) are left out: their waits are a pipeline's bubble
+(``pipeline_bubble``), not a late rank.  The ranks named are those that arrived last in the
+instances that caused at least :data:`LATE_SHARE_MIN_PCT` of the waiting.
 
 It works from each rank's collective records, which the summary sidecar keeps in a compact form
 (:func:`compact_records` / :func:`records_from_compact`), so 512 ranks are matched without reading a
@@ -21,12 +22,14 @@ from collections.abc import Sequence
 from dataclasses import astuple, fields
 from typing import Any
 
-from torchprof_args.analysis.analyzers.collective_match import match_collectives
-from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CommRecord, RankComms
+import numpy as np
+
+from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CommRecord
+from torchprof_args.analysis.analyzers.intervals import merge_intervals, total
 from torchprof_args.analysis.findings import Finding
 
 __all__ = ["LATE_SHARE_MIN_PCT", "SKEW_MIN_MS", "SKEW_MIN_PCT", "collective_skew", "compact_records",
-           "records_from_compact"]
+           "matched_instances", "records_from_compact", "waited_us"]
 
 #: reported only when the skew per step is above this share of the step (%) ...
 SKEW_MIN_PCT = 2.0
@@ -52,23 +55,46 @@ def records_from_compact(doc: dict[str, Any] | None) -> list[CommRecord]:
     return [CommRecord(**{names[i]: row[i] for i in known}) for row in doc.get("rows") or []]
 
 
-def collective_skew(ranks: Sequence[RankComms], n_steps: int, step_ms: float | None,
+def _union(intervals: list[tuple[float, float]]) -> float:
+    if not intervals:
+        return 0.0
+    starts, ends = merge_intervals(np.array([a for a, _ in intervals]), np.array([b for _, b in intervals]))
+    return total((starts, ends))
+
+
+def matched_instances(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The matcher's instances seen by two or more ranks, point-to-point transfers left out."""
+    return [i for i in report["instances"] if i["ranks"] > 1 and i["kind"] not in P2P_KINDS]
+
+
+def waited_us(report: dict[str, Any]) -> dict[int, float]:
+    """Per rank, the time it waited in collectives for the last rank to arrive: the union of its
+    [own arrival, last arrival] intervals (collectives that overlap, like DDP's buckets, count once)."""
+    per_rank: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for inst in matched_instances(report):
+        last = inst["first_start_us"] + inst["skew_us"]
+        for rank, offset in inst["arrival_offset_us"].items():
+            if inst["skew_us"] > offset:
+                per_rank[int(rank)].append((inst["first_start_us"] + offset, last))
+    return {rank: _union(iv) for rank, iv in per_rank.items()}
+
+
+def collective_skew(report: dict[str, Any], n_steps: int, step_ms: float | None,
                     base_us: dict[int, float] | None = None) -> Finding | None:
-    """The collective-skew finding over one cycle's ranks (their :class:`RankComms`), or None.
+    """The collective-skew finding from :func:`~.collective_match.match_collectives`' ``report`` over
+    one cycle's ranks, or None.
 
     ``n_steps``: steps in the cycle (the skew is reported per step); ``step_ms``: the job's step;
     ``base_us``: each rank's trace base time (for the Perfetto timestamp of the worst instance).
+    The time lost per step is the union of the instances' [first arrival, last arrival] intervals.
     """
-    if sum(1 for rc in ranks if rc.records) < 2:
-        return None
-    report = match_collectives(ranks, top=5)
-    matched = [i for i in report["instances"] if i["ranks"] > 1 and i["kind"] not in P2P_KINDS]
+    matched = matched_instances(report)
     if not matched:
         return None
     steps = max(n_steps, 1)
-    ms = sum(i["skew_us"] for i in matched) / steps / 1e3
+    ms = _union([(i["first_start_us"], i["first_start_us"] + i["skew_us"]) for i in matched]) / steps / 1e3
     if step_ms:
-        ms = min(ms, step_ms)  # overlapping (asynchronous) collectives: never more than the step
+        ms = min(ms, step_ms)
     threshold = max(SKEW_MIN_MS, SKEW_MIN_PCT / 100.0 * (step_ms or 0.0))
     if ms <= threshold:
         return None

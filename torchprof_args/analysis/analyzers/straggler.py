@@ -50,19 +50,27 @@ def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord], ba
     return out
 
 
-def _mean_work(rank_doc: dict[str, Any]) -> float | None:
-    work = [s["work_us"] for s in rank_doc.get("steps") or []]
-    return statistics.fmean(work) if work else None
+def _mean_work(rank_doc: dict[str, Any], waited_us: float | None) -> float | None:
+    steps = rank_doc.get("steps") or []
+    if not steps:
+        return None
+    if waited_us is None:  # no matched collectives: each rank's own collective time
+        return statistics.fmean(s["work_us"] for s in steps)
+    return max(statistics.fmean(s["dur_us"] for s in steps) - waited_us / len(steps), 0.0)
 
 
-def straggler(ranks: Sequence[dict[str, Any]], step_ms: float | None) -> Finding | None:
+def straggler(ranks: Sequence[dict[str, Any]], step_ms: float | None,
+              waited_us: dict[int, float] | None = None) -> Finding | None:
     """The straggler finding over one cycle's ranks, or None (fewer than two timed ranks, or no rank
     above the threshold).
 
     ``ranks``: per rank ``{"rank", "base_us", "steps": step_work(...)}``; ``step_ms``: the job's
-    step time (for the share and the threshold).
+    step time (for the share and the threshold); ``waited_us``: per rank, the time it waited in
+    collectives for the last rank (:func:`.collective_skew.waited_us`, from the matched collectives),
+    which is what the step minus it leaves as work; without it, each rank's own collective time.
     """
-    work = {d["rank"]: w for d in ranks if (w := _mean_work(d)) is not None}
+    work = {d["rank"]: w for d in ranks
+            if (w := _mean_work(d, None if waited_us is None else waited_us.get(d["rank"], 0.0))) is not None}
     if len(work) < 2:
         return None
     excess = {}
@@ -76,7 +84,7 @@ def straggler(ranks: Sequence[dict[str, Any]], step_ms: float | None) -> Finding
         return None
     worst = slow[0]
     doc = next(d for d in ranks if d["rank"] == worst)
-    worst_step = max(doc["steps"], key=lambda s: s["work_us"])
+    worst_step = max(doc["steps"], key=lambda s: s["dur_us"])
     ms = excess[worst]
     others_ms = statistics.median(w for r, w in work.items() if r != worst) / 1e3
     return Finding(
