@@ -144,3 +144,33 @@ def test_text_keeps_to_30_lines_with_many_findings_and_gaps():
     assert "more finding(s) in --json" in text
     assert "to see host_sync, record with --torch-profile-with-stack" in text
     assert lines[1].startswith("1. ") and "Perfetto: rank" in text
+
+
+@pytest.mark.slow
+def test_report_opens_with_the_findings(tmp_path, capsys):
+    straggler_pair(tmp_path / "slow", 100e3, pair=CPU_PAIR)
+    out = tmp_path / "report.html"
+    assert torchprof(["report", str(tmp_path / "slow"), "-o", str(out), "--no-progress"]) == 0
+    page = out.read_text()
+    section = page.index("<h2>")
+    assert page.index("What to fix (torchprof diagnose)") > section
+    assert page.index("What to fix") < page.index("Step time per rank and step")
+    assert "<td>straggler</td>" in page
+
+
+@pytest.mark.slow
+def test_diff_says_which_findings_appeared_disappeared_or_changed(tmp_path, capsys):
+    clean = straggler_pair(tmp_path / "clean", 0, pair=CPU_PAIR)[0].parent
+    slow = straggler_pair(tmp_path / "slow", 100e3, pair=CPU_PAIR)[0].parent
+    slower = straggler_pair(tmp_path / "slower", 200e3, pair=CPU_PAIR)[0].parent
+    capsys.readouterr()
+    assert torchprof(["diff", str(clean), str(slow), "--json", "--no-progress"]) == 0
+    rows = {r["kind"]: r for r in json.loads(capsys.readouterr().out)["findings"]}
+    assert rows["straggler"]["status"] == "appeared"
+    assert rows["straggler"]["new_ms_per_step"] == pytest.approx(100.0, rel=0.10)
+    assert torchprof(["diff", str(slow), str(clean), "--json", "--no-progress"]) == 0
+    assert {r["kind"]: r for r in json.loads(capsys.readouterr().out)["findings"]}["straggler"]["status"] == \
+        "disappeared"
+    assert torchprof(["diff", str(slow), str(slower), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "Findings (torchprof diagnose" in text and "changed     straggler" in text
