@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers.diagnose_traces import CPU_PAIR, straggler_pair
+from helpers.examples import run_doc_example
 from helpers.paths import DATA
 
 from torchprof_args.analysis.diagnose import diagnose, merge_kind
@@ -174,3 +175,11 @@ def test_diff_says_which_findings_appeared_disappeared_or_changed(tmp_path, caps
     assert torchprof(["diff", str(slow), str(slower), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "Findings (torchprof diagnose" in text and "changed     straggler" in text
+
+
+@pytest.mark.slow
+def test_doc_example_on_a_real_gpu_trace(tmp_path):
+    proc = run_doc_example("diagnose-gpu-trace", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("torchprof diagnose: 1 rank") and "1. launch_bound" in proc.stdout
+    assert len(proc.stdout.splitlines()) <= MAX_LINES

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.examples import run_doc_example
 from helpers.paths import JOBS, REPO
 from helpers.processes import rank_results, run_torchrun
 
@@ -89,3 +90,12 @@ def test_deepspeed_pipeline_has_a_bubble_per_stage(tmp_path, capsys):
     for rank in (0, 1):
         mine = [f for f in per_stage[rank]["findings"] if f["kind"] == "pipeline_bubble"]
         assert mine and mine[0]["evidence"]["stage"] == rank and mine[0]["ms_per_step"] > 0
+
+
+def test_doc_example_of_a_cpu_job_with_a_slow_rank(tmp_path):
+    proc = run_doc_example("diagnose-cpu-job", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1. straggler" in proc.stdout
+    doc = json.loads((tmp_path / "diagnosis.json").read_text())
+    first = doc["findings"][0]
+    assert doc["version"] == 1 and first["kind"] == "straggler" and first["ranks"] == [1]

@@ -116,7 +116,7 @@ def collective_skew(report: dict[str, Any], n_steps: int, step_ms: float | None,
                  f"arrive ({len(matched)} collectives over {steps} step(s))."),
         ranks=tuple(late), ms_per_step=ms, share_of_step=ms / step_ms if step_ms else 0.0,
         saving_ms_per_step=ms,
-        saving_bound=("the arrival skew summed over the step's collectives: what the first ranks wait "
+        saving_bound=("the union of the step's arrival skews: what the first ranks wait "
                       "at most (ranks on other hosts are compared on their own clocks)"),
         remedy=("Find why the late rank(s) arrive late (a straggler, uneven work before the collective, "
                 "a blocking host operation); `torchprof collectives` lists the instances."),
