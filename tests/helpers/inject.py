@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "add_event", "cpu_thread", "gpu_stream", "insert_pause", "load_doc", "new_correlation", "write_doc",
+    "add_event", "cpu_thread", "device_event", "gpu_stream", "insert_pause", "load_doc", "new_correlation",
+    "runtime_call", "step_starts", "write_doc",
 ]
 
 #: categories of device-side events (they never stretch: the GPU does not pause with the CPU).
@@ -80,6 +81,26 @@ def cpu_thread(doc: dict[str, Any]) -> tuple[Any, Any]:
         if event.get("ph") == "X" and str(event.get("name", "")).startswith("ProfilerStep#"):
             return event["pid"], event["tid"]
     raise ValueError("the trace has no ProfilerStep annotation")
+
+
+def runtime_call(name: str, pid: Any, tid: Any, corr: int, **times: float) -> dict[str, Any]:
+    """A CPU runtime call (``cudaLaunchKernel``, ``cudaMemcpyAsync``...) with correlation ``corr``."""
+    return {"name": name, "cat": "cuda_runtime", "pid": pid, "tid": tid, "args": {"correlation": corr},
+            **times}
+
+
+def device_event(name: str, like: dict[str, Any], corr: int, ts: float, dur: float,
+                 cat: str = "kernel") -> dict[str, Any]:
+    """A device event on the same GPU and stream as the kernel ``like``."""
+    return {"name": name, "cat": cat, "pid": like["pid"], "tid": like["tid"], "ts": ts, "dur": dur,
+            "args": {"stream": like["args"]["stream"], "correlation": corr}}
+
+
+def step_starts(doc: dict[str, Any]) -> list[float]:
+    """Start times of the CPU-side ProfilerStep annotations (not their GPU-side copies), sorted."""
+    return sorted(e["ts"] for e in doc["traceEvents"]
+                  if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation"
+                  and str(e.get("name", "")).startswith("ProfilerStep#"))
 
 
 def gpu_stream(doc: dict[str, Any], kernel_name_part: str = "") -> dict[str, Any]:

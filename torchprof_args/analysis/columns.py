@@ -47,6 +47,8 @@ class Part:
     memory: dict[str, np.ndarray]
     #: Communication rows (``comms=True`` only).
     comms: list[tuple[Any, ...]] = field(default_factory=list)
+    #: the kept events with a FLOP count: their indices in this part and the counts (``flops=True``).
+    flops: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0)))
 
 
 #: the array columns of a :class:`Part`, in its field order, with their dtypes.
@@ -69,6 +71,7 @@ _get_key = attrgetter("name", "cat", "pid", "tid")
 _get_args = attrgetter("args")
 _get_stream = attrgetter("stream")
 _get_corr = attrgetter("correlation")
+_get_flops = attrgetter("flops")
 
 
 def _int_column(args: list[Any], getter: Any, n: int) -> np.ndarray:
@@ -89,9 +92,11 @@ def _intern(xs: list[Any]) -> tuple[np.ndarray, list[tuple[Any, Any, Any, Any]]]
     return lut[first_index], keys
 
 
-def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = True) -> Part:
+def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = True,
+                 flops: bool = False) -> Part:
     """Columns of one decoded batch, built without a Python-level loop over the events
-    (``comms``: events from :func:`decode_events` with ``comms=True``, communication rows kept).
+    (``comms``: events from :func:`decode_events` with ``comms=True``, communication rows kept;
+    ``flops``: the events' FLOP counts kept, sparse: most events have none).
 
     ``memory_events=False`` says the batch's text holds no ``[memory]`` event (the caller looked),
     so the events are not scanned for them.
@@ -111,13 +116,19 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
         stream = np.clip(stream, -1, I32_MAX)  # absurd stream numbers: only >= 0 or -1 matters
     stream = stream.astype(np.int32)
     corr = _int_column(args, _get_corr, n)
+    counts = np.fromiter(map(_get_flops, args), np.float64, n) if flops else None
     del args
     keep = ~(np.isnan(ts) | np.isnan(dur))
     if any(k[1] == NO_CAT for k in keys):
         keep &= ~np.array([k[1] == NO_CAT for k in keys], dtype=bool)[key]
     if not keep.all():
         ts, dur, key, stream, corr = ts[keep], dur[keep], key[keep], stream[keep], corr[keep]
-    return Part(len(events), ts, dur, key, stream, corr, keys, memory, rows)
+        counts = counts[keep] if counts is not None else None
+    part = Part(len(events), ts, dur, key, stream, corr, keys, memory, rows)
+    if counts is not None:
+        where = np.flatnonzero(counts > 0)
+        part.flops = (where.astype(np.int64), counts[where])
+    return part
 
 
 _get_mem_args = attrgetter("args")

@@ -48,6 +48,7 @@ class _CommArgs(msgspec.Struct, gc=False, frozen=True):
 
     stream: int = -1
     correlation: int = -1
+    flops: float = 0.0
     collective: Any = msgspec.field(default=None, name="Collective name")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
@@ -97,6 +98,7 @@ def _tighten_comm(event: LooseEvent) -> Any:
     raw = {key: msgspec.Raw(_encode(args[key])) for key in ("Input Dims", "Input type") if key in args}
     return XComm(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
                  args=_CommArgs(stream=base.args.stream, correlation=base.args.correlation,
+                                flops=base.args.flops,
                                 input_dims=raw.get("Input Dims"), input_type=raw.get("Input type"),
                                 **{name: args.get(key) for name, key in _ARG_KEYS.items()}))
 

@@ -3,8 +3,8 @@
 Speed comes from doing no per-event Python work: events are decoded by ``msgspec`` into small
 structs (a union tagged by ``ph``, so flow and metadata events are skipped without building their
 fields).  Only what the analyses need is decoded: for every complete (``ph: "X"``) event
-(:class:`XEvent`) its name, category, times, process / thread and two ``args`` (stream,
-correlation); for the ``[memory]`` instant events the allocator's counters.  A batch the typed
+(:class:`XEvent`) its name, category, times, process / thread and three ``args`` (stream,
+correlation, flops); for the ``[memory]`` instant events the allocator's counters.  A batch the typed
 decoder rejects (unusual value types) is decoded loosely and normalised (:func:`tighten`), slower
 but with the same result.  :mod:`.comm_events` decodes wider complete events through the same
 fallback (:func:`decode_batch`); :mod:`.columns` turns a batch of structs into columns.
@@ -29,6 +29,8 @@ NO_CAT = "\x00"  # a missing category (HTA drops such events)
 class _Args(msgspec.Struct, gc=False, frozen=True):
     stream: int = -1
     correlation: int = -1
+    #: the operator's FLOP count (``with_flops``; 0 when absent), kept only when asked (``flops=True``).
+    flops: float = 0.0
 
 
 class _MemArgs(msgspec.Struct, gc=False, frozen=True):
@@ -153,7 +155,8 @@ def tighten(event: LooseEvent) -> Any:
             pid=event.pid if isinstance(event.pid, (int, str)) else str(event.pid),
             tid=event.tid if isinstance(event.tid, (int, str)) else str(event.tid),
             args=_Args(stream=_minus1(_int(args.get("stream"))),
-                       correlation=_minus1(_int(args.get("correlation")))),
+                       correlation=_minus1(_int(args.get("correlation"))),
+                       flops=_num(args.get("flops")) or 0.0),
         )
     if ph in ("i", "I") and name == "[memory]":
         return _Instant(

@@ -88,6 +88,7 @@ class ColumnStore:
         self.n_events = 0
         self.memory: list[dict[str, np.ndarray]] = []
         self.comms: list[tuple[Any, ...]] = []
+        self.flops: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, part: Part) -> None:
         """Append one batch's columns (parts must come in file order)."""
@@ -95,6 +96,8 @@ class ColumnStore:
         if len(part.memory["device"]):
             self.memory.append(part.memory)
         self.comms += part.comms
+        if len(part.flops[0]):
+            self.flops.append((part.flops[0] + self.total, part.flops[1]))
         keys = self.keys
         part.key = np.array([keys.setdefault(k, len(keys)) for k in part.keys], dtype=np.int32)[part.key]
         if self.dtypes["corr"] == np.int32 and len(part.corr) and (
@@ -144,6 +147,8 @@ class ColumnStore:
                                       rows["samples"])
         out["n_events"] = self.n_events
         out["comms"] = self.comms
+        out["flops"] = (np.concatenate([f[0] for f in self.flops]) if self.flops else np.zeros(0, np.int64),
+                        np.concatenate([f[1] for f in self.flops]) if self.flops else np.zeros(0))
         out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
         out["name_cat"] = _first_categories(tables["name_id"], tables["cat_id"], len(names))
         return out
@@ -187,12 +192,13 @@ def _first_categories(name_id: np.ndarray, cat_id: np.ndarray, n_names: int) -> 
 
 
 def load_trace(path: str | Path, progress: bool = False, workers: int | None = None,
-               comms: bool = False) -> Trace:
+               comms: bool = False, flops: bool = False) -> Trace:
     """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
 
     ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
     two cores are usable, else 1).  ``comms`` also keeps the communication events' fields in
     ``Trace.comms`` (:mod:`~torchprof_args.analysis.comm_events`; decoding is ~17 % slower).
+    ``flops`` keeps the FLOP counts of the events that have one (``Trace.flops``).
     Raises :class:`TraceError` (message names the file) for bad input.
     """
     path = Path(path)
@@ -205,12 +211,12 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
     try:
         try:
             store = ColumnStore()
-            stream = _load_fast(path, progress, workers, store, comms)
+            stream = _load_fast(path, progress, workers, store, comms, flops)
         except parallel.WrongCut:  # an unusual layout fooled the fast cuts: redo it validated, in order
             store = ColumnStore()
             stream = TraceStream(path, progress=progress)
             for events in stream.batches(lambda text: decode_events(text, comms)):
-                store.add(reduce_batch(events, comms))
+                store.add(reduce_batch(events, comms, flops=flops))
                 del events
         columns = store.finish()
         del store
@@ -227,10 +233,11 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
     finally:
         if gc_was_enabled:
             gc.enable()
-    return _to_trace(stream, columns, comms)
+    return _to_trace(stream, columns, comms, flops)
 
 
-def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False) -> Trace:
+def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False,
+              flops: bool = False) -> Trace:
     """The :class:`Trace` of a file read by ``stream`` (its metadata) into ``columns``."""
     meta = stream.metadata
     if not isinstance(meta.get("distributedInfo", {}), dict):
@@ -255,11 +262,12 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False)
         compressed=stream.compressed,
         name_cat=columns["name_cat"],
         comms=columns["comms"] if comms else None,
+        flops=columns["flops"] if flops else None,
     )
 
 
 def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore,
-               comms: bool = False) -> TraceStream:
+               comms: bool = False, flops: bool = False) -> TraceStream:
     """Fill ``store`` from ``path`` (ranges of a plain file, else streamed batches), with worker
     processes when asked or when the file is large; returns the stream that read the metadata.
 
@@ -279,10 +287,10 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnSto
             fd = os.open(path, os.O_RDONLY)
             stack.callback(os.close, fd)
             memory = parallel.has_memory_events(fd, start, probe.metadata)
-        children = _start_workers(stack, path, workers, comms, memory)
+        children = _start_workers(stack, path, workers, comms, memory, flops)
         bar = _progress_bar(stack, path, size) if own_bar else None  # after forking: tqdm has a thread
         tasks = parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES)
-        parallel.run_tasks(tasks, fd, children, bar, store.add, comms, memory)
+        parallel.run_tasks(tasks, fd, children, bar, store.add, comms, memory, flops)
     if start is not None:
         stream.uncompressed_bytes = size
     return stream
@@ -299,7 +307,7 @@ def _worker_count(path: Path, workers: int | None, compressed: bool, size: int) 
 
 
 def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
-                   memory: bool | None) -> list[parallel.Worker]:
+                   memory: bool | None, flops: bool = False) -> list[parallel.Worker]:
     """``workers - 1`` forked decoding processes (this one decodes too), closed by ``stack``."""
     if workers <= 1:
         return []
@@ -309,7 +317,7 @@ def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
     ctx = mp.get_context("fork")
     children = []
     for _ in range(workers - 1):
-        child = parallel.Worker(ctx, path, scratch.fileno(), comms, memory)
+        child = parallel.Worker(ctx, path, scratch.fileno(), comms, memory, flops)
         stack.callback(child.close)
         children.append(child)
     for child in children:

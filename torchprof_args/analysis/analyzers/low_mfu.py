@@ -4,8 +4,10 @@ MFU = the step's FLOPs / (step time x the device's dense peak).  FLOPs are the `
 trace's operators carry (recorded with ``--torch-profile-with-flops``: matrix multiplications and
 convolutions, which are nearly all of a transformer's FLOPs); the peak comes from the trace's
 ``deviceProperties`` name through :mod:`torchprof_args.device_peaks` (bf16 dense by default), or
-the caller's ``peak_tflops`` for a device the table lacks.  The saving is bounded by the step
-time at :data:`TARGET_MFU` (what well-tuned large-scale LLM training reaches).
+the caller's ``peak_tflops`` for a device the table lacks.  The trace must be loaded with
+``load_trace(..., flops=True)`` (the summary does not decode them, so it stays as fast).  The
+saving is bounded by the step time at :data:`TARGET_MFU` (what well-tuned large-scale LLM
+training reaches).
 """
 
 from __future__ import annotations
@@ -53,9 +55,12 @@ def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
     if not ctx.has_gpu:
         return Gap("low_mfu", "the trace has no GPU kernels, so there is no GPU peak to compare with",
                    "--torch-profile-activities cpu cuda")
+    if trace.flops is None:
+        return Gap("low_mfu", "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
     total = step_flops(trace)
     if total is None:
-        return Gap("low_mfu", "the trace has no FLOP counts", FLOPS_FLAG)
+        return Gap("low_mfu", "the trace has no FLOP counts (they need shapes: with_flops records them "
+                              "only with record_shapes)", FLOPS_FLAG)
     name = device_name(trace)
     peak = peak_tflops or (table_peak(name, dtype) if name else None)
     if not peak:
@@ -70,7 +75,8 @@ def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
     saving = max(0.0, ctx.step_us / 1000.0 - ideal_ms / TARGET_MFU)
     evidence = {**ctx.evidence(), "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
                 "achieved_tflops": round(flops / step_s / 1e12, 2) if step_s > 0 else None,
-                "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU}
+                "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU,
+                "perfetto_ts_us": round(ctx.longest_step_ts, 3)}
     return Finding(
         kind="low_mfu", ranks=(trace.rank or 0,),
         summary=f"model FLOPs use {100 * mfu:.1f} % of the {name or 'GPU'}'s {peak:g} TFLOP/s peak",

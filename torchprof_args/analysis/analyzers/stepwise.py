@@ -63,6 +63,8 @@ class StepContext:
     k_end: np.ndarray
     busy: Intervals
     idle: Intervals
+    #: start of the longest step (for Perfetto).
+    longest_step_ts: float = 0.0
 
     @property
     def has_gpu(self) -> bool:
@@ -91,20 +93,21 @@ def context(trace: Trace) -> StepContext:
     return trace.memo.diagnose
 
 
-def _region(trace: Trace) -> tuple[int, float, float, float, bool]:
+def _region(trace: Trace) -> tuple[int, float, float, float, bool, float]:
     rows = steps(trace)
     if rows:
         start = rows[0]["start_us"]
         end = max(s["start_us"] + s["dur_us"] for s in rows)
-        return len(rows), float(np.mean([s["dur_us"] for s in rows])), start, end, False
+        longest = max(rows, key=lambda s: s["dur_us"])["start_us"]
+        return len(rows), float(np.mean([s["dur_us"] for s in rows])), start, end, False, longest
     if trace.ts.size == 0:
-        return 1, 0.0, 0.0, 0.0, True
+        return 1, 0.0, 0.0, 0.0, True, 0.0
     start, end = float(trace.ts.min()), float((trace.ts + trace.dur).max())
-    return 1, end - start, start, end, True
+    return 1, end - start, start, end, True, start
 
 
 def _build(trace: Trace) -> StepContext:
-    n, step_us, start, end, whole = _region(trace)
+    n, step_us, start, end, whole, longest = _region(trace)
     is_kernel = lookup(trace.cats, KERNEL_CATS)[trace.cat_id] & (trace.stream >= 0)
     is_kernel &= (trace.ts < end) & (trace.ts + trace.dur > start)
     kernels = np.flatnonzero(is_kernel)
@@ -115,7 +118,7 @@ def _build(trace: Trace) -> StepContext:
     idle_s, idle_e = np.r_[start, busy[1]], np.r_[busy[0], end]
     keep = idle_e > idle_s
     return StepContext(n, step_us, start, end, whole, kernels, _launches(trace, kernels), k_ts, k_end,
-                       busy, (idle_s[keep], idle_e[keep]))
+                       busy, (idle_s[keep], idle_e[keep]), longest)
 
 
 def _launches(trace: Trace, kernels: np.ndarray) -> np.ndarray:
