@@ -68,7 +68,7 @@ def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1, 
     trace_path = Path(path)
     try:
         identity = trace_identity(trace_path)
-        trace = load_trace(trace_path, progress=progress, workers=workers, comms=write)
+        trace = load_trace(trace_path, progress=progress, workers=workers, comms=write, flops=write)
         size = trace.uncompressed_bytes
         summary = finite(summarize(trace, top=None if write else top))
         diagnosis = finite(rank_diagnosis(trace)) if write else None

@@ -193,8 +193,8 @@ class Gathered:
 def gather(files: Sequence[Path], *, reparse: bool = False, workers: int | None = None,
            progress: bool = False) -> Gathered:
     """Each trace's :func:`rank_diagnosis`: from its sidecar when it matches and holds one (unless
-    ``reparse``), else parsed (decoded like ``summary``'s, with the communication events).  A trace
-    that cannot be read is one line in ``errors``; the others go on."""
+    ``reparse``), else parsed (decoded like ``summary``'s, with the communication events and FLOP
+    counts).  A trace that cannot be read is one line in ``errors``; the others go on."""
     out = Gathered()
     for path in files:
         doc = None if reparse else read_diagnosis(path)
@@ -204,7 +204,7 @@ def gather(files: Sequence[Path], *, reparse: bool = False, workers: int | None 
             continue
         started = time.perf_counter()
         try:
-            trace = load_trace(path, progress=progress, workers=workers, comms=True)
+            trace = load_trace(path, progress=progress, workers=workers, comms=True, flops=True)
             doc = finite(rank_diagnosis(trace))
             out.parsed_bytes += trace.uncompressed_bytes
             del trace

@@ -109,7 +109,7 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
     from torchprof_args.analysis.sidecar import write_sidecar
     from torchprof_args.analysis.summary import finite
 
-    trace = load_trace(staged, progress=False, comms=True)
+    trace = load_trace(staged, progress=False, comms=True, flops=True)
     summary = finite(summarize(trace, top=None))
     summary["file"] = str(published)
     if job.sidecar_path:
