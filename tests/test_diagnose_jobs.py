@@ -63,10 +63,14 @@ def test_sleep_in_the_data_loader_is_a_dataloader_stall(tmp_path, capsys):
 
 
 def test_forced_synchronisation_is_a_host_sync(tmp_path, capsys):
-    doc = diagnosis(capsys, run_job(tmp_path, "--sync-ms", "100"))
+    """On CPU: the step's thread waits right away for a 64 MB metric all-reduce it issued (gloo runs it
+    on its worker thread); DDP's own gradient all-reduce, also waited for, is not counted."""
+    doc = diagnosis(capsys, run_job(tmp_path, "--sync-mb", "64"))
     found = by_kind(doc).get("host_sync")
     assert found is not None, doc["findings"]
-    assert found["ms_per_step"] > 0.5 * 100
+    assert found["ranks"] == [0, 1] and found["share_of_step"] > 0.3
+    assert found["evidence"]["calls_per_step"] == 1.0
+    assert found["evidence"]["top_calls"][0]["name"] == "c10d::allreduce_"
 
 
 def test_deepspeed_pipeline_has_a_bubble_per_stage(tmp_path, capsys):

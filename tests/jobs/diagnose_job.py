@@ -7,9 +7,10 @@ profiled by ``TorchProfiler`` with the flags given.  The problem is chosen on th
   the step waits in ``enumerate(DataLoader)``'s ``__next__``);
 * ``--slow-rank R --slow-ms X``: rank R spends X ms more per step before its backward pass (a slow
   host), so the other rank waits for it in DDP's gradient all-reduce;
-* ``--sync-ms X``: every step blocks X ms on a host wait it does not need: it copies the loss into
-  a metric, all-reduces it asynchronously and waits for the result at once (``work.wait()``), after
-  a ``time.sleep`` that stands for the device catching up; the wait is on the step's critical path.
+* ``--sync-mb N``: every step blocks on a wait it does not need: it all-reduces an N MB metric
+  buffer asynchronously and waits for the result at once (``work.wait()``), so the step's thread sits
+  idle while gloo's worker thread transfers it (the CPU form of a host synchronisation: the remedy
+  is to wait where the value is needed, e.g. at the logging interval).
 
 Writes ``--result-dir/rank<R>.json`` with how it ended.
 """
@@ -51,7 +52,7 @@ def main() -> int:
     parser.add_argument("--loader-sleep-ms", type=float, default=0.0)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0)
-    parser.add_argument("--sync-ms", type=float, default=0.0)
+    parser.add_argument("--sync-mb", type=float, default=0.0)
     parser.add_argument("--result-dir", required=True)
     add_torch_profile_args(parser)
     args = parser.parse_args()
@@ -63,6 +64,7 @@ def main() -> int:
         torch.nn.Linear(256, 8)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     # one item per batch: the loader's sleep is paid once per step
+    metrics = torch.zeros(int(args.sync_mb * (1 << 20)) // 4)
     loader = DataLoader(SlowDataset(args.iters + 2, args.loader_sleep_ms), batch_size=None, num_workers=0)
     with TorchProfiler.from_args(args) as prof:
         for iteration, (x, y) in enumerate(loader, start=1):
@@ -74,10 +76,9 @@ def main() -> int:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            if args.sync_ms:
-                metric = loss.detach().clone()
-                time.sleep(args.sync_ms / 1e3)
-                dist.all_reduce(metric, async_op=True).wait()
+            if args.sync_mb:
+                metrics[0] = loss.detach()
+                dist.all_reduce(metrics, async_op=True).wait()
             prof.step(iteration)
     write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"), {"rank": rank, "ended": "done"})
     dist.destroy_process_group()
