@@ -40,7 +40,7 @@ from torchprof_args.analysis.analyzers import (
 )
 from torchprof_args.analysis.analyzers.stepwise import context, host_wait
 from torchprof_args.analysis.findings import Finding, Gap
-from torchprof_args.analysis.rank_findings import rank_findings
+from torchprof_args.analysis.rank_findings import ANALYZERS, rank_findings
 
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"  # 2 steps, 4.9k events: fast
 NCCL = DATA / "gpu_2rank_nccl_rank0.json.gz"  # 3 steps, 40k events
@@ -143,6 +143,7 @@ def test_host_sync_without_stacks_names_the_flag(tmp_path: Path) -> None:
     assert finding.evidence["call_sites_need"] == "--torch-profile-with-stack"
 
 
+@pytest.mark.slow
 def test_memcpy_found_with_its_magnitude(tmp_path: Path) -> None:
     base = memcpy.analyze(load_trace(SAMPLED), threshold=0.0)
     assert isinstance(base, Finding)
@@ -160,6 +161,7 @@ def test_memcpy_found_with_its_magnitude(tmp_path: Path) -> None:
     assert finding.evidence["pageable_ms_per_step"] >= d / 1000.0 * len(starts) / 2
 
 
+@pytest.mark.slow
 def test_launch_bound_found_with_its_magnitude(tmp_path: Path) -> None:
     """An unfused loop of tiny kernels, each launched after 200 us of Python: the GPU waits."""
     base = launch_bound.analyze(load_trace(SAMPLED), threshold=0.0, short_share=0.0)
@@ -259,3 +261,84 @@ def test_analyzers_never_raise_on_cpu_traces_and_give_gaps() -> None:
     assert set(gaps) >= {"gpu_idle", "exposed_comm", "launch_bound", "host_sync", "memcpy", "low_mfu"}
     assert gaps["gpu_idle"] == "--torch-profile-activities cpu cuda"
     assert np.isfinite([r.saving_ms_per_step for r in results if isinstance(r, Finding)]).all()
+
+
+@pytest.mark.slow
+def test_flops_decoded_alike_on_every_path(tmp_path: Path) -> None:
+    """FLOP counts come out the same from the plain and the gzipped file, from one process and from
+    two, and from the loose decoder (a batch with an unusual value), and not at all unless asked."""
+    import gzip
+
+    doc = load_doc(SAMPLED)
+    mms = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
+    for i, e in enumerate(mms):
+        e["args"]["flops"] = 1000 * (i + 1)
+    mms[0]["args"]["stream"] = "not a number"  # the loose decoder takes that batch
+    plain = write_doc(doc, tmp_path)
+    packed = tmp_path / "injected.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    expected = sum(1000 * (i + 1) for i in range(len(mms)))
+    for path, workers in ((plain, 1), (plain, 2), (packed, 1), (packed, 2)):
+        trace = load_trace(path, workers=workers, flops=True)
+        idx, values = trace.flops
+        assert values.sum() == expected, (path.name, workers)
+        assert {trace.names[n] for n in trace.name_id[idx]} == {"aten::mm"}
+    assert load_trace(plain).flops is None
+
+
+@pytest.mark.slow
+def test_dataloader_stall_on_a_cpu_only_trace(tmp_path: Path) -> None:
+    """No GPU: the step waits for the whole fetch (a loader with a ``time.sleep``)."""
+    source = DATA / "cpu_2rank_gloo_rank0_iter3.json.gz"
+    doc = load_doc(source)
+    pid, tid = cpu_thread(doc)
+    d = 30_000.0
+    for t in reversed(step_starts(doc)):
+        insert_pause(doc, t, d, cause={"name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                                       "cat": "user_annotation", "pid": pid, "tid": tid})
+    assert dataloader_stall.analyze(load_trace(source)) is None
+    finding = _check(write_doc(doc, tmp_path), "dataloader_stall", d / 1000.0)
+    assert finding.summary.startswith("the step waits")
+
+
+def test_a_trace_without_steps_is_one_step() -> None:
+    results = rank_findings(load_trace(DATA / "gpu_1rank_alexnet.json.gz"))
+    found = [r for r in results if isinstance(r, Finding)]
+    assert found and all(f.evidence["whole_trace_as_one_step"] for f in found)
+    assert all(f.evidence["steps"] == 1 for f in found)
+
+
+def test_process_group_kinds_from_their_descriptions() -> None:
+    kinds = {desc: exposed_comm.group_kind(desc) for desc in (
+        "TENSOR_MODEL_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP",
+        "CONTEXT_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP", "default_pg", "mystery", None)}
+    assert list(kinds.values()) == ["tp", "pp", "ep", "cp", "dp", "dp", "unknown", "unknown"]
+
+
+@pytest.mark.slow
+def test_exposed_comm_split_by_process_group() -> None:
+    """Loaded with its communication fields, the real NCCL trace's exposed all-reduces belong to
+    the default (data-parallel) group, and the remedy is Megatron's gradient-reduction overlap."""
+    finding = exposed_comm.analyze(load_trace(NCCL, comms=True))
+    assert isinstance(finding, Finding)
+    assert list(finding.evidence["by_group_ms_per_step"]) == ["dp"]
+    assert finding.evidence["by_group_ms_per_step"]["dp"] == pytest.approx(finding.ms_per_step, rel=0.01)
+    assert "--overlap-grad-reduce" in finding.remedy
+    assert "by_group_ms_per_step" not in exposed_comm.analyze(load_trace(NCCL)).evidence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json.gz")), ids=lambda p: p.name)
+def test_every_real_trace_gives_json_findings(path: Path) -> None:
+    """Every real trace's findings and gaps are plain JSON (the sidecar stores them) and read back."""
+    import json
+
+    results = rank_findings(load_trace(path, flops=True))
+    assert [r.kind for r in results if not isinstance(r, Finding)] == sorted(
+        {r.kind for r in results if not isinstance(r, Finding)}, key=list(ANALYZERS).index)  # one gap a kind
+    assert {r.kind for r in results} <= set(ANALYZERS)
+    for result in results:
+        doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+        if isinstance(result, Finding):
+            assert Finding.from_json(doc) == result
+            assert 0.0 <= result.saving_ms_per_step <= result.ms_per_step + 1e-9

@@ -16,5 +16,10 @@ need (steps, the CPU tree, kernel classes) are computed once per trace and kept 
 * :mod:`.collectives` and :mod:`.collective_match`: one rank's collective instances (a trace
   loaded with ``comms=True``), then matched across ranks: arrival skew, last rank, bus bandwidth
   (``torchprof collectives``);
-* :mod:`.intervals` and :mod:`.select`: the vectorised building blocks they share.
+* :mod:`.intervals` and :mod:`.select`: the vectorised building blocks they share;
+* ``torchprof diagnose``'s per-rank kinds, one module each (:mod:`.gpu_idle`, :mod:`.exposed_comm`,
+  :mod:`.launch_bound`, :mod:`.host_sync`, :mod:`.dataloader_stall`, :mod:`.low_mfu`,
+  :mod:`.memcpy`), each ``analyze(trace) -> Finding | Gap | None`` with a documented
+  ``THRESHOLD``, over :mod:`.stepwise` (steps, kernels and launches, GPU idle) and
+  :mod:`.callsites` (Python call sites); :mod:`torchprof_args.analysis.rank_findings` runs them.
 """

@@ -48,6 +48,8 @@ __all__ = ["SYNC_RE", "THRESHOLD", "analyze", "claimed", "cpu_waits", "sync_even
 THRESHOLD = 0.02
 SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchroni[sz]e$")
 DTOH_RE = re.compile(r"DtoH|Device -> (Pageable|Pinned|Host)")
+#: call sites are looked up for this many of the costliest calls (each is a search of the frames).
+SITES_OF = 32
 
 
 def sync_events(trace: Trace, ctx: StepContext | None = None) -> np.ndarray:
@@ -111,7 +113,8 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
                 "top_calls": top_names(trace, idx, cost, ctx), "perfetto_ts_us": round(float(ts[worst]), 3)}
     remedy = "remove the host synchronisation (.item(), .cpu(), torch.cuda.synchronize()) from the step"
     if has_stacks(trace):
-        sites = _by_site(idx, cost, call_sites(trace, idx), ctx)
+        costliest = np.argsort(-cost, kind="stable")[:SITES_OF]
+        sites = _by_site(cost[costliest], call_sites(trace, idx[costliest]), ctx)
         evidence["call_sites"] = sites
         if sites and sites[0]["name"] != "unknown":
             remedy = f"remove the synchronisation (.item() / .cpu() / synchronize) at {sites[0]['name']}"
@@ -127,7 +130,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
         remedy=remedy, evidence=evidence)
 
 
-def _by_site(idx: np.ndarray, cost: np.ndarray, sites: list[str | None], ctx: StepContext,
+def _by_site(cost: np.ndarray, sites: list[str | None], ctx: StepContext,
              top: int = 3) -> list[dict[str, float | str]]:
     sums: dict[str, float] = defaultdict(float)
     for site, us in zip(sites, cost.tolist(), strict=True):
