@@ -166,9 +166,9 @@ def diagnose(rank_docs: Sequence[dict[str, Any]], path: str | Path, cycle: str |
     by_kind: dict[str, list[Finding]] = {}
     for doc in docs:
         for item in doc.get("findings") or []:
-            finding = Finding.from_json(item)
-            if not finding.ranks:
-                finding = Finding.from_json({**item, "ranks": [doc["rank"]]})
+            # a per-rank finding is about its document's rank (a trace without distributedInfo is
+            # numbered from its file name here, which its analyzer could not know)
+            finding = Finding.from_json({**item, "ranks": [doc["rank"]]})
             by_kind.setdefault(finding.kind, []).append(finding)
     findings = [merge_kind(group, len(docs), step_ms) for group in by_kind.values()]
     findings += _cross_rank(docs, step_ms)
