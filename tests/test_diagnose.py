@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.diagnose_traces import CPU_PAIR, straggler_pair
+from helpers.diagnose_traces import CPU_PAIR, late_pair, straggler_pair
 from helpers.examples import run_doc_example
 from helpers.paths import DATA
 
@@ -113,6 +113,22 @@ def test_straggler_injected_into_the_real_gpu_pair_adds_its_size(tmp_path, capsy
     doc = run_json(capsys, str(straggler_pair(tmp_path / "slow", 200e3)[0].parent))
     assert straggler_ms(doc) - straggler_ms(clean) == pytest.approx(200.0, rel=0.10)
     assert [f for f in doc["findings"] if f["kind"] == "straggler"][0]["ranks"] == [1]
+
+
+@pytest.mark.slow
+def test_late_arrival_injected_into_a_real_cpu_pair_is_collective_skew_first(tmp_path, capsys):
+    """Rank 1 starts each step 50 ms late (a pause between its steps, not more work): rank 0 waits for
+    it in the step's first collective.  collective_skew, ranks [1], 50 ms more than the unmodified
+    pair's (within 10 %), first; no straggler (rank 1 does no more work)."""
+    def skew_ms(doc: dict) -> float:
+        return next((f["ms_per_step"] for f in doc["findings"] if f["kind"] == "collective_skew"), 0.0)
+
+    clean = run_json(capsys, str(late_pair(tmp_path / "clean", 0)[0].parent))
+    doc = run_json(capsys, str(late_pair(tmp_path / "late", 50e3)[0].parent))
+    first = doc["findings"][0]
+    assert first["kind"] == "collective_skew" and first["ranks"] == [1]
+    assert skew_ms(doc) - skew_ms(clean) == pytest.approx(50.0, rel=0.10)
+    assert straggler_ms(doc) == 0.0
 
 
 def _finding(kind: str, rank: int, ms: float) -> Finding:

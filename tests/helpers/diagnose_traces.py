@@ -15,7 +15,8 @@ from typing import Any
 
 from helpers.paths import DATA
 
-__all__ = ["CPU_PAIR", "GPU_PAIR", "insert_time", "load_events", "straggler_pair", "write_events"]
+__all__ = ["CPU_PAIR", "GPU_PAIR", "insert_time", "late_pair", "load_events", "straggler_pair",
+           "write_events"]
 
 #: two real ranks of one job: a 128-GPU NCCL job's ranks 0 and 1, and tests/jobs/diagnose_job.py's
 #: 2-rank gloo DDP job without a problem.
@@ -73,10 +74,13 @@ def _work_point(doc: dict[str, Any], lo: float, hi: float) -> float:
     return lo + 1
 
 
-def straggler_pair(dst: Path, x_us: float, slow: int = 1, pair: tuple[str, str] = GPU_PAIR) -> list[Path]:
+def straggler_pair(dst: Path, x_us: float, slow: int = 1, pair: tuple[str, str] = GPU_PAIR,
+                   late_only: bool = False) -> list[Path]:
     """A real pair of ranks (:data:`GPU_PAIR`, :data:`CPU_PAIR`) in ``dst`` with rank ``slow`` doing
     ``x_us`` more work per step (and the other rank waiting that long in its first collective of each
-    step); ``x_us=0``: unmodified."""
+    step); ``x_us=0``: unmodified.  ``late_only``: rank ``slow`` does no more work but starts each step
+    ``x_us`` late (the time goes *between* its steps, e.g. a host pause after ``prof.step()``), so it
+    arrives late at the step's first collective: skew without a straggler."""
     out = []
     for rank, name in enumerate(pair):
         doc = load_events(DATA / name)
@@ -84,10 +88,18 @@ def straggler_pair(dst: Path, x_us: float, slow: int = 1, pair: tuple[str, str] 
         points = []
         for i, step in enumerate(steps):
             hi = steps[i + 1]["ts"] if i + 1 < len(steps) else step["ts"] + step["dur"]
-            at = _work_point(doc, step["ts"], hi) if rank == slow else _first_collective(doc, step["ts"], hi)
+            if rank == slow:
+                at = step["ts"] if late_only else _work_point(doc, step["ts"], hi)
+            else:
+                at = _first_collective(doc, step["ts"], hi)
             if at is not None and x_us:
                 points.append(at + (1 if rank != slow else 0))
         for t0 in sorted(points, reverse=True):
             insert_time(doc, t0, x_us)
         out.append(write_events(doc, dst / name))
     return out
+
+
+def late_pair(dst: Path, x_us: float, late: int = 1, pair: tuple[str, str] = CPU_PAIR) -> list[Path]:
+    """:func:`straggler_pair` with ``late_only``: rank ``late`` arrives ``x_us`` late at each step."""
+    return straggler_pair(dst, x_us, slow=late, pair=pair, late_only=True)

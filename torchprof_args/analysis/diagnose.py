@@ -13,7 +13,8 @@ Two stages, so that 512 ranks need no trace parsed:
 collectives, so a problem on any rank costs the whole job what it costs that rank: a kind's
 job-level ``ms_per_step`` and ``saving_ms_per_step`` are the *worst rank's*, its ``ranks`` every
 rank that has it, its evidence the worst rank's plus ``per_rank_ms`` (min / median / max over the
-affected ranks) and ``worst_rank``.  ``step_ms`` is the mean over ranks of their mean step.
+affected ranks) and ``worst_rank``.  ``step_ms`` is the slowest rank's mean step: the pace the job
+advances at (a rank that loses time between its steps has shorter steps, not a faster job).
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def diagnose(rank_docs: Sequence[dict[str, Any]], path: str | Path, cycle: str |
     """The job's diagnosis from one cycle's :func:`rank_diagnosis` documents (``--json``'s schema)."""
     docs = [{**d, "rank": _rank_of(d, i)} for i, d in enumerate(rank_docs)]
     means = [d["step_mean_us"] for d in docs if d.get("step_mean_us")]
-    step_ms = statistics.fmean(means) / 1e3 if means else None
+    step_ms = max(means) / 1e3 if means else None
     by_kind: dict[str, list[Finding]] = {}
     for doc in docs:
         for item in doc.get("findings") or []:
