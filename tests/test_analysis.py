@@ -28,6 +28,7 @@ GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
 def test_real_traces_are_in_the_repository() -> None:
     """The HTA comparisons below run on every real trace: they must not silently vanish."""
     assert [p.name for p in TRACES] == [
+        "cpu_2rank_ddp_rank0.json.gz", "cpu_2rank_ddp_rank1.json.gz",
         "cpu_2rank_gloo_rank0_iter3.json.gz", "cpu_2rank_gloo_rank0_iter5.json.gz",
         "gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz",
         "gpu_1rank_alexnet.json.gz", "gpu_1rank_cuda_event_sync.json.gz",

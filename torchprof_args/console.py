@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.analysis.commands",
     "torchprof_args.analysis.collectives_command",
     "torchprof_args.analysis.hang_command",
+    "torchprof_args.analysis.diagnose_command",
     "torchprof_args.pyspy.command",
     "torchprof_args.runtime.nsys_command",
     "torchprof_args.metrics.dashboard_command",

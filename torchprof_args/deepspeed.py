@@ -88,8 +88,13 @@ class DeepSpeedProfilerHook:
         """Start the profiler and wrap ``engine.step`` (``train_batch`` on pipeline engines); idempotent."""
         if self._wrapped is not None:
             return
-        self.prof.start()
         engine = self.engine
+        if is_pipeline_engine(engine):
+            from torchprof_args.runtime.metadata import pipeline_metadata
+
+            self.prof.add_trace_metadata(pipeline=pipeline_metadata(
+                engine.num_stages, engine.micro_batches, getattr(engine, "stage_id", None)))
+        self.prof.start()
         if is_pipeline_engine(engine):
             self._wrap("train_batch", lambda: True)
         else:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from torchprof_args.analysis import parallel
+from torchprof_args.analysis.diagnose import rank_diagnosis
 from torchprof_args.analysis.loader import load_trace
 from torchprof_args.analysis.sidecar import (
     read_sidecar,
@@ -67,9 +68,10 @@ def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1, 
     trace_path = Path(path)
     try:
         identity = trace_identity(trace_path)
-        trace = load_trace(trace_path, progress=progress, workers=workers)
+        trace = load_trace(trace_path, progress=progress, workers=workers, comms=write, flops=write)
         size = trace.uncompressed_bytes
         summary = finite(summarize(trace, top=None if write else top))
+        diagnosis = finite(rank_diagnosis(trace)) if write else None
         del trace
     except TraceError as exc:
         return Parsed(None, str(exc), 0, False)
@@ -79,7 +81,7 @@ def parse_one(path: str, top: int | None, write: bool, workers: int | None = 1, 
         return Parsed(summary, None, size, False)
     error = None
     try:
-        write_sidecar(summary, trace_path, identity)
+        write_sidecar(summary, trace_path, identity, diagnosis=diagnosis)
     except OSError as exc:
         error = f"{trace_path}: cannot write its sidecar ({exc.strerror or exc})"
     return Parsed(truncate(summary, top) if keep else None, error, size, error is None)

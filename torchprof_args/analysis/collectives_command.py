@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from torchprof_args.analysis.cmdline import guard
@@ -21,45 +20,17 @@ from torchprof_args.errors import TraceError
 
 __all__ = ["collectives_report", "format_collectives", "register"]
 
-def _choose_cycle(files: list[Path], cycle: int | None) -> tuple[list[Path], str | None]:
-    """The files of one cycle (``cycle``: its first iteration; default the latest) and a note.
-
-    Cycles as :mod:`~torchprof_args.analysis.discover` groups them: cycle folders
-    (``iter000120-000121/``), or the ``_iterA-B`` suffix of the flat layout's file names.
-    """
-    from torchprof_args.analysis.discover import group_by_cycle
-
-    cycles = group_by_cycle(files)
-    named = [c for c in cycles if c.iterations is not None]
-    if cycle is not None:
-        chosen = [c for c in named if c.iterations[0] == cycle]  # type: ignore[index]
-        if not chosen:
-            known = (", ".join(str(c.iterations[0]) for c in named)  # type: ignore[index]
-                     or "none (no iter<first>-<last> folders or names)")
-            raise TraceError(f"--cycle {cycle}: no traces of a cycle starting at iteration {cycle} "
-                             f"(cycles: {known})")
-        first, last = chosen[0].iterations  # type: ignore[misc]
-        return chosen[0].files, f"iterations {first}-{last}"
-    if len(cycles) <= 1:
-        key = cycles[0].iterations if cycles else None
-        return files, (f"iterations {key[0]}-{key[1]}" if key else None)
-    latest = named[-1] if named else cycles[-1]
-    span = f"iterations {latest.iterations[0]}-{latest.iterations[1]}" if latest.iterations else latest.label
-    note = f"{span} (the latest of {len(cycles)} cycles here; --cycle FIRST_ITERATION picks another)"
-    return latest.files, note
-
-
 def collectives_report(paths: list[str], *, cycle: int | None = None, top: int = 20, progress: bool = False,
                        workers: int | None = None) -> dict[str, Any]:
     """Load one cycle's traces (files or directories) and match their collectives across ranks."""
     from torchprof_args.analysis.analyzers.collective_match import match_collectives
     from torchprof_args.analysis.analyzers.collectives import rank_collectives
-    from torchprof_args.analysis.discover import expand
+    from torchprof_args.analysis.discover import choose_cycle, expand
     from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
     from torchprof_args.naming import rank_from_file_name
 
     release_memory_eagerly()
-    files, cycle_text = _choose_cycle(expand(paths), cycle)
+    files, cycle_text = choose_cycle(expand(paths), cycle)
     ranks = {}
     for index, path in enumerate(files):
         trace = load_trace(path, progress=progress, workers=workers, comms=True)

@@ -25,28 +25,46 @@ def _report(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.summary import finite
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
-    out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output)
+    findings = [_diagnosis(c.files, args, c.label) for c, _ in cycles]
+    out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
+                       findings=findings)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
     return 1 if got.errors else 0
 
 
+def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> dict[str, Any] | None:
+    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed); None when none
+    of them can be read."""
+    from torchprof_args.analysis.diagnose import diagnose, gather
+    from torchprof_args.analysis.summary import finite
+
+    got = gather(files, reparse=args.reparse, workers=getattr(args, "workers", None), progress=False)
+    return finite(diagnose(got.docs, label or "", label)) if got.docs else None
+
+
 def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.cycles import cycle_summaries
     from torchprof_args.analysis.diff import diff_summaries, format_diff
+    from torchprof_args.analysis.discover import choose_cycle, expand
+    from torchprof_args.analysis.findings_diff import diff_findings, format_findings_diff
     from torchprof_args.analysis.summary import finite
 
-    sides = []
+    sides, diagnoses = [], []
     for side in (args.base, args.new):
         cycles, got = cycle_summaries([side], args, None)
         if got.errors:
             return 1
         sides.append([s for _, summaries in cycles for s in summaries])
+        files, label = choose_cycle(expand([side]), None)
+        diagnoses.append(_diagnosis(files, args, label or side) or {"findings": []})
     result = finite(diff_summaries(*sides))
+    result["findings"] = diff_findings(*diagnoses)
     if args.json:
         print(json.dumps(result))
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
+        print("\n".join(format_findings_diff(result["findings"])))
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import SUMMARIES_SUBDIR, TRACE_FILE_SUFFIXES, TRACE_SUFFIX, cycle_of_name
 
-__all__ = ["Cycle", "expand", "group_by_cycle", "traces_in"]
+__all__ = ["Cycle", "choose_cycle", "expand", "group_by_cycle", "traces_in"]
 
 
 def traces_in(directory: Path) -> list[Path]:
@@ -116,3 +116,29 @@ def group_by_cycle(files: list[Path]) -> list[Cycle]:
         label, iterations = cycle_key(f)
         cycles.setdefault(label, Cycle(label, iterations)).files.append(f)
     return sorted(cycles.values(), key=lambda c: (c.iterations is None, c.iterations or (0, 0), c.label))
+
+
+def choose_cycle(files: list[Path], cycle: int | None) -> tuple[list[Path], str | None]:
+    """The files of one cycle (``cycle``: its first iteration; default the latest) and a note.
+
+    Cycles as :mod:`~torchprof_args.analysis.discover` groups them: cycle folders
+    (``iter000120-000121/``), or the ``_iterA-B`` suffix of the flat layout's file names.
+    """
+    cycles = group_by_cycle(files)
+    named = [c for c in cycles if c.iterations is not None]
+    if cycle is not None:
+        chosen = [c for c in named if c.iterations[0] == cycle]  # type: ignore[index]
+        if not chosen:
+            known = (", ".join(str(c.iterations[0]) for c in named)  # type: ignore[index]
+                     or "none (no iter<first>-<last> folders or names)")
+            raise TraceError(f"--cycle {cycle}: no traces of a cycle starting at iteration {cycle} "
+                             f"(cycles: {known})")
+        first, last = chosen[0].iterations  # type: ignore[misc]
+        return chosen[0].files, f"iterations {first}-{last}"
+    if len(cycles) <= 1:
+        key = cycles[0].iterations if cycles else None
+        return files, (f"iterations {key[0]}-{key[1]}" if key else None)
+    latest = named[-1] if named else cycles[-1]
+    span = f"iterations {latest.iterations[0]}-{latest.iterations[1]}" if latest.iterations else latest.label
+    note = f"{span} (the latest of {len(cycles)} cycles here; --cycle FIRST_ITERATION picks another)"
+    return latest.files, note

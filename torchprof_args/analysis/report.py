@@ -1,6 +1,7 @@
 """Self-contained HTML report (inline SVG, no scripts, no network), built for many ranks.
 
-One section per profiled cycle: the distributions over ranks, a rank x step heatmap of step
+One section per profiled cycle, opening with ``torchprof diagnose``'s findings (what to fix,
+ranked by the step time each would save), then the distributions over ranks, a rank x step heatmap of step
 time, histograms of step time, GPU idle and overlap across ranks, the straggler table, the
 kernel-type breakdown of the mean, slowest, median and fastest rank, their top kernels, and every
 rank's row folded away.  Nothing is drawn once per rank except one heatmap row, so 1,024 ranks
@@ -114,10 +115,30 @@ def _top_kernels(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> st
     return "<div class=row>" + "".join(parts) + "</div>" if parts else ""
 
 
-def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any]) -> str:
+def _findings(doc: dict[str, Any] | None) -> str:
+    """The cycle's findings (``torchprof diagnose``), largest saving first, and its gaps."""
+    if doc is None:
+        return ""
+    rows = [[i, f["kind"], f"{f['saving_ms_per_step']:.1f} ms", fmt_pct(100.0 * f["share_of_step"]),
+             ", ".join(str(r) for r in f["ranks"][:16]) + (" ..." if len(f["ranks"]) > 16 else ""),
+             f["summary"], f["remedy"]] for i, f in enumerate(doc["findings"], 1)]
+    parts = ["<h3>What to fix (torchprof diagnose)</h3>"]
+    headers = ["#", "kind", "saves up to / step", "of the step", "ranks", "finding", "remedy"]
+    parts.append(_table(headers, rows, {0, 2, 3}) if rows
+                 else "<p>No finding above the documented thresholds.</p>")
+    gaps = sorted({f"to see {g['kind']}, record with {g['flag']}"
+                   for g in doc.get("gaps") or [] if g.get("flag")})
+    if gaps:
+        parts.append("<p>" + "; ".join(html.escape(g) for g in gaps) + ".</p>")
+    return "\n".join(parts)
+
+
+def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any],
+                   findings: dict[str, Any] | None = None) -> str:
     by_rank = {(s["rank"] if s.get("rank") is not None else i): s for i, s in enumerate(summaries)}
     rows = view["ranks"]
-    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _distributions(view["distributions"])]
+    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings),
+             _distributions(view["distributions"])]
     if view.get("slowest_rank") is not None:
         parts.append(f"<p>Slowest rank <b>{view['slowest_rank']}</b>, fastest {view['fastest_rank']}, spread "
                      f"{view['spread_pct']:.2f}% of the mean step ({fmt_us(view['step_mean_us'])}); "
@@ -157,18 +178,23 @@ def _stragglers(view: dict[str, Any]) -> list[str]:
     return parts
 
 
-def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> str:
-    """The HTML page for ``(title, per-rank summaries, cross-rank view)`` of each cycle."""
+def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]],
+                  findings: list[dict[str, Any] | None] | None = None) -> str:
+    """The HTML page for ``(title, per-rank summaries, cross-rank view)`` of each cycle; ``findings``:
+    each cycle's ``torchprof diagnose`` result (None: that cycle's section has no findings)."""
     ranks = sum(len(s) for _, s, _ in cycles)
     head = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
             f"<style>{_STYLE}</style></head><body><h1>torchprof trace report</h1>",
             f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis "
             "definitions; hover a cell or bar for its value.</p>"]
-    return "\n".join(head + [_cycle_section(*c) for c in cycles] + ["</body></html>"])
+    found = findings or [None] * len(cycles)
+    return "\n".join(head + [_cycle_section(*c, f) for c, f in zip(cycles, found, strict=True)]
+                     + ["</body></html>"])
 
 
-def write_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]], output: str | Path) -> Path:
+def write_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]], output: str | Path,
+                 findings: list[dict[str, Any] | None] | None = None) -> Path:
     """Publish :func:`render_report`'s page at ``output`` (atomically); returns its path."""
     output = Path(output)
-    write_text_atomically(output, render_report(cycles))
+    write_text_atomically(output, render_report(cycles, findings))
     return output

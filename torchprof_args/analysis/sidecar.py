@@ -1,11 +1,13 @@
 """Summary sidecars: a trace's summary computed once, kept beside it, read instead of the trace.
 
 ``<trace folder>/summaries/<stem>.summary.json`` holds what ``torchprof summary --json --top all``
-prints for the trace (every kernel and operator, not only the top 30) plus the trace's name, size
-and mtime.  The publisher writes one when it publishes a trace (it parses the staged copy for
-the trace's operator table anyway); ``torchprof summary --write-sidecars [--shard K/N]`` writes them
-for traces from elsewhere.  A sidecar is used only while it matches its trace (same name, size
-and mtime, same sidecar version); otherwise the trace is parsed.  Sidecars live in a subfolder
+prints for the trace (every kernel and operator, not only the top 30), the rank's part of
+``torchprof diagnose`` (``diagnosis``: :func:`~.diagnose.rank_diagnosis`, read on its own by
+:func:`read_diagnosis`) plus the trace's name, size and mtime.  The publisher writes one when it
+publishes a trace (it parses the staged copy for the trace's operator table anyway); ``torchprof
+summary --write-sidecars [--shard K/N]`` writes them for traces from elsewhere.  A sidecar is used
+only while it matches its trace (same name, size and mtime, same sidecar version); otherwise the
+trace is parsed.  Sidecars live in a subfolder
 because HTA reads every ``.json`` / ``.gz`` file of a folder as a trace.
 """
 
@@ -21,13 +23,13 @@ from torchprof_args.atomic import write_bytes_atomically
 from torchprof_args.naming import sidecar_path
 
 __all__ = [
-    "SIDECAR_FORMAT", "SIDECAR_VERSION", "read_sidecar", "sidecar_matches", "trace_identity", "truncate",
-    "write_sidecar",
+    "SIDECAR_FORMAT", "SIDECAR_VERSION", "read_diagnosis", "read_sidecar", "sidecar_matches",
+    "trace_identity", "truncate", "write_sidecar",
 ]
 
 SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
-SIDECAR_VERSION = 1
+SIDECAR_VERSION = 2
 #: the summary's lists that ``--top`` bounds.
 _TOP_LISTS = ("top_kernels", "top_cpu_ops", "top_cpu_ops_by_self", "top_ops_by_device")
 _decode = msgspec.json.Decoder()
@@ -40,16 +42,18 @@ def trace_identity(trace_path: Path) -> dict[str, Any]:
 
 
 def write_sidecar(summary: dict[str, Any], trace_path: str | os.PathLike[str],
-                  identity: dict[str, Any] | None = None, target: Path | None = None) -> Path:
+                  identity: dict[str, Any] | None = None, target: Path | None = None,
+                  diagnosis: dict[str, Any] | None = None) -> Path:
     """Publish the sidecar of ``trace_path`` (atomically) from its complete summary (``top=None``).
 
     ``identity`` is the trace's :func:`trace_identity` as it was when it was parsed (default: now);
     a trace replaced while it was parsed then gets a sidecar that does not match it.  ``target``:
-    where (default ``naming.sidecar_path(trace_path)``, where readers look).
+    where (default ``naming.sidecar_path(trace_path)``, where readers look).  ``diagnosis``: the
+    rank's :func:`~.diagnose.rank_diagnosis` (None: ``diagnose`` will parse the trace).
     """
     trace_path = Path(trace_path)
     doc = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION,
-           "trace": identity or trace_identity(trace_path), "summary": summary}
+           "trace": identity or trace_identity(trace_path), "summary": summary, "diagnosis": diagnosis}
     target = target or sidecar_path(trace_path)
     write_bytes_atomically(target, msgspec.json.encode(doc) + b"\n")
     return target
@@ -62,6 +66,7 @@ class _Header(msgspec.Struct):
     version: int = 0
     trace: dict[str, Any] = {}
     summary: msgspec.Raw = msgspec.Raw(b"null")
+    diagnosis: msgspec.Raw = msgspec.Raw(b"null")
 
 
 _decode_header = msgspec.json.Decoder(_Header)
@@ -103,6 +108,23 @@ def read_sidecar(trace_path: str | os.PathLike[str], top: int | None = 30) -> di
         return None
     summary["file"] = str(trace_path)
     return truncate(summary, top)
+
+
+def read_diagnosis(trace_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The rank's diagnosis kept for ``trace_path`` (the summary is not decoded); None when there is
+    no matching sidecar or it holds none (then parse the trace)."""
+    trace_path = Path(trace_path)
+    head = _matching(trace_path)
+    if head is None:
+        return None
+    try:
+        doc = _decode.decode(head.diagnosis)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    doc["file"] = str(trace_path)
+    return doc
 
 
 def truncate(summary: dict[str, Any], top: int | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 from torchprof_args.frameworks.megatron_args import profiler_from_args
 from torchprof_args.log import get_logger
 
-__all__ = ["FLUSH_TIMER", "TrainingHook", "clean_exit"]
+__all__ = ["FLUSH_TIMER", "TrainingHook", "clean_exit", "pipeline_from_args"]
 
 logger = get_logger(__name__)
 
@@ -48,6 +48,9 @@ class TrainingHook:
     ) -> None:
         self.args = args
         self.prof = profiler_from_args(args, start_iteration=start_iteration)
+        pipeline = pipeline_from_args(args)
+        if pipeline is not None:
+            self.prof.add_trace_metadata(pipeline=pipeline)
         self.timers = timers
         self.writers = list(writers)
         self._first_iteration: int | None = None
@@ -123,3 +126,18 @@ class TrainingHook:
         except Exception as err:  # metrics must never stop training
             logger.warning("could not write the %s timer at iteration %d: %s: %s", FLUSH_TIMER, iteration,
                            type(err).__name__, err)
+
+
+def pipeline_from_args(args: argparse.Namespace) -> dict[str, int] | None:
+    """The pipeline schedule of a Megatron-LM run (``--pipeline-model-parallel-size``; micro-batches
+    per step: global batch / (micro batch x data-parallel size)), None without pipeline parallelism
+    or when Megatron has not filled in the sizes."""
+    from torchprof_args.runtime.metadata import pipeline_metadata
+
+    stages = getattr(args, "pipeline_model_parallel_size", None)
+    gbs, mbs = getattr(args, "global_batch_size", None), getattr(args, "micro_batch_size", None)
+    dp = getattr(args, "data_parallel_size", None)
+    sizes = (gbs, mbs, dp)
+    if not isinstance(stages, int) or stages < 2 or not all(isinstance(v, int) and v > 0 for v in sizes):
+        return None
+    return pipeline_metadata(stages, max(gbs // (mbs * dp), 1))

@@ -8,7 +8,7 @@ from torchprof_args.naming import short_hostname
 from torchprof_args.runtime.config import TraceConfig
 from torchprof_args.runtime.timeline import Timeline
 
-__all__ = ["trace_metadata"]
+__all__ = ["pipeline_metadata", "trace_metadata"]
 
 
 def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *,
@@ -29,3 +29,13 @@ def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *,
     if window is not None and window.start <= first < window.end:
         metadata["on_demand_request"] = window.request_id
     return metadata
+
+
+def pipeline_metadata(stages: int, micro_batches: int, stage: int | None = None) -> dict[str, int]:
+    """The pipeline schedule a trace's ``pipeline`` metadata records: stages ``p``, micro-batches ``m``
+    per step and this rank's stage (``torchprof diagnose`` compares each stage's idle time with the
+    schedule's bubble, (p - 1) / (m + p - 1))."""
+    doc = {"stages": int(stages), "micro_batches": int(micro_batches)}
+    if stage is not None:
+        doc["stage"] = int(stage)
+    return doc

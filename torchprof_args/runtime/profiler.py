@@ -89,6 +89,8 @@ class TorchProfiler:
         if self._flight_recorder is not None:  # hang forensics: dump when the fence fails (and on SIGTERM)
             self._fence.on_failure.append(self._flight_recorder.on_fence_failure)
         self._recorder = Recorder(config.trace, rank=self.rank)
+        #: what the job adds to each trace's ``torchprof_args`` metadata (:meth:`add_trace_metadata`).
+        self.extra_metadata: dict[str, Any] = {}
         self._memory_given, self._nsys_given = memory, nsys
         self._memory: MemorySnapshotter | None = None
         self._nsys: NsysController | None = None
@@ -353,8 +355,14 @@ class TorchProfiler:
         timeline.next_check = self._on_demand.next_check
 
     def _metadata(self, first: int) -> dict[str, Any]:
-        return trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,
-                              rank=self.rank, world_size=self.world_size)
+        return {**trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,
+                                 rank=self.rank, world_size=self.world_size), **self.extra_metadata}
+
+    def add_trace_metadata(self, **values: Any) -> None:
+        """Keep ``values`` (JSON) in the ``torchprof_args`` metadata of every trace whose window opens
+        from now on, e.g. ``pipeline=pipeline_metadata(stages, micro_batches)`` for ``torchprof
+        diagnose``'s pipeline bubble."""
+        self.extra_metadata.update(values)
 
     # -- figures ----------------------------------------------------------------------------
 

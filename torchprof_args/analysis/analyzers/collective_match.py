@@ -111,10 +111,11 @@ def _aligned_keys(ranks: Sequence[RankComms], mode: str, streams: dict[int, dict
         reference = max(per_rank, key=lambda rank: (len(per_rank[rank]), -rank))
         wanted = [_signature(r) for r in per_rank[reference]]
         for rank, records in per_rank.items():
-            if rank == reference:
+            mine = [_signature(r) for r in records] if rank != reference else wanted
+            if mine == wanted:  # the common case: the same sequence as the reference, nothing to align
                 position = {j: j for j in range(len(records))}
             else:
-                blocks = SequenceMatcher(None, wanted, [_signature(r) for r in records], autojunk=False)
+                blocks = SequenceMatcher(None, wanted, mine, autojunk=False)
                 position = {b + k: a + k for a, b, size in blocks.get_matching_blocks() for k in range(size)}
             for j, record in enumerate(records):
                 i = position.get(j)

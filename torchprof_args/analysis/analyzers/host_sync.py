@@ -8,6 +8,13 @@ blocks and, when it found the GPU busy (it waited for the queue to drain), from 
 next kernel (the copy's own GPU time is the ``memcpy`` kind's); the time blocked is reported
 beside it.  With ``--torch-profile-with-stack`` each is
 tied to its Python call site.
+
+CPU-only traces (:func:`cpu_waits`) have no device to wait for; their synchronisation is the step's
+thread waiting for a collective it issued itself, at the step's top level (not DDP's gradient
+all-reduce inside backward), right away: ``dist.all_reduce(t, async_op=True).wait()`` or a
+synchronous collective on a metric.  The thread records nothing while it waits (``Work.wait`` is
+not an operator) and gloo's worker thread runs the collective meanwhile, so the cost is the time
+from the issuing operator's end to the thread's next event, while the collective runs.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from torchprof_args.analysis.analyzers.stepwise import (
 from torchprof_args.analysis.findings import Finding, Gap
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["SYNC_RE", "THRESHOLD", "analyze", "claimed", "sync_events"]
+__all__ = ["SYNC_RE", "THRESHOLD", "analyze", "claimed", "cpu_waits", "sync_events"]
 
 #: below this share of the step (GPU idle caused), no finding.
 THRESHOLD = 0.02
@@ -89,7 +96,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
     """The GPU idle time host synchronisations cause per step; None below ``threshold``."""
     ctx = context(trace)
     if not ctx.has_gpu:
-        return no_gpu_gap("host_sync")
+        return cpu_waits(trace, threshold) or no_gpu_gap("host_sync")
     idx = sync_events(trace, ctx)
     if len(idx) == 0:
         return None
@@ -130,3 +137,75 @@ def _by_site(cost: np.ndarray, sites: list[str | None], ctx: StepContext,
         sums[site or "unknown"] += us
     ranked = sorted(sums.items(), key=lambda kv: -kv[1])[:top]
     return [{"name": name, "ms_per_step": round(ctx.ms(us), 3)} for name, us in ranked]
+
+
+#: the c10d operator that issues a collective, and gloo's worker-thread span that runs it.
+_ISSUE_RE = re.compile(r"^c10d::")
+_RUN_RE = re.compile(r"^gloo:")
+
+
+def _top_level_issues(trace: Trace, thread: int, lo: float, hi: float) -> list[tuple[str, float, float]]:
+    """(name, end of the issuing operator, next event's start on the thread) of every collective the
+    step's thread issued at the step's top level in [lo, hi)."""
+    on = np.flatnonzero((trace.thread_id == thread) & (trace.stream == -1)
+                        & (trace.ts >= lo) & (trace.ts < hi))
+    on = on[np.argsort(trace.ts[on], kind="stable")]
+    ends = trace.ts[on] + trace.dur[on]
+    issue = lookup(trace.names, _ISSUE_RE.match)[trace.name_id[on]]
+    out = []
+    for j in np.flatnonzero(issue):
+        t0, t1 = trace.ts[on[j]], ends[j]
+        enclosing = (trace.ts[on] <= t0) & (ends >= t1)
+        enclosing[j] = False
+        if int(enclosing.sum()) != 1:  # only the ProfilerStep encloses it
+            continue
+        later = trace.ts[on] >= t1
+        nxt = float(trace.ts[on][later].min()) if later.any() else hi
+        out.append((trace.names[trace.name_id[on[j]]], float(t1), min(nxt, hi)))
+    return out
+
+
+def cpu_waits(trace: Trace, threshold: float = THRESHOLD) -> Finding | None:
+    """On a CPU-only trace: the step's thread blocked on collectives it issued at the step's top
+    level (see the module); None below ``threshold`` of the step or without steps."""
+    from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
+
+    spans = steps(trace)
+    if not spans:
+        return None
+    is_step = lookup(trace.names, STEP_RE.match)
+    step_idx = np.flatnonzero(is_step[trace.name_id] & (trace.stream == -1))
+    threads = {trace.names[trace.name_id[i]]: int(trace.thread_id[i]) for i in step_idx}
+    runs = np.flatnonzero(lookup(trace.names, _RUN_RE.match)[trace.name_id])
+    run_s, run_e = merge_intervals(trace.ts[runs], trace.ts[runs] + trace.dur[runs])
+    waits: dict[str, float] = defaultdict(float)
+    worst, worst_at, calls = 0.0, None, 0
+    for span in spans:
+        lo, hi = span["start_us"], span["start_us"] + span["dur_us"]
+        for name, t1, nxt in _top_level_issues(trace, threads.get(span["name"], -1), lo, hi):
+            blocked = float(np.clip(np.minimum(run_e, nxt) - np.maximum(run_s, t1), 0, None).sum())
+            if blocked <= 0:
+                continue
+            waits[name] += blocked
+            calls += 1
+            if blocked > worst:
+                worst, worst_at = blocked, t1
+    n = len(spans)
+    step_us = sum(s["dur_us"] for s in spans) / n
+    total_us = sum(waits.values())
+    share = total_us / n / step_us if step_us else 0.0
+    if share < threshold:
+        return None
+    ms = total_us / n / 1e3
+    return Finding(
+        kind="host_sync", ranks=(trace.rank or 0,),
+        summary=(f"the step's thread waits {ms:.1f} ms per step ({100 * share:.0f} %) for collectives it "
+                 "issued itself at the step's top level, right after issuing them"),
+        ms_per_step=ms, share_of_step=share, saving_ms_per_step=ms,
+        saving_bound="the time the thread sat blocked while gloo ran the collective (it records nothing)",
+        remedy=("do not wait for a metric's collective in the step: wait (or .item()) where the value is "
+                "needed, e.g. at the logging interval, or reduce it less often"),
+        evidence={"steps": n, "step_ms": round(step_us / 1e3, 3), "calls_per_step": round(calls / n, 2),
+                  "top_calls": [{"name": k, "ms_per_step": round(v / n / 1e3, 3)}
+                                for k, v in sorted(waits.items(), key=lambda kv: -kv[1])[:3]],
+                  "perfetto_ts_us": worst_at})

@@ -101,17 +101,25 @@ def _publish_extra_files(job: PublishJob, status: dict[str, Any]) -> None:
 
 def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
     """Step 2: the trace's summary, parsed from the uncompressed staged copy (fast, local),
-    published as its sidecar (``summaries/<stem>.summary.json``: what ``torchprof summary`` then
+    published as its sidecar (``summaries/<stem>.summary.json``, with the rank's part of ``torchprof
+    diagnose``: what ``torchprof summary`` / ``diagnose`` then
     reads instead of the trace) and rendered as its operator table
     (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
     from torchprof_args.analysis import format_operator_table, load_trace, summarize
+    from torchprof_args.analysis.diagnose import rank_diagnosis
     from torchprof_args.analysis.sidecar import write_sidecar
     from torchprof_args.analysis.summary import finite
 
-    summary = finite(summarize(load_trace(staged, progress=False), top=None))
+    trace = load_trace(staged, progress=False, comms=True, flops=True)
+    summary = finite(summarize(trace, top=None))
     summary["file"] = str(published)
     if job.sidecar_path:
-        write_sidecar(summary, published, target=Path(job.sidecar_path))
+        try:
+            diagnosis = finite(rank_diagnosis(trace))
+        except Exception:  # noqa: BLE001 - a diagnosis that fails must not cost the trace its summary
+            diagnosis = None  # `torchprof diagnose` then parses the trace
+        write_sidecar(summary, published, target=Path(job.sidecar_path), diagnosis=diagnosis)
+    del trace
     with atomic_output(job.operator_table_path, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
     return job.operator_table_path
