@@ -1,0 +1,113 @@
+"""The publishing vote: bounded publishers and rank 0's one line per cycle, without a new per-step
+collective.
+
+Two steps before each window every rank posts, asynchronously on the fence group, one row of
+:data:`~torchprof_args.runtime.export.progress.ROW_FIELDS` (its publications in flight, counting
+a flush still due before the window, and its running totals); every rank collects the same rows
+at the step before the window.  When a rank has ``--torch-profile-max-publishing`` traces in
+flight, that window is skipped on every rank (:meth:`Timeline.skip_window`: nothing recorded, no
+flush, no fence), so a rank never holds more than N staged traces and gzip processes.  Rank 0
+turns the rows into one line: the traces every rank published since the last line (count, size,
+the slowest publisher, failures).  At exit the rows are gathered once more, after the exit fence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchprof_args.log import get_logger
+from torchprof_args.naming import cycle_dir_name
+from torchprof_args.runtime.export.progress import ROW_FIELDS
+
+__all__ = ["PublishingVote"]
+
+logger = get_logger(__name__)
+
+KIND = "publishing"
+_FIELD = {name: index for index, name in enumerate(ROW_FIELDS)}
+
+
+class PublishingVote:
+    """Posts and collects the publishing vote around each window; see the module docstring.
+
+    ``progress_row()``: this rank's row (``TraceWriter.progress.row(in_flight)``, zeros without a writer).
+    """
+
+    def __init__(self, limit: int, fence: Any, *, rank: int) -> None:
+        self.limit = limit
+        self.fence = fence
+        self.rank = rank
+        self.skipped = 0
+        self._reported: list[list[int]] | None = None
+
+    def post(self, iteration: int, timeline: Any, row: list[int]) -> None:
+        """After the step ending ``iteration``: post ``row`` when a window begins at ``iteration + 2``
+        (its in-flight count raised by a flush this rank still does at ``iteration + 1``)."""
+        if not timeline.window_starts(iteration + 2):
+            return
+        row = list(row)
+        if timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE":
+            row[_FIELD["in_flight"]] += 1
+        self.fence.post_vote(row, kind=KIND)
+
+    def decide(self, iteration: int, timeline: Any) -> None:
+        """Before the step ending ``iteration`` is executed: collect the rows (the same on every rank),
+        report on rank 0, and skip the window beginning at ``iteration + 1`` when publishing is behind."""
+        if not self.fence.pending(KIND):
+            return
+        rows = self.fence.collect_vote(kind=KIND)
+        if not rows:
+            return
+        self.report(rows)
+        behind = max(row[_FIELD["in_flight"]] for row in rows)
+        if self.limit <= 0 or behind < self.limit or not timeline.window_starts(iteration + 1):
+            return
+        last = timeline.skip_window(iteration + 1)
+        self.skipped += 1
+        if self.rank == 0:
+            slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["in_flight"]])
+            logger.warning("rank 0: publishing is behind: rank %d has %d trace(s) in flight (--torch-profile-"
+                           "max-publishing %d); skipping the window of iterations %d..%d on every rank "
+                           "(%d skipped so far)", slowest, behind, self.limit, iteration + 1, last,
+                           self.skipped)
+
+    def abandon(self) -> None:
+        """Collect a vote still in flight (leaving; every rank posted it)."""
+        if self.fence.pending(KIND):
+            self.fence.collect_vote(timeout=5.0, kind=KIND)
+
+    def final(self, row: list[int]) -> None:
+        """At exit, after the exit fence (every rank is there): one last gather and line (blocking)."""
+        self.fence.post_vote(row, kind=KIND)
+        rows = self.fence.collect_vote(timeout=30.0, kind=KIND)
+        if rows:
+            self.report(rows, final=True)
+
+    def report(self, rows: list[list[int]], final: bool = False) -> None:
+        """Rank 0: one line on what every rank published since the previous line."""
+        previous, self._reported = self._reported, rows
+        if self.rank != 0:
+            return
+        previous = previous or [[0] * len(ROW_FIELDS) for _ in rows]
+        new = [[now - before for now, before in zip(row, old, strict=True)]
+               for row, old in zip(rows, previous, strict=True)]
+        published = _total(new, "published")
+        failed_ranks = [rank for rank, row in enumerate(new) if row[_FIELD["failed"]] > 0]
+        if not published and not failed_ranks:
+            return
+        slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["slowest_ms"]])
+        cycle = max((row[_FIELD["cycle_first"]], row[_FIELD["cycle_last"]]) for row in rows)
+        in_flight = _total(rows, "in_flight")
+        failures = "none failed"
+        if failed_ranks:
+            named = ", ".join(map(str, failed_ranks[:8])) + (" ..." if len(failed_ranks) > 8 else "")
+            failures = f"{_total(new, 'failed')} failed (rank(s) {named}: see their errors)"
+        log = logger.warning if failed_ranks else logger.info
+        log("rank 0: %s%d trace(s) published up to %s (%.1f MB), slowest publisher rank %d (%.1f s), %s%s",
+            "at exit: " if final else "", published, cycle_dir_name(*cycle), _total(new, "kbytes") / 1000,
+            slowest, rows[slowest][_FIELD["slowest_ms"]] / 1000, failures,
+            f"; {in_flight} in flight" if in_flight and not final else "")
+
+
+def _total(rows: list[list[int]], field: str) -> int:
+    return sum(row[_FIELD[field]] for row in rows)
