@@ -1,4 +1,5 @@
-"""A gloo job (2 ranks in the tests, 32 in benchmarks/bench_world.py) of plain collectives under ``TorchProfiler``, for the collectives and hang tests.
+"""A gloo job of plain collectives under ``TorchProfiler``, for the collectives and hang tests (2 ranks;
+32 in ``benchmarks/bench_world.py``).
 
 Every iteration runs, in this order: an all-reduce of 256 floats, **the chosen all-reduce** of
 4096 floats, a broadcast of 256 floats and an all-gather of 64 floats per rank, then
