@@ -354,9 +354,9 @@ class TorchProfiler:
                                       busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
         if window is not None:
             timeline.window = window
-            if window.traces(self.rank):
-                logger.info("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
-                            window.request_id, window.start, window.end - 1)
+            if window.traces(self.rank):  # DEBUG: rank 0's "accepted" line says it once for all ranks
+                logger.debug("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
+                             window.request_id, window.start, window.end - 1)
         timeline.next_check = self._on_demand.next_check
 
     def _publishing_row(self) -> list[int]:

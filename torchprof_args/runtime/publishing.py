@@ -6,13 +6,15 @@ Two steps before each window every rank posts, asynchronously on the fence group
 a flush still due before the window, and its running totals); every rank collects the same rows
 at the step before the window.  When a rank has ``--torch-profile-max-publishing`` traces in
 flight, that window is skipped on every rank (:meth:`Timeline.skip_window`: nothing recorded, no
-flush, no fence), so a rank never holds more than N staged traces and gzip processes.  Rank 0
-turns the rows into one line: the traces every rank published since the last line (count, size,
-the slowest publisher, failures).  At exit the rows are gathered once more, after the exit fence.
+flush, no fence), so a rank never holds more than N staged traces and gzip processes; rank 0
+warns when skipping begins and says when publishing caught up.  Rank 0 also turns the rows into
+one line: the traces every rank published since the last line (count, size, the slowest
+publisher, failures).  At exit the rows are gathered once more, after the exit fence.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from torchprof_args.log import get_logger
@@ -38,6 +40,8 @@ class PublishingVote:
         self.fence = fence
         self.rank = rank
         self.skipped = 0
+        #: Windows skipped in a row (rank 0 warns at the first, says when publishing caught up).
+        self._streak = 0
         self._reported: list[list[int]] | None = None
 
     def post(self, iteration: int, timeline: Any, row: list[int]) -> None:
@@ -60,16 +64,27 @@ class PublishingVote:
             return
         self.report(rows)
         behind = max(row[_FIELD["in_flight"]] for row in rows)
-        if self.limit <= 0 or behind < self.limit or not timeline.window_starts(iteration + 1):
+        if not timeline.window_starts(iteration + 1):
+            return
+        if self.limit <= 0 or behind < self.limit:
+            self._caught_up(iteration + 1)
             return
         last = timeline.skip_window(iteration + 1)
         self.skipped += 1
-        if self.rank == 0:
+        self._streak += 1
+        if self.rank == 0:  # once when publishing falls behind; the rest of the streak at DEBUG
             slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["in_flight"]])
-            logger.warning("rank 0: publishing is behind: rank %d has %d trace(s) in flight (--torch-profile-"
-                           "max-publishing %d); skipping the window of iterations %d..%d on every rank "
-                           "(%d skipped so far)", slowest, behind, self.limit, iteration + 1, last,
-                           self.skipped)
+            logger.log(logging.WARNING if self._streak == 1 else logging.DEBUG,
+                       "rank 0: publishing is behind: rank %d has %d trace(s) in flight (--torch-profile-"
+                       "max-publishing %d); skipping the window of iterations %d..%d on every rank "
+                       "(%d skipped so far)", slowest, behind, self.limit, iteration + 1, last, self.skipped)
+
+    def _caught_up(self, first: int) -> None:
+        """A window records again after ``self._streak`` skipped ones: rank 0 says so once."""
+        if self._streak and self.rank == 0:
+            logger.info("rank 0: publishing caught up; the window beginning at iteration %d records (%d "
+                        "window(s) skipped in a row, %d in all)", first, self._streak, self.skipped)
+        self._streak = 0
 
     def abandon(self) -> None:
         """Collect a vote still in flight (leaving; every rank posted it)."""
