@@ -258,3 +258,16 @@ def test_rank_0_reports_each_cycle_in_one_line(logs):
     quiet = PublishingVote(2, Fence(60.0, rank=1), rank=1)
     quiet.report([[0, 1, 1500, 0, 800, 4, 5], [1, 1, 1300, 1, 2300, 4, 5]])
     assert len(logs.records) == 2  # other ranks never log the cycle line
+
+
+def test_rank_0_warns_once_per_streak_of_skipped_windows(logs):
+    # a window every 2 steps (flush at 3, 5, 7, ...); behind from 3 to 9: windows 5, 7, 9 skipped
+    line = timeline(ProfileSchedule(wait=1, warmup=0, active=1, repeat=8, skip_first=1))
+    plans = walk(line, range(1, 20), publishing(line, 1, lambda i: 1 if 3 <= i <= 8 else 0))
+    assert [i for i, p in plans.items() if p.flush] == [3, 11, 13, 15, 17]
+    messages = [(r.levelname, r.getMessage().split("] ", 1)[1]) for r in logs.records if r.levelno >= 20]
+    assert messages == [
+        ("WARNING", "rank 0: publishing is behind: rank 0 has 1 trace(s) in flight (--torch-profile-max-"
+                    "publishing 1); skipping the window of iterations 5..5 on every rank (1 skipped so far)"),
+        ("INFO", "rank 0: publishing caught up; the window beginning at iteration 11 records (3 window(s) "
+                 "skipped in a row, 3 in all)")]
