@@ -12,7 +12,7 @@ directories left, publisher processes alive, partial files, windows skipped by b
 
 Targets (issue 21): RSS growth under 1 MB per 100 cycles after the first 100, descriptors and
 threads equal to their first sample, staging empty at every sample, nothing left at exit.
-Output under benchmarks/out/soak/ (git-ignored; removed first).
+Output under benchmarks/out/soak/ (git-ignored; removed first), or ``--out DIR``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "out" / "soak"
+DEFAULT_OUT = REPO / "benchmarks" / "out" / "soak"
 CYCLE = 3  # wait 2, warmup 0, active 1
 ON_DEMAND_EVERY = 10  # cycles
 
@@ -51,6 +51,7 @@ def _sample(prof, output: Path) -> dict:
 
 
 def worker(args: argparse.Namespace) -> None:
+    out = Path(args.out)
     import torch
     import torch.distributed as dist
 
@@ -60,7 +61,7 @@ def worker(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank()
-    output = OUT / "prof"
+    output = out / "prof"
     argv = ["--torch-profile", "--torch-profile-ranks", "all", "--torch-profile-dir", str(output),
             "--torch-profile-repeat", "0", "--torch-profile-wait", "2", "--torch-profile-warmup", "0",
             "--torch-profile-active", "1", "--torch-profile-skip-first", "0", "--torch-profile-on-demand",
@@ -86,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
             if phase == 1 and cycle and cycle % args.every == 0:  # after a flush: between flushes
                 samples.append({"cycle": cycle, **_sample(prof, output)})
     stats = prof.stats
-    write_json_atomically(OUT / "results" / f"rank{rank}.json", {
+    write_json_atomically(out / "results" / f"rank{rank}.json", {
         "rank": rank, "pid": os.getpid(), "samples": samples, "requests": requests,
         "skipped": prof._publishing.skipped, "published": len(prof.published_traces),  # noqa: SLF001
         "failures": stats.get("publish_failures", 0),
@@ -128,40 +129,45 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--every", type=int, default=100, help="cycles between samples")
     parser.add_argument("--step-seconds", type=float, default=0.03, help="extra time per training step")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (removed first)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    shutil.rmtree(OUT, ignore_errors=True)
-    (OUT / "tmp").mkdir(parents=True)
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "tmp").mkdir(parents=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(OUT / "tmp"),
-           "TORCHPROF_RUNTIME_DIR": str(OUT / "runtime"),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out / "tmp"),
+           "TORCHPROF_RUNTIME_DIR": str(out / "runtime"),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           "--master_addr=127.0.0.1", f"--master_port={port}", __file__, "--worker",
                           "--cycles", str(args.cycles), "--every", str(args.every),
-                          "--step-seconds", str(args.step_seconds)],
+                          "--step-seconds", str(args.step_seconds), "--out", str(out)],
                          capture_output=True, text=True, env=env)
     seconds = time.monotonic() - started
-    results = sorted((json.loads(p.read_text()) for p in (OUT / "results").glob("rank*.json")),
+    results = sorted((json.loads(p.read_text()) for p in (out / "results").glob("rank*.json")),
                      key=lambda r: r["rank"])
     if run.returncode != 0 or len(results) != 2:
         raise SystemExit(f"the soak job failed:\n{(run.stdout + run.stderr)[-4000:]}")
     _report(results, seconds, args)
     time.sleep(0.5)
-    alive = _publishers_mentioning(str(OUT))
-    partial = [str(p) for p in (OUT / "prof").rglob(".partial*")]
+    alive = _publishers_mentioning(str(out))
+    partial = [str(p) for p in (out / "prof").rglob(".partial*")]
     shm = [str(p) for r in results for p in Path("/dev/shm").glob(f"torchprof-{os.getuid()}/pid{r['pid']}")]
     print(f"\nat exit: publisher processes alive {len(set(alive))}, partial files {len(partial)}, "
-          f"staging dirs in /dev/shm {len(shm)}, in TMPDIR {sum(1 for _ in (OUT / 'tmp').rglob('pid*'))}")
+          f"staging dirs in /dev/shm {len(shm)}, in TMPDIR {sum(1 for _ in (out / 'tmp').rglob('pid*'))}")
     log_lines = [line for line in (run.stdout + run.stderr).splitlines() if "[torchprof rank" in line]
     print(f"torchprof log lines: {len(log_lines)} in all "
-          f"({sum('rank 1]' in line for line in log_lines)} from rank 1)")
+          f"({sum('rank 1]' in line for line in log_lines)} from rank 1); the first of each kind on rank 0:")
+    for kind in ("published up to", "publishing is behind", "publishing caught up", "at exit:"):
+        first = next((line.split(": ", 1)[-1] for line in log_lines if kind in line), f"(no {kind!r} line)")
+        print(f"  {first}")
 
 
 def _publishers_mentioning(text: str) -> list[int]:

@@ -2,8 +2,8 @@
 collective.
 
 Two steps before each window every rank posts, asynchronously on the fence group, one row of
-:data:`~torchprof_args.runtime.export.progress.ROW_FIELDS` (its publications in flight, counting
-a flush still due before the window, and its running totals); every rank collects the same rows
+:data:`~torchprof_args.runtime.export.progress.ROW_FIELDS` (its publications in flight and its
+running totals) and whether it still flushes a window before that one; every rank collects the same rows
 at the step before the window.  When a rank has ``--torch-profile-max-publishing`` traces in
 flight, that window is skipped on every rank (:meth:`Timeline.skip_window`: nothing recorded, no
 flush, no fence), so a rank never holds more than N staged traces and gzip processes; rank 0
@@ -27,6 +27,8 @@ logger = get_logger(__name__)
 
 KIND = "publishing"
 _FIELD = {name: index for index, name in enumerate(ROW_FIELDS)}
+#: After the progress row: 1 when the rank flushes a window between the vote and the next window.
+_FLUSH_DUE = len(ROW_FIELDS)
 
 
 class PublishingVote:
@@ -49,10 +51,8 @@ class PublishingVote:
         (its in-flight count raised by a flush this rank still does at ``iteration + 1``)."""
         if not timeline.window_starts(iteration + 2):
             return
-        row = list(row)
-        if timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE":
-            row[_FIELD["in_flight"]] += 1
-        self.fence.post_vote(row, kind=KIND)
+        flush_due = int(timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE")
+        self.fence.post_vote([*row, flush_due], kind=KIND)
 
     def decide(self, iteration: int, timeline: Any) -> None:
         """Before the step ending ``iteration`` is executed: collect the rows (the same on every rank),
@@ -63,7 +63,7 @@ class PublishingVote:
         if not rows:
             return
         self.report(rows)
-        behind = max(row[_FIELD["in_flight"]] for row in rows)
+        behind = max(row[_FIELD["in_flight"]] + row[_FLUSH_DUE] for row in rows)
         if not timeline.window_starts(iteration + 1):
             return
         if self.limit <= 0 or behind < self.limit:
@@ -73,7 +73,7 @@ class PublishingVote:
         self.skipped += 1
         self._streak += 1
         if self.rank == 0:  # once when publishing falls behind; the rest of the streak at DEBUG
-            slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["in_flight"]])
+            slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["in_flight"]] + rows[r][_FLUSH_DUE])
             logger.log(logging.WARNING if self._streak == 1 else logging.DEBUG,
                        "rank 0: publishing is behind: rank %d has %d trace(s) in flight (--torch-profile-"
                        "max-publishing %d); skipping the window of iterations %d..%d on every rank "
@@ -93,7 +93,7 @@ class PublishingVote:
 
     def final(self, row: list[int]) -> None:
         """At exit, after the exit fence (every rank is there): one last gather and line (blocking)."""
-        self.fence.post_vote(row, kind=KIND)
+        self.fence.post_vote([*row, 0], kind=KIND)
         rows = self.fence.collect_vote(timeout=30.0, kind=KIND)
         if rows:
             self.report(rows, final=True)
@@ -103,7 +103,7 @@ class PublishingVote:
         previous, self._reported = self._reported, rows
         if self.rank != 0:
             return
-        previous = previous or [[0] * len(ROW_FIELDS) for _ in rows]
+        previous = previous or [[0] * len(row) for row in rows]
         new = [[now - before for now, before in zip(row, old, strict=True)]
                for row, old in zip(rows, previous, strict=True)]
         published = _total(new, "published")
