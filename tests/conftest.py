@@ -22,6 +22,8 @@ def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # wandb's wandb-artifacts / wandb-media scratch
+    monkeypatch.setattr(tempfile, "tempdir", None)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("NETRC", raising=False)
 

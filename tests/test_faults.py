@@ -64,7 +64,8 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
     cycle 3: fork (and spawning the publisher) fails with EAGAIN; cycle 4: normal.  Without root,
     cycle 2 runs normally (no tmpfs)."""
     full_staging, fork_limit = faults.can_mount(), faults.can_limit_forks()
-    args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4"]
+    args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4",
+            "--torch-profile-max-publishing", "0"]  # every cycle, however slow the publishers
     expected = {3: "RuntimeError: injected export failure", 5: None, 7: None, 9: None}
     for rank in (0, 1):
         args += ["--inject", f"{rank}:1:raise"]

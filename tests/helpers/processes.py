@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from helpers.paths import REPO
@@ -31,11 +32,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 300,
                  cwd: str | Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process."""
+    """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process.
+
+    Unless ``TMPDIR`` is given, the job gets a temp directory of its own, removed afterwards:
+    torchrun leaves its ``torchelastic_*`` log directory there, and killed ranks their scratch."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env=subprocess_env(**env), cwd=cwd)
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as scratch:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=subprocess_env(**{"TMPDIR": scratch, **env}), cwd=cwd)
 
 
 def rank_results(result_dir: str | Path) -> dict[int, dict]:
