@@ -210,7 +210,7 @@ def publishing(line: Timeline, limit: int, in_flight: Callable[[int], int]) -> C
 
     def agree(iteration: int) -> None:
         vote.decide(iteration, line)
-        vote.post(iteration, line, [in_flight(iteration), 0, 0, 0, 0, 0, 0])
+        vote.post(iteration, line, lambda: [in_flight(iteration), 0, 0, 0, 0, 0, 0])
     return agree
 
 

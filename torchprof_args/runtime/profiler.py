@@ -323,7 +323,7 @@ class TorchProfiler:
             self._memory_guard.check(iteration, timeline, rank=self.rank)
         self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
         self._execute(timeline.plan(iteration))
-        self._publishing.post(iteration, timeline, self._publishing_row())
+        self._publishing.post(iteration, timeline, self._publishing_row)
         if self._sigterm.pending:  # the end of the flush is a safe point too
             self._on_sigterm(iteration)
 

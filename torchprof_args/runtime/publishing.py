@@ -15,6 +15,7 @@ publisher, failures).  At exit the rows are gathered once more, after the exit f
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from torchprof_args.log import get_logger
@@ -34,7 +35,8 @@ _FLUSH_DUE = len(ROW_FIELDS)
 class PublishingVote:
     """Posts and collects the publishing vote around each window; see the module docstring.
 
-    ``progress_row()``: this rank's row (``TraceWriter.progress.row(in_flight)``, zeros without a writer).
+    ``progress_row()`` (given to :meth:`post`): this rank's row (``TraceWriter.progress.row(in_flight)``,
+    zeros without a writer).
     """
 
     def __init__(self, limit: int, fence: Any, *, rank: int) -> None:
@@ -46,11 +48,12 @@ class PublishingVote:
         self._streak = 0
         self._reported: list[list[int]] | None = None
 
-    def post(self, iteration: int, timeline: Any, row: list[int]) -> None:
-        """After the step ending ``iteration``: post ``row`` when a window begins at ``iteration + 2``
-        (its in-flight count raised by a flush this rank still does at ``iteration + 1``)."""
+    def post(self, iteration: int, timeline: Any, progress_row: Callable[[], list[int]]) -> None:
+        """After the step ending ``iteration``: post this rank's ``progress_row()`` when a window
+        begins at ``iteration + 2``, with whether it still flushes at ``iteration + 1``."""
         if not timeline.window_starts(iteration + 2):
             return
+        row = progress_row()  # read (and the slowest-publication period restarted) only when posted
         flush_due = int(timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE")
         self.fence.post_vote([*row, flush_due], kind=KIND)
 
