@@ -65,7 +65,11 @@ def profiler_loop(argv: list[str]):
 
 
 def single_process(calls: int) -> None:
-    out = tempfile.mkdtemp(prefix="bench-ondemand-")
+    with tempfile.TemporaryDirectory(prefix="bench-ondemand-") as out:  # removed at the end
+        _single_process(calls, out)
+
+
+def _single_process(calls: int, out: str) -> None:
     os.environ["TORCHPROF_RUNTIME_DIR"] = os.path.join(out, "runtime")
     on = ["--torch-profile-on-demand", "--torch-profile-dir", out]
     # Steady state of a long job: requests/ untouched for a while, so a check is one stat().
@@ -130,7 +134,11 @@ def rank_worker(steps: int, out: str) -> None:
 
 
 def two_ranks(steps: int) -> None:
-    out = tempfile.mkdtemp(prefix="bench-ondemand-ranks-")
+    with tempfile.TemporaryDirectory(prefix="bench-ondemand-ranks-") as out:  # removed at the end
+        _two_ranks(steps, out)
+
+
+def _two_ranks(steps: int, out: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

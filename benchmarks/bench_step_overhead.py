@@ -58,23 +58,23 @@ def main() -> None:
     )
     parser.add_argument("--calls", type=int, default=2_000_000)
     args = parser.parse_args()
-    out = tempfile.mkdtemp()
-    far = str(10 * args.calls)
-    cases = {
-        "empty loop": empty_loop,
-        "off": profiler_loop(make([])),
-        "traced rank, wait phase": profiler_loop(make(["--torch-profile", "--torch-profile-dir", out,
-                                                       "--torch-profile-skip-first", far])),
-        "untraced rank": profiler_loop(make(["--torch-profile", "--torch-profile-dir", out,
-                                             "--torch-profile-ranks", "0"], rank=1, world=2)),
-    }
-    baseline = per_call(empty_loop, args.calls)
-    print(f"{'case':28s}{'ns/call':>10s}{'over empty ns':>15s}")
-    results = {}
-    for name, loop in cases.items():
-        cost = per_call(loop, args.calls)
-        results[name] = cost - baseline
-        print(f"{name:28s}{cost * 1e9:10.1f}{(cost - baseline) * 1e9:15.1f}")
+    with tempfile.TemporaryDirectory(prefix="bench-step-overhead-") as out:  # removed at the end
+        far = str(10 * args.calls)
+        cases = {
+            "empty loop": empty_loop,
+            "off": profiler_loop(make([])),
+            "traced rank, wait phase": profiler_loop(make(["--torch-profile", "--torch-profile-dir", out,
+                                                           "--torch-profile-skip-first", far])),
+            "untraced rank": profiler_loop(make(["--torch-profile", "--torch-profile-dir", out,
+                                                 "--torch-profile-ranks", "0"], rank=1, world=2)),
+        }
+        baseline = per_call(empty_loop, args.calls)
+        print(f"{'case':28s}{'ns/call':>10s}{'over empty ns':>15s}")
+        results = {}
+        for name, loop in cases.items():
+            cost = per_call(loop, args.calls)
+            results[name] = cost - baseline
+            print(f"{name:28s}{cost * 1e9:10.1f}{(cost - baseline) * 1e9:15.1f}")
     print(f"\ntarget < 1000 ns over empty when off: {'met' if results['off'] < 1e-6 else 'NOT met'}")
 
 

@@ -65,8 +65,8 @@ def test_back_to_back_windows_and_uncompressed_output(tmp_path):
     """No wait and no warmup: a window starts right after the previous one is flushed."""
     args = make_args(tmp_path, "--torch-profile-wait", "0", "--torch-profile-warmup", "0",
                      "--torch-profile-active", "1", "--torch-profile-repeat", "3", "--no-torch-profile-gzip",
-                     "--torch-profile-execution-trace")
-    prof = TorchProfiler.from_args(args)
+                     "--torch-profile-execution-trace", "--torch-profile-max-publishing", "0")
+    prof = TorchProfiler.from_args(args)  # no bound on publishers: every window is recorded
     train(prof, range(1, 7))
     assert [profiler_steps(t) for t in prof.published_traces] == [[2], [3], [4]]
     assert [step_nodes(execution_trace_of(t)) for t in prof.published_traces] == [[2], [3], [4]]

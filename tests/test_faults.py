@@ -64,7 +64,8 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
     cycle 3: fork (and spawning the publisher) fails with EAGAIN; cycle 4: normal.  Without root,
     cycle 2 runs normally (no tmpfs)."""
     full_staging, fork_limit = faults.can_mount(), faults.can_limit_forks()
-    args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4"]
+    args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4",
+            "--torch-profile-max-publishing", "0"]  # every cycle, however slow the publishers
     expected = {3: "RuntimeError: injected export failure", 5: None, 7: None, 9: None}
     for rank in (0, 1):
         args += ["--inject", f"{rank}:1:raise"]
@@ -184,3 +185,35 @@ def test_slow_publisher_at_exit_is_fenced(tmp_path):
     assert outcome.results[0]["frozen"] == 1
     assert len(names(outcome, 0)) == 1
     assert outcome.results[1]["exit_seconds"] >= 4.0  # it waited for rank 0's publisher, at the fence
+
+
+def test_slow_publishers_skip_the_same_windows_on_every_rank_and_bound_those_in_flight(tmp_path):
+    """Rank 0's publishers are frozen 3 s each, a window every 2 steps, at most 1 publication in
+    flight: windows are skipped on both ranks alike (rank 1 publishes fast), none of a rank's counts
+    ever exceeds 1, rank 0 says once how far behind it is (per streak of skips), nothing is left."""
+    scenario = Scenario("backpressure", ["--torch-profile-ranks", "all", "--torch-profile-repeat", "0",
+                                         "--torch-profile-wait", "1", "--torch-profile-warmup", "0",
+                                         "--torch-profile-skip-first", "0",
+                                         "--torch-profile-max-publishing", "1", "--stop-publisher", "0:3"],
+                        iters=16)
+    outcome = run(scenario, tmp_path)
+    assert_clean(outcome)
+    cycles = {rank: sorted(t.parent.name for t in outcome.traces if t.name.startswith(f"rank{rank:05d}_"))
+              for rank in (0, 1)}
+    assert cycles[0] == cycles[1] and 1 <= len(cycles[0]) < 8, cycles  # 8 windows planned
+    skipped = {rank: outcome.results[rank]["skipped"] for rank in (0, 1)}
+    assert skipped[0] == skipped[1] == 8 - len(cycles[0]), skipped
+    assert all(outcome.results[rank]["max_in_flight"] <= 1 for rank in (0, 1)), outcome.results
+    behind = one_line("\n".join(outcome.logs[0]), "WARNING", "rank 0: publishing is behind: rank 0 has 1")
+    # rank 0 warns once per streak of skipped windows and says when publishing caught up
+    caught_up = one_line("\n".join(outcome.logs[0]), "INFO", "rank 0: publishing caught up")
+    assert 1 <= len(behind) <= skipped[0], outcome.logs[0]
+    assert len(caught_up) in (len(behind) - 1, len(behind)), outcome.logs[0]
+    assert not one_line("\n".join(outcome.logs[1]), "publishing")
+    assert outcome.errors(0) == outcome.errors(1) == []
+    # quiet: rank 0's lines per cycle (the last one at exit) count every trace of both ranks once; no
+    # line per trace
+    lines = one_line("\n".join(outcome.logs[0]), "trace(s) published up to")
+    counted = sum(int(line.split("trace(s)")[0].split()[-1]) for line in lines)
+    assert counted == len(outcome.traces) and "slowest publisher rank 0" in lines[-1], outcome.logs[0]
+    assert not any("trace written" in line for rank in (0, 1) for line in outcome.logs[rank])

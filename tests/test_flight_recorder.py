@@ -168,8 +168,9 @@ def test_sigterm_dumps_while_the_main_thread_is_blocked_in_a_collective(tmp_path
                f"--master_port={free_port()}", str(JOB), "--result-dir", str(tmp_path), "--iters", "3",
                "--slow-rank", "1", "--slow-iteration", "2", "--slow-seconds", "8",
                "--torch-profile-dir", str(prof), "--torch-profile-flight-recorder", "64"]
-    job = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
+    (tmp_path / "tmp").mkdir()  # TMPDIR: torchrun's torchelastic_* logs stay in the test's directory
+    job = subprocess.Popen(command, env=subprocess_env(TMPDIR=str(tmp_path / "tmp")), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
     try:
         pid_file = tmp_path / "rank0.pid"
         deadline = time.monotonic() + 120

@@ -64,8 +64,9 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.update(
         WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(base), HOME=str(base / "home"),
         WANDB_CONFIG_DIR=str(base / "wandb-config"), WANDB_CACHE_DIR=str(base / "wandb-cache"),
-        WANDB_DATA_DIR=str(base / "wandb-data"),
+        WANDB_DATA_DIR=str(base / "wandb-data"), TMPDIR=str(base / "tmp"),  # torchelastic_* logs, wandb's
     )
+    (base / "tmp").mkdir()
     env.pop("WANDB_API_KEY", None)
     run_dir = base / "run"
     command = [

@@ -42,7 +42,8 @@ def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
 
 def test_trigger_traces_the_same_iterations_on_both_ranks(tmp_path):
     prof_dir, stop = tmp_path / "prof", tmp_path / "stop"
-    env = subprocess_env(TORCHPROF_RUNTIME_DIR=str(tmp_path / "runtime"))
+    (tmp_path / "tmp").mkdir()  # TMPDIR: torchrun's torchelastic_* logs stay in the test's directory
+    env = subprocess_env(TORCHPROF_RUNTIME_DIR=str(tmp_path / "runtime"), TMPDIR=str(tmp_path / "tmp"))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
          f"--master_port={free_port()}", str(JOB), "--stop-file", str(stop),

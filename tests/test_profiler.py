@@ -281,3 +281,12 @@ def test_summary_sidecar_and_operator_table_are_written_in_the_summaries_folder(
     assert "ProfilerStep#3" in table and "aten::addmm" in table, table
     assert "Memory (from [memory] events)" in table and "peak allocated" in table
     assert not any(Path(name).name.startswith(PARTIAL_PREFIX) for name in output_files(tmp_path))
+
+
+@pytest.mark.parametrize("value", ["-1", "two"])
+def test_max_publishing_takes_a_count_and_says_so_in_one_line(tmp_path, capsys, value):
+    with pytest.raises(SystemExit):
+        make_args(tmp_path, "--torch-profile-max-publishing", value)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --torch-profile-max-publishing:" in error, error
+    assert make_args(tmp_path).torch_profile_max_publishing == 2  # the default: 2 traces in flight

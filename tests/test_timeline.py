@@ -13,6 +13,8 @@ import pytest
 from helpers.processes import subprocess_env
 
 from torchprof_args.ondemand.window import OnDemandWindow
+from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.publishing import PublishingVote
 from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
 from torchprof_args.runtime.timeline import FENCE_FLUSH, FENCE_SNAPSHOT, StepPlan, Timeline
 
@@ -196,3 +198,76 @@ def test_timeline_imports_without_torch():
     code = ("import sys, torchprof_args.runtime.timeline, torchprof_args.runtime.schedule; "
             "sys.exit('torch' in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env(), timeout=60)
+
+
+# -- the publishing vote (backpressure): runtime/publishing.py over a real single-process Fence ------
+
+def publishing(line: Timeline, limit: int, in_flight: Callable[[int], int]) -> Callable[[int], None]:
+    """``agree`` for :func:`walk`: the profiler's order (decide before the plan, post after it), with
+    ``in_flight(i)`` publications on this rank after step ``i``."""
+    vote = PublishingVote(limit, Fence(60.0, rank=0), rank=0)
+    line.vote_ahead = True
+
+    def agree(iteration: int) -> None:
+        vote.decide(iteration, line)
+        vote.post(iteration, line, lambda: [in_flight(iteration), 0, 0, 0, 0, 0, 0])
+    return agree
+
+
+def test_the_vote_is_posted_two_steps_before_each_window_and_idle_steps_stay_idle():
+    line = timeline(ProfileSchedule(wait=3, warmup=1, active=2, repeat=2, skip_first=1))
+    plans = walk(line, range(1, 40), publishing(line, 2, lambda i: 0))
+    # windows begin (warmup) at 5 and 11: the steps before them (3, 9) are busy now, nothing else more
+    assert list(plans) == [1, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13]
+    assert line.skipped is None and [i for i, p in plans.items() if p.flush] == [7, 13]
+
+
+def test_a_window_is_skipped_while_publishing_is_behind_and_the_next_one_records():
+    # windows record 6-7 and 12-13 (flush 7, 13), 18-19 (flush 19); 2 publications in flight from
+    # iteration 7 to 14: the window beginning at 11 is skipped, the one at 17 (voted at 15) records.
+    line = timeline(ProfileSchedule(wait=3, warmup=1, active=2, repeat=3, skip_first=1))
+    plans = walk(line, range(1, 40), publishing(line, 2, lambda i: 2 if 7 <= i <= 14 else 0))
+    assert line.skipped == (11, 13)
+    assert [i for i, p in plans.items() if p.flush] == [7, 19]
+    assert not any(p.record is not NONE or p.fence for i, p in plans.items() if 10 <= i <= 16)
+    assert transitions(plans)[16] == (NONE, WARMUP, None)
+
+
+def test_back_to_back_windows_count_the_flush_still_due():
+    # no wait, no warmup, one step per window: a window begins right after each flush.  One
+    # publication in flight + the flush at the step before the window = 2: skipped at limit 2.
+    line = timeline(ProfileSchedule(wait=0, warmup=0, active=1, repeat=4, skip_first=1))
+    plans = walk(line, range(1, 20), publishing(line, 2, lambda i: 1 if i == 2 else 0))
+    assert [i for i, p in plans.items() if p.flush] == [2, 3, 5]  # 4 skipped
+    line = timeline(ProfileSchedule(wait=0, warmup=0, active=1, repeat=4, skip_first=1))
+    assert [i for i, p in walk(line, range(1, 20), publishing(line, 0, lambda i: 9)).items()
+            if p.flush] == [2, 3, 4, 5]  # --torch-profile-max-publishing 0: no bound
+
+
+def test_rank_0_reports_each_cycle_in_one_line(logs):
+    vote = PublishingVote(2, Fence(60.0, rank=0), rank=0)
+    # rows: in_flight, published, kbytes, failed, slowest_ms, cycle_first, cycle_last
+    vote.report([[0, 1, 1500, 0, 800, 4, 5], [1, 1, 1300, 0, 2300, 4, 5], [0, 0, 0, 1, 0, 0, 0]])
+    vote.report([[0, 2, 3000, 0, 700, 8, 9], [0, 2, 2600, 0, 900, 8, 9], [0, 0, 0, 1, 0, 0, 0]])
+    vote.report([[0, 2, 3000, 0, 0, 8, 9], [0, 2, 2600, 0, 0, 8, 9], [0, 0, 0, 1, 0, 0, 0]])  # nothing new
+    assert [(r.levelname, r.getMessage().split("] ", 1)[1]) for r in logs.records] == [
+        ("WARNING", "rank 0: 2 trace(s) published up to iter000004-000005 (2.8 MB), slowest publisher rank 1 "
+                    "(2.3 s), 1 failed (rank(s) 2: see their errors); 1 in flight"),
+        ("INFO", "rank 0: 2 trace(s) published up to iter000008-000009 (2.8 MB), slowest publisher rank 1 "
+                 "(0.9 s), none failed")]
+    quiet = PublishingVote(2, Fence(60.0, rank=1), rank=1)
+    quiet.report([[0, 1, 1500, 0, 800, 4, 5], [1, 1, 1300, 1, 2300, 4, 5]])
+    assert len(logs.records) == 2  # other ranks never log the cycle line
+
+
+def test_rank_0_warns_once_per_streak_of_skipped_windows(logs):
+    # a window every 2 steps (flush at 3, 5, 7, ...); behind from 3 to 9: windows 5, 7, 9 skipped
+    line = timeline(ProfileSchedule(wait=1, warmup=0, active=1, repeat=8, skip_first=1))
+    plans = walk(line, range(1, 20), publishing(line, 1, lambda i: 1 if 3 <= i <= 8 else 0))
+    assert [i for i, p in plans.items() if p.flush] == [3, 11, 13, 15, 17]
+    messages = [(r.levelname, r.getMessage().split("] ", 1)[1]) for r in logs.records if r.levelno >= 20]
+    assert messages == [
+        ("WARNING", "rank 0: publishing is behind: rank 0 has 1 trace(s) in flight (--torch-profile-max-"
+                    "publishing 1); skipping the window of iterations 5..5 on every rank (1 skipped so far)"),
+        ("INFO", "rank 0: publishing caught up; the window beginning at iteration 11 records (3 window(s) "
+                 "skipped in a row, 3 in all)")]

@@ -254,7 +254,9 @@ def _torchrun(script_args: list[str], tmp_path: Path) -> subprocess.CompletedPro
         WANDB_DATA_DIR=str(tmp_path / "wandb-data"),
         HOME=str(tmp_path / "home"),
         OMP_NUM_THREADS="1",
+        TMPDIR=str(tmp_path / "tmp"),  # torchrun's torchelastic_* logs and wandb's scratch stay here
     )
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     env.pop("WANDB_API_KEY", None)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

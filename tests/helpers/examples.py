@@ -50,7 +50,9 @@ def run_doc_example(name: str, workdir: Path, *, pythonpath: list[Path] = (), ti
         if not link.exists():
             link.symlink_to(REPO / entry)
     bindir = str(Path(sys.executable).parent)
-    environment = subprocess_env(MASTER_PORT=str(free_port()), **env)
+    scratch = workdir / ".tmp"  # TMPDIR: torchrun's torchelastic_* logs stay in the test's directory
+    scratch.mkdir(exist_ok=True)
+    environment = subprocess_env(MASTER_PORT=str(free_port()), **{"TMPDIR": str(scratch), **env})
     environment["PATH"] = os.pathsep.join([bindir, environment.get("PATH", "")])
     environment["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), environment["PYTHONPATH"]])
     script = 'set -euo pipefail\ntorchprof() { python -m torchprof_args "$@"; }\n' + doc_example(name)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from helpers.paths import REPO
@@ -37,19 +38,27 @@ def torchrun_command(script: str | Path, *args: str, nproc: int = 2) -> list[str
 
 def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 300,
                  cwd: str | Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process."""
-    return subprocess.run(torchrun_command(script, *args, nproc=nproc), capture_output=True, text=True,
-                          timeout=timeout, env=subprocess_env(**env), cwd=cwd)
+    """Run ``script`` on ``nproc`` real ranks (gloo on CPU); returns the finished process.
+
+    Unless ``TMPDIR`` is given, the job gets a temp directory of its own, removed afterwards:
+    torchrun leaves its ``torchelastic_*`` log directory there, and killed ranks their scratch."""
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as scratch:
+        return subprocess.run(torchrun_command(script, *args, nproc=nproc), capture_output=True, text=True,
+                              timeout=timeout, env=subprocess_env(**{"TMPDIR": scratch, **env}), cwd=cwd)
 
 
 def start_torchrun(script: str | Path, *args: str, nproc: int = 2, cwd: str | Path | None = None,
                    **env: str) -> subprocess.Popen[str]:
     """Start ``script`` on ``nproc`` real ranks in its own session (so that a test can SIGTERM the
-    launcher, and kill the whole group if it does not end); output goes to files in ``cwd``."""
+    launcher, and kill the whole group if it does not end); output goes to files in ``cwd``, and
+    (unless ``TMPDIR`` is given) the job's temp files too, so nothing is left outside the test's folder."""
     folder = Path(cwd or ".")
+    scratch = folder / "tmp"
+    scratch.mkdir(exist_ok=True)
     with open(folder / "torchrun.out", "w") as out, open(folder / "torchrun.err", "w") as err:
         return subprocess.Popen(torchrun_command(script, *args, nproc=nproc), stdout=out, stderr=err,
-                                text=True, env=subprocess_env(**env), cwd=cwd, start_new_session=True)
+                                text=True, env=subprocess_env(**{"TMPDIR": str(scratch), **env}), cwd=cwd,
+                                start_new_session=True)
 
 
 def rank_results(result_dir: str | Path) -> dict[int, dict]:

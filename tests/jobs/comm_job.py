@@ -1,4 +1,5 @@
-"""A 2-rank gloo job of plain collectives under ``TorchProfiler``, for the collectives and hang tests.
+"""A gloo job of plain collectives under ``TorchProfiler``, for the collectives and hang tests (2 ranks;
+32 in ``benchmarks/bench_world.py``).
 
 Every iteration runs, in this order: an all-reduce of 256 floats, **the chosen all-reduce** of
 4096 floats, a broadcast of 256 floats and an all-gather of 64 floats per rank, then
@@ -44,7 +45,8 @@ def main() -> int:
     rank = dist.get_rank()
     with open(os.path.join(args.result_dir, f"rank{rank}.pid"), "w") as handle:
         handle.write(str(os.getpid()))
-    small, chosen, gathered = torch.ones(256), torch.ones(4096), [torch.zeros(64) for _ in range(2)]
+    small, chosen = torch.ones(256), torch.ones(4096)
+    gathered = [torch.zeros(64) for _ in range(dist.get_world_size())]
     outcome: dict = {"rank": rank, "pid": os.getpid()}
     try:
         with TorchProfiler.from_args(args) as prof:

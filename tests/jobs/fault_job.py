@@ -235,6 +235,8 @@ def main() -> int:
             optimizer.step()
             optimizer.zero_grad()
             prof.step(iteration)
+            in_flight = prof._writer.in_flight if prof._writer is not None else 0  # noqa: SLF001
+            state["max_in_flight"] = max(state.get("max_in_flight", 0), in_flight)
             iterations = iteration
         left_at = time.monotonic()
     exit_seconds = time.monotonic() - left_at
@@ -243,6 +245,7 @@ def main() -> int:
     write_json_atomically(results / f"rank{rank}.json", {
         "rank": rank, "iterations": iterations, "traces": prof.published_traces, "stats": prof.stats,
         "exit_seconds": exit_seconds, "log": records.lines,
+        "skipped": prof._publishing.skipped,  # noqa: SLF001 - windows skipped by backpressure
         **{k: v for k, v in state.items() if k != "cycle"}, "submissions": state["cycle"]})
     dist.barrier()
     dist.destroy_process_group()

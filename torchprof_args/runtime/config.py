@@ -134,6 +134,8 @@ class ExportConfig:
     exit_timeout: float = 600.0
     term_grace: float = 10.0
     min_free_host_mb: int = 2048
+    #: Publications in flight on a rank at which the next window is skipped on every rank (0: no bound).
+    max_publishing: int = 2
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
@@ -147,6 +149,7 @@ class ExportConfig:
             exit_timeout=float(flag_value(args, flags.EXIT_TIMEOUT)),
             term_grace=float(flag_value(args, flags.TERM_GRACE)),
             min_free_host_mb=int(flag_value(args, flags.MIN_FREE_HOST_MB)),
+            max_publishing=int(flag_value(args, flags.MAX_PUBLISHING)),
         )
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(

@@ -9,9 +9,10 @@ arrives at the same iteration without communicating.  Every such pause goes thro
 :meth:`Fence.wait`: scheduled and on-demand flushes, memory snapshots (the OOM dump excepted:
 training is dying) and the exit.
 
-The same group carries on-demand tracing's decision broadcasts and the low-memory votes of
-recording windows (:meth:`post_vote` / :meth:`collect_vote`: asynchronous, collected one step
-later, so no rank ever blocks on them).  One extra process group per job, created in
+The same group carries on-demand tracing's decision broadcasts, the low-memory votes of
+recording windows and the publishing vote before each window (:meth:`post_vote` /
+:meth:`collect_vote` by kind: asynchronous, collected one step later, so no rank ever blocks on
+them).  One extra process group per job, created in
 :meth:`Fence.open` (a collective: every rank must call it).
 
 Hooks: ``on_failure`` callables run (on the failing rank) when a barrier times out or breaks,
@@ -21,7 +22,7 @@ e.g. to dump a flight recorder; they get ``(iteration, what, error)``.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchprof_args import _dist
@@ -51,8 +52,8 @@ class Fence:
         self.world_size = 1
         self.on_failure: list[FailureHook] = []
         self.waits = 0
-        self._vote: tuple[Any, Any] | None = None
-        self._local_vote: list[int] | None = None
+        self._votes: dict[str, tuple[Any, Any, bool]] = {}
+        self._local_votes: dict[str, tuple[list[int], bool]] = {}
 
     def open(self, world_size: int) -> None:
         """Collective: create the gloo group (when several ranks share a process group)."""
@@ -102,40 +103,48 @@ class Fence:
         dist.all_gather_object(gathered, item, group=self.group)
         return gathered
 
-    # -- votes: one small integer per rank, collected one step later -----------------------------
+    # -- votes: small integers per rank, collected one step later -------------------------------
 
-    def post_vote(self, value: int) -> None:
-        """Post this rank's ``value`` (>= 0); every rank must post at the same iterations."""
+    def post_vote(self, value: int | Sequence[int], kind: str = "memory") -> None:
+        """Post this rank's ``value`` (>= 0, or a fixed-length row of them) for the vote ``kind``;
+        every rank posts the same kinds at the same iterations, in the same order."""
+        row = [value] if isinstance(value, int) else list(value)
         if self.group is None:
-            self._local_vote = [value]
+            self._local_votes[kind] = (row, isinstance(value, int))
             return
         import torch
         import torch.distributed as dist
 
-        votes = torch.zeros(self.world_size, dtype=torch.int64)
-        votes[self.rank] = value
+        votes = torch.zeros(self.world_size, len(row), dtype=torch.int64)
+        votes[self.rank] = torch.tensor(row, dtype=torch.int64)
         with _dist.unrecorded():  # inside a recording window: not one of the job's collectives
             work = dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-            self._vote = (work, votes)
+            self._votes[kind] = (work, votes, isinstance(value, int))
 
     @property
     def vote_pending(self) -> bool:
-        return self._vote is not None or self._local_vote is not None
+        """The low-memory vote is in flight (see :meth:`pending`)."""
+        return self.pending("memory")
 
-    def collect_vote(self, timeout: float | None = None) -> list[int] | None:
-        """Every rank's value posted at the last :meth:`post_vote` (None when none is pending or it
-        failed)."""
-        local, self._local_vote = self._local_vote, None
+    def pending(self, kind: str) -> bool:
+        return kind in self._votes or kind in self._local_votes
+
+    def collect_vote(self, timeout: float | None = None, kind: str = "memory") -> list[Any] | None:
+        """Every rank's value (or row) posted at the last :meth:`post_vote` of ``kind`` (None when none
+        is pending or it failed)."""
+        local = self._local_votes.pop(kind, None)
         if local is not None:
-            return local
-        pending, self._vote = self._vote, None
+            row, scalar = local
+            return [row[0]] if scalar else [row]
+        pending = self._votes.pop(kind, None)
         if pending is None:
             return None
-        work, votes = pending
+        work, votes, scalar = pending
         try:
             _dist.wait(work, timeout)
         except Exception as err:  # noqa: BLE001
-            logger.error("rank %d: memory vote on the fence group failed (%s); training continues", self.rank,
-                         err)
+            logger.error("rank %d: %s vote on the fence group failed (%s); training continues", self.rank,
+                         kind, err)
             return None
-        return [int(v) for v in votes.tolist()]
+        rows = votes.tolist()
+        return [int(row[0]) for row in rows] if scalar else [[int(v) for v in row] for row in rows]

@@ -106,6 +106,11 @@ MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
                         "iteration, and a trace is exported inline to disk instead of forked or staged in "
                         "RAM. 0 turns the guard off.",
                         default=2048, type=non_negative_int, metavar="MB")
+MAX_PUBLISHING = Flag("--torch-profile-max-publishing",
+                      "Traces a rank may have being published (a staged file and a gzip process each) when a "
+                      "window would start; when any rank has that many, the window is skipped on every "
+                      "rank (rank 0 says how far behind publishing is). 0: no bound.",
+                      default=2, type=non_negative_int, metavar="N")
 OPERATOR_TABLE = Flag("--torch-profile-operator-table",
                       "Publish with each trace, in its cycle folder's summaries/, its operator table "
                       "(<stem>.operator_table.txt: steps, top operators, memory) and its summary sidecar "
@@ -127,7 +132,7 @@ PROFILE_FLAGS = register_group(FlagGroup(
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END,
            RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES,
            PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE,
-           MIN_FREE_HOST_MB, OPERATOR_TABLE, OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
+           MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE, OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
     order=10,
 ))
 

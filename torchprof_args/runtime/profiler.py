@@ -29,6 +29,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.config import ProfilerConfig
+from torchprof_args.runtime.export.progress import ROW_FIELDS
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
@@ -36,6 +37,7 @@ from torchprof_args.runtime.hostmem import WindowMemoryGuard
 from torchprof_args.runtime.memory import MemorySnapshotter
 from torchprof_args.runtime.metadata import trace_metadata
 from torchprof_args.runtime.nsys import NsysController
+from torchprof_args.runtime.publishing import PublishingVote
 from torchprof_args.runtime.recorder import Recorder
 from torchprof_args.runtime.schedule import RECORDING, Action
 from torchprof_args.runtime.signals import SigtermGuard
@@ -83,6 +85,8 @@ class TorchProfiler:
         self._fence = Fence(config.export.flush_timeout, self.rank)
         self._sigterm = SigtermGuard(self.rank, config.export.term_grace)
         self._memory_guard = WindowMemoryGuard(config.export.min_free_host_mb << 20, self._fence)
+        self._publishing = PublishingVote(config.export.max_publishing, self._fence, rank=self.rank)
+        self._timeline.vote_ahead = True
         #: Inside step()'s or stop()'s work: a SIGTERM is acted on at the end, not in the handler.
         self._critical = False
         self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank)
@@ -194,8 +198,8 @@ class TorchProfiler:
             partial = clean and not self._sigterm.pending and self.window_open
             self._shut_down(keep_window=partial, deadline=time.monotonic() + timeout,
                             why=f"--torch-profile-exit-timeout ({timeout:g} s)")
-            if clean and not self._sigterm.pending:
-                self._fence.wait(last, "exit")
+            if clean and not self._sigterm.pending and self._fence.wait(last, "exit"):
+                self._publishing.final(self._publishing_row())  # rank 0's last line
         finally:
             self._critical = False
         if self._sigterm.pending:
@@ -211,6 +215,7 @@ class TorchProfiler:
         self._next_busy_step = math.inf
         if not dying:
             self._memory_guard.abandon()
+            self._publishing.abandon()
             self._recorder.stop(self._iteration, keep=keep_window)
             if self._nsys is not None:
                 self._nsys.close()
@@ -318,7 +323,9 @@ class TorchProfiler:
             self._check_on_demand(iteration)
         if self._memory_guard.enabled:  # may cut the window recording now, on every rank
             self._memory_guard.check(iteration, timeline, rank=self.rank)
+        self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
         self._execute(timeline.plan(iteration))
+        self._publishing.post(iteration, timeline, self._publishing_row)
         if self._sigterm.pending:  # the end of the flush is a safe point too
             self._on_sigterm(iteration)
 
@@ -349,10 +356,14 @@ class TorchProfiler:
                                       busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
         if window is not None:
             timeline.window = window
-            if window.traces(self.rank):
-                logger.info("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
-                            window.request_id, window.start, window.end - 1)
+            if window.traces(self.rank):  # DEBUG: rank 0's "accepted" line says it once for all ranks
+                logger.debug("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
+                             window.request_id, window.start, window.end - 1)
         timeline.next_check = self._on_demand.next_check
+
+    def _publishing_row(self) -> list[int]:
+        writer = self._writer
+        return writer.progress.row(writer.in_flight) if writer is not None else [0] * len(ROW_FIELDS)
 
     def _metadata(self, first: int) -> dict[str, Any]:
         return {**trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,

@@ -75,6 +75,10 @@ class Timeline:
         self.anchored = False
         #: (iteration, planned last iteration) of a window ended early.
         self.cut: tuple[int, int] | None = None
+        #: (first, last) iteration of a window skipped on every rank (publishing was behind).
+        self.skipped: tuple[int, int] | None = None
+        #: The publishing vote is posted two steps before each window: that step is busy too.
+        self.vote_ahead = False
         self.next_check: float = math.inf
         self.snapshot_interval = 0
         self.every_step = False
@@ -131,6 +135,20 @@ class Timeline:
         self.cut = (iteration, planned_last)
         return planned_last
 
+    def window_starts(self, iteration: int) -> bool:
+        """A window (its warmup, or its first recorded step) begins at ``iteration`` on every rank."""
+        return (self.global_action(iteration) is not Action.NONE
+                and self.global_action(iteration - 1) in (Action.NONE, Action.RECORD_AND_SAVE))
+
+    def skip_window(self, first: int) -> int:
+        """Skip the window beginning at ``first`` (nothing recorded, no flush, no fence); returns its
+        flush iteration.  Called at the step before ``first``, on every rank."""
+        last = first
+        while self.global_action(last) in (Action.WARMUP, Action.RECORD):
+            last += 1
+        self.skipped = (first, last)
+        return last
+
     def anchor(self, iteration: int) -> None:
         """Align the schedule with the caller's numbering at the first ``step`` call.
 
@@ -151,6 +169,9 @@ class Timeline:
         action = self.scheduled_action(iteration)
         if action is Action.NONE and window is not None:
             action = window.action(iteration)
+        skipped = self.skipped
+        if skipped is not None and skipped[0] <= iteration <= skipped[1]:
+            return Action.NONE
         cut = self.cut
         if cut is not None and cut[0] <= iteration <= cut[1]:
             return Action.RECORD_AND_SAVE if iteration == cut[0] else Action.NONE
@@ -168,7 +189,12 @@ class Timeline:
         if self.scheduled:
             busy = self.schedule.next_busy_iteration(iteration + 1, self.first_iteration)
             if busy is not None:
-                candidates.append(busy - 1)
+                candidates.append(self._before(busy, iteration))
         if window is not None:
-            candidates.append(window.warmup_start - 1)
+            candidates.append(self._before(window.warmup_start, iteration))
         return min(candidates, default=math.inf)
+
+    def _before(self, busy: int, iteration: int) -> int:
+        """The busy step ahead of a window beginning at ``busy``: the step before it, or the one
+        before that for the publishing vote (when it is still ahead of ``iteration``)."""
+        return busy - 2 if self.vote_ahead and busy - 2 > iteration else busy - 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import os
 import subprocess
 import time
@@ -39,6 +40,7 @@ from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.child import check_export, fork_export, remove_export_leftovers
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
+from torchprof_args.runtime.export.progress import PublishProgress
 from torchprof_args.runtime.export.publisher import publish, publisher_argv, publisher_env
 from torchprof_args.runtime.export.reaper import Pending, Reaper, remove_job_files
 from torchprof_args.runtime.export.staging import StagingArea
@@ -102,6 +104,8 @@ class TraceWriter:
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
                                         "publish_failures": 0}
         self.published: list[str] = []
+        #: Totals for the publishing vote (backpressure, rank 0's line per cycle).
+        self.progress = PublishProgress()
         self.accepting = True
         self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped)
 
@@ -176,7 +180,7 @@ class TraceWriter:
                     return self._publish_here(job, job_path, steps)
         except Exception as err:
             remove_job_files(job, job_path)
-            self._count_failure()
+            self._count_failure(job.trace_path)
             logger.error("rank %d: could not export trace %s: %s: %s; training continues",
                          self.rank, name, type(err).__name__, err)
             return Submission(Route.FAILED, job.trace_path, error=f"{type(err).__name__}: {err}")
@@ -242,8 +246,9 @@ class TraceWriter:
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def _count_failure(self) -> None:
+    def _count_failure(self, trace_path: str | None = None) -> None:
         self.stats["publish_failures"] += 1
+        self.progress.add(trace_path or "", ok=False)
 
     def _on_reaped(self, pending: Pending, status: dict[str, Any]) -> None:
         """The reaper's callback (on its thread) when a publisher process ended."""
@@ -256,15 +261,19 @@ class TraceWriter:
         if "raw_mb" in status:
             self.planner.learn(status["raw_mb"] * 1e6, steps)
         if "error" in status:
-            self._count_failure()
+            self._count_failure(trace_path)
             logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status["error"])
             return
         self.stats["traces_written"] += 1
         self.stats["trace_mb"] = status.get("trace_mb", 0.0)
         self.stats["publish_seconds"] = status.get("seconds", 0.0)
         self.published.append(status["trace_path"])
-        logger.info("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
-                    status["trace_path"], status.get("trace_mb", 0.0), time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.progress.add(status["trace_path"], ok=True, megabytes=status.get("trace_mb", 0.0),
+                          seconds=seconds)
+        # DEBUG: at 512 ranks, rank 0's one line per cycle says it (runtime/publishing.py)
+        logger.debug("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
+                     status["trace_path"], status.get("trace_mb", 0.0), seconds)
         for key in ("summary_error", "extra_errors"):
             if key in status:
                 logger.warning("rank %d: %s for %s: %s", self.rank, key.replace("_", " "), trace_path,
@@ -279,8 +288,9 @@ class TraceWriter:
         count = self.in_flight
         current = deadline if callable(deadline) else (lambda: deadline)
         if count and current() > time.monotonic():
-            logger.info("rank %d: waiting up to %.0f s for %d trace(s) to be published", self.rank,
-                        current() - time.monotonic(), count)
+            level = logging.INFO if self.rank == 0 else logging.DEBUG  # one line, not one per rank
+            logger.log(level, "rank %d: waiting up to %.0f s for %d trace(s) to be published", self.rank,
+                       current() - time.monotonic(), count)
         if not self._reaper.wait_all(current):
             logger.error("rank %d: %d trace(s) not published within %s; stopping them", self.rank,
                          self.in_flight, why)
