@@ -135,6 +135,17 @@ class OnDemandController:
         except Exception as err:  # noqa: BLE001 - leaving must not fail
             logger.warning("rank 0: could not close the on-demand control directory: %s", err)
 
+    def window_skipped(self, window: OnDemandWindow, reason: str) -> None:
+        """The accepted ``window`` will not record (skipped on every rank): rank 0 replaces its answer,
+        so ``torchprof trigger --wait`` stops waiting for its traces and prints ``reason``."""
+        if self.rank == 0:
+            logger.warning("rank 0: on-demand request %s skipped: %s; ask again later", window.request_id,
+                           reason)
+            self._inbox.answer(window.request_id, {
+                "status": "skipped", "reason": f"{reason}; ask again later",
+                "window": {"warmup_start": window.warmup_start, "start": window.start, "end": window.end,
+                           "last": window.end - 1}})
+
     # -- the periodic check -----------------------------------------------------------------
 
     def start_checks(self, after: int) -> int:

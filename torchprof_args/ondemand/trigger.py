@@ -197,10 +197,14 @@ def wait_for_answer(
         time.sleep(POLL_SECONDS)
 
 
-def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False) -> list[str]:
-    """Wait until every path exists; returns the ones still missing at the deadline."""
+def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False,
+                    answer_path: Path | None = None) -> list[str]:
+    """Wait until every path exists; returns the ones still missing at the deadline, or at once when
+    the job replaced the answer at ``answer_path`` (the window was skipped)."""
     missing = list(paths)
     while missing:
+        if answer_path is not None and _answer_status(answer_path) != "accepted":
+            break
         still = [p for p in missing if not os.path.exists(p)]
         for path in missing:
             if path not in still and not quiet:
@@ -210,6 +214,14 @@ def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False) -> l
             break
         time.sleep(POLL_SECONDS)
     return missing
+
+
+def _answer_status(answer_path: Path) -> str | None:
+    """The answer's status now ("accepted" while it cannot be read: it is being replaced)."""
+    try:
+        return read_small_json(answer_path).get("status")
+    except (OSError, ValueError):
+        return "accepted"
 
 
 def trigger(args: argparse.Namespace) -> int:
@@ -237,7 +249,11 @@ def trigger(args: argparse.Namespace) -> int:
             print(f"  {path}", flush=True)
     if not args.wait:
         return 0
-    missing = wait_for_traces(traces, deadline, quiet=args.json)
+    answer_path = control_dir / ANSWERS / f"{request_id}.json"
+    missing = wait_for_traces(traces, deadline, quiet=args.json, answer_path=answer_path)
+    if missing and _answer_status(answer_path) == "skipped":
+        print(f"skipped: {read_small_json(answer_path).get('reason', 'no reason given')}", file=sys.stderr)
+        return 1
     if missing:
         print(f"timed out: {len(missing)} of {len(traces)} trace(s) not written yet:", file=sys.stderr)
         for path in missing:

@@ -323,7 +323,10 @@ class TorchProfiler:
             self._check_on_demand(iteration)
         if self._memory_guard.enabled:  # may cut the window recording now, on every rank
             self._memory_guard.check(iteration, timeline, rank=self.rank)
-        self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
+        skipped = self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
+        window = timeline.window
+        if skipped and window is not None and window.warmup_start <= iteration + 1 < window.end:
+            self._on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
         self._execute(timeline.plan(iteration))
         self._publishing.post(iteration, timeline, self._publishing_row)
         if self._sigterm.pending:  # the end of the flush is a safe point too

@@ -57,30 +57,34 @@ class PublishingVote:
         flush_due = int(timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE")
         self.fence.post_vote([*row, flush_due], kind=KIND)
 
-    def decide(self, iteration: int, timeline: Any) -> None:
+    def decide(self, iteration: int, timeline: Any) -> str | None:
         """Before the step ending ``iteration`` is executed: collect the rows (the same on every rank),
-        report on rank 0, and skip the window beginning at ``iteration + 1`` when publishing is behind."""
+        report on rank 0, and skip the window beginning at ``iteration + 1`` when publishing is behind.
+
+        Returns why the window was skipped (one sentence, the same on every rank), else None."""
         if not self.fence.pending(KIND):
-            return
+            return None
         rows = self.fence.collect_vote(kind=KIND)
         if not rows:
-            return
+            return None
         self.report(rows)
         behind = max(row[_FIELD["in_flight"]] + row[_FLUSH_DUE] for row in rows)
         if not timeline.window_starts(iteration + 1):
-            return
+            return None
         if self.limit <= 0 or behind < self.limit:
             self._caught_up(iteration + 1)
-            return
+            return None
         last = timeline.skip_window(iteration + 1)
         self.skipped += 1
         self._streak += 1
+        slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["in_flight"]] + rows[r][_FLUSH_DUE])
+        reason = (f"publishing is behind: rank {slowest} has {behind} trace(s) in flight (--torch-profile-"
+                  f"max-publishing {self.limit})")
         if self.rank == 0:  # once when publishing falls behind; the rest of the streak at DEBUG
-            slowest = max(range(len(rows)), key=lambda r: rows[r][_FIELD["in_flight"]] + rows[r][_FLUSH_DUE])
             logger.log(logging.WARNING if self._streak == 1 else logging.DEBUG,
-                       "rank 0: publishing is behind: rank %d has %d trace(s) in flight (--torch-profile-"
-                       "max-publishing %d); skipping the window of iterations %d..%d on every rank "
-                       "(%d skipped so far)", slowest, behind, self.limit, iteration + 1, last, self.skipped)
+                       "rank 0: %s; skipping the window of iterations %d..%d on every rank "
+                       "(%d skipped so far)", reason, iteration + 1, last, self.skipped)
+        return reason
 
     def _caught_up(self, first: int) -> None:
         """A window records again after ``self._streak`` skipped ones: rank 0 says so once."""
