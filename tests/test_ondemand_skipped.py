@@ -15,6 +15,8 @@ from torchprof_args.runtime.publishing import PublishingVote
 from torchprof_args.runtime.schedule import ProfileSchedule
 from torchprof_args.runtime.timeline import Timeline
 
+BEHIND = "publishing is behind: rank 0 has 2 trace(s) in flight (--torch-profile-max-publishing 2)"
+
 
 def test_the_vote_skips_an_on_demand_window_and_says_why():
     # no schedule; an on-demand window warms up at 11 and records 12-13; 2 publications in flight
@@ -25,7 +27,7 @@ def test_the_vote_skips_an_on_demand_window_and_says_why():
     vote = PublishingVote(2, Fence(60.0, rank=0), rank=0)
     vote.post(9, line, lambda: [2, 0, 0, 0, 0, 0, 0])
     reason = vote.decide(10, line)
-    assert reason == "publishing is behind: rank 0 has 2 trace(s) in flight (--torch-profile-max-publishing 2)"
+    assert reason == BEHIND
     assert line.skipped == (11, 13) and line.window.warmup_start <= 11 < line.window.end
     assert not any(line.plan(i).flush for i in range(10, 15))
 
@@ -39,8 +41,7 @@ def test_a_skipped_window_is_answered_and_trigger_stops_waiting(tmp_path, logs):
     never = str(tmp_path / "iter000012-000013" / "rank00000.pt.trace.json.gz")
     inbox.answer("req1", {"status": "accepted", "traces": {"0": never}})
     answer_path = tmp_path / "control" / "answers" / "req1.json"
-    skip = threading.Timer(0.3, controller.window_skipped, (window, "publishing is behind: rank 0 has 2 "
-                                                            "trace(s) in flight (--torch-profile-max-publishing 2)"))
+    skip = threading.Timer(0.3, controller.window_skipped, (window, BEHIND))
     started = time.monotonic()
     skip.start()
     missing = wait_for_traces([never], time.monotonic() + 60, quiet=True, answer_path=answer_path)
