@@ -37,6 +37,7 @@ from torchprof_args.analysis.analyzers.collective_skew import (
     waited_us,
 )
 from torchprof_args.analysis.analyzers.collectives import RankComms, rank_collectives
+from torchprof_args.analysis.analyzers.low_mfu import judge, mfu_inputs
 from torchprof_args.analysis.analyzers.pipeline_bubble import pipeline_bubble
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.analyzers.straggler import step_work, straggler
@@ -52,7 +53,7 @@ from torchprof_args.naming import rank_from_file_name
 __all__ = ["DIAGNOSIS_FORMAT", "Gathered", "diagnose", "gather", "merge_kind", "rank_diagnosis"]
 
 #: the version of :func:`rank_diagnosis`'s document (kept in the summary sidecar).
-DIAGNOSIS_FORMAT = 1
+DIAGNOSIS_FORMAT = 2
 
 
 def _per_rank_items(trace: Trace) -> list[Finding | Gap]:
@@ -76,6 +77,7 @@ def rank_diagnosis(trace: Trace) -> dict[str, Any]:
     records = comms.records if comms is not None else []
     base_us = trace.base_time_ns / 1000.0
     work = step_work(steps(trace), records, base_us)
+    mfu = mfu_inputs(trace)
     return {
         "format": DIAGNOSIS_FORMAT,
         "rank": trace.rank,
@@ -88,6 +90,7 @@ def rank_diagnosis(trace: Trace) -> dict[str, Any]:
         "comm_source": comms.source if comms is not None else None,
         "pg_config": comms.pg_config if comms is not None else [],
         "collectives": compact_records(records),
+        "mfu_inputs": None if isinstance(mfu, Gap) else mfu,  # judged again with diagnose --peak-tflops
     }
 
 
@@ -158,10 +161,31 @@ def _merged_gaps(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(gaps.values())
 
 
-def diagnose(rank_docs: Sequence[dict[str, Any]], path: str | Path, cycle: str | None = None
-             ) -> dict[str, Any]:
-    """The job's diagnosis from one cycle's :func:`rank_diagnosis` documents (``--json``'s schema)."""
+def _with_peak(doc: dict[str, Any], peak_tflops: float | None, dtype: str) -> dict[str, Any]:
+    """``doc`` with its ``low_mfu`` judged again against ``peak_tflops`` / ``dtype`` (from the stored
+    MFU inputs: the sidecar's finding used the table's bf16 peak)."""
+    inputs = doc.get("mfu_inputs")
+    if inputs is None:
+        return doc
+    findings = [f for f in doc.get("findings") or [] if f["kind"] != "low_mfu"]
+    gaps = [g for g in doc.get("gaps") or [] if g["kind"] != "low_mfu"]
+    judged = judge(inputs, peak_tflops, dtype)
+    if isinstance(judged, Finding):
+        findings.append(judged.to_json())
+    elif isinstance(judged, Gap):
+        gaps.append(judged.to_json())
+    return {**doc, "findings": findings, "gaps": gaps}
+
+
+def diagnose(rank_docs: Sequence[dict[str, Any]], path: str | Path, cycle: str | None = None, *,
+             peak_tflops: float | None = None, dtype: str = "bf16") -> dict[str, Any]:
+    """The job's diagnosis from one cycle's :func:`rank_diagnosis` documents (``--json``'s schema).
+
+    ``peak_tflops`` (a device the table lacks) or ``dtype`` (e.g. fp8 training) change the peak
+    ``low_mfu`` compares with."""
     docs = [{**d, "rank": _rank_of(d, i)} for i, d in enumerate(rank_docs)]
+    if peak_tflops is not None or dtype != "bf16":
+        docs = [_with_peak(d, peak_tflops, dtype) for d in docs]
     means = [d["step_mean_us"] for d in docs if d.get("step_mean_us")]
     step_ms = max(means) / 1e3 if means else None
     by_kind: dict[str, list[Finding]] = {}

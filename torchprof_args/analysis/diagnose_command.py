@@ -20,7 +20,9 @@ import json
 import sys
 from typing import Any
 
+from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import TraceError
+from torchprof_args.flags.types import positive_float
 
 __all__ = ["format_diagnosis", "register"]
 
@@ -115,7 +117,8 @@ def _run(args: argparse.Namespace) -> int:
                          f"none of the {len(files)} traces could be read ({got.errors[0]})")
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
-    doc = finite(diagnose(got.docs, args.path, cycle_text))
+    doc = finite(diagnose(got.docs, args.path, cycle_text, peak_tflops=args.peak_tflops,
+                          dtype=args.peak_dtype))
     print(json.dumps(doc) if args.json else format_diagnosis(doc))
     return 1 if got.errors else 0
 
@@ -145,5 +148,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reparse", action="store_true", help="parse the traces even where a sidecar matches")
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
+    p.add_argument("--peak-tflops", type=positive_float, default=None, metavar="TFLOPS",
+                   help="the GPU's dense peak TFLOP/s for low_mfu (default: the device table, by the "
+                        "trace's device name)")
+    p.add_argument("--peak-dtype", choices=DTYPES, default="bf16",
+                   help="which of the table's peaks low_mfu compares with (default: bf16)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_guarded)
+

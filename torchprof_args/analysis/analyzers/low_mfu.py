@@ -12,12 +12,15 @@ training reaches).
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.findings import Finding, Gap
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tflops as table_peak
 
-__all__ = ["FLOPS_FLAG", "TARGET_MFU", "THRESHOLD", "analyze", "device_name", "step_flops"]
+__all__ = ["FLOPS_FLAG", "TARGET_MFU", "THRESHOLD", "analyze", "device_name", "judge", "mfu_inputs",
+           "step_flops"]
 
 #: at or above this MFU, no finding.
 THRESHOLD = 0.30
@@ -48,9 +51,10 @@ def step_flops(trace: Trace) -> float | None:
     return float(values[inside].sum())
 
 
-def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
-            threshold: float = THRESHOLD) -> Finding | Gap | None:
-    """The step's MFU against the device's peak; None at or above ``threshold``."""
+def mfu_inputs(trace: Trace) -> dict[str, Any] | Gap:
+    """What MFU needs from one rank's trace (``rank``, ``flops_per_step``, ``step_ms``, ``device``,
+    the step evidence), kept in the sidecar so ``diagnose --peak-tflops`` can judge it again without
+    the trace; a Gap when the trace cannot give it."""
     ctx = context(trace)
     if not ctx.has_gpu:
         return Gap("low_mfu", "the trace has no GPU kernels, so there is no GPU peak to compare with",
@@ -59,27 +63,40 @@ def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
         return Gap("low_mfu", "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
     total = step_flops(trace)
     if total is None:
-        return Gap("low_mfu", "the trace has no FLOP counts (they need shapes: with_flops records them "
-                              "only with record_shapes)", FLOPS_FLAG)
-    name = device_name(trace)
+        return Gap("low_mfu", "the trace has no FLOP counts", FLOPS_FLAG)
+    return {"rank": trace.rank or 0, "flops_per_step": total / ctx.n_steps, "step_ms": ctx.step_us / 1000.0,
+            "device": device_name(trace),
+            "step_evidence": {**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)}}
+
+
+def judge(inputs: dict[str, Any], peak_tflops: float | None = None, dtype: str = "bf16",
+          threshold: float = THRESHOLD) -> Finding | Gap | None:
+    """The MFU of :func:`mfu_inputs` against ``peak_tflops`` (default: the device table's peak for
+    ``dtype``); None at or above ``threshold``."""
+    name = inputs.get("device")
     peak = peak_tflops or (table_peak(name, dtype) if name else None)
     if not peak:
-        return Gap("low_mfu", f"the peak of device {name!r} is unknown (pass peak_tflops)", None)
-    step_s = ctx.step_us / 1e6
-    flops = total / ctx.n_steps
-    mfu = flops / (step_s * peak * 1e12) if step_s > 0 else 0.0
+        return Gap("low_mfu", f"the {dtype} peak of device {name!r} is not in the table", "--peak-tflops")
+    flops, step_ms = inputs["flops_per_step"], inputs["step_ms"]
+    mfu = flops / (step_ms / 1e3 * peak * 1e12) if step_ms > 0 else 0.0
     if mfu >= threshold:
         return None
     ideal_ms = flops / (peak * 1e12) * 1e3
-    ms = ctx.step_us / 1000.0 - ideal_ms
-    saving = max(0.0, ctx.step_us / 1000.0 - ideal_ms / TARGET_MFU)
-    evidence = {**ctx.evidence(), "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
-                "achieved_tflops": round(flops / step_s / 1e12, 2) if step_s > 0 else None,
-                "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU,
-                "perfetto_ts_us": round(ctx.longest_step_ts, 3)}
+    ms = step_ms - ideal_ms
+    saving = max(0.0, step_ms - ideal_ms / TARGET_MFU)
+    evidence = {**inputs["step_evidence"], "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
+                "achieved_tflops": round(flops / step_ms * 1e3 / 1e12, 2) if step_ms > 0 else None,
+                "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU}
     return Finding(
-        kind="low_mfu", ranks=(trace.rank or 0,),
+        kind="low_mfu", ranks=(inputs["rank"],),
         summary=f"model FLOPs use {100 * mfu:.1f} % of the {name or 'GPU'}'s {peak:g} TFLOP/s peak",
-        ms_per_step=ms, share_of_step=ms / (ctx.step_us / 1000.0) if ctx.step_us else 0.0,
+        ms_per_step=ms, share_of_step=ms / step_ms if step_ms else 0.0,
         saving_ms_per_step=saving, saving_bound=f"step time at {100 * TARGET_MFU:.0f} % MFU",
         remedy=REMEDY, evidence=evidence)
+
+
+def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
+            threshold: float = THRESHOLD) -> Finding | Gap | None:
+    """The step's MFU against the device's peak; None at or above ``threshold``."""
+    inputs = mfu_inputs(trace)
+    return inputs if isinstance(inputs, Gap) else judge(inputs, peak_tflops, dtype, threshold)
