@@ -173,6 +173,12 @@ class DeepSpeedProfilerHook:
             return
         if engine.global_rank != 0:
             return  # DeepSpeed profiles and writes the report on global rank 0 only
+        if engine.global_steps > engine.flops_profiler_profile_step():  # resumed past it
+            logger.info("DeepSpeed flops profiler: its profile_step %d is before this run's first step "
+                        "(resumed at global step %d): no report and no model FLOPs from it in this run "
+                        "(--metrics-flops-per-iteration gives TFLOP/s)",
+                        engine.flops_profiler_profile_step(), engine.global_steps)
+            return
         self._capture_model_flops()
         self.profile_dir.mkdir(parents=True, exist_ok=True)
         self.flops_report = self.profile_dir / FLOPS_REPORT_NAME
