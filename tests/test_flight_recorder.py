@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,35 @@ def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: p
     assert not configs_from_args(parser.parse_args([])).profiler.flight_recorder.enabled
     with pytest.raises(SystemExit):
         parser.parse_args(["--torch-profile-flight-recorder", "0"])
+
+
+
+@pytest.mark.slow
+def test_the_end_of_the_sigterm_grace_waits_for_a_dump_in_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dump being written on another thread (the main thread, slow on a busy host) is waited for
+    before the grace's emergency ends the process."""
+    release = threading.Event()
+
+    def slow_gloo_dump() -> bytes:
+        release.wait(10)
+        return b""
+
+    monkeypatch.setattr(flight_recorder, "_dump_calls", lambda: {"gloo": slow_gloo_dump})
+    (tmp_path / "fr").mkdir()
+    recorder = flight_recorder.FlightRecorder(str(tmp_path / "fr"), entries=10, rank=0)
+    assert recorder.wait_for_dump(0.0)  # nothing in progress
+    writer = threading.Thread(target=recorder.dump, args=("a collective timed out",))
+    writer.start()
+    deadline = time.monotonic() + 10
+    while recorder.dumped is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not recorder.wait_for_dump(0.2)  # in progress: waited, then given up
+    threading.Timer(0.2, release.set).start()
+    assert recorder.wait_for_dump(10)
+    writer.join(10)
+    info = json.loads((tmp_path / "fr" / "dump_info_rank0.json").read_text())
+    assert info["reason"] == "a collective timed out"
 
 
 @pytest.mark.slow
@@ -189,3 +219,41 @@ def test_sigterm_dumps_while_the_main_thread_is_blocked_in_a_collective(tmp_path
         "gloo:all_reduce", [[4096]], False)
     assert "exitcode  : -15" in output and "rank      : 0" in output  # then SIGTERM's default action
     assert not (tmp_path / "rank0.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_still_dumping_when_the_launcher_stops_it_finishes_its_dump(tmp_path: Path) -> None:
+    """bench_world's hang at 3 ranks: rank 2 skips an all-reduce; ranks 0 and 1 time out in it
+    together and dump on the exception.  Rank 1's dump is slow (an oversubscribed host): rank 0
+    finishes first and exits, torchrun sends SIGTERM to the others while rank 1 is still in its
+    dump, which outlasts --torch-profile-term-grace (2 s).  Rank 1 finishes it before SIGTERM
+    ends the process (it was cut short by the SIGTERM safe point in the handler, and at the end of
+    the grace by the watchdog's emergency exit: that rank left no dump_info and no gloo dump)."""
+    prof = tmp_path / "prof"
+    (tmp_path / "tmp").mkdir()  # TMPDIR: torchrun's torchelastic_* logs stay in the test's directory
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", str(JOB), "--result-dir", str(tmp_path), "--iters", "5",
+               "--skip-rank", "2", "--skip-iteration", "3", "--pg-timeout", "5",
+               "--slow-dump-rank", "1", "--slow-dump-seconds", "8",
+               "--torch-profile", "--torch-profile-ranks", "0", "--torch-profile-skip-first", "0",
+               "--torch-profile-active", "2", "--torch-profile-term-grace", "2",
+               "--torch-profile-dir", str(prof), "--torch-profile-flight-recorder", "64"]
+    proc = subprocess.run(command, env=subprocess_env(TMPDIR=str(tmp_path / "tmp")), capture_output=True,
+                          text=True, timeout=180)
+    context = proc.stdout[-3000:] + proc.stderr[-8000:]
+    dumps = prof / "flight_recorder"
+    infos = {r: json.loads((dumps / f"dump_info_rank{r}.json").read_text())
+             for r in range(3) if (dumps / f"dump_info_rank{r}.json").exists()}
+    assert sorted(infos) == [0, 1, 2], context
+    assert sorted(p.name for p in dumps.glob("gloo_trace_rank_*")) == [
+        "gloo_trace_rank_0", "gloo_trace_rank_1", "gloo_trace_rank_2"], context
+    assert infos[1]["reason"].startswith("RuntimeError left the profiler's context"), (infos[1], context)
+    # the SIGTERM came while rank 1 was in its dump, the grace ended before the dump did: the
+    # dump was waited for, then SIGTERM ended the rank
+    pid = int((tmp_path / "rank1.pid").read_text())
+    sent = proc.stderr.find(f"Sending process {pid} closing signal SIGTERM")
+    grace = proc.stderr.find("[torchprof rank 1] rank 1: no safe point within --torch-profile-term-grace")
+    waited = proc.stderr.find("[torchprof rank 1] rank 1: waiting for the flight-recorder dump in progress")
+    dumped = proc.stderr.find("[torchprof rank 1] rank 1: flight recorder dumped to")
+    assert -1 < sent < grace < waited < dumped, context
+    assert f"exitcode  : -15 (pid: {pid})" in proc.stderr and not (tmp_path / "rank1.json").exists(), context

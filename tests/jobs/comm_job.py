@@ -10,6 +10,8 @@ Every iteration runs, in this order: an all-reduce of 256 floats, **the chosen a
 * ``--skip-rank R --skip-iteration I``: rank R leaves iteration I before the chosen all-reduce
   (a ``continue`` in the wrong place) and goes on to the profiler's step, while the others wait in
   that all-reduce until ``--pg-timeout``: a hang.
+* ``--slow-dump-rank R --slow-dump-seconds S``: rank R's flight-recorder dump call takes S seconds
+  longer (a dump slowed by an oversubscribed host), so that the launcher's SIGTERM arrives in it.
 
 Each rank writes ``--result-dir/rank<R>.pid`` when it starts and ``rank<R>.json`` with how it ended.
 """
@@ -29,6 +31,21 @@ from torchprof_args import TorchProfiler, add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
 
 
+def slow_dump_calls(seconds: float) -> None:
+    """Every flight-recorder dump call of this process sleeps ``seconds`` first."""
+    from torchprof_args.runtime import flight_recorder
+
+    calls = flight_recorder._dump_calls
+
+    def slowed(call):
+        def dump():
+            time.sleep(seconds)
+            return call()
+        return dump
+
+    flight_recorder._dump_calls = lambda: {name: slowed(call) for name, call in calls().items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=4)
@@ -38,6 +55,8 @@ def main() -> int:
     parser.add_argument("--slow-seconds", type=float, default=0.0)
     parser.add_argument("--skip-rank", type=int, default=-1)
     parser.add_argument("--skip-iteration", type=int, default=-1)
+    parser.add_argument("--slow-dump-rank", type=int, default=-1)
+    parser.add_argument("--slow-dump-seconds", type=float, default=0.0)
     parser.add_argument("--result-dir", required=True)
     add_torch_profile_args(parser)
     args = parser.parse_args()  # before the process group: --torch-profile-flight-recorder acts here
@@ -45,6 +64,8 @@ def main() -> int:
     rank = dist.get_rank()
     with open(os.path.join(args.result_dir, f"rank{rank}.pid"), "w") as handle:
         handle.write(str(os.getpid()))
+    if rank == args.slow_dump_rank:
+        slow_dump_calls(args.slow_dump_seconds)
     small, chosen = torch.ones(256), torch.ones(4096)
     gathered = [torch.zeros(64) for _ in range(dist.get_world_size())]
     outcome: dict = {"rank": rank, "pid": os.getpid()}

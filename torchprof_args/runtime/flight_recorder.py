@@ -160,12 +160,16 @@ def _warm_up() -> None:
     launcher's SIGKILL coming, does not wait for it."""
 
     def load() -> None:
+        started = time.monotonic()
         try:
             import importlib
 
             importlib.import_module("torch._inductor")
         except Exception as err:  # noqa: BLE001 - only a speed-up
             logger.debug("flight recorder warm-up failed: %s", err)
+            return
+        logger.debug("flight recorder warm-up: torch._inductor imported in %.1f s",
+                     time.monotonic() - started)
 
     if "torch._inductor" not in sys.modules:
         threading.Thread(target=load, name="torchprof-fr-warmup", daemon=True).start()
@@ -270,6 +274,15 @@ class FlightRecorder:
             self._pytorch_dump_seen = mtime
             self.dump("PyTorch's NCCL watchdog dumped the flight recorder (a collective timed out)",
                       pytorch_dumped=True)
+
+    def wait_for_dump(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) for a dump in progress on another thread; True when none is
+        in progress any more."""
+        if self.dumped is None or self._writer_thread == threading.get_ident() or self._done.is_set():
+            return True
+        logger.warning("rank %d: waiting for the flight-recorder dump in progress (%s) before ending",
+                       self.rank, self.dumped)
+        return self._done.wait(timeout)
 
     def _dump_on_sigterm(self) -> None:
         self.dump(SIGTERM_REASON)

@@ -53,6 +53,9 @@ logger = get_logger(__name__)
 
 #: Seconds of --torch-profile-term-grace kept for stopping publishers that did not finish.
 _STOP_RESERVE = 4.5
+#: At the end of --torch-profile-term-grace, a flight-recorder dump still being written gets this
+#: much longer (torchrun sends SIGKILL 30 s after its SIGTERM).
+_DUMP_FINISH_WAIT = 30.0
 
 
 class TorchProfiler:
@@ -130,9 +133,16 @@ class TorchProfiler:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         clean_exit = isinstance(exc, SystemExit) and exc.code in (0, None)
         if self._flight_recorder is not None and exc_type is not None and not clean_exit:
-            # e.g. a collective timed out
+            # e.g. a collective timed out.  Every rank that timed out dumps at once; the first to
+            # exit makes the launcher SIGTERM the others, often in the middle of theirs: a SIGTERM
+            # now waits for the end of stop() (critical), else the handler's safe point would end
+            # the process with this dump half written.
             reason = f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}"
-            self._flight_recorder.dump(reason, exc=exc)
+            critical, self._critical = self._critical, True
+            try:
+                self._flight_recorder.dump(reason, exc=exc)
+            finally:
+                self._critical = critical
         if self._memory is not None and isinstance(exc, torch.OutOfMemoryError):
             self._memory.on_oom(self._iteration + 1)  # before the error unwinds any further
         self.stop(clean=exc_type is None)
@@ -291,7 +301,11 @@ class TorchProfiler:
         sigterm.deliver()
 
     def _sigterm_emergency(self) -> None:
-        """Watchdog thread, the main thread being stuck: stop processes, remove files; no torch calls."""
+        """Watchdog thread, the main thread being stuck: stop processes, remove files; no torch calls.
+        A flight-recorder dump in progress (slow on an oversubscribed host, py-spy) is finished first:
+        it is what the hang leaves behind (the launcher's SIGKILL bounds the wait)."""
+        if self._flight_recorder is not None:
+            self._flight_recorder.wait_for_dump(_DUMP_FINISH_WAIT)
         if self._writer is not None:
             self._writer.abandon()
 
