@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"done at global step {engine.global_steps}; traces: {hook.prof.published_traces}", flush=True)
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # gloo's threads joined before the interpreter exits
     return 0
 
 

@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     elif engine.is_first_stage():
         print(f"stage {engine.stage_id}: traces: {[Path(t).name for t in hook.prof.published_traces]}",
               flush=True)
+    torch.distributed.destroy_process_group()  # gloo's threads joined before the interpreter exits
     return 0
 
 
