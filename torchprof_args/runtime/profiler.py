@@ -29,7 +29,6 @@ from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.config import ProfilerConfig
-from torchprof_args.runtime.export.progress import ROW_FIELDS
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
@@ -37,7 +36,7 @@ from torchprof_args.runtime.hostmem import WindowMemoryGuard
 from torchprof_args.runtime.memory import MemorySnapshotter
 from torchprof_args.runtime.metadata import trace_metadata
 from torchprof_args.runtime.nsys import NsysController
-from torchprof_args.runtime.publishing import PublishingVote
+from torchprof_args.runtime.publishing import PublishingVote, progress_row
 from torchprof_args.runtime.recorder import Recorder
 from torchprof_args.runtime.schedule import RECORDING, Action
 from torchprof_args.runtime.signals import SigtermGuard
@@ -133,10 +132,8 @@ class TorchProfiler:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         clean_exit = isinstance(exc, SystemExit) and exc.code in (0, None)
         if self._flight_recorder is not None and exc_type is not None and not clean_exit:
-            # e.g. a collective timed out.  Every rank that timed out dumps at once; the first to
-            # exit makes the launcher SIGTERM the others, often in the middle of theirs: a SIGTERM
-            # now waits for the end of stop() (critical), else the handler's safe point would end
-            # the process with this dump half written.
+            # e.g. a collective timed out: the launcher's SIGTERM (once the first rank exits) waits
+            # for the end of stop() (critical), or it would end the process with this dump half written
             reason = f"{exc_type.__name__} left the profiler's context: {str(exc)[:200]}"
             critical, self._critical = self._critical, True
             try:
@@ -178,10 +175,6 @@ class TorchProfiler:
             self._memory.start()
         if self._nsys is not None:
             self._nsys.on_step(first, recording=self.schedule.action(first, first) in RECORDING)
-        if self.rank == 0 and self.config.trace.modules_via_stack:
-            logger.info("rank 0: --torch-profile-with-modules: torch %s records the module hierarchy only "
-                        "through with_stack (with_modules does nothing in eager mode), so with_stack is on "
-                        "on every traced rank", torch.__version__)
         if self.record:
             logger.info("rank %d: profiling %s; traces go to %s", self.rank, self.schedule.describe(),
                         os.path.abspath(self.output_dir))
@@ -209,7 +202,7 @@ class TorchProfiler:
             self._shut_down(keep_window=partial, deadline=time.monotonic() + timeout,
                             why=f"--torch-profile-exit-timeout ({timeout:g} s)")
             if clean and not self._sigterm.pending and self._fence.wait(last, "exit"):
-                self._publishing.final(self._publishing_row())  # rank 0's last line
+                self._publishing.final(progress_row(self._writer))  # rank 0's last line
         finally:
             self._critical = False
         if self._sigterm.pending:
@@ -342,7 +335,7 @@ class TorchProfiler:
         if skipped and window is not None and window.warmup_start <= iteration + 1 < window.end:
             self._on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
         self._execute(timeline.plan(iteration))
-        self._publishing.post(iteration, timeline, self._publishing_row)
+        self._publishing.post(iteration, timeline, lambda: progress_row(self._writer))
         if self._sigterm.pending:  # the end of the flush is a safe point too
             self._on_sigterm(iteration)
 
@@ -377,10 +370,6 @@ class TorchProfiler:
                 logger.debug("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
                              window.request_id, window.start, window.end - 1)
         timeline.next_check = self._on_demand.next_check
-
-    def _publishing_row(self) -> list[int]:
-        writer = self._writer
-        return writer.progress.row(writer.in_flight) if writer is not None else [0] * len(ROW_FIELDS)
 
     def _metadata(self, first: int) -> dict[str, Any]:
         return {**trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,

@@ -22,7 +22,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.naming import cycle_dir_name
 from torchprof_args.runtime.export.progress import ROW_FIELDS
 
-__all__ = ["PublishingVote"]
+__all__ = ["PublishingVote", "progress_row"]
 
 logger = get_logger(__name__)
 
@@ -32,11 +32,15 @@ _FIELD = {name: index for index, name in enumerate(ROW_FIELDS)}
 _FLUSH_DUE = len(ROW_FIELDS)
 
 
+def progress_row(writer: Any) -> list[int]:
+    """A rank's row for the vote: its writer's publications in flight and totals (zeros without one)."""
+    return writer.progress.row(writer.in_flight) if writer is not None else [0] * len(ROW_FIELDS)
+
+
 class PublishingVote:
     """Posts and collects the publishing vote around each window; see the module docstring.
 
-    ``progress_row()`` (given to :meth:`post`): this rank's row (``TraceWriter.progress.row(in_flight)``,
-    zeros without a writer).
+    ``read_row()`` (given to :meth:`post`): this rank's row, :func:`progress_row` of its writer.
     """
 
     def __init__(self, limit: int, fence: Any, *, rank: int) -> None:
@@ -48,12 +52,12 @@ class PublishingVote:
         self._streak = 0
         self._reported: list[list[int]] | None = None
 
-    def post(self, iteration: int, timeline: Any, progress_row: Callable[[], list[int]]) -> None:
-        """After the step ending ``iteration``: post this rank's ``progress_row()`` when a window
+    def post(self, iteration: int, timeline: Any, read_row: Callable[[], list[int]]) -> None:
+        """After the step ending ``iteration``: post this rank's ``read_row()`` when a window
         begins at ``iteration + 2``, with whether it still flushes at ``iteration + 1``."""
         if not timeline.window_starts(iteration + 2):
             return
-        row = progress_row()  # read (and the slowest-publication period restarted) only when posted
+        row = read_row()  # read (and the slowest-publication period restarted) only when posted
         flush_due = int(timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE")
         self.fence.post_vote([*row, flush_due], kind=KIND)
 

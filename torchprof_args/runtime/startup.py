@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.runtime.config import ProfilerConfig
 from torchprof_args.runtime.execution_trace import ExecutionTrace
@@ -23,6 +26,8 @@ from torchprof_args.runtime.memory import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
 from torchprof_args.runtime.timeline import Timeline
+
+logger = get_logger(__name__)
 
 __all__ = ["RankSetup", "set_up_rank"]
 
@@ -71,6 +76,10 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
         if setup.writer is not None:
             setup.writer.close(0.0, "start-up")
         raise
+    if rank == 0 and trace.modules_via_stack:
+        logger.info("rank 0: --torch-profile-with-modules: torch %s records the module hierarchy only "
+                    "through with_stack (with_modules does nothing in eager mode), so with_stack is on "
+                    "on every traced rank", torch.__version__)
     return setup
 
 
