@@ -117,9 +117,9 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     if analyzer:
         assert proc.returncode == 0, context
         assert "did not join" in proc.stdout, context
-    else:
-        assert proc.returncode == 1, context
-        assert proc.stderr.endswith(f"torchprof hang: error: {needs('torchprof hang')}\n"), context
+    else:  # no PyTorch analyzer: the stacks still say where each rank is, with a note why no more
+        assert proc.returncode == 0, context
+        assert "rank 1: comm_job.py:" in proc.stdout and needs("torchprof hang") in proc.stdout, context
     ended = rank_results(tmp_path)
     assert "Timed out" in ended[0]["error"], (ended, context)
     dumps = prof / "flight_recorder"
@@ -143,8 +143,8 @@ def test_readme_example_rank_that_skips_an_all_reduce_is_named_by_torchprof_hang
     assert normalised[0]["pg_config"]["0"]["ranks"] == "[0, 1]", normalised[0]["pg_config"]
 
     if not analyzer:
-        assert torchprof(["hang", str(prof)]) == 1
-        assert capsys.readouterr().err == f"torchprof hang: error: {needs('torchprof hang')}\n"
+        assert torchprof(["hang", str(prof)]) == 0
+        assert f"were not analysed: {needs('torchprof hang')}" in capsys.readouterr().out
         return
     assert torchprof(["hang", str(prof)]) == 0
     text = capsys.readouterr().out
