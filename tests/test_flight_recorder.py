@@ -256,4 +256,6 @@ def test_a_rank_still_dumping_when_the_launcher_stops_it_finishes_its_dump(tmp_p
     waited = proc.stderr.find("[torchprof rank 1] rank 1: waiting for the flight-recorder dump in progress")
     dumped = proc.stderr.find("[torchprof rank 1] rank 1: flight recorder dumped to")
     assert -1 < sent < grace < waited < dumped, context
-    assert f"exitcode  : -15 (pid: {pid})" in proc.stderr and not (tmp_path / "rank1.json").exists(), context
+    # SIGTERM ended rank 1 (it wrote no result); torchrun's report of its exit code (-15) is not
+    # checked: the launcher of torch 2.9 lists only the ranks that failed before it stopped the others
+    assert not (tmp_path / "rank1.json").exists(), context
