@@ -4,6 +4,8 @@ Sections (``--sections``, default all of them):
 
   tests       pytest on tests/gpu, plus the fast tests of the suite files with CUDA paths
               (test_nsys, test_memory_snapshot, test_profiler_hooks, test_timers, test_profiler)
+  analysis    two short traced jobs (clean; slow loader + loss.item()): summary and analyzers vs
+              HTA, and `torchprof diagnose` finds the injected problems (gpu_check_analysis.py)
   stall       flush stall on a ~1B-parameter GPT (integrations/demo's model, bf16, sequence 2048):
               stock tensorboard_trace_handler(use_gzip=True) vs prof.stop() alone (floor) vs
               TorchProfiler, with 1 and 3 active steps
@@ -50,7 +52,10 @@ import torch  # noqa: E402
 
 from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
 
-SECTIONS = ("tests", "stall", "fork", "timers", "snapshot", "trace-size")
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_check_analysis import section_analysis  # noqa: E402
+
+SECTIONS = ("tests", "analysis", "timers", "snapshot", "fork", "trace-size", "stall")
 #: Suite files whose fast tests take CUDA paths on a GPU host (run with -m "gpu or not slow").
 CUDA_CAPABLE_SUITE = (
     "test_nsys.py",
@@ -633,6 +638,22 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: Path, header: str, rows: list[Row], meta: dict[str, Any]) -> None:
+    """results.md and results.json, rewritten after every section: a run cut short keeps its figures."""
+    (out / "results.md").write_text(f"{header}\n\n{markdown(rows)}")
+    meta = {
+        "device": header.split(": ", 1)[1],
+        **meta,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "argv": sys.argv[1:],
+    }
+    (out / "results.json").write_text(
+        json.dumps({"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}, indent=1)
+    )
+
+
 def model_flags(args: argparse.Namespace) -> list[str]:
     return [
         "--hidden",
@@ -703,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sections: dict[str, Callable[[], list[Row]]] = {
         "tests": lambda: section_tests(s, out, args.smoke),
+        "analysis": lambda: section_analysis(demo_model_module(), s.device, s.dtype, out, Row),
         "stall": lambda: section_stall(s, out),
         "fork": lambda: section_fork(s, out),
         "timers": lambda: section_timers(s, out),
@@ -711,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows: list[Row] = []
     durations: dict[str, float] = {}
+    header = f"gpu-check {stamp}: {device_line(s)}"
     for name in args.sections:
         started = time.monotonic()
         print(f"gpu-check: {name} ...", file=sys.stderr, flush=True)
@@ -722,27 +745,9 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         if torch.cuda.is_available():  # the next section (or its worker process) gets the memory back
             torch.cuda.empty_cache()
-    header = f"gpu-check {stamp}: {device_line(s)}"
+        write_results(out, header, rows, {"smoke": args.smoke, "time": stamp, "section_seconds": durations})
+        print(markdown([r for r in rows if r.section == name]), file=sys.stderr, flush=True)
     table = markdown(rows)
-    (out / "results.md").write_text(f"{header}\n\n{table}")
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "meta": {
-                    "device": device_line(s),
-                    "smoke": args.smoke,
-                    "time": stamp,
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "cuda": torch.version.cuda,
-                    "argv": sys.argv[1:],
-                    "section_seconds": durations,
-                },
-                "rows": [dataclasses.asdict(r) for r in rows],
-            },
-            indent=1,
-        )
-    )
     print(f"{header}\n\n{table}\nresults: {out}/results.md, results.json")
     return 0 if all(r.ok for r in rows) else 1
 
