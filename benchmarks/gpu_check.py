@@ -9,7 +9,8 @@ Sections (``--sections``, default all of them):
   stall       flush stall on a ~1B-parameter GPT (integrations/demo's model, bf16, sequence 2048):
               stock tensorboard_trace_handler(use_gzip=True) vs prof.stop() alone (floor) vs
               TorchProfiler, with 1 and 3 active steps
-  fork        os.fork() time with 20 and 60 GB of host tensors, pageable and pinned (cudaHostRegister)
+  fork        os.fork() time with 20 and 60 GB of host tensors, pageable and pinned (cudaHostRegister,
+              and torch's pin_memory=True)
   timers      cost per start/stop pair: host timer, CUDA-event timer, --timing-synchronize timer
   snapshot    memory snapshot dump time with python stacks and with all (C++) stacks
   trace-size  trace MB per iteration with each profiler option alone
@@ -406,37 +407,54 @@ def section_fork(s: Settings, out: Path) -> list[Row]:
     from torchprof_args.runtime.hostmem import HostMemoryProbe
 
     rows = [Row("fork", "os.fork()", "no large tensor", f"{fork_seconds() * 1e3:.1f} ms", "", fork_seconds())]
-    for pinned in (False, True) if s.device == "cuda" else (False,):
+    for kind in HOST_MEMORY_KINDS if s.device == "cuda" else HOST_MEMORY_KINDS[:1]:
         for requested in s.fork_gb:
             free_gb = HostMemoryProbe().free().free_bytes / 1e9
             gb = min(requested, max(0.0, 0.7 * free_gb - 2))
             clamp = f"clamped from {requested:g} GB ({free_gb:.0f} GB free)" if gb < requested else ""
-            kind = "pinned" if pinned else "pageable"
             if gb < 0.01:
                 rows.append(Row("fork", f"os.fork(), {kind}", f"{requested:g} GB", "skipped", clamp))
                 continue
-            with host_tensor(int(gb * 1e9), pinned) as (alloc_seconds, _):
+            with host_tensor(int(gb * 1e9), kind) as (alloc_seconds, _):
+                pinned = pinned_kb()
                 seconds = fork_seconds()
+            notes = [clamp, f"allocated and touched in {alloc_seconds:.1f} s", pinned]
             rows.append(
                 Row(
                     "fork",
                     f"os.fork(), {kind}",
                     f"{gb:.3g} GB host tensor",
                     f"{seconds * 1e3:.1f} ms",
-                    "; ".join(filter(None, [clamp, f"allocated and touched in {alloc_seconds:.1f} s"])),
+                    "; ".join(filter(None, notes)),
                     seconds,
                 )
             )
     return rows
 
 
+#: pageable (plain), registered in place with cudaHostRegister (what
+#: PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True does), and pin_memory=True
+#: (torch's caching host allocator: cudaHostAlloc).
+HOST_MEMORY_KINDS = ("pageable", "pinned, cudaHostRegister", "pinned, pin_memory=True")
+
+
+def pinned_kb() -> str:
+    """What the kernel counts as pinned / locked in this process (``VmPin``, ``VmLck``)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return ""
+    wanted = [line.split(":", 1) for line in lines if line.startswith(("VmPin", "VmLck"))]
+    return ", ".join(f"{key} {value.strip()}" for key, value in wanted)
+
+
 @contextlib.contextmanager
-def host_tensor(size: int, pinned: bool) -> Iterator[tuple[float, torch.Tensor]]:
-    """A host tensor of ``size`` bytes, every page touched; ``pinned``: registered with CUDA."""
+def host_tensor(size: int, kind: str) -> Iterator[tuple[float, torch.Tensor]]:
+    """A host tensor of ``size`` bytes of :data:`HOST_MEMORY_KINDS` ``kind``, every page touched."""
     started = time.perf_counter()
-    tensor = torch.empty(size, dtype=torch.uint8)
+    tensor = torch.empty(size, dtype=torch.uint8, pin_memory=kind.endswith("pin_memory=True"))
     tensor.fill_(1)
-    cudart = torch.cuda.cudart() if pinned else None
+    cudart = torch.cuda.cudart() if kind.endswith("cudaHostRegister") else None
     if cudart is not None:
         error = int(cudart.cudaHostRegister(tensor.data_ptr(), size, 0))
         if error:

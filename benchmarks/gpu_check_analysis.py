@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from torchprof_args import TorchProfiler, add_torch_profile_args
 
 LOADER_SLEEP_S = 0.030
@@ -125,6 +126,8 @@ def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as err:
         return [row("analysis", f"{name}: agreement with HTA", size, "n/a", f"HTA not importable: {err}")]
+    from helpers.hta_reference import temporal_breakdown  # tests/helpers: HTA's breakdown, unasserted
+
     from torchprof_args.analysis import load_trace, summarize
     from torchprof_args.analysis.analyzers.gpu_idle import idle_time_breakdown
     from torchprof_args.analysis.analyzers.launch_bound import launch_stats
@@ -134,7 +137,7 @@ def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
         shutil.copy(path, Path(folder) / path.name)
         hta = TraceAnalysis(trace_dir=folder)
         rank = hta.t.get_ranks()[0]
-        temporal = hta.get_temporal_breakdown(visualize=False).iloc[0]
+        temporal = temporal_breakdown(hta)
         kinds, _ = hta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
         idle, _ = hta.get_idle_time_breakdown(ranks=[rank], visualize=False)
         launches = hta.get_cuda_kernel_launch_stats(ranks=[rank], visualize=False)[rank]

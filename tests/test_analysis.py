@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.hta_reference import temporal_breakdown
 from helpers.paths import DATA, REPO
 
 from torchprof_args.analysis import TraceError, format_operator_table, load_trace, summarize
@@ -63,7 +64,7 @@ def test_summary_matches_hta(path: Path, tmp_path: Path) -> None:
     logging.getLogger("hta").setLevel(logging.ERROR)
     shutil.copy(path, tmp_path / path.name)
     ta = TraceAnalysis(trace_dir=str(tmp_path))
-    temporal = ta.get_temporal_breakdown(visualize=False).iloc[0]
+    temporal = temporal_breakdown(ta)
     overlap = ta.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"]
     kinds, _ = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
     hta_kinds = {k.upper(): v for k, v in zip(kinds["kernel_type"], kinds["sum"], strict=True)}

@@ -27,10 +27,14 @@ def flags(tmp_path: Path, *argv: str):
 
 
 def step_numbers(trace_path: str) -> list[int]:
+    """The CPU-side ``ProfilerStep#N`` ranges (Kineto copies each onto the GPU timeline as a
+    ``gpu_user_annotation`` too: those are not counted)."""
     with gzip.open(trace_path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
     return sorted(
-        int(e["name"].split("#")[1]) for e in events if e.get("name", "").startswith("ProfilerStep#")
+        int(e["name"].split("#")[1])
+        for e in events
+        if e.get("name", "").startswith("ProfilerStep#") and e.get("cat") == "user_annotation"
     )
 
 
@@ -88,9 +92,12 @@ def test_ten_forked_exports_with_live_cuda_and_cupti(tmp_path: Path, monkeypatch
         return result
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", export_and_note)
-    prof = TorchProfiler.from_args(
-        flags(tmp_path, "--torch-profile-repeat", "10", "--torch-profile-export", "fork")
-    )
+    prof = TorchProfiler.from_args(  # no backpressure: every window is recorded, however fast the GPU
+        flags(
+            tmp_path, "--torch-profile-repeat", "10", "--torch-profile-export", "fork",
+            "--torch-profile-max-publishing", "0",
+        )
+    )  # fmt: skip
     trainer = Trainer()
     started = time.monotonic()
     train(prof, trainer, range(1, 23))

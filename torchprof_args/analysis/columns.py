@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.comm_events import XComm, comm_rows, decode_comm_events
-from torchprof_args.analysis.events import INSTANTS, NO_CAT, XEvent, decode_plain
+from torchprof_args.analysis.events import INSTANTS, NO_CAT, XEvent, XShapeEvent, decode_plain
+from torchprof_args.analysis.op_flops import FLOP_OPS, shape_flops
 
 __all__ = ["MEMORY_COLUMNS", "PART_COLUMNS", "Part", "decode_events", "reduce_batch", "reduce_memory"]
 
@@ -47,7 +48,8 @@ class Part:
     memory: dict[str, np.ndarray]
     #: Communication rows (``comms=True`` only).
     comms: list[tuple[Any, ...]] = field(default_factory=list)
-    #: the kept events with a FLOP count: their indices in this part and the counts (``flops=True``).
+    #: the kept events with a FLOP count (``args.flops``, else from their shapes: :mod:`.op_flops`):
+    #: their indices in this part and the counts (``flops=True``).
     flops: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0)))
 
 
@@ -56,13 +58,14 @@ PART_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("key", np.int32), ("st
                 ("corr", np.int64))
 
 
-def decode_events(text: Any, comms: bool = False) -> list[Any]:
+def decode_events(text: Any, comms: bool = False, shapes: bool = False) -> list[Any]:
     """Typed fast path; a batch with unusual values is decoded loosely and normalised.
 
-    ``comms`` decodes the communication fields too (:mod:`~torchprof_args.analysis.comm_events`).
+    ``comms`` decodes the communication fields too (:mod:`~torchprof_args.analysis.comm_events`),
+    input shapes included; ``shapes`` the input shapes alone (for FLOPs).
     Raises ``msgspec.DecodeError`` only when ``text`` is not a JSON array (a wrong cut).
     """
-    return decode_comm_events(text) if comms else decode_plain(text)
+    return decode_comm_events(text) if comms else decode_plain(text, shapes)
 
 
 _get_ts = attrgetter("ts")
@@ -101,7 +104,7 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
     ``memory_events=False`` says the batch's text holds no ``[memory]`` event (the caller looked),
     so the events are not scanned for them.
     """
-    x_class: Any = XComm if comms else XEvent
+    x_class: Any = XComm if comms else XShapeEvent if flops else XEvent
     xs = [e for e in events if e.__class__ is x_class]
     memory = _memory_samples(events if memory_events and len(xs) != len(events) else [])
     n = len(xs)
@@ -116,7 +119,7 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
         stream = np.clip(stream, -1, I32_MAX)  # absurd stream numbers: only >= 0 or -1 matters
     stream = stream.astype(np.int32)
     corr = _int_column(args, _get_corr, n)
-    counts = np.fromiter(map(_get_flops, args), np.float64, n) if flops else None
+    counts = _flop_counts(args, key, keys) if flops else None
     del args
     keep = ~(np.isnan(ts) | np.isnan(dur))
     if any(k[1] == NO_CAT for k in keys):
@@ -129,6 +132,17 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
         where = np.flatnonzero(counts > 0)
         part.flops = (where.astype(np.int64), counts[where])
     return part
+
+
+def _flop_counts(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]]) -> np.ndarray:
+    """Each event's ``args.flops``, else for the operators of :data:`FLOP_OPS` the FLOPs of its
+    input shapes (torch.profiler writes no ``flops`` into the trace: :mod:`.op_flops`)."""
+    counts = np.fromiter(map(_get_flops, args), np.float64, len(args))
+    rules = [i for i, k in enumerate(keys) if k[0] in FLOP_OPS and k[1] == "cpu_op"]
+    if rules:
+        for i in np.flatnonzero(np.isin(key, rules) & (counts == 0)).tolist():
+            counts[i] = shape_flops(keys[key[i]][0], args[i].input_dims)
+    return counts
 
 
 _get_mem_args = attrgetter("args")

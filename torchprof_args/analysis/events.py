@@ -4,7 +4,7 @@ Speed comes from doing no per-event Python work: events are decoded by ``msgspec
 structs (a union tagged by ``ph``, so flow and metadata events are skipped without building their
 fields).  Only what the analyses need is decoded: for every complete (``ph: "X"``) event
 (:class:`XEvent`) its name, category, times, process / thread and three ``args`` (stream,
-correlation, flops); for the ``[memory]`` instant events the allocator's counters.  A batch the typed
+correlation, flops), and the raw input shapes when FLOPs are asked for (:class:`XShapeEvent`); for the ``[memory]`` instant events the allocator's counters.  A batch the typed
 decoder rejects (unusual value types) is decoded loosely and normalised (:func:`tighten`), slower
 but with the same result.  :mod:`.comm_events` decodes wider complete events through the same
 fallback (:func:`decode_batch`); :mod:`.columns` turns a batch of structs into columns.
@@ -19,8 +19,8 @@ from typing import Any, Union
 import msgspec
 
 __all__ = [
-    "INSTANTS", "NO_CAT", "SKIP", "SKIPPED", "LooseEvent", "XEvent", "decode_batch", "decode_plain",
-    "tighten",
+    "INSTANTS", "NO_CAT", "SKIP", "SKIPPED", "LooseEvent", "XEvent", "XShapeEvent", "decode_batch",
+    "decode_plain", "tighten",
 ]
 
 NO_CAT = "\x00"  # a missing category (HTA drops such events)
@@ -33,6 +33,13 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     flops: float = 0.0
 
 
+class _ShapeArgs(_Args, gc=False, frozen=True):
+    """``args`` with the operator's input shapes kept as raw JSON (parsed only for the operators
+    whose FLOPs they give: :mod:`.op_flops`)."""
+
+    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
+
+
 class _MemArgs(msgspec.Struct, gc=False, frozen=True):
     """The allocator's totals; -1 where a field is missing (the device: type 0, id -1 = CPU)."""
 
@@ -43,6 +50,7 @@ class _MemArgs(msgspec.Struct, gc=False, frozen=True):
 
 
 _NO_ARGS = _Args()
+_NO_SHAPE_ARGS = _ShapeArgs()
 _NO_MEM = _MemArgs()
 
 
@@ -56,6 +64,12 @@ class XEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     pid: int | str = 0
     tid: int | str = 0
     args: _Args = _NO_ARGS
+
+
+class XShapeEvent(XEvent, tag="X"):
+    """A complete event with its input shapes (decoded only when FLOPs are asked for)."""
+
+    args: _ShapeArgs = _NO_SHAPE_ARGS
 
 
 class _Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
@@ -100,6 +114,7 @@ class LooseEvent(msgspec.Struct):
 
 
 _typed = msgspec.json.Decoder(list[Union[(XEvent, *INSTANTS, *SKIPPED)]], strict=False)  # noqa: UP007
+_typed_shapes = msgspec.json.Decoder(list[Union[(XShapeEvent, *INSTANTS, *SKIPPED)]], strict=False)  # noqa: UP007
 _loose = msgspec.json.Decoder(list[LooseEvent], strict=False)
 _loose_one = msgspec.json.Decoder(LooseEvent, strict=False)
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])
@@ -193,6 +208,22 @@ def decode_batch(text: Any, typed: msgspec.json.Decoder, loose: Callable[[LooseE
         return out
 
 
-def decode_plain(text: Any) -> list[Any]:
-    """One batch of event text as :class:`XEvent`, instant and skipped structs."""
-    return decode_batch(text, _typed, tighten)
+def decode_plain(text: Any, shapes: bool = False) -> list[Any]:
+    """One batch of event text as :class:`XEvent` (``shapes``: :class:`XShapeEvent`), instant and
+    skipped structs."""
+    return decode_batch(text, _typed_shapes, _tighten_shapes) if shapes else decode_batch(text, _typed, tighten)
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _tighten_shapes(event: LooseEvent) -> Any:
+    """:func:`tighten`, with the input shapes of a complete event."""
+    base = tighten(event)
+    if base.__class__ is not XEvent:
+        return base
+    args = event.args if isinstance(event.args, dict) else {}
+    dims = msgspec.Raw(_encode(args["Input Dims"])) if "Input Dims" in args else None
+    return XShapeEvent(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
+                       args=_ShapeArgs(stream=base.args.stream, correlation=base.args.correlation,
+                                       flops=base.args.flops, input_dims=dims))

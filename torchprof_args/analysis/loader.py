@@ -215,7 +215,7 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
         except parallel.WrongCut:  # an unusual layout fooled the fast cuts: redo it validated, in order
             store = ColumnStore()
             stream = TraceStream(path, progress=progress)
-            for events in stream.batches(lambda text: decode_events(text, comms)):
+            for events in stream.batches(lambda text: decode_events(text, comms, flops)):
                 store.add(reduce_batch(events, comms, flops=flops))
                 del events
         columns = store.finish()

@@ -42,7 +42,7 @@ def decode_part(text: Any, comms: bool = False, memory: bool | None = None, flop
     looks in this text (a search in C, cheaper than a scan of its events in Python).
     """
     try:
-        events = decode_events(text, comms)
+        events = decode_events(text, comms, flops)
     except msgspec.DecodeError:
         raise WrongCut from None
     return reduce_batch(events, comms, memory_events=(MEMORY_TAG in text) if memory is None else memory,

@@ -78,8 +78,8 @@ class Trace:
     compressed: bool
     comms: list[tuple[Any, ...]] | None = None
     name_cat: np.ndarray | None = field(default=None, repr=False)
-    #: the events that carry ``args.flops`` (``--torch-profile-with-flops``): their indices and
-    #: FLOP counts; None when the builder did not look, empty arrays when the trace has none.
+    #: the events with a FLOP count (from their recorded shapes, :mod:`.op_flops`, or ``args.flops``):
+    #: their indices and counts; None when the builder did not look, empty arrays when none has one.
     flops: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)
 

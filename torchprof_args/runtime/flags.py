@@ -55,7 +55,10 @@ PROFILE_MEMORY = Flag("--torch-profile-profile-memory", "Record tensor memory al
                       default=False, action="store_true")
 WITH_STACK = Flag("--torch-profile-with-stack", "Record Python source locations of operators.", default=False,
                   action="store_true")
-WITH_FLOPS = Flag("--torch-profile-with-flops", "Estimate FLOPs of matrix multiplications and convolutions.",
+WITH_FLOPS = Flag("--torch-profile-with-flops",
+                  "Have torch.profiler estimate FLOPs of matrix multiplications and convolutions (in its "
+                  "in-process results; the trace file carries none). Records shapes too, from which "
+                  "`torchprof diagnose` computes FLOPs and MFU.",
                   default=False, action="store_true")
 WITH_MODULES = Flag("--torch-profile-with-modules",
                     "Record the nn.Module hierarchy of operators.",

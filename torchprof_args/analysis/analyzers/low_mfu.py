@@ -1,8 +1,10 @@
 """``low_mfu``: model FLOPs per step far below what the GPU could do in the step's time.
 
-MFU = the step's FLOPs / (step time x the device's dense peak).  FLOPs are the ``flops`` the
-trace's operators carry (recorded with ``--torch-profile-with-flops``: matrix multiplications and
-convolutions, which are nearly all of a transformer's FLOPs); the peak comes from the trace's
+MFU = the step's FLOPs / (step time x the device's dense peak).  FLOPs are those of the matrix
+products and attention operators, computed from their recorded input shapes
+(``--torch-profile-record-shapes``, which ``--torch-profile-with-flops`` turns on too; torch.profiler
+writes no FLOP counts into the trace itself: :mod:`~torchprof_args.analysis.op_flops`), or the
+``flops`` an operator carries where a writer put them there; the peak comes from the trace's
 ``deviceProperties`` name through :mod:`torchprof_args.device_peaks` (bf16 dense by default), or
 the caller's ``peak_tflops`` for a device the table lacks.  The trace must be loaded with
 ``load_trace(..., flops=True)`` (the summary does not decode them, so it stays as fast).  The
@@ -26,7 +28,8 @@ __all__ = ["FLOPS_FLAG", "TARGET_MFU", "THRESHOLD", "analyze", "device_name", "j
 THRESHOLD = 0.30
 #: the MFU the saving is computed against.
 TARGET_MFU = 0.40
-FLOPS_FLAG = "--torch-profile-with-flops"
+#: the flag that records what FLOPs are computed from (operator input shapes).
+FLOPS_FLAG = "--torch-profile-record-shapes"
 REMEDY = ("raise the arithmetic intensity: bf16/fp8, larger micro-batches, fused kernels (FlashAttention, "
           "torch.compile), fewer recomputations; fix the larger findings above first")
 
@@ -41,7 +44,7 @@ def device_name(trace: Trace) -> str | None:
 
 
 def step_flops(trace: Trace) -> float | None:
-    """FLOPs in the steps, from the operators' ``flops`` (None when the trace has none)."""
+    """FLOPs in the steps, from the operators' shapes or ``flops`` (None when the trace has none)."""
     flops = trace.flops
     if flops is None or len(flops[0]) == 0:
         return None
@@ -63,7 +66,7 @@ def mfu_inputs(trace: Trace) -> dict[str, Any] | Gap:
         return Gap("low_mfu", "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
     total = step_flops(trace)
     if total is None:
-        return Gap("low_mfu", "the trace has no FLOP counts", FLOPS_FLAG)
+        return Gap("low_mfu", "the trace has no operator shapes to count FLOPs from", FLOPS_FLAG)
     return {"rank": trace.rank or 0, "flops_per_step": total / ctx.n_steps, "step_ms": ctx.step_us / 1000.0,
             "device": device_name(trace),
             "step_evidence": {**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)}}
