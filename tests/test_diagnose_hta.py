@@ -32,7 +32,7 @@ def _hta(path: Path, tmp_path: Path):
 
 
 def test_every_real_gpu_trace_is_compared() -> None:
-    assert len(GPU_TRACES) == 8, [p.name for p in GPU_TRACES]
+    assert len(GPU_TRACES) == 10, [p.name for p in GPU_TRACES]
 
 
 @pytest.mark.slow

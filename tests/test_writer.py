@@ -67,6 +67,28 @@ def test_a_failed_fork_goes_inline(tmp_path, monkeypatch, caplog):
     assert published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
 
 
+def test_a_slow_fork_is_reported_once_with_its_cause(tmp_path, monkeypatch, caplog):
+    """What cudaHostRegister-pinned memory does to fork() on a GPU node (seconds: every pinned page
+    is copied), stood in for by a fork that takes 1.2 s in the parent: one warning per run, naming
+    the cost, the cause and the ways out; both traces still go out forked."""
+    real_fork = writer_module.fork_export
+
+    def slow_fork(*args, **kwargs):
+        time.sleep(writer_module.SLOW_FORK_S + 0.2)
+        return real_fork(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "fork_export", slow_fork)
+    writer = make_writer(tmp_path, "fork")
+    outcomes = [writer.submit(export, cycle, STEM) for cycle in (CYCLE, "iter000003-000004")]
+    close(writer)
+    assert [o.route for o in outcomes] == [Route.FORKED, Route.FORKED]
+    warnings = [r.getMessage() for r in caplog.records if "fork() for the trace export" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "rank 0" in warnings[0] and "cudaHostRegister" in warnings[0] and "--torch-profile-export inline" \
+        in warnings[0]
+    assert len(published(tmp_path)) == 2
+
+
 def test_published_in_process_when_no_publisher_can_start(tmp_path, monkeypatch):
     def no_process(*args, **kwargs):
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")

@@ -169,7 +169,8 @@ def _with_peak(doc: dict[str, Any], peak_tflops: float | None, dtype: str) -> di
         return doc
     findings = [f for f in doc.get("findings") or [] if f["kind"] != "low_mfu"]
     gaps = [g for g in doc.get("gaps") or [] if g["kind"] != "low_mfu"]
-    judged = judge(inputs, peak_tflops, dtype)
+    others = sum(f["saving_ms_per_step"] for f in findings)
+    judged = judge(inputs, peak_tflops, dtype, others_ms=others)
     if isinstance(judged, Finding):
         findings.append(judged.to_json())
     elif isinstance(judged, Gap):

@@ -4,9 +4,10 @@ Speed comes from doing no per-event Python work: events are decoded by ``msgspec
 structs (a union tagged by ``ph``, so flow and metadata events are skipped without building their
 fields).  Only what the analyses need is decoded: for every complete (``ph: "X"``) event
 (:class:`XEvent`) its name, category, times, process / thread and three ``args`` (stream,
-correlation, flops), and the raw input shapes when FLOPs are asked for (:class:`XShapeEvent`); for the ``[memory]`` instant events the allocator's counters.  A batch the typed
-decoder rejects (unusual value types) is decoded loosely and normalised (:func:`tighten`), slower
-but with the same result.  :mod:`.comm_events` decodes wider complete events through the same
+correlation, flops), and the raw input shapes when FLOPs are asked for (:class:`XShapeEvent`);
+for the ``[memory]`` instant events the allocator's counters.  A batch the typed decoder rejects
+(unusual value types) is decoded loosely and normalised (:func:`tighten`), slower but with the
+same result.  :mod:`.comm_events` decodes wider complete events through the same
 fallback (:func:`decode_batch`); :mod:`.columns` turns a batch of structs into columns.
 """
 
@@ -211,7 +212,9 @@ def decode_batch(text: Any, typed: msgspec.json.Decoder, loose: Callable[[LooseE
 def decode_plain(text: Any, shapes: bool = False) -> list[Any]:
     """One batch of event text as :class:`XEvent` (``shapes``: :class:`XShapeEvent`), instant and
     skipped structs."""
-    return decode_batch(text, _typed_shapes, _tighten_shapes) if shapes else decode_batch(text, _typed, tighten)
+    if shapes:
+        return decode_batch(text, _typed_shapes, _tighten_shapes)
+    return decode_batch(text, _typed, tighten)
 
 
 _encode = msgspec.json.Encoder().encode

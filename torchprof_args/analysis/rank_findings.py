@@ -30,8 +30,8 @@ ANALYZERS = {
     "launch_bound": launch_bound.analyze,
     "host_sync": host_sync.analyze,
     "dataloader_stall": dataloader_stall.analyze,
-    "low_mfu": low_mfu.analyze,
     "memcpy": memcpy.analyze,
+    "low_mfu": low_mfu.analyze,
 }
 
 
@@ -41,7 +41,11 @@ def rank_findings(trace: Trace, peak_tflops: float | None = None) -> list[Findin
     found: list[Finding] = []
     gaps: list[Gap] = []
     for kind, analyze in ANALYZERS.items():
-        result = analyze(trace, peak_tflops=peak_tflops) if kind == "low_mfu" else analyze(trace)
+        if kind == "low_mfu":  # last: its saving is what the others leave
+            others = sum(f.saving_ms_per_step for f in found)
+            result = analyze(trace, peak_tflops=peak_tflops, others_ms=others)
+        else:
+            result = analyze(trace)
         if isinstance(result, Finding):
             found.append(result)
         elif isinstance(result, Gap):

@@ -25,7 +25,8 @@ from collections import defaultdict
 import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import STACK_FLAG, call_sites, has_stacks
-from torchprof_args.analysis.analyzers.intervals import merge_intervals
+from torchprof_args.analysis.analyzers.dataloader_stall import loader_spans
+from torchprof_args.analysis.analyzers.intervals import merge_intervals, subtract
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import (
     NO_LAUNCH,
@@ -87,9 +88,11 @@ def _stop(ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.where(busy_at_start & (j >= 0) & (last > end), last, end)
 
 
-def _idle_caused(ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per call, the GPU idle time from its start to the first kernel after it returns."""
-    return covered(ctx.idle, ts, _stop(ctx, ts, end))
+def _idle_caused(trace: Trace, ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per call, the GPU idle time from its start to the first kernel after it returns, except
+    while the data loader runs (``dataloader_stall``'s: the CPU fetching a batch is what keeps the
+    GPU idle then, whatever drained the queue before; no idle time is counted twice)."""
+    return covered(subtract(ctx.idle, loader_spans(trace, ctx)), ts, _stop(ctx, ts, end))
 
 
 def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
@@ -101,7 +104,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
     if len(idx) == 0:
         return None
     ts, end = trace.ts[idx], trace.ts[idx] + trace.dur[idx]
-    cost = _idle_caused(ctx, ts, end)
+    cost = _idle_caused(trace, ctx, ts, end)
     caused_us = float(cost.sum())
     if ctx.share(caused_us) < threshold:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["merge_intervals", "time_per_combination", "total"]
+__all__ = ["merge_intervals", "subtract", "time_per_combination", "total"]
 
 
 def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -18,6 +18,25 @@ def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
     new[1:] = t[1:] > np.maximum.accumulate(e)[:-1]
     idx = np.flatnonzero(new)
     return t[idx], np.maximum.reduceat(e, idx)
+
+
+Union = tuple[np.ndarray, np.ndarray]
+
+
+def subtract(a: Union, b: Union) -> Union:
+    """The union ``a`` with the union ``b`` taken out (both from :func:`merge_intervals`)."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    points = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
+    lo, hi = points[:-1], points[1:]
+    mid = (lo + hi) / 2
+
+    def inside(union: Union) -> np.ndarray:
+        i = np.searchsorted(union[0], mid, side="right") - 1
+        return (i >= 0) & (mid < union[1][np.maximum(i, 0)])
+
+    keep = inside(a) & ~inside(b)
+    return merge_intervals(lo[keep], hi[keep])
 
 
 def total(intervals: tuple[np.ndarray, np.ndarray]) -> float:

@@ -49,6 +49,11 @@ __all__ = ["Route", "Submission", "TraceWriter"]
 
 logger = get_logger(__name__)
 
+#: A fork slower than this (seconds) is reported once: an ordinary one takes milliseconds (page
+#: tables only, ~10 ms per 1 GB of touched memory), but pages pinned with cudaHostRegister are
+#: copied (docs/gpu-validation.md: 2.3 s for 8 GB, 11.9 s for 32 GB on an H200 node).
+SLOW_FORK_S = 1.0
+
 #: ``(staged path, path in the trace's cycle folder, gzip level or None)``: files published with a trace
 #: (``naming.companion_relpath``: not beside the traces, which HTA would read as traces).
 ExtraFile = tuple[str, str, "int | None"]
@@ -108,6 +113,7 @@ class TraceWriter:
         self.progress = PublishProgress()
         self.accepting = True
         self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped)
+        self._warned_slow_fork = False
 
     @property
     def in_flight(self) -> int:
@@ -197,8 +203,10 @@ class TraceWriter:
         """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
         read_fd, write_fd = os.pipe()
         argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
+        started = time.monotonic()
         try:
             pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds))
+            self._note_fork_time(time.monotonic() - started)
         except OSError as err:
             os.close(read_fd)
             logger.warning("rank %d: fork failed (%s); exporting %s inline on the training thread instead",
@@ -207,6 +215,19 @@ class TraceWriter:
         finally:
             os.close(write_fd)
         return Pending(pid, job, job_path, steps, read_fd)
+
+    def _note_fork_time(self, seconds: float) -> None:
+        """Warn once when ``fork()`` itself held the training thread for long (see SLOW_FORK_S)."""
+        if seconds < SLOW_FORK_S or self._warned_slow_fork:
+            return
+        self._warned_slow_fork = True
+        logger.warning(
+            "rank %d: fork() for the trace export held the training thread for %.1f s. Host memory "
+            "pinned in place with cudaHostRegister (e.g. "
+            "PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True) is copied at every fork "
+            "(measured 0.37 s per GB on an H200 node); memory from pin_memory=True is not. Pin with "
+            "pin_memory=True, or use --torch-profile-export inline if the trace exports faster than that",
+            self.rank, seconds)
 
     @staticmethod
     def _export_inline(export: Callable[[str], None], job: PublishJob) -> None:
