@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.examples import run_doc_example
 from helpers.paths import DATA
 from helpers.processes import subprocess_env
 
@@ -19,6 +20,7 @@ from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.analyzers import host_sync
 from torchprof_args.analysis.analyzers.low_mfu import mfu_inputs
 from torchprof_args.analysis.analyzers.stepwise import context
+from torchprof_args.analysis.diagnose_command import MAX_LINES
 
 CLEAN = DATA / "gpu_1rank_h200_torchprof_clean.json.gz"
 FAULTY = DATA / "gpu_1rank_h200_torchprof_faulty.json.gz"
@@ -77,3 +79,13 @@ def test_the_item_in_every_step_is_seen_and_costs_nothing_here() -> None:
     assert len(calls) / ctx.n_steps >= 2  # .item(): the DtoH copy's runtime call and its stream sync
     assert blocked_ms < 1.0  # the GPU had finished: the CPU, not the GPU, is this step's bottleneck
     assert host_sync.analyze(trace) is None
+
+
+@pytest.mark.slow
+def test_doc_example_on_the_h200_trace(tmp_path) -> None:
+    proc = run_doc_example("diagnose-h200-trace", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "torchprof diagnose: 1 rank, step 45.1 ms: 3 findings", lines[0]
+    assert lines[1].startswith("1. dataloader_stall: saves up to 30.5 ms/step"), lines[1]
+    assert any(line.startswith("3. low_mfu") for line in lines) and len(lines) <= MAX_LINES
