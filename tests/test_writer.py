@@ -67,6 +67,7 @@ def test_a_failed_fork_goes_inline(tmp_path, monkeypatch, caplog):
     assert published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
 
 
+@pytest.mark.slow
 def test_a_slow_fork_is_reported_once_with_its_cause(tmp_path, monkeypatch, caplog):
     """What cudaHostRegister-pinned memory does to fork() on a GPU node (seconds: every pinned page
     is copied), stood in for by a fork that takes 1.2 s in the parent: one warning per run, naming
