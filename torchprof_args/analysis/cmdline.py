@@ -27,15 +27,17 @@ def top_count(text: str) -> int | None:
     return value
 
 
-def guard(func: Callable[[argparse.Namespace], int], name: str) -> Callable[[argparse.Namespace], int]:
-    """Run a command: a :class:`TraceError` becomes one line on stderr and exit status 1."""
+def guard(func: Callable[[argparse.Namespace], int], name: str,
+          error_status: int = 1) -> Callable[[argparse.Namespace], int]:
+    """Run a command: a :class:`TraceError` becomes one line on stderr and exit status
+    ``error_status`` (``diagnose`` says 2: its 1 means some of the traces could not be read)."""
     def run(args: argparse.Namespace) -> int:
         args.command = name
         try:
             return func(args)
         except TraceError as exc:
             print(f"torchprof {name}: error: {exc}", file=sys.stderr)
-            return 1
+            return error_status
         except BrokenPipeError:
             return 0
 

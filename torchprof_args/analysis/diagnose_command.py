@@ -20,6 +20,7 @@ import json
 import sys
 from typing import Any
 
+from torchprof_args.analysis.cmdline import guard
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import TraceError
 from torchprof_args.flags.types import positive_float
@@ -123,18 +124,6 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if got.errors else 0
 
 
-def _guarded(args: argparse.Namespace) -> int:
-    """Bad input (missing path, no traces, a corrupt trace): one line on stderr, exit status 2."""
-    args.command = "diagnose"
-    try:
-        return _run(args)
-    except TraceError as exc:
-        print(f"torchprof diagnose: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
-
-
 def register(subparsers: Any) -> None:
     """Add ``torchprof diagnose``."""
     p = subparsers.add_parser(
@@ -154,5 +143,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--peak-dtype", choices=DTYPES, default="bf16",
                    help="which of the table's peaks low_mfu compares with (default: bf16)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_guarded)
+    p.set_defaults(func=guard(_run, "diagnose", error_status=2))
 

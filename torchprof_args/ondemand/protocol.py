@@ -45,6 +45,7 @@ __all__ = [
     "make_stacks_request",
     "parse_request",
     "read_request_file",
+    "read_job_file",
     "read_small_json",
     "read_stacks_request",
     "resolve_control_dir",
@@ -81,6 +82,19 @@ def read_small_json(path: str | os.PathLike[str], limit: int = 1 << 20) -> Any:
     return json.loads(data)
 
 
+def read_job_file(control_dir: Path) -> dict[str, Any]:
+    """The job description a running job published in ``control_dir``; ValueError with a sentence
+    naming the file when it cannot be read or is not one."""
+    path = control_dir / JOB_FILE
+    try:
+        job = read_small_json(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {err}") from None
+    if not isinstance(job, dict):
+        raise ValueError(f"{path} is not a job description")
+    return job
+
+
 def resolve_control_dir(job_dir: str | os.PathLike[str]) -> Path:
     """The control directory for ``torchprof trigger --job-dir``: the directory itself when it holds
     ``job.json``, else its ``ondemand/`` subdirectory (``--job-dir`` may be the profile directory)."""
@@ -114,8 +128,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_request(data: bytes, *, request_id: str, world_size: int, max_iterations: int) -> TraceRequest:
-    """Validate the bytes of one request file; raises :class:`RequestRejected` with the reason."""
+def _payload(data: bytes, request_id: str, fields: frozenset[str]) -> dict[str, Any]:
+    """The JSON object of a request file, checked for what every kind of request shares: its size,
+    JSON, only ``fields``, the protocol version, an ``id`` that matches the file name."""
     if len(data) > MAX_REQUEST_BYTES:
         raise RequestRejected(f"the request file is larger than {MAX_REQUEST_BYTES} bytes")
     try:
@@ -124,15 +139,21 @@ def parse_request(data: bytes, *, request_id: str, world_size: int, max_iteratio
         raise RequestRejected(f"the request is not valid JSON ({err})") from None
     if not isinstance(payload, dict):
         raise RequestRejected("the request must be a JSON object")
-    unknown = sorted(set(payload) - REQUEST_FIELDS)
+    unknown = sorted(set(payload) - fields)
     if unknown:
         raise RequestRejected(f"unknown field(s) {', '.join(map(repr, unknown))[:200]}; known fields are "
-                              f"{', '.join(sorted(REQUEST_FIELDS))}")
+                              f"{', '.join(sorted(fields))}")
     if payload.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
         raise RequestRejected(f"protocol version {payload.get('version')!r} is not supported "
                               f"(this job speaks version {PROTOCOL_VERSION}); use the same torchprof-args")
     if "id" in payload and payload["id"] != request_id:
         raise RequestRejected("the id field does not match the file name")
+    return payload
+
+
+def parse_request(data: bytes, *, request_id: str, world_size: int, max_iterations: int) -> TraceRequest:
+    """Validate the bytes of one request file; raises :class:`RequestRejected` with the reason."""
+    payload = _payload(data, request_id, REQUEST_FIELDS)
     iterations = payload.get("iterations")
     if not _is_int(iterations) or not 1 <= iterations <= max_iterations:
         raise RequestRejected(f"iterations must be a whole number from 1 to {max_iterations} "
@@ -238,25 +259,9 @@ def parse_stacks_request(data: bytes, request_id: str) -> StacksRequest:
     """Validate the bytes of one stacks request; raises :class:`RequestRejected` with the reason."""
     if not ID_PATTERN.fullmatch(request_id):
         raise RequestRejected("the request's file name is not a valid request id")
-    if len(data) > MAX_REQUEST_BYTES:
-        raise RequestRejected(f"the request file is larger than {MAX_REQUEST_BYTES} bytes")
-    try:
-        payload = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestRejected(f"the request is not valid JSON ({err})") from None
-    if not isinstance(payload, dict):
-        raise RequestRejected("the request must be a JSON object")
-    unknown = sorted(set(payload) - STACKS_REQUEST_FIELDS)
-    if unknown:
-        raise RequestRejected(f"unknown field(s) {', '.join(map(repr, unknown))[:200]}; known fields are "
-                              f"{', '.join(sorted(STACKS_REQUEST_FIELDS))}")
-    if payload.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
-        raise RequestRejected(f"protocol version {payload.get('version')!r} is not supported "
-                              f"(this job speaks version {PROTOCOL_VERSION}); use the same torchprof-args")
+    payload = _payload(data, request_id, STACKS_REQUEST_FIELDS)
     if payload.get("kind") != "stacks":
         raise RequestRejected(f"kind must be 'stacks', got {payload.get('kind')!r}"[:200])
-    if "id" in payload and payload["id"] != request_id:
-        raise RequestRejected("the id field does not match the file name")
     if not isinstance(payload.get("native", False), bool):
         raise RequestRejected("native must be true or false")
     _check_origin(payload)

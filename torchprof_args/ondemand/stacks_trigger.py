@@ -22,6 +22,7 @@ from torchprof_args.ondemand.protocol import (
     JOB_FILE,
     REQUESTS,
     make_stacks_request,
+    read_job_file,
     read_small_json,
     write_control_file,
 )
@@ -63,12 +64,9 @@ def control_dir(job_dir: str | None, pid: int | None) -> Path:
 
 def _job(directory: Path) -> dict[str, Any]:
     try:
-        job = read_small_json(directory / JOB_FILE)
-    except (OSError, ValueError) as err:
-        raise StacksTriggerError(f"cannot read {directory / JOB_FILE}: {err}", code=2) from None
-    if not isinstance(job, dict):
-        raise StacksTriggerError(f"{directory / JOB_FILE} is not a job description", code=2)
-    return job
+        return read_job_file(directory)
+    except ValueError as err:
+        raise StacksTriggerError(str(err), code=2) from None
 
 
 def _answers(folder: Path) -> tuple[list[int], dict[int, str]]:

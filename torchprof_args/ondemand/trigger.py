@@ -26,9 +26,9 @@ from typing import Any
 from torchprof_args.flags.types import positive_float, positive_int, rank_token
 from torchprof_args.ondemand.protocol import (
     ANSWERS,
-    JOB_FILE,
     REQUESTS,
     make_request,
+    read_job_file,
     read_small_json,
     resolve_control_dir,
     write_control_file,
@@ -117,12 +117,9 @@ def _control_dir(args: argparse.Namespace) -> Path:
 
 def _read_job(control_dir: Path) -> dict[str, Any]:
     try:
-        job = read_small_json(control_dir / JOB_FILE)
-    except (OSError, ValueError) as err:
-        raise TriggerError(f"cannot read {control_dir / JOB_FILE}: {err}", code=2) from None
-    if not isinstance(job, dict):
-        raise TriggerError(f"{control_dir / JOB_FILE} is not a job description", code=2)
-    return job
+        return read_job_file(control_dir)
+    except ValueError as err:
+        raise TriggerError(str(err), code=2) from None
 
 
 def _check_request(args: argparse.Namespace, job: dict[str, Any], control_dir: Path) -> list[int] | str:
