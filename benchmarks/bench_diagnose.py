@@ -36,8 +36,8 @@ from make_big_trace import DEFAULT_SOURCE  # noqa: E402
 from make_big_trace import build as build_big  # noqa: E402
 
 from torchprof_args.analysis import load_trace, summarize  # noqa: E402
-from torchprof_args.analysis.diagnose import rank_diagnosis  # noqa: E402
-from torchprof_args.analysis.sidecar import write_sidecar  # noqa: E402
+from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
+from torchprof_args.analysis.diagnose.job import rank_diagnosis  # noqa: E402
 from torchprof_args.analysis.summary import finite  # noqa: E402
 
 #: rank 0 of a real 128-rank job (its rank 1 arrives ~180 ms late at an all-to-all: a real straggler,

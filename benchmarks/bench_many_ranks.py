@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 from torchprof_args.analysis import load_trace, summarize  # noqa: E402
-from torchprof_args.analysis.sidecar import write_sidecar  # noqa: E402
+from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
 from torchprof_args.analysis.summary import finite  # noqa: E402
 from torchprof_args.naming import cycle_dir_name  # noqa: E402
 

@@ -102,7 +102,7 @@ def replica(source: Path, size_mb: float, out_dir: Path, compress: bool) -> Path
 def uncompressed_mb(path: Path) -> float:
     if path.name.endswith(".gz"):
         sys.path.insert(0, str(REPO))
-        from torchprof_args.analysis.reader import TraceStream
+        from torchprof_args.analysis.decode.reader import TraceStream
 
         stream = TraceStream(path)
         for _ in stream.batches(lambda text: None):

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchprof_args.ondemand.stacks_trigger import request_stacks  # noqa: E402
+from torchprof_args.commands.trigger_stacks import request_stacks  # noqa: E402
 
 JOB = REPO / "tests" / "jobs" / "stacks_job.py"
 NPROC = 4

@@ -34,7 +34,7 @@ from make_big_trace import DEFAULT_SOURCE, build  # noqa: E402
 OURS = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-from torchprof_args.analysis.loader import load_trace, release_memory_eagerly
+from torchprof_args.analysis.decode.loader import load_trace, release_memory_eagerly
 from torchprof_args.analysis.summary import summarize
 release_memory_eagerly()  # as the torchprof commands do
 workers = None if sys.argv[3] == "auto" else int(sys.argv[3])

@@ -130,8 +130,8 @@ def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
     from helpers.hta_reference import temporal_breakdown  # tests/helpers: HTA's breakdown, unasserted
 
     from torchprof_args.analysis import load_trace, summarize
-    from torchprof_args.analysis.analyzers.gpu_idle import idle_time_breakdown
-    from torchprof_args.analysis.analyzers.launch_bound import launch_stats
+    from torchprof_args.analysis.diagnose.kinds.gpu_idle import idle_time_breakdown
+    from torchprof_args.analysis.diagnose.kinds.launch_bound import launch_stats
 
     logging.getLogger("hta").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as folder:

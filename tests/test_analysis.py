@@ -17,9 +17,9 @@ from helpers.hta_reference import temporal_breakdown
 from helpers.paths import DATA, REPO
 
 from torchprof_args.analysis import TraceError, format_operator_table, load_trace, summarize
-from torchprof_args.analysis.merge import merge_traces
-from torchprof_args.analysis.reader import TraceStream
-from torchprof_args.analysis.split import split_trace
+from torchprof_args.analysis.decode.reader import TraceStream
+from torchprof_args.analysis.tools.merge import merge_traces
+from torchprof_args.analysis.tools.split import split_trace
 
 TRACES = sorted(DATA.glob("*.json.gz"))
 GPU_TRACES = [p for p in TRACES if p.name.startswith("gpu_")]

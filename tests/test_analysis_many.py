@@ -17,13 +17,13 @@ from helpers.paths import DATA, REPO
 
 from torchprof_args.analysis import load_trace, summarize
 from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-from torchprof_args.analysis.analyzers.identity import parallel_from_pg_config
-from torchprof_args.analysis.discover import expand, group_by_cycle
-from torchprof_args.analysis.report import render_report
-from torchprof_args.analysis.shard import parse_shard, shard_files
-from torchprof_args.analysis.sidecar import SIDECAR_VERSION, read_sidecar, write_sidecar
+from torchprof_args.analysis.analyzers.origin import parallel_from_pg_config
+from torchprof_args.analysis.collect.discover import expand, group_by_cycle
+from torchprof_args.analysis.collect.shard import parse_shard, shard_files
+from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, read_sidecar, write_sidecar
+from torchprof_args.analysis.render.report import render_report
+from torchprof_args.analysis.render.text import format_cross_rank
 from torchprof_args.analysis.summary import finite
-from torchprof_args.analysis.text import format_cross_rank
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import sidecar_path
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from helpers.paths import DATA
 
-from torchprof_args.analysis import load_trace, loader, summarize
+from torchprof_args.analysis import load_trace, summarize
+from torchprof_args.analysis.decode import loader
 
 GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
 

@@ -13,10 +13,10 @@ import pytest
 from helpers.paths import REPO
 
 from torchprof_args import MetricsWriter, Timers
+from torchprof_args.commands.dashboard import build_wandb_workspace, workspace_json
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.config import MetricsConfig, WandbConfig
-from torchprof_args.metrics.dashboard import DEFAULT_SPEC, expand_panels
-from torchprof_args.metrics.dashboard_command import build_wandb_workspace, workspace_json
+from torchprof_args.metrics.dashboard.render import DEFAULT_SPEC, expand_panels
 
 # wandb-workspaces still uses pydantic v1-style validators.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -88,7 +88,7 @@ def test_html_has_one_svg_plot_per_panel(run_dir: Path, capsys: pytest.CaptureFi
 
 def test_heatmap_folds_large_jobs_into_bounded_buckets() -> None:
     """512 ranks x 600 intervals: at most MAX_ROWS x MAX_COLUMNS cells, each the bucket's maximum."""
-    from torchprof_args.metrics.dashboard_heatmap import MAX_COLUMNS, MAX_ROWS, heatmap_grid, heatmap_svg
+    from torchprof_args.metrics.dashboard.heatmap import MAX_COLUMNS, MAX_ROWS, heatmap_grid, heatmap_svg
 
     records = []
     for iteration in range(1, 601):

@@ -13,9 +13,9 @@ from helpers.diagnose_traces import CPU_PAIR, late_pair, straggler_pair
 from helpers.examples import run_doc_example
 from helpers.paths import DATA
 
-from torchprof_args.analysis.diagnose import diagnose, merge_kind
-from torchprof_args.analysis.diagnose_command import MAX_LINES, format_diagnosis
-from torchprof_args.analysis.findings import FINDINGS_VERSION, KINDS, Finding
+from torchprof_args.analysis.diagnose.finding import FINDINGS_VERSION, KINDS, Finding
+from torchprof_args.analysis.diagnose.job import diagnose, merge_kind
+from torchprof_args.commands.diagnose import MAX_LINES, format_diagnosis
 from torchprof_args.console import main as torchprof
 
 FINDING_KEYS = {"kind", "ranks", "ms_per_step", "share_of_step", "saving_ms_per_step", "evidence", "remedy"}

@@ -29,7 +29,10 @@ from helpers.inject import (
 from helpers.paths import DATA
 
 from torchprof_args.analysis import load_trace
-from torchprof_args.analysis.analyzers import (
+from torchprof_args.analysis.analyzers.stepwise import context, host_wait
+from torchprof_args.analysis.decode.op_flops import FLOP_OPS
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.kinds import (
     dataloader_stall,
     exposed_comm,
     gpu_idle,
@@ -38,10 +41,7 @@ from torchprof_args.analysis.analyzers import (
     low_mfu,
     memcpy,
 )
-from torchprof_args.analysis.analyzers.stepwise import context, host_wait
-from torchprof_args.analysis.findings import Finding, Gap
-from torchprof_args.analysis.op_flops import FLOP_OPS
-from torchprof_args.analysis.rank_findings import ANALYZERS, rank_findings
+from torchprof_args.analysis.diagnose.rank import ANALYZERS, rank_findings
 
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"  # 2 steps, 4.9k events: fast
 NCCL = DATA / "gpu_2rank_nccl_rank0.json.gz"  # 3 steps, 40k events

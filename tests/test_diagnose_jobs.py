@@ -15,7 +15,7 @@ from helpers.examples import run_doc_example
 from helpers.paths import JOBS, REPO
 from helpers.processes import rank_results, run_torchrun
 
-from torchprof_args.analysis.sidecar import read_diagnosis
+from torchprof_args.analysis.collect.sidecar import read_diagnosis
 from torchprof_args.console import main as torchprof
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from helpers.inject import load_doc, write_doc
 from helpers.paths import DATA
 
 from torchprof_args.analysis.analyzers.stepwise import context
-from torchprof_args.analysis.diagnose import diagnose, rank_diagnosis
-from torchprof_args.analysis.loader import load_trace
+from torchprof_args.analysis.decode.loader import load_trace
+from torchprof_args.analysis.diagnose.job import diagnose, rank_diagnosis
 from torchprof_args.console import main as torchprof
 
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"

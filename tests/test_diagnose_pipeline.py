@@ -11,8 +11,8 @@ from helpers.inject import insert_pause, load_doc, step_starts, write_doc
 from helpers.paths import DATA
 
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
-from torchprof_args.analysis.analyzers.pipeline_bubble import pipeline_bubble, theoretical_bubble
-from torchprof_args.analysis.loader import load_trace
+from torchprof_args.analysis.decode.loader import load_trace
+from torchprof_args.analysis.diagnose.kinds.pipeline_bubble import pipeline_bubble, theoretical_bubble
 from torchprof_args.frameworks.megatron_loop import pipeline_from_args
 from torchprof_args.runtime.metadata import pipeline_metadata
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from torchprof_args.analysis import load_trace
-from torchprof_args.analysis.findings import Finding
-from torchprof_args.analysis.rank_findings import rank_findings
+from torchprof_args.analysis.diagnose.finding import Finding
+from torchprof_args.analysis.diagnose.rank import rank_findings
 
 SLEEP_S, BATCH = 0.01, 4
 

@@ -238,7 +238,7 @@ def test_adding_twice_is_harmless():
 
 def test_docs_reference_pages_are_generated_from_the_code():
     """docs/reference/flags.md (the registry's table) and commands.md (every --help), regenerated."""
-    from torchprof_args.docs_reference import stale_pages
+    from torchprof_args.commands.docs_reference import stale_pages
 
     assert not stale_pages(REPO / "docs"), "run: torchprof flags --update-docs docs"
     page = (REPO / "docs" / "reference" / "flags.md").read_text()

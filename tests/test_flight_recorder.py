@@ -22,7 +22,7 @@ from helpers.paths import REPO
 from helpers.processes import free_port, rank_results, subprocess_env
 
 from torchprof_args import add_torch_profile_args
-from torchprof_args.analysis.hang import analyse_dumps, normalise_dumps
+from torchprof_args.analysis.tools.hang import analyse_dumps, normalise_dumps
 from torchprof_args.config import configs_from_args
 from torchprof_args.console import main as torchprof
 from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir

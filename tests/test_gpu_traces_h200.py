@@ -17,10 +17,10 @@ from helpers.paths import DATA
 from helpers.processes import subprocess_env
 
 from torchprof_args.analysis import load_trace
-from torchprof_args.analysis.analyzers import host_sync
-from torchprof_args.analysis.analyzers.low_mfu import mfu_inputs
 from torchprof_args.analysis.analyzers.stepwise import context
-from torchprof_args.analysis.diagnose_command import MAX_LINES
+from torchprof_args.analysis.diagnose.kinds import host_sync
+from torchprof_args.analysis.diagnose.kinds.low_mfu import mfu_inputs
+from torchprof_args.commands.diagnose import MAX_LINES
 
 CLEAN = DATA / "gpu_1rank_h200_torchprof_clean.json.gz"
 FAULTY = DATA / "gpu_1rank_h200_torchprof_faulty.json.gz"

@@ -21,7 +21,7 @@ from torchprof_args.runtime.export import publisher
 from torchprof_args.runtime.export.job import JobRejected, PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
 from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea, sweep_stale
-from torchprof_args.runtime.hostmem import HostMemory, HostMemoryProbe, free_disk_bytes, is_ram_backed
+from torchprof_args.runtime.host_resources import HostMemory, HostMemoryProbe, free_disk_bytes, is_ram_backed
 
 
 def parse(*argv: str) -> argparse.Namespace:

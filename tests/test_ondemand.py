@@ -22,9 +22,9 @@ from helpers.processes import subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args
+from torchprof_args.commands.trigger import TriggerError, submit
 from torchprof_args.ondemand.protocol import MAX_REQUEST_BYTES, RequestRejected, make_request, parse_request
 from torchprof_args.ondemand.registry import find_control_dir_by_pid, registry_dir
-from torchprof_args.ondemand.trigger import TriggerError, submit
 from torchprof_args.private_dir import check_private_dir
 
 
@@ -370,9 +370,9 @@ def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
 
 def test_decision_encoding_round_trips():
     """A check's decision travels as one fixed-size asynchronous broadcast."""
-    from torchprof_args.ondemand.window import OnDemandWindow
     from torchprof_args.ondemand.wire import decode_decision as _decode_decision
     from torchprof_args.ondemand.wire import encode_decision as _encode_decision
+    from torchprof_args.runtime.ondemand_window import OnDemandWindow
 
     for window, world in [(OnDemandWindow("req-1.x", 100, 101, 102, 105, (0, 3)), 4),
                           (OnDemandWindow("a" * 100, 5, 6, 7, 8, None), 2), (None, 3)]:

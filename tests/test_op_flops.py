@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from torchprof_args.analysis.op_flops import FLOP_OPS, shape_flops
+from torchprof_args.analysis.decode.op_flops import FLOP_OPS, shape_flops
 
 
 def dims(*shapes: list[int]) -> bytes:

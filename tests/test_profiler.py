@@ -21,7 +21,7 @@ from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfiler, add_torch_profile_args
 from torchprof_args.analysis import load_trace, summarize
-from torchprof_args.analysis.sidecar import read_sidecar
+from torchprof_args.analysis.collect.sidecar import read_sidecar
 from torchprof_args.analysis.summary import finite
 from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
 from torchprof_args.naming import operator_table_path

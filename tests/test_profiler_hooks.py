@@ -22,7 +22,7 @@ from torchprof_args.runtime.config import (
     ProfilerConfig,
     TraceConfig,
 )
-from torchprof_args.runtime.memory import MemorySnapshotter
+from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.schedule import ProfileSchedule
 

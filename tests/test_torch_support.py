@@ -63,7 +63,7 @@ def test_hang_without_pytorchs_analyzer_is_one_line(tmp_path: Path, monkeypatch:
 def test_hang_without_pytorchs_analyzer_still_says_where_each_rank_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """torch 2.9 with the stacks beside the dumps: the stacks answer, the analyzer's absence is a note."""
-    from torchprof_args.runtime.stacks import StackDumper
+    from torchprof_args.stacks.dumper import StackDumper
 
     _pretend_torch(monkeypatch, (2, 9))
     for name in [n for n in sys.modules if n.startswith("torch.distributed.flight_recorder.")]:

@@ -210,7 +210,7 @@ def write_operator_tables(traces: list[str], path: Path) -> Path:
     Each trace's summary comes from the sidecar its publisher wrote, when it matches the trace.
     """
     from torchprof_args.analysis import format_operator_table, load_trace, summarize
-    from torchprof_args.analysis.sidecar import read_sidecar
+    from torchprof_args.analysis.collect.sidecar import read_sidecar
 
     parts = []
     for trace in traces:

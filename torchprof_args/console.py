@@ -13,15 +13,15 @@ import importlib
 import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "torchprof_args.flags.command",
-    "torchprof_args.analysis.commands",
-    "torchprof_args.analysis.collectives_command",
-    "torchprof_args.analysis.hang_command",
-    "torchprof_args.analysis.diagnose_command",
-    "torchprof_args.pyspy.command",
-    "torchprof_args.runtime.nsys_command",
-    "torchprof_args.metrics.dashboard_command",
-    "torchprof_args.ondemand.trigger",
+    "torchprof_args.commands.flags",
+    "torchprof_args.commands.trace_tools",
+    "torchprof_args.commands.collectives",
+    "torchprof_args.commands.hang",
+    "torchprof_args.commands.diagnose",
+    "torchprof_args.commands.pyspy",
+    "torchprof_args.commands.nsys",
+    "torchprof_args.commands.dashboard",
+    "torchprof_args.commands.trigger",
 )
 
 

@@ -206,5 +206,5 @@ def flight_recorder_info_name(rank: int) -> str:
 
 def stacks_file_name(rank: int) -> str:
     """``stacks_rank<R>.json``: every Python thread's stack of rank R (in ``flight_recorder/`` at a
-    hang, in the request's answer folder on demand; :mod:`torchprof_args.stackfile`)."""
+    hang, in the request's answer folder on demand; :mod:`torchprof_args.stacks.file_format`)."""
     return f"stacks_rank{rank}.json"

@@ -17,7 +17,7 @@ from helpers.gpu_train import Trainer, parse_flags, train
 
 from torchprof_args import TorchProfiler
 from torchprof_args.analysis import load_trace, summarize
-from torchprof_args.analysis.sidecar import read_sidecar
+from torchprof_args.analysis.collect.sidecar import read_sidecar
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1)]
 

@@ -21,9 +21,9 @@ Import-light: needs numpy and msgspec, never torch.
 from __future__ import annotations
 
 from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-from torchprof_args.analysis.loader import load_trace
+from torchprof_args.analysis.decode.loader import load_trace
+from torchprof_args.analysis.render.text import format_operator_table, format_profiler_list, format_summary
 from torchprof_args.analysis.summary import summarize
-from torchprof_args.analysis.text import format_operator_table, format_profiler_list, format_summary
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
 from torchprof_args.analysis.analyzers.gpu import gpu_view
-from torchprof_args.analysis.analyzers.identity import identity
-from torchprof_args.analysis.analyzers.memory import memory_view
+from torchprof_args.analysis.analyzers.memory_events import memory_view
+from torchprof_args.analysis.analyzers.origin import identity
 from torchprof_args.analysis.analyzers.step_ops import step_ops
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.trace import Trace

@@ -54,7 +54,7 @@ class Trace:
     ``stream`` and ``corr`` are -1 where the event has none.  ``memory`` sums up the ``[memory]``
     events per device (``device`` code, ``peak_allocated``, ``peak_reserved``, ``samples``).
     ``comms`` is the side table of communication events (rows in
-    :data:`~torchprof_args.analysis.comm_events.COMM_FIELDS` order) when the trace was loaded
+    :data:`~torchprof_args.analysis.decode.comm_events.COMM_FIELDS` order) when the trace was loaded
     with ``comms=True``, else None.  ``name_cat[n]`` is the category id of name ``n``'s first
     event (None when the builder did not record it).  ``memo`` holds the analyzers' derived tables.
     """

@@ -1,6 +1,6 @@
 """The flag table of the documentation (``docs/reference/flags.md``), generated from the registry.
 
-:mod:`torchprof_args.docs_reference` writes the page; a test regenerates it and compares.
+:mod:`torchprof_args.commands.docs_reference` writes the page; a test regenerates it and compares.
 """
 
 from __future__ import annotations

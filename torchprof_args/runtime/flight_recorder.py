@@ -16,8 +16,8 @@ collective.  The first dump of a process wins (it is the state closest to the ha
 triggers are logged.  Beside each dump, ``dump_info_rank<R>.json`` says why and when, with the
 rank's process-group table (gloo dumps lack it; ``torchprof hang`` needs it).
 
-Before each dump, every rank writes its threads' stacks (:mod:`torchprof_args.runtime.stacks`,
-``stacks_rank<R>.json``), and serves them on request (:mod:`~torchprof_args.runtime.stacks_server`,
+Before each dump, every rank writes its threads' stacks (:mod:`torchprof_args.stacks.dumper`,
+``stacks_rank<R>.json``), and serves them on request (:mod:`~torchprof_args.stacks.server`,
 whose tick also notices PyTorch's own NCCL-timeout dump).  ``--torch-profile-stacks`` without the
 recorder: a recorder with no entries, the same triggers, stacks and ``dump_info`` only.
 
@@ -47,8 +47,8 @@ from torchprof_args.naming import (
     short_hostname,
 )
 from torchprof_args.runtime.signals import SigtermGuard, SigtermWatcher, terminate
-from torchprof_args.runtime.stacks import StackDumper, mark_signal_handler
-from torchprof_args.runtime.stacks_server import StacksServer
+from torchprof_args.stacks.dumper import StackDumper, mark_signal_handler
+from torchprof_args.stacks.server import StacksServer
 from torchprof_args.torch_support import needs
 
 GLOO_FEATURE = "--torch-profile-flight-recorder (gloo dumps)"

@@ -5,7 +5,7 @@ Two halves that fit together:
 * In the training process, ``--torch-profile-nsys`` makes :class:`NsysController` call
   ``cudaProfilerStart()`` when the schedule's recorded (active) steps begin and
   ``cudaProfilerStop()`` when they end, and wrap each step (and each step timer) in an NVTX range.
-* Around the launcher, ``torchprof nsys -- CMD...`` (:mod:`torchprof_args.runtime.nsys_command`)
+* Around the launcher, ``torchprof nsys -- CMD...`` (:mod:`torchprof_args.commands.nsys`)
   prints or runs the matching ``nsys profile --capture-range=cudaProfilerApi ...`` command, so the
   report holds those steps only instead of hours of start-up and training.
 

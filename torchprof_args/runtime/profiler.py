@@ -32,8 +32,8 @@ from torchprof_args.runtime.config import ProfilerConfig
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
-from torchprof_args.runtime.hostmem import WindowMemoryGuard
-from torchprof_args.runtime.memory import MemorySnapshotter
+from torchprof_args.runtime.host_resources import WindowMemoryGuard
+from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.runtime.metadata import trace_metadata
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.publishing import PublishingVote, progress_row

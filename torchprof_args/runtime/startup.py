@@ -22,7 +22,7 @@ from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.memory import MemorySnapshotter
+from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
 from torchprof_args.runtime.timeline import Timeline

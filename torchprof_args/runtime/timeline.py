@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from torchprof_args.log import get_logger
-from torchprof_args.ondemand.window import OnDemandWindow
+from torchprof_args.runtime.ondemand_window import OnDemandWindow
 from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
 
 __all__ = ["FENCE_FLUSH", "FENCE_SNAPSHOT", "StepPlan", "Timeline"]

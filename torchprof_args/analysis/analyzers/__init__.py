@@ -21,5 +21,5 @@ need (steps, the CPU tree, kernel classes) are computed once per trace and kept 
   :mod:`.launch_bound`, :mod:`.host_sync`, :mod:`.dataloader_stall`, :mod:`.low_mfu`,
   :mod:`.memcpy`), each ``analyze(trace) -> Finding | Gap | None`` with a documented
   ``THRESHOLD``, over :mod:`.stepwise` (steps, kernels and launches, GPU idle) and
-  :mod:`.callsites` (Python call sites); :mod:`torchprof_args.analysis.rank_findings` runs them.
+  :mod:`.callsites` (Python call sites); :mod:`torchprof_args.analysis.diagnose.rank` runs them.
 """

@@ -32,7 +32,7 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.select import member
 from torchprof_args.analysis.analyzers.steps import steps
-from torchprof_args.analysis.comm_events import COMM_FIELDS
+from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.intervals import merge_intervals, total
 from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["CPU_OP_CATS", "cpu_ops", "cpu_tree", "cpu_view", "top_ops"]

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.intervals import merge_intervals, time_per_combination, total
 from torchprof_args.analysis.analyzers.overlap import comm_comp_overlap
 from torchprof_args.analysis.analyzers.select import lookup, member
+from torchprof_args.analysis.intervals import merge_intervals, time_per_combination, total
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [

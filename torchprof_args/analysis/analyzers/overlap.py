@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.intervals import time_per_combination, total
+from torchprof_args.analysis.intervals import time_per_combination, total
 
 __all__ = ["comm_comp_overlap"]
 

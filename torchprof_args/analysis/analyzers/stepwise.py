@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.intervals import merge_intervals, time_per_combination, total
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import steps
-from torchprof_args.analysis.findings import Gap
+from torchprof_args.analysis.diagnose.finding import Gap
+from torchprof_args.analysis.intervals import merge_intervals, time_per_combination, total
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [

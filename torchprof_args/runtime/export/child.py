@@ -49,7 +49,7 @@ def check_export(path: str | os.PathLike[str]) -> None:
 
 
 def _free_mb(directory: Path) -> float:
-    from torchprof_args.runtime.hostmem import free_disk_bytes
+    from torchprof_args.runtime.host_resources import free_disk_bytes
 
     return free_disk_bytes(directory) / (1 << 20)
 

@@ -1,6 +1,6 @@
 """Per flush: where the raw trace is staged and whether a forked child may export it.
 
-Decided from what is free *now* (:mod:`torchprof_args.runtime.hostmem`), for this rank's share
+Decided from what is free *now* (:mod:`torchprof_args.runtime.host_resources`), for this rank's share
 of the node: every rank of the node flushes at the same iteration into the same RAM, ``/dev/shm``
 and local disk, so free space and memory are divided by the node's rank count.
 
@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 
 from torchprof_args.runtime.export.staging import StagingArea
-from torchprof_args.runtime.hostmem import (
+from torchprof_args.runtime.host_resources import (
     HostMemoryProbe,
     anonymous_rss_bytes,
     free_disk_bytes,

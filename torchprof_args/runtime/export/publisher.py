@@ -106,8 +106,8 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
     reads instead of the trace) and rendered as its operator table
     (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
     from torchprof_args.analysis import format_operator_table, load_trace, summarize
-    from torchprof_args.analysis.diagnose import rank_diagnosis
-    from torchprof_args.analysis.sidecar import write_sidecar
+    from torchprof_args.analysis.collect.sidecar import write_sidecar
+    from torchprof_args.analysis.diagnose.job import rank_diagnosis
     from torchprof_args.analysis.summary import finite
 
     trace = load_trace(staged, progress=False, comms=True, flops=True)

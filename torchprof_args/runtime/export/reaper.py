@@ -24,7 +24,7 @@ from typing import Any
 
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, EXIT_REJECTED, PublishJob, read_status
-from torchprof_args.runtime.hostmem import free_disk_bytes
+from torchprof_args.runtime.host_resources import free_disk_bytes
 
 __all__ = ["Pending", "Reaper", "remove_job_files"]
 

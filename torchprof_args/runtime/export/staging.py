@@ -20,7 +20,7 @@ from pathlib import Path
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.log import get_logger
 from torchprof_args.private_dir import ensure_private_dir
-from torchprof_args.runtime.hostmem import is_ram_backed
+from torchprof_args.runtime.host_resources import is_ram_backed
 
 __all__ = ["LOCK_NAME", "STAGING_FLAG", "StagingArea", "sweep_stale"]
 

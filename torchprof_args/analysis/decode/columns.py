@@ -1,0 +1,176 @@
+"""One batch of event text -> compact numpy columns (a :class:`Part`).
+
+For every complete event the trace model keeps its start, duration, interned (name, cat, pid, tid)
+key, CUDA stream and correlation id (~36 bytes an event), and per device the peaks of the
+``[memory]`` instant events.  Every column is filled by C-level iteration (``np.fromiter`` over
+``attrgetter``); names, categories and threads are interned together through one dict keyed by
+the ``(name, cat, pid, tid)`` tuple: a few hundred distinct keys cover millions of events.
+
+:func:`decode_events` and :func:`reduce_batch` run here or in a worker process
+(:mod:`.parallel`); :mod:`.loader` assembles a file's parts into a :class:`~.trace.Trace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import count
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.decode.comm_events import XComm, comm_rows, decode_comm_events
+from torchprof_args.analysis.decode.events import INSTANTS, NO_CAT, XEvent, XShapeEvent, decode_plain
+from torchprof_args.analysis.decode.op_flops import FLOP_OPS, shape_flops
+
+__all__ = ["MEMORY_COLUMNS", "PART_COLUMNS", "Part", "decode_events", "reduce_batch", "reduce_memory"]
+
+I32_MAX = 2**31 - 1
+I32_MIN = -(2**31)
+
+#: per device, what the ``[memory]`` samples say: peak allocator totals (bytes) and sample count.
+MEMORY_COLUMNS = (("device", np.int32), ("peak_allocated", np.int64), ("peak_reserved", np.int64),
+                  ("samples", np.int64))
+
+
+@dataclass
+class Part:
+    """One batch reduced to columns; ``key`` indexes ``keys``, its (name, cat, pid, tid) tuples;
+    ``memory`` sums up the batch's ``[memory]`` samples per device (:data:`MEMORY_COLUMNS`)."""
+
+    n_events: int
+    ts: np.ndarray
+    dur: np.ndarray
+    key: np.ndarray
+    stream: np.ndarray
+    corr: np.ndarray
+    keys: list[tuple[Any, Any, Any, Any]]
+    memory: dict[str, np.ndarray]
+    #: Communication rows (``comms=True`` only).
+    comms: list[tuple[Any, ...]] = field(default_factory=list)
+    #: the kept events with a FLOP count (``args.flops``, else from their shapes: :mod:`.op_flops`):
+    #: their indices in this part and the counts (``flops=True``).
+    flops: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0)))
+
+
+#: the array columns of a :class:`Part`, in its field order, with their dtypes.
+PART_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("key", np.int32), ("stream", np.int32),
+                ("corr", np.int64))
+
+
+def decode_events(text: Any, comms: bool = False, shapes: bool = False) -> list[Any]:
+    """Typed fast path; a batch with unusual values is decoded loosely and normalised.
+
+    ``comms`` decodes the communication fields too (:mod:`~torchprof_args.analysis.decode.comm_events`),
+    input shapes included; ``shapes`` the input shapes alone (for FLOPs).
+    Raises ``msgspec.DecodeError`` only when ``text`` is not a JSON array (a wrong cut).
+    """
+    return decode_comm_events(text) if comms else decode_plain(text, shapes)
+
+
+_get_ts = attrgetter("ts")
+_get_dur = attrgetter("dur")
+_get_key = attrgetter("name", "cat", "pid", "tid")
+_get_args = attrgetter("args")
+_get_stream = attrgetter("stream")
+_get_corr = attrgetter("correlation")
+_get_flops = attrgetter("flops")
+
+
+def _int_column(args: list[Any], getter: Any, n: int) -> np.ndarray:
+    try:
+        return np.fromiter(map(getter, args), np.int64, n)
+    except OverflowError:  # beyond int64: only the sign matters to the analyses
+        return np.array([max(min(getter(a), 2**63 - 1), -(2**63)) for a in args], dtype=np.int64)
+
+
+def _intern(xs: list[Any]) -> tuple[np.ndarray, list[tuple[Any, Any, Any, Any]]]:
+    """Each event's index into the distinct (name, cat, pid, tid) keys, in order of first use."""
+    n = len(xs)
+    first: dict[tuple[Any, Any, Any, Any], int] = {}  # each new key with the index of its first event
+    first_index = np.fromiter(map(first.setdefault, map(_get_key, xs), count()), np.intp, n)
+    keys = list(first)
+    lut = np.empty(n, dtype=np.int32)
+    lut[np.fromiter(first.values(), np.intp, len(keys))] = np.arange(len(keys), dtype=np.int32)
+    return lut[first_index], keys
+
+
+def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = True,
+                 flops: bool = False) -> Part:
+    """Columns of one decoded batch, built without a Python-level loop over the events
+    (``comms``: events from :func:`decode_events` with ``comms=True``, communication rows kept;
+    ``flops``: the events' FLOP counts kept, sparse: most events have none).
+
+    ``memory_events=False`` says the batch's text holds no ``[memory]`` event (the caller looked),
+    so the events are not scanned for them.
+    """
+    x_class: Any = XComm if comms else XShapeEvent if flops else XEvent
+    xs = [e for e in events if e.__class__ is x_class]
+    memory = _memory_samples(events if memory_events and len(xs) != len(events) else [])
+    n = len(xs)
+    ts = np.fromiter(map(_get_ts, xs), np.float64, n)
+    dur = np.fromiter(map(_get_dur, xs), np.float64, n)
+    key, keys = _intern(xs)
+    args = list(map(_get_args, xs))
+    rows = comm_rows(xs, args, key, keys) if comms else []
+    del xs
+    stream = _int_column(args, _get_stream, n)
+    if n and (stream.max() > I32_MAX or stream.min() < I32_MIN):
+        stream = np.clip(stream, -1, I32_MAX)  # absurd stream numbers: only >= 0 or -1 matters
+    stream = stream.astype(np.int32)
+    corr = _int_column(args, _get_corr, n)
+    counts = _flop_counts(args, key, keys) if flops else None
+    del args
+    keep = ~(np.isnan(ts) | np.isnan(dur))
+    if any(k[1] == NO_CAT for k in keys):
+        keep &= ~np.array([k[1] == NO_CAT for k in keys], dtype=bool)[key]
+    if not keep.all():
+        ts, dur, key, stream, corr = ts[keep], dur[keep], key[keep], stream[keep], corr[keep]
+        counts = counts[keep] if counts is not None else None
+    part = Part(len(events), ts, dur, key, stream, corr, keys, memory, rows)
+    if counts is not None:
+        where = np.flatnonzero(counts > 0)
+        part.flops = (where.astype(np.int64), counts[where])
+    return part
+
+
+def _flop_counts(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]]) -> np.ndarray:
+    """Each event's ``args.flops``, else for the operators of :data:`FLOP_OPS` the FLOPs of its
+    input shapes (torch.profiler writes no ``flops`` into the trace: :mod:`.op_flops`)."""
+    counts = np.fromiter(map(_get_flops, args), np.float64, len(args))
+    rules = [i for i, k in enumerate(keys) if k[0] in FLOP_OPS and k[1] == "cpu_op"]
+    if rules:
+        for i in np.flatnonzero(np.isin(key, rules) & (counts == 0)).tolist():
+            counts[i] = shape_flops(keys[key[i]][0], args[i].input_dims)
+    return counts
+
+
+_get_mem_args = attrgetter("args")
+_MEM_FIELDS = (("allocated", attrgetter("total_allocated")), ("reserved", attrgetter("total_reserved")),
+               ("type", attrgetter("device_type")), ("id", attrgetter("device_id")))
+
+
+def _memory_samples(events: list[Any]) -> dict[str, np.ndarray]:
+    """Per device, the peaks and count of the ``[memory]`` instant events (no per-event Python
+    statement: CPU traces recorded with ``profile_memory`` hold one for every allocation and
+    free, so only their per-device peaks are kept, not the samples)."""
+    found = [e for e in events if e.__class__ in INSTANTS and e.name == "[memory]"]
+    args = list(map(_get_mem_args, found))
+    n = len(args)
+    cols = {name: np.fromiter(map(get, args), np.int64, n) for name, get in _MEM_FIELDS}
+    keep = (cols["allocated"] != -1) | (cols["reserved"] != -1)
+    device = (cols["type"] * 65536 + (cols["id"] + 1))[keep]
+    return reduce_memory(device, np.maximum(cols["allocated"][keep], 0),
+                         np.maximum(cols["reserved"][keep], 0), np.ones(len(device), dtype=np.int64))
+
+
+def reduce_memory(device: np.ndarray, allocated: np.ndarray, reserved: np.ndarray,
+                  samples: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of :data:`MEMORY_COLUMNS`, one per distinct device code, from rows of any number."""
+    codes, where = np.unique(device, return_inverse=True)
+    peak_alloc = np.zeros(len(codes), dtype=np.int64)
+    peak_res = np.zeros(len(codes), dtype=np.int64)
+    np.maximum.at(peak_alloc, where, allocated)
+    np.maximum.at(peak_res, where, reserved)
+    return {"device": codes.astype(np.int32), "peak_allocated": peak_alloc, "peak_reserved": peak_res,
+            "samples": np.bincount(where, weights=samples, minlength=len(codes)).astype(np.int64)}

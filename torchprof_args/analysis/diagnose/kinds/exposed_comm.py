@@ -1,0 +1,113 @@
+"""``exposed_comm``: communication kernel time no computation kernel overlaps.
+
+Kernels are classified by HTA's rules (:mod:`.gpu`: ``^nccl.*Kernel`` is communication, which
+covers RCCL's names too); a communication kernel is exposed for the part of it during which no
+computation kernel runs (HTA's communication/computation overlap, :mod:`.overlap`, the other way
+round).  That part is on the step's critical path unless the schedule overlaps it.  When the
+trace was loaded with its communication fields (``load_trace(..., comms=True)``) the exposed
+time is split by process group: the group's description (``Process Group Description``, e.g.
+Megatron's) names dp / tp / pp / ep.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.gpu import COMMUNICATION, kernel_type
+from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.analyzers.stepwise import (
+    StepContext,
+    context,
+    covered,
+    minus,
+    no_gpu_gap,
+    top_names,
+)
+from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.kinds.memcpy import compute_union
+from torchprof_args.analysis.intervals import merge_intervals
+from torchprof_args.analysis.trace import Trace
+
+__all__ = ["THRESHOLD", "analyze", "group_kind"]
+
+#: below this share of the step (exposed communication), no finding.
+THRESHOLD = 0.05
+_KINDS = (("tp", re.compile(r"tensor|\btp\b|_tp_|^tp", re.I)),
+          ("pp", re.compile(r"pipe|\bpp\b|_pp_|^pp", re.I)),
+          ("ep", re.compile(r"expert|\bep\b|_ep_|^ep", re.I)),
+          ("cp", re.compile(r"context|\bcp\b|^cp", re.I)),
+          ("dp", re.compile(r"data|\bdp\b|_dp_|^dp|fsdp|default", re.I)))
+REMEDY = {"dp": "overlap gradient reduction: Megatron --overlap-grad-reduce --overlap-param-gather "
+                "(DDP bucket_cap_mb, FSDP prefetch)",
+          "tp": "overlap tensor-parallel communication: Megatron --tp-comm-overlap, sequence parallelism",
+          "pp": "more micro-batches or an interleaved schedule (--num-layers-per-virtual-pipeline-stage)",
+          "ep": "overlap expert dispatch: Megatron --moe-shared-expert-overlap / a2a overlap"}
+DEFAULT_REMEDY = ("overlap communication with compute: Megatron --overlap-grad-reduce --overlap-param-gather "
+                  "(DDP/FSDP bucketing and prefetch)")
+
+
+def group_kind(desc: str | None) -> str:
+    """dp / tp / pp / ep / cp from a process group's description, else ``unknown``."""
+    for kind, pattern in _KINDS:
+        if desc and pattern.search(desc):
+            return kind
+    return "unknown"
+
+
+def _groups(trace: Trace, idx: np.ndarray) -> list[str] | None:
+    """Per kernel of ``idx``, its process group's kind (None without communication fields)."""
+    if not trace.comms:
+        return None
+    corr_at, desc_at, name_at = (COMM_FIELDS.index(f) for f in ("corr", "pg_desc", "pg_name"))
+    by_corr = {row[corr_at]: row[desc_at] or row[name_at] for row in trace.comms
+               if row[desc_at] is not None or row[name_at] is not None}
+    return [group_kind(str(by_corr.get(int(c))) if int(c) in by_corr else None) for c in trace.corr[idx]]
+
+
+def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
+    """Exposed communication per step; None below ``threshold`` of the step."""
+    ctx = context(trace)
+    if not ctx.has_gpu:
+        return no_gpu_gap("exposed_comm")
+    is_comm = lookup(trace.names, lambda n: kernel_type(n) == COMMUNICATION)
+    sel = np.flatnonzero(is_comm[trace.name_id[ctx.kernels]])
+    if len(sel) == 0:
+        return None
+    ts, end, idx = ctx.k_ts[sel], ctx.k_end[sel], ctx.kernels[sel]
+    compute = compute_union(trace, ctx)
+    exposed = (end - ts) - covered(compute, ts, end)  # per kernel, for the evidence
+    # several streams may communicate at once: the finding counts wall time, not the kernels' sum
+    exposed_us = minus(merge_intervals(ts, end), compute)
+    if ctx.share(exposed_us) < threshold:
+        return None
+    ms = ctx.ms(exposed_us)
+    worst = int(np.argmax(exposed))
+    evidence: dict[str, Any] = {**ctx.evidence(),
+                                "communication_ms_per_step": round(ctx.ms(float((end - ts).sum())), 3),
+                                "top_kernels": top_names(trace, idx, exposed, ctx),
+                                "perfetto_ts_us": round(float(ts[worst]), 3)}
+    remedy = DEFAULT_REMEDY
+    groups = _groups(trace, idx)
+    if groups is not None:
+        evidence["by_group_ms_per_step"] = _by_group(groups, exposed, ctx)
+        top = next(iter(evidence["by_group_ms_per_step"]), "unknown")
+        remedy = REMEDY.get(top, DEFAULT_REMEDY)
+    return Finding(
+        kind="exposed_comm", ranks=(trace.rank or 0,),
+        summary=f"communication not overlapped by compute takes {ms:.1f} ms per step "
+                f"({100 * ctx.share(exposed_us):.0f} %)",
+        ms_per_step=ms, share_of_step=ctx.share(exposed_us), saving_ms_per_step=ms,
+        saving_bound="exposed communication only, if fully overlapped (compute is not shortened)",
+        remedy=remedy, evidence=evidence)
+
+
+def _by_group(groups: list[str], exposed: np.ndarray, ctx: StepContext) -> dict[str, float]:
+    sums: dict[str, float] = defaultdict(float)
+    for g, us in zip(groups, exposed.tolist(), strict=True):
+        sums[g] += us
+    return {g: round(ctx.ms(us), 3) for g, us in sorted(sums.items(), key=lambda kv: -kv[1])}

@@ -1,0 +1,214 @@
+"""``host_sync``: the CPU blocked on the GPU inside the step.
+
+``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``cudaEventSynchronize`` (and their HIP
+names) and blocking device-to-host copies (the runtime call of a ``Memcpy DtoH``: ``.item()``,
+``.cpu()``, ``.tolist()``).  While the CPU waits it enqueues nothing, so once the queue drains
+the GPU idles until the CPU launches again.  A synchronisation's cost is the GPU idle time while it
+blocks and, when it found the GPU busy (it waited for the queue to drain), from its return to the
+next kernel (the copy's own GPU time is the ``memcpy`` kind's); the time blocked is reported
+beside it.  With ``--torch-profile-with-stack`` each is
+tied to its Python call site.
+
+CPU-only traces (:func:`cpu_waits`) have no device to wait for; their synchronisation is the step's
+thread waiting for a collective it issued itself, at the step's top level (not DDP's gradient
+all-reduce inside backward), right away: ``dist.all_reduce(t, async_op=True).wait()`` or a
+synchronous collective on a metric.  The thread records nothing while it waits (``Work.wait`` is
+not an operator) and gloo's worker thread runs the collective meanwhile, so the cost is the time
+from the issuing operator's end to the thread's next event, while the collective runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.callsites import STACK_FLAG, call_sites, has_stacks
+from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.analyzers.stepwise import (
+    NO_LAUNCH,
+    Intervals,
+    StepContext,
+    context,
+    covered,
+    cpu_spans,
+    empty,
+    events_named,
+    no_gpu_gap,
+    top_names,
+)
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
+from torchprof_args.analysis.intervals import merge_intervals, subtract
+from torchprof_args.analysis.trace import Trace
+
+__all__ = ["SYNC_RE", "THRESHOLD", "analyze", "claimed", "cpu_waits", "sync_events"]
+
+#: below this share of the step (GPU idle caused), no finding.
+THRESHOLD = 0.02
+SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchroni[sz]e$")
+DTOH_RE = re.compile(r"DtoH|Device -> (Pageable|Pinned|Host)")
+#: call sites are looked up for this many of the costliest calls (each is a search of the frames).
+SITES_OF = 32
+
+
+def sync_events(trace: Trace, ctx: StepContext | None = None) -> np.ndarray:
+    """Indices of the blocking calls within the steps: synchronisations and the runtime calls of
+    device-to-host copies."""
+    ctx = ctx or context(trace)
+    syncs = events_named(trace, SYNC_RE)
+    is_dtoh = lookup(trace.names, DTOH_RE.search)[trace.name_id[ctx.kernels]]
+    copies = ctx.launch[is_dtoh & (ctx.launch != NO_LAUNCH)]
+    idx = np.union1d(syncs, copies).astype(np.int64)
+    return idx[(trace.ts[idx] < ctx.end) & (trace.ts[idx] + trace.dur[idx] > ctx.start)]
+
+
+def claimed(trace: Trace, ctx: StepContext | None = None) -> Intervals:
+    """The union of each blocking call's window, its start to the first kernel after it returns
+    (the idle time this kind accounts for; ``gpu_idle`` and ``launch_bound`` leave it alone)."""
+    ctx = ctx or context(trace)
+    idx = sync_events(trace, ctx)
+    if len(idx) == 0 or not ctx.has_gpu:
+        return empty()
+    ts = trace.ts[idx]
+    return merge_intervals(ts, _stop(ctx, ts, ts + trace.dur[idx]))
+
+
+def _stop(ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per call, the end of its window: when the GPU was busy as it began (it waited for the GPU
+    to drain), the end of the idle gap it returns into (the CPU had queued nothing meanwhile);
+    else its own end (a call that finds the GPU idle delays nothing after it returns)."""
+    idle_s, idle_e = ctx.idle
+    if len(idle_s) == 0:
+        return end
+    busy_at_start = covered(ctx.busy, ts, np.minimum(ts + 1.0, end)) > 0
+    j = np.searchsorted(idle_s, end, side="right") - 1
+    last = idle_e[np.maximum(j, 0)]
+    return np.where(busy_at_start & (j >= 0) & (last > end), last, end)
+
+
+def _idle_caused(trace: Trace, ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per call, the GPU idle time from its start to the first kernel after it returns, except
+    while the data loader runs (``dataloader_stall``'s: the CPU fetching a batch is what keeps the
+    GPU idle then, whatever drained the queue before; no idle time is counted twice)."""
+    return covered(subtract(ctx.idle, loader_spans(trace, ctx)), ts, _stop(ctx, ts, end))
+
+
+def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
+    """The GPU idle time host synchronisations cause per step; None below ``threshold``."""
+    ctx = context(trace)
+    if not ctx.has_gpu:
+        return cpu_waits(trace, threshold) or no_gpu_gap("host_sync")
+    idx = sync_events(trace, ctx)
+    if len(idx) == 0:
+        return None
+    ts, end = trace.ts[idx], trace.ts[idx] + trace.dur[idx]
+    cost = _idle_caused(trace, ctx, ts, end)
+    caused_us = float(cost.sum())
+    if ctx.share(caused_us) < threshold:
+        return None
+    blocked = cpu_spans(trace, idx, ctx)
+    blocked_us = float((blocked[1] - blocked[0]).sum())
+    worst = int(np.argmax(cost))
+    evidence = {**ctx.evidence(), "blocked_ms_per_step": round(ctx.ms(blocked_us), 3),
+                "calls_per_step": round(len(idx) / ctx.n_steps, 2),
+                "top_calls": top_names(trace, idx, cost, ctx), "perfetto_ts_us": round(float(ts[worst]), 3)}
+    remedy = "remove the host synchronisation (.item(), .cpu(), torch.cuda.synchronize()) from the step"
+    if has_stacks(trace):
+        costliest = np.argsort(-cost, kind="stable")[:SITES_OF]
+        sites = _by_site(cost[costliest], call_sites(trace, idx[costliest]), ctx)
+        evidence["call_sites"] = sites
+        if sites and sites[0]["name"] != "unknown":
+            remedy = f"remove the synchronisation (.item() / .cpu() / synchronize) at {sites[0]['name']}"
+    else:
+        evidence["call_sites_need"] = STACK_FLAG
+    ms = ctx.ms(caused_us)
+    return Finding(
+        kind="host_sync", ranks=(trace.rank or 0,),
+        summary=f"host synchronisations leave the GPU idle {ms:.1f} ms per step "
+                f"({100 * ctx.share(caused_us):.0f} %)",
+        ms_per_step=ms, share_of_step=ctx.share(caused_us), saving_ms_per_step=ms,
+        saving_bound="GPU idle from each synchronisation to the next kernel after it",
+        remedy=remedy, evidence=evidence)
+
+
+def _by_site(cost: np.ndarray, sites: list[str | None], ctx: StepContext,
+             top: int = 3) -> list[dict[str, float | str]]:
+    sums: dict[str, float] = defaultdict(float)
+    for site, us in zip(sites, cost.tolist(), strict=True):
+        sums[site or "unknown"] += us
+    ranked = sorted(sums.items(), key=lambda kv: -kv[1])[:top]
+    return [{"name": name, "ms_per_step": round(ctx.ms(us), 3)} for name, us in ranked]
+
+
+#: the c10d operator that issues a collective, and gloo's worker-thread span that runs it.
+_ISSUE_RE = re.compile(r"^c10d::")
+_RUN_RE = re.compile(r"^gloo:")
+
+
+def _top_level_issues(trace: Trace, thread: int, lo: float, hi: float) -> list[tuple[str, float, float]]:
+    """(name, end of the issuing operator, next event's start on the thread) of every collective the
+    step's thread issued at the step's top level in [lo, hi)."""
+    on = np.flatnonzero((trace.thread_id == thread) & (trace.stream == -1)
+                        & (trace.ts >= lo) & (trace.ts < hi))
+    on = on[np.argsort(trace.ts[on], kind="stable")]
+    ends = trace.ts[on] + trace.dur[on]
+    issue = lookup(trace.names, _ISSUE_RE.match)[trace.name_id[on]]
+    out = []
+    for j in np.flatnonzero(issue):
+        t0, t1 = trace.ts[on[j]], ends[j]
+        enclosing = (trace.ts[on] <= t0) & (ends >= t1)
+        enclosing[j] = False
+        if int(enclosing.sum()) != 1:  # only the ProfilerStep encloses it
+            continue
+        later = trace.ts[on] >= t1
+        nxt = float(trace.ts[on][later].min()) if later.any() else hi
+        out.append((trace.names[trace.name_id[on[j]]], float(t1), min(nxt, hi)))
+    return out
+
+
+def cpu_waits(trace: Trace, threshold: float = THRESHOLD) -> Finding | None:
+    """On a CPU-only trace: the step's thread blocked on collectives it issued at the step's top
+    level (see the module); None below ``threshold`` of the step or without steps."""
+    from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
+
+    spans = steps(trace)
+    if not spans:
+        return None
+    is_step = lookup(trace.names, STEP_RE.match)
+    step_idx = np.flatnonzero(is_step[trace.name_id] & (trace.stream == -1))
+    threads = {trace.names[trace.name_id[i]]: int(trace.thread_id[i]) for i in step_idx}
+    runs = np.flatnonzero(lookup(trace.names, _RUN_RE.match)[trace.name_id])
+    run_s, run_e = merge_intervals(trace.ts[runs], trace.ts[runs] + trace.dur[runs])
+    waits: dict[str, float] = defaultdict(float)
+    worst, worst_at, calls = 0.0, None, 0
+    for span in spans:
+        lo, hi = span["start_us"], span["start_us"] + span["dur_us"]
+        for name, t1, nxt in _top_level_issues(trace, threads.get(span["name"], -1), lo, hi):
+            blocked = float(np.clip(np.minimum(run_e, nxt) - np.maximum(run_s, t1), 0, None).sum())
+            if blocked <= 0:
+                continue
+            waits[name] += blocked
+            calls += 1
+            if blocked > worst:
+                worst, worst_at = blocked, t1
+    n = len(spans)
+    step_us = sum(s["dur_us"] for s in spans) / n
+    total_us = sum(waits.values())
+    share = total_us / n / step_us if step_us else 0.0
+    if share < threshold:
+        return None
+    ms = total_us / n / 1e3
+    return Finding(
+        kind="host_sync", ranks=(trace.rank or 0,),
+        summary=(f"the step's thread waits {ms:.1f} ms per step ({100 * share:.0f} %) for collectives it "
+                 "issued itself at the step's top level, right after issuing them"),
+        ms_per_step=ms, share_of_step=share, saving_ms_per_step=ms,
+        saving_bound="the time the thread sat blocked while gloo ran the collective (it records nothing)",
+        remedy=("do not wait for a metric's collective in the step: wait (or .item()) where the value is "
+                "needed, e.g. at the logging interval, or reduce it less often"),
+        evidence={"steps": n, "step_ms": round(step_us / 1e3, 3), "calls_per_step": round(calls / n, 2),
+                  "top_calls": [{"name": k, "ms_per_step": round(v / n / 1e3, 3)}
+                                for k, v in sorted(waits.items(), key=lambda kv: -kv[1])[:3]],
+                  "perfetto_ts_us": worst_at})

@@ -1,0 +1,137 @@
+"""``launch_bound``: the GPU starved because the CPU launches kernels too slowly.
+
+HTA's CUDA kernel launch statistics (:func:`launch_stats`, compared with HTA in the tests): per
+kernel, its launch call's CPU duration, its GPU duration and the launch delay (kernel start minus
+launch end).  The finding measures what that costs: *host-wait* idle time, the GPU idle gaps
+whose next kernel was not even launched when the GPU went idle (HTA's idle-time rule, on the
+whole GPU rather than per stream), less the gaps data loading and host synchronisations explain
+(their own kinds).  It fires when that time reaches the threshold and most kernels are shorter
+than their launch call (kernel runtime, not queueing, is the limit otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.gpu import hta_kernels
+from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.analyzers.stepwise import (
+    Intervals,
+    StepContext,
+    context,
+    host_wait,
+    no_gpu_gap,
+    overlap,
+    top_names,
+    worst_ts,
+)
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
+from torchprof_args.analysis.diagnose.kinds.host_sync import claimed
+from torchprof_args.analysis.intervals import merge_intervals, total
+from torchprof_args.analysis.trace import Trace
+
+__all__ = [
+    "LAUNCH_RE", "SHORT_SHARE", "THRESHOLD", "analyze", "host_wait_gaps", "launch_stats", "unexplained",
+]
+
+#: below this share of the step (host-wait idle), no finding.
+THRESHOLD = 0.05
+#: ... nor when fewer than this share of kernels run shorter than their launch call.
+SHORT_SHARE = 0.5
+#: HTA's launch calls (kernels, and copies / memsets with ``include_memory_events``), + HIP's.
+LAUNCH_RE = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaMemcpyAsync|cudaMemsetAsync|"
+                       r"hipLaunchKernel|hipExtLaunchKernel|hipExtModuleLaunchKernel|hipModuleLaunchKernel|"
+                       r"hipMemcpyAsync|hipMemsetAsync|hipMemcpyWithStream)$")
+REMEDY = ("capture the step in CUDA graphs (Megatron --enable-cuda-graph / torch.compile "
+          "mode='reduce-overhead'), fuse small kernels (torch.compile), or raise the micro-batch size")
+
+
+def launch_stats(trace: Trace) -> dict[str, np.ndarray]:
+    """HTA's kernel launch table, one row per kernel launched by a launch call (:data:`LAUNCH_RE`):
+    ``correlation``, ``cpu_duration``, ``gpu_duration``, ``launch_delay`` (us, negative clipped
+    to 0).  As HTA: the events of its trace filter (the last step dropped, :func:`.gpu.hta_kernels`)
+    and its rounding (``ceil(ts)``, ``floor(end)``).  HIP launch calls count too (HTA knows CUDA's
+    names only, so it finds no launches in a ROCm trace)."""
+    kept, dropped_last = hta_kernels(trace)
+    cpu = lookup(trace.names, LAUNCH_RE.match)[trace.name_id] & (trace.stream == -1)
+    if dropped_last:
+        cpu &= trace.ts <= float(np.ceil(_last_step_start(trace))) - 1.0
+    cpu = np.flatnonzero(cpu)
+    gpu = np.flatnonzero(kept & (trace.corr >= 0))
+    corr_cpu = trace.corr[cpu]
+    order = np.argsort(corr_cpu, kind="stable")
+    cpu, corr_cpu = cpu[order], corr_cpu[order]
+    pos = np.minimum(np.searchsorted(corr_cpu, trace.corr[gpu]), max(len(cpu) - 1, 0))
+    hit = (corr_cpu[pos] == trace.corr[gpu]) if len(cpu) else np.zeros(len(gpu), dtype=bool)
+    gpu, launch = gpu[hit], cpu[pos[hit]]
+    g_ts, g_end = np.ceil(trace.ts[gpu]), np.floor(trace.ts[gpu] + trace.dur[gpu])
+    c_ts, c_end = np.ceil(trace.ts[launch]), np.floor(trace.ts[launch] + trace.dur[launch])
+    return {"correlation": trace.corr[gpu], "cpu_duration": c_end - c_ts, "gpu_duration": g_end - g_ts,
+            "launch_delay": np.maximum(g_ts - c_end, 0.0)}
+
+
+def _last_step_start(trace: Trace) -> float:
+    is_step = lookup(trace.names, lambda n: "ProfilerStep" in n)[trace.name_id] & (trace.stream == -1)
+    return float(trace.ts[is_step].max())
+
+
+def host_wait_gaps(trace: Trace, ctx: StepContext) -> tuple[Intervals, np.ndarray]:
+    """The GPU idle gaps whose next kernel was launched after the gap began (or never, within the
+    steps), and that kernel's index into ``ctx.kernels`` (-1 for a gap at the end)."""
+    wait, nxt = host_wait(trace, ctx)
+    return (ctx.idle[0][wait], ctx.idle[1][wait]), nxt[wait]
+
+
+def unexplained(trace: Trace, ctx: StepContext, gaps: Intervals) -> float:
+    """Time of ``gaps`` that neither the data loader's spans nor host synchronisations explain."""
+    other = [loader_spans(trace, ctx), claimed(trace, ctx)]
+    starts = np.concatenate([o[0] for o in other])
+    ends = np.concatenate([o[1] for o in other])
+    return total(gaps) - overlap(gaps, merge_intervals(starts, ends))
+
+
+def _evidence(trace: Trace, ctx: StepContext, stats: dict[str, np.ndarray]) -> dict[str, Any]:
+    n = len(stats["correlation"])
+    delay = stats["launch_delay"]
+    return {"launches": n, "short_kernels_share": round(_short_share(stats), 3),
+            "launch_delay_mean_us": round(float(delay.mean()), 2) if n else None,
+            "launch_delay_p95_us": round(float(np.percentile(delay, 95)), 2) if n else None,
+            "runtime_outliers": int((stats["cpu_duration"] > 50).sum()),
+            "launch_delay_outliers": int((delay > 100).sum())}
+
+
+def _short_share(stats: dict[str, np.ndarray]) -> float:
+    n = len(stats["correlation"])
+    return float((stats["gpu_duration"] < stats["cpu_duration"]).sum()) / n if n else 0.0
+
+
+def analyze(trace: Trace, threshold: float = THRESHOLD,
+            short_share: float = SHORT_SHARE) -> Finding | Gap | None:
+    """Host-wait idle per step not explained by loading or synchronisation; None below
+    ``threshold`` of the step or when fewer than ``short_share`` of kernels are shorter than
+    their launch."""
+    ctx = context(trace)
+    if not ctx.has_gpu:
+        return no_gpu_gap("launch_bound")
+    gaps, nxt = host_wait_gaps(trace, ctx)
+    wait_us = unexplained(trace, ctx, gaps)
+    stats = launch_stats(trace)
+    if ctx.share(wait_us) < threshold or _short_share(stats) < short_share:
+        return None
+    ms = ctx.ms(wait_us)
+    after = nxt >= 0
+    waits = (gaps[1] - gaps[0])[after]
+    evidence = {**ctx.evidence(), **_evidence(trace, ctx, stats),
+                "top_kernels_after_wait": top_names(trace, ctx.kernels[nxt[after]], waits, ctx),
+                "perfetto_ts_us": worst_ts(*gaps)}
+    return Finding(
+        kind="launch_bound", ranks=(trace.rank or 0,),
+        summary=f"the GPU waits {ms:.1f} ms per step ({100 * ctx.share(wait_us):.0f} %) for the CPU to "
+                f"launch kernels; {100 * _short_share(stats):.0f} % of kernels are shorter than their launch",
+        ms_per_step=ms, share_of_step=ctx.share(wait_us), saving_ms_per_step=ms,
+        saving_bound="host-wait idle time (faster launches or CUDA graphs remove at most this)",
+        remedy=REMEDY, evidence=evidence)

@@ -1,0 +1,115 @@
+"""``low_mfu``: model FLOPs per step far below what the GPU could do in the step's time.
+
+MFU = the step's FLOPs / (step time x the device's dense peak).  FLOPs are those of the matrix
+products and attention operators, computed from their recorded input shapes
+(``--torch-profile-record-shapes``, which ``--torch-profile-with-flops`` turns on too; torch.profiler
+writes no FLOP counts into the trace itself: :mod:`~torchprof_args.analysis.decode.op_flops`), or the
+``flops`` an operator carries where a writer put them there; the peak comes from the trace's
+``deviceProperties`` name through :mod:`torchprof_args.device_peaks` (bf16 dense by default), or
+the caller's ``peak_tflops`` for a device the table lacks.  The trace must be loaded with
+``load_trace(..., flops=True)`` (the summary does not decode them, so it stays as fast).  The
+saving is bounded by the step time at :data:`TARGET_MFU` (what well-tuned large-scale LLM
+training reaches).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchprof_args.analysis.analyzers.stepwise import context
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.trace import Trace
+from torchprof_args.device_peaks import peak_tflops as table_peak
+
+__all__ = ["FLOPS_FLAG", "TARGET_MFU", "THRESHOLD", "analyze", "device_name", "judge", "mfu_inputs",
+           "step_flops"]
+
+#: at or above this MFU, no finding.
+THRESHOLD = 0.30
+#: the MFU the saving is computed against.
+TARGET_MFU = 0.40
+#: the flag that records what FLOPs are computed from (operator input shapes).
+FLOPS_FLAG = "--torch-profile-record-shapes"
+REMEDY = ("raise the arithmetic intensity: bf16/fp8, larger micro-batches, fused kernels (FlashAttention, "
+          "torch.compile), fewer recomputations; fix the larger findings above first")
+
+
+def device_name(trace: Trace) -> str | None:
+    """The trace's GPU name (``deviceProperties``), None when it has none."""
+    props = trace.metadata.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        name = props[0].get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def step_flops(trace: Trace) -> float | None:
+    """FLOPs in the steps, from the operators' shapes or ``flops`` (None when the trace has none)."""
+    flops = trace.flops
+    if flops is None or len(flops[0]) == 0:
+        return None
+    ctx = context(trace)
+    idx, values = flops
+    inside = (trace.ts[idx] >= ctx.start) & (trace.ts[idx] < ctx.end)
+    return float(values[inside].sum())
+
+
+def mfu_inputs(trace: Trace) -> dict[str, Any] | Gap:
+    """What MFU needs from one rank's trace (``rank``, ``flops_per_step``, ``step_ms``, ``device``,
+    the step evidence), kept in the sidecar so ``diagnose --peak-tflops`` can judge it again without
+    the trace; a Gap when the trace cannot give it."""
+    ctx = context(trace)
+    if not ctx.has_gpu:
+        return Gap("low_mfu", "the trace has no GPU kernels, so there is no GPU peak to compare with",
+                   "--torch-profile-activities cpu cuda")
+    if trace.flops is None:
+        return Gap("low_mfu", "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
+    total = step_flops(trace)
+    if total is None:
+        return Gap("low_mfu", "the trace has no operator shapes to count FLOPs from", FLOPS_FLAG)
+    return {"rank": trace.rank or 0, "flops_per_step": total / ctx.n_steps, "step_ms": ctx.step_us / 1000.0,
+            "device": device_name(trace),
+            "step_evidence": {**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)}}
+
+
+def judge(inputs: dict[str, Any], peak_tflops: float | None = None, dtype: str = "bf16",
+          threshold: float = THRESHOLD, others_ms: float = 0.0) -> Finding | Gap | None:
+    """The MFU of :func:`mfu_inputs` against ``peak_tflops`` (default: the device table's peak for
+    ``dtype``); None at or above ``threshold``.
+
+    ``others_ms``: what the rank's other findings save per step.  Low MFU is the sum of every
+    inefficiency, theirs included, so its saving is what is left after them (no time is counted
+    twice); the finding stays, with its MFU, when nothing is left.
+    """
+    name = inputs.get("device")
+    peak = peak_tflops or (table_peak(name, dtype) if name else None)
+    if not peak:
+        return Gap("low_mfu", f"the {dtype} peak of device {name!r} is not in the table", "--peak-tflops")
+    flops, step_ms = inputs["flops_per_step"], inputs["step_ms"]
+    mfu = flops / (step_ms / 1e3 * peak * 1e12) if step_ms > 0 else 0.0
+    if mfu >= threshold:
+        return None
+    ideal_ms = flops / (peak * 1e12) * 1e3
+    ms = step_ms - ideal_ms
+    others_ms = min(max(0.0, others_ms), step_ms)
+    saving = max(0.0, step_ms - ideal_ms / TARGET_MFU - others_ms)
+    bound = f"step time at {100 * TARGET_MFU:.0f} % MFU"
+    if others_ms > 0:
+        bound += f", less the {others_ms:.1f} ms/step the other findings save"
+    evidence = {**inputs["step_evidence"], "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
+                "achieved_tflops": round(flops / step_ms * 1e3 / 1e12, 2) if step_ms > 0 else None,
+                "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU}
+    return Finding(
+        kind="low_mfu", ranks=(inputs["rank"],),
+        summary=f"model FLOPs use {100 * mfu:.1f} % of the {name or 'GPU'}'s {peak:g} TFLOP/s peak",
+        ms_per_step=ms, share_of_step=ms / step_ms if step_ms else 0.0,
+        saving_ms_per_step=saving, saving_bound=bound,
+        remedy=REMEDY, evidence=evidence)
+
+
+def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
+            threshold: float = THRESHOLD, others_ms: float = 0.0) -> Finding | Gap | None:
+    """The step's MFU against the device's peak; None at or above ``threshold`` (``others_ms``: see
+    :func:`judge`)."""
+    inputs = mfu_inputs(trace)
+    return inputs if isinstance(inputs, Gap) else judge(inputs, peak_tflops, dtype, threshold, others_ms)

@@ -1,0 +1,106 @@
+"""``straggler``: a rank that does more work per step than the others, so that they wait for it.
+
+In a synchronous job every rank's step lasts about as long as the slowest rank's: the fast ranks
+wait for the slow one inside the step's collectives.  So step times alone cannot name the slow
+rank.  What can is each rank's *work* per step: the step's time minus the time the rank spent in
+collectives (where it waits for the others).  :func:`step_work` measures it on one rank (it goes
+into the summary sidecar, a few numbers per step); :func:`straggler` compares the ranks: a rank
+whose mean work exceeds the median of the *other* ranks' by more than :data:`STRAGGLER_MIN_PCT`
+of the step (and at least :data:`STRAGGLER_MIN_MS`) is a straggler, by that excess per step.
+
+Bound of the saving: the others wait for the slowest rank at most its excess, so the job saves at
+most the worst straggler's excess per step (less if the collectives' transfer time grows).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.collectives import CommRecord
+from torchprof_args.analysis.diagnose.finding import Finding
+from torchprof_args.analysis.intervals import merge_intervals, total
+
+__all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_PCT", "step_work", "straggler"]
+
+#: a rank counts as a straggler when its excess work is above this share of the step (%) ...
+STRAGGLER_MIN_PCT = 5.0
+#: ... and above this many milliseconds.
+STRAGGLER_MIN_MS = 2.0
+
+
+def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord], base_us: float
+              ) -> list[dict[str, Any]]:
+    """Per step (``steps``: :func:`.steps.steps` rows, trace-relative): its duration, the time it
+    spent in collectives (union of the collective instances' intervals clipped to the step;
+    ``records`` have absolute times, ``base_us`` the trace's base) and the difference, its work."""
+    starts = np.array([r.start_us - base_us for r in records], dtype=np.float64)
+    ends = starts + np.array([max(r.dur_us, 0.0) for r in records], dtype=np.float64)
+    out = []
+    for step in steps:
+        lo, hi = step["start_us"], step["start_us"] + step["dur_us"]
+        inside = (ends > lo) & (starts < hi)
+        union = merge_intervals(np.maximum(starts[inside], lo), np.minimum(ends[inside], hi))
+        comm = total(union) if inside.any() else 0.0
+        out.append({"name": step["name"], "start_us": lo, "dur_us": step["dur_us"], "collective_us": comm,
+                    "work_us": max(step["dur_us"] - comm, 0.0)})
+    return out
+
+
+def _mean_work(rank_doc: dict[str, Any], waited_us: float | None) -> float | None:
+    steps = rank_doc.get("steps") or []
+    if not steps:
+        return None
+    if waited_us is None:  # no matched collectives: each rank's own collective time
+        return statistics.fmean(s["work_us"] for s in steps)
+    return max(statistics.fmean(s["dur_us"] for s in steps) - waited_us / len(steps), 0.0)
+
+
+def straggler(ranks: Sequence[dict[str, Any]], step_ms: float | None,
+              waited_us: dict[int, float] | None = None) -> Finding | None:
+    """The straggler finding over one cycle's ranks, or None (fewer than two timed ranks, or no rank
+    above the threshold).
+
+    ``ranks``: per rank ``{"rank", "base_us", "steps": step_work(...)}``; ``step_ms``: the job's
+    step time (for the share and the threshold); ``waited_us``: per rank, the time it waited in
+    collectives for the last rank (:func:`.collective_skew.waited_us`, from the matched collectives),
+    which is what the step minus it leaves as work; without it, each rank's own collective time.
+    """
+    work = {d["rank"]: w for d in ranks
+            if (w := _mean_work(d, None if waited_us is None else waited_us.get(d["rank"], 0.0))) is not None}
+    if len(work) < 2:
+        return None
+    excess = {}
+    for rank, mine in work.items():
+        others = [w for r, w in work.items() if r != rank]
+        excess[rank] = (mine - statistics.median(others)) / 1e3
+    step = step_ms or max(work.values()) / 1e3
+    threshold = max(STRAGGLER_MIN_MS, STRAGGLER_MIN_PCT / 100.0 * step)
+    slow = sorted((r for r, x in excess.items() if x > threshold), key=lambda r: -excess[r])
+    if not slow:
+        return None
+    worst = slow[0]
+    doc = next(d for d in ranks if d["rank"] == worst)
+    worst_step = max(doc["steps"], key=lambda s: s["dur_us"])
+    ms = excess[worst]
+    others_ms = statistics.median(w for r, w in work.items() if r != worst) / 1e3
+    return Finding(
+        kind="straggler",
+        summary=(f"Rank {worst} works {ms:.1f} ms more per step than the median of the other ranks "
+                 f"({work[worst] / 1e3:.1f} vs {others_ms:.1f} ms outside collectives), and the others "
+                 "wait for it in the step's collectives."),
+        ranks=tuple(slow), ms_per_step=ms, share_of_step=ms / step if step else 0.0, saving_ms_per_step=ms,
+        saving_bound="the worst rank's extra work per step: the others wait for it at most that long",
+        remedy=(f"Look at what rank {worst} does differently (its `torchprof summary`: data, load "
+                "balance, a slower host or GPU, thermal throttling); rebalance or replace the node."),
+        evidence={
+            "excess_ms_per_step": {str(r): round(excess[r], 3) for r in slow[:16]},
+            "work_ms_per_step": {str(r): round(work[r] / 1e3, 3) for r in sorted(work)[:16]},
+            "median_work_ms_of_others": round(others_ms, 3),
+            "worst_step": worst_step["name"],
+            "perfetto_rank": worst, "perfetto_ts_us": worst_step["start_us"],
+        },
+    )

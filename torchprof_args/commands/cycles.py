@@ -1,0 +1,60 @@
+"""Summaries per profiled cycle: what ``torchprof summary | report | diff`` show.
+
+:func:`cycle_summaries` expands the command's inputs into trace files (:mod:`.discover`), gets
+each one's summary (its sidecar, else parsed: :mod:`.collect`) and groups them by cycle.  A trace
+that fails is reported on stderr in one line and left out; none readable is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from torchprof_args.analysis.collect.discover import Cycle, expand, group_by_cycle
+from torchprof_args.analysis.collect.pool import Collected, collect
+from torchprof_args.analysis.decode.loader import release_memory_eagerly
+from torchprof_args.errors import TraceError
+
+__all__ = ["cycle_summaries"]
+
+
+def cycle_summaries(inputs: list[str], args: argparse.Namespace, top: int | None
+                    ) -> tuple[list[tuple[Cycle, list[dict[str, Any]]]], Collected]:
+    """(cycle, its summaries) for every cycle of ``inputs``, and the :class:`Collected` record.
+
+    ``args``: the command's options (``command``, ``reparse``, ``no_progress``, ``workers``).
+    """
+    release_memory_eagerly()
+    files = expand(inputs)
+    got = collect(files, top=top, reparse=args.reparse, workers=getattr(args, "workers", None),
+                  progress=not args.no_progress)
+    _report_errors(got, len(files), args.command)
+    by_file = {str(f): s for f, s in zip(files, got.summaries, strict=True)}
+    cycles = []
+    for cycle in group_by_cycle(files):
+        summaries = [by_file[str(f)] for f in cycle.files if by_file[str(f)] is not None]
+        if summaries:
+            cycles.append((cycle, summaries))
+    if len(files) > 1 and got.parsed and not got.errors:
+        _note_parsing(got, args.command)
+    return cycles, got
+
+
+def _report_errors(got: Collected, n_files: int, command: str) -> None:
+    """One stderr line per trace that failed; :class:`TraceError` when none could be read."""
+    if not any(s is not None for s in got.summaries):
+        if len(got.errors) == 1:
+            raise TraceError(got.errors[0])
+        for error in got.errors:
+            print(f"torchprof {command}: {error}", file=sys.stderr)
+        raise TraceError(f"none of the {n_files} traces could be read")
+    for error in got.errors:
+        print(f"torchprof {command}: {error}", file=sys.stderr)
+
+
+def _note_parsing(got: Collected, command: str) -> None:
+    """Say how many traces were parsed and that sidecars would spare it next time."""
+    print(f"torchprof {command}: {got.from_sidecars} summaries read from sidecars, {got.parsed} trace(s) "
+          f"parsed ({got.parsed_bytes / 1e6:,.0f} MB in {got.parse_seconds:.1f} s); "
+          f"`torchprof summary --write-sidecars` keeps them for next time", file=sys.stderr)

@@ -1,0 +1,183 @@
+"""``torchprof summary | report | diff | split | merge | mem``: the trace toolkit's command line.
+
+Every trace command takes trace files, cycle folders or run folders (:mod:`.discover`), reads a
+trace's summary from its sidecar when one matches (:mod:`.sidecar`) and parses it otherwise
+(:mod:`.collect`, per cycle: :mod:`.cycles`).  ``summary`` is in :mod:`.summary_command`; what
+the commands share in :mod:`.cmdline`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from torchprof_args.commands import summary as summary_command
+from torchprof_args.commands.common import INPUTS_HELP, guard, top_count
+from torchprof_args.errors import TraceError
+from torchprof_args.flags.types import positive_int
+
+
+def _report(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+    from torchprof_args.analysis.render.report import write_report
+    from torchprof_args.analysis.summary import finite
+    from torchprof_args.commands.cycles import cycle_summaries
+
+    cycles, got = cycle_summaries(args.traces, args, args.top)
+    findings = [_diagnosis(c.files, args, c.label) for c, _ in cycles]
+    out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
+                       findings=findings)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
+          f"{len(cycles)} cycle(s))")
+    return 1 if got.errors else 0
+
+
+def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> dict[str, Any] | None:
+    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed); None when none
+    of them can be read."""
+    from torchprof_args.analysis.diagnose.job import diagnose, gather
+    from torchprof_args.analysis.summary import finite
+
+    got = gather(files, reparse=args.reparse, workers=getattr(args, "workers", None), progress=False)
+    return finite(diagnose(got.docs, label or "", label)) if got.docs else None
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.collect.discover import choose_cycle, expand
+    from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
+    from torchprof_args.analysis.summary import finite
+    from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
+    from torchprof_args.commands.cycles import cycle_summaries
+
+    sides, diagnoses = [], []
+    for side in (args.base, args.new):
+        cycles, got = cycle_summaries([side], args, None)
+        if got.errors:
+            return 1
+        sides.append([s for _, summaries in cycles for s in summaries])
+        files, label = choose_cycle(expand([side]), None)
+        diagnoses.append(_diagnosis(files, args, label or side) or {"findings": []})
+    result = finite(diff_summaries(*sides))
+    result["findings"] = diff_findings(*diagnoses)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_diff(result, args.base, args.new, rows=args.rows), end="")
+        print("\n".join(format_findings_diff(result["findings"])))
+    return 0
+
+
+def _split(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.collect.discover import expand
+    from torchprof_args.analysis.tools.split import split_trace
+
+    if args.max_mb <= 0:
+        raise TraceError(f"--max-mb must be a positive number of megabytes, got {args.max_mb:g}")
+    files = expand(args.traces)
+    if args.output and len(files) > 1:
+        raise TraceError(f"-o/--output names one folder, but {len(files)} traces were given; leave it out "
+                         "(each trace is split into <trace>.split/)")
+    for f in files:
+        for p in split_trace(f, args.max_mb, args.output, progress=not args.no_progress):
+            print(f"{p}\t{p.stat().st_size / 1e6:.2f} MB")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.collect.discover import expand, group_by_cycle
+    from torchprof_args.analysis.tools.merge import merge_traces
+
+    cycles = group_by_cycle(expand(args.inputs))
+    if len(cycles) > 1:
+        labels = ", ".join(c.label for c in cycles[:4]) + (" ..." if len(cycles) > 4 else "")
+        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({labels}); merge one cycle folder "
+                         "at a time")
+    result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
+    events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
+    print(f"wrote {result['output']} ({events} events)")
+    return 0
+
+
+def _mem(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.memory.snapshot import format_snapshot, load_snapshot, summarize_snapshot
+
+    summary = summarize_snapshot(load_snapshot(args.snapshot), top=args.top)
+    print(json.dumps(summary) if args.json else format_snapshot(summary, args.snapshot))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the trace toolkit's sub-commands to ``torchprof``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+    reading = argparse.ArgumentParser(add_help=False)
+    reading.add_argument("--reparse", action="store_true",
+                         help="parse every trace even where a matching summary sidecar exists")
+    summary_command.register(subparsers, [common, reading])
+    _register_report_and_diff(subparsers, [common, reading])
+    _register_tools(subparsers, common)
+
+
+def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "report", parents=parents, help="self-contained HTML report of many ranks' traces",
+        description="Write an HTML report (inline SVG, no scripts) per profiled cycle: distributions over "
+        "ranks, a rank x step heatmap of step time, histograms of step time, GPU idle and overlap, the "
+        "straggler table, kernel-type breakdown and top kernels of the slowest, median and fastest rank.",
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
+    p.add_argument("-o", "--output", required=True, help="report .html to write")
+    p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
+    p.add_argument("--slowest", type=positive_int, default=5,
+                   help="slowest ranks listed when none is a straggler")
+    p.set_defaults(func=guard(_report, "report"))
+
+    p = subparsers.add_parser(
+        "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
+        description="Step time, GPU idle/compute/overlap and kernel time per class side by side with "
+        "deltas; operators and kernels added, removed or changed in calls or time per rank and step, sorted "
+        "by the time they cost or save (HTA TraceDiff's per-name rules). Each side: traces, a cycle folder "
+        "or a run folder.",
+    )
+    p.add_argument("base", metavar="BASE", help="the reference: " + INPUTS_HELP.replace("folders", "folder"))
+    p.add_argument("new", metavar="NEW", help="compared with BASE")
+    p.add_argument("--json", action="store_true", help="the whole comparison as one JSON object")
+    p.add_argument("--rows", type=positive_int, default=15,
+                   help="rows per table in the text output (default 15)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes that parse traces (default: the CPUs)")
+    p.set_defaults(func=guard(_diff, "diff"))
+
+
+def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "split", parents=[common], help="cut huge traces into standalone traces of at most N MB",
+        description="Split by ProfilerStep (and by time inside oversized steps); every piece keeps the "
+        "metadata.",
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP)
+    p.add_argument("--max-mb", type=float, required=True, help="largest piece, in MB of JSON")
+    p.add_argument("-o", "--output", default=None,
+                   help="output folder for one trace (default: TRACE's name + .split)")
+    p.set_defaults(func=guard(_split, "split"))
+
+    p = subparsers.add_parser(
+        "merge", parents=[common],
+        help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
+        description="Merge the traces of one cycle (a cycle folder, a run folder with one cycle, or files), "
+        "aligning clocks with baseTimeNanoseconds.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP + " (one cycle)")
+    p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
+    p.set_defaults(func=guard(_merge, "merge"))
+
+    p = subparsers.add_parser(
+        "mem", help="summarise a torch.cuda.memory._dump_snapshot pickle (safely)",
+        description="Peak, reserved vs allocated, fragmentation and top allocation sites of a memory "
+        "snapshot; the pickle is read with an unpickler that cannot run code.",
+    )
+    p.add_argument("snapshot", help="snapshot .pickle file")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--top", type=int, default=15)
+    p.set_defaults(func=guard(_mem, "mem"))

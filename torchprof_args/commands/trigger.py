@@ -1,0 +1,261 @@
+"""``torchprof trigger``: ask a running ``--torch-profile-on-demand`` job for a trace, or any job
+with ``--torch-profile-stacks`` for every rank's stacks (``--stacks``, answered within 2 s).
+
+Writes a request into the job's control directory, waits for rank 0's answer (taken at the next
+check iteration), prints the accepted window and the trace paths, and with ``--wait`` waits until
+those traces are published.  Works from any node that sees the control directory (``--job-dir``),
+or on the job's node by process id (``--pid``: a rank, or its launcher such as torchrun).
+
+With ``--stacks`` every rank writes its Python stacks (``--native``: py-spy's native frames too)
+into ``<profile dir>/stacks/answers/<id>/``; the command prints where, and the ranks grouped by
+where they are, the odd group first (:mod:`torchprof_args.commands.trigger_stacks`).
+
+Exit codes: 0 done; 1 rejected, timed out or the job stopped; 2 bad arguments or directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torchprof_args.commands.trigger_stacks import StacksTriggerError, run_stacks
+from torchprof_args.flags.types import positive_float, positive_int, rank_token
+from torchprof_args.ondemand.protocol import (
+    ANSWERS,
+    REQUESTS,
+    make_request,
+    read_job_file,
+    read_small_json,
+    resolve_control_dir,
+    write_control_file,
+)
+from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered_processes
+from torchprof_args.private_dir import check_private_dir
+
+POLL_SECONDS = 0.2
+
+
+class TriggerError(Exception):
+    """A problem reported as one line; ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "trigger", help="ask a running --torch-profile-on-demand job to trace a few iterations",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--job-dir", metavar="DIR",
+                       help="the job's --torch-profile-on-demand-dir, or its --torch-profile-dir")
+    where.add_argument("--pid", type=positive_int, metavar="PID",
+                       help="a rank's process id, or its launcher's (torchrun, srun), on this node")
+    where.add_argument("--list", action="store_true",
+                       help="list the on-demand jobs of your user on this node")
+    parser.add_argument("--iterations", type=positive_int, default=3, metavar="N",
+                        help="iterations to trace (default 3; the job caps it with "
+                             "--torch-profile-on-demand-max-iterations)")
+    parser.add_argument("--ranks", type=rank_token, nargs="+", default=[0], metavar="R",
+                        help="global ranks to trace, or 'all' (default 0)")
+    parser.add_argument("--wait", action="store_true",
+                        help="after the answer, wait until the traces are written")
+    parser.add_argument("--timeout", type=positive_float, default=None, metavar="S",
+                        help="give up after S seconds in all (default 600; 10 with --stacks); an untaken "
+                             "request is withdrawn")
+    parser.add_argument("--stacks", action="store_true",
+                        help="every rank's Python stacks now (jobs with --torch-profile-stacks or "
+                             "--torch-profile-flight-recorder), instead of a trace")
+    parser.add_argument("--native", action="store_true",
+                        help="with --stacks: native frames too, from py-spy (pauses each rank briefly)")
+    parser.add_argument("--json", action="store_true", help="print the job's answer as JSON")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.list:
+            return _list_jobs()
+        if args.native and not args.stacks:
+            raise TriggerError("--native needs --stacks", code=2)
+        if args.stacks:
+            return run_stacks(args)
+        return trigger(args)
+    except (TriggerError, StacksTriggerError) as err:
+        print(f"torchprof trigger: error: {err}", file=sys.stderr)
+        return err.code
+
+
+def _list_jobs() -> int:
+    entries = registered_processes()
+    if not entries:
+        print("no --torch-profile-on-demand job of yours runs on this node")
+        return 0
+    for pid, entry in sorted(entries.items()):
+        print(f"pid {pid:>8}  rank {entry.get('rank', '?'):>5}  {entry.get('control_dir')}")
+    return 0
+
+
+def _control_dir(args: argparse.Namespace) -> Path:
+    if args.pid is not None:
+        try:
+            return find_control_dir_by_pid(args.pid)
+        except LookupError as err:
+            raise TriggerError(str(err), code=2) from None
+    try:
+        return resolve_control_dir(args.job_dir)
+    except FileNotFoundError as err:
+        raise TriggerError(str(err), code=2) from None
+
+
+def _read_job(control_dir: Path) -> dict[str, Any]:
+    try:
+        return read_job_file(control_dir)
+    except ValueError as err:
+        raise TriggerError(str(err), code=2) from None
+
+
+def _check_request(args: argparse.Namespace, job: dict[str, Any], control_dir: Path) -> list[int] | str:
+    """Catch what the job would reject before writing anything."""
+    if job.get("state") == "stopped":
+        raise TriggerError(f"the job using {control_dir} has stopped; nothing to trace")
+    ranks: list[Any] = args.ranks
+    if "all" in ranks:
+        if len(ranks) > 1:
+            raise TriggerError("--ranks: give either 'all' or rank numbers, not both", code=2)
+        return "all"
+    world = job.get("world_size")
+    if isinstance(world, int):
+        outside = sorted(r for r in ranks if r >= world)
+        if outside:
+            raise TriggerError(f"--ranks {' '.join(map(str, outside))} outside the job's world size {world} "
+                               f"(valid ranks are 0..{world - 1})", code=2)
+    limit = job.get("max_iterations")
+    if isinstance(limit, int) and args.iterations > limit:
+        raise TriggerError(f"--iterations {args.iterations} is more than the job allows ({limit}, its "
+                           "--torch-profile-on-demand-max-iterations)", code=2)
+    return sorted(set(ranks))
+
+
+def submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[str, Path]:
+    """Write one request into ``control_dir`` atomically; returns its id and path."""
+    problem = check_private_dir(control_dir, "control directory")
+    problem = problem or check_private_dir(control_dir / REQUESTS, "control directory")
+    if problem:
+        raise TriggerError(problem, code=2)
+    request = make_request(iterations, ranks)
+    path = control_dir / REQUESTS / f"{request['id']}.json"
+    try:
+        write_control_file(path, request)
+    except OSError as err:
+        raise TriggerError(f"cannot write the request {path}: {err.strerror or err}", code=2) from None
+    return request["id"], path
+
+
+def _withdraw(request_path: Path) -> bool:
+    """Remove a request the job has not taken yet; False when it was taken meanwhile."""
+    try:
+        os.unlink(request_path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_answer(
+    control_dir: Path, request_id: str, request_path: Path, deadline: float
+) -> dict[str, Any]:
+    answer_path = control_dir / ANSWERS / f"{request_id}.json"
+    grace_given = False
+    while True:
+        if answer_path.exists():
+            try:
+                return read_small_json(answer_path)
+            except (OSError, ValueError) as err:
+                raise TriggerError(f"cannot read the answer {answer_path}: {err}") from None
+        job = _read_job(control_dir)
+        if job.get("state") == "stopped" and request_path.exists():
+            _withdraw(request_path)
+            raise TriggerError("the job stopped before taking the request")
+        if time.monotonic() >= deadline:
+            if _withdraw(request_path):
+                raise TriggerError(f"no answer within --timeout; the request was withdrawn. The job checks "
+                                   f"about every {job.get('check_seconds', '?')} s: is it still training?")
+            if grace_given:
+                raise TriggerError(f"the job took the request but wrote no answer to {answer_path}; "
+                                   "see rank 0's log")
+            grace_given, deadline = True, deadline + 10.0  # taken just now: the answer is on its way
+        time.sleep(POLL_SECONDS)
+
+
+def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False,
+                    answer_path: Path | None = None) -> list[str]:
+    """Wait until every path exists; returns the ones still missing at the deadline, or at once when
+    the job replaced the answer at ``answer_path`` (the window was skipped)."""
+    missing = list(paths)
+    while missing:
+        if answer_path is not None and _answer_status(answer_path) != "accepted":
+            break
+        still = [p for p in missing if not os.path.exists(p)]
+        for path in missing:
+            if path not in still and not quiet:
+                print(f"written: {path}", flush=True)
+        missing = still
+        if not missing or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_SECONDS)
+    return missing
+
+
+def _answer_status(answer_path: Path) -> str | None:
+    """The answer's status now ("accepted" while it cannot be read: it is being replaced)."""
+    try:
+        return read_small_json(answer_path).get("status")
+    except (OSError, ValueError):
+        return "accepted"
+
+
+def trigger(args: argparse.Namespace) -> int:
+    """Submit, print the answer, and optionally wait for the traces; returns the exit code."""
+    deadline = time.monotonic() + (args.timeout if args.timeout is not None else 600.0)
+    control_dir = _control_dir(args)
+    job = _read_job(control_dir)
+    ranks = _check_request(args, job, control_dir)
+    request_id, request_path = submit(control_dir, args.iterations, ranks)
+    if not args.json:
+        print(f"request {request_id} sent to {control_dir}; the job checks about every "
+              f"{job.get('check_seconds', '?')} s", flush=True)
+    answer = wait_for_answer(control_dir, request_id, request_path, deadline)
+    if args.json:
+        print(json.dumps(answer, indent=1, sort_keys=True), flush=True)
+    if answer.get("status") != "accepted":
+        if not args.json:
+            print(f"rejected: {answer.get('reason', 'no reason given')}", flush=True)
+        return 1
+    traces = [answer["traces"][key] for key in sorted(answer.get("traces", {}), key=int)]
+    if not args.json:
+        print(f"accepted: {answer.get('message', '')}", flush=True)
+        print("trace files:", flush=True)
+        for path in traces:
+            print(f"  {path}", flush=True)
+    if not args.wait:
+        return 0
+    answer_path = control_dir / ANSWERS / f"{request_id}.json"
+    missing = wait_for_traces(traces, deadline, quiet=args.json, answer_path=answer_path)
+    if missing and _answer_status(answer_path) == "skipped":
+        print(f"skipped: {read_small_json(answer_path).get('reason', 'no reason given')}", file=sys.stderr)
+        return 1
+    if missing:
+        print(f"timed out: {len(missing)} of {len(traces)} trace(s) not written yet:", file=sys.stderr)
+        for path in missing:
+            print(f"  {path}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"all {len(traces)} trace(s) written", flush=True)
+    return 0
