@@ -28,8 +28,8 @@ from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.ondemand.inbox import Identity, Inbox
 from torchprof_args.ondemand.protocol import JOB_FILE
 from torchprof_args.ondemand.registry import register_process, unregister_process
+from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.ondemand.wire import decode_decision, encode_decision
-from torchprof_args.runtime.ondemand_window import OnDemandWindow
 
 __all__ = ["OnDemandController"]
 

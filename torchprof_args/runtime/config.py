@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Protocol
 
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import flag_value, was_given
@@ -26,6 +27,7 @@ __all__ = [
     "NsysConfig",
     "PARALLEL_AXES",
     "ProfilerConfig",
+    "ProfiledRun",
     "TraceConfig",
     "parallel_selector",
     "profile_dir",
@@ -242,3 +244,15 @@ class ProfilerConfig:
     @property
     def enabled(self) -> bool:
         return self.follows_schedule or self.on_demand.enabled
+
+
+class ProfiledRun(Protocol):
+    """What :meth:`TorchProfiler.from_config <torchprof_args.runtime.profiler.TorchProfiler.from_config>`
+    reads of a run's checked configs: :class:`torchprof_args.config.RunConfig` is one (the
+    runtime cannot import it: ``config.py`` sits above it)."""
+
+    @property
+    def profiler(self) -> ProfilerConfig: ...
+
+    @property
+    def start_iteration(self) -> int: ...

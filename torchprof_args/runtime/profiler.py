@@ -20,7 +20,7 @@ import argparse
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,7 +28,7 @@ from torchprof_args import _dist
 from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
-from torchprof_args.runtime.config import ProfilerConfig
+from torchprof_args.runtime.config import ProfiledRun, ProfilerConfig
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
@@ -42,9 +42,6 @@ from torchprof_args.runtime.schedule import RECORDING, Action
 from torchprof_args.runtime.signals import SigtermGuard
 from torchprof_args.runtime.startup import set_up_rank
 from torchprof_args.runtime.timeline import StepPlan, Timeline
-
-if TYPE_CHECKING:
-    from torchprof_args.config import RunConfig
 
 __all__ = ["TorchProfiler"]
 
@@ -116,8 +113,9 @@ class TorchProfiler:
         return cls.from_config(run, start_iteration=start_iteration)
 
     @classmethod
-    def from_config(cls, run: RunConfig, *, start_iteration: int | None = None) -> TorchProfiler:
-        """Build from checked configs (see :func:`~torchprof_args.config.configs_from_args`)."""
+    def from_config(cls, run: ProfiledRun, *, start_iteration: int | None = None) -> TorchProfiler:
+        """Build from checked configs: a :class:`~torchprof_args.config.RunConfig` (see
+        :func:`~torchprof_args.config.configs_from_args`)."""
         rank = _dist.rank()
         check_kineto_daemon_env(rank)
         start = run.start_iteration if start_iteration is None else start_iteration
