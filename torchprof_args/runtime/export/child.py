@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torchprof_args.atomic import partial_path
-from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob, report_status
+from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob
+from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
 
@@ -91,7 +92,7 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
     except BaseException as err:  # noqa: BLE001 - report anything, then leave
         with contextlib.suppress(BaseException):
             error = f"export failed in the forked child: {type(err).__name__}: {err}"
-            report_status(status_fd, {"trace_path": job.trace_path, "rank": job.rank, "error": error})
+            report_status(status_fd, PublishStatus(trace_path=job.trace_path, rank=job.rank, error=error))
             remove_export_leftovers(staged_tmp)
     finally:
         os._exit(EXIT_EXPORT_FAILED)
