@@ -167,7 +167,7 @@ class DeepSpeedProfilerHook:
         """Read the profiled forward FLOPs before DeepSpeed's ``end_profile`` drops them."""
         profiler = getattr(self.engine, "flops_profiler", None)
         original = getattr(profiler, "end_profile", None)
-        if original is None:
+        if profiler is None or original is None:
             return
 
         def end_profile(*args: Any, **kwargs: Any) -> Any:
@@ -184,13 +184,13 @@ class DeepSpeedProfilerHook:
 
     def _publish_flops_report(self) -> None:
         """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""
-        partial = self._flops_partial
-        if partial is None or not partial.exists():
+        partial, report = self._flops_partial, self.flops_report
+        if partial is None or report is None or not partial.exists():
             return
         if self.engine.global_steps <= self.engine.flops_profiler_profile_step():
             return
         try:
-            os.replace(partial, self.flops_report)
+            os.replace(partial, report)
             self._flops_partial = None
             logger.info("DeepSpeed flops profile written to %s", self.flops_report)
         except OSError as err:

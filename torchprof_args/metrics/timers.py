@@ -41,8 +41,8 @@ from torchprof_args.metrics.timer import (
     NvtxTimer,
     SynchronizingTimer,
     Timer,
+    group_barrier,
 )
-from torchprof_args.metrics.timer import barrier as group_barrier
 
 __all__ = ["DummyTimer", "Timer", "TimerError", "TimerNamesMismatchError", "TimerSnapshot", "Timers"]
 
@@ -226,7 +226,7 @@ class Timers:
         fixed-size float64 all-gather.
         """
         union = names is None
-        name_list = list(self._timers) if union else list(names)
+        name_list = list(self._timers) if names is None else list(names)
         figures = _numeric_figures(per_rank)
         if barrier:
             group_barrier(self._group)

@@ -329,9 +329,9 @@ class TorchProfiler:
         if self._memory_guard.enabled:  # may cut the window recording now, on every rank
             self._memory_guard.check(iteration, timeline, rank=self.rank)
         skipped = self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
-        window = timeline.window
-        if skipped and window is not None and window.warmup_start <= iteration + 1 < window.end:
-            self._on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
+        window, on_demand = timeline.window, self._on_demand  # a window only with on-demand on
+        if skipped and window and on_demand and window.warmup_start <= iteration + 1 < window.end:
+            on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
         self._execute(timeline.plan(iteration))
         self._publishing.post(iteration, timeline, lambda: progress_row(self._writer))
         if self._sigterm.pending:  # the end of the flush is a safe point too
@@ -359,15 +359,16 @@ class TorchProfiler:
 
     def _check_on_demand(self, iteration: int) -> None:
         """Collective at a check iteration: adopt the window every rank received, plan the next check."""
-        timeline = self._timeline
-        window = self._on_demand.poll(iteration, self._fence.group,
-                                      busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
+        timeline, on_demand = self._timeline, self._on_demand
+        assert on_demand is not None  # next_check is finite only with on-demand on
+        window = on_demand.poll(iteration, self._fence.group,
+                                busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
         if window is not None:
             timeline.window = window
             if window.traces(self.rank):  # DEBUG: rank 0's "accepted" line says it once for all ranks
                 logger.debug("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
                              window.request_id, window.start, window.end - 1)
-        timeline.next_check = self._on_demand.next_check
+        timeline.next_check = on_demand.next_check
 
     def _metadata(self, first: int) -> dict[str, Any]:
         return {**trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,

@@ -167,9 +167,10 @@ class Timeline:
         self.anchored = True
         if iteration == self.first_iteration:
             return
-        if not self.schedule.absolute:
+        window = self.schedule.window
+        if window is None:
             self.first_iteration = iteration
-        elif self.schedule.step_start <= iteration < self.schedule.step_end:
+        elif window[0] <= iteration < window[1]:
             logger.warning("rank %d: the run started at iteration %d, inside --torch-profile-step-start/"
                            "-end; pass start_iteration to TorchProfiler.from_args (or set args.iteration) so "
                            "the window is not missed", self.rank, iteration)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from torchprof_args.atomic import partial_path
@@ -99,7 +99,7 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
     return 0  # not reached
 
 
-def _reset_signals(parent_mask: set[signal.Signals]) -> None:
+def _reset_signals(parent_mask: Iterable[int]) -> None:
     """First thing in the child: default actions, no wakeup fd, then the parent's signal mask."""
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)

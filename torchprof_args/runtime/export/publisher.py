@@ -65,7 +65,8 @@ def publish(job: PublishJob) -> PublishStatus:
         status.trace_seconds = time.perf_counter() - started
         if job.operator_table_path:
             try:
-                status.operator_table_path = _write_summary_files(staged, job, trace_path)
+                status.operator_table_path = _write_summary_files(staged, job, trace_path,
+                                                                  job.operator_table_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status.summary_error = f"{type(err).__name__}: {err}"
         _publish_extra_files(job, status)
@@ -89,7 +90,7 @@ def _publish_extra_files(job: PublishJob, status: PublishStatus) -> None:
             status.extra_errors.append(f"{target}: {type(err).__name__}: {err}")
 
 
-def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
+def _write_summary_files(staged: Path, job: PublishJob, published: Path, operator_table: str) -> str:
     """Step 2: the trace's summary, parsed from the uncompressed staged copy (fast, local),
     published as its sidecar (``summaries/<stem>.summary.json``, with the rank's part of ``torchprof
     diagnose``: what ``torchprof summary`` / ``diagnose`` then
@@ -110,9 +111,9 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
             diagnosis = None  # `torchprof diagnose` then parses the trace
         write_sidecar(summary, published, target=Path(job.sidecar_path), diagnosis=diagnosis)
     del trace
-    with atomic_output(job.operator_table_path, "w", fsync=True) as handle:
+    with atomic_output(operator_table, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
-    return job.operator_table_path
+    return operator_table
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -142,8 +142,9 @@ class Reaper:
         status = read_status(pending.status_fd) or PublishStatus(
             trace_path=pending.job.trace_path, rank=pending.job.rank, error=_reason(pending))
         for fd in (pending.status_fd, pending.pidfd):
-            with contextlib.suppress(OSError, TypeError):
-                os.close(fd)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         remove_job_files(pending.job, pending.job_path)
         with self._lock:
             self._in_flight.pop(pending.pid, None)
