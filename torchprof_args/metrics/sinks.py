@@ -17,7 +17,21 @@ from typing import Any, Protocol
 from torchprof_args.atomic import write_json_atomically
 from torchprof_args.metrics.config import WandbMode
 
-__all__ = ["JsonlSink", "Sink", "TensorBoardSink", "WandbSink", "read_metrics_file"]
+__all__ = ["DictLogger", "JsonlSink", "ScalarWriter", "Sink", "TensorBoardSink", "WandbSink",
+           "read_metrics_file"]
+
+
+class ScalarWriter(Protocol):
+    """TensorBoard's style, one scalar at a time: a ``SummaryWriter``, Megatron-LM's writer,
+    :class:`~torchprof_args.metrics.writer.MetricsWriter`."""
+
+    def add_scalar(self, tag: str, value: float, step: int, /) -> object: ...
+
+
+class DictLogger(Protocol):
+    """wandb's style, a dict per step: the ``wandb`` module or a run."""
+
+    def log(self, data: dict[str, float], step: int | None = None) -> object: ...
 
 
 class Sink(Protocol):

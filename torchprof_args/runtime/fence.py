@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
@@ -37,6 +37,7 @@ __all__ = ["Fence"]
 logger = get_logger(__name__)
 
 FailureHook = Callable[[int, str, BaseException], None]
+_Item = TypeVar("_Item")
 
 
 def _synchronize_device() -> None:
@@ -99,9 +100,9 @@ class Fence:
             except Exception as hook_err:  # noqa: BLE001
                 logger.error("rank %d: fence failure hook %r failed: %s", self.rank, hook, hook_err)
 
-    def agree(self, item: object) -> list[Any]:
+    def agree(self, item: _Item) -> list[_Item]:
         """Collective, blocking: every rank's ``item`` (start-up agreements only, never per step;
-        any picklable object, the same kind on every rank)."""
+        a picklable object of the same type on every rank)."""
         if self.group is None:
             return [item]
         import torch.distributed as dist
