@@ -33,8 +33,10 @@ test-fast: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# Lint: ruff over the repository, mypy over the package (configured in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy torchprof_args
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
@@ -57,4 +59,4 @@ gpu-install:
 	PYTHON=$(GPU_PYTHON) bash benchmarks/gpu_install_offline.sh $(WHEELHOUSE)
 
 clean:
-	rm -rf $(VENV) prof demo_output site
+	rm -rf $(VENV) prof demo_output site .mypy_cache

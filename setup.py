@@ -21,6 +21,7 @@ EXTRAS["dev"] = EXTRAS["all"] + EXTRAS["docs"] + [
     "pytest>=7",
     "pytest-timeout>=2.1",
     "ruff>=0.4",
+    "mypy>=1.10",  # `make lint`: the types at the seams (pyproject.toml's [tool.mypy])
     "HolisticTraceAnalysis>=0.2",
     "psutil>=5.9",
     "Pillow>=9",

@@ -1,6 +1,6 @@
 """Job-safety pieces in one process: host memory figures, the per-flush export plan, private and
-swept staging, the publisher's job checks, the new flags, and SIGTERM with an application
-handler or inside the forked exporter (real subprocesses)."""
+swept staging, the publisher's job checks, its status on the pipe, the new flags, and SIGTERM with an
+application handler or inside the forked exporter (real subprocesses)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 from helpers.processes import subprocess_env
 
@@ -21,6 +22,7 @@ from torchprof_args.runtime.export import publisher
 from torchprof_args.runtime.export.job import JobRejected, PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
 from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea, sweep_stale
+from torchprof_args.runtime.export.status import STATUS_LIMIT, PublishStatus, read_status, report_status
 from torchprof_args.runtime.host_resources import HostMemory, HostMemoryProbe, free_disk_bytes, is_ram_backed
 
 
@@ -194,8 +196,11 @@ def test_publisher_publishes_a_valid_job_and_its_extra_files(tmp_path):
     assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output),
                            "--status-fd", str(write)]) == 0
     os.close(write)
-    status = json.loads(os.read(read, 65536))
-    assert status["extra_files"] == [str(output / "cycle1" / "r.et.json.gz")]
+    status = read_status(read)
+    assert status is not None and status.published and status.rank == 0
+    assert status.extra_files == [str(output / "cycle1" / "r.et.json.gz")] and status.extra_errors == []
+    assert status.raw_mb is not None and status.trace_mb is not None
+    assert 0 <= (status.trace_seconds or 0) <= status.publish_seconds
     assert sorted(p.name for p in output.rglob("*") if p.is_file()) == ["r.et.json.gz", "r.pt.trace.json.gz"]
     assert list(staging.iterdir()) == []
 
@@ -218,8 +223,70 @@ def test_publisher_rejects_jobs_reaching_outside_its_directories(tmp_path, bad):
         job_path.chmod(0o666)
     with pytest.raises(JobRejected):
         PublishJob.load(job_path, [str(staging)], str(output))
-    assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output)]) == 2
+    read, write = os.pipe()
+    assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output),
+                           "--status-fd", str(write)]) == 2
+    os.close(write)
+    status = read_status(read)
+    assert status is not None and not status.published and "publisher rejected the job" in status.error
     assert victim.read_text() == "keep me" and list(output.iterdir()) == []
+
+
+def test_a_job_file_with_a_wrong_field_type_is_rejected(tmp_path):
+    staging, output, staged = make_job(tmp_path)
+    job_path = staging / "r.job.json"
+    PublishJob(str(staged), str(output / "r.pt.trace.json.gz")).save(job_path)
+    fields = json.loads(job_path.read_text())
+    fields["extra_files"] = [[str(staging / "x"), str(output / "x")]]  # no gzip level
+    job_path.write_text(json.dumps(fields))
+    job_path.chmod(0o600)
+    with pytest.raises(JobRejected, match=r"cannot be read: Expected `array` of length 3"):
+        PublishJob.load(job_path, [str(staging)], str(output))
+
+
+# -- the status pipe -------------------------------------------------------------------------
+
+
+def test_the_status_round_trips_on_the_pipe_and_only_its_last_complete_line_counts():
+    status = PublishStatus(trace_path="/out/iter1-2/r.pt.trace.json.gz", rank=3, raw_mb=10.0, trace_mb=1.0,
+                           trace_seconds=0.5, publish_seconds=0.75, summary_error="ValueError: x",
+                           extra_files=["/out/a"])
+    read, write = os.pipe()
+    os.write(write, b"not a status\n")
+    report_status(write, PublishStatus(error="first"))
+    report_status(write, status)
+    os.write(write, b'{"rank": "three"}\n{"trace_path": "/out/cut')  # wrong type, then cut short
+    os.close(write)
+    assert read_status(read) == status
+    os.close(read)
+    assert json.loads(msgspec.json.encode(status)) == {  # the wire: what is not at its default
+        "trace_path": "/out/iter1-2/r.pt.trace.json.gz", "rank": 3, "raw_mb": 10.0, "trace_mb": 1.0,
+        "trace_seconds": 0.5, "publish_seconds": 0.75, "summary_error": "ValueError: x",
+        "extra_files": ["/out/a"]}
+
+
+@pytest.mark.parametrize("long", ["error", "extra_errors", "trace_path"])
+def test_a_long_status_is_shortened_to_one_atomic_pipe_write(long):
+    status = PublishStatus(trace_path="/out/t", rank=1, error="OSError: disk full", publish_seconds=2.0)
+    if long == "error":
+        status.error = "OSError: " + "x" * 10_000
+    elif long == "extra_errors":
+        status.error = None
+        status.extra_errors = [f"/out/extra{i}: OSError: " + "y" * 2000 for i in range(20)]
+    else:
+        status.trace_path = "/out/" + "d" * 5000
+    read, write = os.pipe()
+    report_status(write, status)
+    os.close(write)
+    line = os.read(read, 65536)
+    assert len(line) <= STATUS_LIMIT + 1 and line.endswith(b"\n")
+    decoded = msgspec.json.decode(line, type=PublishStatus)
+    assert decoded.rank == 1 and decoded.publish_seconds == 2.0
+    assert decoded.published is (long == "extra_errors")
+    if long == "error":
+        assert decoded.error.startswith("OSError: xxx") and decoded.error.endswith("...")
+    if long == "extra_errors":
+        assert len(decoded.extra_errors) == 4 and decoded.extra_errors[-1] == "... and 17 more"
 
 
 # -- flags -----------------------------------------------------------------------------------

@@ -370,9 +370,9 @@ def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
 
 def test_decision_encoding_round_trips():
     """A check's decision travels as one fixed-size asynchronous broadcast."""
+    from torchprof_args.ondemand.window import OnDemandWindow
     from torchprof_args.ondemand.wire import decode_decision as _decode_decision
     from torchprof_args.ondemand.wire import encode_decision as _encode_decision
-    from torchprof_args.runtime.ondemand_window import OnDemandWindow
 
     for window, world in [(OnDemandWindow("req-1.x", 100, 101, 102, 105, (0, 3)), 4),
                           (OnDemandWindow("a" * 100, 5, 6, 7, 8, None), 2), (None, 3)]:

@@ -9,8 +9,8 @@ import time
 from torchprof_args.commands.trigger import wait_for_traces
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.ondemand.controller import OnDemandController
+from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.ondemand_window import OnDemandWindow
 from torchprof_args.runtime.publishing import PublishingVote
 from torchprof_args.runtime.schedule import ProfileSchedule
 from torchprof_args.runtime.timeline import Timeline

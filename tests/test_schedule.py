@@ -69,3 +69,12 @@ def test_invalid_schedules_are_rejected():
         ProfileSchedule(active=0)
     with pytest.raises(ValueError):
         ProfileSchedule(step_start=5, step_end=5)
+    with pytest.raises(ValueError, match="step_end needs step_start"):
+        ProfileSchedule(step_end=5)
+
+
+def test_a_start_without_an_end_records_active_iterations_as_the_flags_do():
+    schedule = ProfileSchedule(warmup=1, active=2, step_start=10)
+    assert schedule.window == (10, 12) and ProfileSchedule().window is None
+    assert [schedule.action(i).name for i in (8, 9, 10, 11, 12)] == [
+        "NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE", "NONE"]

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 import pytest
 from helpers.processes import subprocess_env
 
+from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.ondemand_window import OnDemandWindow
 from torchprof_args.runtime.publishing import PublishingVote
 from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
 from torchprof_args.runtime.timeline import FENCE_FLUSH, FENCE_SNAPSHOT, StepPlan, Timeline

@@ -21,6 +21,8 @@ from torchprof_args.errors import TimerError
 from torchprof_args.metrics.timer import CudaEventTimer as _CudaEventTimer
 from torchprof_args.metrics.timer import DummyTimer
 from torchprof_args.metrics.timer import EventPool as _EventPool
+from torchprof_args.metrics.timer import SynchronizingTimer as _SynchronizingTimer
+from torchprof_args.metrics.timer import Timer as _Timer
 from torchprof_args.metrics.timers import TimerSnapshot, format_snapshot
 
 
@@ -160,6 +162,21 @@ class _HostEvent:
 class _HostCuda:
     class cuda:  # noqa: N801  (mirrors torch.cuda)
         Event = _HostEvent
+
+
+@pytest.mark.parametrize("kind", ["host", "synchronizing", "cuda events"])
+def test_start_and_stop_with_a_barrier(kind: str) -> None:
+    """Megatron's ``start(barrier=...)``/``stop(barrier=...)`` (``--barrier-with-L1-time``): the flag
+    once shadowed the barrier function (``'bool' object is not callable``); alone, nobody to wait for."""
+    synchronized: list[str] = []
+    timer = {"host": lambda: _Timer("fwd"),
+             "synchronizing": lambda: _SynchronizingTimer("fwd", lambda: synchronized.append("sync")),
+             "cuda events": lambda: _CudaEventTimer("fwd", _EventPool(_HostCuda))}[kind]()
+    timer.start(barrier=True)
+    _spin(0.001)
+    timer.stop(barrier=True)
+    assert timer.elapsed(barrier=True) >= 0.001
+    assert synchronized == (["sync", "sync"] if kind == "synchronizing" else [])
 
 
 def test_cuda_event_timer_bookkeeping_resolves_lazily_and_reuses_events() -> None:

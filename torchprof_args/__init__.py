@@ -6,19 +6,18 @@ trace toolkit.  Heavier parts load on first use through :func:`__getattr__`.
 
 from __future__ import annotations
 
+# isort: off
+# First: the process's state before anything of this package runs (ondemand/dynolog.py reads it).
+import torchprof_args.import_state  # noqa: F401
+# isort: on
+
 import importlib
-import os as _os
-import sys as _sys
 from typing import Any
 
 from torchprof_args.config import add_torch_profile_args, configs_from_args, validate_args
 from torchprof_args.errors import TorchProfileArgsError
 
 __version__ = "0.1.0"
-
-#: Whether torch was imported before this package, and ``KINETO_USE_DAEMON`` then (see
-#: :mod:`torchprof_args.ondemand.dynolog`).
-_IMPORT_STATE = ("torch" in _sys.modules, _os.environ.get("KINETO_USE_DAEMON"))
 
 #: public name -> module that defines it (loaded lazily).
 _LAZY = {

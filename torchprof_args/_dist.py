@@ -12,14 +12,18 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: this module never imports torch
+    from torch.distributed import ProcessGroup, Work
 
 __all__ = [
     "dist_if_initialized", "env_int", "rank", "unrecorded", "wait", "world_size", "world_size_if_known",
 ]
 
 
-def dist_if_initialized() -> Any:
+def dist_if_initialized() -> ModuleType | None:
     """``torch.distributed`` when a default process group exists, else None (never imports torch)."""
     dist = sys.modules.get("torch.distributed")
     try:
@@ -45,13 +49,13 @@ def rank() -> int:
     return 0 if found is None else found
 
 
-def world_size(group: Any = None) -> int:
+def world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks (of ``group`` when given): the process group's, else ``$WORLD_SIZE``, else 1."""
     known = world_size_if_known(group)
     return 1 if known is None else known
 
 
-def world_size_if_known(group: Any = None) -> int | None:
+def world_size_if_known(group: ProcessGroup | None = None) -> int | None:
     """Like :func:`world_size`, but None when neither a process group nor ``$WORLD_SIZE`` says."""
     dist = dist_if_initialized()
     if dist is not None:
@@ -80,7 +84,7 @@ def unrecorded() -> Iterator[None]:
         switch(True)
 
 
-def wait(work: Any, timeout: float | None = None) -> None:
+def wait(work: Work, timeout: float | None = None) -> None:
     """Wait for an asynchronous collective of ours (``timeout`` seconds, or its group's), unrecorded."""
     with unrecorded():
         if timeout is None:

@@ -31,7 +31,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args import _dist
 from torchprof_args.atomic import write_text_atomically
@@ -40,6 +40,14 @@ from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.log import get_logger
 from torchprof_args.naming import PROFILER_LIST_NAME, profiler_list_name
+
+if TYPE_CHECKING:  # loaded on first use: the decorator imports no torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    from torchprof_args.frameworks.deepspeed_engine import DeepSpeedProfilerHook
+    from torchprof_args.metrics.sinks import ScalarWriter
+    from torchprof_args.metrics.writer import MetricsWriter
+    from torchprof_args.runtime.profiler import TorchProfiler
 
 logger = get_logger(__name__)
 
@@ -95,15 +103,15 @@ class Profiling:
         self.enabled = run.profiler.trace.enabled
         self.prof_dir = Path(run.profiler.trace.output_dir)
         self.tensorboard = bool(flag_value(args, PTENSORBOARD))
-        self.prof: Any = None
-        self.deepspeed: Any = None
+        self.prof: TorchProfiler | None = None
+        self.deepspeed: DeepSpeedProfilerHook | None = None
         self._last_step_time: float | None = None
-        self._tensorboard: Any = None
+        self._tensorboard: SummaryWriter | None = None
         self._iteration = 0
 
     # -- the profiler -----------------------------------------------------------------------
 
-    def start(self, start_iteration: int | None = None) -> Any:
+    def start(self, start_iteration: int | None = None) -> TorchProfiler:
         """Create and start the profiler now (on every rank); ``start_iteration`` for resumes."""
         if self.prof is None:
             from torchprof_args.runtime.profiler import TorchProfiler
@@ -118,9 +126,8 @@ class Profiling:
             return  # the DeepSpeed hook steps on the engine's optimizer steps
         iteration = self._iteration + 1 if iteration is None else iteration
         self._iteration = iteration
-        if self.prof is None:
-            self.start(iteration - 1)
-        self.prof.step(iteration)
+        prof = self.prof if self.prof is not None else self.start(iteration - 1)
+        prof.step(iteration)
         self._log_step_time(iteration)
 
     @contextlib.contextmanager
@@ -140,7 +147,8 @@ class Profiling:
             self.start()
         return self.region(TRAIN_STEP_REGION)
 
-    def attach_deepspeed(self, engine: Any, metrics: Any = None) -> Any:
+    def attach_deepspeed(self, engine: Any,  # a DeepSpeed engine (DeepSpeed ships no types)
+                         metrics: MetricsWriter | ScalarWriter | None = None) -> DeepSpeedProfilerHook:
         """Step on ``engine``'s optimizer steps and write ``profiler_ds.txt`` (flops profiler)."""
         from torchprof_args.deepspeed import attach
 
@@ -178,13 +186,14 @@ class Profiling:
             self.prof.stop(clean=clean)
         if self._tensorboard is not None:
             self._tensorboard.close()
-        traces = list(self.prof.published_traces) if self.prof is not None else []
-        if not traces:
+        prof = self.prof
+        traces = list(prof.published_traces) if prof is not None else []
+        if prof is None or not traces:
             return
         if self.tensorboard:
             self._link_traces_for_tensorboard(traces)
         try:
-            write_operator_tables(traces, self.prof_dir / profiler_list_name(self.prof.rank))
+            write_operator_tables(traces, self.prof_dir / profiler_list_name(prof.rank))
         except Exception as err:  # the traces are published; a table failure is reported only
             logger.warning("could not write %s: %s: %s", PROFILER_LIST_NAME, type(err).__name__, err)
 

@@ -24,8 +24,8 @@ class _RankFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "rank"):
-            record.rank = _dist.rank()
-            record.msg = f"[torchprof rank {record.rank}] {record.msg}"
+            rank = record.__dict__["rank"] = _dist.rank()  # as logging's ``extra=`` would set it
+            record.msg = f"[torchprof rank {rank}] {record.msg}"
         return True
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "Flag",
@@ -31,6 +31,10 @@ __all__ = [
     "was_given",
 ]
 
+#: The argparse actions a :class:`Flag` names (others: pass the action class).
+ActionName = Literal["store", "store_true", "store_false"]
+_ActionClass = type[argparse.Action]  # (inside Flag, ``type`` is its field)
+
 #: Attribute on a parsed namespace: the ``dest`` of every option given on the command line.
 GIVEN_ATTR = "_torch_profile_given"
 
@@ -41,9 +45,9 @@ class Flag:
 
     option: str
     help: str
-    default: Any = None
+    default: Any = None  # argparse's default: any value the flag's type gives
     type: Callable[[str], Any] | None = None
-    action: Any = None
+    action: ActionName | _ActionClass | None = None
     nargs: str | int | None = None
     choices: Sequence[Any] | None = None
     metavar: str | None = None
@@ -170,7 +174,7 @@ def was_given(args: argparse.Namespace, flag: Flag) -> bool:
     return value != flag.default and value is not None
 
 
-_ACTION_CLASSES: dict[Any, type[argparse.Action]] = {
+_ACTION_CLASSES: dict[ActionName | None, type[argparse.Action]] = {
     None: argparse._StoreAction,  # noqa: SLF001
     "store": argparse._StoreAction,  # noqa: SLF001
     "store_true": argparse._StoreTrueAction,  # noqa: SLF001
@@ -179,15 +183,14 @@ _ACTION_CLASSES: dict[Any, type[argparse.Action]] = {
 _TRACKING: dict[type[argparse.Action], type[argparse.Action]] = {}
 
 
-def _tracking_action(action: Any) -> type[argparse.Action]:
+def _tracking_action(action: ActionName | type[argparse.Action] | None) -> type[argparse.Action]:
     """``action`` (a name or class) as a class that also records that the option was given."""
-    base = _ACTION_CLASSES.get(action, action)
+    base = action if isinstance(action, type) else _ACTION_CLASSES[action]
     tracking = _TRACKING.get(base)
     if tracking is None:
 
-        def __call__(
-            self: argparse.Action, parser: Any, namespace: Any, values: Any, option_string: Any = None
-        ) -> None:
+        def __call__(self: argparse.Action, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
             base.__call__(self, parser, namespace, values, option_string)
             given = vars(namespace).setdefault(GIVEN_ATTR, set())
             given.add(self.dest)

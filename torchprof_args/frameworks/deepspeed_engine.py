@@ -7,11 +7,15 @@ import argparse
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.config import configs_from_args
 from torchprof_args.log import get_logger
+
+if TYPE_CHECKING:
+    from torchprof_args.metrics.sinks import ScalarWriter
+    from torchprof_args.metrics.writer import MetricsWriter
 
 logger = get_logger(__name__)
 
@@ -28,10 +32,10 @@ class DeepSpeedProfilerHook:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Any,  # a DeepSpeed engine (DeepSpeed ships no types)
         args: argparse.Namespace,
         *,
-        metrics: Any = None,
+        metrics: MetricsWriter | ScalarWriter | None = None,
         start_iteration: int | None = None,
         log_interval: int | None = None,
     ) -> None:
@@ -124,15 +128,18 @@ class DeepSpeedProfilerHook:
         return {f"deepspeed/{name}-ms": float(value) for name, value in cache.items() if name in global_names}
 
     def _write_metrics(self, global_step: int) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
         figures = {**self.wall_clock_timers(), **{f"profiler/{k}": v for k, v in self.prof.stats.items()}}
         if self.model_flops:  # rank 0 measured it; the gather's max gives every rank the figure
             figures[MODEL_FLOPS_FIGURE] = self.model_flops
         try:
-            if hasattr(self.metrics, "log_step"):  # torchprof_args.MetricsWriter: max across ranks
-                self.metrics.log_step(global_step, extra=figures)
+            if hasattr(metrics, "log_step"):  # torchprof_args.MetricsWriter: max across ranks
+                metrics.log_step(global_step, extra=figures)
             else:
                 for tag, value in figures.items():
-                    self.metrics.add_scalar(tag, value, global_step)
+                    metrics.add_scalar(tag, value, global_step)
         except Exception as err:  # metrics must never stop training
             logger.warning("could not write DeepSpeed metrics at step %d: %s: %s", global_step,
                            type(err).__name__, err)
@@ -167,7 +174,7 @@ class DeepSpeedProfilerHook:
         """Read the profiled forward FLOPs before DeepSpeed's ``end_profile`` drops them."""
         profiler = getattr(self.engine, "flops_profiler", None)
         original = getattr(profiler, "end_profile", None)
-        if original is None:
+        if profiler is None or original is None:
             return
 
         def end_profile(*args: Any, **kwargs: Any) -> Any:
@@ -184,13 +191,13 @@ class DeepSpeedProfilerHook:
 
     def _publish_flops_report(self) -> None:
         """Move the finished report into place (DeepSpeed writes it in the step, on rank 0)."""
-        partial = self._flops_partial
-        if partial is None or not partial.exists():
+        partial, report = self._flops_partial, self.flops_report
+        if partial is None or report is None or not partial.exists():
             return
         if self.engine.global_steps <= self.engine.flops_profiler_profile_step():
             return
         try:
-            os.replace(partial, self.flops_report)
+            os.replace(partial, report)
             self._flops_partial = None
             logger.info("DeepSpeed flops profile written to %s", self.flops_report)
         except OSError as err:
@@ -208,10 +215,10 @@ def is_pipeline_engine(engine: Any) -> bool:
 
 
 def attach(
-    engine: Any,
+    engine: Any,  # a DeepSpeed engine (DeepSpeed ships no types)
     args: argparse.Namespace,
     *,
-    metrics: Any = None,
+    metrics: MetricsWriter | ScalarWriter | None = None,
     start_iteration: int | None = None,
     log_interval: int | None = None,
 ) -> DeepSpeedProfilerHook:

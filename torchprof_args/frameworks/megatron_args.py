@@ -4,12 +4,15 @@ as Megatron has parsed them (before it validates its own arguments or builds any
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from torchprof_args.config import add_torch_profile_args, validate_args
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.log import get_logger
+
+if TYPE_CHECKING:  # imported when used: parsing Megatron's flags must not import torch
+    from torchprof_args.runtime.profiler import TorchProfiler
 
 __all__ = ["ArgsProvider", "check_megatron_args", "check_parsed_args", "compose_args_providers",
            "extra_args_provider", "profiler_from_args"]
@@ -49,7 +52,8 @@ def _check_when_parsed(parser: argparse.ArgumentParser) -> None:
         return
     original = parser.parse_known_args
 
-    def parse_known_args(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = original(args, namespace)
         try:
             check_parsed_args(parsed)
@@ -57,7 +61,8 @@ def _check_when_parsed(parser: argparse.ArgumentParser) -> None:
             parser.exit(2, f"{parser.prog}: error: {err}\n")
         return parsed, extras
 
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    # this one parser object's method, wrapped (typeshed's is overloaded on the namespace's type)
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign, assignment]
     setattr(parser, _CHECKED_PARSER, True)
 
 
@@ -95,7 +100,7 @@ def check_megatron_args(args: argparse.Namespace) -> None:
                    "so kernel timings in either may be incomplete")
 
 
-def profiler_from_args(args: argparse.Namespace, *, start_iteration: int | None = None) -> Any:
+def profiler_from_args(args: argparse.Namespace, *, start_iteration: int | None = None) -> TorchProfiler:
     """``TorchProfiler.from_args`` after the checks against Megatron's own profiling flags."""
     from torchprof_args.runtime.profiler import TorchProfiler
 

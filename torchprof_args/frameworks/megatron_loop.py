@@ -137,7 +137,9 @@ def pipeline_from_args(args: argparse.Namespace) -> dict[str, int] | None:
     stages = getattr(args, "pipeline_model_parallel_size", None)
     gbs, mbs = getattr(args, "global_batch_size", None), getattr(args, "micro_batch_size", None)
     dp = getattr(args, "data_parallel_size", None)
-    sizes = (gbs, mbs, dp)
-    if not isinstance(stages, int) or stages < 2 or not all(isinstance(v, int) and v > 0 for v in sizes):
+    if not (isinstance(stages, int) and isinstance(gbs, int) and isinstance(mbs, int)
+            and isinstance(dp, int)):
+        return None
+    if stages < 2 or min(gbs, mbs, dp) <= 0:
         return None
     return pipeline_metadata(stages, max(gbs // (mbs * dp), 1))

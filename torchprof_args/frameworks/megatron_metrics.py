@@ -27,7 +27,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.metrics.gather import RankGather, Request
 from torchprof_args.metrics.hardware import DeviceReadings
 from torchprof_args.metrics.health import AllocRetryWatch
-from torchprof_args.metrics.mfu import PeakResolver, throughput_figures
+from torchprof_args.metrics.mfu import PeakResolver, flops_value, throughput_figures
 from torchprof_args.metrics.stragglers import StragglerTracker, straggler_figures
 
 __all__ = ["MegatronIntervalMetrics", "megatron_flops"]
@@ -140,7 +140,8 @@ class MegatronIntervalMetrics:
         scalars: dict[str, float] = {}
         try:
             scalars.update(self._cross_rank(iteration, iterations))
-            flops = self.flops_override or megatron_flops(self.training, self.args, log_arguments)
+            flops = (flops_value(self.flops_override, iteration)
+                     or megatron_flops(self.training, self.args, log_arguments))
             figures = throughput_figures(step_time, _dist.world_size(), flops, self.peak)
             if getattr(self.args, "log_throughput", False):
                 figures.pop("throughput", None)  # Megatron writes its own, from the same function

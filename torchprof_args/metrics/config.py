@@ -12,14 +12,15 @@ import netrc
 import os
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
 from torchprof_args.flags.types import non_negative_int, positive_float, positive_int
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
 
-__all__ = ["ALL_SINKS", "MetricsConfig", "TimersConfig", "WandbConfig", "default_wandb_mode",
+__all__ = ["ALL_SINKS", "MetricsConfig", "TimersConfig", "WandbConfig", "WandbMode", "default_wandb_mode",
+           "wandb_mode",
            "wandb_credentials_present"]
 
 ALL_SINKS = ("wandb", "tensorboard", "jsonl")
@@ -130,13 +131,29 @@ def wandb_credentials_present() -> bool:
         return False
 
 
-def default_wandb_mode() -> str:
+#: How the wandb sink runs (``--wandb-mode``).
+WandbMode = Literal["online", "offline", "disabled"]
+#: Each mode by its names, wandb's old aliases included.
+_WANDB_MODES: dict[str, WandbMode] = {"online": "online", "offline": "offline", "disabled": "disabled",
+                                      "dryrun": "offline", "run": "online"}
+
+
+def default_wandb_mode() -> WandbMode:
     """``$WANDB_MODE`` when set, else online with credentials, else offline (sync later)."""
-    env = (os.environ.get("WANDB_MODE") or "").lower()
-    aliases = {"dryrun": "offline", "run": "online", "disabled": "disabled"}
-    if env in ("online", "offline", "disabled") or env in aliases:
-        return aliases.get(env, env)
+    mode = _WANDB_MODES.get((os.environ.get("WANDB_MODE") or "").lower())
+    if mode is not None:
+        return mode
     return "online" if wandb_credentials_present() else "offline"
+
+
+def wandb_mode(config: WandbConfig) -> WandbMode:
+    """The mode the wandb sink runs in: ``config.mode`` (any case, or an alias), else the default."""
+    if config.mode is None:
+        return default_wandb_mode()
+    mode = _WANDB_MODES.get(config.mode.lower())
+    if mode is None:
+        raise ValueError(f"wandb mode must be online, offline or disabled, got {config.mode!r}")
+    return mode
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,12 @@ import sys
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
 
 from torchprof_args import _dist
 from torchprof_args.errors import TimerNamesMismatchError
@@ -103,7 +108,7 @@ def _megatron_coordinates() -> dict[str, int] | None:
 class RankGather:
     """The per-interval gather over ``group`` (every rank of the group must call :meth:`gather`)."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: ProcessGroup | None = None) -> None:
         self.group = group
         self._capacity = 0
         self._next_id = 0
@@ -156,11 +161,11 @@ class RankGather:
         values = self._values(agreement, times, figures) if agreement is not None else []
         return row + values + [math.nan] * (self._capacity - len(values))
 
-    def _agree(self, dist: Any, request: Request, fingerprint: int) -> Agreement:
+    def _agree(self, dist: ModuleType, request: Request, fingerprint: int) -> Agreement:
         """One object all-gather: every rank's request; the agreed layout (or the mismatch error)."""
         mine = (request.names, request.union, request.figures, _dist.rank(), _megatron_coordinates())
         world = dist.get_world_size(self.group)
-        gathered: list[Any] = [None] * world
+        gathered: list[Any] = [None] * world  # each rank's ``mine``, unpickled
         dist.all_gather_object(gathered, mine, group=self.group)
         self.collectives += 2  # all_gather_object: sizes, then the pickles
         names_by_rank = [list(item[0]) for item in gathered]
@@ -188,7 +193,7 @@ class RankGather:
             self._mine.popitem(last=False)
         return agreement
 
-    def _all_gather(self, dist: Any, row: list[float]) -> list[list[float]]:
+    def _all_gather(self, dist: ModuleType, row: list[float]) -> list[list[float]]:
         """One fixed-size float64 all-gather on the group's device."""
         import torch
 
@@ -203,7 +208,7 @@ class RankGather:
         return out.view(world, len(row)).cpu().tolist()
 
 
-def _collective_device(dist: Any, group: Any) -> Any:
+def _collective_device(dist: ModuleType, group: ProcessGroup | None) -> torch.device:
     """The device ``all_gather_object`` would use on ``group`` (CPU for gloo, the current GPU for NCCL)."""
     import torch
 

@@ -62,7 +62,7 @@ def throttle_text(mask: float | None) -> str:
 def hardware_reason(per_rank: Sequence[Mapping[str, float] | None], rank: int) -> str:
     """Why group rank ``rank`` may be slow, from every rank's ``gpu/`` readings; "" when nothing
     stands out.  E.g. "SM clock 1410 MHz vs median 1980 MHz, thermal slowdown"."""
-    mine = per_rank[rank] if rank < len(per_rank) and per_rank[rank] else {}
+    mine: Mapping[str, float] = (per_rank[rank] if rank < len(per_rank) else None) or {}
     parts: list[str] = []
     clock = mine.get("gpu/sm-clock-mhz")
     clocks = [f["gpu/sm-clock-mhz"] for f in per_rank if f and "gpu/sm-clock-mhz" in f]

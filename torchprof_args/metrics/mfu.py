@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from torchprof_args import _dist
 from torchprof_args.device_peaks import peak_tflops
@@ -74,7 +73,7 @@ class PeakResolver:
 
 
 def throughput_figures(step_time: float | None, world_size: int, flops: float | None,
-                       peak: Any = None) -> dict[str, float]:
+                       peak: PeakResolver | float | None = None) -> dict[str, float]:
     """``throughput`` (TFLOP/s per GPU) and, with a ``peak`` (a :class:`PeakResolver` or a number),
     ``mfu`` in percent; nothing without FLOPs or a step time."""
     if not flops or not step_time or step_time <= 0 or world_size <= 0:

@@ -12,11 +12,38 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torchprof_args.atomic import write_json_atomically
+from torchprof_args.metrics.config import WandbMode
 
-__all__ = ["JsonlSink", "TensorBoardSink", "WandbSink", "read_metrics_file"]
+__all__ = ["DictLogger", "JsonlSink", "ScalarWriter", "Sink", "TensorBoardSink", "WandbSink",
+           "read_metrics_file"]
+
+
+class ScalarWriter(Protocol):
+    """TensorBoard's style, one scalar at a time: a ``SummaryWriter``, Megatron-LM's writer,
+    :class:`~torchprof_args.metrics.writer.MetricsWriter`."""
+
+    def add_scalar(self, tag: str, value: float, step: int, /) -> object: ...
+
+
+class DictLogger(Protocol):
+    """wandb's style, a dict per step: the ``wandb`` module or a run."""
+
+    def log(self, data: dict[str, float], step: int | None = None) -> object: ...
+
+
+class Sink(Protocol):
+    """Where the metrics rank writes each logged iteration."""
+
+    @property
+    def name(self) -> str: ...
+
+    def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
+        """``metrics``: the iteration's figures; ``per_rank``: per-rank series by key (None: no value)."""
+
+    def close(self) -> None: ...
 
 
 class JsonlSink:
@@ -67,16 +94,17 @@ class WandbSink:
         name: str | None,
         entity: str | None,
         save_dir: Path,
-        mode: str,
+        mode: WandbMode,
         config: Mapping[str, Any] | None,
         run_file: Path,
     ) -> None:
         import wandb
 
-        self._owns_run = wandb.run is None
-        if self._owns_run:
+        run = wandb.run
+        self._owns_run = run is None
+        if run is None:
             save_dir.mkdir(parents=True, exist_ok=True)
-            self._run = wandb.init(
+            run = wandb.init(
                 project=project,
                 name=name,
                 entity=entity,
@@ -85,8 +113,8 @@ class WandbSink:
                 config=dict(config or {}),
                 settings=wandb.Settings(init_timeout=120, silent=True),
             )
-        else:  # the host (Megatron-LM with --wandb-project) already started a run: share it.
-            self._run = wandb.run
+        # else the host (Megatron-LM with --wandb-project) already started a run: share it.
+        self._run = run
         self._run.define_metric("iteration")
         self._run.define_metric("*", step_metric="iteration")
         info = {

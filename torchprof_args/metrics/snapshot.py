@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Mapping
 
 __all__ = ["TimerSnapshot", "format_snapshot", "timer_scalars"]
 
@@ -27,9 +27,9 @@ class TimerSnapshot:
 
     names: list[str]
     times: list[list[float]]
-    per_rank: list[Any]
+    per_rank: list[dict[str, float] | None]
     global_ranks: list[int] | None = None
-    coordinates: list[Any] | None = None
+    coordinates: list[Mapping[str, int] | None] | None = None
 
     @property
     def world_size(self) -> int:

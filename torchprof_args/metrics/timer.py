@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchprof_args import _dist
 from torchprof_args.errors import TimerError
 
-__all__ = ["CudaEventTimer", "DummyTimer", "EventPool", "NvtxTimer", "SynchronizingTimer", "Timer"]
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "CudaEventTimer", "DummyTimer", "EventPool", "NvtxRanges", "NvtxTimer", "SynchronizingTimer", "Timer",
+    "TimingEvent", "group_barrier",
+]
 
 #: Event pairs a CUDA timer keeps before it folds the already-completed ones into its total.
 _MAX_PENDING_EVENT_PAIRS = 256
@@ -24,7 +31,23 @@ _MAX_PENDING_EVENT_PAIRS = 256
 _perf_counter = time.perf_counter
 
 
-def barrier(group: Any) -> None:
+class NvtxRanges(Protocol):
+    """NVTX ranges (``torch.cuda.nvtx``; :class:`~torchprof_args.runtime.nsys.CudaNsysBackend`)."""
+
+    def range_push(self, name: str) -> object: ...
+    def range_pop(self) -> object: ...
+
+
+class TimingEvent(Protocol):
+    """What :class:`CudaEventTimer` uses of ``torch.cuda.Event(enable_timing=True)``."""
+
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+    def elapsed_time(self, end_event: Any) -> float: ...  # Any: torch's own signature names Event
+
+
+def group_barrier(group: ProcessGroup | None) -> None:
     """A barrier on ``group`` when several ranks run (Megatron's ``start(barrier=True)``)."""
     dist = _dist.dist_if_initialized()
     if dist is not None and dist.get_world_size(group) > 1:
@@ -75,9 +98,9 @@ class Timer:
         self._started = False
         #: start/stop pairs since the last reset: 0 means "not run this interval".
         self._count = 0
-        self._barrier_group: Any = None
+        self._barrier_group: ProcessGroup | None = None
 
-    def set_barrier_group(self, barrier_group: Any) -> None:
+    def set_barrier_group(self, barrier_group: ProcessGroup | None) -> None:
         """Process group used by ``start(barrier=True)``/``stop(barrier=True)``."""
         self._barrier_group = barrier_group
 
@@ -86,7 +109,7 @@ class Timer:
         if self._started:
             raise TimerError(f"timer {self.name!r} has already been started; stop it first.")
         if barrier:
-            barrier(self._barrier_group)
+            group_barrier(self._barrier_group)
         self._started = True
         self._start_time = _perf_counter()
 
@@ -96,7 +119,7 @@ class Timer:
         if not self._started:
             raise TimerError(f"timer {self.name!r} is not started; start it before stopping it.")
         if barrier:
-            barrier(self._barrier_group)
+            group_barrier(self._barrier_group)
             now = _perf_counter()
         seconds = now - self._start_time
         self._elapsed += seconds
@@ -149,7 +172,7 @@ class NvtxTimer:
 
     __slots__ = ("_timer", "_nvtx")
 
-    def __init__(self, timer: Timer, nvtx: Any) -> None:
+    def __init__(self, timer: Timer, nvtx: NvtxRanges) -> None:
         self._timer = timer
         self._nvtx = nvtx
 
@@ -170,7 +193,7 @@ class SynchronizingTimer(Timer):
 
     __slots__ = ("_synchronize",)
 
-    def __init__(self, name: str, synchronize: Any) -> None:
+    def __init__(self, name: str, synchronize: Callable[[], None]) -> None:
         super().__init__(name)
         self._synchronize = synchronize
 
@@ -178,7 +201,7 @@ class SynchronizingTimer(Timer):
         if self._started:
             raise TimerError(f"timer {self.name!r} has already been started; stop it first.")
         if barrier:
-            barrier(self._barrier_group)
+            group_barrier(self._barrier_group)
         self._synchronize()
         self._started = True
         self._start_time = _perf_counter()
@@ -187,7 +210,7 @@ class SynchronizingTimer(Timer):
         if not self._started:
             raise TimerError(f"timer {self.name!r} is not started; start it before stopping it.")
         if barrier:
-            barrier(self._barrier_group)
+            group_barrier(self._barrier_group)
         self._synchronize()
         seconds = _perf_counter() - self._start_time
         self._elapsed += seconds
@@ -199,14 +222,14 @@ class SynchronizingTimer(Timer):
 class EventPool:
     """Reusable ``torch.cuda.Event(enable_timing=True)`` objects (creating them is not free)."""
 
-    def __init__(self, torch_module: Any) -> None:
-        self._event_class = torch_module.cuda.Event
-        self._free: list[Any] = []
+    def __init__(self, torch_module: Any) -> None:  # Any: torch, or a stand-in with cuda.Event
+        self._event_class: Callable[..., TimingEvent] = torch_module.cuda.Event
+        self._free: list[TimingEvent] = []
 
-    def get(self) -> Any:
+    def get(self) -> TimingEvent:
         return self._free.pop() if self._free else self._event_class(enable_timing=True)
 
-    def put(self, *events: Any) -> None:
+    def put(self, *events: TimingEvent) -> None:
         self._free.extend(events)
 
 
@@ -224,14 +247,14 @@ class CudaEventTimer(Timer):
     def __init__(self, name: str, pool: EventPool) -> None:
         super().__init__(name)
         self._pool = pool
-        self._start_event: Any = None
-        self._pending: list[tuple[Any, Any]] = []
+        self._start_event: TimingEvent | None = None
+        self._pending: list[tuple[TimingEvent, TimingEvent]] = []
 
     def start(self, barrier: bool = False) -> None:
         if self._started:
             raise TimerError(f"timer {self.name!r} has already been started; stop it first.")
         if barrier:
-            barrier(self._barrier_group)
+            group_barrier(self._barrier_group)
         event = self._pool.get()
         event.record()
         self._start_event = event
@@ -241,11 +264,12 @@ class CudaEventTimer(Timer):
         if not self._started:
             raise TimerError(f"timer {self.name!r} is not started; start it before stopping it.")
         if barrier:
-            barrier(self._barrier_group)
+            group_barrier(self._barrier_group)
+        start_event, self._start_event = self._start_event, None
+        assert start_event is not None  # start() recorded it
         event = self._pool.get()
         event.record()
-        self._pending.append((self._start_event, event))
-        self._start_event = None
+        self._pending.append((start_event, event))
         self._count += 1
         self._started = False
         if len(self._pending) >= _MAX_PENDING_EVENT_PAIRS:
@@ -257,7 +281,7 @@ class CudaEventTimer(Timer):
             return
         if block:
             self._pending[-1][1].synchronize()
-        still_running: list[tuple[Any, Any]] = []
+        still_running: list[tuple[TimingEvent, TimingEvent]] = []
         for start_event, stop_event in self._pending:
             if not block and not stop_event.query():
                 still_running.append((start_event, stop_event))

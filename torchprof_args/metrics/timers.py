@@ -23,26 +23,32 @@ Semantics (log levels 0/1/2 with dummy timers above the level; log options ``max
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args import _dist
 from torchprof_args.errors import TimerError, TimerNamesMismatchError
 from torchprof_args.log import get_logger
 from torchprof_args.metrics.config import TimersConfig
 from torchprof_args.metrics.gather import RankGather, Request
+from torchprof_args.metrics.sinks import DictLogger, ScalarWriter
 from torchprof_args.metrics.snapshot import TimerSnapshot, format_snapshot, timer_scalars
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS, StragglerTracker, straggler_figures
 from torchprof_args.metrics.timer import (
     CudaEventTimer,
     DummyTimer,
     EventPool,
+    NvtxRanges,
     NvtxTimer,
     SynchronizingTimer,
     Timer,
+    group_barrier,
 )
-from torchprof_args.metrics.timer import barrier as group_barrier
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["DummyTimer", "Timer", "TimerError", "TimerNamesMismatchError", "TimerSnapshot", "Timers"]
 
@@ -52,7 +58,7 @@ _MAX_LOG_LEVEL = 2
 _LOG_OPTIONS = ("max", "minmax", "all")
 
 
-def _numeric_figures(per_rank: Any) -> dict[str, float]:
+def _numeric_figures(per_rank: object) -> dict[str, float]:
     """``per_rank`` as ``{key: float}``: a mapping of numbers (None and non-finite values left out)."""
     if per_rank is None:
         return {}
@@ -91,8 +97,8 @@ class Timers:
         *,
         synchronize: bool = False,
         device: str = "auto",
-        group: Any = None,
-        nvtx: Any = None,
+        group: ProcessGroup | None = None,
+        nvtx: NvtxRanges | None = None,
         straggler_threshold: float = 1.2,
         straggler_intervals: int = 3,
         straggler_timers: Sequence[str] = DEFAULT_STRAGGLER_TIMERS,
@@ -135,7 +141,7 @@ class Timers:
         return timers
 
     @classmethod
-    def from_args(cls, args: Any, **kwargs: Any) -> Timers:
+    def from_args(cls, args: argparse.Namespace, **kwargs: Any) -> Timers:
         """Timers configured by ``--timing-log-level``, ``--timing-log-option`` and
         ``--timing-synchronize`` (Megatron-LM's own args namespace works too); with
         ``--torch-profile-nsys`` on CUDA every timer is also an NVTX range."""
@@ -226,7 +232,7 @@ class Timers:
         fixed-size float64 all-gather.
         """
         union = names is None
-        name_list = list(self._timers) if union else list(names)
+        name_list = list(self._timers) if names is None else list(names)
         figures = _numeric_figures(per_rank)
         if barrier:
             group_barrier(self._group)
@@ -303,7 +309,7 @@ class Timers:
     def write(
         self,
         names: Sequence[str] | None,
-        writer: Any,
+        writer: ScalarWriter | DictLogger | None,
         iteration: int,
         normalizer: float = 1.0,
         reset: bool = True,

@@ -32,20 +32,26 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
-from torchprof_args.metrics.config import ALL_SINKS, MetricsConfig, default_wandb_mode
+from torchprof_args.metrics.config import ALL_SINKS, MetricsConfig, wandb_mode
+from torchprof_args.metrics.gather import RankGather, Request
 from torchprof_args.metrics.hardware import DeviceReadings
 from torchprof_args.metrics.health import AllocRetryWatch
 from torchprof_args.metrics.mfu import PeakResolver, flops_value, throughput_figures
-from torchprof_args.metrics.sinks import JsonlSink, TensorBoardSink, WandbSink
+from torchprof_args.metrics.sinks import JsonlSink, Sink, TensorBoardSink, WandbSink
 from torchprof_args.naming import METRICS_FILENAME, WANDB_RUN_FILENAME
+
+if TYPE_CHECKING:
+    from torchprof_args.metrics.timers import Timers
 
 __all__ = ["MetricsWriter"]
 
 logger = get_logger(__name__)
+#: One rank's figures by key.
+_Figures = dict[str, float]
 
 # ---------------------------------------------------------------------------------------------
 # Per-rank figures
@@ -94,7 +100,7 @@ class MetricsWriter:
     :class:`~torchprof_args.metrics.config.MetricsConfig` or just the metrics directory.
     """
 
-    def __init__(self, config: MetricsConfig | str | os.PathLike[str], *, timers: Any = None,
+    def __init__(self, config: MetricsConfig | str | os.PathLike[str], *, timers: Timers | None = None,
                  rank: int | None = None, world_size: int | None = None, start_iteration: int = 0,
                  console: bool = True) -> None:
         if not isinstance(config, MetricsConfig):
@@ -113,10 +119,10 @@ class MetricsWriter:
         self._last_iteration = start_iteration
         self._pending_iteration: int | None = None
         self._pending: dict[str, float] = {}
-        self._sinks: list[Any] = []
+        self._sinks: list[Sink] = []
         self._warned: set[str] = set()
         self._closed = False
-        self._figures_gather: Any = None
+        self._figures_gather: RankGather | None = None
         #: this rank's allocator and NVML readings; the peak for MFU; the allocation-retry warning
         self.readings = DeviceReadings(hardware=config.gpu_hardware)
         self.peak = PeakResolver(config.peak_tflops, config.peak_dtype)
@@ -132,7 +138,7 @@ class MetricsWriter:
             self._start_sink("metrics.jsonl", lambda: JsonlSink(self.metrics_dir / METRICS_FILENAME))
         if "tensorboard" in config.sinks:
             self._start_sink("TensorBoard", lambda: TensorBoardSink(self.metrics_dir))
-        mode = (wandb.mode or default_wandb_mode()).lower()
+        mode = wandb_mode(wandb)
         if "wandb" in config.sinks and mode != "disabled":
             self._start_sink("wandb", lambda: WandbSink(
                 project=wandb.project, name=wandb.name, entity=wandb.entity,
@@ -140,7 +146,7 @@ class MetricsWriter:
                 config=dict(config.run_settings), run_file=self.metrics_dir / WANDB_RUN_FILENAME))
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, *, timers: Any = None,
+    def from_args(cls, args: argparse.Namespace, *, timers: Timers | None = None,
                   samples_per_iteration: float | None = None, tokens_per_iteration: float | None = None,
                   flops_per_iteration: float | None = None, **kwargs: Any) -> MetricsWriter:
         """A writer configured by the flags (Megatron-LM's args namespace works too).
@@ -152,7 +158,7 @@ class MetricsWriter:
         from torchprof_args.config import configs_from_args
 
         run = configs_from_args(args, world_size=kwargs.get("world_size"))
-        overrides = {
+        overrides: dict[str, Any] = {  # MetricsConfig's fields of the same names
             name: value
             for name, value in (
                 ("samples_per_iteration", samples_per_iteration),
@@ -176,7 +182,7 @@ class MetricsWriter:
             self._warned.add(key)
             logger.warning(message)
 
-    def _start_sink(self, name: str, factory: Any) -> None:
+    def _start_sink(self, name: str, factory: Callable[[], Sink]) -> None:
         try:
             self._sinks.append(factory())
         except ImportError as err:
@@ -291,14 +297,12 @@ class MetricsWriter:
         return metrics
 
     def _gather(self, local: dict[str, float], names: Iterable[str] | None, normalizer: float, reset: bool,
-                barrier: bool, iteration: int) -> tuple[list[Any], dict[str, float], dict[str, list]]:
+                barrier: bool, iteration: int) -> tuple[list[_Figures], _Figures, dict[str, list]]:
         """Every rank's figures (one fixed-size collective, riding on the timers' gather when there
         are timers), the timer and straggler scalars, and the per-rank series (each timer's seconds
         per iteration, the straggler scores)."""
         if self.timers is None:
             if self._figures_gather is None:
-                from torchprof_args.metrics.gather import RankGather
-
                 self._figures_gather = RankGather()
             return _gather_figures(self._figures_gather, local), {}, {}
         snapshot = self.timers.gather(names, reset=reset, barrier=barrier, per_rank=local)
@@ -328,21 +332,19 @@ class MetricsWriter:
     def __enter__(self) -> MetricsWriter:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
-def _gather_figures(gather: Any, local: dict[str, float]) -> list[dict[str, float]]:
+def _gather_figures(gather: RankGather, local: dict[str, float]) -> list[dict[str, float]]:
     """Every rank's figures through ``gather`` (a :class:`~torchprof_args.metrics.gather.RankGather`)."""
-    from torchprof_args.metrics.gather import Request
-
     figures = {key: value for key, value in local.items() if math.isfinite(value)}
     agreement, rows = gather.gather(Request((), False, tuple(figures)), {}, figures)
     return [{key: value for key, value in zip(agreement.figures, row, strict=True) if not math.isnan(value)}
             for row in rows]
 
 
-def _reduce_across_ranks(per_rank_local: list[Any], per_rank: dict[str, list]) -> dict[str, float]:
+def _reduce_across_ranks(per_rank_local: list[_Figures], per_rank: dict[str, list]) -> _Figures:
     """Max across ranks of every figure (and min of the profiler's); fills ``per_rank`` by key."""
     metrics: dict[str, float] = {}
     keys: list[str] = []

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args import _dist
 from torchprof_args.errors import OnDemandError
@@ -28,8 +28,12 @@ from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.ondemand.inbox import Identity, Inbox
 from torchprof_args.ondemand.protocol import JOB_FILE
 from torchprof_args.ondemand.registry import register_process, unregister_process
+from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.ondemand.wire import decode_decision, encode_decision
-from torchprof_args.runtime.ondemand_window import OnDemandWindow
+
+if TYPE_CHECKING:  # torch loads only inside the collectives
+    import torch
+    from torch.distributed import ProcessGroup, Work
 
 __all__ = ["OnDemandController"]
 
@@ -51,7 +55,7 @@ class OnDemandController:
         self.control_dir = self._inbox.control_dir
         self._broken = False
         #: (work, buffer) of the decision broadcast posted at the last check, collected at the next.
-        self._pending_decision: tuple[Any, Any] | None = None
+        self._pending_decision: tuple[Work, torch.Tensor] | None = None
         #: The next check iteration (all ranks agree) and the one after it (pipelined decisions).
         self.next_check = config.interval
         self._following_check = 2 * config.interval
@@ -65,7 +69,7 @@ class OnDemandController:
 
     # -- set-up and tear-down ---------------------------------------------------------------
 
-    def setup(self, group: Any) -> None:
+    def setup(self, group: ProcessGroup | None) -> None:
         """Collective: rank 0 prepares the control directory; all ranks raise if it is unsafe.
 
         Also gathers every rank's host, pid and trace directory on rank 0 (trace file names).
@@ -89,7 +93,7 @@ class OnDemandController:
             message = [problem]
             dist.broadcast_object_list(message, src=0, group=group)
             problem = message[0]
-            gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None  # Identity
             dist.gather_object(identity, gathered, dst=0, group=group)
             self._inbox.identities = list(gathered or [])
         if problem:
@@ -155,7 +159,7 @@ class OnDemandController:
         return self.next_check
 
     def poll(
-        self, iteration: int, group: Any, busy: Callable[[int], bool] | None = None
+        self, iteration: int, group: ProcessGroup | None, busy: Callable[[int], bool] | None = None
     ) -> OnDemandWindow | None:
         """Collective: every rank calls it at the same check iteration and gets the same answer.
 
@@ -210,7 +214,7 @@ class OnDemandController:
         return window
 
     def _post_decision(
-        self, window: OnDemandWindow | None, check_after: int, group: Any, iteration: int
+        self, window: OnDemandWindow | None, check_after: int, group: ProcessGroup | None, iteration: int
     ) -> None:
         try:
             import torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from torchprof_args.import_state import AT_FIRST_IMPORT
 from torchprof_args.log import get_logger
 
 __all__ = ["check_kineto_daemon_env", "kineto_daemon_env_too_late"]
@@ -24,7 +25,8 @@ def kineto_daemon_env_too_late() -> bool:
 
     Observed from what torch's import did: ``torch.profiler`` installs its optimizer-step hook
     (which dynolog's iteration-based traces need) only if the variable was set at import time.
-    Falls back to what :mod:`torchprof_args` saw at its own import.
+    Falls back to what :mod:`torchprof_args` saw at its first import
+    (:data:`~torchprof_args.import_state.AT_FIRST_IMPORT`).
     """
     if not os.environ.get("KINETO_USE_DAEMON") or "torch" not in sys.modules:
         return False
@@ -36,10 +38,7 @@ def kineto_daemon_env_too_late() -> bool:
         hooks = optimizer_module._global_optimizer_post_hooks  # noqa: SLF001
         return hook not in hooks.values()
     except (ImportError, AttributeError):
-        import torchprof_args
-
-        torch_first, value_then = torchprof_args._IMPORT_STATE  # noqa: SLF001
-        return torch_first and not value_then
+        return AT_FIRST_IMPORT.torch_imported and not AT_FIRST_IMPORT.kineto_use_daemon
 
 
 def check_kineto_daemon_env(rank: int) -> bool:

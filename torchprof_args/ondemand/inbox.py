@@ -29,8 +29,8 @@ from torchprof_args.ondemand.protocol import (
     read_request_file,
     write_control_file,
 )
+from torchprof_args.ondemand.window import OnDemandWindow, place_window, ranks_text
 from torchprof_args.private_dir import ensure_private_dir
-from torchprof_args.runtime.ondemand_window import OnDemandWindow, place_window, ranks_text
 
 __all__ = ["Identity", "Inbox"]
 

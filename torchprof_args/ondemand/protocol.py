@@ -26,7 +26,7 @@ import secrets
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from torchprof_args.atomic import write_json_atomically
 from torchprof_args.naming import short_hostname
@@ -124,7 +124,7 @@ class TraceRequest:
     ranks: tuple[int, ...] | None
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

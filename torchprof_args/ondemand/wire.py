@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from torchprof_args.runtime.ondemand_window import OnDemandWindow
+from torchprof_args.ondemand.window import OnDemandWindow
 
 __all__ = ["decision_size", "decode_decision", "encode_decision"]
 

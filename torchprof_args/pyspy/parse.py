@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Protocol
 
 from torchprof_args.pyspy.launcher import LAUNCHER_MARKER
 
@@ -162,7 +162,15 @@ _PROCESS_END_RE = re.compile(r'"(;|[ \t]+(\d+)[ \t]*\r?(?:\n|$))')
 _COUNT_RE = re.compile(r"(.*)[ \t]+(\d+)[ \t]*\r?", re.S)
 
 
-def _iter_records(text: str, progress: Any = None) -> Iterator[tuple[list[Frame] | None, int, list[str]]]:
+
+class Progress(Protocol):
+    """A progress bar counting bytes (a ``tqdm`` bar)."""
+
+    def update(self, n: int) -> object: ...
+
+
+def _iter_records(text: str,
+                  progress: Progress | None = None) -> Iterator[tuple[list[Frame] | None, int, list[str]]]:
     """Yields ``(frames, count, raw_tokens)`` per record; ``frames`` is None for a malformed one."""
     pos, size = 0, len(text)
     last_reported = 0
@@ -205,7 +213,7 @@ def _iter_records(text: str, progress: Any = None) -> Iterator[tuple[list[Frame]
         progress.update(size - last_reported)
 
 
-def parse_raw_text(text: str, source: str = "<text>", progress: Any = None) -> Profile:
+def parse_raw_text(text: str, source: str = "<text>", progress: Progress | None = None) -> Profile:
     """Parse the contents of one py-spy raw file (``progress``: a tqdm bar, updated in bytes)."""
     profile = Profile(files=[source])
     merged: Counter[tuple[Frame, ...]] = Counter()

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def find_py_spy() -> str | None:
 
 
 def output_name(now: datetime.datetime | None = None, pid: int | None = None,
-                env: dict[str, str] | None = None, host: str | None = None) -> str:
+                env: Mapping[str, str] | None = None, host: str | None = None) -> str:
     """``pyspy_<host>[_node<N>][_task<P>]_<YYYYmmdd-HHMMSS>_<pid>.txt``.
 
     ``SLURM_NODEID`` (else ``NODE_RANK``/``GROUP_RANK``) tells nodes apart, ``SLURM_PROCID``

@@ -64,7 +64,11 @@ def _library_frame(frames: Sequence[Frame], library: str | None) -> Frame | None
     return None
 
 
-def _describe(frame: Frame | None) -> tuple[str, str, int | None]:
+#: A frame as the report shows it: name, path, line.
+_Described = tuple[str, str, int | None]
+
+
+def _describe(frame: Frame | None) -> _Described:
     if frame is None:
         return "(no Python frames)", "-", None
     if frame.kind == UNKNOWN or frame.path is None:
@@ -81,17 +85,17 @@ def report_rows(
     """The report table: one row per distinct stack, or per distinct (leaf, library frame)
     with ``aggregate_leaf_paths``; sorted by samples, largest first."""
     total = profile.total_samples
-    grouped: Counter[tuple] = Counter()
+    #: (leaf, library frame, the whole stack unless aggregated) -> samples
+    grouped: Counter[tuple[_Described, _Described, tuple[Frame, ...]]] = Counter()
     for stack in profile.stacks:
         leaf = _describe(_leaf(stack.frames))
         lib = _describe(_library_frame(stack.frames, library))
         if lib[0] == "(no Python frames)":
             lib = ("-", "-", None)
-        key = (*leaf, *lib) if aggregate_leaf_paths else (*leaf, *lib, stack.frames)
-        grouped[key] += stack.count
+        grouped[leaf, lib, () if aggregate_leaf_paths else stack.frames] += stack.count
     rows = [
-        ReportRow(*key[:6], samples=count, proportion=(count / total if total else 0.0))
-        for key, count in grouped.most_common()
+        ReportRow(*leaf, *lib, samples=count, proportion=(count / total if total else 0.0))
+        for (leaf, lib, _), count in grouped.most_common()
     ]
     rows.sort(key=lambda r: (-r.samples, r.name, r.path))
     return rows[:top] if top else rows

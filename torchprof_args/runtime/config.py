@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Protocol, TypedDict
 
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import flag_value, was_given
@@ -26,10 +27,22 @@ __all__ = [
     "NsysConfig",
     "PARALLEL_AXES",
     "ProfilerConfig",
+    "ProfiledRun",
+    "ProfilerOptions",
     "TraceConfig",
     "parallel_selector",
     "profile_dir",
 ]
+
+
+class ProfilerOptions(TypedDict):
+    """:meth:`TraceConfig.profiler_options`: what ``torch.profiler.profile`` records besides activities."""
+
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+    with_flops: bool
+    with_modules: bool
 
 
 #: ``(axis, indices)`` pairs of ``--torch-profile-parallel-ranks``.
@@ -66,13 +79,12 @@ class TraceConfig:
     #: hierarchy is recorded through ``with_stack`` instead (its ``nn.Module`` events).
     modules_via_stack: bool = False
 
-    def profiler_options(self) -> dict[str, bool]:
+    def profiler_options(self) -> ProfilerOptions:
         """Keyword arguments of ``torch.profiler.profile`` besides activities and schedule."""
-        names = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
-        options = {name: getattr(self, name) for name in names}
-        if self.modules_via_stack:
-            options.update(with_stack=True, with_modules=False)
-        return options
+        via_stack = self.modules_via_stack
+        return ProfilerOptions(record_shapes=self.record_shapes, profile_memory=self.profile_memory,
+                               with_stack=self.with_stack or via_stack, with_flops=self.with_flops,
+                               with_modules=self.with_modules and not via_stack)
 
     def selects(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -242,3 +254,15 @@ class ProfilerConfig:
     @property
     def enabled(self) -> bool:
         return self.follows_schedule or self.on_demand.enabled
+
+
+class ProfiledRun(Protocol):
+    """What :meth:`TorchProfiler.from_config <torchprof_args.runtime.profiler.TorchProfiler.from_config>`
+    reads of a run's checked configs: :class:`torchprof_args.config.RunConfig` is one (the
+    runtime cannot import it: ``config.py`` sits above it)."""
+
+    @property
+    def profiler(self) -> ProfilerConfig: ...
+
+    @property
+    def start_iteration(self) -> int: ...

@@ -17,8 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchprof_args.log import get_logger
+
+if TYPE_CHECKING:
+    from torch.profiler import ExecutionTraceObserver
 
 __all__ = ["ExecutionTrace"]
 
@@ -35,7 +39,7 @@ class ExecutionTrace:
     def __init__(self, staging_dir: str | os.PathLike[str], *, rank: int) -> None:
         self.staging_dir = Path(staging_dir)
         self.rank = rank
-        self._observer = None
+        self._observer: ExecutionTraceObserver | None = None
         self._path: Path | None = None
 
     @property

@@ -23,16 +23,21 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup, Work
 
 __all__ = ["Fence"]
 
 logger = get_logger(__name__)
 
 FailureHook = Callable[[int, str, BaseException], None]
+_Item = TypeVar("_Item")
 
 
 def _synchronize_device() -> None:
@@ -48,12 +53,14 @@ class Fence:
     def __init__(self, timeout: float, rank: int) -> None:
         self.timeout = timeout
         self.rank = rank
-        self.group: Any = None
+        self.group: ProcessGroup | None = None
         self.world_size = 1
         self.on_failure: list[FailureHook] = []
         self.waits = 0
-        self._votes: dict[str, tuple[Any, Any, bool]] = {}
-        self._local_votes: dict[str, tuple[list[int], bool]] = {}
+        #: kind -> the all-reduce in flight and its tensor (one row per rank)
+        self._votes: dict[str, tuple[Work, torch.Tensor]] = {}
+        #: kind -> this process's row (a single process: nothing to reduce)
+        self._local_votes: dict[str, list[int]] = {}
 
     def open(self, world_size: int) -> None:
         """Collective: create the gloo group (when several ranks share a process group)."""
@@ -93,8 +100,9 @@ class Fence:
             except Exception as hook_err:  # noqa: BLE001
                 logger.error("rank %d: fence failure hook %r failed: %s", self.rank, hook, hook_err)
 
-    def agree(self, item: Any) -> list[Any]:
-        """Collective, blocking: every rank's ``item`` (start-up agreements only, never per step)."""
+    def agree(self, item: _Item) -> list[_Item]:
+        """Collective, blocking: every rank's ``item`` (start-up agreements only, never per step;
+        a picklable object of the same type on every rank)."""
         if self.group is None:
             return [item]
         import torch.distributed as dist
@@ -107,10 +115,11 @@ class Fence:
 
     def post_vote(self, value: int | Sequence[int], kind: str = "memory") -> None:
         """Post this rank's ``value`` (>= 0, or a fixed-length row of them) for the vote ``kind``;
-        every rank posts the same kinds at the same iterations, in the same order."""
+        every rank posts the same kinds at the same iterations, in the same order.  Collect a value
+        with :meth:`collect_vote`, a row with :meth:`collect_rows`."""
         row = [value] if isinstance(value, int) else list(value)
         if self.group is None:
-            self._local_votes[kind] = (row, isinstance(value, int))
+            self._local_votes[kind] = row
             return
         import torch
         import torch.distributed as dist
@@ -119,7 +128,7 @@ class Fence:
         votes[self.rank] = torch.tensor(row, dtype=torch.int64)
         with _dist.unrecorded():  # inside a recording window: not one of the job's collectives
             work = dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-            self._votes[kind] = (work, votes, isinstance(value, int))
+            self._votes[kind] = (work, votes)
 
     @property
     def vote_pending(self) -> bool:
@@ -129,22 +138,26 @@ class Fence:
     def pending(self, kind: str) -> bool:
         return kind in self._votes or kind in self._local_votes
 
-    def collect_vote(self, timeout: float | None = None, kind: str = "memory") -> list[Any] | None:
-        """Every rank's value (or row) posted at the last :meth:`post_vote` of ``kind`` (None when none
-        is pending or it failed)."""
+    def collect_vote(self, timeout: float | None = None, kind: str = "memory") -> list[int] | None:
+        """Every rank's value posted at the last :meth:`post_vote` of ``kind`` (None when none is
+        pending or it failed); the first of each row when rows were posted."""
+        rows = self.collect_rows(timeout, kind)
+        return None if rows is None else [row[0] for row in rows]
+
+    def collect_rows(self, timeout: float | None = None, kind: str = "memory") -> list[list[int]] | None:
+        """Every rank's row posted at the last :meth:`post_vote` of ``kind`` (None when none is
+        pending or it failed)."""
         local = self._local_votes.pop(kind, None)
         if local is not None:
-            row, scalar = local
-            return [row[0]] if scalar else [row]
+            return [local]
         pending = self._votes.pop(kind, None)
         if pending is None:
             return None
-        work, votes, scalar = pending
+        work, votes = pending
         try:
             _dist.wait(work, timeout)
         except Exception as err:  # noqa: BLE001
             logger.error("rank %d: %s vote on the fence group failed (%s); training continues", self.rank,
                          kind, err)
             return None
-        rows = votes.tolist()
-        return [int(row[0]) for row in rows] if scalar else [[int(v) for v in row] for row in rows]
+        return [[int(v) for v in row] for row in votes.tolist()]

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from torchprof_args import _dist
@@ -195,7 +196,7 @@ class FlightRecorder:
         self._done = threading.Event()
         self._writer_thread: int | None = None
         self._terminate_after = False
-        self._guard: Any = None
+        self._guard: SigtermGuard | None = None
         self._sigterm = SigtermWatcher(lambda: self.dump(SIGTERM_REASON), self._on_sigterm_handler)
 
     @classmethod
@@ -218,7 +219,7 @@ class FlightRecorder:
                 "TORCH_FR_BUFFER_SIZE=%d in the launcher.", rank, config.entries)
         return cls(config.output_dir, entries=config.entries, rank=rank, **stacks)
 
-    def arm(self, guard: Any = None) -> None:
+    def arm(self, guard: SigtermGuard | None = None) -> None:
         """Create the dump directory, point PyTorch's dumps at it, watch for SIGTERM (main thread).
 
         ``guard``: the profiler's installed :class:`~torchprof_args.runtime.signals.SigtermGuard`,
@@ -333,7 +334,7 @@ class FlightRecorder:
             if self.stacks is not None:  # py-spy pauses the process: after the collectives are saved
                 self.stacks.add_native()
 
-    def _on_sigterm_handler(self, signum: int, frame: Any) -> None:
+    def _on_sigterm_handler(self, signum: int, frame: FrameType | None) -> None:
         """The SIGTERM handler when nobody else has one: dump, then terminate (after our own dump
         if the signal interrupted it)."""
         if self._writer_thread == threading.get_ident() and not self._done.is_set():

@@ -21,10 +21,14 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.schedule import Action
+
+if TYPE_CHECKING:  # the guard's collaborators (annotations only: this module stays import-light)
+    from torchprof_args.runtime.fence import Fence
+    from torchprof_args.runtime.timeline import Timeline
 
 __all__ = [
     "HostMemory",
@@ -226,7 +230,7 @@ class WindowMemoryGuard:
     asynchronous collective: no rank blocks on it, and idle steps never see it.
     """
 
-    def __init__(self, min_free_bytes: int, fence: Any, *, probe: HostMemoryProbe | None = None) -> None:
+    def __init__(self, min_free_bytes: int, fence: Fence, *, probe: HostMemoryProbe | None = None) -> None:
         self.min_free_bytes = min_free_bytes
         self.fence = fence
         self.probe = (probe or HostMemoryProbe()) if min_free_bytes > 0 else None
@@ -249,7 +253,7 @@ class WindowMemoryGuard:
             self.fence.post_vote(1 + int(self.last.free_mb) if below else 0)
         return low if window_continues else None
 
-    def check(self, iteration: int, timeline: Any, *, rank: int) -> None:
+    def check(self, iteration: int, timeline: Timeline, *, rank: int) -> None:
         """Inside windows only: cut ``timeline``'s window at ``iteration`` (on every rank: the votes
         are the same everywhere) when a rank ran low on host memory, and say why."""
         action = timeline.global_action(iteration)

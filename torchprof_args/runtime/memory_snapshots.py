@@ -22,7 +22,8 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from torchprof_args import _dist
 from torchprof_args.atomic import atomic_output
@@ -36,9 +37,12 @@ logger = get_logger(__name__)
 
 _DUMPED_MARK = "_torchprof_memory_snapshot_written"
 
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
 
-def write_snapshot(snapshot: Any, path: str) -> None:
-    """Pickle ``snapshot`` (protocol 4) to ``path`` atomically."""
+
+def write_snapshot(snapshot: object, path: str) -> None:
+    """Pickle ``snapshot`` (``torch.cuda.memory._snapshot()``'s dict; protocol 4) to ``path`` atomically."""
     with atomic_output(path, "wb") as handle:
         pickle.dump(snapshot, handle, protocol=4)
 
@@ -62,7 +66,8 @@ class _Guard(contextlib.ContextDecorator):
     def __enter__(self) -> _Guard:
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if exc is not None and self._owner._is_oom(exc) and not getattr(exc, _DUMPED_MARK, False):
             iteration = self._iteration if self._iteration is not None else self._owner.next_iteration
             self._owner.on_oom(iteration)
@@ -95,8 +100,8 @@ class MemorySnapshotter:
         *,
         rank: int | None = None,
         host: str | None = None,
-        snapshot_fn: Callable[[], Any] | None = None,
-        record_fn: Callable[..., Any] | None = None,
+        snapshot_fn: Callable[[], object] | None = None,
+        record_fn: Callable[..., object] | None = None,
         cuda_available: bool | None = None,
     ) -> None:
         if config.stacks not in ("python", "all"):
@@ -178,11 +183,11 @@ class MemorySnapshotter:
         ``iteration`` the one after the last ``on_step`` is used."""
         return _Guard(self, iteration)
 
-    def wrap(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, step_fn: Callable[_Params, _Result]) -> Callable[_Params, _Result]:
         """``step_fn`` with :meth:`guard` around every call."""
 
         @functools.wraps(step_fn)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
+        def wrapped(*args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
             with self.guard():
                 return step_fn(*args, **kwargs)
 

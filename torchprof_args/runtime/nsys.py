@@ -143,13 +143,13 @@ class NsysController:
             logger.info("nsys capture stopped at the end of the run")
 
     def _end_step_range(self) -> None:
-        if self._step_range_open:
+        if self._step_range_open and self._backend is not None:
             self._backend.range_pop()
             self._step_range_open = False
 
     def _stop_capture(self) -> bool:
         """Stop a running capture after the device finished its work; True if one was running."""
-        if not self.capturing:
+        if not self.capturing or self._backend is None:
             return False
         self._backend.synchronize()
         self._backend.profiler_stop()

@@ -20,7 +20,7 @@ import argparse
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,7 +28,7 @@ from torchprof_args import _dist
 from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
-from torchprof_args.runtime.config import ProfilerConfig
+from torchprof_args.runtime.config import ProfiledRun, ProfilerConfig
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
@@ -42,9 +42,6 @@ from torchprof_args.runtime.schedule import RECORDING, Action
 from torchprof_args.runtime.signals import SigtermGuard
 from torchprof_args.runtime.startup import set_up_rank
 from torchprof_args.runtime.timeline import StepPlan, Timeline
-
-if TYPE_CHECKING:
-    from torchprof_args.config import RunConfig
 
 __all__ = ["TorchProfiler"]
 
@@ -116,8 +113,9 @@ class TorchProfiler:
         return cls.from_config(run, start_iteration=start_iteration)
 
     @classmethod
-    def from_config(cls, run: RunConfig, *, start_iteration: int | None = None) -> TorchProfiler:
-        """Build from checked configs (see :func:`~torchprof_args.config.configs_from_args`)."""
+    def from_config(cls, run: ProfiledRun, *, start_iteration: int | None = None) -> TorchProfiler:
+        """Build from checked configs: a :class:`~torchprof_args.config.RunConfig` (see
+        :func:`~torchprof_args.config.configs_from_args`)."""
         rank = _dist.rank()
         check_kineto_daemon_env(rank)
         start = run.start_iteration if start_iteration is None else start_iteration
@@ -331,9 +329,9 @@ class TorchProfiler:
         if self._memory_guard.enabled:  # may cut the window recording now, on every rank
             self._memory_guard.check(iteration, timeline, rank=self.rank)
         skipped = self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
-        window = timeline.window
-        if skipped and window is not None and window.warmup_start <= iteration + 1 < window.end:
-            self._on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
+        window, on_demand = timeline.window, self._on_demand  # a window only with on-demand on
+        if skipped and window and on_demand and window.warmup_start <= iteration + 1 < window.end:
+            on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
         self._execute(timeline.plan(iteration))
         self._publishing.post(iteration, timeline, lambda: progress_row(self._writer))
         if self._sigterm.pending:  # the end of the flush is a safe point too
@@ -361,15 +359,16 @@ class TorchProfiler:
 
     def _check_on_demand(self, iteration: int) -> None:
         """Collective at a check iteration: adopt the window every rank received, plan the next check."""
-        timeline = self._timeline
-        window = self._on_demand.poll(iteration, self._fence.group,
-                                      busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
+        timeline, on_demand = self._timeline, self._on_demand
+        assert on_demand is not None  # next_check is finite only with on-demand on
+        window = on_demand.poll(iteration, self._fence.group,
+                                busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
         if window is not None:
             timeline.window = window
             if window.traces(self.rank):  # DEBUG: rank 0's "accepted" line says it once for all ranks
                 logger.debug("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
                              window.request_id, window.start, window.end - 1)
-        timeline.next_check = self._on_demand.next_check
+        timeline.next_check = on_demand.next_check
 
     def _metadata(self, first: int) -> dict[str, Any]:
         return {**trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torchprof_args.log import get_logger
 from torchprof_args.naming import cycle_dir_name
 from torchprof_args.runtime.export.progress import ROW_FIELDS
+from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.timeline import Timeline
+
+if TYPE_CHECKING:
+    from torchprof_args.runtime.export.writer import TraceWriter
 
 __all__ = ["PublishingVote", "progress_row"]
 
@@ -32,7 +37,7 @@ _FIELD = {name: index for index, name in enumerate(ROW_FIELDS)}
 _FLUSH_DUE = len(ROW_FIELDS)
 
 
-def progress_row(writer: Any) -> list[int]:
+def progress_row(writer: TraceWriter | None) -> list[int]:
     """A rank's row for the vote: its writer's publications in flight and totals (zeros without one)."""
     return writer.progress.row(writer.in_flight) if writer is not None else [0] * len(ROW_FIELDS)
 
@@ -43,7 +48,7 @@ class PublishingVote:
     ``read_row()`` (given to :meth:`post`): this rank's row, :func:`progress_row` of its writer.
     """
 
-    def __init__(self, limit: int, fence: Any, *, rank: int) -> None:
+    def __init__(self, limit: int, fence: Fence, *, rank: int) -> None:
         self.limit = limit
         self.fence = fence
         self.rank = rank
@@ -52,7 +57,7 @@ class PublishingVote:
         self._streak = 0
         self._reported: list[list[int]] | None = None
 
-    def post(self, iteration: int, timeline: Any, read_row: Callable[[], list[int]]) -> None:
+    def post(self, iteration: int, timeline: Timeline, read_row: Callable[[], list[int]]) -> None:
         """After the step ending ``iteration``: post this rank's ``read_row()`` when a window
         begins at ``iteration + 2``, with whether it still flushes at ``iteration + 1``."""
         if not timeline.window_starts(iteration + 2):
@@ -61,14 +66,14 @@ class PublishingVote:
         flush_due = int(timeline.local_action(iteration + 1).name == "RECORD_AND_SAVE")
         self.fence.post_vote([*row, flush_due], kind=KIND)
 
-    def decide(self, iteration: int, timeline: Any) -> str | None:
+    def decide(self, iteration: int, timeline: Timeline) -> str | None:
         """Before the step ending ``iteration`` is executed: collect the rows (the same on every rank),
         report on rank 0, and skip the window beginning at ``iteration + 1`` when publishing is behind.
 
         Returns why the window was skipped (one sentence, the same on every rank), else None."""
         if not self.fence.pending(KIND):
             return None
-        rows = self.fence.collect_vote(kind=KIND)
+        rows = self.fence.collect_rows(kind=KIND)
         if not rows:
             return None
         self.report(rows)
@@ -100,12 +105,12 @@ class PublishingVote:
     def abandon(self) -> None:
         """Collect a vote still in flight (leaving; every rank posted it)."""
         if self.fence.pending(KIND):
-            self.fence.collect_vote(timeout=5.0, kind=KIND)
+            self.fence.collect_rows(timeout=5.0, kind=KIND)
 
     def final(self, row: list[int]) -> None:
         """At exit, after the exit fence (every rank is there): one last gather and line (blocking)."""
         self.fence.post_vote([*row, 0], kind=KIND)
-        rows = self.fence.collect_vote(timeout=30.0, kind=KIND)
+        rows = self.fence.collect_rows(timeout=30.0, kind=KIND)
         if rows:
             self.report(rows, final=True)
 

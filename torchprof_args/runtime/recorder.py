@@ -143,6 +143,8 @@ class Recorder:
 
     def add_metadata(self, metadata: dict[str, Any]) -> None:
         """Put the run's settings in the trace (Kineto takes metadata only while recording)."""
+        if self._profiler is None:
+            return
         try:
             self._profiler.add_metadata_json("torchprof_args", json.dumps(metadata))
         except Exception as err:  # noqa: BLE001

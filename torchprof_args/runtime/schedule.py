@@ -52,6 +52,10 @@ class ProfileSchedule:
             raise ValueError("active must be >= 1")
         if min(self.wait, self.warmup, self.repeat, self.skip_first) < 0:
             raise ValueError("wait, warmup, repeat and skip_first must be >= 0")
+        if self.step_end is not None and self.step_start is None:
+            raise ValueError("step_end needs step_start")
+        if self.step_start is not None and self.step_end is None:  # as the flags do
+            object.__setattr__(self, "step_end", self.step_start + self.active)
         if self.step_start is not None and self.step_end is not None and self.step_end <= self.step_start:
             raise ValueError("step_end must be greater than step_start")
 
@@ -60,13 +64,20 @@ class ProfileSchedule:
         return self.step_start is not None
 
     @property
+    def window(self) -> tuple[int, int] | None:
+        """``(step_start, step_end)`` of an absolute schedule; None for a relative one."""
+        if self.step_start is None or self.step_end is None:
+            return None
+        return self.step_start, self.step_end
+
+    @property
     def cycle_length(self) -> int:
         return self.wait + self.warmup + self.active
 
     def action(self, iteration: int, first_iteration: int = 1) -> Action:
         """The action for ``iteration``; ``first_iteration`` is the first iteration of this run."""
-        if self.absolute:
-            start, end = self.step_start, self.step_end
+        if self.window is not None:
+            start, end = self.window
             if start <= iteration < end:
                 return Action.RECORD_AND_SAVE if iteration == end - 1 else Action.RECORD
             if start - self.warmup <= iteration < start:
@@ -90,9 +101,10 @@ class ProfileSchedule:
         Lets the hot path skip idle iterations with one integer comparison.
         """
         candidate = after + 1
-        if self.absolute:
-            begin = max(candidate, self.step_start - self.warmup)
-            return begin if begin < self.step_end else None
+        if self.window is not None:
+            start, end = self.window
+            begin = max(candidate, start - self.warmup)
+            return begin if begin < end else None
         step = candidate - first_iteration - self.skip_first
         if step < 0:
             candidate, step = first_iteration + self.skip_first, 0
@@ -115,11 +127,9 @@ class ProfileSchedule:
 
     def describe(self) -> str:
         """One line for logs."""
-        if self.absolute:
-            return (
-                f"record iterations {self.step_start}..{self.step_end - 1} "
-                f"after {self.warmup} warmup step(s)"
-            )
+        if self.window is not None:
+            start, end = self.window
+            return f"record iterations {start}..{end - 1} after {self.warmup} warmup step(s)"
         cycles = "until the run ends" if self.repeat == 0 else f"{self.repeat} cycle(s)"
         return (
             f"skip {self.skip_first} step(s), then {cycles} of wait {self.wait} / "

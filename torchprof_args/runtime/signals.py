@@ -35,11 +35,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
 
 from torchprof_args.log import get_logger
 
-__all__ = ["SigtermGuard", "SigtermWatcher", "terminate"]
+__all__ = ["SignalHandler", "SigtermGuard", "SigtermWatcher", "terminate"]
+
+#: A Python signal handler, as ``signal.signal`` takes it.
+SignalHandler = Callable[[int, FrameType | None], object]
+#: What ``signal.getsignal`` returns: a handler, ``SIG_DFL``/``SIG_IGN``, or None (set outside Python).
+_Disposition = SignalHandler | int | signal.Handlers | None
 
 logger = get_logger(__name__)
 
@@ -60,7 +65,7 @@ class SigtermGuard:
         self.received_at: float | None = None
         self.hooks: list[Callable[[], None]] = []
         self.on_arrival: list[Callable[[], None]] = []
-        self._previous: Any = None
+        self._previous: _Disposition = None
         self._on_signal: Callable[[], None] | None = None
         self._emergency: Callable[[], None] | None = None
         self._done = threading.Event()
@@ -95,7 +100,7 @@ class SigtermGuard:
             logger.warning("rank %d: no SIGTERM watchdog (%s): a rank blocked in C code then ends by SIGTERM "
                            "only at its next step", self.rank, err)
 
-    def _handler(self, signum: int, frame: Any) -> None:
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self.pending:
             return
         self.received_at = time.monotonic()
@@ -213,11 +218,11 @@ class SigtermWatcher:
     recorder's: dump, then terminate as SIGTERM's default action would).
     """
 
-    def __init__(self, on_sigterm: Any, handler: Any) -> None:
+    def __init__(self, on_sigterm: Callable[[], object], handler: SignalHandler) -> None:
         self._on_sigterm = on_sigterm
         self._handler = handler
         self._pair: tuple[socket.socket, socket.socket] | None = None
-        self._installed_handler: Any = None
+        self._installed_handler: SignalHandler | None = None
 
     def start(self) -> bool:
         if threading.current_thread() is not threading.main_thread():

@@ -13,16 +13,25 @@ import dataclasses
 import math
 
 from torchprof_args.log import get_logger
-from torchprof_args.runtime.ondemand_window import OnDemandWindow
+from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
 
-__all__ = ["FENCE_FLUSH", "FENCE_SNAPSHOT", "StepPlan", "Timeline"]
+__all__ = ["FENCE_FLUSH", "FENCE_SNAPSHOT", "StepPlan", "Timeline", "window_action"]
 
 logger = get_logger(__name__)
 
 #: Why every rank meets at the fence after a step (the fence logs it).
 FENCE_FLUSH = "flush"
 FENCE_SNAPSHOT = "memory snapshot"
+
+
+def window_action(window: OnDemandWindow, iteration: int) -> Action:
+    """The on-demand ``window``'s profiler action for ``iteration`` (the same on every rank)."""
+    if window.start <= iteration < window.end:
+        return Action.RECORD_AND_SAVE if iteration == window.end - 1 else Action.RECORD
+    if window.warmup_start <= iteration < window.start:
+        return Action.WARMUP
+    return Action.NONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +167,10 @@ class Timeline:
         self.anchored = True
         if iteration == self.first_iteration:
             return
-        if not self.schedule.absolute:
+        window = self.schedule.window
+        if window is None:
             self.first_iteration = iteration
-        elif self.schedule.step_start <= iteration < self.schedule.step_end:
+        elif window[0] <= iteration < window[1]:
             logger.warning("rank %d: the run started at iteration %d, inside --torch-profile-step-start/"
                            "-end; pass start_iteration to TorchProfiler.from_args (or set args.iteration) so "
                            "the window is not missed", self.rank, iteration)
@@ -168,7 +178,7 @@ class Timeline:
     def _global_action(self, iteration: int, window: OnDemandWindow | None) -> Action:
         action = self.scheduled_action(iteration)
         if action is Action.NONE and window is not None:
-            action = window.action(iteration)
+            action = window_action(window, iteration)
         skipped = self.skipped
         if skipped is not None and skipped[0] <= iteration <= skipped[1]:
             return Action.NONE

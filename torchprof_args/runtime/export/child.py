@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from torchprof_args.atomic import partial_path
-from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob, report_status
+from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob
+from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
 
@@ -91,14 +92,14 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
     except BaseException as err:  # noqa: BLE001 - report anything, then leave
         with contextlib.suppress(BaseException):
             error = f"export failed in the forked child: {type(err).__name__}: {err}"
-            report_status(status_fd, {"trace_path": job.trace_path, "rank": job.rank, "error": error})
+            report_status(status_fd, PublishStatus(trace_path=job.trace_path, rank=job.rank, error=error))
             remove_export_leftovers(staged_tmp)
     finally:
         os._exit(EXIT_EXPORT_FAILED)
     return 0  # not reached
 
 
-def _reset_signals(parent_mask: set[signal.Signals]) -> None:
+def _reset_signals(parent_mask: Iterable[int]) -> None:
     """First thing in the child: default actions, no wakeup fd, then the parent's signal mask."""
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)

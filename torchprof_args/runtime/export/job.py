@@ -6,21 +6,20 @@ job only if the job file and every staged file lie directly in one of those stag
 and every published file lies inside that output directory (symlinks resolved), so a planted or
 edited job cannot make it read or overwrite anything else.
 
-Outcomes travel back on a pipe, not in files: a full staging filesystem cannot eat them.
+Outcomes travel back on a pipe (:mod:`~torchprof_args.runtime.export.status`).
 
 Import-light (the publisher imports it): no torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from torchprof_args.atomic import partial_path, write_json_atomically
 
@@ -30,8 +29,6 @@ __all__ = [
     "EXIT_REJECTED",
     "JobRejected",
     "PublishJob",
-    "read_status",
-    "report_status",
 ]
 
 #: Exit codes of the exporter child / publisher, so the training process can name the reason
@@ -39,8 +36,6 @@ __all__ = [
 EXIT_PUBLISH_FAILED = 1
 EXIT_REJECTED = 2
 EXIT_EXPORT_FAILED = 3
-
-_STATUS_LIMIT = 3500  # below PIPE_BUF (4096): one atomic write, never blocks on an unread pipe
 
 
 class JobRejected(ValueError):
@@ -52,7 +47,7 @@ class PublishJob:
     """Everything the publisher process needs, saved to the job file as JSON.
 
     ``extra_files`` is the place for more files published with this trace (an execution trace):
-    ``[staged path, target path, gzip level or None]`` each; the publisher moves them into the
+    ``(staged path, target path, gzip level or None)`` each; the publisher moves them into the
     output directory after the trace, atomically, and removes them from staging.  The operator
     table and the summary sidecar are parsed from the staged trace by the publisher itself.
     """
@@ -64,7 +59,7 @@ class PublishJob:
     operator_table_path: str | None = None
     operator_table_rows: int = 30
     rank: int = 0
-    extra_files: list[list[Any]] = dataclasses.field(default_factory=list)
+    extra_files: list[tuple[str, str, int | None]] = dataclasses.field(default_factory=list)
     #: the trace's summary sidecar (``naming.sidecar_path``), written with the operator table.
     sidecar_path: str | None = None
 
@@ -79,10 +74,9 @@ class PublishJob:
         _check_job_file(job_path, staging)
         try:
             fd = os.open(job_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with open(fd, encoding="utf-8") as handle:
-                fields = json.load(handle)
-            job = cls(**fields)
-        except (OSError, ValueError, TypeError) as err:
+            with open(fd, "rb") as handle:
+                job = msgspec.json.decode(handle.read(), type=cls)  # the fields' types checked too
+        except (OSError, ValueError) as err:
             raise JobRejected(f"job file {job_path} cannot be read: {err}") from None
         for path in job.staged_files():
             _require_in(path, staging, "staged file", directly=True)
@@ -92,10 +86,10 @@ class PublishJob:
         return job
 
     def staged_files(self) -> list[str]:
-        return [self.staged_path, *(str(extra[0]) for extra in self.extra_files)]
+        return [self.staged_path, *(staged for staged, _, _ in self.extra_files)]
 
     def published_files(self) -> list[str]:
-        files = [self.trace_path, *(str(extra[1]) for extra in self.extra_files)]
+        files = [self.trace_path, *(target for _, target, _ in self.extra_files)]
         return files + [p for p in (self.operator_table_path, self.sidecar_path) if p]
 
     def leftovers(self) -> list[Path]:
@@ -128,33 +122,3 @@ def _require_in(path: str, directories: list[str], what: str, *, directly: bool)
         where = " or ".join(directories)
         raise JobRejected(f"{what} {path} lies outside {where}, the directories this publisher was started "
                           "for")
-
-
-def report_status(fd: int | None, status: dict[str, Any]) -> None:
-    """Send the outcome to the training process (one write on the status pipe; never raises)."""
-    if fd is None:
-        return
-    text = json.dumps(status)
-    if len(text) > _STATUS_LIMIT:
-        status = {key: (value[:500] if isinstance(value, str) else value) for key, value in status.items()}
-        text = json.dumps(status)[:_STATUS_LIMIT]
-    with contextlib.suppress(OSError):
-        os.write(fd, text.encode() + b"\n")
-
-
-def read_status(fd: int) -> dict[str, Any] | None:
-    """The last complete status on the pipe, once the writer has exited (non-blocking)."""
-    chunks = []
-    with contextlib.suppress(OSError):
-        os.set_blocking(fd, False)
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    for line in reversed(b"".join(chunks).splitlines()):
-        with contextlib.suppress(ValueError):
-            status = json.loads(line)
-            if isinstance(status, dict):
-                return status
-    return None

@@ -25,18 +25,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 from torchprof_args.atomic import atomic_output
-from torchprof_args.runtime.export.job import (
-    EXIT_PUBLISH_FAILED,
-    EXIT_REJECTED,
-    JobRejected,
-    PublishJob,
-    report_status,
-)
+from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
+from torchprof_args.runtime.export.status import PublishStatus, report_status
 
-__all__ = ["PublishJob", "publish", "publisher_argv", "publisher_env"]
+__all__ = ["PublishJob", "PublishStatus", "publish", "publisher_argv", "publisher_env"]
 
 _COPY_CHUNK = 16 << 20
 
@@ -53,53 +48,49 @@ def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
             shutil.copyfileobj(src, gz, _COPY_CHUNK)
 
 
-def publish(job: PublishJob) -> dict[str, Any]:
-    """Publish one staged trace, its summary sidecar, operator table and extra files; returns the
-    status record.
+def publish(job: PublishJob) -> PublishStatus:
+    """Publish one staged trace, its summary sidecar, operator table and extra files; returns what
+    became of it.
 
     Staged files are removed whatever happens.
     """
     started = time.perf_counter()
-    status: dict[str, Any] = {"trace_path": job.trace_path, "rank": job.rank}
+    status = PublishStatus(trace_path=job.trace_path, rank=job.rank)
     staged = Path(job.staged_path)
     try:
-        status["raw_mb"] = staged.stat().st_size / 1e6
+        status.raw_mb = staged.stat().st_size / 1e6
         trace_path = Path(job.trace_path)
         _copy_compressed(staged, trace_path, job.gzip_level)
-        status["trace_mb"] = trace_path.stat().st_size / 1e6
-        status["publish_seconds"] = time.perf_counter() - started
+        status.trace_mb = trace_path.stat().st_size / 1e6
+        status.trace_seconds = time.perf_counter() - started
         if job.operator_table_path:
             try:
-                status["operator_table_path"] = _write_summary_files(staged, job, trace_path)
+                status.operator_table_path = _write_summary_files(staged, job, trace_path,
+                                                                  job.operator_table_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
-                status["summary_error"] = f"{type(err).__name__}: {err}"
+                status.summary_error = f"{type(err).__name__}: {err}"
         _publish_extra_files(job, status)
     except Exception as err:
-        status["error"] = f"{type(err).__name__}: {err}"
+        status.error = f"{type(err).__name__}: {err}"
     finally:
         for path in job.staged_files():
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    status["seconds"] = time.perf_counter() - started
+    status.publish_seconds = time.perf_counter() - started
     return status
 
 
-def _publish_extra_files(job: PublishJob, status: dict[str, Any]) -> None:
+def _publish_extra_files(job: PublishJob, status: PublishStatus) -> None:
     """Step 3: files that belong with this trace; a failure is reported beside the trace's success."""
-    published, errors = [], []
     for staged, target, level in job.extra_files:
         try:
             _copy_compressed(Path(staged), Path(target), level)
-            published.append(str(target))
+            status.extra_files.append(str(target))
         except Exception as err:  # noqa: BLE001 - the trace itself is published
-            errors.append(f"{target}: {type(err).__name__}: {err}")
-    if published:
-        status["extra_files"] = published
-    if errors:
-        status["extra_errors"] = errors
+            status.extra_errors.append(f"{target}: {type(err).__name__}: {err}")
 
 
-def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
+def _write_summary_files(staged: Path, job: PublishJob, published: Path, operator_table: str) -> str:
     """Step 2: the trace's summary, parsed from the uncompressed staged copy (fast, local),
     published as its sidecar (``summaries/<stem>.summary.json``, with the rank's part of ``torchprof
     diagnose``: what ``torchprof summary`` / ``diagnose`` then
@@ -120,12 +111,12 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path) -> str:
             diagnosis = None  # `torchprof diagnose` then parses the trace
         write_sidecar(summary, published, target=Path(job.sidecar_path), diagnosis=diagnosis)
     del trace
-    with atomic_output(job.operator_table_path, "w", fsync=True) as handle:
+    with atomic_output(operator_table, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
-    return job.operator_table_path
+    return operator_table
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through atomic_output, which removes the partial file
 
 
@@ -142,17 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = PublishJob.load(args.job, args.staging, args.output)
     except JobRejected as err:
-        report_status(args.status_fd, {"error": f"publisher rejected the job: {err}"})
+        report_status(args.status_fd, PublishStatus(error=f"publisher rejected the job: {err}"))
         print(f"torchprof publisher: {err}", file=sys.stderr)
         return EXIT_REJECTED
-    status: dict[str, Any] = {"trace_path": job.trace_path, "rank": job.rank, "error": "publisher terminated"}
+    status = PublishStatus(trace_path=job.trace_path, rank=job.rank, error="publisher terminated")
     try:
         status = publish(job)
     finally:
         report_status(args.status_fd, status)
         with contextlib.suppress(OSError):
             os.unlink(args.job)
-    return EXIT_PUBLISH_FAILED if "error" in status else 0
+    return 0 if status.published else EXIT_PUBLISH_FAILED
 
 
 def publisher_argv(job_path: str, staging_dirs: list[str], output_dir: str,

@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from torchprof_args.log import get_logger
-from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, EXIT_REJECTED, PublishJob, read_status
+from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, EXIT_REJECTED, PublishJob
+from torchprof_args.runtime.export.status import PublishStatus, read_status
 from torchprof_args.runtime.host_resources import free_disk_bytes
 
 __all__ = ["Pending", "Reaper", "remove_job_files"]
@@ -66,7 +66,7 @@ def remove_job_files(job: PublishJob, job_path: str | os.PathLike[str]) -> None:
 class Reaper:
     """Watches pending processes; ``on_done(pending, status)`` runs on the reaper thread for each."""
 
-    def __init__(self, rank: int, timeout: float, on_done: Callable[[Pending, dict[str, Any]], None]) -> None:
+    def __init__(self, rank: int, timeout: float, on_done: Callable[[Pending, PublishStatus], None]) -> None:
         self.rank = rank
         self.timeout = timeout
         self._on_done = on_done
@@ -139,10 +139,12 @@ class Reaper:
                              err)
 
     def _finish(self, pending: Pending) -> None:
-        status = read_status(pending.status_fd) or {"error": _reason(pending)}
+        status = read_status(pending.status_fd) or PublishStatus(
+            trace_path=pending.job.trace_path, rank=pending.job.rank, error=_reason(pending))
         for fd in (pending.status_fd, pending.pidfd):
-            with contextlib.suppress(OSError, TypeError):
-                os.close(fd)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         remove_job_files(pending.job, pending.job_path)
         with self._lock:
             self._in_flight.pop(pending.pid, None)

@@ -22,7 +22,6 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.log import get_logger
@@ -44,6 +43,7 @@ from torchprof_args.runtime.export.progress import PublishProgress
 from torchprof_args.runtime.export.publisher import publish, publisher_argv, publisher_env
 from torchprof_args.runtime.export.reaper import Pending, Reaper, remove_job_files
 from torchprof_args.runtime.export.staging import StagingArea
+from torchprof_args.runtime.export.status import PublishStatus
 
 __all__ = ["Route", "Submission", "TraceWriter"]
 
@@ -135,7 +135,7 @@ class TraceWriter:
             operator_table_path=str(operator_table_path(trace_path)) if rows else None,
             operator_table_rows=rows or 0,
             rank=self.rank,
-            extra_files=[[staged, str(folder / name), level] for staged, name, level in extra_files],
+            extra_files=[(staged, str(folder / name), level) for staged, name, level in extra_files],
             sidecar_path=str(sidecar_path(trace_path)) if rows else None,
         )
 
@@ -263,7 +263,7 @@ class TraceWriter:
         status = publish(job)
         remove_job_files(job, job_path)
         self._record(job, steps, started, status)
-        return Submission(Route.IN_PROCESS, job.trace_path, error=status.get("error"))
+        return Submission(Route.IN_PROCESS, job.trace_path, error=status.error)
 
     # -- outcomes --------------------------------------------------------------------------
 
@@ -271,34 +271,34 @@ class TraceWriter:
         self.stats["publish_failures"] += 1
         self.progress.add(trace_path or "", ok=False)
 
-    def _on_reaped(self, pending: Pending, status: dict[str, Any]) -> None:
+    def _on_reaped(self, pending: Pending, status: PublishStatus) -> None:
         """The reaper's callback (on its thread) when a publisher process ended."""
         self._record(pending.job, pending.steps, pending.started, status)
 
-    def _record(self, job: PublishJob, steps: int, started: float, status: dict[str, Any]) -> None:
+    def _record(self, job: PublishJob, steps: int, started: float, status: PublishStatus) -> None:
         """Learn the trace's size, count and log the outcome of ``job`` (``started``: monotonic,
         when it was handed over)."""
         trace_path = job.trace_path
-        if "raw_mb" in status:
-            self.planner.learn(status["raw_mb"] * 1e6, steps)
-        if "error" in status:
+        if status.raw_mb is not None:
+            self.planner.learn(status.raw_mb * 1e6, steps)
+        if status.error is not None:
             self._count_failure(trace_path)
-            logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status["error"])
+            logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status.error)
             return
+        trace_mb = status.trace_mb or 0.0
         self.stats["traces_written"] += 1
-        self.stats["trace_mb"] = status.get("trace_mb", 0.0)
-        self.stats["publish_seconds"] = status.get("seconds", 0.0)
-        self.published.append(status["trace_path"])
+        self.stats["trace_mb"] = trace_mb
+        self.stats["publish_seconds"] = status.publish_seconds
+        self.published.append(trace_path)
         seconds = time.monotonic() - started
-        self.progress.add(status["trace_path"], ok=True, megabytes=status.get("trace_mb", 0.0),
-                          seconds=seconds)
+        self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds)
         # DEBUG: at 512 ranks, rank 0's one line per cycle says it (runtime/publishing.py)
         logger.debug("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
-                     status["trace_path"], status.get("trace_mb", 0.0), seconds)
-        for key in ("summary_error", "extra_errors"):
-            if key in status:
-                logger.warning("rank %d: %s for %s: %s", self.rank, key.replace("_", " "), trace_path,
-                               status[key])
+                     trace_path, trace_mb, seconds)
+        if status.summary_error is not None:
+            logger.warning("rank %d: summary error for %s: %s", self.rank, trace_path, status.summary_error)
+        if status.extra_errors:
+            logger.warning("rank %d: extra errors for %s: %s", self.rank, trace_path, status.extra_errors)
 
     # -- the end ---------------------------------------------------------------------------
 

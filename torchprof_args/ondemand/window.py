@@ -1,13 +1,15 @@
-"""The window every rank agrees on: warm up from ``warmup_start``, record ``[start, end)``."""
+"""The window every rank agrees on: warm up from ``warmup_start``, record ``[start, end)``.
+
+Data only: what the window means for each iteration's profiler action is the timeline's business
+(:mod:`torchprof_args.runtime.timeline`), which sits above this package.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from torchprof_args.ondemand.protocol import RequestRejected, TraceRequest
-from torchprof_args.runtime.schedule import Action
 
 __all__ = ["MAX_DEFER_ITERATIONS", "OnDemandWindow", "place_window", "ranks_text"]
 
@@ -28,17 +30,6 @@ class OnDemandWindow:
 
     def traces(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
-
-    def action(self, iteration: int) -> Action:
-        """This window's profiler action for ``iteration`` (the same on every rank)."""
-        if self.start <= iteration < self.end:
-            return Action.RECORD_AND_SAVE if iteration == self.end - 1 else Action.RECORD
-        if self.warmup_start <= iteration < self.start:
-            return Action.WARMUP
-        return Action.NONE
-
-    def as_tuple(self) -> tuple[Any, ...]:
-        return dataclasses.astuple(self)
 
 
 def place_window(request: TraceRequest, iteration: int, warmup: int,
