@@ -142,9 +142,9 @@ def test_bus_bandwidth_factors_are_nccl_tests() -> None:
 
 def test_unknown_cycle_and_missing_input_are_one_line_errors(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert torchprof(["collectives", str(tmp_path / "nope")]) == 1
+    assert torchprof(["collectives", str(tmp_path / "nope")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
-    assert torchprof(["collectives", str(DATA), "--cycle", "5"]) == 1
+    assert torchprof(["collectives", str(DATA), "--cycle", "5"]) == 2
     assert "--cycle 5: no traces of a cycle starting at iteration 5" in capsys.readouterr().err
 
 

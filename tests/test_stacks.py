@@ -137,7 +137,7 @@ def test_hang_on_a_folder_without_dumps_or_stacks_says_what_to_run(tmp_path: Pat
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(TraceError, match="--torch-profile-stacks"):
         analyse_dumps(tmp_path)
-    assert torchprof(["hang", str(tmp_path)]) == 1
+    assert torchprof(["hang", str(tmp_path)]) == 2
     assert "run with --torch-profile-flight-recorder N or --torch-profile-stacks" in capsys.readouterr().err
 
 

@@ -15,7 +15,6 @@ import argparse
 import json
 from typing import Any
 
-from torchprof_args.commands.common import guard
 from torchprof_args.errors import TraceError
 
 __all__ = ["collectives_report", "format_collectives", "register"]
@@ -178,4 +177,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=guard(_run, "collectives"))
+    p.set_defaults(func=_run)

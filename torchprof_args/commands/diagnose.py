@@ -20,9 +20,8 @@ import json
 import sys
 from typing import Any
 
-from torchprof_args.commands.common import guard
 from torchprof_args.device_peaks import DTYPES
-from torchprof_args.errors import TraceError
+from torchprof_args.errors import CommandError
 from torchprof_args.flags.types import positive_float
 
 __all__ = ["format_diagnosis", "register"]
@@ -114,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
     files, cycle_text = choose_cycle(expand([args.path]), args.cycle)
     got = gather(files, reparse=args.reparse, workers=args.workers, progress=not args.no_progress)
     if not got.docs:
-        raise TraceError(got.errors[0] if len(got.errors) == 1 else
+        raise CommandError(got.errors[0] if len(got.errors) == 1 else
                          f"none of the {len(files)} traces could be read ({got.errors[0]})")
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
@@ -143,5 +142,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--peak-dtype", choices=DTYPES, default="bf16",
                    help="which of the table's peaks low_mfu compares with (default: bf16)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=guard(_run, "diagnose", error_status=2))
+    p.set_defaults(func=_run)
 

@@ -20,7 +20,6 @@ import datetime
 import json
 from typing import Any
 
-from torchprof_args.commands.common import guard
 from torchprof_args.stacks.where import format_where
 
 __all__ = ["format_hang", "register"]
@@ -142,4 +141,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("directory", metavar="DIR", help="the run's --torch-profile-dir, or its flight_recorder/")
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object")
     p.add_argument("--brief", action="store_true", help="leave out PyTorch's analyzer output")
-    p.set_defaults(func=guard(_run, "hang"))
+    p.set_defaults(func=_run)

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.commands.common import INPUTS_HELP, guard, top_count
-from torchprof_args.errors import TraceError
+from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.errors import CommandError
 from torchprof_args.flags.types import positive_int
 
 __all__ = ["register"]
@@ -59,7 +59,7 @@ def _summary(args: argparse.Namespace) -> int:
     from torchprof_args.commands.cycles import cycle_summaries
 
     if args.shard and not args.write_sidecars:
-        raise TraceError("--shard splits the work of --write-sidecars between tasks; add --write-sidecars")
+        raise CommandError("--shard splits the work of --write-sidecars between tasks; add --write-sidecars")
     if args.write_sidecars:
         return _write_sidecars(args)
     cycles, got = cycle_summaries(args.traces, args, args.top)
@@ -126,4 +126,4 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--shard", metavar="K/N", default=None,
                    help="with --write-sidecars: only the K-th of N stable shares of the traces (0 <= K < N); "
                    "'auto' reads SLURM_PROCID/SLURM_NTASKS, else RANK/WORLD_SIZE")
-    p.set_defaults(func=guard(_summary, "summary"))
+    p.set_defaults(func=_summary)
