@@ -24,7 +24,8 @@ from torchprof_args.analysis.analyzers.collective_match import (
 )
 from torchprof_args.analysis.analyzers.collectives import CommRecord, RankComms, canonical_kind, dtype_bytes
 from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.commands.collectives import collectives_report, format_collectives
+from torchprof_args.analysis.render.collectives import format_collectives
+from torchprof_args.analysis.tools.collectives import collectives_report
 from torchprof_args.console import main as torchprof
 
 PAIR = [DATA / "gpu_128rank_sampled_rank0.json.gz", DATA / "gpu_128rank_sampled_rank1.json.gz"]

@@ -143,32 +143,16 @@ def _load(files: list[str]) -> Profile:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from torchprof_args.pyspy.report import format_table, report_rows
+    from torchprof_args.pyspy.report import format_report, report_document, report_rows
 
     profile = _load(args.files)
     rows = report_rows(profile, library=args.library_name,
                        aggregate_leaf_paths=args.aggregate_leaf_paths, top=args.top or None)
     if args.json:
-        print(json.dumps({
-            "files": profile.files,
-            "total_samples": profile.total_samples,
-            "library_name": args.library_name,
-            "aggregate_leaf_paths": args.aggregate_leaf_paths,
-            "unparsed_frames": profile.unparsed_frames,
-            "unparsed_frame_samples": profile.unparsed_frame_samples,
-            "malformed_records": profile.malformed_records,
-            "rows": [row.as_dict() for row in rows],
-        }, indent=2))
-        return 0
-    if profile.total_samples == 0:
-        print(f"No samples in {', '.join(profile.files)} (was the program shorter than one sampling "
-              "interval, or only idle without --idle?).")
+        print(json.dumps(report_document(profile, rows, library=args.library_name,
+                                         aggregate_leaf_paths=args.aggregate_leaf_paths), indent=2))
     else:
-        print(format_table(rows))
-        print(f"\n{profile.total_samples} samples in {len(profile.files)} file(s); "
-              f"library frames: {args.library_name or 'your own code'}.")
-    for note in profile.problems():
-        print(f"Note: {note}")
+        print(format_report(profile, rows, library=args.library_name))
     return 0
 
 
