@@ -1,5 +1,6 @@
 """``torchprof trigger``: ask a running ``--torch-profile-on-demand`` job for a trace, or any job
-with ``--torch-profile-stacks`` for every rank's stacks (``--stacks``, answered within 2 s).
+that profiles for every rank's stacks (``--stacks``, answered within 2 s by every rank's stacks
+server, on unless the job runs with ``--no-torch-profile-stacks-server``).
 
 Writes a request into the job's control directory, waits for rank 0's answer (taken at the next
 check iteration), prints the accepted window and the trace paths, and with ``--wait`` waits until
@@ -66,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="give up after S seconds in all (default 600; 10 with --stacks); an untaken "
                              "request is withdrawn")
     parser.add_argument("--stacks", action="store_true",
-                        help="every rank's Python stacks now (jobs with --torch-profile-stacks or "
-                             "--torch-profile-flight-recorder), instead of a trace")
+                        help="every rank's Python stacks now (any job with a --torch-profile* feature, "
+                             "unless it runs with --no-torch-profile-stacks-server), instead of a trace")
     parser.add_argument("--native", action="store_true",
                         help="with --stacks: native frames too, from py-spy (pauses each rank briefly)")
     parser.add_argument("--json", action="store_true", help="print the job's answer as JSON")

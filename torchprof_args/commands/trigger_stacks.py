@@ -52,8 +52,8 @@ def control_dir(job_dir: str | None, pid: int | None) -> Path:
             return candidate
     raise CommandError(
         f"--job-dir {str(base)!r}: no stacks server's {JOB_FILE} there or in {STACKS_CONTROL_SUBDIR}/; give "
-        "the job's --torch-profile-dir, and check the job runs with --torch-profile-stacks (or "
-        "--torch-profile-flight-recorder) and has entered the profiler")
+        "the job's --torch-profile-dir (every rank serves its stacks once the job has entered the profiler, "
+        "with any --torch-profile* feature, unless it runs with --no-torch-profile-stacks-server)")
 
 
 def _job(directory: Path) -> dict[str, Any]:
