@@ -73,8 +73,7 @@ def _heatmap(view: dict[str, Any]) -> str:
 
 def _breakdown(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
     picks = _picks(view)
-    gpus = [(label, (by_rank.get(rank) or {}).get("gpu")) for label, rank in picks]
-    gpus = [(label, g) for label, g in gpus if g]
+    gpus = [(label, g) for label, rank in picks if (g := (by_rank.get(rank) or {}).get("gpu"))]
     if not gpus:
         return ""
     all_gpus = [s["gpu"] for s in by_rank.values() if s.get("gpu")]
