@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchprof_args.commands.common import INPUTS_HELP, top_count
-from torchprof_args.errors import CommandError
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
 __all__ = ["register"]
@@ -50,7 +50,7 @@ def _write_sidecars(args: argparse.Namespace) -> int:
     print(f"{where}{len(mine)} of {len(files)} trace(s): {got.sidecars_written} sidecar(s) written "
           f"({got.parsed_bytes / 1e6:,.0f} MB parsed in {got.parse_seconds:.1f} s{rate}), "
           f"{got.from_sidecars} already up to date, {len(got.errors)} failed")
-    return 1 if got.errors else 0
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -74,7 +74,7 @@ def _summary(args: argparse.Namespace) -> int:
         else:
             _print_text(args, summaries, view, cycle.label)
         sys.stdout.flush()
-    return 1 if got.errors else 0
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def _print_text(args: argparse.Namespace, summaries: list[dict[str, Any]], view: dict[str, Any] | None,

@@ -1,9 +1,10 @@
 """``torchprof summary | report | diff | split | merge | mem``: the trace toolkit's command line.
 
-Every trace command takes trace files, cycle folders or run folders (:mod:`.discover`), reads a
-trace's summary from its sidecar when one matches (:mod:`.sidecar`) and parses it otherwise
-(:mod:`.collect`, per cycle: :mod:`.cycles`).  ``summary`` is in :mod:`.summary_command`; what
-the commands share in :mod:`.cmdline`.
+Every trace command takes trace files, cycle folders or run folders
+(:mod:`torchprof_args.analysis.collect.discover`), reads a trace's summary from its sidecar when
+one matches and parses it otherwise (:mod:`torchprof_args.analysis.collect`, per cycle:
+:mod:`.cycles`).  ``summary`` is in :mod:`.summary`; what the commands share in :mod:`.common`;
+their errors are raised as :class:`~torchprof_args.errors.CommandError`, printed by the console.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from torchprof_args.commands import summary as summary_command
 from torchprof_args.commands.common import INPUTS_HELP, top_count
-from torchprof_args.errors import CommandError
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
 
@@ -30,7 +31,7 @@ def _report(args: argparse.Namespace) -> int:
                        findings=findings)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
-    return 1 if got.errors else 0
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> dict[str, Any] | None:
@@ -54,7 +55,7 @@ def _diff(args: argparse.Namespace) -> int:
     for side in (args.base, args.new):
         cycles, got = cycle_summaries([side], args, None)
         if got.errors:
-            return 1
+            return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
         diagnoses.append(_diagnosis(files, args, label or side) or {"findings": []})

@@ -134,4 +134,4 @@ def run_stacks(args: argparse.Namespace) -> int:
             print(f"rank {rank} rejected the request: {reason}")
         for problem in problems:
             print(f"note: {problem}")
-    return 0 if not outcome["missing"] and not outcome["rejected"] else 1
+    return ExitStatus.OK if not outcome["missing"] and not outcome["rejected"] else ExitStatus.PARTLY_FAILED
