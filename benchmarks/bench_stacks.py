@@ -1,12 +1,13 @@
 """What ``torchprof trigger --stacks`` costs a healthy job, and how fast every rank answers.
 
 Four gloo ranks (torchrun) run ``tests/jobs/stacks_job.py`` (a small matrix product, an all-reduce
-and a short sleep per step) three times: without ``--torch-profile-stacks``, with it but no
-request (the server thread's one stat a second), and with a stacks request every second (every
-rank answers from its server thread; Python frames, as ``trigger --stacks`` asks by default;
-``--native`` adds py-spy's, which stops each rank while it unwinds).  Prints each run's step times
-(median, p90, mean, from every rank's steps after the first 10) with the ratio to the run without
-stacks, and the requests' latency (request written -> every rank's answer published).
+and a short sleep per step), the profiler on for on-demand traces (no request), three times: with
+``--no-torch-profile-stacks-server`` (no server thread), with the server on as by default but no
+request (its one stat a second), and with a stacks request every second (every rank answers from
+its server thread; Python frames, as ``trigger --stacks`` asks by default; ``--native`` adds
+py-spy's, which stops each rank while it unwinds).  Prints each run's step times (median, p90,
+mean, from every rank's steps after the first 10) with the ratio to the run without the server,
+and the requests' latency (request written -> every rank's answer published).
 
     .venv/bin/python benchmarks/bench_stacks.py [--iters 600] [--step-sleep 0.02] [--native]
 """
@@ -81,11 +82,13 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.02)
     parser.add_argument("--native", action="store_true", help="requests ask for py-spy's native frames")
     args = parser.parse_args()
-    stacks = ["--torch-profile-stacks"]
-    runs = [("stacks off", [], False), ("--torch-profile-stacks, no request", stacks, False),
-            (f"a request every second{' (--native)' if args.native else ''}", stacks, True)]
+    profiling = ["--torch-profile-on-demand"]
+    runs = [("--no-torch-profile-stacks-server", [*profiling, "--no-torch-profile-stacks-server"], False),
+            ("stacks server on (the default), no request", profiling, False),
+            (f"a request every second{' (--native)' if args.native else ''}", profiling, True)]
     print(f"CPU, {os.cpu_count()} cores; {NPROC} gloo ranks, {args.iters} steps "
-          f"(step: 128x128 matmul + all-reduce of 4096 floats + {args.step_sleep * 1000:.0f} ms sleep)")
+          f"(step: 128x128 matmul + all-reduce of 4096 floats + {args.step_sleep * 1000:.0f} ms sleep), "
+          f"each run with {' '.join(profiling)}")
     print(f"{'run':<42} {'median ms':>9} {'p90 ms':>7} {'mean ms':>8} {'ratio':>6}")
     base = None
     latencies: list[float] = []

@@ -273,7 +273,7 @@ def test_bad_input_one_line_error(tmp_path: Path, content: bytes, message: str) 
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
     proc = _cli("summary", str(bad))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and str(bad) in proc.stderr and message in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -283,12 +283,12 @@ def test_bad_gzip_and_empty_dir(tmp_path: Path) -> None:
     trunc = tmp_path / "t.json.gz"
     trunc.write_bytes(GPU_2RANK.read_bytes()[:50_000])
     proc = _cli("summary", str(trunc))
-    assert proc.returncode == 1 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     for args in (["summary", str(empty)], ["merge", str(empty), "-o", str(tmp_path / "m.json")]):
         proc = _cli(*args)
-        assert proc.returncode == 1 and "no .json" in proc.stderr
+        assert proc.returncode == 2 and "no .json" in proc.stderr
 
 
 def _snapshot() -> dict:
@@ -350,5 +350,5 @@ def test_mem_refuses_malicious_pickle(tmp_path: Path) -> None:
     path = tmp_path / "evil.pickle"
     path.write_bytes(evil)
     proc = _cli("mem", str(path))
-    assert proc.returncode == 1 and "refusing to load" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "refusing to load" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()

@@ -158,7 +158,7 @@ def test_sharded_sidecar_writing_on_the_command_line(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO), "SLURM_PROCID": "1", "SLURM_NTASKS": "3"})
     assert env_run.returncode == 0 and env_run.stdout.startswith("shard 1/3: ")
     bad = _cli("summary", "--shard", "0/2", str(run))
-    assert bad.returncode == 1 and "add --write-sidecars" in bad.stderr and bad.stderr.count("\n") == 1
+    assert bad.returncode == 2 and "add --write-sidecars" in bad.stderr and bad.stderr.count("\n") == 1
 
 
 def _many(n: int, seed: int = 3) -> list[dict]:
@@ -297,7 +297,7 @@ def test_merge_and_split_take_folders(tmp_path: Path) -> None:
     proc = _cli("merge", str(run / "iter000010-000011"), "-o", str(out))
     assert proc.returncode == 0 and "rank 0:" in proc.stdout and "rank 1:" in proc.stdout and out.exists()
     proc = _cli("merge", str(run), "-o", str(out))
-    assert proc.returncode == 1 and "2 profiled cycles" in proc.stderr
+    assert proc.returncode == 2 and "2 profiled cycles" in proc.stderr
     proc = _cli("split", str(run / "iter000010-000011"), "--max-mb", "1")
     assert proc.returncode == 0 and len(list((run / "iter000010-000011").glob("*.split"))) == 2
     assert len(expand([run / "iter000010-000011"])) == 2  # the pieces are not traces of the cycle

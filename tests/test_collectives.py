@@ -24,7 +24,8 @@ from torchprof_args.analysis.analyzers.collective_match import (
 )
 from torchprof_args.analysis.analyzers.collectives import CommRecord, RankComms, canonical_kind, dtype_bytes
 from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.commands.collectives import collectives_report, format_collectives
+from torchprof_args.analysis.render.collectives import format_collectives
+from torchprof_args.analysis.tools.collectives import collectives_report
 from torchprof_args.console import main as torchprof
 
 PAIR = [DATA / "gpu_128rank_sampled_rank0.json.gz", DATA / "gpu_128rank_sampled_rank1.json.gz"]
@@ -142,9 +143,9 @@ def test_bus_bandwidth_factors_are_nccl_tests() -> None:
 
 def test_unknown_cycle_and_missing_input_are_one_line_errors(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert torchprof(["collectives", str(tmp_path / "nope")]) == 1
+    assert torchprof(["collectives", str(tmp_path / "nope")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
-    assert torchprof(["collectives", str(DATA), "--cycle", "5"]) == 1
+    assert torchprof(["collectives", str(DATA), "--cycle", "5"]) == 2
     assert "--cycle 5: no traces of a cycle starting at iteration 5" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """A corrupt trace (invalid UTF-8, truncated JSON, bad or truncated gzip) is one line on stderr naming
-the file, exit status 1, in every ``torchprof`` command that reads traces (in process: fast)."""
+the file, exit status 2, in every ``torchprof`` command that reads traces (in process: fast)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ COMMANDS = {
     "split": lambda out: ["split", "--max-mb", "1", "-o", str(out / "parts")],
     "merge": lambda out: ["merge", "-o", str(out / "m.json")],
     "collectives": lambda out: ["collectives"],
+    "diagnose": lambda out: ["diagnose", "--no-progress"],
 }
 
 
@@ -42,7 +43,7 @@ def test_corrupt_trace_is_one_line_naming_the_file(tmp_path: Path, capsys: pytes
     bad = tmp_path / name
     bad.write_bytes(content)
     argv = COMMANDS[command](tmp_path) + [str(bad)] * (2 if command == "diff" else 1)
-    assert main(argv) == 1
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith(f"torchprof {command}: error: {bad}: ") and reason in err, err
@@ -53,7 +54,7 @@ def test_corrupt_file_is_not_a_memory_snapshot(tmp_path: Path, capsys: pytest.Ca
                                                name: str) -> None:
     bad = tmp_path / name.replace(".json", ".pickle")
     bad.write_bytes(CORRUPT[name][0])
-    assert main(["mem", str(bad)]) == 1
+    assert main(["mem", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"torchprof mem: error: {bad}: "), err
 
@@ -61,6 +62,6 @@ def test_corrupt_file_is_not_a_memory_snapshot(tmp_path: Path, capsys: pytest.Ca
 def test_corrupt_trace_in_a_run_folder_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "rank0_iter3.json"
     bad.write_bytes(CORRUPT["bad_utf8.json"][0])
-    assert main(["summary", str(tmp_path)]) == 1
+    assert main(["summary", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{bad}: not valid UTF-8" in err, err

@@ -13,10 +13,10 @@ import pytest
 from helpers.paths import REPO
 
 from torchprof_args import MetricsWriter, Timers
-from torchprof_args.commands.dashboard import build_wandb_workspace, workspace_json
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.config import MetricsConfig, WandbConfig
 from torchprof_args.metrics.dashboard.render import DEFAULT_SPEC, expand_panels
+from torchprof_args.metrics.dashboard.wandb_view import build_wandb_workspace, workspace_json
 
 # wandb-workspaces still uses pydantic v1-style validators.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -15,7 +15,7 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis.diagnose.finding import FINDINGS_VERSION, KINDS, Finding
 from torchprof_args.analysis.diagnose.job import diagnose, merge_kind
-from torchprof_args.commands.diagnose import MAX_LINES, format_diagnosis
+from torchprof_args.analysis.render.diagnosis import MAX_LINES, format_diagnosis
 from torchprof_args.console import main as torchprof
 
 FINDING_KEYS = {"kind", "ranks", "ms_per_step", "share_of_step", "saving_ms_per_step", "evidence", "remedy"}
@@ -173,6 +173,11 @@ def test_report_opens_with_the_findings(tmp_path, capsys):
     assert page.index("What to fix (torchprof diagnose)") > section
     assert page.index("What to fix") < page.index("Step time per rank and step")
     assert "<td>straggler</td>" in page
+    # CPU-only traces: six kinds lack GPU kernels, one flag records them all: said once, naming the six
+    flag = "--torch-profile-activities cpu cuda"
+    (gpu_gaps,) = [line for line in page.split("<li>") if f"record with {flag}" in line]
+    assert page.count(flag) == 1
+    assert gpu_gaps.startswith("to see gpu_idle, exposed_comm, launch_bound, host_sync, memcpy, low_mfu, ")
 
 
 @pytest.mark.slow

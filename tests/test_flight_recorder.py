@@ -4,6 +4,7 @@ SIGTERM, PyTorch's own flight recorder and analyzer (the dumps normalised for it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pickle
@@ -21,12 +22,13 @@ from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import free_port, rank_results, subprocess_env
 
-from torchprof_args import add_torch_profile_args
+from torchprof_args import TorchProfileArgsError, add_torch_profile_args
 from torchprof_args.analysis.tools.hang import analyse_dumps, normalise_dumps
 from torchprof_args.config import configs_from_args
 from torchprof_args.console import main as torchprof
 from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
 from torchprof_args.runtime import flight_recorder
+from torchprof_args.runtime.config import FlightRecorderConfig
 from torchprof_args.torch_support import FEATURES, needs, torch_at_least
 
 JOB = REPO / "tests" / "jobs" / "comm_job.py"
@@ -50,6 +52,52 @@ def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: p
     assert not configs_from_args(parser.parse_args([])).profiler.flight_recorder.enabled
     with pytest.raises(SystemExit):
         parser.parse_args(["--torch-profile-flight-recorder", "0"])
+
+
+def test_the_stacks_server_flag_is_on_by_default_and_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(flight_recorder, "_STATE", {"configured": False, "pg_existed": False})
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    run = ["--torch-profile-dir", str(tmp_path), "--torch-profile-on-demand"]
+    on = configs_from_args(parser.parse_args(run)).profiler.flight_recorder
+    assert on.stacks_server and not on.active and on.stacks_control_dir == f"{tmp_path}/stacks"
+    assert not configs_from_args(parser.parse_args([*run, "--no-torch-profile-stacks-server"])
+                                 ).profiler.flight_recorder.stacks_server
+    stacks_only = configs_from_args(parser.parse_args([*run, "--torch-profile-stacks",
+                                                       "--no-torch-profile-stacks-server"])).profiler.flight_recorder
+    assert stacks_only.stacks and not stacks_only.stacks_server  # stacks at a hang, no server
+    conflict = "--no-torch-profile-stacks-server with --torch-profile-flight-recorder: .* drop one of the two"
+    with pytest.raises(TorchProfileArgsError, match=conflict):
+        configs_from_args(parser.parse_args([*run, "--torch-profile-flight-recorder", "8",
+                                             "--no-torch-profile-stacks-server"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--torch-profile-stacks-server=yes"])  # a switch: no value
+    assert "ignored explicit argument 'yes'" in capsys.readouterr().err
+
+
+def test_a_recorder_that_only_serves_dumps_nothing_and_stops_clean(tmp_path: Path) -> None:
+    """The profiler on (``profiling``), neither the recorder nor the stacks: the stacks server alone."""
+    config = FlightRecorderConfig(output_dir=str(tmp_path / "fr"),
+                                  stacks_control_dir=str(tmp_path / "stacks"))
+    assert flight_recorder.FlightRecorder.from_config(config, 0) is None  # the profiler off: nothing runs
+    assert flight_recorder.FlightRecorder.from_config(dataclasses.replace(config, stacks_server=False), 0,
+                                                      profiling=True) is None
+    serving = flight_recorder.FlightRecorder.from_config(config, 0, profiling=True)
+    assert serving is not None and not serving.dumps
+    serving.arm()
+    try:
+        job = json.loads((tmp_path / "stacks" / "job.json").read_text())
+        assert job["kind"] == "stacks" and job["state"] == "running"
+        assert serving.dump("a failed fence barrier") == [] and serving.dumped is None
+    finally:
+        serving.disarm()
+    assert json.loads((tmp_path / "stacks" / "job.json").read_text())["state"] == "stopped"
+    assert not (tmp_path / "fr").exists()  # no dump folder, no dump_info
+    stacks = flight_recorder.FlightRecorder.from_config(
+        dataclasses.replace(config, stacks=True, stacks_server=False), 0, profiling=True)
+    assert stacks is not None and stacks.dumps and stacks._server is None  # noqa: SLF001
 
 
 

@@ -20,7 +20,7 @@ from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.diagnose.kinds import host_sync
 from torchprof_args.analysis.diagnose.kinds.low_mfu import mfu_inputs
-from torchprof_args.commands.diagnose import MAX_LINES
+from torchprof_args.analysis.render.diagnosis import MAX_LINES
 
 CLEAN = DATA / "gpu_1rank_h200_torchprof_clean.json.gz"
 FAULTY = DATA / "gpu_1rank_h200_torchprof_faulty.json.gz"

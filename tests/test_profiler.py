@@ -24,7 +24,7 @@ from torchprof_args.analysis import load_trace, summarize
 from torchprof_args.analysis.collect.sidecar import read_sidecar
 from torchprof_args.analysis.summary import finite
 from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
-from torchprof_args.naming import operator_table_path
+from torchprof_args.naming import STACKS_CONTROL_SUBDIR, operator_table_path
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import Route, TraceWriter
@@ -62,9 +62,11 @@ def profiler_steps(path: str | Path) -> list[int]:
 
 
 def output_files(tmp_path: Path) -> list[str]:
-    """Every file under the profile directory, as paths relative to it."""
+    """Every file under the profile directory, as paths relative to it; not the stacks server's
+    control directory (its job.json says the job stopped: state, not output)."""
     prof_dir = tmp_path / "prof"
-    return sorted(p.relative_to(prof_dir).as_posix() for p in prof_dir.rglob("*") if p.is_file())
+    return sorted(p.relative_to(prof_dir).as_posix() for p in prof_dir.rglob("*")
+                  if p.is_file() and p.relative_to(prof_dir).parts[0] != STACKS_CONTROL_SUBDIR)
 
 
 @pytest.mark.slow

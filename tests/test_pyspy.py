@@ -144,7 +144,7 @@ def test_record_needs_a_command(capsys) -> None:
 
 def test_record_without_py_spy_says_how_to_install(monkeypatch, capsys) -> None:
     monkeypatch.setattr("torchprof_args.pyspy.record.find_py_spy", lambda: None)
-    assert console.main(["pyspy", "record", "--", "python", "x.py"]) == 2
+    assert console.main(["pyspy", "record", "--", "python", "x.py"]) == 127
     err = capsys.readouterr().err
     assert "py-spy is not installed" in err and "torchprof-args[pyspy]" in err
 

@@ -137,7 +137,7 @@ def test_hang_on_a_folder_without_dumps_or_stacks_says_what_to_run(tmp_path: Pat
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(TraceError, match="--torch-profile-stacks"):
         analyse_dumps(tmp_path)
-    assert torchprof(["hang", str(tmp_path)]) == 1
+    assert torchprof(["hang", str(tmp_path)]) == 2
     assert "run with --torch-profile-flight-recorder N or --torch-profile-stacks" in capsys.readouterr().err
 
 
@@ -297,12 +297,58 @@ def test_trigger_stacks_on_a_healthy_job_leaves_it_running(tmp_path: Path) -> No
 
 
 
+@pytest.mark.slow
+def test_a_job_with_only_on_demand_answers_trigger_stacks(tmp_path: Path) -> None:
+    """The stacks server runs wherever the profiler runs: a 2-rank job started for on-demand traces
+    only, rank 1 blocked in a C call, answers `torchprof trigger --stacks` (no restart, no flag)."""
+    proc = start_torchrun(JOB, "--result-dir", str(tmp_path), "--pipe-rank", "1", "--pg-timeout", "300",
+                          "--torch-profile-dir", "prof", "--torch-profile-on-demand", nproc=2, cwd=tmp_path)
+    try:
+        _wait_for(tmp_path / "stuck1", proc)
+        done = _torchprof(tmp_path, "trigger", "--stacks", "--job-dir", "prof", "--json")
+        by_pid = _torchprof(tmp_path, "trigger", "--stacks", "--pid", str(proc.pid))  # the launcher's pid
+    finally:
+        _end(proc)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert answer["answered"] == [0, 1]  # two groups of one: no odd one to put first
+    assert sorted(g["ranks"] for g in answer["where"]["groups"]) == [[0], [1]]
+    assert answer["where"]["ranks"]["1"]["where"].endswith("in read_from_pipe_nobody_writes")
+    assert by_pid.returncode == 0 and by_pid.stdout.startswith("stacks of 2 of 2 ranks in "), by_pid.stderr
+    assert not (tmp_path / "prof" / "flight_recorder").exists()  # it serves; it dumps nothing at the end
+
+
+@pytest.mark.slow
+def test_a_job_without_the_stacks_server_says_so_naming_the_flag(tmp_path: Path) -> None:
+    """--no-torch-profile-stacks-server: no thread, no control directory; a trigger says there is no
+    stacks server and names the flag (exit 2), and the job trains on to its end."""
+    proc = start_torchrun(JOB, "--result-dir", str(tmp_path), "--iters", "60", "--step-sleep", "0.1",
+                          "--torch-profile-dir", "prof", "--torch-profile-on-demand",
+                          "--no-torch-profile-stacks-server", nproc=2, cwd=tmp_path)
+    try:
+        _wait_for(tmp_path / "prof" / "ondemand" / "job.json", proc)  # the job has entered the profiler
+        by_dir = _torchprof(tmp_path, "trigger", "--stacks", "--job-dir", "prof")
+        by_pid = _torchprof(tmp_path, "trigger", "--stacks", "--pid", str(proc.pid))
+        proc.wait(timeout=240)
+    finally:
+        _end(proc)
+    for outcome in (by_dir, by_pid):
+        assert outcome.returncode == 2 and outcome.stderr.count("\n") == 1, outcome.stderr
+        assert outcome.stderr.startswith("torchprof trigger: error: --")
+        assert "--no-torch-profile-stacks-server" in outcome.stderr and "Traceback" not in outcome.stderr
+    assert "no stacks server" in by_dir.stderr
+    assert proc.returncode == 0, (tmp_path / "torchrun.err").read_text()[-3000:]
+    assert not (tmp_path / "prof" / "stacks").exists()
+    assert all(r["ended"] == "done" for r in rank_results(tmp_path).values())
+
+
 def test_trigger_stacks_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert torchprof(["trigger", "--native", "--job-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "torchprof trigger: error: --native needs --stacks\n"
     assert torchprof(["trigger", "--stacks", "--job-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("torchprof trigger: error: --job-dir ") and "--torch-profile-stacks" in err
+    assert err.startswith("torchprof trigger: error: --job-dir ")
+    assert "no stacks server" in err and "--no-torch-profile-stacks-server" in err
     assert err.count("\n") == 1
 
 

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from torchprof_args.analysis.collect.discover import Cycle, expand, group_by_cycle
 from torchprof_args.analysis.collect.pool import Collected, collect
 from torchprof_args.analysis.decode.loader import release_memory_eagerly
-from torchprof_args.errors import TraceError
+from torchprof_args.errors import CommandError
 
 __all__ = ["cycle_summaries"]
 
 
-def cycle_summaries(inputs: list[str], args: argparse.Namespace, top: int | None
+def cycle_summaries(inputs: list[str | Path], args: argparse.Namespace, top: int | None
                     ) -> tuple[list[tuple[Cycle, list[dict[str, Any]]]], Collected]:
     """(cycle, its summaries) for every cycle of ``inputs``, and the :class:`Collected` record.
 
@@ -33,7 +34,7 @@ def cycle_summaries(inputs: list[str], args: argparse.Namespace, top: int | None
     by_file = {str(f): s for f, s in zip(files, got.summaries, strict=True)}
     cycles = []
     for cycle in group_by_cycle(files):
-        summaries = [by_file[str(f)] for f in cycle.files if by_file[str(f)] is not None]
+        summaries = [s for f in cycle.files if (s := by_file[str(f)]) is not None]
         if summaries:
             cycles.append((cycle, summaries))
     if len(files) > 1 and got.parsed and not got.errors:
@@ -42,13 +43,13 @@ def cycle_summaries(inputs: list[str], args: argparse.Namespace, top: int | None
 
 
 def _report_errors(got: Collected, n_files: int, command: str) -> None:
-    """One stderr line per trace that failed; :class:`TraceError` when none could be read."""
+    """One stderr line per trace that failed; :class:`CommandError` when none could be read."""
     if not any(s is not None for s in got.summaries):
         if len(got.errors) == 1:
-            raise TraceError(got.errors[0])
+            raise CommandError(got.errors[0])
         for error in got.errors:
             print(f"torchprof {command}: {error}", file=sys.stderr)
-        raise TraceError(f"none of the {n_files} traces could be read")
+        raise CommandError(f"none of the {n_files} traces could be read")
     for error in got.errors:
         print(f"torchprof {command}: {error}", file=sys.stderr)
 

@@ -9,62 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchprof_args.atomic import write_text_atomically
-from torchprof_args.metrics.dashboard.render import DEFAULT_SPEC, expand_panels, load_spec, render_html
+from torchprof_args.errors import CommandError
 
-__all__ = ["build_wandb_workspace", "register", "workspace_json"]
-
-
-# ---------------------------------------------------------------------------------------------
-# wandb workspace
-
-
-def build_wandb_workspace(
-    spec: Mapping[str, Any], keys: Sequence[str] | None, *, entity: str, project: str, name: str | None = None
-) -> Any:
-    """The ``wandb_workspaces`` Workspace (a saved view) with the spec's panels; no network.
-
-    ``keys`` are the metric keys of the run (from its metrics.jsonl) so per-timer panels can be
-    laid out; ``None`` gives one regex panel per repeated group instead.
-    """
-    try:
-        import wandb_workspaces.reports.v2 as wr
-        import wandb_workspaces.workspaces as ws
-    except ImportError:
-        raise ImportError(
-            "the wandb dashboard needs the wandb-workspaces package: pip install wandb-workspaces"
-        ) from None
-    x_key = spec.get("x", "iteration")
-    sections = []
-    for section_name, panels in expand_panels(spec, keys):
-        plots = []
-        for panel in panels:
-            title = f"{panel.title} ({panel.unit})" if panel.unit else panel.title
-            if panel.regex is not None:
-                plots.append(wr.LinePlot(title=title, x=x_key, metric_regex=panel.regex))
-            else:
-                plots.append(wr.LinePlot(title=title, x=x_key, y=list(panel.keys)))
-        sections.append(ws.Section(name=section_name, panels=plots, is_open=True))
-    return ws.Workspace(
-        entity=entity,
-        project=project,
-        name=name or spec.get("title", "torchprof step timings"),
-        sections=sections,
-    )
-
-
-def workspace_json(workspace: Any) -> dict[str, Any]:
-    """The view exactly as it would be sent to wandb (``wandb_workspaces``' own model)."""
-    return workspace._to_model().model_dump(mode="json")  # noqa: SLF001
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
+__all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,11 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _fail(message: str) -> int:
-    print(f"torchprof dashboard: {message}", file=sys.stderr)
-    return 2
-
-
 def _metrics_path(run_dir: str) -> Path:
     from torchprof_args.naming import METRICS_FILENAME
 
@@ -103,62 +49,85 @@ def _metrics_path(run_dir: str) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.metrics.config import wandb_credentials_present
-    from torchprof_args.metrics.sinks import read_metrics_file
-    from torchprof_args.naming import WANDB_RUN_FILENAME
+    from torchprof_args.metrics.dashboard.render import DEFAULT_SPEC, load_spec
 
     if args.write_spec:
         write_text_atomically(Path(args.write_spec), json.dumps(DEFAULT_SPEC, indent=2) + "\n")
         return 0
     if not args.run_dir:
-        return _fail("give RUN_DIR (the --metrics-dir of a run) or --write-spec JSON.")
+        raise CommandError("give RUN_DIR (the --metrics-dir of a run) or --write-spec JSON.")
     try:
         spec = load_spec(args.spec)
     except ValueError as err:
-        return _fail(str(err))
+        raise CommandError(str(err)) from None
     metrics_path = _metrics_path(args.run_dir)
-    records: list[dict[str, Any]] | None = None
-    if metrics_path.is_file():
-        try:
-            records = read_metrics_file(metrics_path)
-        except ValueError as err:
-            return _fail(str(err))
-    elif not args.wandb:
-        return _fail(f"{metrics_path} not found: point RUN_DIR at a run's --metrics-dir.")
+    if not metrics_path.is_file() and not args.wandb:
+        raise CommandError(f"{metrics_path} not found: point RUN_DIR at a run's --metrics-dir.")
+    records = _records(metrics_path) if metrics_path.is_file() else None
+    if args.wandb:
+        return _save_wandb_view(args, spec, records)
+    from torchprof_args.metrics.dashboard.render import render_html
 
-    if not args.wandb:
-        output = Path(args.output) if args.output else metrics_path.parent / "timings.html"
-        write_text_atomically(output, render_html(records or [], spec, source=str(metrics_path)))
-        print(f"wrote {output}")
-        return 0
+    output = Path(args.output) if args.output else metrics_path.parent / "timings.html"
+    write_text_atomically(output, render_html(records or [], spec, source=str(metrics_path)))
+    print(f"wrote {output}")
+    return 0
 
-    run_info: dict[str, Any] = {}
-    run_file = Path(args.run_dir) / WANDB_RUN_FILENAME
-    if run_file.is_file():
-        run_info = json.loads(run_file.read_text(encoding="utf-8"))
+
+def _records(metrics_path: Path) -> list[dict[str, Any]]:
+    from torchprof_args.metrics.sinks import read_metrics_file
+
+    try:
+        return read_metrics_file(metrics_path)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+
+
+def _run_info(run_dir: str) -> dict[str, Any]:
+    """The run's wandb_run.json (entity, project, mode, dir), or {} when there is none."""
+    from torchprof_args.naming import WANDB_RUN_FILENAME
+
+    run_file = Path(run_dir) / WANDB_RUN_FILENAME
+    if not run_file.is_file():
+        return {}
+    try:
+        info = json.loads(run_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CommandError(f"{run_file}: cannot read ({err}); pass --entity and --project instead.") from None
+    if not isinstance(info, dict):
+        raise CommandError(f"{run_file}: not a JSON object; pass --entity and --project instead.")
+    return info
+
+
+def _save_wandb_view(args: argparse.Namespace, spec: dict[str, Any],
+                     records: list[dict[str, Any]] | None) -> int:
+    from torchprof_args.metrics.config import wandb_credentials_present
+    from torchprof_args.metrics.dashboard.wandb_view import build_wandb_workspace, workspace_json
+
+    run_info = _run_info(args.run_dir)
     entity = args.entity or run_info.get("entity")
     project = args.project or run_info.get("project")
     if not project:
-        return _fail("--wandb needs --project (no wandb_run.json in RUN_DIR to take it from).")
+        raise CommandError("--wandb needs --project (no wandb_run.json in RUN_DIR to take it from).")
     if not entity and not args.dry_run:
-        return _fail("--wandb needs --entity (the run was logged without one): pass your wandb user or team.")
+        raise CommandError("--wandb needs --entity (the run was logged without one): pass your wandb user "
+                           "or team.")
     keys = sorted({k for r in records for k in r.get("metrics", {})}) if records else None
     try:
-        workspace = build_wandb_workspace(
-            spec, keys, entity=entity or "ENTITY", project=project, name=args.view_name
-        )
+        workspace = build_wandb_workspace(spec, keys, entity=entity or "ENTITY", project=project,
+                                          name=args.view_name)
     except ImportError as err:
-        return _fail(str(err))
+        raise CommandError(str(err)) from None
     if args.dry_run:
         print(json.dumps(workspace_json(workspace), indent=2))
         return 0
+    offline = run_info.get("mode") == "offline" and run_info.get("dir")
+    sync = f"wandb sync {Path(run_info['dir']).parent}" if offline else ""
     if not wandb_credentials_present():
-        hint = ""
-        if run_info.get("mode") == "offline" and run_info.get("dir"):
-            hint = f" Upload the offline run too: wandb sync {Path(run_info['dir']).parent}"
-        return _fail("--wandb needs wandb credentials: run `wandb login` or set WANDB_API_KEY." + hint)
-    if run_info.get("mode") == "offline" and run_info.get("dir"):
-        print(f"note: the run was logged offline; upload it with: wandb sync {Path(run_info['dir']).parent}")
+        raise CommandError("--wandb needs wandb credentials: run `wandb login` or set WANDB_API_KEY."
+                           + (f" Upload the offline run too: {sync}" if sync else ""))
+    if sync:
+        print(f"note: the run was logged offline; upload it with: {sync}")
     workspace.save()  # the network call
     print(f"saved wandb view: {workspace.url}")
     return 0

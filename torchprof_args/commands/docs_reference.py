@@ -155,7 +155,8 @@ def write_pages(docs_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchprof_args.commands.docs_reference", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m torchprof_args.commands.docs_reference",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("docs_dir", nargs="?", default="docs",
                         help="the documentation folder (default: docs)")

@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 
+from torchprof_args.errors import CommandError, ExitStatus
+
 __all__ = ["nsys_command", "register"]
 
 
@@ -83,34 +85,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="more nsys arguments, shell-quoted; repeatable; write "
                              "--extra=--gpu-metrics-devices=all (with '=') for values starting with -")
     parser.add_argument("--run", action="store_true", help="run the command instead of printing it")
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD",
+    parser.add_argument("launch", nargs=argparse.REMAINDER, metavar="-- CMD",
                         help="the launch command (e.g. torchrun ... train.py --torch-profile-nsys)")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    command = list(args.command)
+    command = list(args.launch)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("torchprof nsys: give the launch command after `--`, e.g. `torchprof nsys -- torchrun "
-              "--nproc-per-node 8 train.py --torch-profile --torch-profile-nsys`.", file=sys.stderr)
-        return 2
+        raise CommandError("give the launch command after `--`, e.g. `torchprof nsys -- torchrun "
+                           "--nproc-per-node 8 train.py --torch-profile --torch-profile-nsys`.")
     if not args.run:
         print(shlex.join(nsys_command(command, args.output_dir, args.trace, args.mpi,
                                       args.capture_range_end, args.extra, placeholders=True)))
         return 0
     nsys = shutil.which("nsys")
     if nsys is None:
-        print("torchprof nsys: --run needs Nsight Systems' `nsys` on PATH (e.g. module load nsight-systems, "
-              "or /usr/local/cuda/bin); without --run the command is only printed.", file=sys.stderr)
-        return 127
+        raise CommandError("--run needs Nsight Systems' `nsys` on PATH (e.g. module load nsight-systems, or "
+                           "/usr/local/cuda/bin); without --run the command is only printed.",
+                           ExitStatus.TOOL_MISSING)
     try:
         os.makedirs(args.output_dir, exist_ok=True)
     except OSError as err:
-        print(f"torchprof nsys: --output-dir {args.output_dir!r} cannot be created "
-              f"({err.strerror or err}).", file=sys.stderr)
-        return 2
+        raise CommandError(f"--output-dir {args.output_dir!r} cannot be created "
+                           f"({err.strerror or err}).") from None
     argv = nsys_command(command, args.output_dir, args.trace, args.mpi, args.capture_range_end,
                         args.extra, placeholders=False, nsys=nsys)
     print(f"torchprof nsys: {shlex.join(argv)}", file=sys.stderr)

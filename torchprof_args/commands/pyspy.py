@@ -18,6 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import non_negative_int, positive_int
 from torchprof_args.pyspy import record
 
@@ -58,7 +59,7 @@ def _add_record(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--short-filenames", action="store_true",
                    help="let py-spy shorten file names (the report then tells your code from "
                         "libraries less reliably)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD",
+    p.add_argument("profiled", nargs=argparse.REMAINDER, metavar="-- CMD",
                    help="the command to profile, after --")
     p.set_defaults(func=_run_record)
 
@@ -97,75 +98,61 @@ def _add_flamegraph(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_flamegraph)
 
 
-def _error(message: str) -> int:
-    print(f"torchprof pyspy: {message}", file=sys.stderr)
-    return 2
-
-
 def _run_record(args: argparse.Namespace) -> int:
-    command = list(args.command)
+    command = list(args.profiled)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        return _error(
+        raise CommandError(
             "give the command to profile after `--`, e.g. "
             "`torchprof pyspy record -o prof/pyspy -- torchrun --nproc-per-node 8 train.py`."
         )
     py_spy = record.find_py_spy()
     if py_spy is None:
-        return _error(f"py-spy is not installed; {record.PYSPY_INSTALL_HINT}.")
+        raise CommandError(f"py-spy is not installed; {record.PYSPY_INSTALL_HINT}.", ExitStatus.TOOL_MISSING)
     try:
         os.makedirs(args.output_dir, exist_ok=True)
     except OSError as err:
-        return _error(f"-o/--output-dir {args.output_dir!r} cannot be created ({err.strerror or err}).")
+        raise CommandError(f"-o/--output-dir {args.output_dir!r} cannot be created "
+                           f"({err.strerror or err}).") from None
     try:
         recording = record.start(py_spy, args.output_dir, command, rate=args.rate, native=args.native,
                                  idle=args.idle, full_filenames=not args.short_filenames)
     except OSError as err:
-        return _error(f"cannot start py-spy ({py_spy}): {err.strerror or err}.")
+        raise CommandError(f"cannot start py-spy ({py_spy}): {err.strerror or err}.") from None
     return record.finish(recording)
 
 
 def _load(files: list[str]) -> Profile:
-    """The merged profile of ``files``; FileNotFoundError naming the first missing one."""
+    """The merged profile of ``files``; :class:`CommandError` naming the first missing or unreadable one."""
     from torchprof_args.pyspy.parse import read_profiles
 
     for path in files:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file (give py-spy raw files written with -f raw).")
-    return read_profiles(files)
+            raise CommandError(f"{path}: no such file (give py-spy raw files written with -f raw).")
+    try:
+        profile = read_profiles(files)
+    except OSError as err:
+        raise CommandError(f"{err.filename or ', '.join(files)}: cannot read "
+                           f"({err.strerror or err}).") from None
+    if profile.total_samples == 0 and profile.malformed_records:
+        raise CommandError(f"{', '.join(files)}: no 'stack COUNT' record, {profile.malformed_records} "
+                           "line(s) of something else; give py-spy raw files (py-spy record -f raw, or "
+                           "torchprof pyspy record).")
+    return profile
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from torchprof_args.pyspy.report import format_table, report_rows
+    from torchprof_args.pyspy.report import format_report, report_document, report_rows
 
-    try:
-        profile = _load(args.files)
-    except OSError as err:
-        return _error(str(err))
+    profile = _load(args.files)
     rows = report_rows(profile, library=args.library_name,
                        aggregate_leaf_paths=args.aggregate_leaf_paths, top=args.top or None)
     if args.json:
-        print(json.dumps({
-            "files": profile.files,
-            "total_samples": profile.total_samples,
-            "library_name": args.library_name,
-            "aggregate_leaf_paths": args.aggregate_leaf_paths,
-            "unparsed_frames": profile.unparsed_frames,
-            "unparsed_frame_samples": profile.unparsed_frame_samples,
-            "malformed_records": profile.malformed_records,
-            "rows": [row.as_dict() for row in rows],
-        }, indent=2))
-        return 0
-    if profile.total_samples == 0:
-        print(f"No samples in {', '.join(profile.files)} (was the program shorter than one sampling "
-              "interval, or only idle without --idle?).")
+        print(json.dumps(report_document(profile, rows, library=args.library_name,
+                                         aggregate_leaf_paths=args.aggregate_leaf_paths), indent=2))
     else:
-        print(format_table(rows))
-        print(f"\n{profile.total_samples} samples in {len(profile.files)} file(s); "
-              f"library frames: {args.library_name or 'your own code'}.")
-    for note in profile.problems():
-        print(f"Note: {note}")
+        print(format_report(profile, rows, library=args.library_name))
     return 0
 
 
@@ -173,13 +160,10 @@ def _run_flamegraph(args: argparse.Namespace) -> int:
     from torchprof_args.pyspy.flamegraph import write_flamegraph
 
     if not args.output.lower().endswith((".svg", ".html", ".htm")):
-        return _error(f"-o/--output {args.output!r}: name it .svg or .html.")
-    try:
-        profile = _load(args.files)
-    except OSError as err:
-        return _error(str(err))
+        raise CommandError(f"-o/--output {args.output!r}: name it .svg or .html.")
+    profile = _load(args.files)
     if profile.total_samples == 0:
-        return _error(f"no samples in {', '.join(args.files)}; nothing to draw.")
+        raise CommandError(f"no samples in {', '.join(args.files)}; nothing to draw.")
     title = args.title or "py-spy: " + ", ".join(os.path.basename(f) for f in args.files)
     samples = write_flamegraph(profile.stacks, args.output, title)
     print(f"torchprof pyspy: wrote {args.output} ({samples} samples)", file=sys.stderr)

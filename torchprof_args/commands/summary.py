@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.commands.common import INPUTS_HELP, guard, top_count
-from torchprof_args.errors import TraceError
+from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
 __all__ = ["register"]
@@ -50,7 +50,7 @@ def _write_sidecars(args: argparse.Namespace) -> int:
     print(f"{where}{len(mine)} of {len(files)} trace(s): {got.sidecars_written} sidecar(s) written "
           f"({got.parsed_bytes / 1e6:,.0f} MB parsed in {got.parse_seconds:.1f} s{rate}), "
           f"{got.from_sidecars} already up to date, {len(got.errors)} failed")
-    return 1 if got.errors else 0
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -59,7 +59,7 @@ def _summary(args: argparse.Namespace) -> int:
     from torchprof_args.commands.cycles import cycle_summaries
 
     if args.shard and not args.write_sidecars:
-        raise TraceError("--shard splits the work of --write-sidecars between tasks; add --write-sidecars")
+        raise CommandError("--shard splits the work of --write-sidecars between tasks; add --write-sidecars")
     if args.write_sidecars:
         return _write_sidecars(args)
     cycles, got = cycle_summaries(args.traces, args, args.top)
@@ -74,7 +74,7 @@ def _summary(args: argparse.Namespace) -> int:
         else:
             _print_text(args, summaries, view, cycle.label)
         sys.stdout.flush()
-    return 1 if got.errors else 0
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def _print_text(args: argparse.Namespace, summaries: list[dict[str, Any]], view: dict[str, Any] | None,
@@ -126,4 +126,4 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--shard", metavar="K/N", default=None,
                    help="with --write-sidecars: only the K-th of N stable shares of the traces (0 <= K < N); "
                    "'auto' reads SLURM_PROCID/SLURM_NTASKS, else RANK/WORLD_SIZE")
-    p.set_defaults(func=guard(_summary, "summary"))
+    p.set_defaults(func=_summary)

@@ -1,9 +1,10 @@
 """``torchprof summary | report | diff | split | merge | mem``: the trace toolkit's command line.
 
-Every trace command takes trace files, cycle folders or run folders (:mod:`.discover`), reads a
-trace's summary from its sidecar when one matches (:mod:`.sidecar`) and parses it otherwise
-(:mod:`.collect`, per cycle: :mod:`.cycles`).  ``summary`` is in :mod:`.summary_command`; what
-the commands share in :mod:`.cmdline`.
+Every trace command takes trace files, cycle folders or run folders
+(:mod:`torchprof_args.analysis.collect.discover`), reads a trace's summary from its sidecar when
+one matches and parses it otherwise (:mod:`torchprof_args.analysis.collect`, per cycle:
+:mod:`.cycles`).  ``summary`` is in :mod:`.summary`; what the commands share in :mod:`.common`;
+their errors are raised as :class:`~torchprof_args.errors.CommandError`, printed by the console.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import json
 from typing import Any
 
 from torchprof_args.commands import summary as summary_command
-from torchprof_args.commands.common import INPUTS_HELP, guard, top_count
-from torchprof_args.errors import TraceError
+from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
 
@@ -30,7 +31,7 @@ def _report(args: argparse.Namespace) -> int:
                        findings=findings)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
-    return 1 if got.errors else 0
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> dict[str, Any] | None:
@@ -54,7 +55,7 @@ def _diff(args: argparse.Namespace) -> int:
     for side in (args.base, args.new):
         cycles, got = cycle_summaries([side], args, None)
         if got.errors:
-            return 1
+            return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
         diagnoses.append(_diagnosis(files, args, label or side) or {"findings": []})
@@ -73,10 +74,10 @@ def _split(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.tools.split import split_trace
 
     if args.max_mb <= 0:
-        raise TraceError(f"--max-mb must be a positive number of megabytes, got {args.max_mb:g}")
+        raise CommandError(f"--max-mb must be a positive number of megabytes, got {args.max_mb:g}")
     files = expand(args.traces)
     if args.output and len(files) > 1:
-        raise TraceError(f"-o/--output names one folder, but {len(files)} traces were given; leave it out "
+        raise CommandError(f"-o/--output names one folder, but {len(files)} traces were given; leave it out "
                          "(each trace is split into <trace>.split/)")
     for f in files:
         for p in split_trace(f, args.max_mb, args.output, progress=not args.no_progress):
@@ -91,8 +92,8 @@ def _merge(args: argparse.Namespace) -> int:
     cycles = group_by_cycle(expand(args.inputs))
     if len(cycles) > 1:
         labels = ", ".join(c.label for c in cycles[:4]) + (" ..." if len(cycles) > 4 else "")
-        raise TraceError(f"the input holds {len(cycles)} profiled cycles ({labels}); merge one cycle folder "
-                         "at a time")
+        raise CommandError(f"the input holds {len(cycles)} profiled cycles ({labels}); merge one cycle "
+                           "folder at a time")
     result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
     events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
     print(f"wrote {result['output']} ({events} events)")
@@ -131,7 +132,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
     p.add_argument("--slowest", type=positive_int, default=5,
                    help="slowest ranks listed when none is a straggler")
-    p.set_defaults(func=guard(_report, "report"))
+    p.set_defaults(func=_report)
 
     p = subparsers.add_parser(
         "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
@@ -147,7 +148,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
                    help="rows per table in the text output (default 15)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="processes that parse traces (default: the CPUs)")
-    p.set_defaults(func=guard(_diff, "diff"))
+    p.set_defaults(func=_diff)
 
 
 def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -160,7 +161,7 @@ def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-mb", type=float, required=True, help="largest piece, in MB of JSON")
     p.add_argument("-o", "--output", default=None,
                    help="output folder for one trace (default: TRACE's name + .split)")
-    p.set_defaults(func=guard(_split, "split"))
+    p.set_defaults(func=_split)
 
     p = subparsers.add_parser(
         "merge", parents=[common],
@@ -170,7 +171,7 @@ def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP + " (one cycle)")
     p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
-    p.set_defaults(func=guard(_merge, "merge"))
+    p.set_defaults(func=_merge)
 
     p = subparsers.add_parser(
         "mem", help="summarise a torch.cuda.memory._dump_snapshot pickle (safely)",
@@ -180,4 +181,4 @@ def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot", help="snapshot .pickle file")
     p.add_argument("--json", action="store_true")
     p.add_argument("--top", type=int, default=15)
-    p.set_defaults(func=guard(_mem, "mem"))
+    p.set_defaults(func=_mem)

@@ -1,5 +1,6 @@
 """``torchprof trigger``: ask a running ``--torch-profile-on-demand`` job for a trace, or any job
-with ``--torch-profile-stacks`` for every rank's stacks (``--stacks``, answered within 2 s).
+that profiles for every rank's stacks (``--stacks``, answered within 2 s by every rank's stacks
+server, on unless the job runs with ``--no-torch-profile-stacks-server``).
 
 Writes a request into the job's control directory, waits for rank 0's answer (taken at the next
 check iteration), prints the accepted window and the trace paths, and with ``--wait`` waits until
@@ -10,7 +11,8 @@ With ``--stacks`` every rank writes its Python stacks (``--native``: py-spy's na
 into ``<profile dir>/stacks/answers/<id>/``; the command prints where, and the ranks grouped by
 where they are, the odd group first (:mod:`torchprof_args.commands.trigger_stacks`).
 
-Exit codes: 0 done; 1 rejected, timed out or the job stopped; 2 bad arguments or directory.
+Exit status, as every command's (``torchprof --help``): 0 done; 1 rejected, timed out or the job
+stopped; 2 bad arguments or directory.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.commands.trigger_stacks import StacksTriggerError, run_stacks
+from torchprof_args.commands.trigger_stacks import run_stacks
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float, positive_int, rank_token
 from torchprof_args.ondemand.protocol import (
     ANSWERS,
@@ -38,14 +40,8 @@ from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered
 from torchprof_args.private_dir import check_private_dir
 
 POLL_SECONDS = 0.2
+PARTLY_FAILED = ExitStatus.PARTLY_FAILED
 
-
-class TriggerError(Exception):
-    """A problem reported as one line; ``code`` is the exit code."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="give up after S seconds in all (default 600; 10 with --stacks); an untaken "
                              "request is withdrawn")
     parser.add_argument("--stacks", action="store_true",
-                        help="every rank's Python stacks now (jobs with --torch-profile-stacks or "
-                             "--torch-profile-flight-recorder), instead of a trace")
+                        help="every rank's Python stacks now (any job with a --torch-profile* feature, "
+                             "unless it runs with --no-torch-profile-stacks-server), instead of a trace")
     parser.add_argument("--native", action="store_true",
                         help="with --stacks: native frames too, from py-spy (pauses each rank briefly)")
     parser.add_argument("--json", action="store_true", help="print the job's answer as JSON")
@@ -80,17 +76,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        if args.list:
-            return _list_jobs()
-        if args.native and not args.stacks:
-            raise TriggerError("--native needs --stacks", code=2)
-        if args.stacks:
-            return run_stacks(args)
-        return trigger(args)
-    except (TriggerError, StacksTriggerError) as err:
-        print(f"torchprof trigger: error: {err}", file=sys.stderr)
-        return err.code
+    if args.list:
+        return _list_jobs()
+    if args.native and not args.stacks:
+        raise CommandError("--native needs --stacks")
+    if args.stacks:
+        return run_stacks(args)
+    return trigger(args)
 
 
 def _list_jobs() -> int:
@@ -108,39 +100,39 @@ def _control_dir(args: argparse.Namespace) -> Path:
         try:
             return find_control_dir_by_pid(args.pid)
         except LookupError as err:
-            raise TriggerError(str(err), code=2) from None
+            raise CommandError(str(err)) from None
     try:
         return resolve_control_dir(args.job_dir)
     except FileNotFoundError as err:
-        raise TriggerError(str(err), code=2) from None
+        raise CommandError(str(err)) from None
 
 
 def _read_job(control_dir: Path) -> dict[str, Any]:
     try:
         return read_job_file(control_dir)
     except ValueError as err:
-        raise TriggerError(str(err), code=2) from None
+        raise CommandError(str(err)) from None
 
 
 def _check_request(args: argparse.Namespace, job: dict[str, Any], control_dir: Path) -> list[int] | str:
     """Catch what the job would reject before writing anything."""
     if job.get("state") == "stopped":
-        raise TriggerError(f"the job using {control_dir} has stopped; nothing to trace")
+        raise CommandError(f"the job using {control_dir} has stopped; nothing to trace", PARTLY_FAILED)
     ranks: list[Any] = args.ranks
     if "all" in ranks:
         if len(ranks) > 1:
-            raise TriggerError("--ranks: give either 'all' or rank numbers, not both", code=2)
+            raise CommandError("--ranks: give either 'all' or rank numbers, not both")
         return "all"
     world = job.get("world_size")
     if isinstance(world, int):
         outside = sorted(r for r in ranks if r >= world)
         if outside:
-            raise TriggerError(f"--ranks {' '.join(map(str, outside))} outside the job's world size {world} "
-                               f"(valid ranks are 0..{world - 1})", code=2)
+            raise CommandError(f"--ranks {' '.join(map(str, outside))} outside the job's world size {world} "
+                               f"(valid ranks are 0..{world - 1})")
     limit = job.get("max_iterations")
     if isinstance(limit, int) and args.iterations > limit:
-        raise TriggerError(f"--iterations {args.iterations} is more than the job allows ({limit}, its "
-                           "--torch-profile-on-demand-max-iterations)", code=2)
+        raise CommandError(f"--iterations {args.iterations} is more than the job allows ({limit}, its "
+                           "--torch-profile-on-demand-max-iterations)")
     return sorted(set(ranks))
 
 
@@ -149,13 +141,13 @@ def submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[
     problem = check_private_dir(control_dir, "control directory")
     problem = problem or check_private_dir(control_dir / REQUESTS, "control directory")
     if problem:
-        raise TriggerError(problem, code=2)
+        raise CommandError(problem)
     request = make_request(iterations, ranks)
     path = control_dir / REQUESTS / f"{request['id']}.json"
     try:
         write_control_file(path, request)
     except OSError as err:
-        raise TriggerError(f"cannot write the request {path}: {err.strerror or err}", code=2) from None
+        raise CommandError(f"cannot write the request {path}: {err.strerror or err}") from None
     return request["id"], path
 
 
@@ -178,18 +170,19 @@ def wait_for_answer(
             try:
                 return read_small_json(answer_path)
             except (OSError, ValueError) as err:
-                raise TriggerError(f"cannot read the answer {answer_path}: {err}") from None
+                raise CommandError(f"cannot read the answer {answer_path}: {err}", PARTLY_FAILED) from None
         job = _read_job(control_dir)
         if job.get("state") == "stopped" and request_path.exists():
             _withdraw(request_path)
-            raise TriggerError("the job stopped before taking the request")
+            raise CommandError("the job stopped before taking the request", PARTLY_FAILED)
         if time.monotonic() >= deadline:
             if _withdraw(request_path):
-                raise TriggerError(f"no answer within --timeout; the request was withdrawn. The job checks "
-                                   f"about every {job.get('check_seconds', '?')} s: is it still training?")
+                raise CommandError(f"no answer within --timeout; the request was withdrawn. The job checks "
+                                   f"about every {job.get('check_seconds', '?')} s: is it still training?",
+                                   PARTLY_FAILED)
             if grace_given:
-                raise TriggerError(f"the job took the request but wrote no answer to {answer_path}; "
-                                   "see rank 0's log")
+                raise CommandError(f"the job took the request but wrote no answer to {answer_path}; "
+                                   "see rank 0's log", PARTLY_FAILED)
             grace_given, deadline = True, deadline + 10.0  # taken just now: the answer is on its way
         time.sleep(POLL_SECONDS)
 
@@ -237,7 +230,7 @@ def trigger(args: argparse.Namespace) -> int:
     if answer.get("status") != "accepted":
         if not args.json:
             print(f"rejected: {answer.get('reason', 'no reason given')}", flush=True)
-        return 1
+        return PARTLY_FAILED
     traces = [answer["traces"][key] for key in sorted(answer.get("traces", {}), key=int)]
     if not args.json:
         print(f"accepted: {answer.get('message', '')}", flush=True)
@@ -249,13 +242,12 @@ def trigger(args: argparse.Namespace) -> int:
     answer_path = control_dir / ANSWERS / f"{request_id}.json"
     missing = wait_for_traces(traces, deadline, quiet=args.json, answer_path=answer_path)
     if missing and _answer_status(answer_path) == "skipped":
-        print(f"skipped: {read_small_json(answer_path).get('reason', 'no reason given')}", file=sys.stderr)
-        return 1
+        reason = read_small_json(answer_path).get("reason", "no reason given")
+        raise CommandError(f"skipped: {reason}", PARTLY_FAILED)
     if missing:
-        print(f"timed out: {len(missing)} of {len(traces)} trace(s) not written yet:", file=sys.stderr)
-        for path in missing:
-            print(f"  {path}", file=sys.stderr)
-        return 1
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CommandError(f"timed out: {len(missing)} of {len(traces)} trace(s) not written yet ({shown}); "
+                           "--timeout waits longer", PARTLY_FAILED)
     if not args.json:
         print(f"all {len(traces)} trace(s) written", flush=True)
     return 0

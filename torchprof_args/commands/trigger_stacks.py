@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.naming import STACKS_CONTROL_SUBDIR
 from torchprof_args.ondemand.protocol import (
     ANSWERS,
@@ -37,13 +38,6 @@ POLL_SECONDS = 0.05
 _ANSWER_RE = re.compile(r"^(stacks|rejected)_rank(\d+)\.json$")
 
 
-class StacksTriggerError(Exception):
-    """A problem reported as one line; ``code`` is the exit code."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
-
 
 def control_dir(job_dir: str | None, pid: int | None) -> Path:
     """The stacks control directory from ``--job-dir`` (it, or its ``stacks/``) or ``--pid``."""
@@ -51,22 +45,22 @@ def control_dir(job_dir: str | None, pid: int | None) -> Path:
         try:
             return find_control_dir_by_pid(pid, STACKS_REGISTRY)
         except LookupError as err:
-            raise StacksTriggerError(str(err), code=2) from None
+            raise CommandError(str(err)) from None
     base = Path(job_dir or ".")
     for candidate in (base, base / STACKS_CONTROL_SUBDIR):
         if (candidate / JOB_FILE).is_file() and _job(candidate).get("kind") == "stacks":
             return candidate
-    raise StacksTriggerError(
+    raise CommandError(
         f"--job-dir {str(base)!r}: no stacks server's {JOB_FILE} there or in {STACKS_CONTROL_SUBDIR}/; give "
-        "the job's --torch-profile-dir, and check the job runs with --torch-profile-stacks (or "
-        "--torch-profile-flight-recorder) and has entered the profiler", code=2)
+        "the job's --torch-profile-dir (every rank serves its stacks once the job has entered the profiler, "
+        "with any --torch-profile* feature, unless it runs with --no-torch-profile-stacks-server)")
 
 
 def _job(directory: Path) -> dict[str, Any]:
     try:
         return read_job_file(directory)
     except ValueError as err:
-        raise StacksTriggerError(str(err), code=2) from None
+        raise CommandError(str(err)) from None
 
 
 def _answers(folder: Path) -> tuple[list[int], dict[int, str]]:
@@ -94,11 +88,12 @@ def request_stacks(directory: Path, *, native: bool, timeout: float) -> dict[str
     """Ask every rank of the job at ``directory``; wait for the answers; the outcome as plain data."""
     job = _job(directory)
     if job.get("state") == "stopped":
-        raise StacksTriggerError(f"the job using {directory} has stopped; there are no stacks to take")
+        raise CommandError(f"the job using {directory} has stopped; there are no stacks to take",
+                           ExitStatus.PARTLY_FAILED)
     problem = check_private_dir(directory, "stacks control directory")
     problem = problem or check_private_dir(directory / REQUESTS, "stacks control directory")
     if problem:
-        raise StacksTriggerError(problem, code=2)
+        raise CommandError(problem)
     world = int(job.get("world_size") or 1)
     request = make_stacks_request(native)
     path = directory / REQUESTS / f"{request['id']}.json"
@@ -107,7 +102,7 @@ def request_stacks(directory: Path, *, native: bool, timeout: float) -> dict[str
     try:
         write_control_file(path, request)
     except OSError as err:
-        raise StacksTriggerError(f"cannot write the request {path}: {err.strerror or err}", code=2) from None
+        raise CommandError(f"cannot write the request {path}: {err.strerror or err}") from None
     try:
         while True:
             answered, rejected = _answers(folder)
@@ -139,4 +134,4 @@ def run_stacks(args: argparse.Namespace) -> int:
             print(f"rank {rank} rejected the request: {reason}")
         for problem in problems:
             print(f"note: {problem}")
-    return 0 if not outcome["missing"] and not outcome["rejected"] else 1
+    return ExitStatus.OK if not outcome["missing"] and not outcome["rejected"] else ExitStatus.PARTLY_FAILED

@@ -175,7 +175,8 @@ class DeviceReadings:
             self._nvml_failed = True
             if _dist.rank() == 0:  # one line for the job, not one per rank
                 logger.info("GPU hardware readings (clock, power, temperature, throttling, ECC/XID) are off: "
-                            "install nvidia-ml-py (pip install 'torchprof-args[gpu]') to get them.")
+                            "install nvidia-ml-py (pip install nvidia-ml-py; the torchprof-args[gpu] extra) "
+                            "to get them.")
             return None
         except Exception as err:  # noqa: BLE001
             self._nvml_failed = True

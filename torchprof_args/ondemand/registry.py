@@ -151,10 +151,12 @@ def find_control_dir_by_pid(pid: int, kind: str = ONDEMAND_REGISTRY) -> Path:
     if matches:
         raise LookupError(f"--pid {pid}: several on-demand jobs run under it ({', '.join(sorted(matches))}); "
                           "pick one with --job-dir")
-    started = "--torch-profile-stacks (or --torch-profile-flight-recorder)" if kind == STACKS_REGISTRY \
-        else "--torch-profile-on-demand"
+    started = "started with --torch-profile-on-demand"
+    if kind == STACKS_REGISTRY:
+        started = ("serving its stacks (the profiler on, with any --torch-profile* feature, and not "
+                   "--no-torch-profile-stacks-server)")
     raise LookupError(
-        f"--pid {pid}: no job started with {started} is that process or runs under it "
+        f"--pid {pid}: no job {started} is that process or runs under it "
         f"on this node (registry {registry_dir(kind)}); check the pid and the user, or use --job-dir "
         "(needed from another node)."
     )

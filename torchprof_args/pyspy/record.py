@@ -25,7 +25,7 @@ __all__ = [
     "PYSPY_INSTALL_HINT", "Recording", "find_py_spy", "finish", "output_name", "record_command", "start",
 ]
 
-PYSPY_INSTALL_HINT = "install it with `pip install 'torchprof-args[pyspy]'` (or `pip install py-spy`)"
+PYSPY_INSTALL_HINT = "install it with `pip install py-spy` (torchprof-args[pyspy])"
 #: The script py-spy runs; see :mod:`torchprof_args.pyspy.launcher`.
 LAUNCHER = Path(__file__).with_name("launcher.py")
 

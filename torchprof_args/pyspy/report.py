@@ -12,10 +12,13 @@ import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from torchprof_args.pyspy.parse import UNKNOWN, Frame, Profile, is_own_code, shorten_path
 
-__all__ = ["COLUMNS", "ReportRow", "format_table", "in_library", "report_rows"]
+__all__ = [
+    "COLUMNS", "ReportRow", "format_report", "format_table", "in_library", "report_document", "report_rows",
+]
 
 
 def in_library(path: str | None, library: str) -> bool:
@@ -151,3 +154,30 @@ def format_table(rows: Iterable[ReportRow], max_width: int = 60) -> str:
     lines = [fmt(COLUMNS), "-" + "-+-".join("-" * w for w in widths) + "-"]
     lines += [fmt(r) for r in body]
     return "\n".join(lines)
+
+
+def report_document(profile: Profile, rows: Sequence[ReportRow], *, library: str | None,
+                    aggregate_leaf_paths: bool) -> dict[str, Any]:
+    """What ``torchprof pyspy report --json`` prints: the files, the counts and the rows."""
+    return {
+        "files": profile.files,
+        "total_samples": profile.total_samples,
+        "library_name": library,
+        "aggregate_leaf_paths": aggregate_leaf_paths,
+        "unparsed_frames": profile.unparsed_frames,
+        "unparsed_frame_samples": profile.unparsed_frame_samples,
+        "malformed_records": profile.malformed_records,
+        "rows": [row.as_dict() for row in rows],
+    }
+
+
+def format_report(profile: Profile, rows: Iterable[ReportRow], *, library: str | None) -> str:
+    """What ``torchprof pyspy report`` prints: the table (or why there is none), the sample count and
+    a note per thing that could not be read."""
+    if profile.total_samples == 0:
+        lines = [f"No samples in {', '.join(profile.files)} (was the program shorter than one sampling "
+                 "interval, or only idle without --idle?)."]
+    else:
+        lines = [format_table(rows), "", f"{profile.total_samples} samples in {len(profile.files)} file(s); "
+                 f"library frames: {library or 'your own code'}."]
+    return "\n".join(lines + [f"Note: {note}" for note in profile.problems()])

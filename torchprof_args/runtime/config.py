@@ -209,12 +209,15 @@ class NsysConfig:
 @dataclasses.dataclass(frozen=True)
 class FlightRecorderConfig:
     """Hang forensics: PyTorch's flight recorder (``--torch-profile-flight-recorder``: entries per
-    process group, 0: off), every rank's stacks (``--torch-profile-stacks``, implied by the
-    recorder), where the dumps go and the stacks server's control directory."""
+    process group, 0: off), every rank's stacks dumped at a hang (``--torch-profile-stacks``,
+    implied by the recorder), where the dumps go, and the stacks server that answers ``torchprof
+    trigger --stacks`` (``--torch-profile-stacks-server``, on wherever the profiler runs) with its
+    control directory."""
 
     entries: int = 0
     output_dir: str = f"./prof/{FLIGHT_RECORDER_SUBDIR}"
     stacks: bool = False
+    stacks_server: bool = True
     stacks_control_dir: str = f"./prof/{STACKS_CONTROL_SUBDIR}"
 
     @property
@@ -230,8 +233,13 @@ class FlightRecorderConfig:
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> FlightRecorderConfig:
         entries = flag_value(args, flags.FLIGHT_RECORDER) or 0
+        server = bool(flag_value(args, flags.STACKS_SERVER))
+        if entries and not server:
+            raise TorchProfileArgsError(
+                "--no-torch-profile-stacks-server with --torch-profile-flight-recorder: the recorder's dump "
+                "at an NCCL watchdog timeout is noticed by the stacks server's thread; drop one of the two.")
         return cls(entries=entries, output_dir=f"{profile_dir(args)}/{FLIGHT_RECORDER_SUBDIR}",
-                   stacks=bool(flag_value(args, flags.STACKS)) or entries > 0,
+                   stacks=bool(flag_value(args, flags.STACKS)) or entries > 0, stacks_server=server,
                    stacks_control_dir=f"{profile_dir(args)}/{STACKS_CONTROL_SUBDIR}")
 
 

@@ -192,15 +192,24 @@ FLIGHT_RECORDER = Flag("--torch-profile-flight-recorder",
 STACKS = Flag("--torch-profile-stacks",
                "Write every rank's Python stacks (all threads, main first; native frames through py-spy "
                "when it may attach) into <profile dir>/flight_recorder/ wherever the flight recorder "
-               "dumps, and answer `torchprof trigger --stacks` within 2 s from a background thread. On "
-               "with --torch-profile-flight-recorder; this flag alone gives stacks without it.",
+               "dumps (a failed fence barrier, an exception leaving the profiler, SIGTERM). On with "
+               "--torch-profile-flight-recorder; this flag alone gives stacks without it.",
                default=False, action="store_true")
+STACKS_SERVER = Flag("--torch-profile-stacks-server",
+                     "Answer `torchprof trigger --stacks` (every rank's Python stacks, within 2 s, even from "
+                     "a hung job) from a background thread on every rank wherever the profiler runs: any "
+                     "--torch-profile* feature, on-demand included. Costs one stat of <profile "
+                     "dir>/stacks/requests a second (benchmarks/bench_stacks.py: noise). "
+                     "--no-torch-profile-stacks-server turns it off (not with "
+                     "--torch-profile-flight-recorder, whose dumps at an NCCL timeout ride on its thread).",
+                     default=True, action=argparse.BooleanOptionalAction)
 
 FLIGHT_RECORDER_FLAGS = register_group(FlagGroup(
     title="hang forensics",
     description="PyTorch's flight recorder and every rank's stacks, dumped on every rank when a job hangs, "
-                "for `torchprof hang` (torchprof-args).",
-    flags=(FLIGHT_RECORDER, STACKS),
+                "for `torchprof hang`; every rank's stacks on request, for `torchprof trigger --stacks` "
+                "(torchprof-args).",
+    flags=(FLIGHT_RECORDER, STACKS, STACKS_SERVER),
     order=25,
 ))
 

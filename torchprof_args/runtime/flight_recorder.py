@@ -17,9 +17,12 @@ triggers are logged.  Beside each dump, ``dump_info_rank<R>.json`` says why and 
 rank's process-group table (gloo dumps lack it; ``torchprof hang`` needs it).
 
 Before each dump, every rank writes its threads' stacks (:mod:`torchprof_args.stacks.dumper`,
-``stacks_rank<R>.json``), and serves them on request (:mod:`~torchprof_args.stacks.server`,
-whose tick also notices PyTorch's own NCCL-timeout dump).  ``--torch-profile-stacks`` without the
-recorder: a recorder with no entries, the same triggers, stacks and ``dump_info`` only.
+``stacks_rank<R>.json``).  ``--torch-profile-stacks`` without the recorder: a recorder with no
+entries, the same triggers, stacks and ``dump_info`` only.  Wherever the profiler runs, every rank
+also serves its stacks on request (:mod:`~torchprof_args.stacks.server`, ``torchprof trigger
+--stacks``; ``--no-torch-profile-stacks-server`` turns it off), whose tick also notices PyTorch's
+own NCCL-timeout dump; a job with neither the recorder nor the stacks gets a recorder that only
+serves: it dumps nothing and watches no signal of its own.
 
 Import-light: torch is imported only when a dump is taken.
 """
@@ -184,11 +187,12 @@ class FlightRecorder:
         self.directory = Path(directory)
         self.entries = entries
         self.rank = _dist.rank() if rank is None else rank
-        #: Every thread's stack, written first at each dump; served on request by ``_server``.
+        #: Every thread's stack, written first at each dump (None: ``--torch-profile-stacks`` is off).
         self.stacks = StackDumper(self.directory, self.rank) if stacks else None
-        self._server = None if self.stacks is None or stacks_control_dir is None else StacksServer(
-            stacks_control_dir, self.stacks, rank=self.rank, world_size=_dist.world_size(),
-            tick=self._check_pytorch_dump)
+        #: Answers ``torchprof trigger --stacks`` (None: no ``stacks_control_dir``).
+        self._server = None if stacks_control_dir is None else StacksServer(
+            stacks_control_dir, self.stacks or StackDumper(self.directory, self.rank), rank=self.rank,
+            world_size=_dist.world_size(), tick=self._check_pytorch_dump)
         self._pytorch_dump_seen: float | None = None
         self._armed = False
         self.dumped: str | None = None
@@ -199,14 +203,25 @@ class FlightRecorder:
         self._guard: SigtermGuard | None = None
         self._sigterm = SigtermWatcher(lambda: self.dump(SIGTERM_REASON), self._on_sigterm_handler)
 
+    @property
+    def dumps(self) -> bool:
+        """Whether this recorder dumps at a hang (the flight recorder or the stacks are on); when not,
+        it only serves stacks on request."""
+        return self.entries > 0 or self.stacks is not None
+
     @classmethod
-    def from_config(cls, config: Any, rank: int) -> FlightRecorder | None:
-        """The recorder of a :class:`~torchprof_args.runtime.config.FlightRecorderConfig` (None when
-        neither the recorder nor the stacks are on); warns when the process group was created before
-        the recorder could be turned on."""
-        if not config.active:
+    def from_config(cls, config: Any, rank: int, *, profiling: bool = False) -> FlightRecorder | None:
+        """The recorder of a :class:`~torchprof_args.runtime.config.FlightRecorderConfig`.
+
+        ``profiling``: the profiler runs (a trace, memory snapshot, nsys or on-demand feature is on),
+        so the stacks server runs unless the config turns it off.  None when there is nothing to do
+        (neither the recorder, the stacks nor the server); warns when the process group was created
+        before the recorder could be turned on.
+        """
+        serve = config.stacks_server and (profiling or config.active)
+        if not config.active and not serve:
             return None
-        stacks = {"stacks": config.stacks, "stacks_control_dir": config.stacks_control_dir}
+        stacks = {"stacks": config.stacks, "stacks_control_dir": config.stacks_control_dir if serve else None}
         if not config.enabled:
             return cls(config.output_dir, entries=0, rank=rank, **stacks)
         if not _STATE["configured"]:  # configs built without the flag's parse-time action
@@ -230,7 +245,8 @@ class FlightRecorder:
         if self._armed:
             return
         self._armed = True
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.dumps:
+            self.directory.mkdir(parents=True, exist_ok=True)
         if self.entries:
             point_dumps_at(str(self.directory.parent))
             _warm_up()
@@ -242,11 +258,12 @@ class FlightRecorder:
             guard.on_arrival.append(self._dump_on_sigterm)
             guard.hooks.append(self._dump_on_sigterm)
             watching = True
-        else:
-            watching = self._sigterm.start()
+        else:  # a recorder that only serves leaves SIGTERM alone
+            watching = self.dumps and self._sigterm.start()
         logger.debug("rank %d: hang forensics armed (%d flight-recorder entries, stacks %s, dumps to %s; "
-                     "SIGTERM watcher %s)", self.rank, self.entries, "on" if self.stacks else "off",
-                     self.directory, "on" if watching else "off")
+                     "stacks server %s; SIGTERM watcher %s)", self.rank, self.entries,
+                     "on" if self.stacks else "off", self.directory if self.dumps else "-",
+                     "on" if self._server is not None else "off", "on" if watching else "off")
 
     def disarm(self) -> None:
         guard, self._guard = self._guard, None
@@ -302,6 +319,8 @@ class FlightRecorder:
         reason = " ".join(reason.split())  # one line, in the log and in dump_info
         if reason == SIGTERM_REASON and self._server is not None:
             self._server.forget()  # the process ends: no stale `trigger --pid` entry
+        if not self.dumps:
+            return []
         with self._lock:
             first = self.dumped is None
             if first:

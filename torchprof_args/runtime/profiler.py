@@ -88,7 +88,8 @@ class TorchProfiler:
         self._timeline.vote_ahead = True
         #: Inside step()'s or stop()'s work: a SIGTERM is acted on at the end, not in the handler.
         self._critical = False
-        self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank)
+        self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank,
+                                                           profiling=self.enabled)  # + the stacks server
         if self._flight_recorder is not None:  # hang forensics: dump when the fence fails (and on SIGTERM)
             self._fence.on_failure.append(self._flight_recorder.on_fence_failure)
         self._recorder = Recorder(config.trace, rank=self.rank)

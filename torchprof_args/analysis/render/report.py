@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.render import svg
+from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.atomic import write_text_atomically
 
@@ -72,8 +73,7 @@ def _heatmap(view: dict[str, Any]) -> str:
 
 def _breakdown(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
     picks = _picks(view)
-    gpus = [(label, (by_rank.get(rank) or {}).get("gpu")) for label, rank in picks]
-    gpus = [(label, g) for label, g in gpus if g]
+    gpus = [(label, g) for label, rank in picks if (g := (by_rank.get(rank) or {}).get("gpu"))]
     if not gpus:
         return ""
     all_gpus = [s["gpu"] for s in by_rank.values() if s.get("gpu")]
@@ -126,10 +126,10 @@ def _findings(doc: dict[str, Any] | None) -> str:
     headers = ["#", "kind", "saves up to / step", "of the step", "ranks", "finding", "remedy"]
     parts.append(_table(headers, rows, {0, 2, 3}) if rows
                  else "<p>No finding above the documented thresholds.</p>")
-    gaps = sorted({f"to see {g['kind']}, record with {g['flag']}"
-                   for g in doc.get("gaps") or [] if g.get("flag")})
+    gaps = gap_text_lines(doc.get("gaps") or [])  # one sentence per flag, as `torchprof diagnose` says it
     if gaps:
-        parts.append("<p>" + "; ".join(html.escape(g) for g in gaps) + ".</p>")
+        items = "".join(f"<li>{html.escape(g)}</li>" for g in gaps)
+        parts.append(f"<p>What the traces cannot tell:</p><ul>{items}</ul>")
     return "\n".join(parts)
 
 

@@ -5,7 +5,7 @@ drives both renderings, so the HTML page and the wandb workspace show the same p
 time, each timer's min/max across ranks, a rank x iteration heatmap of the straggler scores,
 throughput, memory and the profiler's own figures, all against the training iteration.
 
-The same spec becomes a wandb workspace view in :mod:`~torchprof_args.commands.dashboard`
+The same spec becomes a wandb workspace view in :mod:`~torchprof_args.metrics.dashboard.wandb_view`
 (``torchprof dashboard``).
 """
 

@@ -1,0 +1,86 @@
+"""The text of a diagnosis (``torchprof diagnose``): per finding, one sentence, the saving per step
+with how it was bounded, the evidence with a timestamp to open in Perfetto, the usual remedy; then
+what the traces cannot tell (:mod:`.gaps`).  At most :data:`MAX_LINES` lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchprof_args.analysis.render.gaps import gap_text_lines
+
+__all__ = ["MAX_LINES", "format_diagnosis"]
+
+#: the text output's budget of lines (header and gaps included).
+MAX_LINES = 30
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _ranks(ranks: list[int], of: int) -> str:
+    if not ranks:
+        return "ranks -"
+    if len(ranks) == of and of > 2:
+        return f"all {of} ranks"
+    shown = ", ".join(str(r) for r in ranks[:8])
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}{' ...' if len(ranks) > 8 else ''}"
+
+
+def _evidence(finding: dict[str, Any]) -> str:
+    """The evidence in one line: its scalars and small lists, then the Perfetto timestamp."""
+    parts = []
+    ev = finding.get("evidence") or {}
+    for key, value in ev.items():
+        if key.startswith("perfetto"):
+            continue
+        if isinstance(value, dict):
+            inner = ", ".join(f"{k} {v}" for k, v in list(value.items())[:4])
+            parts.append(f"{key}: {inner}")
+        elif isinstance(value, list):
+            names = [v.get("name", v) if isinstance(v, dict) else v for v in value[:3]]
+            parts.append(f"{key}: {'; '.join(str(n)[:60] for n in names)}")
+        elif value is not None:
+            parts.append(f"{key} {value}")
+    text = "; ".join(parts)
+    if len(text) > 200:
+        text = text[:197] + "..."
+    ts = ev.get("perfetto_ts_us")
+    if ts is not None:
+        rank = ev.get("perfetto_rank", ev.get("worst_rank", (finding.get("ranks") or [None])[0]))
+        text += f" | Perfetto: rank {rank} at ts {ts:,.0f} us"
+    return text
+
+
+def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
+    """The text ``torchprof diagnose`` prints for a diagnosis.
+
+    Args:
+        doc: :func:`~torchprof_args.analysis.diagnose.job.diagnose`'s result (the ``--json`` schema
+            of docs/guides/diagnose.md).
+        max_lines: the budget of lines, header and gaps included; findings that do not fit are
+            counted in one line.
+
+    Returns:
+        The text, without a final newline.
+    """
+    findings, gaps = doc["findings"], doc.get("gaps") or []
+    head = (f"torchprof diagnose: {doc['ranks']} rank{'s' if doc['ranks'] != 1 else ''}, step "
+            f"{_ms(doc['step_ms'])}" + (f", {doc['cycle']}" if doc.get("cycle") else "")
+            + f": {len(findings)} finding{'s' if len(findings) != 1 else ''}")
+    lines = [head]
+    if not findings:
+        lines.append("  nothing above the documented thresholds (docs/guides/diagnose.md)")
+    gap_lines = gap_text_lines(gaps)
+    budget = max_lines - 1 - min(len(gap_lines), 4) - 1
+    for n, f in enumerate(findings, 1):
+        if len(lines) + 4 > budget and n < len(findings):
+            lines.append(f"  ... {len(findings) - n + 1} more finding(s) in --json")
+            break
+        lines.append(f"{n}. {f['kind']}: saves up to {_ms(f['saving_ms_per_step'])}/step "
+                     f"({100 * f['share_of_step']:.1f} % of the step), {_ranks(f['ranks'], doc['ranks'])}")
+        lines.append(f"   {f['summary']}")
+        lines.append(f"   evidence: {_evidence(f)}")
+        lines.append(f"   bound: {f['saving_bound']}. Fix: {f['remedy']}")
+    lines += [f"  {line}" for line in gap_lines[: max(max_lines - len(lines), 0)]]
+    return "\n".join(lines[:max_lines])
