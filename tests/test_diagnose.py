@@ -54,7 +54,8 @@ def documented_schema() -> dict:
     """The example of docs/guides/diagnose.md's "The JSON schema" section."""
     page = (REPO / "docs" / "guides" / "diagnose.md").read_text()
     section = page[page.index("## The JSON schema"):]
-    return json.loads(section[section.index("```json") + 7:section.index("```", section.index("```json") + 7)])
+    start = section.index("```json") + len("```json")
+    return json.loads(section[start:section.index("```", start)])
 
 
 def test_one_trace_json_schema(capsys):

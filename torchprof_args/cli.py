@@ -209,12 +209,12 @@ def write_operator_tables(traces: list[str], path: Path) -> Path:
 
     Each trace's summary comes from the sidecar its publisher wrote, when it matches the trace.
     """
-    from torchprof_args.analysis.collect.trace_results import SUMMARY, trace_results
+    from torchprof_args.analysis.collect.trace_results import SUMMARY, results_of
     from torchprof_args.analysis.render.text import format_operator_table
 
     parts = []
     for trace in traces:
-        outcome = trace_results(trace, (SUMMARY,))
+        outcome = results_of(trace, (SUMMARY,))
         if outcome.results is None or outcome.results.summary is None:
             raise TraceError(outcome.error or f"{trace}: no summary")
         summary = outcome.results.summary

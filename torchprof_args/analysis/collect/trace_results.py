@@ -34,7 +34,7 @@ from torchprof_args.naming import rank_from_file_name
 
 __all__ = [
     "DIAGNOSIS", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults", "parse_results", "read_results",
-    "trace_results",
+    "results_of",
 ]
 
 
@@ -223,7 +223,7 @@ def _computed(part: Part, trace: Trace, top: int | None, path: Path, asked: bool
         return None
 
 
-def trace_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: int | None = 30,
+def results_of(path: str | os.PathLike[str], parts: Sequence[Part], *, top: int | None = 30,
                   reparse: bool = False, write: bool = False, workers: int | None = None,
                   progress: bool = False) -> Outcome:
     """One trace's results: from its matching sidecar (unless ``reparse``), else parsed.
