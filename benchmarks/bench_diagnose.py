@@ -37,8 +37,8 @@ from make_big_trace import build as build_big  # noqa: E402
 
 from torchprof_args.analysis import load_trace, summarize  # noqa: E402
 from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
-from torchprof_args.analysis.diagnose.job import rank_diagnosis  # noqa: E402
-from torchprof_args.analysis.summary import finite  # noqa: E402
+from torchprof_args.analysis.diagnose.rank import rank_diagnosis  # noqa: E402
+from torchprof_args.analysis.jsonout import finite  # noqa: E402
 
 #: rank 0 of a real 128-rank job (its rank 1 arrives ~180 ms late at an all-to-all: a real straggler,
 #: which would hide the one injected here).
@@ -73,7 +73,7 @@ def build_cycle(out: Path, ranks: int) -> Path:
         if not path.exists():
             os.link(source, path)
         s, d = _rank_docs(rank, ranks, summary, diagnosis)
-        write_sidecar(s, path, diagnosis=d)
+        write_sidecar(path, {"summary": s, "diagnosis": d})
     return cycle
 
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE))
 
 from torchprof_args.analysis import load_trace, summarize  # noqa: E402
 from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
-from torchprof_args.analysis.summary import finite  # noqa: E402
+from torchprof_args.analysis.jsonout import finite  # noqa: E402
 from torchprof_args.naming import cycle_dir_name  # noqa: E402
 
 #: two ranks of one real 128-rank job: every simulated rank is one of them.
@@ -86,7 +86,7 @@ def build(out: Path, ranks: int) -> Path:
         trace = cycle / f"rank{rank:05d}_node{rank // 8:03d}_pid{10000 + rank}.pt.trace.json.gz"
         if not trace.exists():
             os.link(SOURCES[which], trace)
-        write_sidecar(_perturbed(summaries[which], rank, ranks, rng, slow_node), trace)
+        write_sidecar(trace, {"summary": _perturbed(summaries[which], rank, ranks, rng, slow_node)})
     marker.touch()
     return run
 

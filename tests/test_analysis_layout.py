@@ -1,4 +1,5 @@
-"""The trace toolkit's layout: no import cycle between its modules, none over 400 lines.
+"""The trace toolkit's layout: no import cycle between its modules, none over 400 lines, every
+diagnose kind of one shape.
 
 Dependencies point one way (reading and decoding -> the trace model -> analyzers -> summary and
 compositions -> commands); a cycle, even through a function-level or ``TYPE_CHECKING`` import,
@@ -10,6 +11,10 @@ package is not an edge (every package would be a cycle with its ``__init__`` re-
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import types
+import typing
 from pathlib import Path
 
 import torchprof_args
@@ -110,3 +115,63 @@ def test_analysis_has_no_import_cycle() -> None:
 def test_analysis_modules_stay_under_400_lines() -> None:
     long = {_short(m): n for m, p in module_files().items() if (n := len(p.read_text().splitlines())) >= 400}
     assert not long, f"split these modules: {long}"
+
+
+# -- the diagnose kinds' one shape ------------------------------------------------------------
+
+KINDS_PACKAGE = f"{PACKAGE}.diagnose.kinds"
+
+
+def kind_shape_problems(module: types.ModuleType) -> list[str]:
+    """What ``module`` lacks of a diagnose kind's one shape (``diagnose/registry.py``): ``KIND``
+    (the module's name), ``SCOPE`` (a ``Scope``), ``THRESHOLD`` (a ``Threshold``) and ``analyze``
+    with its scope's signature: ``(Trace, KindContext) -> Finding | Gap | None`` per rank,
+    ``(CycleRanks, KindContext) -> ...`` across ranks."""
+    from torchprof_args.analysis.diagnose.context import KindContext, Scope
+    from torchprof_args.analysis.diagnose.cycle import CycleRanks
+    from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
+    from torchprof_args.analysis.trace import Trace
+
+    name = module.__name__.rpartition(".")[2]
+    problems = []
+    if getattr(module, "KIND", None) != name:
+        problems.append(f"KIND must be {name!r}")
+    scope = getattr(module, "SCOPE", None)
+    if not isinstance(scope, Scope):
+        problems.append("SCOPE must be a Scope")
+    if not isinstance(getattr(module, "THRESHOLD", None), Threshold):
+        problems.append("THRESHOLD must be a Threshold")
+    analyze = getattr(module, "analyze", None)
+    if not callable(analyze):
+        return [*problems, "analyze() is missing"]
+    hints = typing.get_type_hints(analyze)
+    params = list(inspect.signature(analyze).parameters)
+    wanted = {Scope.PER_RANK: Trace, Scope.CROSS_RANK: CycleRanks}.get(scope)  # type: ignore[arg-type]
+    if len(params) != 2 or [hints.get(p) for p in params] != [wanted, KindContext]:
+        problems.append(f"analyze must take ({getattr(wanted, '__name__', '?')}, KindContext)")
+    if hints.get("return") != Finding | Gap | None:
+        problems.append("analyze must return Finding | Gap | None")
+    return problems
+
+
+def test_the_shape_check_names_what_a_kind_lacks() -> None:
+    from torchprof_args.analysis.diagnose.context import Scope
+    from torchprof_args.analysis.diagnose.kinds import straggler
+
+    bad = types.ModuleType(f"{KINDS_PACKAGE}.half_done")
+    bad.KIND, bad.SCOPE = "half_done", Scope.CROSS_RANK
+    bad.analyze = lambda ranks, threshold=0.05: None  # the old shape: a bare float, no types
+    assert kind_shape_problems(bad) == ["THRESHOLD must be a Threshold",
+                                        "analyze must take (CycleRanks, KindContext)",
+                                        "analyze must return Finding | Gap | None"]
+    assert kind_shape_problems(straggler) == []
+
+
+def test_every_diagnose_kind_has_the_one_shape_and_is_registered() -> None:
+    from torchprof_args.analysis.diagnose.registry import KINDS
+
+    modules = sorted(m for m in module_files() if m.startswith(KINDS_PACKAGE + "."))
+    problems = {_short(m): p for m in modules if (p := kind_shape_problems(importlib.import_module(m)))}
+    assert not problems, f"diagnose kinds not of the one shape (diagnose/registry.py): {problems}"
+    assert sorted(KINDS) == sorted(m.rpartition(".")[2] for m in modules), \
+        "every module of diagnose/kinds/ is a kind in diagnose/registry.py's REGISTRY, and only those"

@@ -20,10 +20,11 @@ from torchprof_args.analysis.analyzers.cross_rank import cross_rank
 from torchprof_args.analysis.analyzers.origin import parallel_from_pg_config
 from torchprof_args.analysis.collect.discover import expand, group_by_cycle
 from torchprof_args.analysis.collect.shard import parse_shard, shard_files
-from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, read_sidecar, write_sidecar
+from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, write_sidecar
+from torchprof_args.analysis.collect.trace_results import SUMMARY, read_results
+from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.render.report import render_report
 from torchprof_args.analysis.render.text import format_cross_rank
-from torchprof_args.analysis.summary import finite
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import sidecar_path
 
@@ -105,18 +106,20 @@ def test_a_sidecar_is_used_only_while_it_matches(tmp_path: Path) -> None:
     trace = tmp_path / "rank00000_h_pid1.pt.trace.json.gz"
     shutil.copy(RANKS_128[0], trace)
     summary = finite(summarize(load_trace(trace), top=None))
-    write_sidecar(summary, trace)
-    assert read_sidecar(trace, top=30)["top_kernels"] == finite(summarize(load_trace(trace)))["top_kernels"]
+    write_sidecar(trace, {"summary": summary})
+    found = read_results(trace, (SUMMARY,), top=30)
+    assert found is not None and found.summary is not None
+    assert found.summary["top_kernels"] == finite(summarize(load_trace(trace)))["top_kernels"]
     doc = json.loads(sidecar_path(trace).read_text())
     assert doc["version"] == SIDECAR_VERSION and doc["trace"]["size"] == trace.stat().st_size
     os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))  # rewritten since
-    assert read_sidecar(trace) is None
-    write_sidecar(summary, trace)
-    assert read_sidecar(trace) is not None
+    assert read_results(trace, (SUMMARY,)) is None
+    write_sidecar(trace, {"summary": summary})
+    assert read_results(trace, (SUMMARY,)) is not None
     sidecar_path(trace).write_text(json.dumps({**doc, "version": SIDECAR_VERSION + 1}))
-    assert read_sidecar(trace) is None
+    assert read_results(trace, (SUMMARY,)) is None
     sidecar_path(trace).write_text("{truncated")
-    assert read_sidecar(trace) is None
+    assert read_results(trace, (SUMMARY,)) is None
     # The command then parses the trace (and says so), and --reparse always does.
     proc = _cli("summary", "--json", str(trace))
     assert proc.returncode == 0 and json.loads(proc.stdout)["rank"] == 0

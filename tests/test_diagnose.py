@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 from helpers.diagnose_traces import CPU_PAIR, late_pair, straggler_pair
 from helpers.examples import run_doc_example
-from helpers.paths import DATA
+from helpers.paths import DATA, REPO
 
-from torchprof_args.analysis.diagnose.finding import FINDINGS_VERSION, KINDS, Finding
+from torchprof_args.analysis.diagnose.context import Scope
+from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, CompactRecords, RankDiagnosis
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.job import diagnose, merge_kind
+from torchprof_args.analysis.diagnose.registry import CROSS_RANK, KINDS, PER_RANK, REGISTRY
+from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.render.diagnosis import MAX_LINES, format_diagnosis
 from torchprof_args.console import main as torchprof
 
@@ -46,10 +50,22 @@ def run_folder(tmp_path: Path) -> Path:
     return tmp_path / "prof"
 
 
+def documented_schema() -> dict:
+    """The example of docs/guides/diagnose.md's "The JSON schema" section."""
+    page = (REPO / "docs" / "guides" / "diagnose.md").read_text()
+    section = page[page.index("## The JSON schema"):]
+    start = section.index("```json") + len("```json")
+    return json.loads(section[start:section.index("```", start)])
+
+
 def test_one_trace_json_schema(capsys):
     doc = run_json(capsys, str(DATA / "gpu_2rank_nccl_rank0.json.gz"))
     check_schema(doc, 1)
     assert doc["step_ms"] > 0 and doc["path"].endswith("gpu_2rank_nccl_rank0.json.gz")
+    documented = documented_schema()  # the keys, in their order, as the guide shows them
+    assert list(doc) == list(documented)
+    assert [list(f) for f in doc["findings"]] == [list(documented["findings"][0])] * len(doc["findings"])
+    assert [list(g) for g in doc["gaps"]] == [list(documented["gaps"][0])] * len(doc["gaps"])
 
 
 @pytest.mark.slow
@@ -148,12 +164,13 @@ def test_merge_takes_the_worst_rank_and_names_every_rank():
 
 
 def test_text_keeps_to_30_lines_with_many_findings_and_gaps():
-    docs = [{"rank": r, "step_mean_us": 100e3, "steps": [],
-             "findings": [_finding(k, r, 1.0 + i + r).to_json() for i, k in enumerate(KINDS)],
-             "gaps": [{"kind": "host_sync", "reason": "no stacks.", "flag": "--torch-profile-with-stack"},
-                      {"kind": "low_mfu", "reason": "no FLOPs.", "flag": "--torch-profile-with-flops"}]}
-            for r in range(4)]
-    doc = diagnose(docs, "run/")
+    parts = [RankDiagnosis(format=2, rank=r, world_size=4, base_us=0.0, steps=[], step_mean_us=100e3,
+                           findings=[_finding(k, r, 1.0 + i + r) for i, k in enumerate(KINDS)],
+                           gaps=[Gap("host_sync", "no stacks.", "--torch-profile-with-stack"),
+                                 Gap("low_mfu", "no FLOPs.", "--torch-profile-with-flops")],
+                           comm_source=None, pg_config=[], collectives=CompactRecords.of([]), mfu_inputs=None)
+             for r in range(4)]
+    doc = finite(diagnose(parts, "run/"))
     check_schema(doc, 4)
     text = format_diagnosis(doc)
     lines = text.splitlines()
@@ -204,3 +221,25 @@ def test_doc_example_on_a_real_gpu_trace(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("torchprof diagnose: 1 rank") and "1. launch_bound" in proc.stdout
     assert len(proc.stdout.splitlines()) <= MAX_LINES
+
+
+def test_the_kinds_page_documents_the_registry_with_its_thresholds():
+    """docs/guides/diagnose-kinds.md's table: every kind of the registry, in its order, with where it
+    is computed and its threshold as ``Threshold.describe`` states it."""
+    page = (REPO / "docs" / "guides" / "diagnose-kinds.md").read_text()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in page.splitlines()
+            if line.startswith("| `")]
+    assert [r[0].strip("`") for r in rows] == list(KINDS)
+    for row, kind in zip(rows, REGISTRY, strict=True):
+        assert row[1] == kind.SCOPE.value, row
+        assert row[2].startswith(kind.THRESHOLD.describe()), (row[2], kind.THRESHOLD.describe())
+
+
+def test_the_registry_orders_the_kinds_that_read_earlier_findings():
+    """``low_mfu`` saves what the other per-rank kinds leave, ``collective_skew`` what the stragglers
+    do not explain: each must run after those."""
+    assert [k.KIND for k in PER_RANK][-1] == "low_mfu"
+    assert [k.KIND for k in CROSS_RANK] == ["straggler", "collective_skew"]
+    scopes = [k.SCOPE for k in REGISTRY]
+    assert scopes == [Scope.PER_RANK] * len(PER_RANK) + [Scope.CROSS_RANK] * len(CROSS_RANK)
+

@@ -31,6 +31,7 @@ from helpers.paths import DATA
 from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.analyzers.stepwise import context, host_wait
 from torchprof_args.analysis.decode.op_flops import FLOP_OPS
+from torchprof_args.analysis.diagnose.context import KindContext
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import (
     dataloader_stall,
@@ -41,8 +42,11 @@ from torchprof_args.analysis.diagnose.kinds import (
     low_mfu,
     memcpy,
 )
-from torchprof_args.analysis.diagnose.rank import ANALYZERS, rank_findings
+from torchprof_args.analysis.diagnose.rank import rank_findings
+from torchprof_args.analysis.diagnose.registry import PER_RANK
 
+#: every measurement, whatever its size (the size the unmodified trace already shows).
+ALL_SIZES = KindContext(thresholds_off=True)
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"  # 2 steps, 4.9k events: fast
 NCCL = DATA / "gpu_2rank_nccl_rank0.json.gz"  # 3 steps, 40k events
 ROCM = DATA / "rocm_mi250_1rank_minitoy.json.gz"
@@ -146,7 +150,7 @@ def test_host_sync_without_stacks_names_the_flag(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_memcpy_found_with_its_magnitude(tmp_path: Path) -> None:
-    base = memcpy.analyze(load_trace(SAMPLED), threshold=0.0)
+    base = memcpy.analyze(load_trace(SAMPLED), ALL_SIZES)
     assert isinstance(base, Finding)
     doc = load_doc(SAMPLED)
     pid, tid = cpu_thread(doc)
@@ -165,7 +169,7 @@ def test_memcpy_found_with_its_magnitude(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_launch_bound_found_with_its_magnitude(tmp_path: Path) -> None:
     """An unfused loop of tiny kernels, each launched after 200 us of Python: the GPU waits."""
-    base = launch_bound.analyze(load_trace(SAMPLED), threshold=0.0, short_share=0.0)
+    base = launch_bound.analyze(load_trace(SAMPLED), ALL_SIZES)
     assert isinstance(base, Finding)
     doc = load_doc(SAMPLED)
     pid, tid = cpu_thread(doc)
@@ -191,7 +195,7 @@ def test_launch_bound_found_with_its_magnitude(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_gpu_idle_found_with_its_magnitude(tmp_path: Path) -> None:
     """The GPU waits on something no CPU activity explains (e.g. an event from another stream)."""
-    base = gpu_idle.analyze(load_trace(NCCL), threshold=0.0)
+    base = gpu_idle.analyze(load_trace(NCCL), ALL_SIZES)
     assert gpu_idle.analyze(load_trace(NCCL)) is None and isinstance(base, Finding)
     doc = load_doc(NCCL)
     d = _magnitude_us(NCCL)
@@ -247,7 +251,7 @@ def test_low_mfu_found_with_its_magnitude(tmp_path: Path, mfu: float) -> None:
     for e in mms:
         e["args"]["flops"] = int(per_step * ctx.n_steps / len(mms))
     path = write_doc(doc, tmp_path)
-    if mfu >= low_mfu.THRESHOLD:
+    if 1 - mfu < low_mfu.THRESHOLD.share_of_step:  # the time beyond the FLOPs at peak is 1 - MFU
         assert low_mfu.analyze(load_trace(path, flops=True)) is None
         return
     step_ms = ctx.step_us / 1000.0
@@ -345,12 +349,15 @@ def test_every_real_trace_gives_json_findings(path: Path) -> None:
     """Every real trace's findings and gaps are plain JSON (the sidecar stores them) and read back."""
     import json
 
+    import msgspec
+
     results = rank_findings(load_trace(path, flops=True))
+    kinds = [k.KIND for k in PER_RANK]
     assert [r.kind for r in results if not isinstance(r, Finding)] == sorted(
-        {r.kind for r in results if not isinstance(r, Finding)}, key=list(ANALYZERS).index)  # one gap a kind
-    assert {r.kind for r in results} <= set(ANALYZERS)
+        {r.kind for r in results if not isinstance(r, Finding)}, key=kinds.index)  # one gap a kind
+    assert {r.kind for r in results} <= set(kinds)
     for result in results:
-        doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+        doc = json.loads(json.dumps(msgspec.to_builtins(result), allow_nan=False))
         if isinstance(result, Finding):
-            assert Finding.from_json(doc) == result
+            assert msgspec.convert(doc, Finding) == result
             assert 0.0 <= result.saving_ms_per_step <= result.ms_per_step + 1e-9

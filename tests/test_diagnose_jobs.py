@@ -15,7 +15,7 @@ from helpers.examples import run_doc_example
 from helpers.paths import JOBS, REPO
 from helpers.processes import rank_results, run_torchrun
 
-from torchprof_args.analysis.collect.sidecar import read_diagnosis
+from torchprof_args.analysis.collect.trace_results import DIAGNOSIS, read_results
 from torchprof_args.console import main as torchprof
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def run_job(tmp_path: Path, *problem: str) -> Path:
 
 def diagnosis(capsys: pytest.CaptureFixture[str], prof: Path) -> dict:
     traces = sorted(prof.glob("*/*.pt.trace.json.gz"))
-    assert len(traces) == 2 and all(read_diagnosis(t) is not None for t in traces)  # from the publisher
+    assert len(traces) == 2 and all(read_results(t, (DIAGNOSIS,)) is not None for t in traces)  # published
     capsys.readouterr()  # what came before (DeepSpeed's import prints)
     assert torchprof(["diagnose", str(prof), "--json", "--no-progress"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -90,10 +90,11 @@ def test_deepspeed_pipeline_has_a_bubble_per_stage(tmp_path, capsys):
     bubble = by_kind(doc)["pipeline_bubble"]
     assert bubble["ranks"] == [0, 1]
     assert bubble["evidence"]["theoretical_bubble_share"] == pytest.approx(1 / 4)
-    per_stage = {d["rank"]: d for d in (read_diagnosis(t) for t in traces)}
+    parts = [read_results(t, (DIAGNOSIS,)) for t in traces]
+    per_stage = {p.diagnosis.rank: p.diagnosis for p in parts if p is not None and p.diagnosis is not None}
     for rank in (0, 1):
-        mine = [f for f in per_stage[rank]["findings"] if f["kind"] == "pipeline_bubble"]
-        assert mine and mine[0]["evidence"]["stage"] == rank and mine[0]["ms_per_step"] > 0
+        mine = [f for f in per_stage[rank].findings if f.kind == "pipeline_bubble"]
+        assert mine and mine[0].evidence["stage"] == rank and mine[0].ms_per_step > 0
 
 
 def test_doc_example_of_a_cpu_job_with_a_slow_rank(tmp_path):

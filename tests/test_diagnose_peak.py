@@ -12,7 +12,9 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.analysis.diagnose.job import diagnose, rank_diagnosis
+from torchprof_args.analysis.diagnose.job import diagnose
+from torchprof_args.analysis.diagnose.rank import rank_diagnosis
+from torchprof_args.analysis.jsonout import finite
 from torchprof_args.console import main as torchprof
 
 SAMPLED = DATA / "gpu_128rank_sampled_rank0.json.gz"
@@ -38,10 +40,10 @@ def _low_mfu(doc: dict) -> dict | None:
 def test_an_unknown_device_names_the_flag_and_the_override_finds_low_mfu(tmp_path):
     path = _trace_at_mfu(tmp_path, 0.05, "NVIDIA Future GPU")
     rank_doc = rank_diagnosis(load_trace(path, comms=True, flops=True))
-    plain = diagnose([rank_doc], path)
+    plain = finite(diagnose([rank_doc], path))
     assert _low_mfu(plain) is None
     assert [g["flag"] for g in plain["gaps"] if g["kind"] == "low_mfu"] == ["--peak-tflops"]
-    judged = diagnose([rank_doc], path, peak_tflops=989.4)
+    judged = finite(diagnose([rank_doc], path, peak_tflops=989.4))
     finding = _low_mfu(judged)
     assert finding is not None and finding["evidence"]["mfu"] == pytest.approx(0.05, rel=0.01)
     assert not [g for g in judged["gaps"] if g["kind"] == "low_mfu"]

@@ -12,7 +12,8 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.analysis.diagnose.kinds.pipeline_bubble import pipeline_bubble, theoretical_bubble
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.kinds.pipeline_bubble import analyze, theoretical_bubble
 from torchprof_args.frameworks.megatron_loop import pipeline_from_args
 from torchprof_args.runtime.metadata import pipeline_metadata
 
@@ -32,7 +33,8 @@ def _quiet_point(kernels: list[dict], lo: float, hi: float) -> float:
 
 
 def _bubble_ms(path) -> float | None:
-    found = pipeline_bubble(load_trace(path))
+    found = analyze(load_trace(path))
+    assert not isinstance(found, Gap)
     return None if found is None else found.ms_per_step
 
 
@@ -49,8 +51,8 @@ def test_injected_bubble_is_measured_within_10_percent(tmp_path):
     injected = copy.deepcopy(doc)
     for t in sorted(points, reverse=True):
         insert_pause(injected, t, 20e3)
-    found = pipeline_bubble(load_trace(write_doc(injected, tmp_path, "bubble.json")))
-    assert found is not None and found.ranks == (0,)
+    found = analyze(load_trace(write_doc(injected, tmp_path, "bubble.json")))
+    assert isinstance(found, Finding) and found.ranks == (0,)
     assert found.ms_per_step - (clean or 0.0) == pytest.approx(20.0, rel=0.10)
     assert (found.evidence["stages"], found.evidence["micro_batches"], found.evidence["stage"]) == (4, 8, 1)
     assert found.evidence["theoretical_bubble_share"] == pytest.approx(3 / 11, abs=1e-4)

@@ -18,6 +18,7 @@ from helpers.processes import subprocess_env
 
 from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.analyzers.stepwise import context
+from torchprof_args.analysis.diagnose.documents import MfuInputs
 from torchprof_args.analysis.diagnose.kinds import host_sync
 from torchprof_args.analysis.diagnose.kinds.low_mfu import mfu_inputs
 from torchprof_args.analysis.render.diagnosis import MAX_LINES
@@ -42,8 +43,8 @@ def model_flops_per_step() -> float:
 @pytest.mark.parametrize("path", [CLEAN, FAULTY], ids=["clean", "faulty"])
 def test_flops_from_shapes_equal_the_hand_calculation(path) -> None:
     inputs = mfu_inputs(load_trace(path, flops=True))
-    assert inputs["device"] == "NVIDIA H200"
-    assert inputs["flops_per_step"] == pytest.approx(model_flops_per_step(), rel=1e-9)
+    assert isinstance(inputs, MfuInputs) and inputs.device == "NVIDIA H200"
+    assert inputs.flops_per_step == pytest.approx(model_flops_per_step(), rel=1e-9)
 
 
 def _diagnose(path) -> dict:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from torchprof_args import _dist
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.config import RunConfig, add_torch_profile_args, configs_from_args
-from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.errors import TorchProfileArgsError, TraceError
 from torchprof_args.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.log import get_logger
 from torchprof_args.naming import PROFILER_LIST_NAME, profiler_list_name
@@ -218,12 +218,15 @@ def write_operator_tables(traces: list[str], path: Path) -> Path:
 
     Each trace's summary comes from the sidecar its publisher wrote, when it matches the trace.
     """
-    from torchprof_args.analysis import format_operator_table, load_trace, summarize
-    from torchprof_args.analysis.collect.sidecar import read_sidecar
+    from torchprof_args.analysis.collect.trace_results import SUMMARY, results_of
+    from torchprof_args.analysis.render.text import format_operator_table
 
     parts = []
     for trace in traces:
-        summary = read_sidecar(trace) or summarize(load_trace(trace))
+        outcome = results_of(trace, (SUMMARY,))
+        if outcome.results is None or outcome.results.summary is None:
+            raise TraceError(outcome.error or f"{trace}: no summary")
+        summary = outcome.results.summary
         parts.append(f"# {Path(trace).parent.name}/{Path(trace).name}\n{format_operator_table(summary)}")
     write_text_atomically(path, "\n".join(parts))
     logger.info("operator tables written to %s", path)

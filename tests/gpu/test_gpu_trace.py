@@ -17,7 +17,7 @@ from helpers.gpu_train import Trainer, parse_flags, train
 
 from torchprof_args import TorchProfiler
 from torchprof_args.analysis import load_trace, summarize
-from torchprof_args.analysis.collect.sidecar import read_sidecar
+from torchprof_args.analysis.collect.trace_results import SUMMARY, read_results
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1)]
 
@@ -58,9 +58,9 @@ def test_window_kernels_are_in_the_trace_and_its_summary(tmp_path: Path) -> None
     assert summary["top_ops_by_device"], "no CPU operator is linked to device time"
     devices = trace.metadata.get("deviceProperties") or []
     assert torch.cuda.get_device_name(0) in {d.get("name") for d in devices}, devices
-    sidecar = read_sidecar(published)
-    assert sidecar is not None, "the publisher wrote no summary sidecar for a GPU trace"
-    assert sidecar["gpu"]["kernels"] == gpu["kernels"]
+    sidecar = read_results(published, (SUMMARY,))
+    assert sidecar is not None and sidecar.summary is not None, "the publisher wrote no summary sidecar"
+    assert sidecar.summary["gpu"]["kernels"] == gpu["kernels"]
 
 
 @pytest.mark.timeout(300)

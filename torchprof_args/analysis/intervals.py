@@ -1,14 +1,38 @@
-"""Interval algebra on sorted numpy arrays: unions, and time spent in each overlap combination."""
+"""Interval algebra on sorted numpy arrays: one type, :data:`Intervals`, and what is done with it.
+
+An :data:`Intervals` is a union of time intervals as two arrays, starts and ends (us), sorted and
+disjoint, as :func:`merge_intervals` returns them (HTA's ``merge_kernel_intervals``).  Everything
+here is vectorised: the analyzers apply it to millions of kernels.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["merge_intervals", "subtract", "time_per_combination", "total"]
+__all__ = [
+    "Intervals", "covered", "empty", "merge_intervals", "minus", "overlap", "subtract",
+    "time_per_combination", "total",
+]
+
+#: a union of intervals: (starts, ends), sorted and disjoint (from :func:`merge_intervals`).
+Intervals = tuple[np.ndarray, np.ndarray]
 
 
-def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals as HTA's ``merge_kernel_intervals`` computes it (sorted starts/ends)."""
+def empty() -> Intervals:
+    """The empty union."""
+    return np.zeros(0), np.zeros(0)
+
+
+def merge_intervals(ts: np.ndarray, end: np.ndarray) -> Intervals:
+    """Union of intervals as HTA's ``merge_kernel_intervals`` computes it.
+
+    Args:
+        ts: the intervals' starts, in any order.
+        end: their ends, in the same order.
+
+    Returns:
+        The union: sorted, disjoint starts and ends.
+    """
     if len(ts) == 0:
         return ts, end
     order = np.argsort(ts, kind="stable")
@@ -20,10 +44,7 @@ def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
     return t[idx], np.maximum.reduceat(e, idx)
 
 
-Union = tuple[np.ndarray, np.ndarray]
-
-
-def subtract(a: Union, b: Union) -> Union:
+def subtract(a: Intervals, b: Intervals) -> Intervals:
     """The union ``a`` with the union ``b`` taken out (both from :func:`merge_intervals`)."""
     if len(a[0]) == 0 or len(b[0]) == 0:
         return a
@@ -31,7 +52,7 @@ def subtract(a: Union, b: Union) -> Union:
     lo, hi = points[:-1], points[1:]
     mid = (lo + hi) / 2
 
-    def inside(union: Union) -> np.ndarray:
+    def inside(union: Intervals) -> np.ndarray:
         i = np.searchsorted(union[0], mid, side="right") - 1
         return (i >= 0) & (mid < union[1][np.maximum(i, 0)])
 
@@ -39,13 +60,50 @@ def subtract(a: Union, b: Union) -> Union:
     return merge_intervals(lo[keep], hi[keep])
 
 
-def total(intervals: tuple[np.ndarray, np.ndarray]) -> float:
-    """Length of a union returned by :func:`merge_intervals`."""
+def total(intervals: Intervals) -> float:
+    """Length (us) of a union returned by :func:`merge_intervals`."""
     starts, ends = intervals
     return float((ends - starts).sum())
 
 
-def time_per_combination(intervals: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, float]:
+def overlap(a: Intervals, b: Intervals) -> float:
+    """Time (us) during which both unions are active."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return 0.0
+    return time_per_combination({1: a, 2: b}).get(3, 0.0)
+
+
+def minus(a: Intervals, b: Intervals) -> float:
+    """Time (us) of ``a`` outside ``b``."""
+    return total(a) - overlap(a, b)
+
+
+def covered(union: Intervals, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per interval ``[a[i], b[i]]``, the time (us) ``union`` covers of it (vectorised).
+
+    Args:
+        union: from :func:`merge_intervals`.
+        a: the intervals' starts.
+        b: their ends.
+
+    Returns:
+        One time per interval, never negative.
+    """
+    starts, ends = union
+    if len(starts) == 0 or len(a) == 0:
+        return np.zeros(len(a))
+    cum = np.r_[0.0, np.cumsum(ends - starts)]
+
+    def upto(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right") - 1
+        j = np.maximum(i, 0)
+        inside = np.clip(t - starts[j], 0.0, ends[j] - starts[j])
+        return np.where(i >= 0, cum[j] + inside, 0.0)
+
+    return np.maximum(upto(np.asarray(b, dtype=float)) - upto(np.asarray(a, dtype=float)), 0.0)
+
+
+def time_per_combination(intervals: dict[int, Intervals]) -> dict[int, float]:
     """Time spent in each combination of the given interval sets, keyed by bitmask.
 
     ``intervals`` maps a distinct bit to a union (from :func:`merge_intervals`); the result maps

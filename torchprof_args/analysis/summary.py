@@ -6,24 +6,27 @@ puts them together in the summary's documented shape and key order (the ``--json
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
 from torchprof_args.analysis.analyzers.gpu import gpu_view
 from torchprof_args.analysis.analyzers.memory_events import memory_view
-from torchprof_args.analysis.analyzers.origin import identity
+from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.step_ops import step_ops
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["finite", "summarize"]
+__all__ = ["Summary", "summarize", "truncate"]
+
+#: one trace's summary (a dict for now: its keys are documented by ``torchprof summary --json``).
+Summary = dict[str, Any]
+#: the summary's lists that ``top`` bounds.
+_TOP_LISTS = ("top_kernels", "top_cpu_ops", "top_cpu_ops_by_self", "top_ops_by_device")
 
 
-def summarize(trace: Trace, top: int | None = 30) -> dict[str, Any]:
+def summarize(trace: Trace, top: int | None = 30) -> Summary:
     """Everything ``torchprof summary --json`` prints for one trace (JSON-serialisable dict).
 
     ``top`` bounds the top-N lists (kernels, CPU operators by total / self / device time, the
@@ -38,7 +41,7 @@ def summarize(trace: Trace, top: int | None = 30) -> dict[str, Any]:
         "rank": trace.rank,
         "world_size": trace.world_size,
         "backend": (trace.metadata.get("distributedInfo") or {}).get("backend"),
-        **identity(trace),
+        **origin(trace),
         "base_time_ns": trace.base_time_ns,
         "events": trace.n_events,
         "uncompressed_bytes": trace.uncompressed_bytes,
@@ -55,37 +58,25 @@ def summarize(trace: Trace, top: int | None = 30) -> dict[str, Any]:
     }
 
 
-def _plain(value: Any) -> Any:
-    """numpy scalars as Python numbers, for the encoder."""
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    raise TypeError(f"cannot encode {type(value).__name__}")
+def truncate(summary: Summary, top: int | None) -> Summary:
+    """``summary`` (complete lists) with every top-N list cut to ``top`` entries (in place).
 
+    Args:
+        summary: a summary computed with ``top=None`` (a sidecar's).
+        top: entries to keep per list; None keeps them all.
 
-_encode = msgspec.json.Encoder(enc_hook=_plain)
-_decode = msgspec.json.Decoder()
-
-
-def finite(value: Any) -> Any:
-    """A copy of ``value`` with NaN/inf replaced by None, so the result is strict JSON.
-
-    One JSON round trip in C (msgspec writes non-finite floats as null): a complete summary holds
-    thousands of entries, and a Python walk over them cost more than parsing a small trace.
-    Tuples come back as lists.
+    Returns:
+        ``summary`` itself.
     """
-    try:
-        return _decode.decode(_encode.encode(value))
-    except (TypeError, msgspec.EncodeError):
-        return _finite_walk(value)
-
-
-def _finite_walk(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_walk(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_walk(v) for v in value]
-    return value
+    if top is None:
+        return summary
+    top = max(top, 0)
+    for key in _TOP_LISTS:
+        if isinstance(summary.get(key), list):
+            summary[key] = summary[key][:top]
+    steps = summary.get("ops_in_steps")
+    if isinstance(steps, dict):
+        for key in ("cpu", "gpu"):
+            if isinstance(steps.get(key), list):
+                steps[key] = steps[key][:top]
+    return summary

@@ -25,7 +25,7 @@ def _run(args: argparse.Namespace) -> int:
     report = collectives_report(args.traces, cycle=args.cycle, top=max(args.top, args.rows),
                                 progress=not args.no_progress, workers=args.workers)
     if args.json:
-        from torchprof_args.analysis.summary import finite
+        from torchprof_args.analysis.jsonout import finite
 
         print(json.dumps(finite(report)))
     else:

@@ -29,20 +29,23 @@ __all__ = ["register"]
 
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
+    from torchprof_args.analysis.collect.pool import collect
+    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
     from torchprof_args.analysis.decode.loader import release_memory_eagerly
-    from torchprof_args.analysis.diagnose.job import diagnose, gather
+    from torchprof_args.analysis.diagnose.job import diagnose
+    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.diagnosis import format_diagnosis
-    from torchprof_args.analysis.summary import finite
 
     release_memory_eagerly()
     files, cycle_text = choose_cycle(expand([args.path]), args.cycle)
-    got = gather(files, reparse=args.reparse, workers=args.workers, progress=not args.no_progress)
-    if not got.docs:
+    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=args.workers,
+                  progress=not args.no_progress)
+    if not got.diagnoses:
         raise CommandError(got.errors[0] if len(got.errors) == 1 else
                            f"none of the {len(files)} traces could be read ({got.errors[0]})")
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
-    doc = finite(diagnose(got.docs, args.path, cycle_text, peak_tflops=args.peak_tflops,
+    doc = finite(diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops,
                           dtype=args.peak_dtype))
     print(json.dumps(doc) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK

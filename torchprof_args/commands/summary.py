@@ -26,8 +26,9 @@ __all__ = ["register"]
 
 def _write_sidecars(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import expand
-    from torchprof_args.analysis.collect.pool import Parsed, collect
+    from torchprof_args.analysis.collect.pool import collect
     from torchprof_args.analysis.collect.shard import parse_shard, shard_files
+    from torchprof_args.analysis.collect.trace_results import Outcome
     from torchprof_args.analysis.decode.loader import release_memory_eagerly
     from torchprof_args.naming import sidecar_path
 
@@ -37,7 +38,7 @@ def _write_sidecars(args: argparse.Namespace) -> int:
     mine = shard_files(files, k, n)
     where = f"shard {k}/{n}: " if n > 1 else ""
 
-    def told(path: Path, result: Parsed) -> None:
+    def told(path: Path, result: Outcome) -> None:
         if result.sidecar_written:
             print(f"{where}wrote {sidecar_path(path)} ({result.parsed_bytes / 1e6:,.1f} MB of trace JSON)",
                   flush=True)
@@ -55,7 +56,7 @@ def _write_sidecars(args: argparse.Namespace) -> int:
 
 def _summary(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-    from torchprof_args.analysis.summary import finite
+    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.commands.cycles import cycle_summaries
 
     if args.shard and not args.write_sidecars:

@@ -11,22 +11,25 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands import summary as summary_command
 from torchprof_args.commands.common import INPUTS_HELP, top_count
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
+if TYPE_CHECKING:
+    from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+
 
 def _report(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.report import write_report
-    from torchprof_args.analysis.summary import finite
     from torchprof_args.commands.cycles import cycle_summaries
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
-    findings = [_diagnosis(c.files, args, c.label) for c, _ in cycles]
+    findings = [finite(_diagnosis(c.files, args, c.label)) for c, _ in cycles]  # as --json prints them
     out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
                        findings=findings)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
@@ -34,20 +37,21 @@ def _report(args: argparse.Namespace) -> int:
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> dict[str, Any] | None:
+def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> JobDiagnosis | None:
     """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed); None when none
     of them can be read."""
-    from torchprof_args.analysis.diagnose.job import diagnose, gather
-    from torchprof_args.analysis.summary import finite
+    from torchprof_args.analysis.collect.pool import collect
+    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
+    from torchprof_args.analysis.diagnose.job import diagnose
 
-    got = gather(files, reparse=args.reparse, workers=getattr(args, "workers", None), progress=False)
-    return finite(diagnose(got.docs, label or "", label)) if got.docs else None
+    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=getattr(args, "workers", None))
+    return diagnose(got.diagnoses, label or "", label) if got.diagnoses else None
 
 
 def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
     from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
-    from torchprof_args.analysis.summary import finite
+    from torchprof_args.analysis.jsonout import finite, print_json
     from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
     from torchprof_args.commands.cycles import cycle_summaries
 
@@ -58,11 +62,11 @@ def _diff(args: argparse.Namespace) -> int:
             return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
-        diagnoses.append(_diagnosis(files, args, label or side) or {"findings": []})
+        diagnoses.append(_diagnosis(files, args, label or side))
     result = finite(diff_summaries(*sides))
     result["findings"] = diff_findings(*diagnoses)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
         print("\n".join(format_findings_diff(result["findings"])))

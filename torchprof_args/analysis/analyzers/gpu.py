@@ -29,7 +29,7 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.overlap import comm_comp_overlap
 from torchprof_args.analysis.analyzers.select import lookup, member
-from torchprof_args.analysis.intervals import merge_intervals, time_per_combination, total
+from torchprof_args.analysis.intervals import Intervals, merge_intervals, time_per_combination, total
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [
@@ -41,7 +41,6 @@ COMM_RE = re.compile(r"^nccl.*Kernel")
 MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 COMPUTATION, COMMUNICATION, MEMORY, OTHER = "computation", "communication", "memory", "other"
-Intervals = tuple[np.ndarray, np.ndarray]
 
 #: bits of the classes whose exclusive times are reported (their ORs name the overlaps).
 _TYPE_BITS = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 4}

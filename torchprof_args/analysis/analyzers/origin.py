@@ -19,7 +19,7 @@ from typing import Any
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.naming import cycle_of_name
 
-__all__ = ["PARALLEL_AXES", "identity", "parallel_from_pg_config"]
+__all__ = ["PARALLEL_AXES", "origin", "parallel_from_pg_config"]
 
 #: megatron-core's process-group descriptions, per parallel axis (the first that matches wins).
 PARALLEL_AXES = {
@@ -50,7 +50,7 @@ def parallel_from_pg_config(info: dict[str, Any]) -> dict[str, int] | None:
     return out or None
 
 
-def identity(trace: Trace) -> dict[str, Any]:
+def origin(trace: Trace) -> dict[str, Any]:
     """``{"host", "iterations", "parallel"}`` of a trace (each None when nothing says)."""
     ours = trace.metadata.get("torchprof_args")
     ours = ours if isinstance(ours, dict) else {}

@@ -21,16 +21,13 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import steps
-from torchprof_args.analysis.diagnose.finding import Gap
-from torchprof_args.analysis.intervals import merge_intervals, time_per_combination, total
+from torchprof_args.analysis.intervals import Intervals, empty, merge_intervals
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [
-    "KERNEL_CATS", "NO_LAUNCH", "RUNTIME_CATS", "Intervals", "StepContext", "context", "covered", "cpu_spans",
-    "empty", "events_named", "host_wait", "minus", "no_gpu_gap", "overlap", "top_names", "worst_ts",
+    "KERNEL_CATS", "NO_LAUNCH", "RUNTIME_CATS", "StepContext", "context", "cpu_spans", "events_named",
+    "host_wait", "top_names", "worst_ts",
 ]
-
-Intervals = tuple[np.ndarray, np.ndarray]
 
 #: categories of device-side events (HTA's idle-time breakdown selects the same ones).
 KERNEL_CATS = ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset")
@@ -38,10 +35,6 @@ KERNEL_CATS = ("kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 #: a kernel whose launch cannot be found (no correlation).
 NO_LAUNCH = -1
-
-
-def empty() -> Intervals:
-    return np.zeros(0), np.zeros(0)
 
 
 @dataclass
@@ -155,34 +148,6 @@ def cpu_spans(trace: Trace, idx: np.ndarray, ctx: StepContext) -> Intervals:
     return merge_intervals(ts[keep], end[keep])
 
 
-def overlap(a: Intervals, b: Intervals) -> float:
-    """Time (us) during which both unions are active."""
-    if len(a[0]) == 0 or len(b[0]) == 0:
-        return 0.0
-    return time_per_combination({1: a, 2: b}).get(3, 0.0)
-
-
-def minus(a: Intervals, b: Intervals) -> float:
-    """Time (us) of ``a`` outside ``b``."""
-    return total(a) - overlap(a, b)
-
-
-def covered(union: Intervals, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per interval ``[a[i], b[i]]``, the time (us) ``union`` covers of it (vectorised)."""
-    starts, ends = union
-    if len(starts) == 0 or len(a) == 0:
-        return np.zeros(len(a))
-    cum = np.r_[0.0, np.cumsum(ends - starts)]
-
-    def upto(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(starts, t, side="right") - 1
-        j = np.maximum(i, 0)
-        inside = np.clip(t - starts[j], 0.0, ends[j] - starts[j])
-        return np.where(i >= 0, cum[j] + inside, 0.0)
-
-    return np.maximum(upto(np.asarray(b, dtype=float)) - upto(np.asarray(a, dtype=float)), 0.0)
-
-
 def top_names(trace: Trace, idx: np.ndarray, weights: np.ndarray, ctx: StepContext,
               top: int = 3) -> list[dict[str, Any]]:
     """The ``top`` event names among ``idx`` by summed ``weights`` (us), in ms per step."""
@@ -214,9 +179,3 @@ def host_wait(trace: Trace, ctx: StepContext) -> tuple[np.ndarray, np.ndarray]:
         launch = np.zeros(len(nxt), dtype=np.int64)
     launched = np.where(launch != NO_LAUNCH, trace.ts[np.maximum(launch, 0)], -np.inf)
     return ~has_next | (launched > idle_s), np.where(has_next, nxt, -1)
-
-
-def no_gpu_gap(kind: str) -> Gap:
-    """The Gap of a GPU kind on a trace without kernels."""
-    return Gap(kind, "the trace has no GPU kernels (a CPU-only run or CPU activity only), so the GPU "
-                     "cannot be analysed", "--torch-profile-activities cpu cuda")

@@ -1,54 +1,77 @@
-"""One rank's findings: every per-rank ``diagnose`` analyzer run over one :class:`Trace`.
+"""One rank's part of the diagnosis: every per-rank kind of the registry run over one :class:`Trace`.
 
-Each kind's analyzer (``analysis/analyzers/<kind>.py``) returns a Finding, a Gap (the trace lacks
-what it needs, and the flag that records it) or None (below its documented threshold); this
-module runs them all.  It never raises on a trace that lacks something (no steps, no kernels, no
-stacks, no FLOPs): those are Gaps.  Cross-rank kinds (``straggler``, ``collective_skew``) and
-``pipeline_bubble`` are composed elsewhere, from many ranks.
+:func:`rank_findings` runs the registry's per-rank kinds in order, each told the findings before it
+(:class:`~.context.KindContext`); :func:`rank_diagnosis` adds what the cross-rank kinds need (each
+step's work and collective time, the collective records) and ``low_mfu``'s inputs: the
+:class:`~.documents.RankDiagnosis` the publisher keeps in the trace's summary sidecar.  Neither
+raises on a trace that lacks something (no steps, no kernels, no stacks, no FLOPs): those are Gaps.
 """
 
 from __future__ import annotations
 
+import statistics
+
+from torchprof_args.analysis.analyzers.collectives import rank_collectives
+from torchprof_args.analysis.analyzers.steps import steps
+from torchprof_args.analysis.diagnose.context import KindContext, Peak
+from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, CompactRecords, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
-from torchprof_args.analysis.diagnose.kinds import (
-    dataloader_stall,
-    exposed_comm,
-    gpu_idle,
-    host_sync,
-    launch_bound,
-    low_mfu,
-    memcpy,
-)
+from torchprof_args.analysis.diagnose.kinds.low_mfu import mfu_inputs
+from torchprof_args.analysis.diagnose.kinds.straggler import step_work
+from torchprof_args.analysis.diagnose.registry import PER_RANK
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["ANALYZERS", "rank_findings"]
-
-#: the per-rank kinds, by the module that measures each.
-ANALYZERS = {
-    "gpu_idle": gpu_idle.analyze,
-    "exposed_comm": exposed_comm.analyze,
-    "launch_bound": launch_bound.analyze,
-    "host_sync": host_sync.analyze,
-    "dataloader_stall": dataloader_stall.analyze,
-    "memcpy": memcpy.analyze,
-    "low_mfu": low_mfu.analyze,
-}
+__all__ = ["rank_diagnosis", "rank_findings"]
 
 
-def rank_findings(trace: Trace, peak_tflops: float | None = None) -> list[Finding | Gap]:
-    """Every per-rank finding and gap of ``trace``: findings by ``saving_ms_per_step``
-    (largest first), then gaps.  ``peak_tflops`` overrides the device table for ``low_mfu``."""
+def rank_findings(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16") -> list[Finding | Gap]:
+    """Every per-rank finding and gap of one trace.
+
+    Args:
+        trace: one rank's trace (``comms=True``: exposed communication by process group;
+            ``flops=True``: ``low_mfu``).
+        peak_tflops: the GPU's dense peak for ``low_mfu`` (default: the device table's).
+        dtype: which of the table's peaks ``low_mfu`` compares with.
+
+    Returns:
+        The findings by ``saving_ms_per_step`` (largest first), then the gaps in the registry's order.
+    """
+    kind_ctx = KindContext(peak=Peak(peak_tflops, dtype))
     found: list[Finding] = []
     gaps: list[Gap] = []
-    for kind, analyze in ANALYZERS.items():
-        if kind == "low_mfu":  # last: its saving is what the others leave
-            others = sum(f.saving_ms_per_step for f in found)
-            result = analyze(trace, peak_tflops=peak_tflops, others_ms=others)
-        else:
-            result = analyze(trace)
+    for kind in PER_RANK:
+        result = kind.analyze(trace, kind_ctx.after(found))
         if isinstance(result, Finding):
             found.append(result)
         elif isinstance(result, Gap):
             gaps.append(result)
     found.sort(key=lambda f: -f.saving_ms_per_step)
     return [*found, *gaps]
+
+
+def rank_diagnosis(trace: Trace) -> RankDiagnosis:
+    """One rank's part of the diagnosis (what the summary sidecar keeps).
+
+    Args:
+        trace: one rank's trace, loaded with ``comms=True`` and ``flops=True``.  Without its
+            communication events the rank has no collective records (no ``collective_skew``, and
+            ``straggler`` counts the whole step as work); without FLOPs, ``low_mfu`` is a gap.
+
+    Returns:
+        The rank's :class:`RankDiagnosis`, its findings judged with the table's bf16 peak.
+    """
+    items = rank_findings(trace)
+    comms = rank_collectives(trace) if trace.comms is not None else None
+    records = comms.records if comms is not None else []
+    base_us = trace.base_time_ns / 1000.0
+    work = step_work(steps(trace), records, base_us)
+    mfu = mfu_inputs(trace)
+    return RankDiagnosis(
+        format=DIAGNOSIS_FORMAT, rank=trace.rank, world_size=trace.world_size, base_us=base_us, steps=work,
+        step_mean_us=statistics.fmean(s.dur_us for s in work) if work else None,
+        findings=[i for i in items if isinstance(i, Finding)], gaps=[i for i in items if isinstance(i, Gap)],
+        comm_source=comms.source if comms is not None else None,
+        pg_config=comms.pg_config if comms is not None else [],
+        collectives=CompactRecords.of(records),
+        mfu_inputs=None if isinstance(mfu, Gap) else mfu,  # judged again with diagnose --peak-tflops
+    )

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 
 from torchprof_args.atomic import atomic_output
+from torchprof_args.errors import TraceError
 from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
 from torchprof_args.runtime.export.status import PublishStatus, report_status
 
@@ -96,21 +97,19 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
     diagnose``: what ``torchprof summary`` / ``diagnose`` then
     reads instead of the trace) and rendered as its operator table
     (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
-    from torchprof_args.analysis import format_operator_table, load_trace, summarize
-    from torchprof_args.analysis.collect.sidecar import write_sidecar
-    from torchprof_args.analysis.diagnose.job import rank_diagnosis
-    from torchprof_args.analysis.summary import finite
+    from torchprof_args.analysis.collect.trace_results import SUMMARY, parse_results
+    from torchprof_args.analysis.render.text import format_operator_table
 
-    trace = load_trace(staged, progress=False, comms=True, flops=True)
-    summary = finite(summarize(trace, top=None))
-    summary["file"] = str(published)
-    if job.sidecar_path:
-        try:
-            diagnosis = finite(rank_diagnosis(trace))
-        except Exception:  # noqa: BLE001 - a diagnosis that fails must not cost the trace its summary
-            diagnosis = None  # `torchprof diagnose` then parses the trace
-        write_sidecar(summary, published, target=Path(job.sidecar_path), diagnosis=diagnosis)
-    del trace
+    sidecar = Path(job.sidecar_path) if job.sidecar_path else None
+    # a diagnosis that fails must not cost the trace its summary: it is stored as null, and
+    # `torchprof diagnose` then parses the trace
+    outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=None,
+                            describes=published, target=sidecar)
+    if outcome.results is None or outcome.results.summary is None:
+        raise TraceError(outcome.error or f"{staged}: no summary")
+    if outcome.error:  # the sidecar could not be written
+        raise OSError(outcome.error)
+    summary = outcome.results.summary
     with atomic_output(operator_table, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
     return operator_table

@@ -14,23 +14,24 @@ import re
 import numpy as np
 
 from torchprof_args.analysis.analyzers.stepwise import (
-    Intervals,
     StepContext,
     context,
-    covered,
     cpu_spans,
     events_named,
-    overlap,
     top_names,
     worst_ts,
 )
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
+from torchprof_args.analysis.intervals import Intervals, covered, overlap
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["LOADER_RE", "THRESHOLD", "analyze", "loader_spans"]
+__all__ = ["KIND", "LOADER_RE", "SCOPE", "THRESHOLD", "analyze", "loader_spans"]
 
-#: below this share of the step, no finding.
-THRESHOLD = 0.03
+KIND = "dataloader_stall"
+SCOPE = Scope.PER_RANK
+#: the stall (GPU idle while the loader runs; CPU-only: the loader's time) must reach 3 % of the step.
+THRESHOLD = Threshold(share_of_step=0.03)
 LOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$"
                        r"|torch/utils/data/dataloader\.py\(\d+\): __next__$")
 REMEDY = ("pin_memory=True, more DataLoader num_workers (and prefetch_factor), persistent_workers=True; "
@@ -43,16 +44,23 @@ def loader_spans(trace: Trace, ctx: StepContext | None = None) -> Intervals:
     return cpu_spans(trace, events_named(trace, LOADER_RE), ctx)
 
 
-def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
-    """The data loader's stall per step, None below ``threshold`` of the step (no loader spans:
-    None, nothing to say)."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """The data loader's stall per step.
+
+    Args:
+        trace: one rank's trace.
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; None below :data:`THRESHOLD` or without loader spans (nothing to say).
+    """
     ctx = context(trace)
     idx = events_named(trace, LOADER_RE)
     spans = cpu_spans(trace, idx, ctx)
     if len(spans[0]) == 0:
         return None
     stall_us = overlap(spans, ctx.idle) if ctx.has_gpu else float((spans[1] - spans[0]).sum())
-    if ctx.share(stall_us) < threshold:
+    if not kind_ctx.threshold(THRESHOLD).reached(ctx.ms(stall_us), ctx.share(stall_us)):
         return None
     ms = ctx.ms(stall_us)
     per_event = covered(ctx.idle, trace.ts[idx], trace.ts[idx] + trace.dur[idx]) if ctx.has_gpu \
@@ -65,7 +73,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
                                            trace.ts[idx][worst:worst + 1] + per_event[worst:worst + 1])}
     where = "the GPU idles" if ctx.has_gpu else "the step waits"
     return Finding(
-        kind="dataloader_stall", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=f"{where} {ms:.1f} ms per step ({100 * ctx.share(stall_us):.0f} %) for the data loader",
         ms_per_step=ms, share_of_step=ctx.share(stall_us), saving_ms_per_step=ms,
         saving_bound="the idle time during loader fetches: a loader that keeps ahead saves at most this",

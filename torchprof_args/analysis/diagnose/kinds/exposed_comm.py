@@ -19,25 +19,21 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.gpu import COMMUNICATION, kernel_type
 from torchprof_args.analysis.analyzers.select import lookup
-from torchprof_args.analysis.analyzers.stepwise import (
-    StepContext,
-    context,
-    covered,
-    minus,
-    no_gpu_gap,
-    top_names,
-)
+from torchprof_args.analysis.analyzers.stepwise import StepContext, context, top_names
 from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
 from torchprof_args.analysis.diagnose.kinds.memcpy import compute_union
-from torchprof_args.analysis.intervals import merge_intervals
+from torchprof_args.analysis.intervals import covered, merge_intervals, minus
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["THRESHOLD", "analyze", "group_kind"]
+__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "group_kind"]
 
-#: below this share of the step (exposed communication), no finding.
-THRESHOLD = 0.05
-_KINDS = (("tp", re.compile(r"tensor|\btp\b|_tp_|^tp", re.I)),
+KIND = "exposed_comm"
+SCOPE = Scope.PER_RANK
+#: exposed communication (wall time) must reach 5 % of the step.
+THRESHOLD = Threshold(share_of_step=0.05)
+_GROUP_PATTERNS = (("tp", re.compile(r"tensor|\btp\b|_tp_|^tp", re.I)),
           ("pp", re.compile(r"pipe|\bpp\b|_pp_|^pp", re.I)),
           ("ep", re.compile(r"expert|\bep\b|_ep_|^ep", re.I)),
           ("cp", re.compile(r"context|\bcp\b|^cp", re.I)),
@@ -53,7 +49,7 @@ DEFAULT_REMEDY = ("overlap communication with compute: Megatron --overlap-grad-r
 
 def group_kind(desc: str | None) -> str:
     """dp / tp / pp / ep / cp from a process group's description, else ``unknown``."""
-    for kind, pattern in _KINDS:
+    for kind, pattern in _GROUP_PATTERNS:
         if desc and pattern.search(desc):
             return kind
     return "unknown"
@@ -69,11 +65,19 @@ def _groups(trace: Trace, idx: np.ndarray) -> list[str] | None:
     return [group_kind(str(by_corr.get(int(c))) if int(c) in by_corr else None) for c in trace.corr[idx]]
 
 
-def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
-    """Exposed communication per step; None below ``threshold`` of the step."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """Exposed communication per step.
+
+    Args:
+        trace: one rank's trace (with ``comms=True``, split by process group).
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; a gap on a trace without kernels; None below :data:`THRESHOLD`.
+    """
     ctx = context(trace)
     if not ctx.has_gpu:
-        return no_gpu_gap("exposed_comm")
+        return no_gpu_gap(KIND)
     is_comm = lookup(trace.names, lambda n: kernel_type(n) == COMMUNICATION)
     sel = np.flatnonzero(is_comm[trace.name_id[ctx.kernels]])
     if len(sel) == 0:
@@ -83,7 +87,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
     exposed = (end - ts) - covered(compute, ts, end)  # per kernel, for the evidence
     # several streams may communicate at once: the finding counts wall time, not the kernels' sum
     exposed_us = minus(merge_intervals(ts, end), compute)
-    if ctx.share(exposed_us) < threshold:
+    if not kind_ctx.threshold(THRESHOLD).reached(ctx.ms(exposed_us), ctx.share(exposed_us)):
         return None
     ms = ctx.ms(exposed_us)
     worst = int(np.argmax(exposed))
@@ -98,7 +102,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
         top = next(iter(evidence["by_group_ms_per_step"]), "unknown")
         remedy = REMEDY.get(top, DEFAULT_REMEDY)
     return Finding(
-        kind="exposed_comm", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=f"communication not overlapped by compute takes {ms:.1f} ms per step "
                 f"({100 * ctx.share(exposed_us):.0f} %)",
         ms_per_step=ms, share_of_step=ctx.share(exposed_us), saving_ms_per_step=ms,

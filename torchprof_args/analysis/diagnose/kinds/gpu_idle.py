@@ -26,22 +26,26 @@ from torchprof_args.analysis.analyzers.stepwise import (
     StepContext,
     context,
     host_wait,
-    no_gpu_gap,
-    overlap,
     top_names,
     worst_ts,
 )
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
 from torchprof_args.analysis.diagnose.kinds import launch_bound
 from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
 from torchprof_args.analysis.diagnose.kinds.host_sync import claimed
-from torchprof_args.analysis.intervals import merge_intervals, total
+from torchprof_args.analysis.intervals import Intervals, merge_intervals, overlap, total
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["CONSECUTIVE_KERNEL_DELAY_US", "THRESHOLD", "analyze", "classify_gaps", "idle_time_breakdown"]
+__all__ = [
+    "CONSECUTIVE_KERNEL_DELAY_US", "KIND", "SCOPE", "THRESHOLD", "analyze", "classify_gaps",
+    "idle_time_breakdown",
+]
 
-#: below this share of the step (idle time no other kind explains), no finding.
-THRESHOLD = 0.05
+KIND = "gpu_idle"
+SCOPE = Scope.PER_RANK
+#: the idle time no other kind explains (the finding's saving) must reach 5 % of the step.
+THRESHOLD = Threshold(share_of_step=0.05)
 #: HTA's ``consecutive_kernel_delay``: shorter gaps are launch overhead ("kernel wait").
 CONSECUTIVE_KERNEL_DELAY_US = 30.0
 CATEGORIES = ("host_wait", "kernel_wait", "other")
@@ -96,22 +100,30 @@ def classify_gaps(trace: Trace, ctx: StepContext,
     return np.where(wait, 0, np.where(kernel, 1, 2))
 
 
-def _explained(trace: Trace, ctx: StepContext) -> tuple[np.ndarray, np.ndarray]:
+def _explained(trace: Trace, ctx: StepContext) -> Intervals:
     parts = [loader_spans(trace, ctx), claimed(trace, ctx)]
-    if isinstance(launch_bound.analyze(trace), Finding):
+    if isinstance(launch_bound.analyze(trace, DEFAULT_CONTEXT), Finding):
         parts.append(launch_bound.host_wait_gaps(trace, ctx)[0])
     return merge_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
-def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
-    """GPU idle time per step and its breakdown; None when the idle time no other kind explains is
-    below ``threshold`` of the step."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """GPU idle time per step and its breakdown.
+
+    Args:
+        trace: one rank's trace.
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; a gap on a trace without kernels; None when the idle time no other kind
+        explains is below :data:`THRESHOLD`.
+    """
     ctx = context(trace)
     if not ctx.has_gpu:
-        return no_gpu_gap("gpu_idle")
+        return no_gpu_gap(KIND)
     idle_us = total(ctx.idle)
     left_us = idle_us - overlap(ctx.idle, _explained(trace, ctx))
-    if ctx.share(left_us) < threshold:
+    if not kind_ctx.threshold(THRESHOLD).reached(ctx.ms(left_us), ctx.share(left_us)):
         return None
     category = classify_gaps(trace, ctx)
     lengths = ctx.idle[1] - ctx.idle[0]
@@ -123,7 +135,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
                                 "top_kernels_after_idle": _after(trace, ctx, lengths),
                                 "perfetto_ts_us": worst_ts(*ctx.idle)}
     return Finding(
-        kind="gpu_idle", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=f"the GPU is idle {ms:.1f} ms per step ({100 * ctx.share(idle_us):.0f} %): "
                 + ", ".join(f"{k.replace('_', ' ')} {v:.1f} ms" for k, v in breakdown.items()),
         ms_per_step=ms, share_of_step=ctx.share(idle_us), saving_ms_per_step=ctx.ms(left_us),

@@ -26,27 +26,27 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import STACK_FLAG, call_sites, has_stacks
 from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
 from torchprof_args.analysis.analyzers.stepwise import (
     NO_LAUNCH,
-    Intervals,
     StepContext,
     context,
-    covered,
     cpu_spans,
-    empty,
     events_named,
-    no_gpu_gap,
     top_names,
 )
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
 from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
-from torchprof_args.analysis.intervals import merge_intervals, subtract
+from torchprof_args.analysis.intervals import Intervals, covered, empty, merge_intervals, subtract
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["SYNC_RE", "THRESHOLD", "analyze", "claimed", "cpu_waits", "sync_events"]
+__all__ = ["KIND", "SCOPE", "SYNC_RE", "THRESHOLD", "analyze", "claimed", "cpu_waits", "sync_events"]
 
-#: below this share of the step (GPU idle caused), no finding.
-THRESHOLD = 0.02
+KIND = "host_sync"
+SCOPE = Scope.PER_RANK
+#: the GPU idle time the synchronisations cause (CPU-only: the thread's wait) must reach 2 % of the step.
+THRESHOLD = Threshold(share_of_step=0.02)
 SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchroni[sz]e$")
 DTOH_RE = re.compile(r"DtoH|Device -> (Pageable|Pinned|Host)")
 #: call sites are looked up for this many of the costliest calls (each is a search of the frames).
@@ -95,18 +95,27 @@ def _idle_caused(trace: Trace, ctx: StepContext, ts: np.ndarray, end: np.ndarray
     return covered(subtract(ctx.idle, loader_spans(trace, ctx)), ts, _stop(ctx, ts, end))
 
 
-def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
-    """The GPU idle time host synchronisations cause per step; None below ``threshold``."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """The GPU idle time host synchronisations cause per step (CPU-only: :func:`cpu_waits`).
+
+    Args:
+        trace: one rank's trace (with ``--torch-profile-with-stack``: call sites).
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; a gap on a CPU-only trace without such waits; None below :data:`THRESHOLD`.
+    """
+    threshold = kind_ctx.threshold(THRESHOLD)
     ctx = context(trace)
     if not ctx.has_gpu:
-        return cpu_waits(trace, threshold) or no_gpu_gap("host_sync")
+        return cpu_waits(trace, threshold) or no_gpu_gap(KIND)
     idx = sync_events(trace, ctx)
     if len(idx) == 0:
         return None
     ts, end = trace.ts[idx], trace.ts[idx] + trace.dur[idx]
     cost = _idle_caused(trace, ctx, ts, end)
     caused_us = float(cost.sum())
-    if ctx.share(caused_us) < threshold:
+    if not threshold.reached(ctx.ms(caused_us), ctx.share(caused_us)):
         return None
     blocked = cpu_spans(trace, idx, ctx)
     blocked_us = float((blocked[1] - blocked[0]).sum())
@@ -125,7 +134,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
         evidence["call_sites_need"] = STACK_FLAG
     ms = ctx.ms(caused_us)
     return Finding(
-        kind="host_sync", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=f"host synchronisations leave the GPU idle {ms:.1f} ms per step "
                 f"({100 * ctx.share(caused_us):.0f} %)",
         ms_per_step=ms, share_of_step=ctx.share(caused_us), saving_ms_per_step=ms,
@@ -168,11 +177,9 @@ def _top_level_issues(trace: Trace, thread: int, lo: float, hi: float) -> list[t
     return out
 
 
-def cpu_waits(trace: Trace, threshold: float = THRESHOLD) -> Finding | None:
+def cpu_waits(trace: Trace, threshold: Threshold = THRESHOLD) -> Finding | None:
     """On a CPU-only trace: the step's thread blocked on collectives it issued at the step's top
-    level (see the module); None below ``threshold`` of the step or without steps."""
-    from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
-
+    level (see the module); None below ``threshold`` or without steps."""
     spans = steps(trace)
     if not spans:
         return None
@@ -197,11 +204,11 @@ def cpu_waits(trace: Trace, threshold: float = THRESHOLD) -> Finding | None:
     step_us = sum(s["dur_us"] for s in spans) / n
     total_us = sum(waits.values())
     share = total_us / n / step_us if step_us else 0.0
-    if share < threshold:
-        return None
     ms = total_us / n / 1e3
+    if not threshold.reached(ms, share):
+        return None
     return Finding(
-        kind="host_sync", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=(f"the step's thread waits {ms:.1f} ms per step ({100 * share:.0f} %) for collectives it "
                  "issued itself at the step's top level, right after issuing them"),
         ms_per_step=ms, share_of_step=share, saving_ms_per_step=ms,

@@ -19,28 +19,30 @@ import numpy as np
 from torchprof_args.analysis.analyzers.gpu import hta_kernels
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import (
-    Intervals,
     StepContext,
     context,
     host_wait,
-    no_gpu_gap,
-    overlap,
     top_names,
     worst_ts,
 )
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
 from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
 from torchprof_args.analysis.diagnose.kinds.host_sync import claimed
-from torchprof_args.analysis.intervals import merge_intervals, total
+from torchprof_args.analysis.intervals import Intervals, merge_intervals, overlap, total
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [
-    "LAUNCH_RE", "SHORT_SHARE", "THRESHOLD", "analyze", "host_wait_gaps", "launch_stats", "unexplained",
+    "KIND", "LAUNCH_RE", "SCOPE", "SHORT_SHARE", "THRESHOLD", "analyze", "host_wait_gaps", "launch_stats",
+    "unexplained",
 ]
 
-#: below this share of the step (host-wait idle), no finding.
-THRESHOLD = 0.05
-#: ... nor when fewer than this share of kernels run shorter than their launch call.
+KIND = "launch_bound"
+SCOPE = Scope.PER_RANK
+#: the host-wait idle time the loader and synchronisations do not explain must reach 5 % of the step ...
+THRESHOLD = Threshold(share_of_step=0.05)
+#: ... and at least this share of the kernels must run shorter than their launch call (else kernel
+#: runtime, not launching, is the limit); off with the thresholds.
 SHORT_SHARE = 0.5
 #: HTA's launch calls (kernels, and copies / memsets with ``include_memory_events``), + HIP's.
 LAUNCH_RE = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaMemcpyAsync|cudaMemsetAsync|"
@@ -109,18 +111,26 @@ def _short_share(stats: dict[str, np.ndarray]) -> float:
     return float((stats["gpu_duration"] < stats["cpu_duration"]).sum()) / n if n else 0.0
 
 
-def analyze(trace: Trace, threshold: float = THRESHOLD,
-            short_share: float = SHORT_SHARE) -> Finding | Gap | None:
-    """Host-wait idle per step not explained by loading or synchronisation; None below
-    ``threshold`` of the step or when fewer than ``short_share`` of kernels are shorter than
-    their launch."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """Host-wait idle per step not explained by loading or synchronisation.
+
+    Args:
+        trace: one rank's trace.
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; a gap on a trace without kernels; None below :data:`THRESHOLD` or when fewer
+        than :data:`SHORT_SHARE` of the kernels are shorter than their launch.
+    """
     ctx = context(trace)
     if not ctx.has_gpu:
-        return no_gpu_gap("launch_bound")
+        return no_gpu_gap(KIND)
     gaps, nxt = host_wait_gaps(trace, ctx)
     wait_us = unexplained(trace, ctx, gaps)
     stats = launch_stats(trace)
-    if ctx.share(wait_us) < threshold or _short_share(stats) < short_share:
+    short_share = 0.0 if kind_ctx.thresholds_off else SHORT_SHARE
+    if not kind_ctx.threshold(THRESHOLD).reached(ctx.ms(wait_us), ctx.share(wait_us)) \
+            or _short_share(stats) < short_share:
         return None
     ms = ctx.ms(wait_us)
     after = nxt >= 0
@@ -129,7 +139,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD,
                 "top_kernels_after_wait": top_names(trace, ctx.kernels[nxt[after]], waits, ctx),
                 "perfetto_ts_us": worst_ts(*gaps)}
     return Finding(
-        kind="launch_bound", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=f"the GPU waits {ms:.1f} ms per step ({100 * ctx.share(wait_us):.0f} %) for the CPU to "
                 f"launch kernels; {100 * _short_share(stats):.0f} % of kernels are shorter than their launch",
         ms_per_step=ms, share_of_step=ctx.share(wait_us), saving_ms_per_step=ms,

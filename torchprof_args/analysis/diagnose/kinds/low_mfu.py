@@ -6,26 +6,31 @@ products and attention operators, computed from their recorded input shapes
 writes no FLOP counts into the trace itself: :mod:`~torchprof_args.analysis.decode.op_flops`), or the
 ``flops`` an operator carries where a writer put them there; the peak comes from the trace's
 ``deviceProperties`` name through :mod:`torchprof_args.device_peaks` (bf16 dense by default), or
-the caller's ``peak_tflops`` for a device the table lacks.  The trace must be loaded with
-``load_trace(..., flops=True)`` (the summary does not decode them, so it stays as fast).  The
+the context's :class:`~..context.Peak` for a device the table lacks or another data type.  The
+trace must be loaded with ``load_trace(..., flops=True)`` (the summary does not decode them, so it
+stays as fast).  The
 saving is bounded by the step time at :data:`TARGET_MFU` (what well-tuned large-scale LLM
-training reaches).
+training reaches).  Low MFU is the sum of every inefficiency, so the kind runs last among the
+per-rank kinds (the registry's order) and saves only what the findings before it leave.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchprof_args.analysis.analyzers.stepwise import context
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.documents import MfuInputs
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tflops as table_peak
 
-__all__ = ["FLOPS_FLAG", "TARGET_MFU", "THRESHOLD", "analyze", "device_name", "judge", "mfu_inputs",
-           "step_flops"]
+__all__ = ["FLOPS_FLAG", "KIND", "SCOPE", "TARGET_MFU", "THRESHOLD", "analyze", "device_name", "judge",
+           "mfu_inputs", "step_flops"]
 
-#: at or above this MFU, no finding.
-THRESHOLD = 0.30
+KIND = "low_mfu"
+SCOPE = Scope.PER_RANK
+#: the step's time beyond what its FLOPs take at peak (1 - MFU) must reach 70 % of the step: an MFU
+#: of 30 % or less.
+THRESHOLD = Threshold(share_of_step=0.70)
 #: the MFU the saving is computed against.
 TARGET_MFU = 0.40
 #: the flag that records what FLOPs are computed from (operator input shapes).
@@ -54,62 +59,73 @@ def step_flops(trace: Trace) -> float | None:
     return float(values[inside].sum())
 
 
-def mfu_inputs(trace: Trace) -> dict[str, Any] | Gap:
-    """What MFU needs from one rank's trace (``rank``, ``flops_per_step``, ``step_ms``, ``device``,
-    the step evidence), kept in the sidecar so ``diagnose --peak-tflops`` can judge it again without
-    the trace; a Gap when the trace cannot give it."""
+def mfu_inputs(trace: Trace) -> MfuInputs | Gap:
+    """What MFU needs from one rank's trace, kept in the sidecar so ``diagnose --peak-tflops`` can
+    judge it again without the trace; a Gap when the trace cannot give it."""
     ctx = context(trace)
     if not ctx.has_gpu:
-        return Gap("low_mfu", "the trace has no GPU kernels, so there is no GPU peak to compare with",
+        return Gap(KIND, "the trace has no GPU kernels, so there is no GPU peak to compare with",
                    "--torch-profile-activities cpu cuda")
     if trace.flops is None:
-        return Gap("low_mfu", "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
+        return Gap(KIND, "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
     total = step_flops(trace)
     if total is None:
-        return Gap("low_mfu", "the trace has no operator shapes to count FLOPs from", FLOPS_FLAG)
-    return {"rank": trace.rank or 0, "flops_per_step": total / ctx.n_steps, "step_ms": ctx.step_us / 1000.0,
-            "device": device_name(trace),
-            "step_evidence": {**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)}}
+        return Gap(KIND, "the trace has no operator shapes to count FLOPs from", FLOPS_FLAG)
+    return MfuInputs(rank=trace.rank or 0, flops_per_step=total / ctx.n_steps, step_ms=ctx.step_us / 1000.0,
+                     device=device_name(trace),
+                     step_evidence={**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)})
 
 
-def judge(inputs: dict[str, Any], peak_tflops: float | None = None, dtype: str = "bf16",
-          threshold: float = THRESHOLD, others_ms: float = 0.0) -> Finding | Gap | None:
-    """The MFU of :func:`mfu_inputs` against ``peak_tflops`` (default: the device table's peak for
-    ``dtype``); None at or above ``threshold``.
+def judge(inputs: MfuInputs, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """The MFU of :func:`mfu_inputs` against the context's peak (default: the device table's bf16).
 
-    ``others_ms``: what the rank's other findings save per step.  Low MFU is the sum of every
-    inefficiency, theirs included, so its saving is what is left after them (no time is counted
-    twice); the finding stays, with its MFU, when nothing is left.
+    Low MFU is the sum of every inefficiency, the earlier findings' included, so its saving is what
+    is left after what they save (no time is counted twice); the finding stays, with its MFU, when
+    nothing is left.
+
+    Args:
+        inputs: one rank's :class:`MfuInputs`.
+        kind_ctx: the peak, the rank's earlier findings, the thresholds.
+
+    Returns:
+        The finding; a gap when the peak is unknown; None at an MFU above :data:`THRESHOLD`'s.
     """
-    name = inputs.get("device")
-    peak = peak_tflops or (table_peak(name, dtype) if name else None)
+    name, dtype = inputs.device, kind_ctx.peak.dtype
+    peak = kind_ctx.peak.tflops or (table_peak(name, dtype) if name else None)
     if not peak:
-        return Gap("low_mfu", f"the {dtype} peak of device {name!r} is not in the table", "--peak-tflops")
-    flops, step_ms = inputs["flops_per_step"], inputs["step_ms"]
+        return Gap(KIND, f"the {dtype} peak of device {name!r} is not in the table", "--peak-tflops")
+    flops, step_ms = inputs.flops_per_step, inputs.step_ms
     mfu = flops / (step_ms / 1e3 * peak * 1e12) if step_ms > 0 else 0.0
-    if mfu >= threshold:
-        return None
     ideal_ms = flops / (peak * 1e12) * 1e3
     ms = step_ms - ideal_ms
-    others_ms = min(max(0.0, others_ms), step_ms)
+    if not kind_ctx.threshold(THRESHOLD).reached(ms, ms / step_ms if step_ms else 0.0):
+        return None
+    others_ms = min(max(0.0, kind_ctx.earlier_saving_ms()), step_ms)
     saving = max(0.0, step_ms - ideal_ms / TARGET_MFU - others_ms)
     bound = f"step time at {100 * TARGET_MFU:.0f} % MFU"
     if others_ms > 0:
         bound += f", less the {others_ms:.1f} ms/step the other findings save"
-    evidence = {**inputs["step_evidence"], "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
+    evidence = {**inputs.step_evidence, "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
                 "achieved_tflops": round(flops / step_ms * 1e3 / 1e12, 2) if step_ms > 0 else None,
                 "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU}
     return Finding(
-        kind="low_mfu", ranks=(inputs["rank"],),
+        kind=KIND, ranks=(inputs.rank,),
         summary=f"model FLOPs use {100 * mfu:.1f} % of the {name or 'GPU'}'s {peak:g} TFLOP/s peak",
         ms_per_step=ms, share_of_step=ms / step_ms if step_ms else 0.0,
         saving_ms_per_step=saving, saving_bound=bound,
         remedy=REMEDY, evidence=evidence)
 
 
-def analyze(trace: Trace, peak_tflops: float | None = None, dtype: str = "bf16",
-            threshold: float = THRESHOLD, others_ms: float = 0.0) -> Finding | Gap | None:
-    """The step's MFU against the device's peak; None at or above ``threshold`` (``others_ms``: see
-    :func:`judge`)."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """The step's MFU against the device's peak.
+
+    Args:
+        trace: one rank's trace, loaded with ``flops=True``.
+        kind_ctx: the peak, the rank's earlier findings (see :func:`judge`), the thresholds.
+
+    Returns:
+        The finding; a gap when the trace or the table cannot give the MFU; None at an MFU above
+        :data:`THRESHOLD`'s.
+    """
     inputs = mfu_inputs(trace)
-    return inputs if isinstance(inputs, Gap) else judge(inputs, peak_tflops, dtype, threshold, others_ms)
+    return inputs if isinstance(inputs, Gap) else judge(inputs, kind_ctx)

@@ -15,22 +15,18 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.analyzers.select import lookup
-from torchprof_args.analysis.analyzers.stepwise import (
-    Intervals,
-    StepContext,
-    context,
-    covered,
-    no_gpu_gap,
-    top_names,
-)
-from torchprof_args.analysis.diagnose.finding import Finding, Gap
-from torchprof_args.analysis.intervals import merge_intervals
+from torchprof_args.analysis.analyzers.stepwise import StepContext, context, top_names
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
+from torchprof_args.analysis.intervals import Intervals, covered, merge_intervals
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["COPY_RE", "THRESHOLD", "analyze", "compute_union"]
+__all__ = ["COPY_RE", "KIND", "SCOPE", "THRESHOLD", "analyze", "compute_union"]
 
-#: below this share of the step (exposed copy time), no finding.
-THRESHOLD = 0.03
+KIND = "memcpy"
+SCOPE = Scope.PER_RANK
+#: the copies' time no computation kernel overlaps must reach 3 % of the step.
+THRESHOLD = Threshold(share_of_step=0.03)
 COPY_RE = re.compile(r"^Memcpy (HtoD|DtoH)")
 REMEDY = ("pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute; "
           "keep tensors on the GPU between steps")
@@ -42,18 +38,26 @@ def compute_union(trace: Trace, ctx: StepContext) -> Intervals:
     return merge_intervals(ctx.k_ts[is_comp], ctx.k_end[is_comp])
 
 
-def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
-    """Copy time per step not overlapped by computation; None below ``threshold`` of the step."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """Copy time per step not overlapped by computation.
+
+    Args:
+        trace: one rank's trace.
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; a gap on a trace without kernels; None below :data:`THRESHOLD`.
+    """
     ctx = context(trace)
     if not ctx.has_gpu:
-        return no_gpu_gap("memcpy")
+        return no_gpu_gap(KIND)
     sel = np.flatnonzero(lookup(trace.names, COPY_RE.search)[trace.name_id[ctx.kernels]])
     if len(sel) == 0:
         return None
     ts, end, idx = ctx.k_ts[sel], ctx.k_end[sel], ctx.kernels[sel]
     exposed = (end - ts) - covered(compute_union(trace, ctx), ts, end)
     exposed_us = float(exposed.sum())
-    if ctx.share(exposed_us) < threshold:
+    if not kind_ctx.threshold(THRESHOLD).reached(ctx.ms(exposed_us), ctx.share(exposed_us)):
         return None
     pageable = lookup(trace.names, lambda n: "Pageable" in n)[trace.name_id[idx]]
     worst = int(np.argmax(exposed))
@@ -63,7 +67,7 @@ def analyze(trace: Trace, threshold: float = THRESHOLD) -> Finding | Gap | None:
                 "top_copies": top_names(trace, idx, exposed, ctx),
                 "perfetto_ts_us": round(float(ts[worst]), 3)}
     return Finding(
-        kind="memcpy", ranks=(trace.rank or 0,),
+        kind=KIND, ranks=(trace.rank or 0,),
         summary=f"host/device copies not overlapped by compute take {ms:.1f} ms per step "
                 f"({100 * ctx.share(exposed_us):.0f} %)",
         ms_per_step=ms, share_of_step=ctx.share(exposed_us), saving_ms_per_step=ms,

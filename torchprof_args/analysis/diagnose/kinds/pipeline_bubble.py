@@ -15,7 +15,7 @@ The theoretical bubble of a 1F1B / GPipe schedule is (p - 1) / (m + p - 1) of th
 stages and ``m`` micro-batches; both come from the trace's ``torchprof_args.pipeline`` metadata
 (recorded for DeepSpeed pipeline engines and Megatron-LM runs, or by ``add_trace_metadata``).
 Without it the rank is not known to be a pipeline stage and nothing is reported.  Below
-:data:`BUBBLE_MIN_PCT` of the step (or :data:`BUBBLE_MIN_MS`) nothing is reported either.
+:data:`THRESHOLD` nothing is reported either.
 """
 
 from __future__ import annotations
@@ -28,14 +28,17 @@ import numpy as np
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
-from torchprof_args.analysis.diagnose.finding import Finding
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["BUBBLE_MIN_MS", "BUBBLE_MIN_PCT", "pipeline_bubble", "pipeline_schedule", "theoretical_bubble"]
+__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "pipeline_schedule", "theoretical_bubble"]
 
-BUBBLE_MIN_PCT = 2.0
-BUBBLE_MIN_MS = 0.5
+KIND = "pipeline_bubble"
+SCOPE = Scope.PER_RANK
+#: the stage's idle time between its first and last compute must reach 2 % of the step and 0.5 ms.
+THRESHOLD = Threshold(share_of_step=0.02, min_ms=0.5)
 #: blocking communication on a CPU thread: where a CPU pipeline stage waits for its neighbours.
 _WAIT_RE = re.compile(r"^(gloo|nccl|xccl):|^c10d::|^record_param_comms$|wait", re.IGNORECASE)
 
@@ -113,9 +116,17 @@ def _per_step(trace: Trace, spans: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def pipeline_bubble(trace: Trace) -> Finding | None:
-    """This stage's pipeline bubble (see the module), or None (not a known pipeline stage, no
-    steps, or below the threshold)."""
+def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """This stage's pipeline bubble (see the module).
+
+    Args:
+        trace: one rank's trace, with the schedule in its ``torchprof_args.pipeline`` metadata.
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; None when the rank is not a known pipeline stage, has no steps, or its idle
+        time is below :data:`THRESHOLD`.
+    """
     schedule = pipeline_schedule(trace)
     spans = steps(trace)
     if schedule is None or not spans:
@@ -124,17 +135,17 @@ def pipeline_bubble(trace: Trace) -> Finding | None:
     rows = _per_step(trace, spans)
     idle_ms = float(np.mean([r["idle_us"] for r in rows])) / 1e3
     step_ms = float(np.mean([r["dur_us"] for r in rows])) / 1e3
-    if idle_ms <= max(BUBBLE_MIN_MS, BUBBLE_MIN_PCT / 100.0 * step_ms):
+    share = idle_ms / step_ms if step_ms else 0.0
+    if not kind_ctx.threshold(THRESHOLD).reached(idle_ms, share if step_ms else None):
         return None
     theory = theoretical_bubble(p, m)
     worst = max(rows, key=lambda r: r["idle_us"])
     rank = trace.rank
     where = f"stage {stage}" if stage is not None else f"rank {rank}"
-    share = idle_ms / step_ms if step_ms else 0.0
     how = "computes nothing (no computation kernel)" if (trace.stream >= 0).any() else \
         "waits in blocking communication"
     return Finding(
-        kind="pipeline_bubble",
+        kind=KIND,
         summary=(f"Pipeline {where} of {p} {how} for {idle_ms:.1f} ms per step between its first and last "
                  f"compute ({100 * share:.0f} % of the step; the schedule's bubble with {m} micro-batches is "
                  f"{100 * theory:.0f} %)."),

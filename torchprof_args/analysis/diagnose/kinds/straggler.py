@@ -4,9 +4,9 @@ In a synchronous job every rank's step lasts about as long as the slowest rank's
 wait for the slow one inside the step's collectives.  So step times alone cannot name the slow
 rank.  What can is each rank's *work* per step: the step's time minus the time the rank spent in
 collectives (where it waits for the others).  :func:`step_work` measures it on one rank (it goes
-into the summary sidecar, a few numbers per step); :func:`straggler` compares the ranks: a rank
-whose mean work exceeds the median of the *other* ranks' by more than :data:`STRAGGLER_MIN_PCT`
-of the step (and at least :data:`STRAGGLER_MIN_MS`) is a straggler, by that excess per step.
+into the summary sidecar, a few numbers per step); :func:`analyze` compares the ranks: a rank
+whose mean work exceeds the median of the *other* ranks' by :data:`THRESHOLD` is a straggler, by
+that excess per step.
 
 Bound of the saving: the others wait for the slowest rank at most its excess, so the job saves at
 most the worst straggler's excess per step (less if the collectives' transfer time grows).
@@ -21,19 +21,22 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.analyzers.collectives import CommRecord
-from torchprof_args.analysis.diagnose.finding import Finding
+from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
+from torchprof_args.analysis.diagnose.cycle import CycleRanks
+from torchprof_args.analysis.diagnose.documents import RankDiagnosis, StepWork
+from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.intervals import merge_intervals, total
 
-__all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_PCT", "step_work", "straggler"]
+__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "step_work"]
 
-#: a rank counts as a straggler when its excess work is above this share of the step (%) ...
-STRAGGLER_MIN_PCT = 5.0
-#: ... and above this many milliseconds.
-STRAGGLER_MIN_MS = 2.0
+KIND = "straggler"
+SCOPE = Scope.CROSS_RANK
+#: a rank's work beyond the median of the others' must reach 5 % of the step and 2 ms.
+THRESHOLD = Threshold(share_of_step=0.05, min_ms=2.0)
 
 
-def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord], base_us: float
-              ) -> list[dict[str, Any]]:
+def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord],
+              base_us: float) -> list[StepWork]:
     """Per step (``steps``: :func:`.steps.steps` rows, trace-relative): its duration, the time it
     spent in collectives (union of the collective instances' intervals clipped to the step;
     ``records`` have absolute times, ``base_us`` the trace's base) and the difference, its work."""
@@ -45,50 +48,55 @@ def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord], ba
         inside = (ends > lo) & (starts < hi)
         union = merge_intervals(np.maximum(starts[inside], lo), np.minimum(ends[inside], hi))
         comm = total(union) if inside.any() else 0.0
-        out.append({"name": step["name"], "start_us": lo, "dur_us": step["dur_us"], "collective_us": comm,
-                    "work_us": max(step["dur_us"] - comm, 0.0)})
+        out.append(StepWork(name=step["name"], start_us=lo, dur_us=step["dur_us"], collective_us=comm,
+                            work_us=max(step["dur_us"] - comm, 0.0)))
     return out
 
 
-def _mean_work(rank_doc: dict[str, Any], waited_us: float | None) -> float | None:
-    steps = rank_doc.get("steps") or []
-    if not steps:
+def _mean_work(part: RankDiagnosis, waited_us: float | None) -> float | None:
+    if not part.steps:
         return None
     if waited_us is None:  # no matched collectives: each rank's own collective time
-        return statistics.fmean(s["work_us"] for s in steps)
-    return max(statistics.fmean(s["dur_us"] for s in steps) - waited_us / len(steps), 0.0)
+        return statistics.fmean(s.work_us for s in part.steps)
+    return max(statistics.fmean(s.dur_us for s in part.steps) - waited_us / len(part.steps), 0.0)
 
 
-def straggler(ranks: Sequence[dict[str, Any]], step_ms: float | None,
-              waited_us: dict[int, float] | None = None) -> Finding | None:
-    """The straggler finding over one cycle's ranks, or None (fewer than two timed ranks, or no rank
-    above the threshold).
+def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
+    """The straggler finding over one cycle's ranks.
 
-    ``ranks``: per rank ``{"rank", "base_us", "steps": step_work(...)}``; ``step_ms``: the job's
-    step time (for the share and the threshold); ``waited_us``: per rank, the time it waited in
-    collectives for the last rank (:func:`.collective_skew.waited_us`, from the matched collectives),
-    which is what the step minus it leaves as work; without it, each rank's own collective time.
+    A rank's work is its mean step minus the time it waited in collectives for the last rank
+    (``ranks.waited_us``, from the matched collectives); without matched collectives, each rank's
+    own collective time (its steps' ``work_us``).
+
+    Args:
+        ranks: the cycle's rank parts (their steps) and the job's step.
+        kind_ctx: the kind's context (thresholds).
+
+    Returns:
+        The finding; None with fewer than two timed ranks or no rank above :data:`THRESHOLD`.
     """
-    work = {d["rank"]: w for d in ranks
-            if (w := _mean_work(d, None if waited_us is None else waited_us.get(d["rank"], 0.0))) is not None}
+    waits = ranks.waited_us
+    work = {ranks.rank_of(p): w for p in ranks.parts
+            if (w := _mean_work(p, None if waits is None else waits.get(ranks.rank_of(p), 0.0))) is not None}
     if len(work) < 2:
         return None
     excess = {}
     for rank, mine in work.items():
         others = [w for r, w in work.items() if r != rank]
         excess[rank] = (mine - statistics.median(others)) / 1e3
-    step = step_ms or max(work.values()) / 1e3
-    threshold = max(STRAGGLER_MIN_MS, STRAGGLER_MIN_PCT / 100.0 * step)
-    slow = sorted((r for r, x in excess.items() if x > threshold), key=lambda r: -excess[r])
+    step = ranks.step_ms or max(work.values()) / 1e3
+    threshold = kind_ctx.threshold(THRESHOLD)
+    slow = sorted((r for r, x in excess.items() if threshold.reached(x, x / step if step else None)),
+                  key=lambda r: -excess[r])
     if not slow:
         return None
     worst = slow[0]
-    doc = next(d for d in ranks if d["rank"] == worst)
-    worst_step = max(doc["steps"], key=lambda s: s["dur_us"])
+    part = next(p for p in ranks.parts if ranks.rank_of(p) == worst)
+    worst_step = max(part.steps, key=lambda s: s.dur_us)
     ms = excess[worst]
     others_ms = statistics.median(w for r, w in work.items() if r != worst) / 1e3
     return Finding(
-        kind="straggler",
+        kind=KIND,
         summary=(f"Rank {worst} works {ms:.1f} ms more per step than the median of the other ranks "
                  f"({work[worst] / 1e3:.1f} vs {others_ms:.1f} ms outside collectives), and the others "
                  "wait for it in the step's collectives."),
@@ -100,7 +108,7 @@ def straggler(ranks: Sequence[dict[str, Any]], step_ms: float | None,
             "excess_ms_per_step": {str(r): round(excess[r], 3) for r in slow[:16]},
             "work_ms_per_step": {str(r): round(work[r] / 1e3, 3) for r in sorted(work)[:16]},
             "median_work_ms_of_others": round(others_ms, 3),
-            "worst_step": worst_step["name"],
-            "perfetto_rank": worst, "perfetto_ts_us": worst_step["start_us"],
+            "worst_step": worst_step.name,
+            "perfetto_rank": worst, "perfetto_ts_us": worst_step.start_us,
         },
     )

@@ -1,0 +1,95 @@
+"""One cycle's rank parts, as the cross-rank kinds read them: :class:`CycleRanks`.
+
+The cross-rank kinds (``straggler``, ``collective_skew``) work from what each rank's
+:class:`~.documents.RankDiagnosis` keeps (steps, collective records), never from a trace, so 512
+ranks are diagnosed from their sidecars.  The view matches the ranks' collectives once
+(:func:`~torchprof_args.analysis.analyzers.collective_match.match_collectives`) for both kinds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any, cast
+
+import msgspec
+import numpy as np
+
+from torchprof_args.analysis.analyzers.collective_match import match_collectives
+from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, RankComms
+from torchprof_args.analysis.diagnose.documents import RankDiagnosis
+from torchprof_args.analysis.intervals import merge_intervals, total
+
+__all__ = ["CycleRanks", "union_us"]
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length (us) of the union of ``(start, end)`` pairs."""
+    if not intervals:
+        return 0.0
+    starts, ends = merge_intervals(np.array([a for a, _ in intervals]), np.array([b for _, b in intervals]))
+    return total((starts, ends))
+
+
+class CycleRanks:
+    """One cycle's rank parts, each with its rank (the part's, else its position), and what the
+    cross-rank kinds derive from them, computed once.
+
+    Args:
+        parts: the ranks' parts, in input order.
+    """
+
+    def __init__(self, parts: Sequence[RankDiagnosis]) -> None:
+        self.parts: tuple[RankDiagnosis, ...] = tuple(
+            p if isinstance(p.rank, int) else msgspec.structs.replace(p, rank=i) for i, p in enumerate(parts))
+        means = [p.step_mean_us for p in self.parts if p.step_mean_us]
+        #: the job's step: the slowest rank's mean step (the pace the job advances at).
+        self.step_ms: float | None = max(means) / 1e3 if means else None
+
+    @staticmethod
+    def rank_of(part: RankDiagnosis) -> int:
+        """The rank of one of :attr:`parts` (each has one here)."""
+        return cast(int, part.rank)
+
+    @property
+    def n_steps(self) -> int:
+        """Steps in the cycle: the most any rank has (at least 1)."""
+        return max((len(p.steps) for p in self.parts), default=1)
+
+    @property
+    def base_us(self) -> dict[int, float]:
+        """Each rank's trace base time (us)."""
+        return {self.rank_of(p): p.base_us for p in self.parts}
+
+    @cached_property
+    def match(self) -> dict[str, Any] | None:
+        """The ranks' collectives matched (``torchprof collectives``' report); None when fewer than
+        two ranks have collective records."""
+        comms = [RankComms(rank=self.rank_of(p), file="", source=p.comm_source,
+                           records=p.collectives.records(), world_size=p.world_size, pg_config=p.pg_config)
+                 for p in self.parts]
+        return match_collectives(comms, top=5) if sum(1 for c in comms if c.records) >= 2 else None
+
+    @cached_property
+    def matched(self) -> list[dict[str, Any]]:
+        """The matched instances seen by two or more ranks, point-to-point transfers left out (their
+        waits are a pipeline's bubble, not a late rank)."""
+        if self.match is None:
+            return []
+        return [i for i in self.match["instances"] if i["ranks"] > 1 and i["kind"] not in P2P_KINDS]
+
+    @cached_property
+    def waited_us(self) -> dict[int, float] | None:
+        """Per rank, the time it waited in collectives for the last rank to arrive: the union of its
+        [own arrival, last arrival] intervals (collectives that overlap, like DDP's buckets, count
+        once); None without matched collectives."""
+        if not self.matched:
+            return None
+        per_rank: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for inst in self.matched:
+            last = inst["first_start_us"] + inst["skew_us"]
+            for rank, offset in inst["arrival_offset_us"].items():
+                if inst["skew_us"] > offset:
+                    per_rank[int(rank)].append((inst["first_start_us"] + offset, last))
+        return {rank: union_us(iv) for rank, iv in per_rank.items()}

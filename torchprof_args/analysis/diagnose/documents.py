@@ -1,0 +1,134 @@
+"""The diagnosis documents: a rank's part (kept in its summary sidecar) and the job's (``--json``).
+
+Two stages, so that 512 ranks need no trace parsed: :class:`RankDiagnosis` is computed once per
+rank, when its trace is published (:func:`~.rank.rank_diagnosis`), and stored in the trace's
+sidecar under ``diagnosis``; :class:`JobDiagnosis` is one cycle's diagnosis from its ranks' parts
+(:func:`~.job.diagnose`), the schema of ``torchprof diagnose --json`` (docs/guides/diagnose.md).
+Both are msgspec structs whose fields are in the documents' key order, so they encode to the
+documented JSON as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import astuple, fields
+from typing import Any
+
+import msgspec
+
+from torchprof_args.analysis.analyzers.collectives import CommRecord
+from torchprof_args.analysis.diagnose.finding import Finding, Gap
+
+__all__ = [
+    "DIAGNOSIS_FORMAT", "FINDINGS_VERSION", "CompactRecords", "JobDiagnosis", "JobGap", "MfuInputs",
+    "RankDiagnosis", "StepWork",
+]
+
+#: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
+DIAGNOSIS_FORMAT = 2
+#: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
+FINDINGS_VERSION = 1
+
+_RECORD_FIELDS = tuple(f.name for f in fields(CommRecord))
+
+
+class StepWork(msgspec.Struct, frozen=True):
+    """One step of a rank (us, trace-relative): its time in collectives and the rest, its work."""
+
+    name: str
+    start_us: float
+    dur_us: float
+    collective_us: float
+    work_us: float
+
+
+class CompactRecords(msgspec.Struct, frozen=True):
+    """A rank's collective records as a table: ``fields`` names the columns of every row."""
+
+    fields: list[str]
+    rows: list[list[Any]]
+
+    @classmethod
+    def of(cls, records: Sequence[CommRecord]) -> CompactRecords:
+        """The table of ``records``."""
+        return cls(list(_RECORD_FIELDS), [list(astuple(r)) for r in records])
+
+    def records(self) -> list[CommRecord]:
+        """The records again (columns this version does not know are dropped)."""
+        known = [i for i, n in enumerate(self.fields) if n in _RECORD_FIELDS]
+        return [CommRecord(**{self.fields[i]: row[i] for i in known}) for row in self.rows]
+
+
+class MfuInputs(msgspec.Struct, frozen=True):
+    """What ``low_mfu`` needs from one rank's trace, kept so that ``diagnose --peak-tflops`` /
+    ``--peak-dtype`` judge it again without the trace."""
+
+    rank: int
+    flops_per_step: float
+    step_ms: float
+    device: str | None
+    #: the step evidence every finding carries, with the longest step's ``perfetto_ts_us``.
+    step_evidence: dict[str, Any]
+
+
+class RankDiagnosis(msgspec.Struct, frozen=True):
+    """One rank's part of the diagnosis (the sidecar's ``diagnosis``).
+
+    Attributes:
+        format: :data:`DIAGNOSIS_FORMAT`.
+        rank: the trace's rank (None: the trace does not say; the file name may).
+        world_size: the trace's world size, when it says.
+        base_us: the trace's base time (``baseTimeNanoseconds``) in us.
+        steps: each step's time, collective time and work (``straggler``).
+        step_mean_us: the mean step; None without steps.
+        findings: the per-rank kinds' findings, largest saving first.
+        gaps: the per-rank kinds' gaps, in the registry's order.
+        comm_source: where the collective records come from (None: not decoded).
+        pg_config: the process groups the trace describes.
+        collectives: the collective records (``collective_skew``, ``straggler``).
+        mfu_inputs: ``low_mfu``'s inputs; None when the trace cannot give them (a gap says why).
+    """
+
+    format: int
+    rank: int | None
+    world_size: int | None
+    base_us: float
+    steps: list[StepWork]
+    step_mean_us: float | None
+    findings: list[Finding]
+    gaps: list[Gap]
+    comm_source: str | None
+    pg_config: list[dict[str, Any]]
+    collectives: CompactRecords
+    mfu_inputs: MfuInputs | None
+
+
+class JobGap(msgspec.Struct, frozen=True):
+    """A gap of the job: the ranks whose traces lack what ``kind`` needs."""
+
+    kind: str
+    reason: str
+    flag: str | None
+    ranks: list[int]
+
+
+class JobDiagnosis(msgspec.Struct, frozen=True):
+    """One cycle's diagnosis: ``torchprof diagnose --json`` (docs/guides/diagnose.md's schema).
+
+    Attributes:
+        version: :data:`FINDINGS_VERSION`.
+        path: the path diagnosed, as given.
+        cycle: which cycle (``iterations A-B``), or None.
+        ranks: how many ranks (traces) were diagnosed.
+        step_ms: the job's step: the slowest rank's mean step (None without steps).
+        findings: every kind's job-level finding, largest saving first.
+        gaps: kinds the traces cannot answer, with the ranks.
+    """
+
+    version: int
+    path: str
+    cycle: str | None
+    ranks: int
+    step_ms: float | None
+    findings: list[Finding]
+    gaps: list[JobGap]
