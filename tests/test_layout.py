@@ -17,8 +17,8 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
 10. commands    ``commands/``, ``console.py``, ``__main__.py``: the ``torchprof`` command
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
-Inside ``analysis/``, lowest first: ``decode`` < ``trace``, ``intervals``, ``jsonout`` <
-``analyzers``, ``memory`` < ``summary``, ``diagnose`` < ``collect`` < ``render`` < ``tools`` <
+Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
+``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``summary``, ``diagnose`` < ``collect`` < ``render`` < ``tools`` <
 ``analysis/__init__.py`` (its facade).
 
 One documented exception: a components' ``from_args`` class method (``TorchProfiler``, ``Timers``,
@@ -67,8 +67,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``analysis/``'s layers, lowest first, by the first component below ``torchprof_args.analysis``.
 ANALYSIS = f"{PACKAGE}.analysis"
 ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("decode", ("decode",)),
     ("trace model", ("trace", "intervals", "jsonout")),
+    ("decode", ("decode",)),
     ("analyzers", ("analyzers", "memory")),
     ("compositions", ("summary", "diagnose")),
     ("collect", ("collect",)),
@@ -262,8 +262,6 @@ def test_no_import_points_up_the_package_layers() -> None:
         "what it needs; the order is in tests/test_layout.py's docstring):\n" + "\n".join(arrows)
 
 
-@pytest.mark.xfail(reason="analysis/ is being rearranged by its layers (issue 26, item 1): helper A's "
-                          "branch makes this pass; remove this mark once it is merged", strict=False)
 def test_no_import_points_up_the_analysis_layers() -> None:
     arrows = ANALYSIS_LAYERING.back_arrows(import_sites())
     assert not arrows, "imports up analysis/'s layers (the order is in tests/test_layout.py's " \
