@@ -18,8 +18,8 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
 Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
-``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``summary``, ``diagnose`` < ``collect`` < ``render`` < ``tools`` <
-``analysis/__init__.py`` (its facade).
+``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``summary``, ``diagnose`` <
+``collect`` < ``render`` < ``tools`` < ``analysis/__init__.py`` (its facade).
 
 One documented exception: a components' ``from_args`` class method (``TorchProfiler``, ``Timers``,
 ``MetricsWriter``, ``MemorySnapshotter``) imports ``torchprof_args.config`` inside itself, a thin
@@ -39,8 +39,6 @@ import ast
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import torchprof_args
 
