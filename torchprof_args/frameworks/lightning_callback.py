@@ -1,0 +1,144 @@
+"""The Lightning integration behind :mod:`torchprof_args.lightning` (its docstring shows the use):
+a ``Callback`` that steps the profiler on optimizer steps and writes the step timers to Lightning's
+loggers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.profilers import PassThroughProfiler
+
+from torchprof_args import _dist
+from torchprof_args.config import RunConfig, configs_from_args
+from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.log import get_logger
+from torchprof_args.metrics.timers import Timers
+from torchprof_args.metrics.writer import MetricsWriter
+from torchprof_args.runtime.profiler import TorchProfiler
+
+__all__ = ["FLUSH_TIMER", "TorchProfileCallback"]
+
+logger = get_logger(__name__)
+
+FLUSH_TIMER = "torch-profile-flush"
+_FORWARD_BACKWARD, _OPTIMIZER = "forward-backward", "optimizer"
+
+
+class TorchProfileCallback(pl.Callback):
+    """``pl.Trainer(callbacks=[TorchProfileCallback(args)])``: ``args`` holds the parsed
+    ``--torch-profile-*`` / ``--metrics-*`` flags (``add_torch_profile_args``), checked here.
+
+    ``setup`` (every rank, the process group up) checks the flags against the world size and refuses
+    Lightning's own ``profiler=`` with ``--torch-profile``; ``on_train_start`` starts the profiler at
+    ``trainer.global_step`` (a resumed fit continues the numbering) and records the strategy in the
+    trace metadata.  After each optimizer step
+    (``trainer.global_step`` grew; gradient-accumulation micro-batches do not step it) the profiler
+    steps with the global step, every flush fenced; every ``log_every_n_steps`` steps the timers
+    (``forward-backward``, ``optimizer``, ``torch-profile-flush``), ``iteration-time``, ``throughput``
+    and ``mfu`` go, max across ranks, to ``trainer.loggers``.  Model FLOPs per step come from
+    ``--metrics-flops-per-iteration``, else the module's ``flops_per_batch`` (Lightning's
+    ``ThroughputMonitor`` convention) x accumulated batches x world size.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run: RunConfig = configs_from_args(args)
+        self.prof: TorchProfiler | None = None
+        self.timers: Timers | None = None
+        self.writer: MetricsWriter | None = None
+        self._last_step = 0
+
+    # -- set-up and tear-down --------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.run = configs_from_args(self.args, world_size=trainer.world_size)
+        if self.run.profiler.enabled and not isinstance(trainer.profiler, PassThroughProfiler):
+            raise TorchProfileArgsError(
+                f"--torch-profile cannot run together with Lightning's Trainer(profiler="
+                f"{type(trainer.profiler).__name__}): both drive torch.profiler or time the same hooks. "
+                "Drop profiler= (--torch-profile-step-start/-end choose the steps).")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Every rank, after a checkpoint (``ckpt_path``) was restored: start at its global step."""
+        if self.prof is not None:
+            return
+        start = int(trainer.global_step)
+        self.prof = TorchProfiler.from_config(self.run, start_iteration=start)
+        self.prof.add_trace_metadata(parallel={"dp": _dist.rank()}, trainer={
+            "framework": f"lightning {pl.__version__}", "strategy": type(trainer.strategy).__name__,
+            "world_size": int(trainer.world_size),
+            "accumulate_grad_batches": int(trainer.accumulate_grad_batches)})
+        self.timers = Timers.from_config(self.run.timers)
+        self.writer = MetricsWriter(dataclasses.replace(self.run.metrics, sinks=()), timers=self.timers,
+                                    start_iteration=start, console=False)
+        self._last_step = start
+        self.prof.start()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish(clean=True)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._finish(clean=False)
+
+    def _finish(self, *, clean: bool) -> None:
+        if self.prof is not None:
+            self.prof.stop(clean=clean)
+        if self.writer is not None:
+            self.writer.close()
+        self.prof = self.writer = None
+
+    # -- each batch and optimizer step -----------------------------------------------------------
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._timer(_FORWARD_BACKWARD, start=True)
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Any) -> None:
+        self._timer(_FORWARD_BACKWARD, start=False)
+        self._timer(_OPTIMIZER, start=True)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        """After every micro-batch; acts once ``trainer.global_step`` grew (an optimizer step)."""
+        step = int(trainer.global_step)
+        if self.prof is None or step == self._last_step:
+            return
+        self._timer(_OPTIMIZER, start=False)
+        self._timer(FLUSH_TIMER, start=True)
+        try:
+            self.prof.step(step)
+        finally:
+            self._timer(FLUSH_TIMER, start=False)
+        if step // trainer.log_every_n_steps > self._last_step // trainer.log_every_n_steps:
+            self._log(trainer, pl_module, step)
+        self._last_step = step
+
+    def _timer(self, name: str, *, start: bool) -> None:
+        if self.timers is None:
+            return
+        timer = self.timers(name, log_level=0)
+        if start and not getattr(timer, "_started", False):
+            timer.start()
+        elif not start and getattr(timer, "_started", False):
+            timer.stop()
+
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
+        """Every rank (one gather), then the loggers (Lightning writes on global rank 0 only)."""
+        if self.writer is None or self.prof is None:
+            return
+        per_batch = getattr(pl_module, "flops_per_batch", None)
+        flops = (float(per_batch) * trainer.accumulate_grad_batches * trainer.world_size
+                 if per_batch and not self.run.metrics.flops_per_iteration else None)
+        try:
+            figures = self.writer.log_step(step, flops=flops, extra=self.prof.stats)
+            for each in trainer.loggers:
+                each.log_metrics(figures, step=step)
+        except Exception as err:  # noqa: BLE001 - metrics never stop training
+            logger.warning("could not write the step timers at step %d: %s: %s", step, type(err).__name__,
+                           err)
