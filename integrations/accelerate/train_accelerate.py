@@ -24,7 +24,8 @@ from model import TinyGPT, synthetic_batches  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-iters", type=int, default=6, help="optimizer steps")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=2)
     parser.add_argument("--seq-length", type=int, default=32)
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             with accelerator.accumulate(model):
                 timers("forward-backward", log_level=0).start()
                 logits = model(tokens)
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab_size), targets.reshape(-1))
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab_size),
+                                                         targets.reshape(-1))
                 accelerator.backward(loss)
                 timers("forward-backward").stop()
                 optimizer.step()

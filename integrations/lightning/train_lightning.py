@@ -45,7 +45,8 @@ class GPTModule(pl.LightningModule):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=6, help="optimizer steps")
     parser.add_argument("--accumulate-grad-batches", type=int, default=2)
     parser.add_argument("--log-dir", default="logs")
