@@ -1,0 +1,74 @@
+"""torchtitan on CPU, everything up to the train loop (its trainer sets the CUDA device, so the loop
+itself runs in tests/gpu/test_gpu_torchtitan.py): the ``[torch_profile]`` section parsed by
+torchtitan's own config manager and tyro from the registry's flags, the one-line refusals at parse
+time (torchtitan's profiler or memory snapshots next to ours, bad values), the profiled trainer
+class, and torchtitan's tokenizer and data loader on the assets the GPU test uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers.processes import subprocess_env
+from helpers.titan_assets import make_titan_assets
+
+pytest.importorskip("torchtitan.trainer", reason="torchtitan (the torchtitan extra) is not installed")
+
+from torchprof_args.frameworks.flag_fields import host_flags  # noqa: E402
+from torchprof_args.torchtitan import parse_config, profiled_config_class, run_config  # noqa: E402
+
+pytestmark = pytest.mark.slow  # torchtitan's import takes seconds
+DEBUG = ["--module", "llama3", "--config", "llama3_debugmodel"]
+
+
+def test_section_holds_every_host_flag_and_parses_both_spellings():
+    config = parse_config([*DEBUG, "--torch_profile.enable", "--torch_profile.step_start", "4",
+                           "--torch-profile.step-end", "6", "--torch_profile.ranks", "0,1",
+                           "--torch_profile.metrics_peak_tflops", "989", "--training.steps", "8"])
+    names = {field.name for field in dataclasses.fields(config.torch_profile)}
+    assert len(names) == len(host_flags()) and {"enable", "step_start", "metrics_peak_tflops"} <= names
+    run = run_config(config, world_size=2)
+    assert run.profiler.enabled and run.profiler.trace.schedule.describe() == (
+        "record iterations 4..5 after 1 warmup step(s)")
+    assert run.profiler.trace.ranks == (0, 1) and run.metrics.peak_tflops == 989.0
+    from torchtitan.trainer import Trainer
+
+    owner = type(config)._owner
+    assert issubclass(owner, Trainer) and owner.__name__ == "TorchProfiledTrainer"
+    assert profiled_config_class(Trainer.Config) is type(config)  # one derived class per base
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--torch_profile.enable", "--profiler.enable_profiling"],
+     "--torch_profile.enable cannot run together with torchtitan's --profiler.enable_profiling"),
+    (["--torch_profile.enable", "--torch_profile.memory_snapshot", "--profiler.enable_memory_snapshot"],
+     "--torch_profile.memory_snapshot cannot run together with torchtitan's --profiler.enable_memory_snapshot"),
+    (["--torch_profile.step_start", "5", "--torch_profile.step_end", "3"],
+     "--torch_profile.step_end (3) must be greater than --torch_profile.step_start (5)"),
+    (["--torch_profile.wait", "-2"], "--torch_profile.wait: must be >= 0, got -2"),
+    (["--torch_profile.ranks", "0,x"], "--torch_profile.ranks: expected global ranks"),
+])
+def test_bad_settings_end_the_parse_with_one_line(tmp_path, argv, message):
+    proc = subprocess.run([sys.executable, "-m", "torchprof_args.torchtitan", *DEBUG, *argv], cwd=tmp_path,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors == [errors[0]] and errors[0].startswith("torchprof_args.torchtitan: error: ") and (
+        message in errors[0]), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_tokenizer_and_data_loader_build_from_the_test_assets(tmp_path):
+    """The assets tests/gpu/test_gpu_torchtitan.py trains on, read by torchtitan's own components."""
+    make_titan_assets(tmp_path)
+    os.chdir(tmp_path)
+    config = parse_config([*DEBUG, "--training.seq_len", "32", "--training.local_batch_size", "2"])
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    loader = config.dataloader.build(dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=32,
+                                     local_batch_size=2)
+    inputs, labels = next(iter(loader))
+    assert inputs["input"].shape == labels.shape == (2, 32)
+    assert int(inputs["input"].max()) < 2048  # the debug model's embeddings
