@@ -45,7 +45,8 @@ def test_section_holds_every_host_flag_and_parses_both_spellings():
     (["--torch_profile.enable", "--profiler.enable_profiling"],
      "--torch_profile.enable cannot run together with torchtitan's --profiler.enable_profiling"),
     (["--torch_profile.enable", "--torch_profile.memory_snapshot", "--profiler.enable_memory_snapshot"],
-     "--torch_profile.memory_snapshot cannot run together with torchtitan's --profiler.enable_memory_snapshot"),
+     "--torch_profile.memory_snapshot cannot run together with torchtitan's "
+     "--profiler.enable_memory_snapshot"),
     (["--torch_profile.step_start", "5", "--torch_profile.step_end", "3"],
      "--torch_profile.step_end (3) must be greater than --torch_profile.step_start (5)"),
     (["--torch_profile.wait", "-2"], "--torch_profile.wait: must be >= 0, got -2"),

@@ -123,7 +123,8 @@ def titan_layout(trainer: Any) -> dict[str, Any]:
     """``{"parallel": {...}, "trainer": {...}}`` from torchtitan's ``ParallelDims``: this rank's
     coordinates where the meshes say them, the degrees, gradient accumulation."""
     dims = trainer.parallel_dims
-    degrees = {name: int(getattr(dims, name, 1)) for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")}
+    axes = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+    degrees = {name: int(getattr(dims, name, 1)) for name in axes}
     coordinates: dict[str, int] = {}
     for axis, mesh_name in (("dp", "batch"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp")):
         try:
