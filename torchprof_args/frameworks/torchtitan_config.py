@@ -78,8 +78,8 @@ def run_config(config: Any, world_size: int | None = None) -> RunConfig:
     if run.profiler.enabled and getattr(own, "enable_profiling", False):
         raise TorchProfileArgsError(
             f"--{SECTION}.enable cannot run together with torchtitan's --profiler.enable_profiling: both "
-            f"drive torch.profiler. Drop --profiler.enable_profiling (--{SECTION}.step_start/step_end choose the "
-            "steps; the fence keeps the flush from tripping collective timeouts).")
+            f"drive torch.profiler. Drop --profiler.enable_profiling (--{SECTION}.step_start/step_end choose "
+            "the steps; the fence keeps the flush from tripping collective timeouts).")
     if run.profiler.memory.enabled and getattr(own, "enable_memory_snapshot", False):
         raise TorchProfileArgsError(
             f"--{SECTION}.memory_snapshot cannot run together with torchtitan's "
