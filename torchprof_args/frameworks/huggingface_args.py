@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from types import FrameType
 from typing import Any
 
 from torchprof_args.config import RunConfig, configs_from_args
@@ -93,7 +94,7 @@ class TorchProfileArgumentsBase:
 def _parser_building_this() -> argparse.ArgumentParser | None:
     """The argument parser whose method is constructing this dataclass (HfArgumentParser's
     ``parse_args_into_dataclasses`` / ``parse_dict``), if any: its errors end the parse its way."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_PARSER_FRAMES):
         if frame is None:
             return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -160,7 +161,7 @@ def _run_before_reporters(callback: TorchProfileCallback) -> bool:
     callbacks, so that the figures it adds to ``logs`` reach them.  Called from the handler's
     ``on_init_end`` (the Trainer keeps its callbacks in a list it iterates by index: moving an item
     that is being called towards the front leaves the rest of the iteration as it was)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(4):
         if frame is None:
             break

@@ -57,10 +57,11 @@ class TorchProfileCallback(pl.Callback):
         if stage != "fit":
             return
         self.run = configs_from_args(self.args, world_size=trainer.world_size)
-        if self.run.profiler.enabled and not isinstance(trainer.profiler, PassThroughProfiler):
+        own = getattr(trainer, "profiler", None)  # set by Lightning's profiler connector
+        if self.run.profiler.enabled and own is not None and not isinstance(own, PassThroughProfiler):
             raise TorchProfileArgsError(
                 f"--torch-profile cannot run together with Lightning's Trainer(profiler="
-                f"{type(trainer.profiler).__name__}): both drive torch.profiler or time the same hooks. "
+                f"{type(own).__name__}): both drive torch.profiler or time the same hooks. "
                 "Drop profiler= (--torch-profile-step-start/-end choose the steps).")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -116,7 +117,8 @@ class TorchProfileCallback(pl.Callback):
             self.prof.step(step)
         finally:
             self._timer(FLUSH_TIMER, start=False)
-        if step // trainer.log_every_n_steps > self._last_step // trainer.log_every_n_steps:
+        interval = int(getattr(trainer, "log_every_n_steps", 50) or 50)
+        if step // interval > self._last_step // interval:
             self._log(trainer, pl_module, step)
         self._last_step = step
 

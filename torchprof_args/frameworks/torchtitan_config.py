@@ -97,14 +97,14 @@ def profiled_config_class(base: type) -> type:
         return _DERIVED[base]
     from torchprof_args.frameworks.torchtitan_trainer import TorchProfileTrainerMixin
 
-    owner = base._owner  # type: ignore[attr-defined]  (torchtitan's Configurable wiring)
+    owner = base._owner  # type: ignore[attr-defined]  # torchtitan's Configurable wiring
     namespace = {"__module__": __name__, "__qualname__": f"{owner.__name__}.Config",
                  "__annotations__": {SECTION: TorchProfileSection}, SECTION: dataclasses.field(
                      default_factory=TorchProfileSection)}
-    config = dataclasses.dataclass(kw_only=True, slots=True)(type("Config", (base,), namespace))
+    config: type = dataclasses.dataclass(kw_only=True, slots=True)(type("Config", (base,), namespace))
     trainer = type(f"TorchProfiled{owner.__name__}", (TorchProfileTrainerMixin, owner),
                    {"Config": config, "__module__": __name__})
-    assert config._owner is trainer  # type: ignore[attr-defined]  (set by Configurable.__init_subclass__)
+    assert config._owner is trainer  # type: ignore[attr-defined]  # set by Configurable.__init_subclass__
     _DERIVED[base] = config
     return config
 

@@ -159,12 +159,12 @@ class TorchProfileTrainerMixin:
 
     def train_step(self, data_iterator: Any) -> Any:
         profiling = self._torchprof
-        step = int(self.step)  # type: ignore[attr-defined]  (torchtitan counts before calling)
+        step = int(self.step)  # type: ignore[attr-defined]  # torchtitan counts before calling
         if profiling is not None and profiling.prof is None:
             profiling.start(start_iteration=step - 1)
         if profiling is None:
             return super().train_step(data_iterator)  # type: ignore[misc]
-        result = profiling.timed(STEP_TIMER, lambda: super(TorchProfileTrainerMixin, self).train_step(
-            data_iterator))  # type: ignore[misc]
+        parent_step = super().train_step  # type: ignore[misc]
+        result = profiling.timed(STEP_TIMER, lambda: parent_step(data_iterator))
         profiling.step(step)
         return result
