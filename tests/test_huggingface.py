@@ -97,16 +97,14 @@ def test_a_new_registry_flag_becomes_a_field():
 def _wandb_history(root: Path) -> list[dict]:
     (run_file,) = sorted(root.glob("wandb/offline-run-*/run-*.wandb"))
     proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-                          capture_output=True, text=True, timeout=120, check=True)
+                          capture_output=True, text=True, timeout=120, check=True, cwd=root)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     return [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
 @pytest.mark.slow
-def test_readme_example_trainer_steps_figures_wandb_resume_and_diagnose(tmp_path):
-    proc = run_doc_example("huggingface", tmp_path, WANDB_MODE="offline", WANDB_SILENT="true",
-                           WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
-                           WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"), HOME=str(tmp_path / "home"))
+def test_readme_example_trainer_steps_figures_wandb_resume_and_diagnose(tmp_path, offline_wandb):
+    proc = run_doc_example("huggingface", tmp_path)  # wandb offline, its files in tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     traces = sorted((tmp_path / "prof").glob("iter*/*.pt.trace.json.gz"))
     assert [f"{p.parent.name}/{p.name[:9]}" for p in traces] == [

@@ -7,7 +7,6 @@ class, and torchtitan's tokenizer and data loader on the assets the GPU test use
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 
@@ -41,9 +40,20 @@ def test_section_holds_every_host_flag_and_parses_both_spellings():
     assert profiled_config_class(Trainer.Config) is type(config)  # one derived class per base
 
 
+def test_torchtitan_s_own_profiler_ends_the_parse_with_one_line(tmp_path):
+    """The command line as users run it: one line on standard error, exit status 2, no traceback."""
+    argv = ["--torch_profile.enable", "--profiler.enable_profiling"]
+    proc = subprocess.run([sys.executable, "-m", "torchprof_args.torchtitan", *DEBUG, *argv], cwd=tmp_path,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "torchprof_args.torchtitan: error: --torch_profile.enable cannot run together with torchtitan's "
+        "--profiler.enable_profiling"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--torch_profile.enable", "--profiler.enable_profiling"],
-     "--torch_profile.enable cannot run together with torchtitan's --profiler.enable_profiling"),
     (["--torch_profile.enable", "--torch_profile.memory_snapshot", "--profiler.enable_memory_snapshot"],
      "--torch_profile.memory_snapshot cannot run together with torchtitan's "
      "--profiler.enable_memory_snapshot"),
@@ -52,20 +62,21 @@ def test_section_holds_every_host_flag_and_parses_both_spellings():
     (["--torch_profile.wait", "-2"], "--torch_profile.wait: must be >= 0, got -2"),
     (["--torch_profile.ranks", "0,x"], "--torch_profile.ranks: expected global ranks"),
 ])
-def test_bad_settings_end_the_parse_with_one_line(tmp_path, argv, message):
-    proc = subprocess.run([sys.executable, "-m", "torchprof_args.torchtitan", *DEBUG, *argv], cwd=tmp_path,
-                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert errors == [errors[0]] and errors[0].startswith("torchprof_args.torchtitan: error: ") and (
-        message in errors[0]), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+def test_bad_settings_end_the_parse_with_one_line(argv, message, capsys, monkeypatch, tmp_path):
+    """``main`` in this process (torchtitan is imported once): the same parse, the same line."""
+    from torchprof_args.torchtitan import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*DEBUG, *argv]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("torchprof_args.torchtitan: error: ") and (
+        message in errors[0]), errors
 
 
-def test_tokenizer_and_data_loader_build_from_the_test_assets(tmp_path):
+def test_tokenizer_and_data_loader_build_from_the_test_assets(tmp_path, monkeypatch):
     """The assets tests/gpu/test_gpu_torchtitan.py trains on, read by torchtitan's own components."""
     make_titan_assets(tmp_path)
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     config = parse_config([*DEBUG, "--training.seq_len", "32", "--training.local_batch_size", "2"])
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     loader = config.dataloader.build(dp_world_size=2, dp_rank=1, tokenizer=tokenizer, seq_len=32,
