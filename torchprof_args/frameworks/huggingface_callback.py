@@ -14,11 +14,13 @@
   added to the Trainer's ``logs``: ``trainer.state.log_history`` and every ``report_to`` sink get them
   (the callback places itself before the reporting callbacks when the Trainer is built).
 * ``on_train_end``: the profiler stops (a window still recording is flushed, publications waited
-  for, every rank meets at the fence).
+  for, every rank meets at the fence).  The Trainer has no hook for an exception leaving ``train()``:
+  then the profiler stops at interpreter exit, without the fence.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import sys
 import time
@@ -84,12 +86,22 @@ class TorchProfileCallback(TrainerCallback):
             logger.warning("TorchProfileCallback could not run before the report_to callbacks: its figures "
                            "reach trainer.state.log_history, but the report_to sinks only from the next log")
         self.prof.start()
+        atexit.register(self._abandon)  # train() raised: no on_train_end; the process is ending
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._finish()
 
+    def _abandon(self) -> None:
+        """At interpreter exit after an exception left ``trainer.train()``: stop without the exit fence
+        (the ranks are not in step), publications get ``--torch-profile-exit-timeout``, staging is
+        cleaned."""
+        if self.prof is not None:
+            self.prof.stop(clean=False)
+            self.prof = None
+
     def _finish(self) -> None:
+        atexit.unregister(self._abandon)
         if self.prof is not None:
             self.prof.stop()
         if self.writer is not None:
