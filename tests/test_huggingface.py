@@ -156,7 +156,7 @@ def test_slow_flush_on_one_rank_the_other_waits_at_the_fence_and_both_finish(tmp
     collective timeout is 3 s: rank 1 spends the 6 s at the fence (its own flush step lasts that
     long: profiler/flush_seconds-min), not in DDP's next all-reduce, and both ranks finish."""
     proc = run_torchrun(
-        JOBS / "hf_slow_flush_job.py", "--output_dir", "out", "--use_cpu", "--disable_tqdm", "true",
+        JOBS / "hf_fault_job.py", "--output_dir", "out", "--use_cpu", "--disable_tqdm", "true",
         "--max_steps", "6", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
         "--logging_steps", "2", "--save_strategy", "no", "--report_to", "none", "--ddp_timeout", "3",
         "--result_file", "history.json", "--torch-profile", "--torch-profile-step-start", "3",
@@ -171,6 +171,28 @@ def test_slow_flush_on_one_rank_the_other_waits_at_the_fence_and_both_finish(tmp
     assert logged[4]["profiler/flush_seconds-min"] >= 5.5  # rank 1, which traces nothing, at the fence
     assert logged[4]["profiler/fence_waits-min"] == 1
     assert "Timed out" not in proc.stderr and "timed out" not in proc.stderr.lower()
+
+
+@pytest.mark.slow
+def test_an_exception_leaving_train_stops_the_profiler_and_cleans_staging(tmp_path):
+    """Every rank raises after step 3, inside the window 3-4: the Trainer calls no on_train_end; the
+    profiler stops at interpreter exit, without the fence: no trace of the half window, nothing
+    half-written in the output, nothing left in the staging directory, the job's own error shown."""
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    proc = run_torchrun(
+        JOBS / "hf_fault_job.py", "--output_dir", "out", "--use_cpu", "--disable_tqdm", "true",
+        "--max_steps", "6", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
+        "--logging_steps", "2", "--save_strategy", "no", "--report_to", "none", "--torch-profile",
+        "--torch-profile-ranks", "all", "--torch-profile-step-start", "3", "--torch-profile-step-end", "5",
+        "--torch-profile-dir", "prof", "--torch-profile-staging-dir", str(stage),
+        cwd=tmp_path, HF_RAISE_AT_STEP="3", WANDB_MODE="disabled")
+    assert proc.returncode != 0
+    failures = proc.stderr.count("RuntimeError: injected failure after optimizer step 3")
+    assert failures >= 2, proc.stderr[-4000:]
+    prof = tmp_path / "prof"
+    assert not (prof.exists() and [p for p in prof.rglob("*") if p.is_file()])
+    assert not [p for p in stage.rglob("*") if p.is_file()], sorted(stage.rglob("*"))
 
 
 @pytest.mark.slow
