@@ -209,3 +209,13 @@ def test_the_callback_goes_ahead_of_the_reporting_callbacks(tmp_path):
     names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
     assert names.index("TorchProfileCallback") < names.index(TensorBoardCallback.__name__), names
     assert names[0] == "DefaultFlowCallback" and callback._ordered
+    # added after the Trainer was built: ordered when training begins
+    late = TorchProfileCallback(TorchProfileArguments(torch_profile_dir=str(tmp_path / "prof")))
+    trainer.pop_callback(callback)
+    trainer.add_callback(late)
+    names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
+    assert names.index("TorchProfileCallback") > names.index(TensorBoardCallback.__name__), names
+    trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
+    names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
+    assert names[1] == "TorchProfileCallback" and late._ordered, names
+    trainer.callback_handler.on_train_end(args, trainer.state, trainer.control)

@@ -82,6 +82,8 @@ class TorchProfileCallback(TrainerCallback):
         self.writer = MetricsWriter(dataclasses.replace(self.run.metrics, sinks=()), timers=self.timers,
                                     start_iteration=start, console=False)
         self._flos_logged, self._step_logged = float(state.total_flos), start
+        if not self._ordered:  # added with trainer.add_callback after the Trainer was built
+            self._ordered = _run_before_reporters(self)
         if not self._ordered:
             logger.warning("TorchProfileCallback could not run before the report_to callbacks: its figures "
                            "reach trainer.state.log_history, but the report_to sinks only from the next log")
@@ -172,7 +174,8 @@ def _run_before_reporters(callback: TorchProfileCallback) -> bool:
     """Move ``callback`` right after the Trainer's DefaultFlowCallback, ahead of the ``report_to``
     callbacks, so that the figures it adds to ``logs`` reach them.  Called from the handler's
     ``on_init_end`` (the Trainer keeps its callbacks in a list it iterates by index: moving an item
-    that is being called towards the front leaves the rest of the iteration as it was)."""
+    that is being called towards the front leaves the rest of the iteration as it was); again from
+    ``on_train_begin`` for a callback added with ``trainer.add_callback``."""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(4):
         if frame is None:
