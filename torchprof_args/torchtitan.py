@@ -41,12 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from torchtitan.tools.logging import init_logger
 
-    init_logger()
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv)
     except TorchProfileArgsError as err:
         print(f"torchprof_args.torchtitan: error: {err}", file=sys.stderr)
         return 2
+    init_logger()  # torchtitan's: replaces the root logger's handlers (after the parse, as it prints)
     trainer = config.build()
     try:
         trainer.train()
