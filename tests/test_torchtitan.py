@@ -84,3 +84,71 @@ def test_tokenizer_and_data_loader_build_from_the_test_assets(tmp_path, monkeypa
     inputs, labels = next(iter(loader))
     assert inputs["input"].shape == labels.shape == (2, 32)
     assert int(inputs["input"].max()) < 2048  # the debug model's embeddings
+
+
+class _LoopOfTheTrainer:
+    """Stands in for torchtitan's ``Trainer``, which cannot start without CUDA: its loop's contract as
+    ``Trainer.train`` keeps it (``step`` counted before ``train_step``; the metrics processor's ``log``
+    at its log steps, with ``extra_metrics``), around real work, a real ``ParallelDims`` and the real
+    parsed config.  The mixin in front of it is the one ``python -m torchprof_args.torchtitan`` uses."""
+
+    def __init__(self, config, steps: int) -> None:
+        import torch
+        from torchtitan.distributed import ParallelDims
+
+        self.config, self.steps, self.step = config, steps, 0
+        self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+        self.gradient_accumulation_steps = 1
+        self.weights = torch.randn(64, 64, requires_grad=True)
+        self.metrics_processor = _Processor(self.parallel_dims)
+
+    def train(self) -> None:
+        while self.step < self.steps:
+            self.step += 1
+            self.train_step(None)
+
+    def train_step(self, data_iterator) -> None:
+        import torch
+
+        loss = (torch.randn(8, 64) @ self.weights).square().mean()
+        loss.backward()
+        loss = loss.detach()
+        self.metrics_processor.ntokens_since_last_log += 8 * 64
+        if self.step % 2 == 0:
+            self.metrics_processor.log(self.step, loss.item(), loss.item(), 1.0)
+
+
+class _Processor:
+    """The metrics processor's fields the mixin reads, and what its ``log`` received."""
+
+    def __init__(self, parallel_dims) -> None:
+        self.parallel_dims, self.num_flops_per_token, self.ntokens_since_last_log = parallel_dims, 1e6, 0
+        self.logged: dict[int, dict] = {}
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None) -> None:
+        self.logged[step] = dict(extra_metrics or {})
+        self.ntokens_since_last_log = 0
+
+
+def test_the_mixin_runs_the_loop_under_the_profiler_and_feeds_the_metrics_processor(tmp_path):
+    from helpers.trace_events import profiler_steps
+
+    from torchprof_args.frameworks.torchtitan_trainer import TorchProfileTrainerMixin
+
+    config = parse_config([*DEBUG, "--torch_profile.enable", "--torch_profile.step_start", "3",
+                           "--torch_profile.step_end", "5", "--torch_profile.dir", str(tmp_path / "prof"),
+                           "--torch_profile.metrics_peak_tflops", "1"])
+    trainer = type("Profiled", (TorchProfileTrainerMixin, _LoopOfTheTrainer), {})(config, steps=6)
+    trainer.train()
+    (trace,) = sorted((tmp_path / "prof").glob("iter000003-000004/*.pt.trace.json.gz"))
+    assert profiler_steps(trace) == [3, 4]
+    logged = trainer.metrics_processor.logged
+    assert sorted(logged) == [2, 4, 6]
+    for figures in logged.values():
+        assert figures["timers/step-time"] > 0 and figures["iteration-time"] > 0
+        # torchtitan's count: 1e6 FLOPs per token x 512 tokens per step
+        assert figures["throughput"] == pytest.approx(1e6 * 512 / figures["iteration-time"] / 1e12, rel=1e-6)
+        assert figures["mfu"] == pytest.approx(100 * figures["throughput"])
+    # torchtitan logs inside its step, before the profiler's step: the flush after step 4 shows at 6
+    assert (logged[4]["profiler/fence_waits"], logged[6]["profiler/fence_waits"]) == (0, 1)
+    assert "log" not in vars(trainer.metrics_processor)  # unwrapped when train() returned

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import sys
 import time
 from types import FrameType
@@ -31,34 +30,27 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
 from torchprof_args import _dist
-from torchprof_args.config import RunConfig
+from torchprof_args.frameworks.hosted_profiling import FLUSH_TIMER, HostedProfiling
 from torchprof_args.frameworks.huggingface_args import TorchProfileArgumentsBase
 from torchprof_args.frameworks.huggingface_layout import trainer_layout
 from torchprof_args.log import get_logger
-from torchprof_args.metrics.timers import Timers
-from torchprof_args.metrics.writer import MetricsWriter
-from torchprof_args.runtime.profiler import TorchProfiler
 
 __all__ = ["FLUSH_TIMER", "TorchProfileCallback"]
 
 logger = get_logger(__name__)
 
-#: Timer of the profiler's step (a flush when a window ends), as under Megatron-LM.
-FLUSH_TIMER = "torch-profile-flush"
 _FORWARD_BACKWARD, _OPTIMIZER = "forward-backward", "optimizer"
 
 
 class TorchProfileCallback(TrainerCallback):
     """``Trainer(..., callbacks=[TorchProfileCallback(profile_args)])`` on every rank; see the module
-    docstring.  ``profile_args`` is a ``TorchProfileArguments`` (checked again here, against the
-    world size)."""
+    docstring.  ``profile_args`` is a ``TorchProfileArguments`` (checked again here, and against the
+    world size when training begins)."""
 
     def __init__(self, profile_args: TorchProfileArgumentsBase) -> None:
         self.profile_args = profile_args
-        self.run: RunConfig = profile_args.run_config()
-        self.prof: TorchProfiler | None = None
-        self.timers: Timers | None = None
-        self.writer: MetricsWriter | None = None
+        profile_args.run_config()
+        self.profiling: HostedProfiling | None = None
         self._flos_logged = 0.0
         self._step_logged = 0
         self._ordered = False
@@ -72,22 +64,19 @@ class TorchProfileCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
         """Every rank, after the Trainer loaded a resumed checkpoint's state: start the profiler."""
-        if self.prof is not None:  # a second train() call on the same Trainer
+        if self.profiling is not None:  # a second train() call on the same Trainer
             self._finish()
         start = int(state.global_step)
-        self.run = self.profile_args.run_config()  # the process group exists now: its world size
-        self.prof = TorchProfiler.from_config(self.run, start_iteration=start)
-        self.prof.add_trace_metadata(**trainer_layout(args, _dist.rank()))
-        self.timers = Timers.from_config(self.run.timers)
-        self.writer = MetricsWriter(dataclasses.replace(self.run.metrics, sinks=()), timers=self.timers,
-                                    start_iteration=start, console=False)
+        run = self.profile_args.run_config()  # the process group exists now: its world size
+        self.profiling = HostedProfiling(run, start_iteration=start,
+                                         metadata=trainer_layout(args, _dist.rank()))
         self._flos_logged, self._step_logged = float(state.total_flos), start
         if not self._ordered:  # added with trainer.add_callback after the Trainer was built
             self._ordered = _run_before_reporters(self)
         if not self._ordered:
             logger.warning("TorchProfileCallback could not run before the report_to callbacks: its figures "
                            "reach trainer.state.log_history, but the report_to sinks only from the next log")
-        self.prof.start()
+        self.profiling.start()
         atexit.register(self._abandon)  # train() raised: no on_train_end; the process is ending
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -98,17 +87,15 @@ class TorchProfileCallback(TrainerCallback):
         """At interpreter exit after an exception left ``trainer.train()``: stop without the exit fence
         (the ranks are not in step), publications get ``--torch-profile-exit-timeout``, staging is
         cleaned."""
-        if self.prof is not None:
-            self.prof.stop(clean=False)
-            self.prof = None
+        if self.profiling is not None:
+            self.profiling.close(clean=False)
+            self.profiling = None
 
     def _finish(self) -> None:
         atexit.unregister(self._abandon)
-        if self.prof is not None:
-            self.prof.stop()
-        if self.writer is not None:
-            self.writer.close()
-        self.prof = self.writer = None
+        if self.profiling is not None:
+            self.profiling.close()
+        self.profiling = None
 
     # -- each optimizer step ---------------------------------------------------------------------
 
@@ -128,22 +115,12 @@ class TorchProfileCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         """After optimizer step ``state.global_step`` (never a micro-step): the profiler's step."""
-        if self.prof is None:
-            return
-        self._timer(FLUSH_TIMER, start=True)
-        try:
-            self.prof.step(int(state.global_step))
-        finally:
-            self._timer(FLUSH_TIMER, start=False)
+        if self.profiling is not None:
+            self.profiling.step(int(state.global_step))
 
     def _timer(self, name: str, *, start: bool) -> None:
-        if self.timers is None:
-            return
-        timer = self.timers(name, log_level=0)
-        if start and not getattr(timer, "_started", False):
-            timer.start()
-        elif not start and getattr(timer, "_started", False):
-            timer.stop()
+        if self.profiling is not None:
+            self.profiling.timer(name, start=start)
 
     # -- each training log -----------------------------------------------------------------------
 
@@ -151,18 +128,15 @@ class TorchProfileCallback(TrainerCallback):
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         """Every rank, at each training log (the Trainer logs on every rank; only the main process
         reports): gather the interval's figures and add them to ``logs`` and the log history."""
-        if logs is None or "loss" not in logs or self.writer is None or self.prof is None:
+        if logs is None or "loss" not in logs or self.profiling is None:
             return
         step = int(state.global_step)
         steps = max(1, step - self._step_logged)
         flops = (float(state.total_flos) - self._flos_logged) / steps or None
         self._flos_logged, self._step_logged = float(state.total_flos), step
         started = time.perf_counter()
-        try:
-            figures = self.writer.log_step(step, flops=flops, extra=self.prof.stats)
-        except Exception as err:  # noqa: BLE001 - metrics never stop training
-            logger.warning("could not gather the step timers at step %d: %s: %s", step, type(err).__name__,
-                           err)
+        figures = self.profiling.figures(step, flops)
+        if not figures:
             return
         figures["profiler/metrics-gather-seconds"] = time.perf_counter() - started
         logs.update(figures)

@@ -5,7 +5,6 @@ loggers."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 import lightning.pytorch as pl
@@ -14,16 +13,10 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from torchprof_args import _dist
 from torchprof_args.config import RunConfig, configs_from_args
 from torchprof_args.errors import TorchProfileArgsError
-from torchprof_args.log import get_logger
-from torchprof_args.metrics.timers import Timers
-from torchprof_args.metrics.writer import MetricsWriter
-from torchprof_args.runtime.profiler import TorchProfiler
+from torchprof_args.frameworks.hosted_profiling import FLUSH_TIMER, HostedProfiling
 
 __all__ = ["FLUSH_TIMER", "TorchProfileCallback"]
 
-logger = get_logger(__name__)
-
-FLUSH_TIMER = "torch-profile-flush"
 _FORWARD_BACKWARD, _OPTIMIZER = "forward-backward", "optimizer"
 
 
@@ -34,21 +27,19 @@ class TorchProfileCallback(pl.Callback):
     ``setup`` (every rank, the process group up) checks the flags against the world size and refuses
     Lightning's own ``profiler=`` with ``--torch-profile``; ``on_train_start`` starts the profiler at
     ``trainer.global_step`` (a resumed fit continues the numbering) and records the strategy in the
-    trace metadata.  After each optimizer step
-    (``trainer.global_step`` grew; gradient-accumulation micro-batches do not step it) the profiler
-    steps with the global step, every flush fenced; every ``log_every_n_steps`` steps the timers
-    (``forward-backward``, ``optimizer``, ``torch-profile-flush``), ``iteration-time``, ``throughput``
-    and ``mfu`` go, max across ranks, to ``trainer.loggers``.  Model FLOPs per step come from
-    ``--metrics-flops-per-iteration``, else the module's ``flops_per_batch`` (Lightning's
-    ``ThroughputMonitor`` convention) x accumulated batches x world size.
+    trace metadata.  After each optimizer step (``trainer.global_step`` grew; gradient-accumulation
+    micro-batches do not step it) the profiler steps with the global step, every flush fenced; every
+    ``log_every_n_steps`` steps the timers (``forward-backward``, ``optimizer``,
+    ``torch-profile-flush``), ``iteration-time``, ``throughput`` and ``mfu`` go, max across ranks, to
+    ``trainer.loggers``.  Model FLOPs per step come from ``--metrics-flops-per-iteration``, else the
+    module's ``flops_per_batch`` (Lightning's ``ThroughputMonitor`` convention) x accumulated batches
+    x world size.
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.run: RunConfig = configs_from_args(args)
-        self.prof: TorchProfiler | None = None
-        self.timers: Timers | None = None
-        self.writer: MetricsWriter | None = None
+        self.profiling: HostedProfiling | None = None
         self._last_step = 0
 
     # -- set-up and tear-down --------------------------------------------------------------------
@@ -66,19 +57,16 @@ class TorchProfileCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Every rank, after a checkpoint (``ckpt_path``) was restored: start at its global step."""
-        if self.prof is not None:
+        if self.profiling is not None:
             return
         start = int(trainer.global_step)
-        self.prof = TorchProfiler.from_config(self.run, start_iteration=start)
-        self.prof.add_trace_metadata(parallel={"dp": _dist.rank()}, trainer={
-            "framework": f"lightning {pl.__version__}", "strategy": type(trainer.strategy).__name__,
-            "world_size": int(trainer.world_size),
-            "accumulate_grad_batches": int(trainer.accumulate_grad_batches)})
-        self.timers = Timers.from_config(self.run.timers)
-        self.writer = MetricsWriter(dataclasses.replace(self.run.metrics, sinks=()), timers=self.timers,
-                                    start_iteration=start, console=False)
+        self.profiling = HostedProfiling(self.run, start_iteration=start, metadata={
+            "parallel": {"dp": _dist.rank()}, "trainer": {
+                "framework": f"lightning {pl.__version__}", "strategy": type(trainer.strategy).__name__,
+                "world_size": int(trainer.world_size),
+                "accumulate_grad_batches": int(trainer.accumulate_grad_batches)}})
         self._last_step = start
-        self.prof.start()
+        self.profiling.start()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(clean=True)
@@ -88,60 +76,43 @@ class TorchProfileCallback(pl.Callback):
         self._finish(clean=False)
 
     def _finish(self, *, clean: bool) -> None:
-        if self.prof is not None:
-            self.prof.stop(clean=clean)
-        if self.writer is not None:
-            self.writer.close()
-        self.prof = self.writer = None
+        if self.profiling is not None:
+            self.profiling.close(clean=clean)
+        self.profiling = None
 
     # -- each batch and optimizer step -----------------------------------------------------------
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        self._timer(_FORWARD_BACKWARD, start=True)
+        if self.profiling is not None:
+            self.profiling.timer(_FORWARD_BACKWARD, start=True)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Any) -> None:
-        self._timer(_FORWARD_BACKWARD, start=False)
-        self._timer(_OPTIMIZER, start=True)
+        if self.profiling is not None:
+            self.profiling.timer(_FORWARD_BACKWARD, start=False)
+            self.profiling.timer(_OPTIMIZER, start=True)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         """After every micro-batch; acts once ``trainer.global_step`` grew (an optimizer step)."""
         step = int(trainer.global_step)
-        if self.prof is None or step == self._last_step:
+        profiling = self.profiling
+        if profiling is None or step == self._last_step:
             return
-        self._timer(_OPTIMIZER, start=False)
-        self._timer(FLUSH_TIMER, start=True)
-        try:
-            self.prof.step(step)
-        finally:
-            self._timer(FLUSH_TIMER, start=False)
+        profiling.timer(_OPTIMIZER, start=False)
+        profiling.step(step)
         interval = int(getattr(trainer, "log_every_n_steps", 50) or 50)
         if step // interval > self._last_step // interval:
-            self._log(trainer, pl_module, step)
+            self._log(trainer, pl_module, profiling, step)
         self._last_step = step
 
-    def _timer(self, name: str, *, start: bool) -> None:
-        if self.timers is None:
-            return
-        timer = self.timers(name, log_level=0)
-        if start and not getattr(timer, "_started", False):
-            timer.start()
-        elif not start and getattr(timer, "_started", False):
-            timer.stop()
-
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, profiling: HostedProfiling,
+             step: int) -> None:
         """Every rank (one gather), then the loggers (Lightning writes on global rank 0 only)."""
-        if self.writer is None or self.prof is None:
-            return
         per_batch = getattr(pl_module, "flops_per_batch", None)
         flops = (float(per_batch) * trainer.accumulate_grad_batches * trainer.world_size
                  if per_batch and not self.run.metrics.flops_per_iteration else None)
-        try:
-            figures = self.writer.log_step(step, flops=flops, extra=self.prof.stats)
-            for each in trainer.loggers:
-                each.log_metrics(figures, step=step)
-        except Exception as err:  # noqa: BLE001 - metrics never stop training
-            logger.warning("could not write the step timers at step %d: %s: %s", step, type(err).__name__,
-                           err)
+        figures = profiling.figures(step, flops)
+        for each in trainer.loggers if figures else ():
+            each.log_metrics(figures, step=step)

@@ -16,66 +16,55 @@ the config's ``_owner`` names (see :mod:`~torchprof_args.frameworks.torchtitan_c
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from torchprof_args import _dist
+from torchprof_args.frameworks.hosted_profiling import FLUSH_TIMER, HostedProfiling
 from torchprof_args.frameworks.torchtitan_config import run_config
-from torchprof_args.log import get_logger
-from torchprof_args.metrics.timers import Timers
-from torchprof_args.metrics.writer import MetricsWriter
-from torchprof_args.runtime.profiler import TorchProfiler
 
 __all__ = ["FLUSH_TIMER", "STEP_TIMER", "TitanProfiling", "TorchProfileTrainerMixin"]
 
-logger = get_logger(__name__)
-
-FLUSH_TIMER, STEP_TIMER = "torch-profile-flush", "step"
+STEP_TIMER = "step"
 
 
 class TitanProfiling:
-    """The profiler, timers and figures of one torchtitan trainer (every rank)."""
+    """The profiling of one torchtitan trainer's ``train()`` (every rank)."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.run = run_config(trainer.config, world_size=_dist.world_size())
-        self.prof: TorchProfiler | None = None
-        self.timers = Timers.from_config(self.run.timers)
-        self.writer: MetricsWriter | None = None
+        self.hosted: HostedProfiling | None = None
         self._logged_step = 0
 
     def start(self, start_iteration: int) -> None:
         """Collective: every rank, before its first step of this run."""
-        self.prof = TorchProfiler.from_config(self.run, start_iteration=start_iteration)
-        self.prof.add_trace_metadata(**titan_layout(self.trainer))
-        self.writer = MetricsWriter(dataclasses.replace(self.run.metrics, sinks=()), timers=self.timers,
-                                    start_iteration=start_iteration, console=False)
+        self.hosted = HostedProfiling(self.run, start_iteration=start_iteration,
+                                      metadata=titan_layout(self.trainer))
         self._logged_step = start_iteration
         self._wrap_metrics_log()
-        self.prof.start()
+        self.hosted.start()
 
     def close(self, clean: bool) -> None:
-        if self.prof is not None:
-            self.prof.stop(clean=clean)
-        if self.writer is not None:
-            self.writer.close()
+        if self.hosted is not None:
+            self.hosted.close(clean=clean)
         processor = getattr(self.trainer, "metrics_processor", None)
         if processor is not None:
             vars(processor).pop("log", None)
-        self.prof = self.writer = None
+        self.hosted = None
 
-    def timed(self, name: str, call: Callable[[], Any]) -> Any:
-        timer = self.timers(name, log_level=0)
-        timer.start()
+    def timed_step(self, step: int, train_step: Callable[[], Any]) -> Any:
+        """``train_step()`` timed as ``step``, then the profiler's step (not after an exception)."""
+        hosted = self.hosted
+        if hosted is None:
+            return train_step()
+        hosted.timer(STEP_TIMER, start=True)
         try:
-            return call()
+            result = train_step()
         finally:
-            timer.stop()
-
-    def step(self, step: int) -> None:
-        if self.prof is not None:
-            self.timed(FLUSH_TIMER, lambda: self.prof.step(step) if self.prof is not None else None)
+            hosted.timer(STEP_TIMER, start=False)
+        hosted.step(step)
+        return result
 
     # -- into torchtitan's metrics processor ---------------------------------------------------
 
@@ -92,18 +81,12 @@ class TitanProfiling:
         processor.log = log
 
     def interval_figures(self, step: int, processor: Any) -> dict[str, float]:
-        """Every rank, at each metrics log: the gathered figures (``{}`` if the gather failed)."""
-        if self.writer is None or self.prof is None:
+        """Every rank, at each metrics log: the gathered figures."""
+        if self.hosted is None:
             return {}
         steps = max(1, step - self._logged_step)
         self._logged_step = step
-        flops = model_flops_per_step(processor, steps)
-        try:
-            return self.writer.log_step(step, flops=flops, extra=self.prof.stats)
-        except Exception as err:  # noqa: BLE001 - metrics never stop training
-            logger.warning("could not gather the step timers at step %d: %s: %s", step, type(err).__name__,
-                           err)
-            return {}
+        return self.hosted.figures(step, model_flops_per_step(processor, steps))
 
 
 def model_flops_per_step(processor: Any, steps: int) -> float | None:
@@ -158,13 +141,11 @@ class TorchProfileTrainerMixin:
             self._torchprof = None
 
     def train_step(self, data_iterator: Any) -> Any:
-        profiling = self._torchprof
-        step = int(self.step)  # type: ignore[attr-defined]  # torchtitan counts before calling
-        if profiling is not None and profiling.prof is None:
-            profiling.start(start_iteration=step - 1)
-        if profiling is None:
-            return super().train_step(data_iterator)  # type: ignore[misc]
         parent_step = super().train_step  # type: ignore[misc]
-        result = profiling.timed(STEP_TIMER, lambda: parent_step(data_iterator))
-        profiling.step(step)
-        return result
+        profiling = self._torchprof
+        if profiling is None:
+            return parent_step(data_iterator)
+        step = int(self.step)  # type: ignore[attr-defined]  # torchtitan counts before calling
+        if profiling.hosted is None:
+            profiling.start(start_iteration=step - 1)
+        return profiling.timed_step(step, lambda: parent_step(data_iterator))
