@@ -14,6 +14,11 @@ EXTRAS = {
     "analysis": ["isal>=1.6"],
     "pyspy": ["py-spy>=0.3.14"],
     "gpu": ["nvidia-ml-py>=12.535"],  # NVML readings beside the step timers (clock, power, ECC/XID)
+    # torchprof_args.huggingface (Trainer, TRL's trainers) and torchprof_args.accelerate
+    "huggingface": ["transformers>=5.0", "accelerate>=1.10", "trl>=1.0"],
+    "lightning": ["lightning>=2.4"],  # torchprof_args.lightning
+    # torchprof_args.torchtitan: torchtitan 0.3's config registry (Python 3.11+, like torchtitan)
+    "torchtitan": ["torchtitan>=0.3; python_version >= '3.11'"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline
@@ -26,6 +31,8 @@ EXTRAS["dev"] = EXTRAS["all"] + EXTRAS["docs"] + [
     "psutil>=5.9",
     "Pillow>=9",
     "regex",  # imported by Megatron-LM's megatron.training (tests run its real source when present)
+    # torchtitan's trainer module imports triton; CUDA builds of torch bring it, the CPU build does not
+    "triton; python_version >= '3.11' and platform_machine == 'x86_64'",
 ]
 
 setup(

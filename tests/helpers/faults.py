@@ -99,6 +99,20 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def delay_exports(seconds: float) -> None:
+    """Make every ``export_chrome_trace`` of this process take ``seconds`` longer (a slow flush: with
+    ``--torch-profile-export inline`` the training thread pays it)."""
+    import torch
+
+    export = torch.profiler.profile.export_chrome_trace
+
+    def slow_export(self: torch.profiler.profile, path: str, *args: object, **kwargs: object) -> object:
+        time.sleep(seconds)
+        return export(self, path, *args, **kwargs)
+
+    torch.profiler.profile.export_chrome_trace = slow_export
+
+
 def stop_for(pid: int, seconds: float) -> None:
     """Freeze ``pid`` for ``seconds`` (a slow publisher)."""
     with contextlib.suppress(ProcessLookupError):

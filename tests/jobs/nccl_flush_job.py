@@ -17,27 +17,15 @@ import argparse
 import datetime
 import os
 import sys
-import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from helpers import faults
 from helpers.flush_loop import timed_steps
 from helpers.gpu_train import Trainer
 
 from torchprof_args import add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
-
-
-def delay_exports(seconds: float) -> None:
-    """Make every ``export_chrome_trace`` of this process take ``seconds`` longer."""
-    export = torch.profiler.profile.export_chrome_trace
-
-    def slow_export(self: torch.profiler.profile, path: str, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(seconds)
-        return export(self, path, *args, **kwargs)
-
-    torch.profiler.profile.export_chrome_trace = slow_export
 
 
 def main() -> int:
@@ -58,7 +46,7 @@ def main() -> int:
     )
     rank = dist.get_rank()
     if rank == 0:
-        delay_exports(args.export_delay)
+        faults.delay_exports(args.export_delay)
     trainer = Trainer(seed=rank)
     grad_sync = torch.ones(1 << 20, device="cuda")
 

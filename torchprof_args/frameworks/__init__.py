@@ -1,2 +1,3 @@
-"""The implementations behind the short framework entry points (:mod:`torchprof_args.megatron`):
-Megatron-LM's argument provider and checks, the loop hook, and the patch of its training module."""
+"""The trainer integrations behind the short public entry modules (:mod:`torchprof_args.megatron`,
+``deepspeed``, ``huggingface``, ``accelerate``, ``lightning``, ``torchtitan``): one module per framework
+and concept; ``hosted_profiling`` and ``flag_fields`` are what several of them share."""

@@ -1,0 +1,141 @@
+"""The flags as dataclass fields, for hosts whose options are dataclasses: Hugging Face's
+``HfArgumentParser`` (``TorchProfileArguments``) and torchtitan's tyro config (its
+``[torch_profile]`` section).  Generated from the registry's declarations, never a copy of them.
+
+A field holds a plain value (``bool``, ``int``, ``float``, ``str`` or ``list[str]``) that a host
+parser can fill from its own command line, JSON or TOML; :func:`namespace_from_fields` then runs
+each flag's own argparse ``type`` (``non_negative_int``, ``rank_token``, ...) and ``choices`` on it,
+so a bad value gives the same message as ``--torch-profile-*`` on a plain parser, and returns the
+``argparse.Namespace`` that :func:`~torchprof_args.config.configs_from_args` checks as a whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from torchprof_args.config import registered_groups
+from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.flags import Flag
+
+__all__ = ["FlagField", "dataclass_fields", "host_flags", "namespace_from_fields", "respell"]
+
+#: The metrics writer's own sinks: under a host with loggers of its own (the Trainer's ``report_to``,
+#: torchtitan's metrics processor) the figures go to those, so these flags have nothing to do.
+_WRITER_SINK_OPTIONS = frozenset({"--wandb-mode", "--metrics-dir", "--metrics-sinks", "--metrics-rank"})
+_BOOLEAN_ACTIONS = ("store_true", "store_false", argparse.BooleanOptionalAction)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagField:
+    """One flag as a dataclass field: ``name`` in the host's dataclass, ``label`` the option as the
+    host spells it (what error messages name)."""
+
+    flag: Flag
+    name: str
+    label: str
+
+    @property
+    def is_bool(self) -> bool:
+        return self.flag.action in _BOOLEAN_ACTIONS
+
+    @property
+    def is_list(self) -> bool:
+        return self.flag.nargs in ("+", "*")
+
+    def python_type(self) -> Any:
+        """``bool``; ``list[str]`` for a list; else what the flag's ``type`` returns (``int`` or
+        ``float``) or ``str``; ``| None`` when the default is None."""
+        if self.is_bool:
+            return bool
+        if self.is_list:
+            return list[str]
+        returns = _return_type(self.flag.type)
+        scalar: Any = returns if returns in (int, float) else str
+        return scalar | None if self.flag.default is None else scalar
+
+    def dataclass_field(self, metadata: Mapping[str, Any]) -> Any:
+        """The ``dataclasses.field`` with the flag's default (lists as strings, by a factory)."""
+        default = self.flag.default
+        if self.is_list:
+            values = [str(value) for value in default] if default is not None else []
+            return dataclasses.field(default_factory=lambda: list(values), metadata=dict(metadata))
+        return dataclasses.field(default=default, metadata=dict(metadata))
+
+
+def _return_type(function: Callable[[str], Any] | None) -> Any:
+    if function is None:
+        return str
+    try:
+        return typing.get_type_hints(function).get("return", str)
+    except (TypeError, NameError):  # builtins such as str.lower have no hints
+        return str
+
+
+def host_flags() -> list[Flag]:
+    """Every standard flag a dataclass host takes: not the ones a host framework owns (Megatron-LM's
+    ``--log-interval``, ``--wandb-project``, ``--tensorboard-dir``...: the host logs) nor the metrics
+    writer's sink flags (the host's loggers are the sinks)."""
+    return [flag for group in registered_groups() for flag in group.flags
+            if not flag.host_owned and flag.option not in _WRITER_SINK_OPTIONS]
+
+
+def dataclass_fields(
+    fields: Sequence[FlagField],
+    metadata: Callable[[FlagField], Mapping[str, Any]] = lambda _: {},
+    annotate: Callable[[FlagField, Any], Any] = lambda _, kind: kind,
+) -> list[tuple[str, Any, Any]]:
+    """``(name, type, field)`` triples for ``dataclasses.make_dataclass``; ``metadata`` and
+    ``annotate`` let a host add what its parser reads (help, choices, ``Annotated`` markers)."""
+    return [(field.name, annotate(field, field.python_type()), field.dataclass_field(metadata(field)))
+            for field in fields]
+
+
+def namespace_from_fields(values: Mapping[str, Any], fields: Iterable[FlagField]) -> argparse.Namespace:
+    """The flags' namespace (``dest`` -> value) from a host dataclass's ``values``.
+
+    Each value goes through its flag's argparse ``type`` and ``choices``: raises
+    :class:`TorchProfileArgsError` naming the host's spelling of the option (``label``).
+    """
+    namespace = argparse.Namespace()
+    for field in fields:
+        value = values.get(field.name, field.flag.default)
+        setattr(namespace, field.flag.dest, _converted(field, value))
+    return namespace
+
+
+def _converted(field: FlagField, value: Any) -> Any:
+    if value is None or field.is_bool:
+        return bool(value) if field.is_bool and value is not None else value
+    if field.is_list:
+        if isinstance(value, str):
+            value = value.split()
+        return [_one(field, item) for item in value]
+    return _one(field, value)
+
+
+def _one(field: FlagField, value: Any) -> Any:
+    flag = field.flag
+    text = str(value)
+    try:
+        converted = flag.type(text) if flag.type is not None else text
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as err:
+        raise TorchProfileArgsError(f"{field.label}: {err}") from None
+    if flag.choices is not None and converted not in flag.choices:
+        raise TorchProfileArgsError(f"{field.label}: invalid choice {text!r} (choose from "
+                                    f"{', '.join(map(str, flag.choices))}).")
+    return converted
+
+
+_OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def respell(message: str, fields: Iterable[FlagField]) -> str:
+    """``message`` with every flag named as the host spells it (``--torch-profile-step-start`` ->
+    ``--torch_profile.step_start``); options the host does not know stay as they are."""
+    labels = {field.flag.option: field.label for field in fields}
+    return _OPTION.sub(lambda match: labels.get(match.group(0), match.group(0)), message)
