@@ -1,0 +1,225 @@
+"""The whole cost of a profiled window: the flush step's stall plus the slowdown of the steps after it
+while the exporter and the publisher run, against an unprofiled run of the same job.
+
+    python benchmarks/bench_window_cost.py [--repeats 5] [--layers 40] [--after 22]
+
+Two real gloo ranks (torchrun), a ``--layers``-layer MLP, both ranks traced: ``--torch-profile-
+skip-first 10``, warm-up 1, 3 active steps recorded with stacks, shapes and memory, then ``--after``
+steps.  Three modes, interleaved in each repeat so that they see the same machine load:
+
+  none     the same job without ``--torch-profile``
+  normal   ``--torch-profile-publisher-priority normal``: exporter and publisher at the trainer's
+           priority (the behaviour before the flag)
+  idle     ``--torch-profile-publisher-priority idle`` (default): nice 19, SCHED_IDLE, I/O idle
+
+Per run, rank 0's step times; the baseline per step is the median step of that repeat's ``none``
+run (its steps after the skipped first 10).  ``stall`` = the flush step minus the baseline;
+``after`` = the sum over the ``--after`` following steps of (step - baseline); ``recorded`` = the
+same over the 4 warm-up and recorded steps before the flush.  Medians over the repeats.  The
+profiler's own running estimate (``prof.stats``: ``flush_seconds_total``,
+``publishing_extra_seconds_total``, the goodput ledger's ``profiling`` entry) is printed beside.
+Target (issue 30): ``after`` at most 25 % of ``stall`` with ``idle`` on a 2-core machine.
+The load average is printed before and after: run it when the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SKIP_FIRST, WARMUP, ACTIVE = 10, 1, 3
+FLUSH = SKIP_FIRST + WARMUP + ACTIVE  # the iteration whose step writes the trace
+MODES = ("none", "normal", "idle")
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank of the job (under torchrun): per-step wall times and prof.stats into rank<R>.json."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from torchprof_args import TorchProfiler, add_torch_profile_args
+    from torchprof_args.atomic import write_json_atomically
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    layers: list[torch.nn.Module] = []
+    for _ in range(args.layers):
+        layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    inputs = torch.randn(args.batch, args.hidden)
+    flags = [
+        "--torch-profile-dir",
+        str(Path(args.out) / "prof"),
+        "--torch-profile-ranks",
+        "all",
+        "--torch-profile-skip-first",
+        str(SKIP_FIRST),
+        "--torch-profile-warmup",
+        str(WARMUP),
+        "--torch-profile-active",
+        str(ACTIVE),
+        "--torch-profile-repeat",
+        "1",
+        "--torch-profile-wait",
+        "0",
+        "--torch-profile-record-shapes",
+        "--torch-profile-profile-memory",
+        "--torch-profile-with-stack",
+    ]
+    if args.mode != "none":
+        flags += ["--torch-profile", "--torch-profile-publisher-priority", args.mode]
+    prof = TorchProfiler.from_args(add_torch_profile_args(argparse.ArgumentParser()).parse_args(flags))
+    times = []
+    with prof:
+        for iteration in range(1, FLUSH + args.after + 2):
+            started = time.perf_counter()
+            model(inputs).square().mean().backward()
+            for parameter in model.parameters():
+                dist.all_reduce(parameter.grad)
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step(iteration)
+            times.append(time.perf_counter() - started)
+        stats = prof.stats
+    write_json_atomically(Path(args.out) / f"rank{rank}.json", {"times": times, "stats": stats})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_job(mode: str, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="window-cost-") as out, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "TORCHPROF_LOG_LEVEL": "WARNING",
+            "TMPDIR": out,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            __file__,
+            "--worker",
+            "--mode",
+            mode,
+            "--out",
+            out,
+            "--layers",
+            str(args.layers),
+            "--hidden",
+            str(args.hidden),
+            "--batch",
+            str(args.batch),
+            "--after",
+            str(args.after),
+        ]
+        sock.close()
+        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+        if run.returncode != 0:
+            raise SystemExit(f"{mode} run failed:\n{(run.stdout + run.stderr)[-3000:]}")
+        return json.loads((Path(out) / "rank0.json").read_text())
+
+
+def costs(result: dict, baseline: float, after: int) -> dict[str, float]:
+    times = result["times"]
+    flush = FLUSH - 1  # index of the flush step
+    extra = [t - baseline for t in times]
+    stats = result["stats"]
+    return {
+        "stall": extra[flush],
+        "after": sum(extra[flush + 1 : flush + 1 + after]),
+        "recorded": sum(extra[SKIP_FIRST:flush]),
+        "est_stall": stats.get("flush_seconds_total", 0.0),
+        "est_after": stats.get("publishing_extra_seconds_total", 0.0),
+        "est_recorded": stats.get("recording_extra_seconds_total", 0.0),
+    }
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=40)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--after", type=int, default=22, help="steps after the flush that are counted")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip teardown, where torch's C++ threads sometimes abort on this CPU build
+    print(f"load average before: {load()} ({os.cpu_count()} CPUs)", flush=True)
+    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES if mode != "none"}
+    baselines = []
+    for repeat in range(args.repeats):
+        results = {mode: run_job(mode, args) for mode in MODES}
+        baseline = statistics.median(results["none"]["times"][SKIP_FIRST:])
+        baselines.append(baseline)
+        for mode in rows:
+            rows[mode].append(costs(results[mode], baseline, args.after))
+        print(
+            f"  repeat {repeat + 1}: baseline step {baseline * 1000:.1f} ms; "
+            + "; ".join(
+                f"{mode} stall {rows[mode][-1]['stall'] * 1000:.0f} ms, "
+                f"after {rows[mode][-1]['after'] * 1000:+.0f} ms"
+                for mode in rows
+            )
+            + f" (load {load()})",
+            flush=True,
+        )
+    print(
+        f"\nwindow cost on rank 0 (median of {args.repeats}; 2 gloo ranks, {args.layers}-layer MLP, "
+        f"{ACTIVE} active steps with stacks, shapes, memory; {args.after} steps after the flush; baseline "
+        f"step {statistics.median(baselines) * 1000:.1f} ms)"
+    )
+    print(
+        f"{'priority':10s}{'stall ms':>10s}{'after ms':>10s}{'after/stall':>12s}{'recorded ms':>13s}"
+        f"{'est stall':>11s}{'est after':>11s}{'est rec.':>10s}"
+    )
+    for mode, runs in rows.items():
+        med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        print(
+            f"{mode:10s}{med['stall'] * 1000:10.0f}{med['after'] * 1000:10.0f}"
+            f"{med['after'] / med['stall']:12.2f}"
+            f"{med['recorded'] * 1000:13.0f}{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
+            f"{med['est_recorded'] * 1000:10.0f}"
+        )
+    idle = [run["after"] / run["stall"] for run in rows["idle"]]
+    ratio = statistics.median(idle)
+    print(
+        f"\ntarget after/stall <= 0.25 with idle priority: {'met' if ratio <= 0.25 else 'NOT met'} "
+        f"(median {ratio:.2f}; per repeat {', '.join(f'{r:.2f}' for r in idle)})"
+    )
+    print(f"load average after: {load()}")
+
+
+if __name__ == "__main__":
+    main()
