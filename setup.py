@@ -14,6 +14,7 @@ EXTRAS = {
     "analysis": ["isal>=1.6"],
     "pyspy": ["py-spy>=0.3.14"],
     "gpu": ["nvidia-ml-py>=12.535"],  # NVML readings beside the step timers (clock, power, ECC/XID)
+    "prometheus": ["prometheus-client>=0.17"],  # --metrics-sinks prometheus: the /metrics endpoint
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline
