@@ -134,7 +134,12 @@ class PrometheusSink:
         )
         self._server = _serve(config.addr, config.port, app, self._warn_once)
         self.port = int(self._server.server_address[1])
-        threading.Thread(target=self._server.serve_forever, name="torchprof-prometheus", daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},  # close() waits for one poll at most
+            name="torchprof-prometheus",
+            daemon=True,
+        ).start()
         logger.info("serving Prometheus metrics on http://%s:%d/metrics", config.addr, self.port)
 
     def _warn_once(self, key: str, message: str) -> None:
