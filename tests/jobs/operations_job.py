@@ -16,7 +16,8 @@ the goodput ledger reads it:
 ``--progress FILE``: rank 0 records the last finished iteration after every step (the test kills the
 job from there).  ``--hold FILE``: after the last iteration every rank waits (at most 60 s) until
 FILE exists before closing the writer (a scraper reads the final values meanwhile).  Each rank
-writes ``--result-dir/rank<R>.json``: ``ready`` (after the imports), its ``prof.stats``.
+writes ``--result-dir/startup_rank<R>.json`` before its writer starts (``process_start``, ``ready``:
+after the imports, ``before_sleep``, ``after_sleep``) and ``rank<R>.json`` at the end (``prof.stats``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from torchprof_args import MetricsWriter, Timers, TorchProfiler, add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
+from torchprof_args.metrics.runlog import process_start_time
 
 READY = time.time()
 
@@ -74,7 +76,17 @@ def main() -> int:
         start = json.loads(Path(args.checkpoint).read_text())["iteration"]
         time.sleep(args.load_sleep)
         timers("load-checkpoint").stop()
+    before_sleep = time.time()
     time.sleep(args.startup_sleep)
+    write_json_atomically(
+        os.path.join(args.result_dir, f"startup_rank{rank}.json"),
+        {
+            "process_start": process_start_time(),
+            "ready": READY,
+            "before_sleep": before_sleep,
+            "after_sleep": time.time(),
+        },
+    )
     prof = TorchProfiler.from_args(args, start_iteration=start)
     with prof:
         writer = MetricsWriter.from_args(args, timers=timers, start_iteration=start)

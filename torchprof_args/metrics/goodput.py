@@ -177,20 +177,16 @@ def _segment_pieces(
                 {"startup": startup - in_startup, "checkpoint": in_startup},
             )
         )
-    totals = dict.fromkeys((*PROFILING_TOTALS.values(), COST_TOTAL), 0.0)
-    walls = []
-    for record in records:
-        piece = _interval(record, previous_time, previous_iteration, timers, totals, load, resume)
-        load = 0.0
-        if piece is not None:
-            pieces.append(piece)
-            walls.append(piece.end - piece.start)
-        previous_time, previous_iteration = record["timestamp"], record["iteration"]
+    intervals = _intervals(records, previous_time, previous_iteration, timers, load)
+    quiet = _quiet_step(intervals)
+    pieces += [_interval_piece(interval, quiet, resume) for interval in intervals]
+    walls = [interval.end - interval.start for interval in intervals]
     finish = open_end if open_end is not None else segment.finish
-    if finish is not None and finish > previous_time:
+    last = records[-1]["timestamp"]
+    if finish is not None and finish > last:
         pieces.append(
             _tail(
-                previous_time,
+                last,
                 finish,
                 statistics.median(walls) if walls else 0.0,
                 restarted=following is not None and segment.end is None,
@@ -200,39 +196,97 @@ def _segment_pieces(
     return pieces
 
 
-def _interval(
-    record: Mapping[str, Any],
+@dataclasses.dataclass
+class _Interval:
+    """One log interval: its span and steps, the step timers' seconds by category, the profiler's
+    measured stalls and estimated extra time (by part) in it."""
+
+    start: float
+    end: float
+    iteration: int
+    steps: int
+    timed: dict[str, float]
+    stalls: dict[str, float]
+    extras: dict[str, float]
+
+    @property
+    def measured(self) -> float:
+        return sum(self.timed.values()) + sum(self.stalls.values())
+
+
+def _intervals(
+    records: Sequence[Mapping[str, Any]],
     start: float,
     first_iteration: int,
     timers: Mapping[str, Sequence[str]],
-    totals: dict[str, float],
     load: float,
-    resume: int | None,
-) -> _Piece | None:
-    """One log interval: its timers' categories, the profiler's cost growth, the rest productive (or
-    redone after a restart)."""
-    end, iteration, metrics = record["timestamp"], record["iteration"], record["metrics"]
-    wall, steps = end - start, iteration - first_iteration
-    if wall <= 0:
-        return None
+) -> list[_Interval]:
+    totals = dict.fromkeys((*PROFILING_TOTALS.values(), COST_TOTAL), 0.0)
+    out = []
+    for record in records:
+        end, iteration, metrics = record["timestamp"], record["iteration"], record["metrics"]
+        steps = iteration - first_iteration
+        cost = _growth(metrics, COST_TOTAL, totals)
+        grown = {name: _growth(metrics, key, totals) for name, key in PROFILING_TOTALS.items()}
+        if not any(key in metrics for key in PROFILING_TOTALS.values()):
+            grown["flush"] = cost  # only the total (an older writer): count it as measured
+        if end > start:
+            timed = {
+                category: _timer_seconds(metrics, names, max(steps, 0)) for category, names in timers.items()
+            }
+            timed["checkpoint"] = timed.get("checkpoint", 0.0) + load
+            load = 0.0
+            out.append(
+                _Interval(
+                    start,
+                    end,
+                    iteration,
+                    steps,
+                    timed,
+                    {k: grown[k] for k in ("flush", "snapshot")},
+                    {k: grown[k] for k in ("recording", "publishing")},
+                )
+            )
+        start, first_iteration = end, iteration
+    return out
+
+
+def _quiet_step(intervals: Sequence[_Interval]) -> float:
+    """Seconds per step left by the timers and stalls in the intervals without estimated profiling time
+    (all of them when none is without): the pace of an undisturbed step."""
+    quiet = [i for i in intervals if i.steps > 0 and not any(i.extras.values())] or [
+        i for i in intervals if i.steps > 0
+    ]
+    paces = [max(0.0, i.end - i.start - i.measured) / i.steps for i in quiet]
+    return statistics.median(paces) if paces else 0.0
+
+
+def _interval_piece(interval: _Interval, quiet: float, resume: int | None) -> _Piece:
+    """The interval's split: the timers' categories and the profiler's stalls as measured, its
+    estimated extra time no more than what is left above ``quiet`` steps (the estimate counts a
+    checkpoint taken during a recorded step as slowdown too), the rest productive (or redone after a
+    restart)."""
+    wall, steps = interval.end - interval.start, interval.steps
     if steps <= 0:
-        return _Piece(start, end, {"other": wall})
-    split = {category: _timer_seconds(metrics, names, steps) for category, names in timers.items()}
-    split["checkpoint"] = split.get("checkpoint", 0.0) + load
-    split["profiling"] = _growth(metrics, COST_TOTAL, totals)
-    parts = {name: _growth(metrics, key, totals) for name, key in PROFILING_TOTALS.items()}
+        return _Piece(interval.start, interval.end, {"other": wall})
+    parts = dict(interval.stalls)
+    room = max(0.0, wall - interval.measured - steps * quiet)
+    estimated = sum(interval.extras.values())
+    scale = min(1.0, room / estimated) if estimated > 0 else 0.0
+    parts.update({k: v * scale for k, v in interval.extras.items()})
+    split = {**interval.timed, "profiling": sum(parts.values())}
     lost = sum(split.values())
     if lost > wall:  # overlapping timers: scale down to the interval
         split = {k: v * wall / lost for k, v in split.items()}
         parts = {k: v * wall / lost for k, v in parts.items()}
         lost = wall
     productive = wall - lost
-    redone = (
-        0.0 if resume is None or iteration <= resume else productive * min(1.0, (iteration - resume) / steps)
-    )
+    redone = 0.0
+    if resume is not None and interval.iteration > resume:
+        redone = productive * min(1.0, (interval.iteration - resume) / steps)
     split.update({PRODUCTIVE: productive - redone, "restart": redone})
     split.update({f"profiling:{name}": seconds for name, seconds in parts.items()})
-    return _Piece(start, end, split)
+    return _Piece(interval.start, interval.end, split)
 
 
 def _tail(last_record: float, finish: float, usual: float, *, restarted: bool, running: bool) -> _Piece:

@@ -14,8 +14,10 @@ over a baseline: the mean step time of the recent *quiet* stretches (steps betwe
 profiler's busy steps with nothing recorded and nothing being published).  The profiler timestamps
 only its busy steps (and, while a publisher runs, every step: one ``perf_counter`` call each), so
 idle steps keep their one-comparison hot path.  A stretch measured before any quiet one waits for
-the first baseline.  The goodput ledger (``torchprof goodput``) reads these totals from
-``metrics.jsonl`` as its ``profiling`` entry.
+the first baseline.  The extra time is an upper bound: whatever else slowed those steps (a
+checkpoint saved during a recorded step) counts too; the goodput ledger (``torchprof goodput``),
+which reads these totals from ``metrics.jsonl``, keeps of it only what the step timers leave
+unexplained in each log interval.
 """
 
 from __future__ import annotations
