@@ -67,6 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="smallest change reported, percent (default 0.5)",
     )
     parser.add_argument(
+        "--quantile",
+        type=float,
+        default=0.1,
+        metavar="Q",
+        help="a run's level for the run-to-run test: this quantile of its samples (1-Q where higher is "
+        "better); low, because neighbours only add time (default 0.1)",
+    )
+    parser.add_argument(
         "--skip-first",
         type=int,
         default=1,
@@ -106,9 +114,10 @@ def _run(args: argparse.Namespace) -> int:
         patterns = [re.compile(p) for p in args.series]
         for run in (*baseline, *inputs):
             run.series = {k: v for k, v in run.series.items() if any(p.search(k) for p in patterns)}
-    doc = trend(
-        inputs, baseline, rule=Rule(args.alpha, args.z_threshold, args.min_change), splits=args.splits
-    )
+    if not 0 < args.quantile < 1:
+        raise TraceError(f"--quantile {args.quantile:g}: expected a fraction between 0 and 1 (e.g. 0.1)")
+    rule = Rule(args.alpha, args.z_threshold, args.min_change, args.quantile)
+    doc = trend(inputs, baseline, rule=rule, splits=args.splits)
     if not doc["series"]:
         raise TraceError(
             "the runs share no series to compare (check --series and that the baseline runs logged "

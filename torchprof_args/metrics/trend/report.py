@@ -36,6 +36,7 @@ def trend(
         if not runs or _all_zero(name, baseline, inputs):
             continue
         higher = runs[0].higher_is_better
+        q = 1.0 - rule.quantile if higher else rule.quantile
         results = []
         for run in inputs:
             own = run.series.get(name)
@@ -47,7 +48,9 @@ def trend(
                     "path": run.path,
                     "label": run.label,
                     "median": result.median,
+                    "level": result.level,
                     "change_pct": _finite(result.change_pct),
+                    "median_change_pct": _finite(result.median_change_pct),
                     "p_value": result.p_value,
                     "z": _finite(result.z),
                     "samples": result.samples,
@@ -61,10 +64,13 @@ def trend(
                 "name": name,
                 "unit": runs[0].unit,
                 "higher_is_better": higher,
+                "quantile": q,
                 "baseline": {
                     "runs": len(runs),
                     "median": float(np.median([v for r in runs for v in r.samples])),
+                    "level": _quantile([v for r in runs for v in r.samples], q),
                     "run_medians": [float(np.median(r.samples)) for r in runs],
+                    "run_levels": [_quantile(r.samples, q) for r in runs],
                     "labels": [run.label for run in baseline if name in run.series],
                 },
                 "results": results,
@@ -91,7 +97,12 @@ def trend(
     ]
     return {
         "version": VERSION,
-        "rule": {"alpha": rule.alpha, "z_threshold": rule.z_threshold, "min_change_pct": rule.min_change_pct},
+        "rule": {
+            "alpha": rule.alpha,
+            "z_threshold": rule.z_threshold,
+            "min_change_pct": rule.min_change_pct,
+            "quantile": rule.quantile,
+        },
         "baseline": [run.path for run in baseline],
         "inputs": [run.path for run in inputs],
         "series": series_docs,
@@ -143,6 +154,12 @@ def _noise_check(
     return {"splits": splits, "flagged": flagged, "false_positive_rate": flagged / splits}
 
 
+def _ordinal(fraction: float) -> str:
+    number = round(fraction * 100)
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
 def _value(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value * 1e3:.2f} ms"
@@ -155,20 +172,25 @@ def format_trend(doc: dict[str, Any]) -> str:
     lines = [
         f"trend: {len(doc['inputs'])} run(s) against a baseline of {len(base)} run(s) "
         f"(U test p < {doc['rule']['alpha']:g}, modified z > {doc['rule']['z_threshold']:g}, change >= "
-        f"{doc['rule']['min_change_pct']:g} %)"
+        f"{doc['rule']['min_change_pct']:g} %)",
+        f"level: the {_ordinal(doc['rule']['quantile'])} percentile of a run's samples (the "
+        f"{_ordinal(1 - doc['rule']['quantile'])} where higher is better); median: the median's change",
     ]
     for path in doc["inputs"]:
         lines += [
             "",
             f"{path}:",
-            f"  {'series':34s}{'baseline':>14s}{'this run':>14s}{'change':>9s}{'p':>10s}{'z':>8s}  verdict",
+            f"  {'series':34s}{'baseline':>12s}{'this run':>12s}{'change':>9s}{'median':>9s}{'p':>9s}"
+            f"{'z':>7s}"
+            "  verdict",
         ]
         for series in doc["series"]:
             for r in series["results"]:
                 if r["path"] != path:
                     continue
                 change = "n/a" if r["change_pct"] is None else f"{r['change_pct']:+.1f} %"
-                p = "n/a" if r["p_value"] is None else f"{r['p_value']:.1e}"
+                median = "n/a" if r["median_change_pct"] is None else f"{r['median_change_pct']:+.1f} %"
+                p = "n/a" if r["p_value"] is None else f"{r['p_value']:.0e}"
                 z = (
                     "inf"
                     if r["z"] is None and r["verdict"] != "same"
@@ -176,8 +198,9 @@ def format_trend(doc: dict[str, Any]) -> str:
                 )
                 verdict = r["verdict"].upper() if r["verdict"] != "same" else "same"
                 lines.append(
-                    f"  {series['name']:34s}{_value(series['baseline']['median'], series['unit']):>14s}"
-                    f"{_value(r['median'], series['unit']):>14s}{change:>9s}{p:>10s}{z:>8s}  {verdict}"
+                    f"  {series['name']:34s}{_value(series['baseline']['level'], series['unit']):>12s}"
+                    f"{_value(r['level'], series['unit']):>12s}{change:>9s}{median:>9s}{p:>9s}{z:>7s}"
+                    f"  {verdict}"
                 )
     lines.append("")
     if doc["regressions"]:
@@ -204,8 +227,9 @@ def format_trend(doc: dict[str, Any]) -> str:
 
 
 def render_trend_html(doc: dict[str, Any]) -> str:
-    """A self-contained page: per series, each run's median and p10-p90 (baseline grey, others blue,
-    regressions red) over the baseline's median and its run-to-run band (median +- z x MAD)."""
+    """A self-contained page: per series, each run's level (baseline grey, others blue, regressions
+    red; their p10-p90 as a bar) over the baseline runs' median level and its run-to-run band (the
+    levels a run may have and not be flagged: median +- z x MAD / 0.6745)."""
     panels = [_series_svg(series, doc["rule"]["z_threshold"]) for series in doc["series"]]
     items = []
     for r in doc["regressions"]:
@@ -223,12 +247,12 @@ def render_trend_html(doc: dict[str, Any]) -> str:
 
 def _series_svg(series: dict[str, Any], z_threshold: float, width: int = 460, height: int = 240) -> str:
     base = series["baseline"]
-    points = [(label, m, m, m, "#888") for label, m in zip(base["labels"], base["run_medians"], strict=False)]
+    points = [(label, m, m, m, "#888") for label, m in zip(base["labels"], base["run_levels"], strict=False)]
     colour = {"regression": "#d62728", "improvement": "#2ca02c", "same": "#1f77b4"}
-    points += [(r["label"], r["median"], r["p10"], r["p90"], colour[r["verdict"]]) for r in series["results"]]
-    medians = np.asarray(base["run_medians"], dtype=float)
-    centre = float(np.median(medians))
-    band = z_threshold * float(np.median(np.abs(medians - centre))) / 0.6745
+    points += [(r["label"], r["level"], r["p10"], r["p90"], colour[r["verdict"]]) for r in series["results"]]
+    levels = np.asarray(base["run_levels"], dtype=float)
+    centre = float(np.median(levels))
+    band = z_threshold * float(np.median(np.abs(levels - centre))) / 0.6745
     values = [v for p in points for v in p[1:4]] + [centre - band, centre + band]
     low, high = min(values), max(values)
     span = (high - low) or abs(high) or 1.0
