@@ -64,13 +64,15 @@ class ProfilingCost:
         self._unresolved: list[tuple[StepState, int, float]] = []
         self._mark: tuple[int, float, StepState] | None = None
 
-    def resume(self, iteration: int, recording: bool, writer: Publishing | None) -> bool:
+    def resume(
+        self, iteration: int, recording: bool, writer: Publishing | None, now: float | None = None
+    ) -> bool:
         """The profiler's work at the step ending ``iteration`` is done: the following steps are
         recorded, or run beside this rank's publishers, or are quiet.  Returns whether a publisher
         runs (then the profiler stops the clock at every step)."""
         publishing = writer is not None and writer.in_flight > 0
         state = StepState.RECORDING if recording else StepState.PUBLISHING if publishing else StepState.QUIET
-        self._mark = (iteration, time.perf_counter(), state)
+        self._mark = (iteration, time.perf_counter() if now is None else now, state)
         return state is StepState.PUBLISHING
 
     def arrive(self, iteration: int, now: float | None = None) -> None:
