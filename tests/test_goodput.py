@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import kill_job, rank_results, run_torchrun, start_torchrun
 
@@ -294,3 +295,20 @@ def test_goodput_of_a_job_with_known_costs_killed_and_restarted(tmp_path: Path) 
         <= sum(m["profiler/cost_seconds_total"] for m in final)
     )
     assert rank_results(tmp_path / "results")[0]["start"] == 12
+
+
+@pytest.mark.slow
+def test_operations_guide_goodput_example(tmp_path: Path) -> None:
+    """The guide's example, verbatim: a run that starts slowly and checkpoints, then a restart from its
+    last checkpoint; the ledger's checkpoint and evaluation time are the job's sleeps."""
+    proc = run_doc_example("operations-goodput", tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "goodput of run/metrics.jsonl: 2 run(s), 1 restart(s)" in proc.stdout
+    segments = read_runs(tmp_path / "run" / "metrics.jsonl")
+    assert [s.marker.start_iteration for s in segments] == [0, 24] and all(s.end for s in segments)
+    lost = build_ledger(segments).lost_s
+    assert lost["checkpoint"] == pytest.approx(
+        7 * 1.0 + 1.0, rel=0.1
+    )  # saves at 8, 16, 24, 32, ..., 56; the load
+    assert lost["evaluation"] == pytest.approx(3 * 0.5, rel=0.1)  # at 20, then 40 and 60 after the restart
+    assert lost["restart"] > 0 and lost["startup"] > 3.0

@@ -3,6 +3,7 @@ and a real Prometheus server scrapes a real 2-rank gloo job (plus the Grafana da
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
@@ -14,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import free_port, rank_results, run_torchrun, start_torchrun
 from helpers.prometheus import PrometheusServer, prometheus_binary
@@ -307,3 +309,23 @@ def test_real_prometheus_scrapes_a_two_rank_job_through_restart_and_port_taken(t
     records = read_metrics_file(tmp_path / "third" / "metrics" / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [2, 4, 6, 8]
     assert set(rank_results(tmp_path / "third" / "results")) == {0, 1}
+
+
+@pytest.mark.slow
+def test_operations_guide_prometheus_example(tmp_path: Path) -> None:
+    """The guide's example, verbatim: a 2-rank job scraped by curl after its last step, then the
+    Grafana dashboard written."""
+    port = free_port()
+    proc = run_doc_example("operations-prometheus", tmp_path, PROMETHEUS_PORT=str(port))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    scraped = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines() if line.startswith("torchprof_"))
+    assert float(scraped["torchprof_iteration"]) == 8.0
+    record = read_metrics_file(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert float(scraped["torchprof_iteration_time"]) == record["metrics"]["iteration-time"]
+    slow, fast = (
+        float(scraped[f'torchprof_timers_batch_generator_time_by_rank{{rank="{r}"}}']) for r in (1, 0)
+    )
+    assert slow > fast + 0.005
+    assert sum(1 for key in scraped if key.startswith("torchprof_goodput_lost_seconds{")) == 8
+    assert "wrote grafana.json" in proc.stdout
+    assert json.loads((tmp_path / "grafana.json").read_text())["uid"] == "torchprof-step-timings"

@@ -7,14 +7,11 @@ import itertools
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.paths import REPO
-from helpers.processes import subprocess_env
+from helpers.examples import run_doc_example
 
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.runlog import RunMarker
@@ -27,8 +24,6 @@ from torchprof_args.metrics.trend.change_test import (
 )
 from torchprof_args.metrics.trend.report import format_trend, render_trend_html, trend
 from torchprof_args.metrics.trend.series import RunData, read_input
-
-JOB = REPO / "tests" / "jobs" / "trend_job.py"
 
 
 def test_u_statistic_and_p_value_match_the_exact_distribution() -> None:
@@ -163,18 +158,17 @@ def test_trend_command_last_run_against_the_others_and_errors(tmp_path: Path, ca
 
 @pytest.mark.slow
 def test_ten_runs_alike_and_one_three_percent_slower(tmp_path: Path, capsys) -> None:
-    """Ten runs of a real CPU job (per-step samples, the machine's run-to-run noise) and one whose step
-    is 3 % slower: no run of the ten is flagged against the other nine, the slower one is, and the
-    rule's false-positive rate over random splits of the ten is printed."""
+    """The operations guide's example: ten runs of a real CPU job (per-step samples, the machine's
+    run-to-run noise) and one whose step is 3 % slower.  No run of the ten is flagged against the other
+    nine, the slower one is, and the rule's false-positive rate over random splits is printed."""
+    proc = run_doc_example("operations-trend", tmp_path, timeout=600, TORCHPROF_LOG_LEVEL="WARNING")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "noise check: the same rule flags" in proc.stdout
+    assert (tmp_path / "trend.html").read_text().count("<svg class='trend'") == 1
     out = tmp_path / "runs"
-    subprocess.run(
-        [sys.executable, str(JOB), str(out), "--runs", "10", "--slower", "3", "--steps", "60"],
-        check=True,
-        timeout=600,
-        env=subprocess_env(TORCHPROF_LOG_LEVEL="WARNING"),
-    )
     runs = sorted(str(p) for p in out.glob("run*"))
     baseline = [read_input(p) for p in runs]
+    assert len(baseline) == 10
     for index, run in enumerate(baseline):
         others = baseline[:index] + baseline[index + 1 :]
         assert not trend([run], others, splits=0)["regressions"], f"{run.path} flagged against the others"
@@ -192,9 +186,9 @@ def test_ten_runs_alike_and_one_three_percent_slower(tmp_path: Path, capsys) -> 
     levels = np.asarray(series["baseline"]["run_levels"])
     noise = float(np.median(np.abs(levels - np.median(levels)))) / 0.6745 / float(np.median(levels)) * 100
     if result["change_pct"] < Rule().z_threshold * noise:
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
         pytest.skip(
-            f"the machine's run-to-run noise now ({noise:.2f} % per run, load "
-            f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}) hides a 3 % change: "
+            f"the machine's run-to-run noise now ({noise:.2f} % per run, load {load}) hides a 3 % change: "
             "not flagging it is right; rerun on a quieter machine to see it flagged"
         )
     assert [r["series"] for r in doc["regressions"]] == ["iteration-time"], format_trend(doc)
