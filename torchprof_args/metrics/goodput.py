@@ -66,6 +66,8 @@ class Ledger:
     profiling_s: dict[str, float] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(PROFILING_TOTALS, 0.0)
     )
+    #: windows the profiler skipped because publishing was behind (they cost nothing: not recorded)
+    windows_skipped: int = 0
     runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -83,6 +85,7 @@ class Ledger:
             "goodput": self.goodput,
             "lost_s": dict(self.lost_s),
             "profiling_s": dict(self.profiling_s),
+            "windows_skipped": self.windows_skipped,
             "runs": self.runs,
             "notes": self.notes,
         }
@@ -178,6 +181,7 @@ def _segment_pieces(
             )
         )
     intervals = _intervals(records, previous_time, previous_iteration, timers, load)
+    ledger.windows_skipped += int(records[-1]["metrics"].get("profiler/windows_skipped", 0))
     quiet = _quiet_step(intervals)
     pieces += [_interval_piece(interval, quiet, resume) for interval in intervals]
     walls = [interval.end - interval.start for interval in intervals]
@@ -358,7 +362,8 @@ def format_ledger(ledger: Ledger, source: str) -> str:
             parts = ledger.profiling_s
             why = (
                 f"flush stalls {parts['flush']:.2f} s, snapshots {parts['snapshot']:.2f} s, recorded steps "
-                f"{parts['recording']:.2f} s, steps beside the publisher {parts['publishing']:.2f} s"
+                f"{parts['recording']:.2f} s, steps beside the publisher {parts['publishing']:.2f} s; "
+                f"{ledger.windows_skipped} window(s) skipped"
             )
         lines.append(f"    {category:<10s}{seconds:10.1f} s {seconds / wall:7.1%}  {why}")
     lines += [f"  note: {note}" for note in dict.fromkeys(ledger.notes)]
