@@ -69,10 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quantile",
         type=float,
-        default=0.1,
+        default=0.25,
         metavar="Q",
         help="a run's level for the run-to-run test: this quantile of its samples (1-Q where higher is "
-        "better); low, because neighbours only add time (default 0.1)",
+        "better); low, because neighbours only add time (default 0.25)",
     )
     parser.add_argument(
         "--skip-first",
@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         for run in (*baseline, *inputs):
             run.series = {k: v for k, v in run.series.items() if any(p.search(k) for p in patterns)}
     if not 0 < args.quantile < 1:
-        raise TraceError(f"--quantile {args.quantile:g}: expected a fraction between 0 and 1 (e.g. 0.1)")
+        raise TraceError(f"--quantile {args.quantile:g}: expected a fraction between 0 and 1 (e.g. 0.25)")
     rule = Rule(args.alpha, args.z_threshold, args.min_change, args.quantile)
     doc = trend(inputs, baseline, rule=rule, splits=args.splits)
     if not doc["series"]:

@@ -8,10 +8,11 @@ Two questions, both must say yes before a change is reported:
    slow phase lasts several steps), so its p-value alone overstates the confidence; hence 2.
 2. **Is it beyond the run-to-run noise?**  The modified z-score (Iglewicz and Hoaglin) of the run's
    *level* among the baseline runs' levels: ``0.6745 (m - median(M)) / MAD(M)``.  A run's level is a
-   low quantile of its samples (:attr:`Rule.quantile`, the 10th percentile; the 90th where higher is
+   low quantile of its samples (:attr:`Rule.quantile`, the lower quartile; the upper where higher is
    better): on a shared machine the neighbours only ever add time to a step, so the steps nobody
    slowed move with the code and hardly with the load (measured: the runs' medians spread over 13 %
-   on a loaded 2-core machine, their 10th percentiles over 2.6 %).  Needs at least
+   on a loaded 2-core machine, their lower quartiles over 3.5 %; lower quantiles still, down to the
+   minimum, were no steadier there: the host's load shifts even a run's best steps).  Needs at least
    :data:`MIN_RUNS_FOR_Z` baseline runs; with fewer, only the U test is applied.
 
 A change is reported with its size (the run's level over the baseline's, in percent; the medians'
@@ -56,7 +57,7 @@ class Rule:
     z_threshold: float = 3.5
     min_change_pct: float = 0.5
     #: the quantile of a run's samples that is its level (1 - it where higher is better)
-    quantile: float = 0.1
+    quantile: float = 0.25
 
 
 DEFAULT_RULE = Rule()
