@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from torchprof_args.runtime.cost import ProfilingCost
+from torchprof_args.runtime.export import publisher
 from torchprof_args.runtime.export.child import fork_export
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.priority import (
@@ -129,3 +130,15 @@ def test_cost_clock_stalls_and_extra_time_over_the_quiet_pace() -> None:
     assert figures["flush_seconds_total"] == 0.5 and figures["snapshot_seconds_total"] == 0.25
     assert figures["cost_seconds_total"] == pytest.approx(0.5 + 0.25 + 0.05 + 0.03)
     assert cost.last_stall == 0.25
+
+
+def test_the_publisher_run_in_process_leaves_its_caller_s_priority_alone(tmp_path: Path) -> None:
+    """Only ``--priority idle`` (what the writer passes) lowers the process: a publisher run in
+    process (tests, tools) without it must not leave its caller at SCHED_IDLE."""
+    before = _priority()
+    staging, output = tmp_path / "staging", tmp_path / "out"
+    staging.mkdir()
+    output.mkdir()
+    argv = [str(staging / "missing.job.json"), "--staging", str(staging), "--output", str(output)]
+    assert publisher.main(argv) == 2
+    assert _priority() == before

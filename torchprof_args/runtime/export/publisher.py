@@ -36,7 +36,7 @@ from torchprof_args.runtime.export.job import (
     PublishJob,
     report_status,
 )
-from torchprof_args.runtime.export.priority import IDLE, PRIORITIES, lower_to_background
+from torchprof_args.runtime.export.priority import IDLE, NORMAL, PRIORITIES, lower_to_background
 
 __all__ = ["PublishJob", "publish", "publisher_argv", "publisher_env"]
 
@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staging", action="append", required=True, help="a staging directory (repeatable)")
     parser.add_argument("--output", required=True, help="the output directory")
     parser.add_argument("--status-fd", type=int, default=None)
-    parser.add_argument("--priority", choices=PRIORITIES, default=IDLE,
-                        help="idle: the lowest CPU and I/O priority (--torch-profile-publisher-priority)")
+    parser.add_argument("--priority", choices=PRIORITIES, default=NORMAL,
+                        help="idle: lower this process to the lowest CPU and I/O priority "
+                             "(--torch-profile-publisher-priority); normal (default): leave it as it is")
     args = parser.parse_args(argv)
     if args.priority == IDLE:
         for skipped in lower_to_background():  # TORCHPROF_LOG_LEVEL=DEBUG shows what this platform lacks
