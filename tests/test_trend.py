@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.examples import run_doc_example
+from helpers.paths import REPO
 
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.runlog import RunMarker
@@ -192,3 +193,25 @@ def test_ten_runs_alike_and_one_three_percent_slower(tmp_path: Path, capsys) -> 
     (result,) = series["results"]
     assert 1.5 < result["change_pct"] < 4.5  # the 3 % the job added, as measured
     assert [r["series"] for r in doc["regressions"]] == ["iteration-time"], format_trend(doc)
+
+
+@pytest.mark.slow
+def test_series_from_traces_step_times_and_findings(tmp_path: Path) -> None:
+    """Cycle folders of real traces (tests/data's H200 pair: the same job, clean and with injected
+    faults): each step's time and every diagnose finding's saving become series."""
+    cycles = {}
+    for name in ("clean", "faulty"):
+        folder = tmp_path / name / "iter000010-000012"
+        folder.mkdir(parents=True)
+        (folder / "rank00000_h200_pid1.pt.trace.json.gz").write_bytes(
+            (REPO / "tests" / "data" / f"gpu_1rank_h200_torchprof_{name}.json.gz").read_bytes()
+        )
+        cycles[name] = read_input(str(tmp_path / name))
+    for data in cycles.values():
+        assert len(data.series["trace/step-ms"].samples) >= 2
+        assert all(len(s.samples) == 1 for n, s in data.series.items() if n.startswith("diagnose/"))
+    found = {n for n, s in cycles["faulty"].series.items() if n.startswith("diagnose/") and s.samples[0] > 0}
+    assert found, "the faulty trace has findings"
+    doc = trend([cycles["faulty"]], [cycles["clean"]], splits=0)
+    assert {s["name"] for s in doc["series"]} >= {"trace/step-ms"} | found
+    assert doc["noise_check"] is None  # one baseline run: no splits to check
