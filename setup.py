@@ -19,6 +19,7 @@ EXTRAS = {
     "lightning": ["lightning>=2.4"],  # torchprof_args.lightning
     # torchprof_args.torchtitan: torchtitan 0.3's config registry (Python 3.11+, like torchtitan)
     "torchtitan": ["torchtitan>=0.3; python_version >= '3.11'"],
+    "prometheus": ["prometheus-client>=0.17"],  # --metrics-sinks prometheus: the /metrics endpoint
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers.examples import run_doc_example
 
+from torchprof_args.metrics.runlog import is_marker
+
 
 def _profiler_steps(path: Path) -> list[int]:
     with gzip.open(path, "rt") as handle:
@@ -48,7 +50,8 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
     assert len(published) == 1 and "rank 0]" in published[0], published  # DeepSpeed writes it on rank 0 only
     assert not list(prof.rglob(".partial-*"))
 
-    records = [json.loads(line) for line in (prof / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (prof / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in lines if not is_marker(r)]  # each run's run / run_end lines are not intervals
     assert [r["iteration"] for r in records][:3] == [2, 4, 6]
     for name in ("fwd", "bwd", "bwd_allreduce", "step"):
         assert records[0]["metrics"][f"deepspeed/{name}-ms"] > 0

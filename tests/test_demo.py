@@ -12,6 +12,8 @@ import pytest
 from helpers.paths import REPO
 from helpers.processes import run_torchrun, subprocess_env
 
+from torchprof_args.metrics.runlog import is_marker
+
 pytestmark = pytest.mark.slow
 
 SEED_FLAG_BLOCK = [
@@ -50,7 +52,8 @@ def test_two_rank_training_job_traces_both_ranks(tmp_path):
     _tools_use_the_sidecars(tb, cycles)
     assert "iteration    6/6" in run.stdout
     # Step timers of both ranks reach the metrics file, including the profiler's own step.
-    records = [json.loads(line) for line in (tb / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tb / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in lines if not is_marker(r)]  # each run's run / run_end lines are not intervals
     assert [r["iteration"] for r in records] == [2, 4, 6]
     for key in ("timers/forward-backward-time", "timers/optimizer-time", "timers/batch-generator-time",
                 "timers/profiler-step-time", "iteration-time", "throughput/tokens-per-sec"):

@@ -32,6 +32,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.commands.pyspy",
     "torchprof_args.commands.nsys",
     "torchprof_args.commands.dashboard",
+    "torchprof_args.commands.goodput",
+    "torchprof_args.commands.trend",
     "torchprof_args.commands.trigger",
 )
 

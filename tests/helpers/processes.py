@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -65,3 +66,30 @@ def rank_results(result_dir: str | Path) -> dict[int, dict]:
     """The ``rank<R>.json`` files the test jobs write (per-rank files: torchrun interleaves stdout)."""
     return {entry["rank"]: entry for entry in
             (json.loads(path.read_text()) for path in sorted(Path(result_dir).glob("rank*.json")))}
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def kill_job(launcher: subprocess.Popen[str]) -> None:
+    """SIGKILL a job started by :func:`start_torchrun` as a node failure would: every rank (torchrun
+    starts each in a session of its own) with what it forked, then the launcher."""
+    import signal
+
+    for rank in children(launcher.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rank, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()

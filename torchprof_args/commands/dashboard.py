@@ -3,6 +3,7 @@
     torchprof dashboard RUN_DIR -o timings.html         # from RUN_DIR/metrics.jsonl, no network
     torchprof dashboard RUN_DIR --wandb --dry-run       # print the wandb workspace it would save
     torchprof dashboard RUN_DIR --wandb                 # save it (needs wandb login and a synced run)
+    torchprof dashboard --grafana grafana.json          # the same panels as a Grafana dashboard (Prometheus)
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="with --wandb: print the view as JSON, send nothing")
     parser.add_argument("--write-spec", metavar="JSON", help="write the built-in panel spec to JSON and exit")
+    parser.add_argument("--grafana", metavar="JSON",
+                        help="write the panels as a Grafana dashboard over the Prometheus sink's series "
+                             "(--metrics-sinks prometheus) and exit; import it in Grafana")
     parser.set_defaults(func=_run)
 
 
@@ -54,12 +58,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.write_spec:
         write_text_atomically(Path(args.write_spec), json.dumps(DEFAULT_SPEC, indent=2) + "\n")
         return 0
-    if not args.run_dir:
-        raise CommandError("give RUN_DIR (the --metrics-dir of a run) or --write-spec JSON.")
     try:
         spec = load_spec(args.spec)
     except ValueError as err:
         raise CommandError(str(err)) from None
+    if args.grafana:
+        from torchprof_args.metrics.dashboard.grafana import grafana_dashboard
+
+        write_text_atomically(Path(args.grafana), json.dumps(grafana_dashboard(spec), indent=2) + "\n")
+        print(f"wrote {args.grafana}")
+        return 0
+    if not args.run_dir:
+        raise CommandError("give RUN_DIR (the --metrics-dir of a run), --grafana JSON or --write-spec JSON.")
     metrics_path = _metrics_path(args.run_dir)
     if not metrics_path.is_file() and not args.wandb:
         raise CommandError(f"{metrics_path} not found: point RUN_DIR at a run's --metrics-dir.")

@@ -19,11 +19,12 @@ from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
 from torchprof_args.flags.types import non_negative_int, positive_float, positive_int
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
 
-__all__ = ["ALL_SINKS", "MetricsConfig", "TimersConfig", "WandbConfig", "WandbMode", "default_wandb_mode",
-           "wandb_mode",
-           "wandb_credentials_present"]
+__all__ = ["ALL_SINKS", "DEFAULT_SINKS", "MetricsConfig", "PrometheusConfig", "TimersConfig", "WandbConfig",
+           "WandbMode", "default_wandb_mode", "wandb_credentials_present", "wandb_mode"]
 
-ALL_SINKS = ("wandb", "tensorboard", "jsonl")
+ALL_SINKS = ("wandb", "tensorboard", "jsonl", "prometheus")
+#: ``--metrics-sinks``' default: Prometheus only when asked for (it opens a port).
+DEFAULT_SINKS = ("wandb", "tensorboard", "jsonl")
 
 
 def timing_log_level(text: str) -> int:
@@ -73,8 +74,24 @@ WANDB_MODE = Flag("--wandb-mode",
                   default_doc="online with wandb credentials, else offline")
 METRICS_DIR = Flag("--metrics-dir", "Directory for metrics.jsonl and the TensorBoard event files.",
                    metavar="DIR", default_doc="`--torch-profile-dir`'s default")
-METRICS_SINKS = Flag("--metrics-sinks", "Where the metrics writer writes.", default=list(ALL_SINKS),
+METRICS_SINKS = Flag("--metrics-sinks",
+                     "Where the metrics writer writes; prometheus serves /metrics on "
+                     "--metrics-prometheus-port (not in the default: it opens a port).",
+                     default=list(DEFAULT_SINKS),
                      type=str.lower, nargs="+", choices=ALL_SINKS, metavar="SINK")
+PROMETHEUS_PORT = Flag("--metrics-prometheus-port",
+                       "Port of the Prometheus endpoint (/metrics) served by the metrics rank with "
+                       "--metrics-sinks prometheus; 0: any free port (logged).",
+                       default=9464, type=non_negative_int, metavar="PORT")
+PROMETHEUS_ADDR = Flag("--metrics-prometheus-addr",
+                       "Address the Prometheus endpoint binds to: loopback by default (nothing outside the "
+                       "node can read it); the node's cluster address, or 0.0.0.0, for a cluster's "
+                       "Prometheus to scrape it (the endpoint has no authentication).",
+                       default="127.0.0.1", metavar="ADDR")
+GOODPUT_WINDOW = Flag("--metrics-goodput-window",
+                      "Seconds of the rolling window of the goodput gauges on the Prometheus endpoint "
+                      "(torchprof_goodput, torchprof_goodput_lost_seconds{category=...}).",
+                      default=3600.0, type=positive_float, metavar="S")
 METRICS_RANK = Flag("--metrics-rank",
                     "Global rank that writes the metrics (wandb, TensorBoard, metrics.jsonl); default the "
                     "last rank, as in Megatron-LM.", type=non_negative_int, metavar="R",
@@ -112,7 +129,8 @@ TIMER_FLAGS = register_group(FlagGroup(
     description="Megatron-compatible step timers (CUDA events, no device synchronize per start/stop) "
                 "written to wandb, TensorBoard and a local metrics.jsonl (torchprof-args).",
     flags=(LOG_LEVEL, LOG_OPTION, LOG_INTERVAL, SYNCHRONIZE, WANDB_PROJECT, WANDB_EXP_NAME, WANDB_ENTITY,
-           WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, METRICS_RANK, FLOPS_PER_ITERATION,
+           WANDB_SAVE_DIR, WANDB_MODE, METRICS_DIR, METRICS_SINKS, PROMETHEUS_PORT, PROMETHEUS_ADDR,
+           GOODPUT_WINDOW, METRICS_RANK, FLOPS_PER_ITERATION,
            PEAK_TFLOPS, PEAK_DTYPE, GPU_HARDWARE,
            STRAGGLER_THRESHOLD, STRAGGLER_INTERVALS, STRAGGLER_TIMERS),
     order=30,
@@ -191,6 +209,15 @@ class WandbConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrometheusConfig:
+    """The Prometheus endpoint (``--metrics-sinks prometheus``): where it listens, the goodput window."""
+
+    port: int = 9464
+    addr: str = "127.0.0.1"
+    goodput_window: float = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     """Where and how :class:`~torchprof_args.metrics.writer.MetricsWriter` writes.
 
@@ -200,9 +227,10 @@ class MetricsConfig:
     """
 
     metrics_dir: str = "./prof"
-    sinks: tuple[str, ...] = ALL_SINKS
+    sinks: tuple[str, ...] = DEFAULT_SINKS
     metrics_rank: int | None = None  # None: the last rank
     wandb: WandbConfig = WandbConfig()
+    prometheus: PrometheusConfig = PrometheusConfig()
     log_interval: int = 100
     samples_per_iteration: float | None = None
     tokens_per_iteration: float | None = None
@@ -224,11 +252,12 @@ class MetricsConfig:
             raise TorchProfileArgsError(
                 f"--metrics-rank {metrics_rank} is outside the world size {world_size} "
                 f"(valid ranks are 0..{world_size - 1}).")
-        sinks = tuple(flag_value(args, METRICS_SINKS) or ALL_SINKS)
+        sinks = tuple(flag_value(args, METRICS_SINKS) or DEFAULT_SINKS)
         wandb = _wandb_config(args, sinks)
         batch, seq_length = getattr(args, "global_batch_size", None), getattr(args, "seq_length", None)
         return cls(metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks,
-                   metrics_rank=metrics_rank, wandb=wandb, log_interval=flag_value(args, LOG_INTERVAL) or 100,
+                   metrics_rank=metrics_rank, wandb=wandb, prometheus=_prometheus_config(args),
+                   log_interval=flag_value(args, LOG_INTERVAL) or 100,
                    samples_per_iteration=batch or None,
                    tokens_per_iteration=batch * seq_length if batch and seq_length else None,
                    flops_per_iteration=flag_value(args, FLOPS_PER_ITERATION),
@@ -236,6 +265,14 @@ class MetricsConfig:
                    peak_dtype=flag_value(args, PEAK_DTYPE) or "bf16",
                    gpu_hardware=(flag_value(args, GPU_HARDWARE) or "auto") != "off",
                    run_settings=jsonable(vars(args)))
+
+
+def _prometheus_config(args: argparse.Namespace) -> PrometheusConfig:
+    port = flag_value(args, PROMETHEUS_PORT)
+    window = flag_value(args, GOODPUT_WINDOW)
+    return PrometheusConfig(port=9464 if port is None else int(port),
+                            addr=flag_value(args, PROMETHEUS_ADDR) or "127.0.0.1",
+                            goodput_window=3600.0 if window is None else float(window))
 
 
 def _wandb_config(args: argparse.Namespace, sinks: tuple[str, ...]) -> WandbConfig:

@@ -16,7 +16,7 @@ from torchprof_args import _dist
 from torchprof_args.device_peaks import peak_tflops
 from torchprof_args.log import get_logger
 
-__all__ = ["FlopsSource", "PeakResolver", "flops_value", "throughput_figures"]
+__all__ = ["FlopsSource", "PeakResolver", "flops_value", "rate_figures", "throughput_figures"]
 
 logger = get_logger(__name__)
 
@@ -32,6 +32,18 @@ def flops_value(source: FlopsSource, iteration: int) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if number and number > 0 else None
+
+
+def rate_figures(step_time: float | None, *, samples: float | None, tokens: float | None) -> dict[str, float]:
+    """``throughput/samples-per-sec`` and ``throughput/tokens-per-sec`` from per-iteration counts."""
+    if not step_time or step_time <= 0:
+        return {}
+    figures: dict[str, float] = {}
+    if samples:
+        figures["throughput/samples-per-sec"] = samples / step_time
+    if tokens:
+        figures["throughput/tokens-per-sec"] = tokens / step_time
+    return figures
 
 
 def _device_name() -> str | None:

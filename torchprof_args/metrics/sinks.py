@@ -1,4 +1,5 @@
-"""The metrics writer's sinks: metrics.jsonl, TensorBoard event files, wandb.
+"""The metrics writer's sinks: metrics.jsonl, TensorBoard event files, wandb (Prometheus:
+:mod:`~torchprof_args.metrics.prometheus`).
 
 Each sink has ``name``, ``write(iteration, metrics, per_rank)`` and ``close()``; the writer
 drops a sink that fails, with one warning, and keeps the others.  TensorBoard and wandb are
@@ -7,15 +8,19 @@ imported only when their sink starts.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from torchprof_args.atomic import write_json_atomically
 from torchprof_args.metrics.config import WandbMode
+from torchprof_args.metrics.runlog import ALIVE_KEY, ALIVE_SECONDS, END_KEY, RunMarker, is_marker, marker_line
 
 __all__ = ["DictLogger", "JsonlSink", "ScalarWriter", "Sink", "TensorBoardSink", "WandbSink",
            "read_metrics_file"]
@@ -47,24 +52,72 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """One JSON object per logged iteration; each line goes out in one write and is flushed."""
+    """One JSON object per logged iteration, appended; each line goes out in one write and is flushed.
+
+    With ``run`` (:mod:`~torchprof_args.metrics.runlog`) the run's lines are marked: a ``"run"``
+    line first, ``"alive"`` lines from a daemon thread after ``alive_seconds`` of silence, a
+    ``"run_end"`` line at :meth:`close` (or at interpreter exit, if the writer was never closed).
+    """
 
     name = "metrics.jsonl"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run: RunMarker | None = None,
+                 alive_seconds: float = ALIVE_SECONDS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.run = run
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
+        self._lock = threading.Lock()
+        self._last_write = time.time()
+        self._iteration = run.start_iteration if run is not None else 0
+        self._closed = threading.Event()
+        self._alive_seconds = alive_seconds
+        if run is not None:
+            self._line(run.record())
+            thread = threading.Thread(target=_say_alive, name="torchprof-metrics-alive", daemon=True,
+                                      args=(weakref.ref(self), alive_seconds, self._closed))
+            thread.start()
+            atexit.register(self.close)
+
+    def _line(self, record: Mapping[str, Any]) -> None:
+        with self._lock:
+            if self._handle.closed:
+                return
+            self._handle.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
+            self._handle.flush()
+            self._last_write = time.time()
 
     def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
-        record = {"iteration": iteration, "timestamp": time.time(), "metrics": dict(metrics)}
+        record: dict[str, Any] = {"iteration": iteration, "timestamp": time.time(), "metrics": dict(metrics)}
         if per_rank:
             record["per_rank"] = dict(per_rank)
-        self._handle.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
-        self._handle.flush()
+        self._iteration = iteration
+        self._line(record)
+
+    def alive(self) -> None:
+        """Say the process is alive when nothing was written for a while (the daemon thread)."""
+        if self.run is not None and time.time() - self._last_write >= 0.9 * self._alive_seconds:
+            self._line(marker_line(ALIVE_KEY, self.run.id, self._iteration))
 
     def close(self) -> None:
-        self._handle.close()
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self.run is not None:
+            self._line(marker_line(END_KEY, self.run.id, self._iteration))
+            atexit.unregister(self.close)
+        with self._lock:
+            self._handle.close()
+
+
+def _say_alive(sink_ref: weakref.ref[JsonlSink], period: float, closed: threading.Event) -> None:
+    """The alive thread: wakes every ``period`` seconds until the sink closes (or is collected)."""
+    while not closed.wait(period):
+        sink = sink_ref()
+        if sink is None:
+            return
+        sink.alive()
+        del sink
 
 
 class TensorBoardSink:
@@ -137,8 +190,9 @@ class WandbSink:
 
 def read_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Records of a ``metrics.jsonl`` sorted by iteration (a later record for the same
-    iteration, e.g. after a restart, wins).  A truncated last line (a crash mid-write) is
-    skipped; any other bad line is an error naming the file and line."""
+    iteration, e.g. after a restart, wins; the runs' marker lines are left out:
+    :func:`~torchprof_args.metrics.runlog.read_runs` reads them).  A truncated last line (a crash
+    mid-write) is skipped; any other bad line is an error naming the file and line."""
     path = Path(path)
     by_iteration: dict[int, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as handle:
@@ -153,6 +207,8 @@ def read_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if number == len(lines) and not line.endswith("\n"):
                 continue
             raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
+        if is_marker(record):
+            continue
         previous = by_iteration.get(iteration)
         if previous is not None:
             merged = dict(previous.get("metrics", {}))

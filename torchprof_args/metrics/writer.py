@@ -40,7 +40,8 @@ from torchprof_args.metrics.config import ALL_SINKS, MetricsConfig, wandb_mode
 from torchprof_args.metrics.gather import RankGather, Request
 from torchprof_args.metrics.hardware import DeviceReadings
 from torchprof_args.metrics.health import AllocRetryWatch
-from torchprof_args.metrics.mfu import PeakResolver, flops_value, throughput_figures
+from torchprof_args.metrics.mfu import PeakResolver, flops_value, rate_figures, throughput_figures
+from torchprof_args.metrics.runlog import RunMarker
 from torchprof_args.metrics.sinks import JsonlSink, Sink, TensorBoardSink, WandbSink
 from torchprof_args.naming import METRICS_FILENAME, WANDB_RUN_FILENAME
 
@@ -127,15 +128,22 @@ class MetricsWriter:
         self.readings = DeviceReadings(hardware=config.gpu_hardware)
         self.peak = PeakResolver(config.peak_tflops, config.peak_dtype)
         self.alloc_retries = AllocRetryWatch(rank=self.rank)
+        #: this process's run in metrics.jsonl (runlog.py): the first interval is measured from here,
+        #: so create the writer right before the loop (after loading a checkpoint)
+        self.run = RunMarker.here(start_iteration, self.world_size)
         if self.is_writer:
             self._start_sinks()
-        # The first interval is measured from here: create the writer right before the loop.
         self._last_time = time.perf_counter()
 
     def _start_sinks(self) -> None:
         config, wandb = self.config, self.config.wandb
         if "jsonl" in config.sinks:
-            self._start_sink("metrics.jsonl", lambda: JsonlSink(self.metrics_dir / METRICS_FILENAME))
+            path = self.metrics_dir / METRICS_FILENAME
+            self._start_sink("metrics.jsonl", lambda: JsonlSink(path, self.run))
+        if "prometheus" in config.sinks:
+            from torchprof_args.metrics.prometheus import PrometheusSink
+
+            self._start_sink("Prometheus", lambda: PrometheusSink(config.prometheus, self.run))
         if "tensorboard" in config.sinks:
             self._start_sink("TensorBoard", lambda: TensorBoardSink(self.metrics_dir))
         mode = wandb_mode(wandb)
@@ -279,7 +287,7 @@ class MetricsWriter:
         self.alloc_retries.update(iteration, per_rank_local)
         config = self.config
         step_time = metrics.get("iteration-time")
-        metrics.update(_throughput(
+        metrics.update(rate_figures(
             step_time, samples=config.samples_per_iteration if samples is None else samples,
             tokens=config.tokens_per_iteration if tokens is None else tokens))
         flops_per_iteration = (flops_value(config.flops_per_iteration if flops is None else flops, iteration)
@@ -360,17 +368,6 @@ def _reduce_across_ranks(per_rank_local: list[_Figures], per_rank: dict[str, lis
         if key.startswith(("profiler/", "gpu/")):
             metrics[f"{key}-min"] = min(present)
     return metrics
-
-
-def _throughput(step_time: float | None, *, samples: float | None, tokens: float | None) -> dict[str, float]:
-    if not step_time or step_time <= 0:
-        return {}
-    figures: dict[str, float] = {}
-    if samples:
-        figures["throughput/samples-per-sec"] = samples / step_time
-    if tokens:
-        figures["throughput/tokens-per-sec"] = tokens / step_time
-    return figures
 
 
 def _console_line(iteration: int, metrics: Mapping[str, float]) -> str:

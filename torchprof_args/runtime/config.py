@@ -148,6 +148,9 @@ class ExportConfig:
     min_free_host_mb: int = 2048
     #: Publications in flight on a rank at which the next window is skipped on every rank (0: no bound).
     max_publishing: int = 2
+    #: ``--torch-profile-publisher-priority``: the exporter and publisher at the lowest CPU and I/O
+    #: priority ("idle", :mod:`~torchprof_args.runtime.export.priority`) or the trainer's ("normal").
+    publisher_priority: str = "idle"
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
@@ -162,6 +165,7 @@ class ExportConfig:
             term_grace=float(flag_value(args, flags.TERM_GRACE)),
             min_free_host_mb=int(flag_value(args, flags.MIN_FREE_HOST_MB)),
             max_publishing=int(flag_value(args, flags.MAX_PUBLISHING)),
+            publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY) or "idle",
         )
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(

@@ -89,6 +89,13 @@ EXPORT = Flag("--torch-profile-export",
               "Compression and publishing always run in a separate process. 'fork' falls back to inline for "
               "a flush when host memory cannot cover the child or the fork fails.",
               default="fork", choices=("fork", "inline"), metavar="MODE")
+PUBLISHER_PRIORITY = Flag("--torch-profile-publisher-priority",
+                          "CPU and I/O priority of the forked exporter and the publisher (compression, "
+                          "summary, diagnosis): 'idle' runs them at nice 19, SCHED_IDLE and the idle I/O "
+                          "class, so the steps after a flush keep the CPU and the disk (at exit, publishers "
+                          "still running leave SCHED_IDLE); 'normal' keeps the training process's priority "
+                          "(as before this flag existed).",
+                          default="idle", choices=("idle", "normal"), metavar="P")
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
                      "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at "
                      "flushes, memory snapshots and the exit.",
@@ -134,8 +141,9 @@ PROFILE_FLAGS = register_group(FlagGroup(
                 "timeouts (torchprof-args).",
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END,
            RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES,
-           PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE,
-           MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE, OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
+           PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, PUBLISHER_PRIORITY, FLUSH_TIMEOUT,
+           EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE, OPERATOR_TABLE_ROWS,
+           TENSORBOARD_DIR),
     order=10,
 ))
 

@@ -29,6 +29,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.config import ProfiledRun, ProfilerConfig
+from torchprof_args.runtime.cost import ProfilingCost
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
@@ -77,9 +78,10 @@ class TorchProfiler:
         self._started = False
         #: end_window() ran: later steps do nothing, stop() only waits for publications.
         self._window_ended = False
-        #: The hot path's one comparison: steps before it have nothing to do (see StepPlan.next_busy).
-        self._next_busy_step = math.inf
-        self._last_flush_seconds = 0.0
+        #: The hot path's one comparison: steps before it have nothing to do (see StepPlan.next_busy),
+        #: or only the cost clock's timestamp while a publisher runs (before ``_planned_busy``).
+        self._next_busy_step = self._planned_busy = math.inf
+        self._cost = ProfilingCost()
         self._ranks = config.trace.ranks
         self._fence = Fence(config.export.flush_timeout, self.rank)
         self._sigterm = SigtermGuard(self.rank, config.export.term_grace)
@@ -121,8 +123,6 @@ class TorchProfiler:
         check_kineto_daemon_env(rank)
         start = run.start_iteration if start_iteration is None else start_iteration
         return cls(run.profiler, rank=rank, world_size=_dist.world_size(), start_iteration=start)
-
-    # -- context manager --------------------------------------------------------------------
 
     def __enter__(self) -> TorchProfiler:
         self.start()
@@ -181,7 +181,7 @@ class TorchProfiler:
                 self._recorder.add_metadata(self._metadata(first))
         if self._on_demand is not None:
             self._on_demand.open()
-        self._next_busy_step = -math.inf  # the first step() call anchors the numbering
+        self._next_busy_step = self._planned_busy = -math.inf  # the first step() call anchors the numbering
 
     def stop(self, clean: bool = True) -> None:
         """Finish: flush a partly recorded window (``clean``), wait for pending publications
@@ -260,14 +260,14 @@ class TorchProfiler:
             return False
         flush = self.window_open
         self._window_ended = True
-        self._next_busy_step = self._timeline.next_check = math.inf
+        self._next_busy_step = self._planned_busy = self._timeline.next_check = math.inf
         started = time.perf_counter()
         self._critical = True
         try:
             self._recorder.stop(self._iteration, keep=flush)
             if flush:
                 self._fence.wait(self._iteration, "flush")
-                self._last_flush_seconds = time.perf_counter() - started
+                self._cost.stall("flush", time.perf_counter() - started)
         finally:
             self._critical = False
         return flush
@@ -293,9 +293,8 @@ class TorchProfiler:
         sigterm.deliver()
 
     def _sigterm_emergency(self) -> None:
-        """Watchdog thread, the main thread being stuck: stop processes, remove files; no torch calls.
-        A flight-recorder dump in progress (slow on an oversubscribed host, py-spy) is finished first:
-        it is what the hang leaves behind (the launcher's SIGKILL bounds the wait)."""
+        """Watchdog thread, the main thread stuck: stop processes, remove files; no torch calls.  A flight-
+        recorder dump in progress is finished first: it is what the hang leaves (SIGKILL bounds the wait)."""
         if self._flight_recorder is not None:
             self._flight_recorder.wait_for_dump(_DUMP_FINISH_WAIT)
         if self._writer is not None:
@@ -312,7 +311,12 @@ class TorchProfiler:
             return
         self._critical = True  # torch.profiler may change state: a SIGTERM waits for the end
         try:
-            self._busy_step(iteration)
+            self._cost.arrive(iteration)
+            if iteration >= self._planned_busy or self._sigterm.pending:  # else only the cost clock's
+                self._busy_step(iteration)
+            recording = self._timeline.local_action(iteration + 1) is not Action.NONE
+            if self._started and self._cost.resume(iteration, recording, self._writer):
+                self._next_busy_step = min(self._next_busy_step, iteration + 1)  # a publisher runs
         finally:
             self._critical = False
 
@@ -349,12 +353,12 @@ class TorchProfiler:
             self._memory.on_step(iteration, profiled_cycle_ended=plan.cycle_snapshot)
         if plan.fence and not self._sigterm.pending:
             self._fence.wait(iteration, plan.fence)
-            self._last_flush_seconds = time.perf_counter() - started
+            self._cost.stall(plan.fence, time.perf_counter() - started)
         if self._nsys is not None:
             self._nsys.on_step(iteration + 1, recording=plan.nsys_recording)
         if plan.window_ends:
             self._timeline.window = None
-        self._next_busy_step = plan.next_busy
+        self._next_busy_step = self._planned_busy = plan.next_busy
         if self._sigterm.pending:  # a handler that ran before the assignment above is not lost
             self._next_busy_step = -math.inf
 
@@ -376,17 +380,15 @@ class TorchProfiler:
                                  rank=self.rank, world_size=self.world_size), **self.extra_metadata}
 
     def add_trace_metadata(self, **values: Any) -> None:
-        """Keep ``values`` (JSON) in the ``torchprof_args`` metadata of every trace whose window opens
-        from now on, e.g. ``pipeline=pipeline_metadata(stages, micro_batches)`` for ``torchprof
-        diagnose``'s pipeline bubble."""
+        """Keep ``values`` (JSON) in the ``torchprof_args`` metadata of every trace whose window opens from
+        now on, e.g. ``pipeline=pipeline_metadata(stages, micro_batches)`` for diagnose's pipeline bubble."""
         self.extra_metadata.update(values)
-
-    # -- figures ----------------------------------------------------------------------------
 
     @property
     def stats(self) -> dict[str, float]:
-        """This rank's profiler figures: last flush stall, fence waits, last trace size, counts."""
-        figures = {"flush_seconds": self._last_flush_seconds, "fence_waits": self._fence.waits}
+        """This rank's figures: last stall, fence waits, last trace, counts, costs so far (cost.py)."""
+        figures = {"flush_seconds": self._cost.last_stall, "fence_waits": self._fence.waits,
+                   "windows_skipped": self._publishing.skipped, **self._cost.figures()}
         if self._writer is not None:
             figures.update(self._writer.stats)
         return figures

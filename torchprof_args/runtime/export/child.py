@@ -20,6 +20,7 @@ from pathlib import Path
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob
+from torchprof_args.runtime.export.priority import lower_to_background
 from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
@@ -63,10 +64,12 @@ def remove_export_leftovers(target: str | os.PathLike[str]) -> None:
 
 
 def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str], env: dict[str, str],
-                keep_fds: Sequence[int]) -> int:
+                keep_fds: Sequence[int], *, background: bool = True) -> int:
     """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher).
 
     ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
+    ``background``: the child lowers itself to the lowest CPU and I/O priority first
+    (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
     Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
     """
     staged_tmp = str(partial_path(job.staged_path))
@@ -82,6 +85,8 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
         return pid
     try:
         _reset_signals(mask)
+        if background:
+            lower_to_background()
         export(staged_tmp)
         check_export(staged_tmp)
         os.replace(staged_tmp, job.staged_path)

@@ -29,7 +29,9 @@ from types import FrameType
 
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
+from torchprof_args.log import get_logger
 from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
+from torchprof_args.runtime.export.priority import IDLE, NORMAL, PRIORITIES, lower_to_background
 from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["PublishJob", "PublishStatus", "publish", "publisher_argv", "publisher_env"]
@@ -128,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staging", action="append", required=True, help="a staging directory (repeatable)")
     parser.add_argument("--output", required=True, help="the output directory")
     parser.add_argument("--status-fd", type=int, default=None)
+    parser.add_argument("--priority", choices=PRIORITIES, default=NORMAL,
+                        help="idle: lower this process to the lowest CPU and I/O priority "
+                             "(--torch-profile-publisher-priority); normal (default): leave it as it is")
     args = parser.parse_args(argv)
+    if args.priority == IDLE:
+        for skipped in lower_to_background():  # TORCHPROF_LOG_LEVEL=DEBUG shows what this platform lacks
+            get_logger(__name__).debug("publisher priority not lowered: %s", skipped)
     try:
         job = PublishJob.load(args.job, args.staging, args.output)
     except JobRejected as err:
@@ -146,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publisher_argv(job_path: str, staging_dirs: list[str], output_dir: str,
-                   status_fd: int | None) -> list[str]:
-    """The command line that starts a publisher for ``job_path``."""
-    argv = [sys.executable, "-m", __name__, job_path, "--output", output_dir]
+                   status_fd: int | None, priority: str = IDLE) -> list[str]:
+    """The command line that starts a publisher for ``job_path`` (at ``priority``, see
+    :mod:`~torchprof_args.runtime.export.priority`)."""
+    argv = [sys.executable, "-m", __name__, job_path, "--output", output_dir, "--priority", priority]
     for directory in staging_dirs:
         argv += ["--staging", directory]
     return argv + (["--status-fd", str(status_fd)] if status_fd is not None else [])

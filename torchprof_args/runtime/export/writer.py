@@ -39,6 +39,7 @@ from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.child import check_export, fork_export, remove_export_leftovers
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
+from torchprof_args.runtime.export.priority import IDLE, leave_idle_policy
 from torchprof_args.runtime.export.progress import PublishProgress
 from torchprof_args.runtime.export.publisher import publish, publisher_argv, publisher_env
 from torchprof_args.runtime.export.reaper import Pending, Reaper, remove_job_files
@@ -202,10 +203,11 @@ class TraceWriter:
               steps: int) -> Pending | None:
         """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
         read_fd, write_fd = os.pipe()
-        argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
+        argv = self._publisher_argv(job_path, write_fd)
         started = time.monotonic()
         try:
-            pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds))
+            pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds),
+                              background=self.config.publisher_priority == IDLE)
             self._note_fork_time(time.monotonic() - started)
         except OSError as err:
             os.close(read_fd)
@@ -215,6 +217,10 @@ class TraceWriter:
         finally:
             os.close(write_fd)
         return Pending(pid, job, job_path, steps, read_fd)
+
+    def _publisher_argv(self, job_path: str, status_fd: int) -> list[str]:
+        return publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), status_fd,
+                              self.config.publisher_priority)
 
     def _note_fork_time(self, seconds: float) -> None:
         """Warn once when ``fork()`` itself held the training thread for long (see SLOW_FORK_S)."""
@@ -244,7 +250,7 @@ class TraceWriter:
     def _spawn_publisher(self, job: PublishJob, job_path: str, steps: int) -> Pending | None:
         """Start the publisher of an exported trace; None when no process can start (logged)."""
         read_fd, write_fd = os.pipe()
-        argv = publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), write_fd)
+        argv = self._publisher_argv(job_path, write_fd)
         try:
             popen = subprocess.Popen(argv, env=publisher_env(), start_new_session=True,
                                      stdin=subprocess.DEVNULL, pass_fds=(write_fd, *self.staging.lock_fds))
@@ -307,6 +313,9 @@ class TraceWriter:
         asked again while waiting), stop the rest (their partial files removed), remove staging."""
         self.accepting = False
         count = self.in_flight
+        if self.config.publisher_priority == IDLE:  # training is over: nothing to yield the CPU to
+            for pending in self._reaper.pending():
+                leave_idle_policy(pending.pid)
         current = deadline if callable(deadline) else (lambda: deadline)
         if count and current() > time.monotonic():
             level = logging.INFO if self.rank == 0 else logging.DEBUG  # one line, not one per rank

@@ -1,0 +1,217 @@
+"""``torchprof trend``: the change test (U statistic against a brute-force permutation, the modified
+z-score), the report and the command, and real CPU runs: ten alike and one 3 % slower."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.examples import run_doc_example
+from helpers.paths import REPO
+
+from torchprof_args.console import main as torchprof
+from torchprof_args.metrics.runlog import RunMarker
+from torchprof_args.metrics.trend.change_test import (
+    compare,
+    false_positive_rate,
+    mann_whitney,
+    modified_z,
+)
+from torchprof_args.metrics.trend.report import format_trend, render_trend_html, trend
+from torchprof_args.metrics.trend.series import RunData, read_input
+
+
+def test_u_statistic_and_p_value_match_the_exact_distribution() -> None:
+    # R's wilcox.test example (x, y): W = 35; the exact two-sided p by enumerating every split
+    x = [0.80, 0.83, 1.89, 1.04, 1.45, 1.38, 1.91, 1.64, 0.73, 1.46]
+    y = [1.15, 0.88, 0.90, 0.74, 1.21]
+    u, p = mann_whitney(x, y)
+    assert u == 35.0
+    both, centre = x + y, len(x) * len(y) / 2
+    extreme = total = 0
+    for chosen in itertools.combinations(range(len(both)), len(x)):
+        rest = [both[i] for i in range(len(both)) if i not in chosen]
+        total += 1
+        extreme += abs(mann_whitney([both[i] for i in chosen], rest)[0] - centre) >= abs(u - centre)
+    assert p == pytest.approx(extreme / total, abs=0.015)  # normal approximation of 0.2544
+    # ties: average ranks, and the variance's tie correction (all equal: no evidence at all)
+    # ranks 2, 2, 5 -> U 3; variance 9/12 x (7 - 48/30) = 4.05; z = (1.5 - 0.5) / 2.0125 -> p 0.6193
+    assert mann_whitney([1, 1, 2], [1, 2, 2]) == (3.0, pytest.approx(0.6193, abs=1e-4))
+    assert mann_whitney([5.0] * 6, [5.0] * 6)[1] == 1.0
+
+
+def test_modified_z_score() -> None:
+    references = [10.0, 10.2, 9.9, 10.1, 10.0]  # median 10, MAD 0.1
+    assert modified_z(10.5, references) == pytest.approx(0.6745 * 0.5 / 0.1)
+    assert modified_z(10.0, [10.0, 10.0, 10.0]) == 0.0
+    assert modified_z(11.0, [10.0, 10.0, 10.0]) == math.inf
+
+
+def _runs(
+    rng: np.random.Generator, count: int, level: float, spread: float, steps: int = 60
+) -> list[list[float]]:
+    """Runs of ``steps`` step times: a run-level offset (spread) plus one-sided per-step noise."""
+    return [
+        list(level * (1 + rng.normal(0, spread)) + rng.exponential(0.02 * level, steps)) for _ in range(count)
+    ]
+
+
+def test_compare_flags_a_shift_beyond_the_run_to_run_noise_only() -> None:
+    rng = np.random.default_rng(1)
+    baseline = _runs(rng, 10, 1.0, 0.002)
+    slower = compare(_runs(rng, 1, 1.03, 0.0)[0], baseline)
+    assert slower.verdict == "regression" and 2.0 < slower.change_pct < 4.0 and slower.z > 3.5
+    faster = compare(_runs(rng, 1, 0.97, 0.0)[0], baseline)
+    assert faster.verdict == "improvement"
+    # the same 3 % among runs that differ by 3 % anyway: the samples differ (U test), the runs do not
+    noisy = _runs(rng, 10, 1.0, 0.03)
+    assert compare(_runs(rng, 1, 1.03, 0.0)[0], noisy).verdict == "same"
+    assert compare(_runs(rng, 1, 1.0, 0.0)[0], baseline).verdict == "same"
+    # higher is better (MFU): lower is the regression, measured at the upper quantile
+    mfu = compare([40.0] * 30, [[50.0 + i * 0.01] * 30 for i in range(5)], higher_is_better=True)
+    assert mfu.verdict == "regression" and mfu.change_pct == pytest.approx(-20.0, abs=0.1)
+    flagged, splits = false_positive_rate(baseline, splits=100)
+    assert splits == 100 and flagged <= 5
+
+
+def _run(path: Path, label: str, samples: list[float]) -> RunData:
+    data = RunData(str(path), label)
+    for value in samples:
+        data.add("iteration-time", "s", value)
+    return data
+
+
+def test_report_json_text_and_html() -> None:
+    rng = np.random.default_rng(2)
+    baseline = [_run(Path(f"run{i}"), f"run{i}", r) for i, r in enumerate(_runs(rng, 6, 0.02, 0.002))]
+    candidate = _run(Path("new"), "new", _runs(rng, 1, 0.0206, 0.0)[0])
+    doc = trend([candidate], baseline, splits=50)
+    assert doc["version"] == 1 and [r["series"] for r in doc["regressions"]] == ["iteration-time"]
+    (series,) = doc["series"]
+    assert series["baseline"]["runs"] == 6 and series["results"][0]["verdict"] == "regression"
+    assert doc["noise_check"]["splits"] == 50
+    json.dumps(doc, allow_nan=False)
+    text = format_trend(doc)
+    assert "iteration-time" in text and "REGRESSION" in text and "noise check:" in text
+    page = render_trend_html(doc)
+    assert page.count("<svg class='trend'") == 1 and page.count("<circle") == 7
+
+
+def _metrics_run(folder: Path, step_times: list[float], start: float = 1000.0) -> Path:
+    folder.mkdir(parents=True)
+    lines = [json.dumps(RunMarker("x", start, 0, start - 1.0).record())]
+    now = start
+    for step, seconds in enumerate(step_times, start=1):
+        now += seconds
+        lines.append(
+            json.dumps(
+                {
+                    "iteration": step,
+                    "timestamp": now,
+                    "metrics": {
+                        "iteration-time": seconds,
+                        "timers/forward-backward-time": seconds / 2,
+                        "mfu": 40.0,
+                    },
+                }
+            )
+        )
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_series_from_metrics_jsonl_skip_the_first_interval(tmp_path: Path) -> None:
+    data = read_input(str(_metrics_run(tmp_path / "r", [5.0, 1.0, 1.1, 1.2])))
+    assert data.series["iteration-time"].samples == [1.0, 1.1, 1.2]
+    assert data.series["timers/forward-backward-time"].samples == [0.5, 0.55, 0.6]
+    assert data.series["mfu"].higher_is_better and not data.series["iteration-time"].higher_is_better
+
+
+def test_trend_command_last_run_against_the_others_and_errors(tmp_path: Path, capsys) -> None:
+    rng = np.random.default_rng(3)
+    paths = [
+        str(_metrics_run(tmp_path / f"run{i}", [0.5, *r])) for i, r in enumerate(_runs(rng, 5, 0.02, 0.001))
+    ]
+    slow = str(_metrics_run(tmp_path / "slow", [0.5, *_runs(rng, 1, 0.0208, 0.0)[0]]))
+    html = tmp_path / "trend.html"
+    assert torchprof(["trend", *paths, slow, "--json", "--html", str(html), "--series", "iteration"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline"] == paths and doc["inputs"] == [slow]
+    assert [s["name"] for s in doc["series"]] == ["iteration-time"]
+    assert doc["regressions"][0]["series"] == "iteration-time" and html.read_text().startswith(
+        "<!DOCTYPE html>"
+    )
+    assert torchprof(["trend", paths[0]]) == 2
+    assert "error: give at least two runs" in capsys.readouterr().err
+    assert torchprof(["trend", str(tmp_path / "nope"), paths[0]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchprof trend: error: ") and "no such file or directory" in err
+    (tmp_path / "empty").mkdir()
+    assert torchprof(["trend", str(tmp_path / "empty"), paths[0]]) == 2
+    assert "neither a metrics.jsonl with logged intervals nor profiler traces" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ten_runs_alike_and_one_three_percent_slower(tmp_path: Path, capsys) -> None:
+    """The operations guide's example: ten runs of a real CPU job (per-step samples, the machine's
+    run-to-run noise) and one whose step is 3 % slower.  No run of the ten is flagged against the other
+    nine, the slower one is, and the rule's false-positive rate over random splits is printed."""
+    proc = run_doc_example("operations-trend", tmp_path, timeout=600, TORCHPROF_LOG_LEVEL="WARNING")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "noise check: the same rule flags" in proc.stdout
+    assert (tmp_path / "trend.html").read_text().count("<svg class='trend'") == 1
+    out = tmp_path / "runs"
+    runs = sorted(str(p) for p in out.glob("run*"))
+    baseline = [read_input(p) for p in runs]
+    assert len(baseline) == 10
+    doc = trend([read_input(str(out / "slower"))], baseline, splits=500)
+    check = doc["noise_check"]
+    series = next(s for s in doc["series"] if s["name"] == "iteration-time")
+    levels = np.asarray(series["baseline"]["run_levels"])
+    spread = (levels.max() - levels.min()) / np.median(levels) * 100
+    with capsys.disabled():
+        print(
+            f"\ntrend: the ten runs' levels within {spread:.2f} %; false-positive rate over "
+            f"{check['splits']} random splits of them: {check['false_positive_rate']:.1%} "
+            f"({check['flagged']} flagged); the slower run: {format_trend(doc).splitlines()[5].strip()}"
+        )
+    if spread > 1.5:  # the host's load shifted whole runs: they are not ten runs alike
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        pytest.skip(
+            f"the ten runs' levels spread over {spread:.1f} % (load {load}): the machine shifted whole "
+            "runs, so they are not alike; rerun on a quieter machine"
+        )
+    for index, run in enumerate(baseline):
+        others = baseline[:index] + baseline[index + 1 :]
+        assert not trend([run], others, splits=0)["regressions"], f"{run.path} flagged against the others"
+    assert check["false_positive_rate"] <= 0.05
+    (result,) = series["results"]
+    assert 1.5 < result["change_pct"] < 4.5  # the 3 % the job added, as measured
+    assert [r["series"] for r in doc["regressions"]] == ["iteration-time"], format_trend(doc)
+
+
+@pytest.mark.slow
+def test_series_from_traces_step_times_and_findings(tmp_path: Path) -> None:
+    """Cycle folders of real traces (tests/data's H200 pair: the same job, clean and with injected
+    faults): each step's time and every diagnose finding's saving become series."""
+    cycles = {}
+    for name in ("clean", "faulty"):
+        folder = tmp_path / name / "iter000010-000012"
+        folder.mkdir(parents=True)
+        (folder / "rank00000_h200_pid1.pt.trace.json.gz").write_bytes(
+            (REPO / "tests" / "data" / f"gpu_1rank_h200_torchprof_{name}.json.gz").read_bytes()
+        )
+        cycles[name] = read_input(str(tmp_path / name))
+    for data in cycles.values():
+        assert len(data.series["trace/step-ms"].samples) >= 2
+        assert all(len(s.samples) == 1 for n, s in data.series.items() if n.startswith("diagnose/"))
+    found = {n for n, s in cycles["faulty"].series.items() if n.startswith("diagnose/") and s.samples[0] > 0}
+    assert found, "the faulty trace has findings"
+    doc = trend([cycles["faulty"]], [cycles["clean"]], splits=0)
+    assert {s["name"] for s in doc["series"]} >= {"trace/step-ms"} | found
+    assert doc["noise_check"] is None  # one baseline run: no splits to check

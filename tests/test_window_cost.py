@@ -1,0 +1,144 @@
+"""What a profiled window costs training, and keeping it small: the exporter and the publisher at the
+lowest CPU and I/O priority (a real fork and exec), back to SCHED_OTHER at exit, and the profiler's
+running account of its own cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchprof_args.runtime.cost import ProfilingCost
+from torchprof_args.runtime.export import publisher
+from torchprof_args.runtime.export.child import fork_export
+from torchprof_args.runtime.export.job import PublishJob
+from torchprof_args.runtime.export.priority import (
+    IOPRIO_CLASS_BE,
+    IOPRIO_CLASS_IDLE,
+    io_priority,
+    leave_idle_policy,
+    lower_to_background,
+)
+from torchprof_args.runtime.export.publisher import publisher_argv
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and ioprio are Linux's")
+
+_REPORT = (
+    "import json, os, sys; from torchprof_args.runtime.export.priority import io_priority; "
+    "json.dump({'nice': os.getpriority(os.PRIO_PROCESS, 0), 'idle': os.sched_getscheduler(0) == "
+    "os.SCHED_IDLE, 'io': io_priority()}, open(sys.argv[1], 'w'))"
+)
+
+
+def _priority() -> dict:
+    return {
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "idle": os.sched_getscheduler(0) == os.SCHED_IDLE,
+        "io": list(io_priority() or ()),
+    }
+
+
+def _forked(tmp_path: Path, background: bool) -> tuple[dict, dict]:
+    """What the forked exporter (before exec) and the program it execs (the publisher's place) run at."""
+    job = PublishJob(staged_path=str(tmp_path / "staged.json"), trace_path=str(tmp_path / "out.json.gz"))
+
+    def export(path: str) -> None:  # the child: its own priority, as a complete "trace"
+        Path(path).write_text(json.dumps(_priority()))
+
+    after_exec = tmp_path / "after_exec.json"
+    argv = [sys.executable, "-c", _REPORT, str(after_exec)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    pid = fork_export(export, job, argv, env, keep_fds=(), background=background)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return json.loads(Path(job.staged_path).read_text()), json.loads(after_exec.read_text())
+
+
+@pytest.mark.slow
+@linux
+def test_the_forked_exporter_and_what_it_execs_run_at_the_lowest_priority(tmp_path: Path) -> None:
+    before = _priority()
+    exporter, publisher = _forked(tmp_path, background=True)
+    for seen in (exporter, publisher):
+        assert seen["nice"] == 19 and seen["idle"] is True
+        assert list(seen["io"]) == [IOPRIO_CLASS_IDLE, 0]
+    assert _priority() == before  # the training process keeps its own
+
+
+@pytest.mark.slow
+@linux
+def test_normal_priority_keeps_the_training_process_priority(tmp_path: Path) -> None:
+    exporter, publisher = _forked(tmp_path, background=False)
+    own = _priority()
+    assert (
+        exporter["nice"] == publisher["nice"] == own["nice"]
+        and not exporter["idle"]
+        and not publisher["idle"]
+    )
+    argv = publisher_argv("job.json", ["s"], "out", None, "normal")
+    assert argv[argv.index("--priority") + 1] == "normal"
+
+
+@linux
+def test_at_exit_a_publisher_leaves_sched_idle_but_stays_at_nice_19() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the "publisher": lowers itself, says so, waits to be looked at
+        os.close(read)
+        lower_to_background()
+        os.write(write, b"x")
+        time.sleep(30)
+        os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"x"
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE and io_priority(pid)[0] == IOPRIO_CLASS_IDLE
+        leave_idle_policy(pid)
+        assert os.sched_getscheduler(pid) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert io_priority(pid) == (IOPRIO_CLASS_BE, 7)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+
+
+class _Writer:
+    def __init__(self, in_flight: int) -> None:
+        self.in_flight = in_flight
+
+
+def test_cost_clock_stalls_and_extra_time_over_the_quiet_pace() -> None:
+    cost = ProfilingCost()
+    cost.arrive(1, now=0.0)  # no mark yet: nothing measured
+    cost.resume(1, recording=True, writer=None, now=0.0)
+    cost.arrive(2, now=0.15)  # a recorded step before any quiet one: waits for the baseline
+    cost.resume(2, recording=False, writer=_Writer(0), now=0.15)
+    cost.stall("flush", 0.5)
+    cost.arrive(12, now=1.15)  # 10 quiet steps of 0.1 s: the baseline
+    assert cost.baseline == pytest.approx(0.1)
+    assert cost.resume(12, recording=False, writer=_Writer(1), now=1.20) is True  # a publisher runs
+    cost.arrive(13, now=1.33)
+    cost.stall("memory snapshot", 0.25)
+    figures = cost.figures()
+    assert figures["recording_extra_seconds_total"] == pytest.approx(0.05)
+    assert figures["publishing_extra_seconds_total"] == pytest.approx(0.03)
+    assert figures["flush_seconds_total"] == 0.5 and figures["snapshot_seconds_total"] == 0.25
+    assert figures["cost_seconds_total"] == pytest.approx(0.5 + 0.25 + 0.05 + 0.03)
+    assert cost.last_stall == 0.25
+
+
+def test_the_publisher_run_in_process_leaves_its_caller_s_priority_alone(tmp_path: Path) -> None:
+    """Only ``--priority idle`` (what the writer passes) lowers the process: a publisher run in
+    process (tests, tools) without it must not leave its caller at SCHED_IDLE."""
+    before = _priority()
+    staging, output = tmp_path / "staging", tmp_path / "out"
+    staging.mkdir()
+    output.mkdir()
+    argv = [str(staging / "missing.job.json"), "--staging", str(staging), "--output", str(output)]
+    assert publisher.main(argv) == 2
+    assert _priority() == before

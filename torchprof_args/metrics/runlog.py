@@ -1,0 +1,176 @@
+"""Runs in one ``metrics.jsonl``: each process that writes it marks where it starts, that it is alive
+while it writes nothing, and where it ends, so that successive runs appended to one directory (a job
+restarted from a checkpoint) can be told apart and timed (``torchprof goodput``).
+
+Three kinds of marker line, each a valid metrics record (``iteration``, ``timestamp``, empty
+``metrics``) with one more key, so a reader that knows nothing of markers merges them harmlessly:
+
+* ``"run"``: written when the metrics writer starts: the run's ``id``, its process's start time
+  (``process_start``, seconds since the epoch: ``/proc/self/stat`` on Linux), the writer's start
+  (``writer_start``: the first interval is measured from there), ``start_iteration`` (the
+  checkpoint it resumed from), world size, host and pid;
+* ``"alive"``: written by a daemon thread after :data:`ALIVE_SECONDS` without any line, so a process
+  that hangs and is killed still says until when it lived;
+* ``"run_end"``: written when the writer closes (or at interpreter exit).
+
+:func:`read_runs` splits a file into :class:`RunSegment` s (lines before any marker, written by an
+older version, form one segment without a marker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ALIVE_KEY",
+    "ALIVE_SECONDS",
+    "END_KEY",
+    "MARKER_KEYS",
+    "RUN_KEY",
+    "RunMarker",
+    "RunSegment",
+    "is_marker",
+    "process_start_time",
+    "read_runs",
+]
+
+RUN_KEY = "run"
+END_KEY = "run_end"
+ALIVE_KEY = "alive"
+MARKER_KEYS = (RUN_KEY, END_KEY, ALIVE_KEY)
+#: Seconds without a line after which the writer's thread says the process is alive.
+ALIVE_SECONDS = 30.0
+#: The marker's format version.
+RUN_VERSION = 1
+
+
+def process_start_time() -> float | None:
+    """When this process started, seconds since the epoch (Linux: ``/proc``; None elsewhere)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, clock ticks after boot
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunMarker:
+    """What the ``"run"`` line says about one process writing metrics."""
+
+    id: str
+    writer_start: float
+    start_iteration: int
+    process_start: float | None = None
+    world_size: int = 1
+    host: str = ""
+    pid: int = 0
+
+    @classmethod
+    def here(cls, start_iteration: int, world_size: int, writer_start: float | None = None) -> RunMarker:
+        """The marker of this process, whose writer starts now (or at ``writer_start``)."""
+        return cls(
+            id=uuid.uuid4().hex[:12],
+            writer_start=time.time() if writer_start is None else writer_start,
+            start_iteration=start_iteration,
+            process_start=process_start_time(),
+            world_size=world_size,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The ``"run"`` line."""
+        return {
+            "iteration": self.start_iteration,
+            "timestamp": self.writer_start,
+            "metrics": {},
+            RUN_KEY: {"version": RUN_VERSION, **dataclasses.asdict(self)},
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RunMarker:
+        doc = record[RUN_KEY]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in fields})
+
+
+def marker_line(key: str, run_id: str, iteration: int, timestamp: float | None = None) -> dict[str, Any]:
+    """An ``"alive"`` or ``"run_end"`` line of run ``run_id``."""
+    return {
+        "iteration": iteration,
+        "timestamp": time.time() if timestamp is None else timestamp,
+        "metrics": {},
+        key: {"id": run_id},
+    }
+
+
+def is_marker(record: dict[str, Any]) -> bool:
+    """A marker line, not a metrics record."""
+    return any(key in record for key in MARKER_KEYS)
+
+
+@dataclasses.dataclass
+class RunSegment:
+    """One process's lines: its marker (None for lines written before markers existed), its
+    metrics records in file order, when it closed (``end``, None if it never did: killed) and the
+    last moment it is known to have been alive."""
+
+    marker: RunMarker | None
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    end: float | None = None
+    last_alive: float | None = None
+
+    @property
+    def start(self) -> float | None:
+        """The process's start, else its writer's, else its first record's time."""
+        if self.marker is not None:
+            return self.marker.process_start or self.marker.writer_start
+        return self.records[0]["timestamp"] if self.records else None
+
+    @property
+    def finish(self) -> float | None:
+        """The last moment of this process the file knows about."""
+        return self.end if self.end is not None else self.last_alive
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[RunSegment]:
+    """The runs of a ``metrics.jsonl`` in file order.  A truncated last line (a crash mid-write) is
+    skipped; any other bad line is a ``ValueError`` naming the file and line."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.readlines()
+    segments: list[RunSegment] = []
+    current: RunSegment | None = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            timestamp = float(record["timestamp"])
+            int(record["iteration"])
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines) and not line.endswith("\n"):
+                continue
+            raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
+        if RUN_KEY in record:
+            current = RunSegment(RunMarker.from_record(record), last_alive=timestamp)
+            segments.append(current)
+            continue
+        if current is None:
+            current = RunSegment(None)
+            segments.append(current)
+        current.last_alive = max(current.last_alive or timestamp, timestamp)
+        if END_KEY in record:
+            current.end = timestamp
+        elif ALIVE_KEY not in record:
+            current.records.append(record)
+    return segments
