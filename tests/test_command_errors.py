@@ -37,6 +37,8 @@ MISSING: dict[str, Callable[[Path, Path], list[str]]] = {
     "dashboard": lambda missing, out: ["dashboard", str(missing)],
     "trigger": lambda missing, out: ["trigger", "--job-dir", str(missing)],
     "trigger --stacks": lambda missing, out: ["trigger", "--stacks", "--job-dir", str(missing)],
+    "goodput": lambda missing, out: ["goodput", str(missing)],
+    "trend": lambda missing, out: ["trend", str(missing), str(missing)],
 }
 #: Commands that read no input path: ``flags`` prints (or writes) the reference, ``nsys`` a command line.
 NO_INPUT_PATH = {"flags", "nsys"}

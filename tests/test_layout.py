@@ -13,7 +13,8 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
  6. runtime     ``runtime/``: the training process (profiler, timeline, recorder, export, fence, ...)
  7. metrics     ``metrics/``: timers, the rank gather, MFU, the metrics writer and sinks, the dashboard
  8. config      ``config.py``: THE boundary, ``argparse.Namespace`` in, frozen configs out
- 9. frameworks  ``frameworks/``, ``megatron.py``, ``deepspeed.py``, ``cli.py``: the entry points
+ 9. frameworks  ``frameworks/``, ``megatron.py``, ``deepspeed.py``, ``huggingface.py``, ``accelerate.py``,
+               ``lightning.py``, ``torchtitan.py``, ``cli.py``: the entry points
 10. commands    ``commands/``, ``console.py``, ``__main__.py``: the ``torchprof`` command
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
@@ -57,7 +58,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime",)),
     ("metrics", ("metrics",)),
     ("config", ("config",)),
-    ("frameworks", ("frameworks", "megatron", "deepspeed", "cli")),
+    ("frameworks", ("frameworks", "megatron", "deepspeed", "huggingface", "accelerate", "lightning",
+                    "torchtitan", "cli")),
     ("commands", ("commands", "console", "__main__")),
     ("facade", ("",)),
 )

@@ -1,21 +1,17 @@
-"""torchtitan's config, extended with a ``[torch_profile]`` section (torchtitan 0.3: a Python
-``config_registry`` function returns a ``Trainer.Config``, tyro parses ``--section.field`` flags).
-
-:func:`profiled_config_class` derives, from whatever ``Config`` the registry function returns, a
-subclass with one more field, ``torch_profile`` (every host flag of the registry, generated as for
-Hugging Face: ``--torch_profile.enable``, ``--torch_profile.step_start 4``,
-``--torch_profile.metrics_peak_tflops 989``...), whose owner is the same trainer class with
-:class:`~torchprof_args.frameworks.torchtitan_trainer.TorchProfileTrainerMixin` in front.
-:func:`parse_config` is torchtitan's ``ConfigManager.parse_args`` with that class; every check
-(the flags', and torchtitan's own profiler or memory snapshots with ours) raises
-:class:`~torchprof_args.TorchProfileArgsError` naming the options as torchtitan spells them.
+"""torchtitan's ``[torch_profile]`` config section (torchtitan 0.3: a Python ``config_registry``
+function returns a ``Trainer.Config``, tyro parses ``--section.field`` flags): every host flag of the
+registry as a field, generated as for Hugging Face (``--torch_profile.enable``,
+``--torch_profile.step_start 4``, ``--torch_profile.metrics_peak_tflops 989``...), and
+:func:`run_config`, the section's checked configs; every check (the flags', and torchtitan's own
+profiler or memory snapshots with ours) raises :class:`~torchprof_args.TorchProfileArgsError` naming
+the options as torchtitan spells them.  The derived ``Config`` class and the parser are in
+:mod:`~torchprof_args.frameworks.torchtitan_parse`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from torchprof_args.config import RunConfig, configs_from_args
@@ -29,8 +25,7 @@ from torchprof_args.frameworks.flag_fields import (
 )
 from torchprof_args.runtime.flags import TORCH_PROFILE
 
-__all__ = ["SECTION", "TorchProfileSection", "parse_config", "profiled_config_class", "run_config",
-           "titan_fields"]
+__all__ = ["SECTION", "TorchProfileSection", "run_config", "section_namespace", "titan_fields"]
 
 #: The section's name: ``[torch_profile]`` in a dump of the config, ``--torch_profile.*`` flags.
 SECTION = "torch_profile"
@@ -85,44 +80,3 @@ def run_config(config: Any, world_size: int | None = None) -> RunConfig:
             f"--{SECTION}.memory_snapshot cannot run together with torchtitan's "
             "--profiler.enable_memory_snapshot: both record the CUDA allocator's history. Keep one.")
     return run
-
-
-_DERIVED: dict[type, type] = {}
-
-
-def profiled_config_class(base: type) -> type:
-    """``base`` (a torchtitan ``Trainer.Config`` or a subclass) with the ``torch_profile`` section,
-    owned by the same trainer class with the profiling mixin; one class per ``base``."""
-    if base in _DERIVED:
-        return _DERIVED[base]
-    from torchprof_args.frameworks.torchtitan_trainer import TorchProfileTrainerMixin
-
-    owner = base._owner  # type: ignore[attr-defined]  # torchtitan's Configurable wiring
-    namespace = {"__module__": __name__, "__qualname__": f"{owner.__name__}.Config",
-                 "__annotations__": {SECTION: TorchProfileSection}, SECTION: dataclasses.field(
-                     default_factory=TorchProfileSection)}
-    config: type = dataclasses.dataclass(kw_only=True, slots=True)(type("Config", (base,), namespace))
-    trainer = type(f"TorchProfiled{owner.__name__}", (TorchProfileTrainerMixin, owner),
-                   {"Config": config, "__module__": __name__})
-    assert config._owner is trainer  # type: ignore[attr-defined]  # set by Configurable.__init_subclass__
-    _DERIVED[base] = config
-    return config
-
-
-def parse_config(argv: Sequence[str]) -> Any:
-    """torchtitan's ``ConfigManager.parse_args(argv)`` (``--module``, ``--config``, then tyro's
-    ``--section.field`` flags) with the ``[torch_profile]`` section; raises
-    :class:`TorchProfileArgsError` on a bad or conflicting setting."""
-    import tyro
-    from torchtitan.config.manager import ConfigManager, custom_registry
-
-    manager = ConfigManager()
-    loaded, rest = manager._load_config(list(argv))  # noqa: SLF001  (its --module/--config reading)
-    config_class = profiled_config_class(type(loaded))
-    values = {field.name: getattr(loaded, field.name) for field in dataclasses.fields(loaded) if field.init}
-    default = config_class(**values)
-    config = tyro.cli(config_class, args=rest, default=default, registry=custom_registry)
-    manager.config = config
-    manager._validate_config()  # noqa: SLF001
-    run_config(config)
-    return config
