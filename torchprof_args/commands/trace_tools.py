@@ -1,4 +1,4 @@
-"""``torchprof summary | report | diff | split | merge | mem``: the trace toolkit's command line.
+"""``torchprof summary | report | diff | split | merge``: the trace toolkit's command line.
 
 Every trace command takes trace files, cycle folders or run folders
 (:mod:`torchprof_args.analysis.collect.discover`), reads a trace's summary from its sidecar when
@@ -10,7 +10,6 @@ their errors are raised as :class:`~torchprof_args.errors.CommandError`, printed
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands import summary as summary_command
@@ -104,14 +103,6 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mem(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.memory.snapshot import format_snapshot, load_snapshot, summarize_snapshot
-
-    summary = summarize_snapshot(load_snapshot(args.snapshot), top=args.top)
-    print(json.dumps(summary) if args.json else format_snapshot(summary, args.snapshot))
-    return 0
-
-
 def register(subparsers: Any) -> None:
     """Add the trace toolkit's sub-commands to ``torchprof``."""
     common = argparse.ArgumentParser(add_help=False)
@@ -176,13 +167,3 @@ def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP + " (one cycle)")
     p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
     p.set_defaults(func=_merge)
-
-    p = subparsers.add_parser(
-        "mem", help="summarise a torch.cuda.memory._dump_snapshot pickle (safely)",
-        description="Peak, reserved vs allocated, fragmentation and top allocation sites of a memory "
-        "snapshot; the pickle is read with an unpickler that cannot run code.",
-    )
-    p.add_argument("snapshot", help="snapshot .pickle file")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--top", type=int, default=15)
-    p.set_defaults(func=_mem)
