@@ -28,10 +28,10 @@ INIT = frames(("torch/nn/modules/module.py", 1340, "_apply"), ("torch/nn/modules
               ("train.py", 12, "main"))
 OPTIM = frames(("torch/optim/adam.py", 160, "_init_group"), ("torch/optim/adam.py", 220, "step"),
                ("train.py", 31, "main"))
-FORWARD = frames(("torch/nn/modules/linear.py", 125, "forward"), ("torch/nn/modules/module.py", 1750, "_call_impl"),
-                 ("train.py", 27, "main"))
-BACKWARD = frames(("torch/autograd/graph.py", 825, "_engine_run_backward"), ("torch/_tensor.py", 626, "backward"),
-                  ("train.py", 29, "main"))
+FORWARD = frames(("torch/nn/modules/linear.py", 125, "forward"),
+                 ("torch/nn/modules/module.py", 1750, "_call_impl"), ("train.py", 27, "main"))
+BACKWARD = frames(("torch/autograd/graph.py", 825, "_engine_run_backward"),
+                  ("torch/_tensor.py", 626, "backward"), ("train.py", 29, "main"))
 
 
 class Builder:
@@ -64,8 +64,8 @@ class Builder:
                 self._entry("segment_alloc", seg["address"], seg["total_size"], stack)
         addr = seg["address"] + seg["used"]
         seg["used"] += size
-        self.blocks[addr] = {"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
-                             "frames": stack}
+        self.blocks[addr] = {"address": addr, "size": size, "requested_size": size,
+                             "state": "active_allocated", "frames": stack}
         if record:
             self._entry("alloc", addr, size, stack)
         return addr
@@ -84,7 +84,8 @@ class Builder:
         segments = []
         for seg in self.segments:
             lo, hi = seg["address"], seg["address"] + seg["total_size"]
-            blocks = sorted((b for b in self.blocks.values() if lo <= b["address"] < hi), key=lambda b: b["address"])
+            blocks = sorted((b for b in self.blocks.values() if lo <= b["address"] < hi),
+                            key=lambda b: b["address"])
             end = max((b["address"] + b["size"] for b in blocks), default=lo)
             if end < hi:
                 blocks.append({"address": end, "size": hi - end, "requested_size": 0, "state": "inactive",
@@ -93,8 +94,9 @@ class Builder:
             segments.append({k: v for k, v in seg.items() if k != "used"} | {
                 "allocated_size": allocated, "active_size": allocated, "requested_size": allocated,
                 "blocks": blocks})
+        conf = "expandable_segments:True" if expandable else ""
         return {"segments": segments, "device_traces": [self.history],
-                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True" if expandable else ""}}
+                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": conf}}
 
 
 def training_snapshot(*, params: int, state: int, activations: int, holes: int, request: int,
@@ -135,7 +137,8 @@ def long_history(n: int, *, seed: int = 0, stacks: int = 3000) -> dict[str, Any]
             addr, stack = 0x7F0000000000 + i * 4096, rng.choice(pool)
             live.append((addr, size, stack))
             action = "alloc"
-        history.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": i, "frames": stack})
+        history.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": i,
+                        "frames": stack})
     blocks = [{"address": a, "size": s, "requested_size": s, "state": "active_allocated", "frames": f}
               for a, s, f in live[:10000]]
     segment = {"device": 0, "address": 0x7F0000000000, "total_size": sum(b["size"] for b in blocks) + MIB,

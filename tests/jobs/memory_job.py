@@ -40,8 +40,10 @@ def main() -> int:
     rank = dist.get_rank()
     torch.manual_seed(0)
     dim = args.dim
-    model = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.ReLU(), torch.nn.Linear(2 * dim, 2 * dim),
-                                torch.nn.ReLU(), torch.nn.Linear(2 * dim, dim))
+    linear = torch.nn.Linear
+    relu = torch.nn.ReLU
+    model = torch.nn.Sequential(linear(dim, 2 * dim), relu(), linear(2 * dim, 2 * dim), relu(),
+                                linear(2 * dim, dim))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     kept: list[torch.Tensor] = []
     keep = rank in args.keep_ranks and args.keep_mb > 0

@@ -28,23 +28,36 @@ def _report(args: argparse.Namespace) -> int:
     from torchprof_args.commands.cycles import cycle_summaries
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
-    findings = [finite(_diagnosis(c.files, args, c.label)) for c, _ in cycles]  # as --json prints them
+    found = [_diagnosis(c.files, args, c.label, with_memory=True) for c, _ in cycles]
+    findings = [finite(job) for job, _ in found]  # as --json prints them
     out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
-                       findings=findings)
+                       findings=findings, memory=[memory for _, memory in found])
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> JobDiagnosis | None:
-    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed); None when none
-    of them can be read."""
-    from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
-    from torchprof_args.analysis.diagnose.job import diagnose
+def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None,
+               with_memory: bool = False) -> tuple[JobDiagnosis | None, dict[str, Any] | None]:
+    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed; None when none
+    of them can be read) and, ``with_memory``, ``torchprof mem``'s (None without [memory] events)."""
+    import msgspec
 
-    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=getattr(args, "workers", None))
-    return diagnose(got.diagnoses, label or "", label) if got.diagnoses else None
+    from torchprof_args.analysis.collect.pool import collect
+    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS, MEMORY
+    from torchprof_args.analysis.diagnose.job import diagnose
+    from torchprof_args.analysis.jsonout import finite
+    from torchprof_args.analysis.memory.report import memory_report
+
+    got = collect(files, parts=(DIAGNOSIS, MEMORY), reparse=args.reparse,
+                  workers=getattr(args, "workers", None))
+    memory = [(str(r.path), r.memory) for r in got.results if r is not None and r.memory is not None]
+    parts = [m for _, m in memory]
+    job = diagnose(got.diagnoses, label or "", label, memory=parts) if got.diagnoses else None
+    report = memory_report(label or "", label, memory) if with_memory and memory else None
+    if report is None or report.peak is None:
+        return job, None
+    return job, finite(msgspec.to_builtins(report))
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -61,7 +74,7 @@ def _diff(args: argparse.Namespace) -> int:
             return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
-        diagnoses.append(_diagnosis(files, args, label or side))
+        diagnoses.append(_diagnosis(files, args, label or side)[0])
     result = finite(diff_summaries(*sides))
     result["findings"] = diff_findings(*diagnoses)
     if args.json:
