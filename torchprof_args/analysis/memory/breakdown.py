@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from torchprof_args.analysis.memory.categories import (
+    ACTIVATION,
     CATEGORIES,
     GRADIENT,
     OPTIMIZER_STATE,
@@ -114,6 +115,8 @@ def breakdown(allocs: Allocations) -> DeviceMemory | None:
     alloc_pos[replay.row[replay.is_alloc]] = np.flatnonzero(replay.is_alloc)
     free_pos[replay.row[~replay.is_alloc]] = np.flatnonzero(~replay.is_alloc)
     live_at_peak = (alloc_pos <= peak) & (free_pos > peak)
+    in_backward = np.array([p.phase == "backward" for p in allocs.places] + [False], dtype=bool)
+    backward = in_backward[allocs.where]  # each allocation: made in a backward pass
     return DeviceMemory(
         device=allocs.device,
         peak_bytes=int(replay.total[peak]),
@@ -121,7 +124,7 @@ def breakdown(allocs: Allocations) -> DeviceMemory | None:
         by_category=ByCategory.of(replay.live[:, peak]),
         category_peaks=ByCategory.of(replay.live.max(axis=1)),
         top_sites=_sites(allocs, np.flatnonzero(live_at_peak)),
-        steps=[s for s in (_step(allocs, replay, *step) for step in allocs.steps) if s is not None],
+        steps=[s for s in (_step(allocs, replay, backward, *step) for step in allocs.steps) if s is not None],
         retained=_retained(allocs),
         timeline=_timeline(allocs, replay),
         start_bytes=int(allocs.size[~np.isfinite(allocs.start)].sum()),
@@ -161,16 +164,19 @@ def _sites(allocs: Allocations, rows: np.ndarray, top: int = TOP_SITES) -> list[
     return [Site(site, v[0], v[1], CATEGORIES[int(np.argmax(v[2:]))]) for site, v in ranked]
 
 
-def _step(allocs: Allocations, replay: _Replay, name: str, start: float, end: float) -> StepMemory | None:
+def _step(allocs: Allocations, replay: _Replay, backward: np.ndarray, name: str, start: float,
+          end: float) -> StepMemory | None:
     lo, hi = np.searchsorted(replay.times, [start, end])
     if hi <= lo:
         return None
     peak = lo + int(np.argmax(replay.total[lo:hi]))
     before = int(replay.total[lo - 1]) if lo else int(allocs.size[~np.isfinite(allocs.start)].sum())
+    first = np.flatnonzero(replay.is_alloc[lo:hi] & backward[replay.row[lo:hi]])
+    kept = int(replay.live[ACTIVATION, lo + int(first[0]) - 1]) if len(first) and lo + int(first[0]) else None
     return StepMemory(step=name, peak_bytes=int(replay.total[peak]),
                       phase=_moment(allocs, replay, peak).phase,
                       by_category=ByCategory.of(replay.live[:, peak]), start_bytes=before,
-                      end_bytes=int(replay.total[hi - 1]))
+                      end_bytes=int(replay.total[hi - 1]), activations_for_backward_bytes=kept)
 
 
 def _retained(allocs: Allocations) -> list[Retained]:

@@ -87,7 +87,9 @@ class Site(msgspec.Struct, frozen=True):
 
 
 class StepMemory(msgspec.Struct, frozen=True):
-    """One step: its peak (bytes, phase, categories) and the bytes live at its start and end."""
+    """One step: its peak (bytes, phase, categories), the bytes live at its start and end, and the
+    activations its forward pass keeps for the backward pass (live when the backward pass starts;
+    None without a backward pass)."""
 
     step: str
     peak_bytes: int
@@ -95,6 +97,7 @@ class StepMemory(msgspec.Struct, frozen=True):
     by_category: ByCategory
     start_bytes: int
     end_bytes: int
+    activations_for_backward_bytes: int | None
 
 
 class Retained(msgspec.Struct, frozen=True):
