@@ -62,10 +62,11 @@ def _time_limit(seconds: float) -> Iterator[None]:
 
 
 def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
-                   seconds: float = EXPORT_SECONDS) -> None:
+                   seconds: float | None = None) -> None:
     """Write PyTorch's categorisation of ``result`` (``profile.profiler.kineto_results``) to
     ``path``; never raises: a failure (over time, over size, an error in PyTorch's analysis) is
-    written as the file's ``error``."""
+    written as the file's ``error``.  ``seconds``: the time limit (default :data:`EXPORT_SECONDS`)."""
+    seconds = EXPORT_SECONDS if seconds is None else seconds
     if trace_bytes > MAX_TRACE_BYTES:
         found = Exported(error=f"the trace is {trace_bytes / 2**20:.0f} MiB (over {MAX_TRACE_BYTES >> 20} "
                                "MiB): PyTorch's memory categorisation was not run in the exporter")

@@ -110,8 +110,9 @@ def explain_oom(history: History, state: _State, live_blocks: list[tuple[int, in
     oom = history.ooms[-1]
     allocs = history_allocations(history, device, live_blocks, until=oom.index)
     live = ~np.isfinite(allocs.end)
-    held = ByCategory.of(np.bincount(allocs.category[live], weights=allocs.size[live],
-                                     minlength=len(CATEGORIES)).astype(np.int64))
+    totals = np.zeros(len(CATEGORIES), dtype=np.int64)
+    np.add.at(totals, allocs.category[live].astype(np.intp), allocs.size[live])
+    held = ByCategory.of(totals)
     sites = _sites(allocs.places, allocs.where[live], allocs.size[live], allocs.category[live])
     free = (oom.device_free_bytes or 0) + state.cached_free_bytes
     largest = max(state.largest_free_block_bytes, oom.device_free_bytes or 0)

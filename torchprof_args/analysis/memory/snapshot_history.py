@@ -43,6 +43,8 @@ _CODE = {name: i for i, name in enumerate(ACTIONS)}
 ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM = (_CODE[n] for n in (
     "alloc", "free_completed", "segment_alloc", "segment_free", "oom"))
 _LIBRARY = ("torch/", "<", "/lib/python3", "site-packages/torch", "threading.py", "contextlib.py", "runpy.py")
+#: a block's size is clipped here (a corrupt entry must not overflow the sums).
+_MAX_SIZE = 2**48
 _INIT = ("__init__", "_apply", "reset_parameters", "load_state_dict", "_load_from_state_dict", "cuda", "to")
 
 
@@ -139,7 +141,7 @@ def read_history(entries: Any) -> History:
             continue
         action[k] = code
         addr[k] = max(0, min(_int(entry.get("addr")), 2**64 - 1))
-        size[k] = max(0, min(_int(entry.get("size")), 2**63 - 1))
+        size[k] = max(0, min(_int(entry.get("size")), _MAX_SIZE))
         when = entry.get("time_us")
         if isinstance(when, (int, float)) and not isinstance(when, bool):
             time_us[k] = float(when)
