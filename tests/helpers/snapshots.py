@@ -44,6 +44,7 @@ class Builder:
         self.history: list[dict[str, Any]] = []
         self.blocks: dict[int, dict[str, Any]] = {}  # address -> live block
         self.time = 0
+        self.next_address = base
 
     def _entry(self, action: str, addr: int, size: int, stack: list[dict[str, Any]], **extra: Any) -> None:
         self.time += 10
@@ -56,9 +57,10 @@ class Builder:
             if seg["total_size"] - seg["used"] >= size:
                 break
         else:
-            seg = {"device": 0, "address": self.base + len(self.segments) * self.segment_bytes * 2,
-                   "total_size": max(self.segment_bytes, size), "stream": 0, "segment_type": "large",
-                   "segment_pool_id": (0, 0), "used": 0, "is_expandable": False}
+            seg = {"device": 0, "address": self.next_address, "total_size": max(self.segment_bytes, size),
+                   "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0), "used": 0,
+                   "is_expandable": False}
+            self.next_address += 2 * seg["total_size"]  # a gap: segments are not contiguous
             self.segments.append(seg)
             if record:
                 self._entry("segment_alloc", seg["address"], seg["total_size"], stack)

@@ -31,12 +31,14 @@ from torchprof_args.analysis.memory.categories import (
     Timeline,
 )
 
-__all__ = ["TIMELINE_POINTS", "Allocations", "Where", "breakdown"]
+__all__ = ["BEFORE_WINDOW", "TIMELINE_POINTS", "Allocations", "Where", "breakdown", "step_of"]
 
 #: points kept in a timeline.
 TIMELINE_POINTS = 240
 #: allocation sites listed at the peak.
 TOP_SITES = 10
+#: the site of memory allocated before the window (no event says where).
+BEFORE_WINDOW = "(allocated before the window)"
 #: categories that live across steps by design (never "retained").
 _PERSISTENT = (PARAMETER, GRADIENT, OPTIMIZER_STATE)
 
@@ -154,7 +156,8 @@ def _sites(allocs: Allocations, rows: np.ndarray, top: int = TOP_SITES) -> list[
     """The largest call sites among ``rows`` (their bytes, blocks and main category)."""
     sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0] + [0] * len(CATEGORIES))
     for row in rows.tolist():
-        site = allocs.places[int(allocs.where[row])].site or "<unknown>"
+        site = allocs.places[int(allocs.where[row])].site or (
+            BEFORE_WINDOW if allocs.start[row] == -np.inf else "<unknown>")
         entry = sizes[site]
         size = int(allocs.size[row])
         entry[0] += size

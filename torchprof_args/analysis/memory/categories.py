@@ -19,7 +19,7 @@ import msgspec
 
 __all__ = [
     "CATEGORIES", "MEMORY_FORMAT", "PHASES", "ByCategory", "DeviceMemory", "MemoryPart", "Moment", "Retained",
-    "Site", "StepMemory", "Timeline",
+    "Site", "StepMemory", "Timeline", "human_bytes",
 ]
 
 #: every category, in the documents' order (an allocation's category is an index into it).
@@ -29,6 +29,13 @@ PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(C
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "other")
 #: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
 MEMORY_FORMAT = 1
+
+
+def human_bytes(n: float | None) -> str:
+    """``512.0 MiB`` / ``14.0 GiB`` (GiB from 10 GiB up); ``-`` for None."""
+    if n is None:
+        return "-"
+    return f"{n / 2**30:,.1f} GiB" if abs(n) >= 10 * 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 class ByCategory(msgspec.Struct, frozen=True):

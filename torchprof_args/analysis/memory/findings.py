@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from torchprof_args.analysis.memory.categories import ByCategory, DeviceMemory
+from torchprof_args.analysis.memory.categories import ByCategory, DeviceMemory, human_bytes
 
 __all__ = ["MIN_FINDING_BYTES", "REMEDIES", "MemoryFinding", "category_remedies", "findings_of"]
 
@@ -75,7 +75,7 @@ _ACTION = {"smaller_micro_batch": "halving the micro-batch",
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return human_bytes(n)
 
 
 def category_remedies(held: ByCategory, data_parallel: int) -> list[tuple[str, int, str]]:
@@ -107,7 +107,8 @@ def findings_of(device: DeviceMemory, rank: int | None, data_parallel: int) -> l
         total = {"activations": held.activation, "optimizer state": held.optimizer_state,
                  "gradients": held.gradient}[what]
         found.append(MemoryFinding(
-            kind, freed, f"{what} hold {_mib(total)} at the peak ({device.peak.phase} phase, "
+            kind, freed, f"{what} {'holds' if what == 'optimizer state' else 'hold'} {_mib(total)} at the "
+                         f"peak ({device.peak.phase} phase, "
                          f"{device.device}); {_ACTION[kind]} frees {_mib(freed)}", REMEDIES[kind], bound,
             ranks,
             {"category_bytes": total, "peak_bytes": device.peak_bytes, "phase": device.peak.phase}))
@@ -121,8 +122,8 @@ def findings_of(device: DeviceMemory, rank: int | None, data_parallel: int) -> l
             {"peak_reserved_bytes": device.peak_reserved_bytes, "peak_allocated_bytes": device.peak_bytes}))
     for kept in device.retained:
         found.append(MemoryFinding(
-            "retained_tensor", kept.bytes, f"{_mib(kept.per_step_bytes)} allocated every step at {kept.site} "
-            f"is never freed: {kept.steps} steps' worth held at the end of the window, growing",
+            "retained_tensor", kept.bytes, f"{_mib(kept.per_step_bytes)} allocated at {kept.site} in each of "
+            f"{kept.steps} steps is never freed: the earlier steps' hold {_mib(kept.bytes)}, more every step",
             REMEDIES["retained_tensor"], "what the earlier steps' allocations hold now (it grows every step)",
             ranks, {"site": kept.site, "per_step_bytes": kept.per_step_bytes, "steps": kept.steps,
                     "category": kept.category}))

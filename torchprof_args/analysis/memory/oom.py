@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.memory.breakdown import TOP_SITES
-from torchprof_args.analysis.memory.categories import CATEGORIES, ByCategory, Site
+from torchprof_args.analysis.memory.categories import CATEGORIES, ByCategory, Site, human_bytes
 from torchprof_args.analysis.memory.findings import REMEDIES, category_remedies
 from torchprof_args.analysis.memory.snapshot_history import History, history_allocations
 
@@ -89,7 +89,7 @@ class _State(Protocol):
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return human_bytes(n)
 
 
 def explain_oom(history: History, state: _State, live_blocks: list[tuple[int, int, Any]], device: str,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.analysis.memory.breakdown import Allocations, Where, breakdown
+from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
     GRADIENT,
@@ -192,9 +192,9 @@ class _Rows:
     def allocations(self) -> list[Allocations]:
         """One table per device."""
         columns: dict[str, list[tuple[float, float, int, int, int]]] = {}
-        other = self.namer.index(Where("other"))
+        before = self.namer.index(Where("other", site=BEFORE_WINDOW))  # tensors made before the window
         for key, version, begin, end, size in self._versions():
-            where = self._made.get(key, other)
+            where = self._made.get(key, before)
             category = self._category(key, version, self.namer.places[where])
             columns.setdefault(str(key.device), []).append((begin, end, size, category, where))
         for device, begin, end, size, where in self._unknown:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from torchprof_args.analysis.memory.categories import CATEGORIES, ByCategory, MemoryPart
+from torchprof_args.analysis.memory.categories import CATEGORIES, ByCategory, MemoryPart, human_bytes
 
 __all__ = ["OUTLIER_MIN_BYTES", "OUTLIER_SHARE", "Outlier", "RankMemory", "outliers", "rank_rows"]
 
@@ -92,7 +92,7 @@ def outliers(rows: Sequence[RankMemory]) -> list[Outlier]:
             rank=row.rank, peak_bytes=row.peak_bytes, median_bytes=int(median), over_median_bytes=int(over),
             category=CATEGORIES[worst], category_over_median_bytes=int(excess[worst]), stage=row.stage,
             coordinates=row.coordinates,
-            summary=f"rank {row.rank}{_where(row)} peaks at {row.peak_bytes / 2**20:,.1f} MiB, "
-                    f"{over / 2**20:,.1f} MiB over the median of {len(measured)} ranks, mostly "
-                    f"{CATEGORIES[worst].replace('_', ' ')} (+{excess[worst] / 2**20:,.1f} MiB)"))
+            summary=f"rank {row.rank}{_where(row)} peaks at {human_bytes(row.peak_bytes)}, "
+                    f"{human_bytes(over)} over the median of {len(measured)} ranks, mostly "
+                    f"{CATEGORIES[worst].replace('_', ' ')} (+{human_bytes(excess[worst])})"))
     return sorted(found, key=lambda o: -o.over_median_bytes)

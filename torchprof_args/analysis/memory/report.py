@@ -19,6 +19,7 @@ from torchprof_args.analysis.memory.categories import (
     Site,
     StepMemory,
     Timeline,
+    human_bytes,
 )
 from torchprof_args.analysis.memory.findings import MIN_FINDING_BYTES, REMEDIES, MemoryFinding, findings_of
 from torchprof_args.analysis.memory.oom import OomExplanation
@@ -140,8 +141,8 @@ def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, Memor
             if state.cached_free_bytes >= MIN_FINDING_BYTES and state.fragmentation_pct > 0:
                 findings.append(MemoryFinding(
                     "fragmentation", state.cached_free_bytes,
-                    f"{snap.path}: cuda:{state.device} caches {state.cached_free_bytes / 2**20:,.1f} MiB of "
-                    f"free blocks, the largest {state.largest_free_block_bytes / 2**20:,.1f} MiB "
+                    f"{snap.path}: cuda:{state.device} caches {human_bytes(state.cached_free_bytes)} of "
+                    f"free blocks, the largest {human_bytes(state.largest_free_block_bytes)} "
                     f"({state.fragmentation_pct:.0f} % unusable as one block)", REMEDIES["fragmentation"],
                     "the free memory the allocator caches at the snapshot", [],
                     {"snapshot": snap.path, "expandable_segments": state.expandable_segments}))
@@ -156,6 +157,12 @@ def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, Memor
                     top_sites=device.top_sites, source=part.source, notes=part.notes)
         steps, timeline = device.steps, device.timeline
     oom = next((s.oom for s in snapshots if s.oom is not None), None)
+    if oom is not None:
+        findings += [MemoryFinding(
+            r.kind, r.bytes_freed, f"at the OOM ({oom.device}): frees {human_bytes(r.bytes_freed)}, "
+            + ("enough" if r.enough else "not enough") + f" ({human_bytes(oom.missing_bytes)} were missing)",
+            r.remedy, "what it frees of what held the memory at the OOM", [], {"enough": r.enough})
+            for r in oom.remedies[1:] if r.bytes_freed >= MIN_FINDING_BYTES]
     return MemoryReport(version=MEMORY_REPORT_VERSION, path=path, cycle=cycle, ranks=rows, peak=peak,
                         steps=steps, timeline=timeline, outliers=found_outliers, snapshots=list(snapshots),
                         oom=oom, findings=_merge(findings), errors=list(errors))

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.analyzers.select import lookup
-from torchprof_args.analysis.memory.breakdown import Allocations, Where, breakdown
+from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
     GRADIENT,
@@ -206,7 +206,7 @@ def _allocations(trace: Trace, rows: MemoryRows, context: _Context, code: int,
         table.append((start, end, abs(int(size[k])), category, where))
     # the CPU allocator's totals in a trace count only what was allocated while recording
     held = _held_before(cols, sel, table) if code >= 65536 else None
-    other = context.index(Where("other"))
+    other = context.index(Where("other", site=BEFORE_WINDOW))
     table += [(float("-inf"), float("inf"), nbytes, category, other)
               for category, nbytes in _split_held(trace, held, table, context.steps, notes) if nbytes > 0]
     arr = np.array(table, dtype=np.float64).reshape(-1, 5)

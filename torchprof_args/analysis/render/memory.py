@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from torchprof_args.analysis.memory.categories import human_bytes
+
 __all__ = ["CATEGORY_COLORS", "format_memory_report", "memory_section", "timeline_svg"]
 
 CATEGORY_COLORS = {"parameter": "#2e7d32", "gradient": "#1f4e9c", "optimizer_state": "#d4a017",
@@ -13,7 +15,7 @@ CATEGORY_COLORS = {"parameter": "#2e7d32", "gradient": "#1f4e9c", "optimizer_sta
 
 
 def _mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
+    return human_bytes(n)
 
 
 def _categories(values: dict[str, int]) -> str:
@@ -66,7 +68,7 @@ def _oom_lines(oom: dict[str, Any] | None) -> list[str]:
 def format_memory_report(doc: dict[str, Any], rows: int = 10) -> str:
     """The text output of ``torchprof mem`` (at most about 40 lines)."""
     head = f"== {doc['path']}" + (f" ({doc['cycle']})" if doc.get("cycle") else "")
-    lines = [head, *_peak_lines(doc)]
+    lines = [head, *(_peak_lines(doc) if doc["ranks"] or not doc["snapshots"] else [])]
     if len(doc["ranks"]) > 1:
         peaks = sorted(doc["ranks"], key=lambda r: -r["peak_bytes"])
         low, high = _mib(peaks[-1]["peak_bytes"]), _mib(peaks[0]["peak_bytes"])

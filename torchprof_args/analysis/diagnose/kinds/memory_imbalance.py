@@ -16,6 +16,7 @@ from __future__ import annotations
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
 from torchprof_args.analysis.diagnose.finding import NO_THRESHOLD, Finding, Gap
+from torchprof_args.analysis.memory.categories import human_bytes
 from torchprof_args.analysis.memory.ranks import outliers, rank_rows
 from torchprof_args.analysis.memory.report import IMBALANCE_REMEDY, STAGE_REMEDY
 
@@ -38,7 +39,7 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
     return Finding(
         kind=KIND, summary=summary + ".", ranks=tuple(o.rank for o in found), ms_per_step=0.0,
         share_of_step=0.0, saving_ms_per_step=0.0,
-        saving_bound=f"memory, not time: balancing frees {worst.over_median_bytes / 2**20:,.1f} MiB on rank "
+        saving_bound=f"memory, not time: balancing frees {human_bytes(worst.over_median_bytes)} on rank "
                      f"{worst.rank}, the first to run out",
         remedy=IMBALANCE_REMEDY if worst.stage is None else STAGE_REMEDY.format(stage=worst.stage),
         evidence={"per_rank": [{"rank": o.rank, "peak_bytes": o.peak_bytes,
