@@ -132,3 +132,18 @@ def test_the_guide_example_runs(tmp_path: Path) -> None:
     proc = run_doc_example("mem-oom-snapshot", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "1,024.0 MiB short" in proc.stdout and "remedy: halve the micro-batch" in proc.stdout
+
+
+REAL = sorted((Path(__file__).parent / "data").glob("cuda_*snapshot*.pickle.gz"))
+
+
+@pytest.mark.skipif(not REAL, reason="no real GPU snapshot in tests/data yet: `make gpu-check` (its memory "
+                    "section) writes them to <out>/tests_data/ for the next session with a GPU to commit")
+@pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
+def test_real_gpu_snapshots_in_tests_data(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = mem_json(capsys, path)
+    (snap,) = doc["snapshots"]
+    assert snap["devices"][0]["reserved_bytes"] >= snap["devices"][0]["allocated_bytes"] > 0
+    assert snap["memory"] and snap["memory"][0]["peak_bytes"] > 0
+    if "oom" in path.name:
+        assert doc["oom"] is not None and doc["oom"]["requested_bytes"] > 0

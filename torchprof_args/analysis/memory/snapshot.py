@@ -16,6 +16,7 @@ entry, the explanation (:mod:`.oom`).
 
 from __future__ import annotations
 
+import gzip
 import pickle
 from collections import defaultdict
 from pathlib import Path
@@ -50,11 +51,11 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
-    """The snapshot dict of a ``_dump_snapshot`` pickle; TraceError (one line naming the file) for
-    anything else."""
+    """The snapshot dict of a ``_dump_snapshot`` pickle (gzip-compressed when its name ends with
+    ``.gz``); TraceError (one line naming the file) for anything else."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as handle:
             snap = SafeUnpickler(handle).load()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
