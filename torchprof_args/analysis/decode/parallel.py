@@ -235,8 +235,8 @@ class Worker:
             raise WrongCut
         _, index, n_events, where, keys, memory, comms, flops, memory_rows = msg
         self.outstanding -= 1
-        cols = [_read_column(self.out_fd, offset, n, dtype) for offset, n, dtype in where]
-        return index, Part(n_events, *cols, keys, memory, comms, flops, memory_rows)
+        ts, dur, key, stream, corr = (_read_column(self.out_fd, offset, n, kind) for offset, n, kind in where)
+        return index, Part(n_events, ts, dur, key, stream, corr, keys, memory, comms, flops, memory_rows)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""
