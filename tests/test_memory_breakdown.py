@@ -10,9 +10,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
+from helpers.nvml import memory_stats
 from helpers.paths import DATA
 
 from torchprof_args.analysis.decode.loader import load_trace
+from torchprof_args.analysis.memory.allocator import allocator_view
 from torchprof_args.analysis.memory.breakdown import Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
@@ -25,6 +28,12 @@ from torchprof_args.analysis.memory.categories import (
 from torchprof_args.analysis.memory.nesting import Nesting
 from torchprof_args.analysis.memory.ranks import outliers, rank_rows
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
+from torchprof_args.console import main
+from torchprof_args.metrics.config import MetricsConfig
+from torchprof_args.metrics.hardware import DeviceReadings
+from torchprof_args.metrics.writer import MetricsWriter
+
+GIB = 1 << 30
 
 TRACE = DATA / "cpu_2rank_gloo_rank0_iter3.json.gz"
 
@@ -123,3 +132,32 @@ def test_a_real_cpu_trace_from_the_demo_is_categorised() -> None:
     assert cpu.steps[0].activations_for_backward_bytes == cpu.category_peaks.activation
     assert cpu.timeline.t_ms and len(cpu.timeline.t_ms) <= 240
     assert any("inferred" in note for note in part.notes)
+
+
+def test_allocator_peaks_of_every_rank_from_metrics_jsonl(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The metrics writer's per-rank allocator readings (a stand-in torch.cuda.memory_stats: no GPU
+    here) read back by `torchprof mem` on the run folder; then 4 ranks, rank 2 over the median."""
+    config = MetricsConfig(str(tmp_path), sinks=("jsonl",))
+    writer = MetricsWriter(config, rank=0, world_size=1, console=False)
+    stats = {
+        "allocated_bytes.all.peak": 30 * GIB,
+        "reserved_bytes.all.peak": 34 * GIB,
+        "num_alloc_retries": 2,
+    }
+    writer.readings = DeviceReadings(memory_stats=memory_stats(stats), hardware=False)
+    writer.log_step(10, iteration_time=0.5)
+    writer.close()
+    view = allocator_view(tmp_path / "metrics.jsonl")
+    assert view is not None and view.iteration == 10 and view.outliers == []
+    (rank,) = view.ranks
+    assert (rank.max_allocated_bytes, rank.max_reserved_bytes, rank.alloc_retries) == (30 * GIB, 34 * GIB, 2)
+    per_rank = {"memory/max-allocated-gb": [30.0, 30.5, 41.0, 30.2], "memory/max-reserved-gb": [34.0] * 4}
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"iteration": 20, "metrics": {}, "per_rank": per_rank}) + "\n"
+    )
+    view = allocator_view(tmp_path / "metrics.jsonl")
+    assert view is not None and view.outliers == [2] and "rank(s) 2" in view.summary
+    assert main(["mem", str(tmp_path)]) == 0  # no trace, no snapshot: the allocator's view alone
+    assert "metrics.jsonl: allocator peaks of 4 ranks at iteration 20" in capsys.readouterr().out

@@ -25,9 +25,12 @@ from typing import Any
 
 from torchprof_args.errors import CommandError, ExitStatus, TraceError
 from torchprof_args.flags.types import positive_int
+from torchprof_args.naming import METRICS_FILENAME
 
 __all__ = ["register"]
 
+#: marks the error of inputs without traces (not one when snapshots or metrics were read).
+NO_TRACES = "\x00no traces: "
 #: where the snapshotter writes in a run folder (``runtime/memory_snapshots.py``).
 SNAPSHOT_FOLDER = "memory_snapshots"
 
@@ -56,7 +59,10 @@ def _traces(inputs: list[str | Path],
 
     if not inputs:
         return [], None, []
-    files, label = choose_cycle(expand(inputs), args.cycle)
+    try:
+        files, label = choose_cycle(expand(inputs), args.cycle)
+    except TraceError as err:  # a run folder of snapshots or metrics only: not an error unless nothing is
+        return [], None, [f"{NO_TRACES}{err}"]
     got = collect(files, parts=(MEMORY,), reparse=args.reparse, workers=args.workers,
                   progress=not args.no_progress)
     parts = [(str(r.path), r.memory) for r in got.results if r is not None and r.memory is not None]
@@ -68,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from torchprof_args.analysis.decode.loader import release_memory_eagerly
     from torchprof_args.analysis.jsonout import finite, print_json
+    from torchprof_args.analysis.memory.allocator import allocator_view
     from torchprof_args.analysis.memory.report import memory_report
     from torchprof_args.analysis.memory.snapshot import load_snapshot, summarize_snapshot
     from torchprof_args.analysis.render.memory import format_memory_report
@@ -75,18 +82,23 @@ def _run(args: argparse.Namespace) -> int:
     release_memory_eagerly()
     snapshot_paths, others = _split_inputs(args.paths)
     parts, label, errors = _traces(others, args)
+    allocator = next((found for found in (allocator_view(Path(p) / METRICS_FILENAME) for p in others
+                                          if Path(p).is_dir()) if found is not None), None)
     snapshots = []
     for path in snapshot_paths:
         try:
             snapshots.append(summarize_snapshot(load_snapshot(path), str(path), top=args.top))
         except TraceError as err:
             errors.append(str(err))
-    if not parts and not snapshots:
+    if not parts and not snapshots and allocator is None:
+        errors = [e.removeprefix(NO_TRACES) for e in errors]
         raise CommandError(errors[0] if len(errors) == 1 else
                            f"none of the inputs could be read ({'; '.join(errors[:3])})")
+    errors = [e for e in errors if not e.startswith(NO_TRACES)]
     for error in errors:
         print(f"torchprof mem: {error}", file=sys.stderr)
-    doc = finite(msgspec.to_builtins(memory_report(" ".join(args.paths), label, parts, snapshots, errors)))
+    report = memory_report(" ".join(args.paths), label, parts, snapshots, errors, allocator)
+    doc = finite(msgspec.to_builtins(report))
     if args.json:
         print_json(doc)
     else:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from torchprof_args.analysis.memory.allocator import AllocatorView
 from torchprof_args.analysis.memory.categories import (
     ByCategory,
     MemoryPart,
@@ -65,6 +66,7 @@ class MemoryReport(msgspec.Struct, frozen=True):
         outliers: ranks holding more than the median.
         snapshots: each snapshot read.
         oom: the OOM explained (the first snapshot with an ``oom`` entry).
+        allocator: every rank's CUDA allocator peaks from the run's metrics.jsonl (None without).
         findings: what would free memory, largest first.
         errors: inputs that could not be read, one line each.
     """
@@ -79,6 +81,7 @@ class MemoryReport(msgspec.Struct, frozen=True):
     outliers: list[Outlier]
     snapshots: list[SnapshotSummary]
     oom: OomExplanation | None
+    allocator: AllocatorView | None
     findings: list[MemoryFinding]
     errors: list[str]
 
@@ -107,7 +110,8 @@ def _merge(findings: list[MemoryFinding]) -> list[MemoryFinding]:
 
 
 def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, MemoryPart]],
-                  snapshots: Sequence[SnapshotSummary] = (), errors: Sequence[str] = ()) -> MemoryReport:
+                  snapshots: Sequence[SnapshotSummary] = (), errors: Sequence[str] = (),
+                  allocator: AllocatorView | None = None) -> MemoryReport:
     """The memory diagnosis of one cycle's ranks and the snapshots given.
 
     Args:
@@ -116,6 +120,7 @@ def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, Memor
         parts: ``(trace file, memory part)`` per rank.
         snapshots: snapshots read (an OOM snapshot's explanation is the report's ``oom``).
         errors: inputs that could not be read.
+        allocator: the ranks' allocator peaks from the run's metrics.jsonl.
 
     Returns:
         The document.
@@ -165,4 +170,4 @@ def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, Memor
             for r in oom.remedies[1:] if r.bytes_freed >= MIN_FINDING_BYTES]
     return MemoryReport(version=MEMORY_REPORT_VERSION, path=path, cycle=cycle, ranks=rows, peak=peak,
                         steps=steps, timeline=timeline, outliers=found_outliers, snapshots=list(snapshots),
-                        oom=oom, findings=_merge(findings), errors=list(errors))
+                        oom=oom, allocator=allocator, findings=_merge(findings), errors=list(errors))

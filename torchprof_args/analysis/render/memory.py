@@ -74,6 +74,8 @@ def format_memory_report(doc: dict[str, Any], rows: int = 10) -> str:
         low, high = _mib(peaks[-1]["peak_bytes"]), _mib(peaks[0]["peak_bytes"])
         lines.append(f"Ranks: {len(peaks)}, peaks {low} .. {high}")
     lines += [f"Outlier: {o['summary']}" for o in doc["outliers"][:5]]
+    if doc.get("allocator"):
+        lines.append(f"metrics.jsonl: {doc['allocator']['summary']}")
     for snap in doc["snapshots"]:
         for d in snap["devices"]:
             lines.append(f"Snapshot {snap['path']}: cuda:{d['device']} reserved {_mib(d['reserved_bytes'])}, "
