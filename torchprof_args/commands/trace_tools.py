@@ -44,14 +44,13 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None,
     import msgspec
 
     from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS, MEMORY
+    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
     from torchprof_args.analysis.diagnose.job import diagnose
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.memory.report import memory_report
 
-    got = collect(files, parts=(DIAGNOSIS, MEMORY), reparse=args.reparse,
-                  workers=getattr(args, "workers", None))
-    memory = [(str(r.path), r.memory) for r in got.results if r is not None and r.memory is not None]
+    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=getattr(args, "workers", None))
+    memory = got.stored_memory(files)  # from the sidecars: `torchprof mem` parses traces without
     parts = [m for _, m in memory]
     job = diagnose(got.diagnoses, label or "", label, memory=parts) if got.diagnoses else None
     report = memory_report(label or "", label, memory) if with_memory and memory else None
