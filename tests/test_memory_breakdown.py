@@ -7,6 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,7 @@ from torchprof_args.console import main
 from torchprof_args.metrics.config import MetricsConfig
 from torchprof_args.metrics.hardware import DeviceReadings
 from torchprof_args.metrics.writer import MetricsWriter
+from torchprof_args.runtime.metadata import megatron_coordinates
 
 GIB = 1 << 30
 
@@ -161,3 +164,24 @@ def test_allocator_peaks_of_every_rank_from_metrics_jsonl(
     assert view is not None and view.outliers == [2] and "rank(s) 2" in view.summary
     assert main(["mem", str(tmp_path)]) == 0  # no trace, no snapshot: the allocator's view alone
     assert "metrics.jsonl: allocator peaks of 4 ranks at iteration 20" in capsys.readouterr().out
+
+
+def test_megatron_coordinates_come_from_its_parallel_state_never_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stand-in for megatron-core's parallel state (initialising the real one needs a job): the
+    coordinates when it is up, None when it is not or when megatron was never imported."""
+    monkeypatch.delitem(sys.modules, "megatron.core.parallel_state", raising=False)
+    assert megatron_coordinates() is None
+    state = types.SimpleNamespace(
+        model_parallel_is_initialized=lambda: True,
+        get_data_parallel_rank=lambda: 3,
+        get_tensor_model_parallel_rank=lambda: 1,
+        get_pipeline_model_parallel_rank=lambda: 0,
+        get_context_parallel_rank=lambda: 0,
+        get_expert_model_parallel_rank=lambda: 0,
+    )
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", state)
+    assert megatron_coordinates() == {"dp": 3, "tp": 1, "pp": 0, "cp": 0, "ep": 0}
+    state.model_parallel_is_initialized = lambda: False
+    assert megatron_coordinates() is None
