@@ -7,6 +7,8 @@ frames ``path(line): function``.
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -40,17 +42,23 @@ class PhaseClock:
         marks = list(marks)
         self.optimizer = sorted((s, e) for n, s, e in marks if n.startswith(MARKERS[1]))
         self.zero_grad = sorted((s, e) for n, s, e in marks if n.startswith(MARKERS[2]))
-        self.steps = sorted((s, e, n) for n, s, e in marks if n.startswith(MARKERS[0]))
+        self.steps = sorted((s, e) for n, s, e in marks if n.startswith(MARKERS[0]))
+
+    @staticmethod
+    def within(spans: list[tuple[float, float]], ts: float) -> tuple[float, float] | None:
+        """The span of ``spans`` (sorted, not overlapping) that holds ``ts``; None when none does."""
+        index = bisect.bisect_right(spans, (ts, math.inf)) - 1
+        return spans[index] if index >= 0 and spans[index][1] >= ts else None
 
     def phase(self, ts: float, ops: Iterable[str]) -> str:
         """The phase at ``ts``, within the operators ``ops`` (innermost first)."""
-        if any(s <= ts <= e for s, e in self.optimizer):
+        if self.within(self.optimizer, ts):
             return "optimizer"
-        if any(s <= ts <= e for s, e in self.zero_grad):
+        if self.within(self.zero_grad, ts):
             return "zero_grad"
         if any(name.startswith(_BACKWARD) for name in ops):
             return "backward"
-        return "forward" if any(s <= ts <= e for s, e, _ in self.steps) else "other"
+        return "forward" if self.within(self.steps, ts) else "other"
 
 
 def frame_site(name: str) -> str | None:

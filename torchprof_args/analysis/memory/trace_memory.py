@@ -22,6 +22,8 @@ gradients.
 
 from __future__ import annotations
 
+import bisect
+import math
 from typing import Any
 
 import numpy as np
@@ -139,9 +141,10 @@ class _Context:
         if accumulate:
             return GRADIENT
         if phase == "optimizer":
-            step = next(((s, e) for s, e in self.clock.optimizer if s <= start <= e), None)
-            return TEMPORARY if step is not None and end <= step[1] else OPTIMIZER_STATE
-        step = next(((b0, b1) for s, e, b0, b1 in self.backward if s <= start <= e), None)
+            span = self.clock.within(self.clock.optimizer, start)
+            return TEMPORARY if span is not None and end <= span[1] else OPTIMIZER_STATE
+        found = bisect.bisect_right(self.backward, (start, math.inf)) - 1
+        step = self.backward[found][2:] if found >= 0 and self.backward[found][1] >= start else None
         if phase == "backward":  # a gradient outlives the backward pass, an activation's gradient does not
             return GRADIENT if step is not None and end > step[1] else TEMPORARY
         if phase == "forward":
@@ -152,25 +155,25 @@ class _Context:
               is_op: np.ndarray) -> None:
         """The places of one thread's ``[memory]`` events ``rows`` (at ``ts``) among its ``events``."""
         names = trace.names
-        event_names = [names[i] for i in trace.name_id[events].tolist()]
+        name_id = trace.name_id[events]
 
-        def innermost(mask: np.ndarray) -> list[str | None]:
+        def innermost(mask: np.ndarray) -> np.ndarray:
+            """Per moment, the name id of the innermost event of ``mask`` around it (-1: none)."""
             found = Nesting(trace.ts[events[mask]], ends[mask]).innermost(ts)
-            picked = [event_names[j] for j in np.flatnonzero(mask).tolist()]
-            return [picked[f] if f >= 0 else None for f in found.tolist()]
+            return np.where(found >= 0, name_id[mask][np.maximum(found, 0)], -1)
 
-        starts_with = np.array([[n.startswith(p) for p in (_BACKWARD[0], _ACCUMULATE[0])]
-                                for n in event_names], dtype=bool).reshape(-1, 2)
-        ops = innermost(is_op)
-        backward = [b is not None for b in innermost(is_op & starts_with[:, 0])]
-        accumulate = [a is not None for a in innermost(is_op & starts_with[:, 1])]
+        backward_name = lookup(names, lambda n: n.startswith(_BACKWARD))[name_id]
+        accumulate_name = lookup(names, lambda n: n.startswith(_ACCUMULATE))[name_id]
+        ops = [names[i] if i >= 0 else None for i in innermost(is_op).tolist()]
+        backward = (innermost(is_op & backward_name) >= 0).tolist()
+        accumulate = (innermost(is_op & accumulate_name) >= 0).tolist()
         python = np.flatnonzero(~is_op)
         nesting = Nesting(trace.ts[events[python]], ends[python])
-        python_names = [event_names[j] for j in python.tolist()]
+        python_names = name_id[python]
         chains: dict[int, tuple[str | None, str | None]] = {-1: (None, None)}
         for k, (row, inner) in enumerate(zip(rows.tolist(), nesting.innermost(ts).tolist(), strict=True)):
             if inner not in chains:
-                chain = [python_names[j] for j in nesting.chain(inner)]
+                chain = [names[python_names[j]] for j in nesting.chain(inner)]
                 place = place_from_names("", [], chain)
                 chains[inner] = (place.module, place.site)
             module, site = chains[inner]
@@ -236,10 +239,12 @@ def _split_held(trace: Trace, held: int | None, table: list[tuple[float, float, 
     the CPU): parameters, optimizer state, other."""
     if held is not None and held <= 0:
         return []
-    per_step = [sum(size for start, _, size, cat, _ in table if cat == GRADIENT and s <= start < e)
-                for _, s, e in steps] or [sum(size for start, _, size, cat, _ in table
-                                             if cat == GRADIENT and start != float("-inf"))]
-    grad_bytes = max(per_step)
+    made = np.array([(start, size) for start, _, size, cat, _ in table
+                     if cat == GRADIENT and start > -math.inf], dtype=np.float64).reshape(-1, 2)
+    order = np.argsort(made[:, 0])
+    starts, totals = made[order, 0], np.r_[0.0, np.cumsum(made[order, 1])]
+    per_step = [totals[np.searchsorted(starts, e)] - totals[np.searchsorted(starts, s)] for _, s, e in steps]
+    grad_bytes = int(max(per_step or [totals[-1]]))
     if not grad_bytes:
         notes.append("the memory held before the window is not split: no gradient was made in it to size the "
                      "parameters by")
