@@ -13,6 +13,9 @@ Sections (``--sections``, default all of them):
               and torch's pin_memory=True)
   timers      cost per start/stop pair: host timer, CUDA-event timer, --timing-synchronize timer
   snapshot    memory snapshot dump time with python stacks and with all (C++) stacks
+  memory      torchprof mem on snapshots of this GPU: a real OOM of the ~1B GPT explained,
+              fragmentation with and without expandable_segments, a 1M-event history read back,
+              small snapshots for tests/data (gpu_check_memory.py)
   trace-size  trace MB per iteration with each profiler option alone
 
 Results go to ``--out`` (default benchmarks/out/gpu-check-<time>) as results.json and results.md,
@@ -55,8 +58,9 @@ from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_check_analysis import section_analysis  # noqa: E402
+from gpu_check_memory import section_memory  # noqa: E402
 
-SECTIONS = ("tests", "analysis", "timers", "snapshot", "fork", "trace-size", "stall")
+SECTIONS = ("tests", "analysis", "timers", "snapshot", "memory", "fork", "trace-size", "stall")
 #: Suite files whose fast tests take CUDA paths on a GPU host (run with -m "gpu or not slow").
 CUDA_CAPABLE_SUITE = (
     "test_nsys.py",
@@ -747,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         "fork": lambda: section_fork(s, out),
         "timers": lambda: section_timers(s, out),
         "snapshot": lambda: section_snapshot(s, out, args),
+        "memory": lambda: section_memory(s.device, out, model_flags(args), Row),
         "trace-size": lambda: section_trace_size(s, out),
     }
     rows: list[Row] = []

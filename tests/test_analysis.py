@@ -313,9 +313,11 @@ def _snapshot() -> dict:
             }
         ],
         "device_traces": [[
-            {"action": "alloc", "addr": 1, "size": 4 << 20, "stream": 0, "time_us": 1, "frames": frames},
-            {"action": "alloc", "addr": 2, "size": 3 << 20, "stream": 0, "time_us": 2, "frames": frames},
-            {"action": "free_completed", "addr": 2, "size": 3 << 20, "stream": 0, "time_us": 3,
+            {"action": "alloc", "addr": 1 << 30, "size": 4 << 20, "stream": 0, "time_us": 1,
+             "frames": frames},
+            {"action": "alloc", "addr": 1 << 29, "size": 3 << 20, "stream": 0, "time_us": 2,
+             "frames": frames},
+            {"action": "free_completed", "addr": 1 << 29, "size": 3 << 20, "stream": 0, "time_us": 3,
              "frames": frames},
         ]],
         "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""},
@@ -328,11 +330,15 @@ def test_mem_snapshot_summary(tmp_path: Path) -> None:
     proc = _cli("mem", str(path), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    dev = out["devices"][0]
+    assert out["version"] == 1 and out["peak"] is None  # no trace: no profiled peak
+    (snap,) = out["snapshots"]
+    dev = snap["devices"][0]
     assert dev["reserved_bytes"] == 8 << 20 and dev["allocated_bytes"] == 5 << 20
-    assert dev["peak_allocated_in_history_bytes"] == 7 << 20
+    # the 1 MiB block allocated before the history began, then 4 + 3 MiB
+    assert dev["peak_allocated_in_history_bytes"] == 8 << 20
     assert dev["fragmentation_pct"] == pytest.approx(100 * (1 - 2 / 3))
-    assert out["top_sites"][0]["site"].startswith("train.py:42")
+    assert snap["top_sites"][0]["site"].startswith("train.py:42")
+    assert [f["kind"] for f in out["findings"]] == ["fragmentation"]
 
 
 class _Evil:

@@ -32,6 +32,7 @@ COMMANDS = {
     "merge": lambda out: ["merge", "-o", str(out / "m.json")],
     "collectives": lambda out: ["collectives"],
     "diagnose": lambda out: ["diagnose", "--no-progress"],
+    "mem": lambda out: ["mem", "--no-progress"],
 }
 
 

@@ -36,7 +36,7 @@ def test_smoke_run_fills_every_section(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["meta"]["smoke"] is True
     rows = results["rows"]
-    sections = {"tests", "analysis", "stall", "fork", "timers", "snapshot", "trace-size"}
+    sections = {"tests", "analysis", "stall", "fork", "timers", "snapshot", "memory", "trace-size"}
     assert {r["section"] for r in rows} == sections
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     gpu_tests = [r for r in rows if r["check"].startswith("test_gpu_")]

@@ -26,6 +26,7 @@ __all__ = ["COMMAND_MODULES", "EXIT_STATUSES", "build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.commands.flags",
     "torchprof_args.commands.trace_tools",
+    "torchprof_args.commands.mem",
     "torchprof_args.commands.collectives",
     "torchprof_args.commands.hang",
     "torchprof_args.commands.diagnose",

@@ -24,10 +24,10 @@ OUR_FILES = ("model.py", "gpu_train.py", "test_gpu_memory.py")
 
 
 def torchprof_mem(path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
-    """``torchprof mem --json PATH``, parsed."""
+    """``torchprof mem --json PATH``'s view of the snapshot (its ``snapshots[0]``)."""
     capsys.readouterr()
     assert console.main(["mem", "--json", "--top", "50", str(path)]) == 0
-    return json.loads(capsys.readouterr().out)
+    return json.loads(capsys.readouterr().out)["snapshots"][0]
 
 
 def names(directory: Path) -> list[str]:

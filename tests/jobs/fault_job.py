@@ -102,7 +102,7 @@ def inject_submit_faults(prof: TorchProfiler, args: argparse.Namespace, rank: in
     plan = {int(cycle): fault for cycle, fault in per_rank(args.inject, rank, 3)}
     real_submit = writer.submit
 
-    def submit(export, cycle, stem, steps=1, extra_files=()):
+    def submit(export, cycle, stem, steps=1, extra_files=(), companion=None):
         state["cycle"] += 1
         fault = plan.get(state["cycle"])
         if fault == "sigterm-in-flush":
@@ -111,8 +111,8 @@ def inject_submit_faults(prof: TorchProfiler, args: argparse.Namespace, rank: in
             export = injected_export(fault, export, args.fill_dir)
         if fault == "fork-limit":
             with faults.ForkLimit():
-                return real_submit(export, cycle, stem, steps, extra_files)
-        return real_submit(export, cycle, stem, steps, extra_files)
+                return real_submit(export, cycle, stem, steps, extra_files, companion=companion)
+        return real_submit(export, cycle, stem, steps, extra_files, companion=companion)
 
     writer.submit = submit
 

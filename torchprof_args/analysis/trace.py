@@ -13,7 +13,42 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Trace", "TraceMemo"]
+__all__ = ["MEMORY_ROW_COLUMNS", "MemoryRows", "Trace", "TraceMemo"]
+
+#: the columns of :class:`MemoryRows`: time (us, as in the trace), block address, bytes (negative:
+#: freed), the allocator's totals after the event (-1: not recorded), the device code
+#: (``device_type * 65536 + device_id + 1``) and the thread (an index into ``threads``).
+MEMORY_ROW_COLUMNS = (("ts", np.float64), ("addr", np.uint64), ("bytes", np.int64), ("allocated", np.int64),
+                      ("reserved", np.int64), ("device", np.int32), ("thread", np.int32))
+
+
+@dataclass
+class MemoryRows:
+    """``[memory]`` events in file order as :data:`MEMORY_ROW_COLUMNS`; ``threads[thread[i]]`` is
+    event ``i``'s ``(pid, tid)``."""
+
+    columns: dict[str, np.ndarray] = field(
+        default_factory=lambda: {name: np.zeros(0, dtype) for name, dtype in MEMORY_ROW_COLUMNS})
+    threads: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.columns["ts"])
+
+    @classmethod
+    def concat(cls, parts: list[MemoryRows]) -> MemoryRows:
+        """The rows of ``parts`` (in file order) in one table, their threads interned together."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls()
+        threads: dict[tuple[Any, Any], int] = {}
+        thread_cols = []
+        for part in parts:
+            table = np.array([threads.setdefault(t, len(threads)) for t in part.threads], dtype=np.int32)
+            thread_cols.append(table[part.columns["thread"]])
+        columns = {name: np.concatenate([p.columns[name] for p in parts]) for name, _ in MEMORY_ROW_COLUMNS
+                   if name != "thread"}
+        columns["thread"] = np.concatenate(thread_cols)
+        return cls(columns, list(threads))
 
 
 @dataclass
@@ -81,6 +116,9 @@ class Trace:
     #: the events with a FLOP count (from their recorded shapes, :mod:`.op_flops`, or ``args.flops``):
     #: their indices and counts; None when the builder did not look, empty arrays when none has one.
     flops: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    #: every ``[memory]`` event (:class:`MemoryRows`); None when the builder did not keep them
+    #: (``load_trace(..., memory_rows=True)`` does).
+    memory_rows: MemoryRows | None = field(default=None, repr=False)
     memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)
 
     @property

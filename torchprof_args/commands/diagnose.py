@@ -45,8 +45,9 @@ def _run(args: argparse.Namespace) -> int:
                            f"none of the {len(files)} traces could be read ({got.errors[0]})")
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
+    memory = [part for _, part in got.stored_memory(files)]  # memory_imbalance, from the sidecars
     doc = finite(diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops,
-                          dtype=args.peak_dtype))
+                          dtype=args.peak_dtype, memory=memory))
     print(json.dumps(doc) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 

@@ -1,4 +1,4 @@
-"""``torchprof summary | report | diff | split | merge | mem``: the trace toolkit's command line.
+"""``torchprof summary | report | diff | split | merge``: the trace toolkit's command line.
 
 Every trace command takes trace files, cycle folders or run folders
 (:mod:`torchprof_args.analysis.collect.discover`), reads a trace's summary from its sidecar when
@@ -10,7 +10,6 @@ their errors are raised as :class:`~torchprof_args.errors.CommandError`, printed
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands import summary as summary_command
@@ -29,23 +28,35 @@ def _report(args: argparse.Namespace) -> int:
     from torchprof_args.commands.cycles import cycle_summaries
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
-    findings = [finite(_diagnosis(c.files, args, c.label)) for c, _ in cycles]  # as --json prints them
+    found = [_diagnosis(c.files, args, c.label, with_memory=True) for c, _ in cycles]
+    findings = [finite(job) for job, _ in found]  # as --json prints them
     out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
-                       findings=findings)
+                       findings=findings, memory=[memory for _, memory in found])
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> JobDiagnosis | None:
-    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed); None when none
-    of them can be read."""
+def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None,
+               with_memory: bool = False) -> tuple[JobDiagnosis | None, dict[str, Any] | None]:
+    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed; None when none
+    of them can be read) and, ``with_memory``, ``torchprof mem``'s (None without [memory] events)."""
+    import msgspec
+
     from torchprof_args.analysis.collect.pool import collect
     from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
     from torchprof_args.analysis.diagnose.job import diagnose
+    from torchprof_args.analysis.jsonout import finite
+    from torchprof_args.analysis.memory.report import memory_report
 
     got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=getattr(args, "workers", None))
-    return diagnose(got.diagnoses, label or "", label) if got.diagnoses else None
+    memory = got.stored_memory(files)  # from the sidecars: `torchprof mem` parses traces without
+    parts = [m for _, m in memory]
+    job = diagnose(got.diagnoses, label or "", label, memory=parts) if got.diagnoses else None
+    report = memory_report(label or "", label, memory) if with_memory and memory else None
+    if report is None or report.peak is None:
+        return job, None
+    return job, finite(msgspec.to_builtins(report))
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -62,7 +73,7 @@ def _diff(args: argparse.Namespace) -> int:
             return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
-        diagnoses.append(_diagnosis(files, args, label or side))
+        diagnoses.append(_diagnosis(files, args, label or side)[0])
     result = finite(diff_summaries(*sides))
     result["findings"] = diff_findings(*diagnoses)
     if args.json:
@@ -101,14 +112,6 @@ def _merge(args: argparse.Namespace) -> int:
     result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
     events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
     print(f"wrote {result['output']} ({events} events)")
-    return 0
-
-
-def _mem(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.memory.snapshot import format_snapshot, load_snapshot, summarize_snapshot
-
-    summary = summarize_snapshot(load_snapshot(args.snapshot), top=args.top)
-    print(json.dumps(summary) if args.json else format_snapshot(summary, args.snapshot))
     return 0
 
 
@@ -176,13 +179,3 @@ def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP + " (one cycle)")
     p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
     p.set_defaults(func=_merge)
-
-    p = subparsers.add_parser(
-        "mem", help="summarise a torch.cuda.memory._dump_snapshot pickle (safely)",
-        description="Peak, reserved vs allocated, fragmentation and top allocation sites of a memory "
-        "snapshot; the pickle is read with an unpickler that cannot run code.",
-    )
-    p.add_argument("snapshot", help="snapshot .pickle file")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--top", type=int, default=15)
-    p.set_defaults(func=_mem)

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torchprof_args.naming import short_hostname
 from torchprof_args.runtime.config import TraceConfig
 from torchprof_args.runtime.timeline import Timeline
 
-__all__ = ["pipeline_metadata", "trace_metadata"]
+__all__ = ["megatron_coordinates", "pipeline_metadata", "trace_metadata"]
+
+
+def megatron_coordinates() -> dict[str, int] | None:
+    """This rank's (dp, tp, pp, cp, ep) when the job runs megatron-core with its parallel state up;
+    None otherwise.  Never imports megatron (the window may be recording: an import would fill the
+    trace with its frames)."""
+    ps = sys.modules.get("megatron.core.parallel_state")
+    try:
+        if ps is None or not ps.model_parallel_is_initialized():
+            return None
+        return {"dp": ps.get_data_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
+                "pp": ps.get_pipeline_model_parallel_rank(), "cp": ps.get_context_parallel_rank(),
+                "ep": ps.get_expert_model_parallel_rank()}
+    except Exception:  # noqa: BLE001 - an older megatron-core without one of them: no coordinates
+        return None
 
 
 def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *,
@@ -25,6 +41,9 @@ def trace_metadata(trace: TraceConfig, timeline: Timeline, first: int, *,
         "rank": rank, "world_size": world_size, "host": short_hostname(),
         "iterations": [first, timeline.window_last(first)],
     }
+    coordinates = megatron_coordinates()
+    if coordinates is not None:  # `torchprof mem` names outlier ranks by them
+        metadata["parallel"] = coordinates
     window = timeline.window
     if window is not None and window.start <= first < window.end:
         metadata["on_demand_request"] = window.request_id

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -168,6 +169,16 @@ class Recorder:
         if self.execution_trace is not None:
             self.execution_trace.start(first)
 
+    def _memory_companion(self, profiler: torch.profiler.profile) -> Callable[[str, int], None] | None:
+        """PyTorch's memory categorisation for the forked exporter to run, when the window records
+        what it needs (shapes, memory and stacks, as ``export_memory_timeline``)."""
+        options = self.config.profiler_options()
+        if not (options["profile_memory"] and options["record_shapes"] and options["with_stack"]):
+            return None
+        from torchprof_args.analysis.memory.exported import exporter_companion
+
+        return exporter_companion(profiler)
+
     def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
         """Called by torch.profiler on the training thread right after it stopped recording."""
         execution_trace = self.execution_trace
@@ -180,7 +191,8 @@ class Recorder:
         self._window_first = None
         finished = execution_trace.finish() if execution_trace is not None else None
         if self.writer is not None:
-            self.writer.submit_window(profiler.export_chrome_trace, first, last, finished)
+            self.writer.submit_window(profiler.export_chrome_trace, first, last, finished,
+                                      companion=self._memory_companion(profiler))
         elif finished is not None:
             finished.unlink(missing_ok=True)
         if execution_trace is not None and self._next_action in RECORDING:

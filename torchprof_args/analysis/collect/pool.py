@@ -18,6 +18,7 @@ from typing import Protocol
 
 from torchprof_args.analysis.collect.sidecar import sidecar_matches
 from torchprof_args.analysis.collect.trace_results import (
+    MEMORY,
     PARTS,
     SUMMARY,
     Outcome,
@@ -28,6 +29,7 @@ from torchprof_args.analysis.collect.trace_results import (
 )
 from torchprof_args.analysis.decode import parallel
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
+from torchprof_args.analysis.memory.categories import MemoryPart
 from torchprof_args.analysis.summary import Summary
 
 __all__ = ["Collected", "collect"]
@@ -49,6 +51,19 @@ class Collected:
     def summaries(self) -> list[Summary | None]:
         """Each trace's summary, in input order (None where it failed or was not asked for)."""
         return [r.summary if r is not None else None for r in self.results]
+
+    def stored_memory(self, files: Sequence[Path]) -> list[tuple[str, MemoryPart]]:
+        """The memory parts the sidecars of ``files`` (the traces collected) keep, without parsing
+        any trace: ``diagnose`` and ``report`` use them when there (``torchprof mem`` parses)."""
+        found = []
+        for path, result in zip(files, self.results, strict=True):
+            if result is not None and result.memory is not None:
+                found.append((str(path), result.memory))
+            elif result is not None:
+                stored = read_results(path, (MEMORY,))
+                if stored is not None and stored.memory is not None:
+                    found.append((str(path), stored.memory))
+        return found
 
     @property
     def diagnoses(self) -> list[RankDiagnosis]:

@@ -8,14 +8,15 @@ the trace needs for it (communication events, FLOPs), how it is computed from th
 :class:`~torchprof_args.analysis.trace.Trace` and how it is read back.  The trace is decoded once,
 with what every part asked for needs; a sidecar holds every part.
 
-Adding a part (e.g. a critical-path summary, a memory breakdown): a field of :class:`TraceResults`,
-a :class:`Part` with its compute function, appended to :data:`PARTS`.
+Adding a part (e.g. a critical-path summary): a field of :class:`TraceResults`, a :class:`Part` with
+its compute function, appended to :data:`PARTS`.  A part computed elsewhere (the memory breakdown
+by PyTorch's profiler, in the exporter) reaches the sidecar through ``parse_results(given=...)``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,14 +28,16 @@ from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, RankDiagnosis
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis
 from torchprof_args.analysis.jsonout import finite
+from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
+from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.summary import Summary, summarize, truncate
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import rank_from_file_name
 
 __all__ = [
-    "DIAGNOSIS", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults", "parse_results", "read_results",
-    "results_of",
+    "DIAGNOSIS", "MEMORY", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults", "parse_results",
+    "read_results", "results_of",
 ]
 
 
@@ -47,11 +50,13 @@ class TraceResults:
         summary: what ``torchprof summary --json`` prints (its top-N lists cut as asked).
         diagnosis: the rank's part of ``torchprof diagnose`` (its rank from the file name when the
             trace does not state it).
+        memory: the trace's memory breakdown (``torchprof mem``; its rank likewise).
     """
 
     path: Path
     summary: Summary | None = None
     diagnosis: RankDiagnosis | None = None
+    memory: MemoryPart | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Part:
             top-N lists, None for complete ones; ``path``: the trace the value describes).
         read: ``(stored JSON) -> value``, None when the sidecar's is unusable (then parse).
         finish: ``(value, top, path) -> value``: what a caller gets of a computed or read value.
+        memory_rows: whether it needs every ``[memory]`` event.
     """
 
     name: str
@@ -74,6 +80,7 @@ class Part:
     compute: Callable[[Trace, int | None, Path], Any]
     read: Callable[[msgspec.Raw], Any]
     finish: Callable[[Any, int | None, Path], Any]
+    memory_rows: bool = False
 
 
 def _compute_summary(trace: Trace, top: int | None, path: Path) -> Summary:
@@ -113,12 +120,32 @@ def _finish_diagnosis(part: RankDiagnosis, top: int | None, path: Path) -> RankD
     return part
 
 
+def _compute_memory(trace: Trace, top: int | None, path: Path) -> MemoryPart:
+    return trace_memory_part(trace)
+
+
+_decode_stored_memory = msgspec.json.Decoder(MemoryPart | None)
+
+
+def _read_memory(stored: msgspec.Raw) -> MemoryPart | None:
+    part = _decode_stored_memory.decode(stored)  # null: the publisher could not compute it
+    return part if part is not None and part.format == MEMORY_FORMAT else None
+
+
+def _finish_memory(part: MemoryPart, top: int | None, path: Path) -> MemoryPart:
+    if part.rank is None:
+        return msgspec.structs.replace(part, rank=rank_from_file_name(path.name))
+    return part
+
+
 SUMMARY = Part("summary", comms=False, flops=False, compute=_compute_summary, read=_read_summary,
                finish=_finish_summary)
 DIAGNOSIS = Part("diagnosis", comms=True, flops=True, compute=_compute_diagnosis, read=_read_diagnosis,
                  finish=_finish_diagnosis)
+MEMORY = Part("memory", comms=False, flops=False, compute=_compute_memory, read=_read_memory,
+              finish=_finish_memory, memory_rows=True)
 #: every part, in the sidecar's key order (a sidecar holds them all).
-PARTS: tuple[Part, ...] = (SUMMARY, DIAGNOSIS)
+PARTS: tuple[Part, ...] = (SUMMARY, DIAGNOSIS, MEMORY)
 
 
 class Outcome(NamedTuple):
@@ -166,7 +193,8 @@ def read_results(path: str | os.PathLike[str], parts: Sequence[Part], top: int |
 
 def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: int | None = 30,
                   write: bool = False, keep: bool = True, workers: int | None = 1, progress: bool = False,
-                  describes: Path | None = None, target: Path | None = None) -> Outcome:
+                  describes: Path | None = None, target: Path | None = None,
+                  given: Mapping[str, Callable[[Trace], Any]] | None = None) -> Outcome:
     """Parse one trace once and compute its results.
 
     Args:
@@ -182,6 +210,9 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
         describes: the trace the results and the sidecar describe, when ``path`` is a copy of it
             (the publisher parses the staged copy of the published trace).
         target: where the sidecar goes (default: where readers look for ``describes``').
+        given: parts computed elsewhere, by name: the function that makes the value from the loaded
+            trace instead of the part's ``compute`` (the publisher's memory part, from what the
+            exporter computed with the profiler's results).
 
     Returns:
         The :class:`Outcome`; a trace that cannot be read is its error, never an exception.
@@ -192,9 +223,11 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
     try:
         fingerprint = trace_fingerprint(described)
         trace = load_trace(path, progress=progress, workers=workers, comms=any(p.comms for p in computed),
-                           flops=any(p.flops for p in computed))
+                           flops=any(p.flops for p in computed),
+                           memory_rows=any(p.memory_rows for p in computed))
         size = trace.uncompressed_bytes
-        values = {p.name: _computed(p, trace, None if write else top, described, asked=p in parts)
+        values = {p.name: _computed(p, trace, None if write else top, described, asked=p in parts,
+                                    given=(given or {}).get(p.name))
                   for p in computed}
         del trace
     except TraceError as exc:
@@ -213,8 +246,12 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
     return Outcome(results, error, size, write and error is None)
 
 
-def _computed(part: Part, trace: Trace, top: int | None, path: Path, asked: bool) -> Any:
-    """``part`` of ``trace``; a part only the sidecar wants that fails is None."""
+def _computed(part: Part, trace: Trace, top: int | None, path: Path, asked: bool,
+              given: Callable[[Trace], Any] | None = None) -> Any:
+    """``part`` of ``trace`` (from ``given`` when the part was computed elsewhere); a part only the
+    sidecar wants that fails is None."""
+    if given is not None:
+        return given(trace)
     if asked:
         return part.compute(trace, top, path)
     try:

@@ -21,7 +21,9 @@ import numpy as np
 
 from torchprof_args.analysis.decode.comm_events import XComm, comm_rows, decode_comm_events
 from torchprof_args.analysis.decode.events import INSTANTS, NO_CAT, XEvent, XShapeEvent, decode_plain
+from torchprof_args.analysis.decode.memory_rows import memory_rows_of
 from torchprof_args.analysis.decode.op_flops import FLOP_OPS, shape_flops
+from torchprof_args.analysis.trace import MemoryRows
 
 __all__ = ["MEMORY_COLUMNS", "PART_COLUMNS", "Part", "decode_events", "reduce_batch", "reduce_memory"]
 
@@ -51,6 +53,8 @@ class Part:
     #: the kept events with a FLOP count (``args.flops``, else from their shapes: :mod:`.op_flops`):
     #: their indices in this part and the counts (``flops=True``).
     flops: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0)))
+    #: every ``[memory]`` event (``memory_rows=True`` only).
+    memory_rows: MemoryRows = field(default_factory=MemoryRows)
 
 
 #: the array columns of a :class:`Part`, in its field order, with their dtypes.
@@ -96,17 +100,21 @@ def _intern(xs: list[Any]) -> tuple[np.ndarray, list[tuple[Any, Any, Any, Any]]]
 
 
 def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = True,
-                 flops: bool = False) -> Part:
+                 flops: bool = False, memory_rows: bool = False) -> Part:
     """Columns of one decoded batch, built without a Python-level loop over the events
     (``comms``: events from :func:`decode_events` with ``comms=True``, communication rows kept;
-    ``flops``: the events' FLOP counts kept, sparse: most events have none).
+    ``flops``: the events' FLOP counts kept, sparse: most events have none; ``memory_rows``: every
+    ``[memory]`` event kept, :mod:`.memory_rows`).
 
     ``memory_events=False`` says the batch's text holds no ``[memory]`` event (the caller looked),
     so the events are not scanned for them.
     """
     x_class: Any = XComm if comms else XShapeEvent if flops else XEvent
     xs = [e for e in events if e.__class__ is x_class]
-    memory = _memory_samples(events if memory_events and len(xs) != len(events) else [])
+    found = _memory_events(events if memory_events and len(xs) != len(events) else [])
+    memory = _memory_samples(found)
+    mem_rows = memory_rows_of(found) if memory_rows else MemoryRows()
+    del found
     n = len(xs)
     ts = np.fromiter(map(_get_ts, xs), np.float64, n)
     dur = np.fromiter(map(_get_dur, xs), np.float64, n)
@@ -127,7 +135,7 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
     if not keep.all():
         ts, dur, key, stream, corr = ts[keep], dur[keep], key[keep], stream[keep], corr[keep]
         counts = counts[keep] if counts is not None else None
-    part = Part(len(events), ts, dur, key, stream, corr, keys, memory, rows)
+    part = Part(len(events), ts, dur, key, stream, corr, keys, memory, rows, memory_rows=mem_rows)
     if counts is not None:
         where = np.flatnonzero(counts > 0)
         part.flops = (where.astype(np.int64), counts[where])
@@ -150,11 +158,15 @@ _MEM_FIELDS = (("allocated", attrgetter("total_allocated")), ("reserved", attrge
                ("type", attrgetter("device_type")), ("id", attrgetter("device_id")))
 
 
-def _memory_samples(events: list[Any]) -> dict[str, np.ndarray]:
-    """Per device, the peaks and count of the ``[memory]`` instant events (no per-event Python
-    statement: CPU traces recorded with ``profile_memory`` hold one for every allocation and
-    free, so only their per-device peaks are kept, not the samples)."""
-    found = [e for e in events if e.__class__ in INSTANTS and e.name == "[memory]"]
+def _memory_events(events: list[Any]) -> list[Any]:
+    """The ``[memory]`` instant events of a batch."""
+    return [e for e in events if e.__class__ in INSTANTS and e.name == "[memory]"]
+
+
+def _memory_samples(found: list[Any]) -> dict[str, np.ndarray]:
+    """Per device, the peaks and count of the ``[memory]`` instant events ``found`` (no per-event
+    Python statement: CPU traces recorded with ``profile_memory`` hold one for every allocation and
+    free, so only their per-device peaks are kept here; every event only with ``memory_rows``)."""
     args = list(map(_get_mem_args, found))
     n = len(args)
     cols = {name: np.fromiter(map(get, args), np.int64, n) for name, get in _MEM_FIELDS}

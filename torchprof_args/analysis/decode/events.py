@@ -42,12 +42,15 @@ class _ShapeArgs(_Args, gc=False, frozen=True):
 
 
 class _MemArgs(msgspec.Struct, gc=False, frozen=True):
-    """The allocator's totals; -1 where a field is missing (the device: type 0, id -1 = CPU)."""
+    """The allocator's totals; -1 where a field is missing (the device: type 0, id -1 = CPU); the
+    block's address and its size (negative: a free), 0 where missing."""
 
     total_allocated: int = msgspec.field(default=-1, name="Total Allocated")
     total_reserved: int = msgspec.field(default=-1, name="Total Reserved")
     device_type: int = msgspec.field(default=0, name="Device Type")
     device_id: int = msgspec.field(default=-1, name="Device Id")
+    addr: int = msgspec.field(default=0, name="Addr")
+    bytes: int = msgspec.field(default=0, name="Bytes")
 
 
 _NO_ARGS = _Args()
@@ -76,6 +79,8 @@ class XShapeEvent(XEvent, tag="X"):
 class _Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
     name: str = ""
     ts: float = math.nan
+    pid: int | str = 0
+    tid: int | str = 0
     args: _MemArgs = _NO_MEM
 
 
@@ -178,11 +183,15 @@ def tighten(event: LooseEvent) -> Any:
         return _Instant(
             name=name,
             ts=_nan(_num(event.ts)),
+            pid=event.pid if isinstance(event.pid, (int, str)) else str(event.pid),
+            tid=event.tid if isinstance(event.tid, (int, str)) else str(event.tid),
             args=_MemArgs(
                 total_allocated=_minus1(_int(args.get("Total Allocated"))),
                 total_reserved=_minus1(_int(args.get("Total Reserved"))),
                 device_type=_or(_int(args.get("Device Type")), 0),
                 device_id=_minus1(_int(args.get("Device Id"))),
+                addr=_or(_int(args.get("Addr")), 0),
+                bytes=_or(_int(args.get("Bytes")), 0),
             ),
         )
     return SKIP

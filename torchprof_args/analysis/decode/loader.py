@@ -31,7 +31,7 @@ from torchprof_args.analysis.decode.columns import (
 )
 from torchprof_args.analysis.decode.events import NO_CAT
 from torchprof_args.analysis.decode.reader import TraceStream, not_utf8
-from torchprof_args.analysis.trace import Trace
+from torchprof_args.analysis.trace import MemoryRows, Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["BLOCK_EVENTS", "SEGMENT_BYTES", "load_trace", "release_memory_eagerly"]
@@ -89,6 +89,7 @@ class ColumnStore:
         self.memory: list[dict[str, np.ndarray]] = []
         self.comms: list[tuple[Any, ...]] = []
         self.flops: list[tuple[np.ndarray, np.ndarray]] = []
+        self.memory_rows: list[MemoryRows] = []
 
     def add(self, part: Part) -> None:
         """Append one batch's columns (parts must come in file order)."""
@@ -96,6 +97,8 @@ class ColumnStore:
         if len(part.memory["device"]):
             self.memory.append(part.memory)
         self.comms += part.comms
+        if len(part.memory_rows):
+            self.memory_rows.append(part.memory_rows)
         if len(part.flops[0]):
             self.flops.append((part.flops[0] + self.total, part.flops[1]))
         keys = self.keys
@@ -146,6 +149,8 @@ class ColumnStore:
         out["memory"] = reduce_memory(rows["device"], rows["peak_allocated"], rows["peak_reserved"],
                                       rows["samples"])
         out["n_events"] = self.n_events
+        out["memory_rows"] = MemoryRows.concat(self.memory_rows)
+        self.memory_rows = []
         out["comms"] = self.comms
         out["flops"] = (np.concatenate([f[0] for f in self.flops]) if self.flops else np.zeros(0, np.int64),
                         np.concatenate([f[1] for f in self.flops]) if self.flops else np.zeros(0))
@@ -192,13 +197,14 @@ def _first_categories(name_id: np.ndarray, cat_id: np.ndarray, n_names: int) -> 
 
 
 def load_trace(path: str | Path, progress: bool = False, workers: int | None = None,
-               comms: bool = False, flops: bool = False) -> Trace:
+               comms: bool = False, flops: bool = False, memory_rows: bool = False) -> Trace:
     """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
 
     ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
     two cores are usable, else 1).  ``comms`` also keeps the communication events' fields in
     ``Trace.comms`` (:mod:`~torchprof_args.analysis.decode.comm_events`; decoding is ~17 % slower).
     ``flops`` keeps the FLOP counts of the events that have one (``Trace.flops``).
+    ``memory_rows`` keeps every ``[memory]`` event (``Trace.memory_rows``).
     Raises :class:`TraceError` (message names the file) for bad input.
     """
     path = Path(path)
@@ -211,12 +217,12 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
     try:
         try:
             store = ColumnStore()
-            stream = _load_fast(path, progress, workers, store, comms, flops)
+            stream = _load_fast(path, progress, workers, store, comms, flops, memory_rows)
         except parallel.WrongCut:  # an unusual layout fooled the fast cuts: redo it validated, in order
             store = ColumnStore()
             stream = TraceStream(path, progress=progress)
             for events in stream.batches(lambda text: decode_events(text, comms, flops)):
-                store.add(reduce_batch(events, comms, flops=flops))
+                store.add(reduce_batch(events, comms, flops=flops, memory_rows=memory_rows))
                 del events
         columns = store.finish()
         del store
@@ -233,11 +239,11 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
     finally:
         if gc_was_enabled:
             gc.enable()
-    return _to_trace(stream, columns, comms, flops)
+    return _to_trace(stream, columns, comms, flops, memory_rows)
 
 
 def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False,
-              flops: bool = False) -> Trace:
+              flops: bool = False, memory_rows: bool = False) -> Trace:
     """The :class:`Trace` of a file read by ``stream`` (its metadata) into ``columns``."""
     meta = stream.metadata
     if not isinstance(meta.get("distributedInfo", {}), dict):
@@ -263,11 +269,12 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False,
         name_cat=columns["name_cat"],
         comms=columns["comms"] if comms else None,
         flops=columns["flops"] if flops else None,
+        memory_rows=columns["memory_rows"] if memory_rows else None,
     )
 
 
 def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnStore,
-               comms: bool = False, flops: bool = False) -> TraceStream:
+               comms: bool = False, flops: bool = False, memory_rows: bool = False) -> TraceStream:
     """Fill ``store`` from ``path`` (ranges of a plain file, else streamed batches), with worker
     processes when asked or when the file is large; returns the stream that read the metadata.
 
@@ -287,10 +294,10 @@ def _load_fast(path: Path, progress: bool, workers: int | None, store: ColumnSto
             fd = os.open(path, os.O_RDONLY)
             stack.callback(os.close, fd)
             memory = parallel.has_memory_events(fd, start, probe.metadata)
-        children = _start_workers(stack, path, workers, comms, memory, flops)
+        children = _start_workers(stack, path, workers, comms, memory, flops, memory_rows)
         bar = _progress_bar(stack, path, size) if own_bar else None  # after forking: tqdm has a thread
         tasks = parallel.plan_tasks(stream, fd, start, SEGMENT_BYTES)
-        parallel.run_tasks(tasks, fd, children, bar, store.add, comms, memory, flops)
+        parallel.run_tasks(tasks, fd, children, bar, store.add, comms, memory, flops, memory_rows)
     if start is not None:
         stream.uncompressed_bytes = size
     return stream
@@ -307,7 +314,8 @@ def _worker_count(path: Path, workers: int | None, compressed: bool, size: int) 
 
 
 def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
-                   memory: bool | None, flops: bool = False) -> list[parallel.Worker]:
+                   memory: bool | None, flops: bool = False,
+                   memory_rows: bool = False) -> list[parallel.Worker]:
     """``workers - 1`` forked decoding processes (this one decodes too), closed by ``stack``."""
     if workers <= 1:
         return []
@@ -317,7 +325,7 @@ def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
     ctx = mp.get_context("fork")
     children = []
     for _ in range(workers - 1):
-        child = parallel.Worker(ctx, path, scratch.fileno(), comms, memory, flops)
+        child = parallel.Worker(ctx, path, scratch.fileno(), comms, memory, flops, memory_rows)
         stack.callback(child.close)
         children.append(child)
     for child in children:

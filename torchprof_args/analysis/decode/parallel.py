@@ -35,18 +35,20 @@ class WrongCut(Exception):
     """A range did not decode as a JSON array: the fast cut was not at an event boundary."""
 
 
-def decode_part(text: Any, comms: bool = False, memory: bool | None = None, flops: bool = False) -> Part:
+def decode_part(text: Any, comms: bool = False, memory: bool | None = None, flops: bool = False,
+                memory_rows: bool = False) -> Part:
     """Columns of one range or streamed text; :class:`WrongCut` when it is not a JSON array.
 
     ``memory``: whether the trace has ``[memory]`` events (:func:`has_memory_events`); None
     looks in this text (a search in C, cheaper than a scan of its events in Python).
+    ``memory_rows``: keep every ``[memory]`` event (:mod:`.memory_rows`).
     """
     try:
         events = decode_events(text, comms, flops)
     except msgspec.DecodeError:
         raise WrongCut from None
     return reduce_batch(events, comms, memory_events=(MEMORY_TAG in text) if memory is None else memory,
-                        flops=flops)
+                        flops=flops, memory_rows=memory_rows)
 
 
 MEMORY_TAG = b'"[memory]"'
@@ -120,7 +122,7 @@ def plan_tasks(stream: TraceStream, fd: int | None, start: int | None, segment: 
 
 # -- worker processes -------------------------------------------------------------------------
 def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False, memory: bool | None = None,
-                 flops: bool = False) -> None:
+                 flops: bool = False, memory_rows: bool = False) -> None:
     """Worker loop: take (index, range or text), send back where its columns were written."""
     gc.disable()
     fd = os.open(path, os.O_RDONLY)
@@ -133,13 +135,14 @@ def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False, memory:
             index, offset, length = task
             text = read_range(fd, offset, length) if offset >= 0 else conn.recv_bytes()
             try:
-                part = decode_part(text, comms, memory if offset >= 0 else None, flops)
+                part = decode_part(text, comms, memory if offset >= 0 else None, flops, memory_rows)
             except WrongCut:
                 conn.send(("bad", index))
                 continue
             del text
             where, written = _write_columns(out_fd, part, written)
-            conn.send(("ok", index, part.n_events, where, part.keys, part.memory, part.comms, part.flops))
+            conn.send(("ok", index, part.n_events, where, part.keys, part.memory, part.comms, part.flops,
+                       part.memory_rows))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
         conn.send(("err", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -178,10 +181,11 @@ class Worker:
     """One forked worker, fed by a thread so a large text never blocks the main process."""
 
     def __init__(self, ctx: Any, path: Path, out_fd: int, comms: bool = False,
-                 memory: bool | None = None, flops: bool = False) -> None:
+                 memory: bool | None = None, flops: bool = False, memory_rows: bool = False) -> None:
         self.conn, child_conn = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main,
-                                args=(child_conn, str(path), out_fd, comms, memory, flops), daemon=True)
+                                args=(child_conn, str(path), out_fd, comms, memory, flops, memory_rows),
+                                daemon=True)
         self.proc.start()
         child_conn.close()
         self.out_fd = out_fd
@@ -229,10 +233,10 @@ class Worker:
             raise TraceError(f"a trace decoding worker failed: {msg[1]}")
         if msg[0] == "bad":
             raise WrongCut
-        _, index, n_events, where, keys, memory, comms, flops = msg
+        _, index, n_events, where, keys, memory, comms, flops, memory_rows = msg
         self.outstanding -= 1
-        cols = [_read_column(self.out_fd, offset, n, dtype) for offset, n, dtype in where]
-        return index, Part(n_events, *cols, keys, memory, comms, flops)
+        ts, dur, key, stream, corr = (_read_column(self.out_fd, offset, n, kind) for offset, n, kind in where)
+        return index, Part(n_events, ts, dur, key, stream, corr, keys, memory, comms, flops, memory_rows)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""
@@ -264,7 +268,7 @@ class _InOrder:
 
 def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
               add: Callable[[Part], None], comms: bool = False, memory: bool | None = None,
-              flops: bool = False) -> None:
+              flops: bool = False, memory_rows: bool = False) -> None:
     """Decode every task, here or in a worker (each kept at most a few tasks ahead), and hand
     the parts to ``add`` in file order."""
     ordered = _InOrder(add)
@@ -290,7 +294,7 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
             continue
         if text is None:
             text = read_range(fd, offset, length)  # type: ignore[arg-type]
-        part = decode_part(text, comms, memory if offset >= 0 else None, flops)
+        part = decode_part(text, comms, memory if offset >= 0 else None, flops, memory_rows)
         del text
         ordered.put(index, part)
         if bar is not None:

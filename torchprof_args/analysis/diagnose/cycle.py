@@ -20,6 +20,7 @@ from torchprof_args.analysis.analyzers.collective_match import match_collectives
 from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, RankComms
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.intervals import merge_intervals, total
+from torchprof_args.analysis.memory.categories import MemoryPart
 
 __all__ = ["CycleRanks", "union_us"]
 
@@ -38,9 +39,12 @@ class CycleRanks:
 
     Args:
         parts: the ranks' parts, in input order.
+        memory: the ranks' memory parts (their sidecars' ``memory``), when read; ``memory_imbalance``
+            compares them.
     """
 
-    def __init__(self, parts: Sequence[RankDiagnosis]) -> None:
+    def __init__(self, parts: Sequence[RankDiagnosis], memory: Sequence[MemoryPart] = ()) -> None:
+        self.memory: tuple[MemoryPart, ...] = tuple(memory)
         self.parts: tuple[RankDiagnosis, ...] = tuple(
             p if isinstance(p.rank, int) else msgspec.structs.replace(p, rank=i) for i, p in enumerate(parts))
         means = [p.step_mean_us for p in self.parts if p.step_mean_us]

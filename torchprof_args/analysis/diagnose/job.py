@@ -27,6 +27,7 @@ from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, JobDiag
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK
+from torchprof_args.analysis.memory.categories import MemoryPart
 
 __all__ = ["diagnose", "merge_kind"]
 
@@ -105,7 +106,8 @@ def judged_with(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
 
 
 def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None = None, *,
-             peak_tflops: float | None = None, dtype: str = "bf16") -> JobDiagnosis:
+             peak_tflops: float | None = None, dtype: str = "bf16",
+             memory: Sequence[MemoryPart] = ()) -> JobDiagnosis:
     """The job's diagnosis from one cycle's rank parts (``--json``'s schema).
 
     Args:
@@ -114,12 +116,13 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         cycle: which cycle (``iterations A-B``), for the reader.
         peak_tflops: the GPU's dense peak for ``low_mfu`` (a device the table lacks).
         dtype: which of the table's peaks ``low_mfu`` compares with (e.g. fp8 training).
+        memory: the ranks' memory parts (``memory_imbalance``), when read.
 
     Returns:
         The :class:`JobDiagnosis`: findings by saving (largest first), then the gaps.
     """
     peak = Peak(peak_tflops, dtype)
-    ranks = CycleRanks([p if peak.is_default else judged_with(p, peak) for p in parts])
+    ranks = CycleRanks([p if peak.is_default else judged_with(p, peak) for p in parts], memory)
     by_kind: dict[str, list[Finding]] = {}
     for part in ranks.parts:
         for item in part.findings:

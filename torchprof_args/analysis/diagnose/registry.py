@@ -38,6 +38,7 @@ from torchprof_args.analysis.diagnose.kinds import (
     launch_bound,
     low_mfu,
     memcpy,
+    memory_imbalance,
     pipeline_bubble,
     straggler,
 )
@@ -69,7 +70,7 @@ class CrossRankKind(KindModule, Protocol):
 #: every kind, in evaluation and documentation order (per-rank kinds first, then cross-rank ones).
 REGISTRY: tuple[KindModule, ...] = (
     gpu_idle, exposed_comm, pipeline_bubble, launch_bound, host_sync, dataloader_stall, memcpy, low_mfu,
-    straggler, collective_skew,
+    straggler, collective_skew, memory_imbalance,
 )
 #: every kind's name, in :data:`REGISTRY`'s order.
 KINDS: tuple[str, ...] = tuple(k.KIND for k in REGISTRY)

@@ -1,20 +1,46 @@
-"""Summarise a ``torch.cuda.memory._dump_snapshot`` pickle without trusting it.
+"""Read a ``torch.cuda.memory._dump_snapshot`` pickle without trusting it, and summarise it.
 
 Snapshot files are pickles, and unpickling runs code named by the file.  :class:`SafeUnpickler`
 refuses every global (``find_class`` always raises), so only plain dicts, lists, tuples, strings,
 numbers, booleans and None can be built; a file that needs anything else is rejected with a
-TraceError, never executed.
+TraceError naming it, never executed.  The file is read as a stream (the unpickler pulls it frame by
+frame, never the whole file at once), and the allocator history is turned into columns at once
+(:mod:`.snapshot_history`, ~40 bytes an entry) so the entries' objects are freed: 1M entries in
+under 10 s and 2 GB (``benchmarks/bench_memory.py``).
+
+:func:`summarize_snapshot` gives, per device, the allocator's state at the dump (reserved vs
+allocated, the cached free memory and its largest block: the fragmentation), the live blocks' top
+allocation sites, the history's breakdown by category (:mod:`.breakdown`) and, for an ``oom``
+entry, the explanation (:mod:`.oom`).
 """
 
 from __future__ import annotations
 
-import io
+import gzip
 import pickle
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from torchprof_args.analysis.memory.breakdown import breakdown
+from torchprof_args.analysis.memory.categories import DeviceMemory, Site
+from torchprof_args.analysis.memory.oom import OomExplanation, explain_oom
+from torchprof_args.analysis.memory.snapshot_history import (
+    frames_site,
+    history_allocations,
+    read_history,
+)
 from torchprof_args.errors import TraceError
+
+__all__ = ["SNAPSHOT_NOTE", "AllocatorState", "SafeUnpickler", "SnapshotSummary", "load_snapshot",
+           "summarize_snapshot"]
+
+#: what a snapshot's categories rest on.
+SNAPSHOT_NOTE = ("a snapshot's categories are inferred from each block's Python stack (optimizer, "
+                 "backward, module init or forward code); blocks with no stack (the autograd engine's "
+                 "thread) are other")
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -25,132 +51,139 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
-    """The snapshot dict of a ``_dump_snapshot`` pickle; TraceError for anything else."""
+    """The snapshot dict of a ``_dump_snapshot`` pickle (gzip-compressed when its name ends with
+    ``.gz``); TraceError (one line naming the file) for anything else."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as handle:
+            snap = SafeUnpickler(handle).load()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        snap = SafeUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as exc:
         raise TraceError(f"{path}: not a plain-data memory snapshot ({exc})") from None
-    except Exception as exc:  # truncated / not a pickle at all
+    except MemoryError:
+        raise TraceError(f"{path}: out of memory while reading the snapshot") from None
+    except Exception as exc:  # noqa: BLE001 - truncated / not a pickle at all
         raise TraceError(f"{path}: not a readable pickle ({type(exc).__name__}: {exc})") from None
     if not isinstance(snap, dict) or not isinstance(snap.get("segments"), list):
         raise TraceError(f"{path}: not a torch.cuda.memory snapshot (no 'segments' list)")
     return snap
 
 
-def _site(frames: Any) -> str:
-    """The allocation's first frame in user code (not torch, not native), else its first frame."""
-    if not isinstance(frames, list):
-        return "<unknown>"
-    for frame in frames:
-        if not isinstance(frame, dict):
-            continue
-        filename = str(frame.get("filename", ""))
-        if (filename and not filename.startswith(("??", "<")) and "torch/" not in filename
-                and not filename.endswith((".cpp", ".h", ".cu"))):
-            return f"{filename}:{frame.get('line', '?')} ({frame.get('name', '?')})"
-    for frame in frames:
-        if isinstance(frame, dict) and frame.get("filename"):
-            return f"{frame.get('filename')}:{frame.get('line', '?')} ({frame.get('name', '?')})"
-    return "<no stack recorded>"
+class AllocatorState(msgspec.Struct, frozen=True):
+    """One device's allocator at the dump: reserved vs allocated, and the free memory it caches.
+
+    ``fragmentation_pct``: the share of the cached free memory not usable as one block (0: one
+    contiguous free block).  ``expandable_segments``: whether the allocator maps segments that grow
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), None when the snapshot does not say.
+    """
+
+    device: int
+    segments: int
+    reserved_bytes: int
+    allocated_bytes: int
+    requested_bytes: int
+    cached_free_bytes: int
+    largest_free_block_bytes: int
+    fragmentation_pct: float
+    expandable_segments: bool | None
+    peak_allocated_in_history_bytes: int | None
+    history_events: int
 
 
-def summarize_snapshot(snap: dict[str, Any], top: int = 15) -> dict[str, Any]:
-    """Reserved vs allocated per device, fragmentation, peak from the trace, top allocation sites."""
-    devices: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+class SnapshotSummary(msgspec.Struct, frozen=True):
+    """``torchprof mem``'s view of one snapshot."""
+
+    path: str
+    devices: list[AllocatorState]
+    top_sites: list[Site]
+    memory: list[DeviceMemory]
+    oom: OomExplanation | None
+    notes: list[str]
+
+
+def _expandable(snap: dict[str, Any]) -> bool | None:
+    settings = snap.get("allocator_settings")
+    if isinstance(settings, dict):
+        if isinstance(settings.get("expandable_segments"), bool):
+            return bool(settings["expandable_segments"])
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+        if isinstance(conf, str):
+            return "expandable_segments:true" in conf.replace(" ", "").lower()
+    flags = [s.get("is_expandable") for s in snap["segments"] if isinstance(s, dict)]
+    return any(f is True for f in flags) if any(isinstance(f, bool) for f in flags) else None
+
+
+def summarize_snapshot(snap: dict[str, Any], path: str = "", top: int = 15) -> SnapshotSummary:
+    """Per device the allocator's state, the live blocks' top sites, the history's breakdown and the
+    explanation of its last ``oom`` entry."""
+    totals: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    live: dict[int, list[tuple[int, int, Any]]] = defaultdict(list)
     for seg in snap["segments"]:
         if isinstance(seg, dict):
-            _add_segment(seg, devices[int(seg.get("device", 0))], sites)
-    # Peak allocated from the allocator's event history, when recorded.
-    for index, trace in enumerate(snap.get("device_traces") or []):
-        devices[index]["peak_allocated_in_history"] = _history_peak(trace or [])
-        devices[index]["history_events"] = len(trace or [])
+            device = _int(seg.get("device"))
+            _add_segment(seg, totals[device], sites, live[device])
+    found_traces = snap.get("device_traces")
+    traces: list[Any] = found_traces if isinstance(found_traces, list) else []
+    expandable = _expandable(snap)
+    devices, memory, oom = [], [], None
+    for device in sorted(set(totals) | set(range(len(traces)))):
+        history = read_history(traces[device] if device < len(traces) else [])
+        allocs = history_allocations(history, f"cuda:{device}", live[device]) if len(history) else None
+        found = breakdown(allocs) if allocs is not None else None
+        if found is not None:
+            memory.append(found)
+        devices.append(_state(device, totals[device], expandable, found, len(history)))
+        if history.ooms:
+            oom = explain_oom(history, devices[-1], live[device], f"cuda:{device}")
     ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
-    return {
-        "devices": [_device_row(index, devices[index]) for index in sorted(devices)],
-        "top_sites": [{"site": s, "bytes": v[0], "blocks": v[1]} for s, v in ranked],
-    }
+    top_sites = [Site(site, v[0], v[1], "") for site, v in ranked]
+    notes = [SNAPSHOT_NOTE] if memory or oom else []
+    return SnapshotSummary(path=path, devices=devices, top_sites=top_sites, memory=memory, oom=oom,
+                           notes=notes)
 
 
-def _add_segment(seg: dict[str, Any], dev: dict[str, int], sites: dict[str, list[int]]) -> None:
-    """Add one allocator segment's sizes to its device's totals, and its live blocks to ``sites``."""
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _add_segment(seg: dict[str, Any], dev: dict[str, int], sites: dict[str, list[int]],
+                 live: list[tuple[int, int, Any]]) -> None:
+    """Add one allocator segment's sizes to its device's totals, its live blocks to ``sites`` and
+    ``live``."""
     dev["segments"] += 1
-    dev["reserved"] += int(seg.get("total_size", 0))
-    blocks = seg.get("blocks") or []
+    dev["reserved"] += _int(seg.get("total_size"))
+    found = seg.get("blocks")
+    blocks: list[Any] = found if isinstance(found, list) else []
     allocated = 0
-    largest_free = 0
     for block in blocks:
         if not isinstance(block, dict):
             continue
-        size = int(block.get("size", 0))
+        size = _int(block.get("size"))
         state = block.get("state")
         if state == "active_allocated":
             allocated += size
-            dev["requested"] += int(block.get("requested_size", size))
-            entry = sites[_site(block.get("frames"))]
+            dev["requested"] += _int(block.get("requested_size")) or size
+            entry = sites[frames_site(block.get("frames"))]
             entry[0] += size
             entry[1] += 1
+            live.append((_int(block.get("address")), size, block.get("frames")))
         elif state == "inactive":
             dev["free"] += size
-            largest_free = max(largest_free, size)
-    dev["allocated"] += int(seg.get("allocated_size", allocated)) if not blocks else allocated
-    dev["largest_free_block"] = max(dev["largest_free_block"], largest_free)
+            dev["largest_free_block"] = max(dev["largest_free_block"], size)
+    dev["allocated"] += allocated if blocks else _int(seg.get("allocated_size"))
 
 
-def _history_peak(trace: list[Any]) -> int:
-    """Largest live total in one device's allocation history (allocs minus completed frees)."""
-    live, peak = 0, 0
-    for entry in trace:
-        if not isinstance(entry, dict):
-            continue
-        action, size = entry.get("action"), int(entry.get("size", 0))
-        if action == "alloc":
-            live += size
-            peak = max(peak, live)
-        elif action == "free_completed":
-            live -= size
-    return peak
-
-
-def _device_row(index: int, d: dict[str, int]) -> dict[str, Any]:
+def _state(device: int, d: dict[str, int], expandable: bool | None, found: DeviceMemory | None,
+           events: int) -> AllocatorState:
     free = d["free"]
-    return {
-        "device": index,
-        "segments": d["segments"],
-        "reserved_bytes": d["reserved"],
-        "allocated_bytes": d["allocated"],
-        "requested_bytes": d["requested"],
-        "cached_free_bytes": free,
-        "largest_free_block_bytes": d["largest_free_block"],
-        # Share of cached free memory not usable as one block: 0 = one contiguous free block.
-        "fragmentation_pct": 100.0 * (1 - d["largest_free_block"] / free) if free else 0.0,
-        "peak_allocated_in_history_bytes": d.get("peak_allocated_in_history"),
-        "history_events": d.get("history_events", 0),
-    }
+    return AllocatorState(
+        device=device, segments=d["segments"], reserved_bytes=d["reserved"], allocated_bytes=d["allocated"],
+        requested_bytes=d["requested"], cached_free_bytes=free,
+        largest_free_block_bytes=d["largest_free_block"],
+        fragmentation_pct=100.0 * (1 - d["largest_free_block"] / free) if free else 0.0,
+        expandable_segments=expandable,
+        peak_allocated_in_history_bytes=found.peak_bytes if found is not None else None,
+        history_events=events)
 
-
-def format_snapshot(summary: dict[str, Any], path: str) -> str:
-    """``torchprof mem``'s text output for :func:`summarize_snapshot`'s result."""
-    def mib(x: int | None) -> str:
-        return "-" if x is None else f"{x / 2**20:,.1f} MiB"
-
-    lines = [f"== {path}"]
-    for d in summary["devices"]:
-        lines += [
-            f"device {d['device']}: reserved {mib(d['reserved_bytes'])} in {d['segments']} segments,"
-            f" allocated {mib(d['allocated_bytes'])} (requested {mib(d['requested_bytes'])})",
-            f"  cached free {mib(d['cached_free_bytes'])},"
-            f" largest free block {mib(d['largest_free_block_bytes'])},"
-            f" fragmentation {d['fragmentation_pct']:.1f}%",
-            f"  peak allocated in recorded history: {mib(d['peak_allocated_in_history_bytes'])}"
-            f" ({d['history_events']} events)",
-        ]
-    lines.append("Top allocation sites (live blocks):")
-    for s in summary["top_sites"]:
-        lines.append(f"  {mib(s['bytes']):>14} {s['blocks']:>6} blocks  {s['site']}")
-    return "\n".join(lines) + "\n"

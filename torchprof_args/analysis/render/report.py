@@ -18,6 +18,7 @@ import numpy as np
 
 from torchprof_args.analysis.render import svg
 from torchprof_args.analysis.render.gaps import gap_text_lines
+from torchprof_args.analysis.render.memory import memory_section
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.atomic import write_text_atomically
 
@@ -134,7 +135,7 @@ def _findings(doc: dict[str, Any] | None) -> str:
 
 
 def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any],
-                   findings: dict[str, Any] | None = None) -> str:
+                   findings: dict[str, Any] | None = None, memory: dict[str, Any] | None = None) -> str:
     by_rank = {(s["rank"] if s.get("rank") is not None else i): s for i, s in enumerate(summaries)}
     rows = view["ranks"]
     parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings),
@@ -150,7 +151,7 @@ def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, 
               svg.histogram("Communication overlapped by compute", [r["comm_comp_overlap_pct"] for r in rows],
                             fmt_pct),
               "</div>", "<h3>Stragglers</h3>", *_stragglers(view)]
-    parts += [_breakdown(view, by_rank), _top_kernels(view, by_rank),
+    parts += [memory_section(memory), _breakdown(view, by_rank), _top_kernels(view, by_rank),
               f"<details><summary>All {len(rows)} ranks</summary>",
               _table(_RANK_HEADERS, _rank_rows(rows), _RANK_NUMERIC), "</details>"]
     return "\n".join(p for p in parts if p)
@@ -179,22 +180,26 @@ def _stragglers(view: dict[str, Any]) -> list[str]:
 
 
 def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]],
-                  findings: list[dict[str, Any] | None] | None = None) -> str:
+                  findings: list[dict[str, Any] | None] | None = None,
+                  memory: list[dict[str, Any] | None] | None = None) -> str:
     """The HTML page for ``(title, per-rank summaries, cross-rank view)`` of each cycle; ``findings``:
-    each cycle's ``torchprof diagnose`` result (None: that cycle's section has no findings)."""
+    each cycle's ``torchprof diagnose`` result (None: that cycle's section has no findings);
+    ``memory``: each cycle's ``torchprof mem`` result (its timeline and findings)."""
     ranks = sum(len(s) for _, s, _ in cycles)
     head = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
             f"<style>{_STYLE}</style></head><body><h1>torchprof trace report</h1>",
             f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis "
             "definitions; hover a cell or bar for its value.</p>"]
     found = findings or [None] * len(cycles)
-    return "\n".join(head + [_cycle_section(*c, f) for c, f in zip(cycles, found, strict=True)]
-                     + ["</body></html>"])
+    memories = memory or [None] * len(cycles)
+    sections = [_cycle_section(*c, f, m) for c, f, m in zip(cycles, found, memories, strict=True)]
+    return "\n".join(head + sections + ["</body></html>"])
 
 
 def write_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]], output: str | Path,
-                 findings: list[dict[str, Any] | None] | None = None) -> Path:
+                 findings: list[dict[str, Any] | None] | None = None,
+                 memory: list[dict[str, Any] | None] | None = None) -> Path:
     """Publish :func:`render_report`'s page at ``output`` (atomically); returns its path."""
     output = Path(output)
-    write_text_atomically(output, render_report(cycles, findings))
+    write_text_atomically(output, render_report(cycles, findings, memory))
     return output

@@ -64,10 +64,13 @@ def remove_export_leftovers(target: str | os.PathLike[str]) -> None:
 
 
 def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str], env: dict[str, str],
-                keep_fds: Sequence[int], *, background: bool = True) -> int:
+                keep_fds: Sequence[int], companion: Callable[[str, int], None] | None = None, *,
+                background: bool = True) -> int:
     """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher).
 
     ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
+    ``companion(path, trace_bytes)``, when given, then writes ``job.memory_path`` from the
+    profiler's results the child still holds (PyTorch's memory categorisation; it never raises).
     ``background``: the child lowers itself to the lowest CPU and I/O priority first
     (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
     Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
@@ -90,6 +93,8 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
         export(staged_tmp)
         check_export(staged_tmp)
         os.replace(staged_tmp, job.staged_path)
+        if companion is not None and job.memory_path:
+            companion(job.memory_path, os.path.getsize(job.staged_path))
         for fd in keep_fds:
             os.set_inheritable(fd, True)
         _close_fds_except(keep_fds)

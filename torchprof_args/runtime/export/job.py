@@ -62,6 +62,9 @@ class PublishJob:
     extra_files: list[tuple[str, str, int | None]] = dataclasses.field(default_factory=list)
     #: the trace's summary sidecar (``naming.sidecar_path``), written with the operator table.
     sidecar_path: str | None = None
+    #: a staged file the forked exporter writes with PyTorch's memory categorisation of the window
+    #: (:mod:`torchprof_args.analysis.memory.exported`), kept in the sidecar by the publisher.
+    memory_path: str | None = None
 
     def save(self, job_path: str | os.PathLike[str]) -> None:
         write_json_atomically(job_path, dataclasses.asdict(self), private=True)
@@ -86,7 +89,8 @@ class PublishJob:
         return job
 
     def staged_files(self) -> list[str]:
-        return [self.staged_path, *(staged for staged, _, _ in self.extra_files)]
+        return [self.staged_path, *(staged for staged, _, _ in self.extra_files),
+                *([self.memory_path] if self.memory_path else [])]
 
     def published_files(self) -> list[str]:
         files = [self.trace_path, *(target for _, target, _ in self.extra_files)]

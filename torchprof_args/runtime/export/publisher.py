@@ -99,14 +99,17 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
     diagnose``: what ``torchprof summary`` / ``diagnose`` then
     reads instead of the trace) and rendered as its operator table
     (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
-    from torchprof_args.analysis.collect.trace_results import SUMMARY, parse_results
+    from torchprof_args.analysis.collect.trace_results import MEMORY, SUMMARY, parse_results
+    from torchprof_args.analysis.memory.exported import read_exported
     from torchprof_args.analysis.render.text import format_operator_table
 
     sidecar = Path(job.sidecar_path) if job.sidecar_path else None
     # a diagnosis that fails must not cost the trace its summary: it is stored as null, and
-    # `torchprof diagnose` then parses the trace
+    # `torchprof diagnose` then parses the trace; the memory part is the exporter's when it wrote one
+    memory_path = job.memory_path
+    given = {MEMORY.name: lambda trace: read_exported(memory_path, trace)} if memory_path else None
     outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=None,
-                            describes=published, target=sidecar)
+                            describes=published, target=sidecar, given=given)
     if outcome.results is None or outcome.results.summary is None:
         raise TraceError(outcome.error or f"{staged}: no summary")
     if outcome.error:  # the sidecar could not be written

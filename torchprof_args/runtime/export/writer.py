@@ -123,9 +123,10 @@ class TraceWriter:
     # -- submitting ------------------------------------------------------------------------
 
     def job_for(self, cycle: str, stem: str, staging: Path,
-                extra_files: Sequence[ExtraFile] = ()) -> PublishJob:
+                extra_files: Sequence[ExtraFile] = (), memory: bool = False) -> PublishJob:
         """The job of ``stem``'s trace of ``cycle``: ``<output>/<cycle>/<stem>.pt.trace.json.gz``, its
-        summary sidecar and operator table in ``<output>/<cycle>/summaries/`` (naming.trace_relpath)."""
+        summary sidecar and operator table in ``<output>/<cycle>/summaries/`` (naming.trace_relpath);
+        ``memory``: the exporter writes PyTorch's memory categorisation to a staged companion."""
         gzip_level, rows = self.config.gzip_level, self.config.operator_table_rows
         folder = self.output_dir / cycle
         trace_path = folder / trace_file_name(stem, gzip=gzip_level is not None)
@@ -138,13 +139,16 @@ class TraceWriter:
             rank=self.rank,
             extra_files=[(staged, str(folder / name), level) for staged, name, level in extra_files],
             sidecar_path=str(sidecar_path(trace_path)) if rows else None,
+            memory_path=str(staging / f"{cycle}_{stem}.memory.json") if memory and rows else None,
         )
 
     def submit_window(self, export: Callable[[str], None], first: int, last: int,
-                      execution_trace: Path | None = None) -> Submission:
+                      execution_trace: Path | None = None,
+                      companion: Callable[[str, int], None] | None = None) -> Submission:
         """Publish the trace of the window that recorded iterations ``first..last`` (its cycle folder
         and this rank's stem from :mod:`~torchprof_args.naming`), with the window's execution trace
-        (a finished file in staging) beside it when there is one."""
+        (a finished file in staging) beside it when there is one; ``companion``: what a forked
+        exporter runs after the trace (:func:`~.child.fork_export`)."""
         stem = trace_stem(self.rank)
         level = self.config.gzip_level
         extra: list[ExtraFile] = []
@@ -152,10 +156,11 @@ class TraceWriter:
             relpath = companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None)
             extra.append((str(execution_trace), relpath, level))
         return self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1,
-                           extra_files=extra)
+                           extra_files=extra, companion=companion)
 
     def submit(self, export: Callable[[str], None], cycle: str, stem: str, steps: int = 1,
-               extra_files: Sequence[ExtraFile] = ()) -> Submission:
+               extra_files: Sequence[ExtraFile] = (),
+               companion: Callable[[str, int], None] | None = None) -> Submission:
         """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via
         ``export(path)`` and publish it in the background; returns which way it went.
 
@@ -170,10 +175,11 @@ class TraceWriter:
         plan = self.planner.plan(steps)
         if plan.note:
             logger.warning("rank %d: trace %s: %s", self.rank, name, plan.note)
-        job, job_path = self._job_file(plan.staging, cycle, stem, extra_files)
+        job, job_path = self._job_file(plan.staging, cycle, stem, extra_files,
+                                       memory=companion is not None and plan.mode == "fork")
         try:
             job.save(job_path)
-            pending = self._fork(export, job, job_path, steps) if plan.mode == "fork" else None
+            pending = self._fork(export, job, job_path, steps, companion) if plan.mode == "fork" else None
             if pending is None and plan.mode == "fork":  # the fork failed: inline, on disk
                 remove_job_files(job, job_path)
                 plan = self.planner.fallback(steps)
@@ -194,20 +200,21 @@ class TraceWriter:
         self._reaper.watch(pending)
         return Submission(route, job.trace_path, pid=pending.pid)
 
-    def _job_file(self, staging: Path, cycle: str, stem: str,
-                  extra_files: Sequence[ExtraFile]) -> tuple[PublishJob, str]:
+    def _job_file(self, staging: Path, cycle: str, stem: str, extra_files: Sequence[ExtraFile],
+                  memory: bool = False) -> tuple[PublishJob, str]:
         """The job of ``cycle``'s trace and its file's path in ``staging``."""
-        return self.job_for(cycle, stem, staging, extra_files), str(staging / f"{cycle}_{stem}.job.json")
+        job = self.job_for(cycle, stem, staging, extra_files, memory)
+        return job, str(staging / f"{cycle}_{stem}.job.json")
 
     def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str,
-              steps: int) -> Pending | None:
+              steps: int, companion: Callable[[str, int], None] | None = None) -> Pending | None:
         """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
         read_fd, write_fd = os.pipe()
         argv = self._publisher_argv(job_path, write_fd)
         started = time.monotonic()
         try:
             pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds),
-                              background=self.config.publisher_priority == IDLE)
+                              companion=companion, background=self.config.publisher_priority == IDLE)
             self._note_fork_time(time.monotonic() - started)
         except OSError as err:
             os.close(read_fd)

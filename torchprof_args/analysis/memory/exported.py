@@ -1,0 +1,115 @@
+"""PyTorch's memory categorisation, from the exporter to the sidecar: a staged companion file.
+
+The forked exporter still holds the profiler's results after it has written the trace; there
+:func:`write_exported` runs :func:`~.pytorch_profile.memory_part` (bounded in time and by the
+trace's size) and writes the result, or the one-line reason it could not, to a file in the rank's
+staging directory beside the staged trace.  The publisher parses the trace anyway; it keeps
+:func:`read_exported`'s part (with the trace's rank and coordinates) as the sidecar's ``memory``,
+and falls back to categorising from the trace (:mod:`.trace_memory`) with the reason in its notes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import msgspec
+
+from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
+from torchprof_args.analysis.memory.trace_memory import trace_identity, trace_memory_part
+from torchprof_args.analysis.trace import Trace
+from torchprof_args.atomic import atomic_output
+
+__all__ = ["EXPORT_SECONDS", "MAX_TRACE_BYTES", "Exported", "exporter_companion", "read_exported",
+           "write_exported"]
+
+#: the longest PyTorch's categorisation may run in the exporter (then the trace's is used).
+EXPORT_SECONDS = 120
+#: above this raw trace size it is not run (it builds the whole operator graph in memory, in a
+#: process that shares the trainer's host memory).
+MAX_TRACE_BYTES = 512 << 20
+
+
+class Exported(msgspec.Struct, frozen=True):
+    """The companion file: the part, or why there is none."""
+
+    part: MemoryPart | None = None
+    error: str | None = None
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Timeout` in the block after ``seconds`` (SIGALRM: the exporter's only thread)."""
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
+                   seconds: float | None = None) -> None:
+    """Write PyTorch's categorisation of ``result`` (``profile.profiler.kineto_results``) to
+    ``path``; never raises: a failure (over time, over size, an error in PyTorch's analysis) is
+    written as the file's ``error``.  ``seconds``: the time limit (default :data:`EXPORT_SECONDS`)."""
+    seconds = EXPORT_SECONDS if seconds is None else seconds
+    if trace_bytes > MAX_TRACE_BYTES:
+        found = Exported(error=f"the trace is {trace_bytes / 2**20:.0f} MiB (over {MAX_TRACE_BYTES >> 20} "
+                               "MiB): PyTorch's memory categorisation was not run in the exporter")
+    else:
+        try:
+            from torchprof_args.analysis.memory.pytorch_profile import memory_part
+
+            with _time_limit(seconds):
+                found = Exported(part=memory_part(result))
+        except _Timeout:
+            found = Exported(error=f"PyTorch's memory categorisation took over {seconds:g} s in the exporter")
+        except Exception as err:  # noqa: BLE001 - PyTorch's private analysis may fail on any trace
+            found = Exported(error=f"PyTorch's memory categorisation failed in the exporter: "
+                                   f"{type(err).__name__}: {err}")
+    with contextlib.suppress(OSError), atomic_output(path, "wb") as handle:
+        handle.write(msgspec.json.encode(found))
+
+
+def exporter_companion(profiler: Any) -> Callable[[str, int], None]:
+    """What the exporter runs after the trace of ``profiler`` (a stopped ``torch.profiler.profile``):
+    ``companion(path, trace_bytes)`` writes its memory categorisation to ``path``."""
+    def companion(path: str, trace_bytes: int) -> None:
+        results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
+        if results is None:
+            with contextlib.suppress(OSError), atomic_output(path, "wb") as handle:
+                handle.write(msgspec.json.encode(Exported(error="the profiler kept no results")))
+            return
+        write_exported(results, path, trace_bytes)
+
+    return companion
+
+
+_decode = msgspec.json.Decoder(Exported)
+
+
+def read_exported(path: str | os.PathLike[str], trace: Trace) -> MemoryPart:
+    """The sidecar's memory part of ``trace``: the exporter's (at ``path``) with the trace's rank and
+    coordinates, else the trace's own categorisation noting why."""
+    try:
+        found = _decode.decode(Path(path).read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as err:
+        found = Exported(error=f"the exporter's memory categorisation could not be read ({err})")
+    if found.part is not None and found.part.format == MEMORY_FORMAT:
+        return msgspec.structs.replace(found.part, **trace_identity(trace))
+    fallback = trace_memory_part(trace)
+    return msgspec.structs.replace(fallback, notes=[found.error or "no categorisation", *fallback.notes])
