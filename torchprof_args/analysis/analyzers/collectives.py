@@ -283,7 +283,7 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
 
 
 def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us: float, step_of: _Steps,
-              world_size: int | None, algorithm: str) -> list[CommRecord]:
+              world_size: int | None, algorithm: str | None) -> list[CommRecord]:
     enclosing = _Enclosing(params)
     records = []
     for row in rows:
@@ -320,8 +320,10 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     else:
         source, records = None, []
     records.sort(key=lambda r: r.start_us)
-    info = trace.metadata.get("distributedInfo") or {}
-    pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    info = trace.metadata.get("distributedInfo")
+    pg_config = info.get("pg_config") if isinstance(info, dict) else None
+    if not isinstance(pg_config, list):
+        pg_config = []
     found_rank = rank if rank is not None else trace.rank
     return RankComms(rank=found_rank if found_rank is not None else -1, file=str(trace.path), source=source,
                      records=records, world_size=trace.world_size, pg_config=pg_config)

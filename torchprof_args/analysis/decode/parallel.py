@@ -153,7 +153,7 @@ def _write_columns(out_fd: int, part: Part, written: int) -> tuple[list[tuple[in
     for name, _ in PART_COLUMNS:
         data = getattr(part, name)
         where.append((written, len(data), data.dtype.str))
-        view = memoryview(data).cast("B")
+        view = data.data.cast("B")
         done = 0
         while done < len(view):
             done += os.pwrite(out_fd, view[done:], written + done)
@@ -164,7 +164,7 @@ def _write_columns(out_fd: int, part: Part, written: int) -> tuple[list[tuple[in
 def _read_column(fd: int, offset: int, n: int, dtype: str) -> np.ndarray:
     """The array :func:`_write_columns` wrote at ``offset``."""
     arr = np.empty(n, dtype=np.dtype(dtype))
-    view = memoryview(arr).cast("B")
+    view = arr.data.cast("B")
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
@@ -231,8 +231,10 @@ class Worker:
             raise WrongCut
         _, index, n_events, where, keys, memory, comms, flops = msg
         self.outstanding -= 1
-        cols = [_read_column(self.out_fd, offset, n, dtype) for offset, n, dtype in where]
-        return index, Part(n_events, *cols, keys, memory, comms, flops)
+        col = {name: _read_column(self.out_fd, offset, n, dtype)
+               for (name, _), (offset, n, dtype) in zip(PART_COLUMNS, where, strict=True)}
+        return index, Part(n_events, col["ts"], col["dur"], col["key"], col["stream"], col["corr"], keys,
+                           memory, comms, flops)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""

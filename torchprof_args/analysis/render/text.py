@@ -17,11 +17,14 @@ def fmt_us(value: float | None) -> str:
 
 
 def _bytes(value: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.2f} {unit}" if unit != "B" else f"{value} B"
-        value /= 1024
-    return str(value)
+    if abs(value) < 1024:
+        return f"{value} B"
+    size = value / 1024
+    for unit in ("KiB", "MiB"):
+        if abs(size) < 1024:
+            return f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} GiB"
 
 
 def fmt_pct(value: float | None) -> str:

@@ -120,7 +120,8 @@ def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) ->
             status = "changed"
         else:
             status = "unchanged"
-        rows.append({"name": name, "kind": (n or b)["kind"], "status": status,
+        either = n if n is not None else base[name]
+        rows.append({"name": name, "kind": either["kind"], "status": status,
                      "base_calls": b_calls if b else None, "new_calls": n_calls if n else None,
                      "base_us": b_us if b else None, "new_us": n_us if n else None,
                      "delta_calls": n_calls - b_calls, "delta_us": n_us - b_us})

@@ -47,12 +47,19 @@ def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
         light = []
         for e in _any.decode(text):
             e = e if isinstance(e, dict) else {}
-            try:
-                ts = float(e.get("ts"))
-            except (TypeError, ValueError):
-                ts = math.nan
+            ts = _number(e.get("ts"))
             light.append(_Light(ph=str(e.get("ph", "")), name=str(e.get("name", "")), ts=ts))
     return raws, light
+
+
+def _number(value: object) -> float:
+    """An event's ``ts`` as a float, NaN when it is missing or not a number."""
+    if not isinstance(value, (int, float, str)):
+        return math.nan
+    try:
+        return float(value)
+    except ValueError:
+        return math.nan
 
 
 def _header(metadata: dict[str, Any]) -> bytes:
