@@ -10,18 +10,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from torchprof_args.analysis.collect.discover import Cycle, expand, group_by_cycle
 from torchprof_args.analysis.collect.pool import Collected, collect
 from torchprof_args.analysis.decode.loader import release_memory_eagerly
+from torchprof_args.analysis.summary import Summary
 from torchprof_args.errors import CommandError
 
 __all__ = ["cycle_summaries"]
 
 
 def cycle_summaries(inputs: list[str | Path], args: argparse.Namespace, top: int | None
-                    ) -> tuple[list[tuple[Cycle, list[dict[str, Any]]]], Collected]:
+                    ) -> tuple[list[tuple[Cycle, list[Summary]]], Collected]:
     """(cycle, its summaries) for every cycle of ``inputs``, and the :class:`Collected` record.
 
     ``args``: the command's options (``command``, ``reparse``, ``no_progress``, ``workers``).

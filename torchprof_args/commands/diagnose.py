@@ -45,9 +45,8 @@ def _run(args: argparse.Namespace) -> int:
                            f"none of the {len(files)} traces could be read ({got.errors[0]})")
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
-    doc = finite(diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops,
-                          dtype=args.peak_dtype))
-    print(json.dumps(doc) if args.json else format_diagnosis(doc))
+    doc = diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops, dtype=args.peak_dtype)
+    print(json.dumps(finite(doc)) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 

@@ -23,14 +23,13 @@ if TYPE_CHECKING:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.report import write_report
+    from torchprof_args.analysis.summary import cross_rank
     from torchprof_args.commands.cycles import cycle_summaries
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
-    findings = [finite(_diagnosis(c.files, args, c.label)) for c, _ in cycles]  # as --json prints them
-    out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
+    findings = [_diagnosis(c.files, args, c.label) for c, _ in cycles]
+    out = write_report([(c.label, s, cross_rank(s, k=args.slowest)) for c, s in cycles], args.output,
                        findings=findings)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
+from torchprof_args.analysis.summary import Summary
 
 __all__ = ["CHANGE_PCT", "aggregate", "diff_summaries", "format_diff"]
 
@@ -35,50 +36,59 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(data)) if data else None
 
 
-def _gpu_steps(summary: dict[str, Any]) -> int:
+def _gpu_steps(summary: Summary) -> int:
     """Steps the kernel totals cover (HTA leaves the last step out when there are two or more)."""
-    n = len(summary.get("steps") or [])
-    return max(n - 1 if (summary.get("gpu") or {}).get("last_step_excluded") else n, 1)
+    n = len(summary.steps)
+    return max(n - 1 if summary.gpu is not None and summary.gpu.last_step_excluded else n, 1)
 
 
-def _per_step_table(summaries: list[dict[str, Any]], key: str,
-                    kind: str) -> tuple[dict[str, dict[str, Any]], int]:
-    """Per name over every rank: calls and time per rank-step; the number of rank-steps."""
-    rank_steps = sum((s.get("ops_in_steps") or {}).get("steps", 0) for s in summaries)
-    table: dict[str, dict[str, Any]] = {}
+#: per name: its category / class (``kind``), calls and time (``us``) per rank-step.
+_Table = dict[str, dict[str, Any]]
+
+
+def _add(table: _Table, name: str, kind: str, calls: int, total_us: float) -> None:
+    entry = table.setdefault(name, {"kind": kind, "calls": 0.0, "us": 0.0})
+    entry["calls"] += calls
+    entry["us"] += total_us
+
+
+def _per_step_tables(summaries: list[Summary]) -> tuple[_Table, _Table, int]:
+    """Per CPU operator and per GPU kernel name over every rank: calls and time per rank-step (and
+    the name's category / class); the number of rank-steps."""
+    rank_steps = sum(s.ops_in_steps.steps for s in summaries)
+    cpu: _Table = {}
+    gpu: _Table = {}
     for s in summaries:
-        for row in (s.get("ops_in_steps") or {}).get(key, []):
-            entry = table.setdefault(row["name"], {"kind": row.get(kind), "calls": 0.0, "us": 0.0})
-            entry["calls"] += row["calls"]
-            entry["us"] += row["total_us"]
-    for entry in table.values():
+        for op in s.ops_in_steps.cpu:
+            _add(cpu, op.name, op.cat, op.calls, op.total_us)
+        for kernel in s.ops_in_steps.gpu:
+            _add(gpu, kernel.name, kernel.type, kernel.calls, kernel.total_us)
+    for entry in (*cpu.values(), *gpu.values()):
         entry["calls"] /= max(rank_steps, 1)
         entry["us"] /= max(rank_steps, 1)
-    return table, rank_steps
+    return cpu, gpu, rank_steps
 
 
-def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate(summaries: list[Summary]) -> dict[str, Any]:
     """One side of a diff: its figures per rank and step, and its per-name tables."""
-    gpus = [s["gpu"] for s in summaries if s.get("gpu")]
+    gpus = [s.gpu for s in summaries if s.gpu is not None]
     kinds: dict[str, float] = {}
     for s in summaries:
-        gpu = s.get("gpu")
-        if not gpu:
+        if s.gpu is None:
             continue
-        for name, value in {**gpu["kernel_type_us"], **gpu["kernel_type_overlapping_us"]}.items():
+        for name, value in {**s.gpu.kernel_type_us, **s.gpu.kernel_type_overlapping_us}.items():
             kinds[name] = kinds.get(name, 0.0) + value / _gpu_steps(s) / len(gpus)
-    cpu, rank_steps = _per_step_table(summaries, "cpu", "cat")
-    kernels, _ = _per_step_table(summaries, "gpu", "type")
-    step_means = [s.get("step_mean_us") for s in summaries]
+    cpu, kernels, rank_steps = _per_step_tables(summaries)
+    step_means = [s.step_mean_us for s in summaries]
     return {
         "traces": len(summaries),
-        "ranks": sorted({s["rank"] for s in summaries if s.get("rank") is not None}),
+        "ranks": sorted({s.rank for s in summaries if s.rank is not None}),
         "rank_steps": rank_steps,
         "step_mean_us": _mean(step_means),
         "slowest_step_mean_us": max((v for v in step_means if v is not None), default=None),
-        "idle_pct": _mean([g["idle_pct"] for g in gpus]),
-        "compute_pct": _mean([g["compute_pct"] for g in gpus]),
-        "comm_comp_overlap_pct": _mean([g["comm_comp_overlap_pct"] for g in gpus]),
+        "idle_pct": _mean([g.idle_pct for g in gpus]),
+        "compute_pct": _mean([g.compute_pct for g in gpus]),
+        "comm_comp_overlap_pct": _mean([g.comm_comp_overlap_pct for g in gpus]),
         "kernel_type_us_per_step": kinds if gpus else None,
         "cpu": cpu,
         "kernels": kernels,
@@ -129,8 +139,18 @@ def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) ->
     return rows
 
 
-def diff_summaries(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
-    """The diff of two sides' per-rank summaries (complete lists: ``top=None`` or sidecars)."""
+def diff_summaries(base: list[Summary], new: list[Summary]) -> dict[str, Any]:
+    """The diff of two sides' per-rank summaries.
+
+    Args:
+        base: one side's summaries, complete (``top=None``, or sidecars'); ``new`` the other's.
+
+    Returns:
+        ``{"base", "new"}`` (each side's figures), ``"metrics"`` (step time, GPU idle / compute,
+        overlap, kernel time per class: base, new, delta), ``"kernels"`` and ``"operators"`` (per
+        name: calls and time per rank-step on each side, added / removed / changed / unchanged,
+        largest time delta first): docs/guides/trace-toolkit.md shows one.
+    """
     a, b = aggregate(base), aggregate(new)
 
     def meta(side: dict[str, Any]) -> dict[str, Any]:
