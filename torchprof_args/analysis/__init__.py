@@ -1,8 +1,8 @@
 """Fast tools for multi-GB Kineto traces of many ranks: load, summarise, diagnose, compare, report,
 split, merge, memory snapshots.
 
-Layers, each importing only the layers before it (``tests/test_analysis_layout.py`` fails on a
-cycle, and on a module of 400 lines or more):
+Layers, each importing only the layers before it (``tests/test_layout.py`` fails on an import back
+up, a cycle, a module of 400 lines or more):
 
 1. the trace model: :mod:`.trace` (one rank's trace as numpy columns, :class:`Trace`),
    :mod:`.intervals` (the one interval type and its algebra) and :mod:`.jsonout` (strict JSON out);
