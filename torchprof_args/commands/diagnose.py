@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float
@@ -50,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof diagnose``."""
     p = subparsers.add_parser(
         "diagnose", help="what to fix: findings ranked by the step time each would save",

@@ -15,9 +15,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
@@ -98,7 +98,7 @@ def _print_text(args: argparse.Namespace, summaries: list[Summary], view: CrossR
         print(format_summary(s, rows=args.rows))
 
 
-def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``torchprof summary`` (``parents``: the shared --no-progress / --reparse options)."""
     p = subparsers.add_parser(
         "summary", parents=parents,

@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands import summary as summary_command
-from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
@@ -111,7 +111,7 @@ def _mem(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the trace toolkit's sub-commands to ``torchprof``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-progress", action="store_true", help="no progress bars")
