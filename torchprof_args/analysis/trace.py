@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["Trace", "TraceMemo"]
+__all__ = ["StepSpan", "Trace", "TraceMemo"]
+
+
+class StepSpan(TypedDict):
+    """One ``ProfilerStep#N`` annotation on the CPU: its name, start and duration (us, the trace's
+    clock), as :func:`.analyzers.steps.steps` finds them."""
+
+    name: str
+    start_us: float
+    dur_us: float
 
 
 @dataclass
@@ -25,8 +34,8 @@ class TraceMemo:
     loaded trace; code that does must call :meth:`clear`.
     """
 
-    #: ``ProfilerStep#N`` rows (:func:`.analyzers.steps.steps`).
-    steps: list[dict[str, Any]] | None = None
+    #: ``ProfilerStep#N`` spans (:func:`.analyzers.steps.steps`: a ``StepSpan`` each).
+    steps: list[StepSpan] | None = None
     #: the CPU events' nesting: ``idx``, ``parent``, ``depth``, ``bounds``
     #: (:func:`.analyzers.cpu_ops.cpu_tree`).
     cpu_tree: dict[str, np.ndarray] | None = None

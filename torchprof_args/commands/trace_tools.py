@@ -50,7 +50,7 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) ->
 def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
     from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
-    from torchprof_args.analysis.jsonout import finite, print_json
+    from torchprof_args.analysis.jsonout import print_json
     from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
     from torchprof_args.commands.cycles import cycle_summaries
 
@@ -62,13 +62,12 @@ def _diff(args: argparse.Namespace) -> int:
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
         diagnoses.append(_diagnosis(files, args, label or side))
-    result = finite(diff_summaries(*sides))
-    result["findings"] = diff_findings(*diagnoses)
+    result, findings = diff_summaries(*sides), diff_findings(*diagnoses)
     if args.json:
-        print_json(result)
+        print_json({**result, "findings": findings})
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
-        print("\n".join(format_findings_diff(result["findings"])))
+        print("\n".join(format_findings_diff(findings)))
     return 0
 
 

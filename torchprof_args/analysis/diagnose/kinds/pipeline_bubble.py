@@ -31,7 +31,7 @@ from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.intervals import merge_intervals, total
-from torchprof_args.analysis.trace import Trace
+from torchprof_args.analysis.trace import StepSpan, Trace
 
 __all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "pipeline_schedule", "theoretical_bubble"]
 
@@ -101,7 +101,7 @@ def _step_threads(trace: Trace) -> dict[str, int]:
     return {trace.names[trace.name_id[i]]: int(trace.thread_id[i]) for i in idx}
 
 
-def _per_step(trace: Trace, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _per_step(trace: Trace, spans: list[StepSpan]) -> list[dict[str, Any]]:
     gpu = bool((trace.stream >= 0).any())
     threads = _step_threads(trace) if not gpu else {}
     out = []
