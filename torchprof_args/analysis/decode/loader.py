@@ -30,7 +30,7 @@ from torchprof_args.analysis.decode.columns import (
     reduce_memory,
 )
 from torchprof_args.analysis.decode.events import NO_CAT
-from torchprof_args.analysis.decode.reader import TraceStream, not_utf8
+from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream, not_utf8
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
@@ -325,7 +325,7 @@ def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
     return children
 
 
-def _progress_bar(stack: ExitStack, path: Path, size: int) -> Any:
+def _progress_bar(stack: ExitStack, path: Path, size: int) -> ProgressBar:
     """A byte progress bar over the file, closed by ``stack``."""
     from tqdm import tqdm
 

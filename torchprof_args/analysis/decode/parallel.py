@@ -18,6 +18,7 @@ import gc
 import os
 import queue
 import threading
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.decode.columns import PART_COLUMNS, Part, decode_events, reduce_batch
-from torchprof_args.analysis.decode.reader import TraceStream
+from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream
 from torchprof_args.errors import TraceError
 
 
@@ -264,7 +265,7 @@ class _InOrder:
             self.next_index += 1
 
 
-def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
+def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: ProgressBar | None,
               add: Callable[[Part], None], comms: bool = False, memory: bool | None = None,
               flops: bool = False) -> None:
     """Decode every task, here or in a worker (each kept at most a few tasks ahead), and hand
@@ -328,7 +329,7 @@ def default_workers(path: Path, compressed: bool, size: int) -> int:
     return 2 if can_fork(mp) and usable_cpus() >= 2 else 1
 
 
-def can_fork(mp: Any) -> bool:
+def can_fork(mp: types.ModuleType) -> bool:
     """Whether this process may fork workers (``mp`` is the :mod:`multiprocessing` module)."""
     return (
         "fork" in mp.get_all_start_methods()

@@ -22,13 +22,13 @@ import types
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, NoReturn, cast
+from typing import IO, Any, NoReturn, Protocol, cast
 
 import msgspec
 
 from torchprof_args.errors import TraceError
 
-__all__ = ["GZIP_ERRORS", "TraceStream", "is_gzip", "not_utf8", "open_gzip"]
+__all__ = ["GZIP_ERRORS", "ProgressBar", "TraceStream", "is_gzip", "not_utf8", "open_gzip"]
 
 #: what reading a corrupt or truncated gzip stream raises (isal's own error included).
 GZIP_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, gzip.BadGzipFile)
@@ -41,6 +41,18 @@ try:  # isal is several times faster than zlib and reads the same format.
     GZIP_ERRORS += (cast("type[BaseException]", IsalError),)
 except ImportError:  # pragma: no cover - isal is an optional extra
     _gzip_impl = gzip
+
+
+class ProgressBar(Protocol):
+    """A progress bar (tqdm's): what reading, decoding and collecting traces report to."""
+
+    def update(self, n: int = 1) -> object:
+        """Add ``n`` done."""
+        ...
+
+    def close(self) -> None:
+        """Take it off the terminal."""
+        ...
 
 
 def open_gzip(file: str | Path | IO[bytes], mode: str = "rb", compresslevel: int = 3) -> IO[bytes]:
@@ -136,7 +148,7 @@ class TraceStream:
         self.compressed = False
         self.file_bytes = 0
         self.uncompressed_bytes = 0
-        self._bar: Any = None
+        self._bar: ProgressBar | None = None
         self._decode: Callable[[bytes], Any] = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
     # -- opening -----------------------------------------------------------------------------
