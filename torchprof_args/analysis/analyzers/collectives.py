@@ -297,9 +297,18 @@ def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us:
 
 
 def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
-    """Every collective instance of ``trace`` (loaded with ``comms=True``), in time order.
+    """Every collective instance of one rank's trace, in time order: from the NCCL kernels (with the
+    host-side records around their launch), else gloo's CPU events, else the host-side records.
 
-    ``rank`` overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
+    Args:
+        trace: loaded with ``comms=True``.
+        rank: overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
+
+    Returns:
+        The rank's :class:`RankComms`.
+
+    Raises:
+        TraceError: the trace was loaded without its communication events.
     """
     if trace.comms is None:
         raise TraceError(f"{trace.path}: loaded without communication events; "

@@ -193,13 +193,23 @@ def _first_categories(name_id: np.ndarray, cat_id: np.ndarray, n_names: int) -> 
 
 def load_trace(path: str | Path, progress: bool = False, workers: int | None = None,
                comms: bool = False, flops: bool = False) -> Trace:
-    """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
+    """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`~torchprof_args.analysis.trace.Trace`
+    (streaming, low memory: ~36 bytes an event kept).
 
-    ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
-    two cores are usable, else 1).  ``comms`` also keeps the communication events' fields in
-    ``Trace.comms`` (:mod:`~torchprof_args.analysis.decode.comm_events`; decoding is ~17 % slower).
-    ``flops`` keeps the FLOP counts of the events that have one (``Trace.flops``).
-    Raises :class:`TraceError` (message names the file) for bad input.
+    Args:
+        path: the trace file.
+        progress: a progress bar for files of 64 MB and more (on a terminal).
+        workers: decoding processes (default: 2 for files over 32 MB, 8 MB gzipped, when two cores
+            are usable, else 1).
+        comms: also keep the communication events' fields in ``Trace.comms``
+            (:mod:`~torchprof_args.analysis.decode.comm_events`; decoding is ~17 % slower).
+        flops: keep the FLOP counts of the events that have one (``Trace.flops``).
+
+    Returns:
+        The trace as columns.
+
+    Raises:
+        TraceError: the file is missing, not a trace, corrupt or truncated (the message names it).
     """
     path = Path(path)
     if not path.exists():

@@ -291,8 +291,9 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
             sizes[index] = length
             idle.submit(index, offset, length, text)
             continue
-        if text is None:
-            text = read_range(fd, offset, length)  # type: ignore[arg-type]
+        if text is None:  # a range of the file: plan_tasks makes ranges only with a file descriptor
+            assert fd is not None
+            text = read_range(fd, offset, length)
         part = decode_part(text, comms, memory if offset >= 0 else None, flops)
         del text
         ordered.put(index, part)

@@ -103,8 +103,16 @@ def _types_table(report: CycleCollectives, rows: int) -> list[str]:
 
 
 def format_collectives(report: CycleCollectives, rows: int = 10) -> str:
-    """The text ``torchprof collectives`` prints for
-    :func:`~torchprof_args.analysis.tools.collectives.collectives_report`'s result (``rows`` per table)."""
+    """The text ``torchprof collectives`` prints: how instances were matched, the ranks by the waiting
+    they caused, the worst skews, a table per collective type.
+
+    Args:
+        report: :func:`~torchprof_args.analysis.tools.collectives.collectives_report`'s result.
+        rows: rows per table.
+
+    Returns:
+        The text, without a final newline.
+    """
     lines = _header(report)
     if report["collective_count"]:
         lines += _ranks_table(report, rows) + _worst_table(report, rows) + _types_table(report, rows)

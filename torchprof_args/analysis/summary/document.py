@@ -76,6 +76,12 @@ _decoder = msgspec.json.Decoder(Summary)
 def decode_summary(data: bytes | msgspec.Raw) -> Summary:
     """A summary from its JSON (a sidecar's ``summary``), checked against the schema.
 
+    Args:
+        data: the JSON.
+
+    Returns:
+        The summary.
+
     Raises:
         msgspec.DecodeError: not JSON; ``msgspec.ValidationError``: not a summary.
     """

@@ -63,10 +63,19 @@ def peek(path: Path) -> tuple[int | None, int]:
 
 def merge_traces(inputs: str | Path | list[Path], output: str | Path,
                  progress: bool = False) -> dict[str, Any]:
-    """Write the merged trace of ``inputs`` (a directory of one cycle's traces, or the trace files)
-    to ``output`` (``.gz`` compresses); returns counts per rank.
+    """Merge per-rank traces into one timeline (``.gz`` output compresses): clocks aligned, process ids
+    remapped per rank, flow ids made unique, every event of every rank kept.
 
-    The result is ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
+    Args:
+        inputs: a directory of one cycle's traces, or the trace files.
+        output: the merged trace.
+        progress: progress bars while reading.
+
+    Returns:
+        ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
+
+    Raises:
+        TraceError: an input cannot be read, or a directory holds no traces.
     """
     files = list(inputs) if isinstance(inputs, list) else trace_files(inputs)
     infos = [peek(f) for f in files]

@@ -142,10 +142,20 @@ def _scan(path: Path, progress: bool) -> _Scan:
 
 def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = None,
                 progress: bool = False) -> list[Path]:
-    """Split ``path`` into pieces of at most ``max_mb`` MB (uncompressed JSON); returns their paths.
+    """Split a trace into standalone traces of at most ``max_mb`` MB each (uncompressed JSON), by step,
+    then by time inside oversized steps; every piece keeps the trace's metadata and process names.
 
-    Pieces are ``<out_dir>/<stem>.partNNN.json``; ``out_dir`` defaults to ``<stem>.split`` beside
-    the trace.  TraceError when ``max_mb`` cannot hold the metadata plus the largest event.
+    Args:
+        path: the trace.
+        max_mb: the pieces' size limit.
+        out_dir: where the pieces go (default ``<stem>.split`` beside the trace).
+        progress: a progress bar while reading.
+
+    Returns:
+        The pieces, ``<out_dir>/<stem>.partNNN.json``, in order.
+
+    Raises:
+        TraceError: the trace cannot be read, or ``max_mb`` cannot hold the metadata plus the largest event.
     """
     path = Path(path)
     stem = strip_trace_suffixes(path.name, pt_trace=False)
