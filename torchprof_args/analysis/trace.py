@@ -1,7 +1,7 @@
 """The trace model: one rank's Kineto trace as compact per-event numpy columns.
 
-:mod:`.loader` builds a :class:`Trace` from a file (decoded by :mod:`.events` and
-:mod:`.columns`, in worker processes by :mod:`.parallel` when the file is large); the analyzers
+:mod:`.decode.loader` builds a :class:`Trace` from a file (decoded by :mod:`.decode.events` and
+:mod:`.decode.columns`, in worker processes by :mod:`.decode.parallel` when the file is large); the analyzers
 (:mod:`.analyzers`) read it and keep what they derive from it in its :class:`TraceMemo`.
 """
 
@@ -87,7 +87,7 @@ class Trace:
     compressed: bool
     comms: list[tuple[Any, ...]] | None = None
     name_cat: np.ndarray | None = field(default=None, repr=False)
-    #: the events with a FLOP count (from their recorded shapes, :mod:`.op_flops`, or ``args.flops``):
+    #: the events with a FLOP count (from their recorded shapes, :mod:`.decode.op_flops`, or ``args.flops``):
     #: their indices and counts; None when the builder did not look, empty arrays when none has one.
     flops: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)

@@ -1,8 +1,9 @@
 """Summaries per profiled cycle: what ``torchprof summary | report | diff`` show.
 
-:func:`cycle_summaries` expands the command's inputs into trace files (:mod:`.discover`), gets
-each one's summary (its sidecar, else parsed: :mod:`.collect`) and groups them by cycle.  A trace
-that fails is reported on stderr in one line and left out; none readable is an error.
+:func:`cycle_summaries` expands the command's inputs into trace files
+(:mod:`torchprof_args.analysis.collect.discover`), gets each one's summary (its sidecar, else
+parsed: :mod:`torchprof_args.analysis.collect`) and groups them by cycle.  A trace that fails is
+reported on stderr in one line and left out; none readable is an error.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ _RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 
 
 def trace_files(directory: str | Path) -> list[Path]:
-    """The traces directly in a directory (sorted, :func:`~.discover.traces_in`); TraceError when
-    there are none."""
+    """The traces directly in a directory (sorted,
+    :func:`~torchprof_args.analysis.collect.discover.traces_in`); TraceError when there are none."""
     directory = Path(directory)
     if not directory.is_dir():
         raise TraceError(f"{directory}: not a directory")

@@ -4,9 +4,9 @@ For one rank (one pipeline stage) and each ``ProfilerStep``: the time between th
 and last compute during which the stage computes nothing, because it waits for activations from
 the previous stage or gradients from the next.
 
-* GPU traces: the gaps between computation kernels (HTA's kernel classes, :mod:`.gpu`) from the
-  step's first computation kernel to its last (kernels starting in the step's span, up to the next
-  step's start);
+* GPU traces: the gaps between computation kernels (HTA's kernel classes,
+  :mod:`torchprof_args.analysis.analyzers.gpu`) from the step's first computation kernel to its last
+  (kernels starting in the step's span, up to the next step's start);
 * CPU traces (no kernels; a CPU thread never idles, it *waits*): the time the step's thread spends
   in blocking communication (``gloo:recv``, ``c10d::`` / ``nccl:`` / ``gloo:`` operations, ``wait``)
   between its first and last ``aten::`` operator.
