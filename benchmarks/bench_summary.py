@@ -50,7 +50,7 @@ print(json.dumps({"load_s": t1 - t0, "total_s": t2 - t0, "cpu_s": cpu() - c0,
                   "bytes": trace.uncompressed_bytes,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-                  "idle_pct": s["gpu"]["idle_pct"], "overlap_pct": s["gpu"]["comm_comp_overlap_pct"]}))
+                  "idle_pct": s.gpu.idle_pct, "overlap_pct": s.gpu.comm_comp_overlap_pct}))
 """
 
 GUNZIP = r"""

@@ -143,12 +143,12 @@ def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
         idle, _ = hta.get_idle_time_breakdown(ranks=[rank], visualize=False)
         launches = hta.get_cuda_kernel_launch_stats(ranks=[rank], visualize=False)[rank]
     trace = load_trace(path)
-    gpu = summarize(trace)["gpu"]
-    ours = {**gpu["kernel_type_us"], **gpu["kernel_type_overlapping_us"]}
+    gpu = summarize(trace).gpu
+    assert gpu is not None, f"{path}: no kernels"
+    ours = {**gpu.kernel_type_us, **gpu.kernel_type_overlapping_us}
     ours_kinds = {k.upper(): v for k, v in ours.items()}
-    pct_diff = max(
-        abs(gpu[f"{key}_pct"] - temporal[f"{key}_time_pctg"]) for key in ("idle", "compute", "non_compute")
-    )
+    pct_diff = max(abs(getattr(gpu, f"{key}_pct") - temporal[f"{key}_time_pctg"])
+                   for key in ("idle", "compute", "non_compute"))
     kind_rel = max(
         abs(ours_kinds.get(k.upper(), 0.0) - total) / max(total, 1.0)
         for k, total in zip(kinds["kernel_type"], kinds["sum"], strict=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -14,15 +13,14 @@ from pathlib import Path
 
 import pytest
 from helpers.paths import DATA, REPO
+from msgspec.structs import replace
 
-from torchprof_args.analysis import load_trace, summarize
-from torchprof_args.analysis.analyzers.cross_rank import cross_rank
+from torchprof_args.analysis import Summary, cross_rank, load_trace, summarize
 from torchprof_args.analysis.analyzers.origin import parallel_from_pg_config
 from torchprof_args.analysis.collect.discover import expand, group_by_cycle
 from torchprof_args.analysis.collect.shard import parse_shard, shard_files
 from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, write_sidecar
 from torchprof_args.analysis.collect.trace_results import SUMMARY, read_results
-from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.render.report import render_report
 from torchprof_args.analysis.render.text import format_cross_rank
 from torchprof_args.errors import TraceError
@@ -105,11 +103,11 @@ def test_sidecars_give_what_parsing_gives(tmp_path: Path) -> None:
 def test_a_sidecar_is_used_only_while_it_matches(tmp_path: Path) -> None:
     trace = tmp_path / "rank00000_h_pid1.pt.trace.json.gz"
     shutil.copy(RANKS_128[0], trace)
-    summary = finite(summarize(load_trace(trace), top=None))
+    summary = summarize(load_trace(trace), top=None)
     write_sidecar(trace, {"summary": summary})
     found = read_results(trace, (SUMMARY,), top=30)
     assert found is not None and found.summary is not None
-    assert found.summary["top_kernels"] == finite(summarize(load_trace(trace)))["top_kernels"]
+    assert found.summary.top_kernels == summarize(load_trace(trace)).top_kernels
     doc = json.loads(sidecar_path(trace).read_text())
     assert doc["version"] == SIDECAR_VERSION and doc["trace"]["size"] == trace.stat().st_size
     os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))  # rewritten since
@@ -164,19 +162,19 @@ def test_sharded_sidecar_writing_on_the_command_line(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "add --write-sidecars" in bad.stderr and bad.stderr.count("\n") == 1
 
 
-def _many(n: int, seed: int = 3) -> list[dict]:
+def _many(n: int, seed: int = 3) -> list[Summary]:
     """``n`` ranks' summaries: the real 128-rank job's two ranks with perturbed step times."""
-    base = [finite(summarize(load_trace(p))) for p in RANKS_128]
+    base = [summarize(load_trace(p)) for p in RANKS_128]
     rng = random.Random(seed)
     out = []
     for rank in range(n):
-        s = copy.deepcopy(base[rank % 2])
+        s = base[rank % 2]
         factor = rng.uniform(0.98, 1.02) * (1.12 if rank in (5, 6) else 1.0)
-        s.update(rank=rank, host=f"node{rank // 8:02d}", parallel={"dp": rank // 4, "tp": rank % 4})
-        s["steps"] = [dict(x, dur_us=x["dur_us"] * factor) for x in s["steps"]]
-        s["step_mean_us"] *= factor
-        s["file"] = f"rank{rank:05d}.pt.trace.json.gz"
-        out.append(s)
+        assert s.step_mean_us is not None
+        out.append(replace(s, rank=rank, host=f"node{rank // 8:02d}",
+                           parallel={"dp": rank // 4, "tp": rank % 4},
+                           steps=[replace(x, dur_us=x.dur_us * factor) for x in s.steps],
+                           step_mean_us=s.step_mean_us * factor, file=f"rank{rank:05d}.pt.trace.json.gz"))
     return out
 
 
@@ -185,14 +183,14 @@ def test_cross_rank_view_for_many_ranks() -> None:
 
     summaries = _many(64)
     view = cross_rank(summaries, k=4)
-    means = [s["step_mean_us"] for s in summaries]
-    d = view["distributions"]["step_mean_us"]
-    assert (d["min"], d["max"], d["n"]) == (min(means), max(means), 64)
-    assert d["p50"] == pytest.approx(np.percentile(means, 50))
-    assert d["p90"] == pytest.approx(np.percentile(means, 90))
-    assert [r["rank"] for r in view["slowest"][:2]] in ([5, 6], [6, 5])
-    assert [r["rank"] for r in view["stragglers"]] in ([5, 6], [6, 5])
-    assert view["fastest"][0]["step_mean_us"] == min(means) and len(view["fastest"]) == 4
+    means = [s.step_mean_us for s in summaries]
+    d = view.distributions.step_mean_us
+    assert (d.min, d.max, d.n) == (min(means), max(means), 64)
+    assert d.p50 == pytest.approx(np.percentile(means, 50))
+    assert d.p90 == pytest.approx(np.percentile(means, 90))
+    assert [r.rank for r in view.slowest[:2]] in ([5, 6], [6, 5])
+    assert [r.rank for r in view.stragglers] in ([5, 6], [6, 5])
+    assert view.fastest[0].step_mean_us == min(means) and len(view.fastest) == 4
     text = format_cross_rank(view, "cycle")
     assert "4 slowest ranks:" in text and "4 fastest ranks:" in text and "(56 more; --all-ranks" in text
     assert " dp  tp " in text and "node00" in text
@@ -216,7 +214,7 @@ def test_parallel_coordinates_from_megatron_process_groups() -> None:
 @pytest.mark.slow
 def test_report_for_1024_ranks_is_small_and_complete() -> None:
     summaries = _many(1024)
-    page = render_report([("iter000100-000101", summaries, finite(cross_rank(summaries)))])
+    page = render_report([("iter000100-000101", summaries, cross_rank(summaries))])
     assert len(page.encode()) < 3e6
     assert page.count("<svg") >= 5  # heatmap, 3 histograms, kernel classes
     assert page.count('<rect x="90.0"') == 1024  # one heatmap row per rank (first column)

@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 from helpers.paths import DATA
+from msgspec.structs import replace
 
-from torchprof_args.analysis import load_trace, summarize
+from torchprof_args.analysis import Summary, load_trace, summarize
 from torchprof_args.analysis.decode import loader
 
 GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
 
 
-def _summary(path: Path, workers: int) -> dict:
-    s = summarize(load_trace(path, workers=workers))
-    s.pop("file")
-    return s
+def _summary(path: Path, workers: int) -> Summary:
+    return replace(summarize(load_trace(path, workers=workers)), file="")
 
 
 @pytest.fixture()
@@ -33,7 +32,7 @@ def test_workers_and_forms_agree(tmp_path: Path, small_segments: None) -> None:
     plain = tmp_path / "t.json"
     plain.write_bytes(gzip.decompress(GPU_2RANK.read_bytes()))
     reference = _summary(GPU_2RANK, 1)
-    assert reference["gpu"]["kernels"] > 0 and reference["top_cpu_ops"]
+    assert reference.gpu is not None and reference.gpu.kernels > 0 and reference.top_cpu_ops
     assert _summary(plain, 1) == reference
     assert _summary(plain, 2) == reference
     assert _summary(GPU_2RANK, 2) == reference
@@ -58,9 +57,9 @@ def test_nested_objects_fool_cuts_then_fall_back(tmp_path: Path, small_segments:
     path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 1}}))
     one, two = _summary(path, 1), _summary(path, 2)
     assert one == two
-    assert one["events"] == 6001 and one["rank"] == 1
-    assert sum(op["calls"] for op in one["top_cpu_ops"]) == 6000
-    assert one["memory"][0]["peak_reserved_bytes"] == 456
+    assert one.events == 6001 and one.rank == 1
+    assert sum(op.calls for op in one.top_cpu_ops) == 6000
+    assert one.memory[0].peak_reserved_bytes == 456
 
 
 def test_odd_values_take_the_loose_path(tmp_path: Path) -> None:

@@ -170,8 +170,8 @@ def test_text_keeps_to_30_lines_with_many_findings_and_gaps():
                                  Gap("low_mfu", "no FLOPs.", "--torch-profile-with-flops")],
                            comm_source=None, pg_config=[], collectives=CompactRecords.of([]), mfu_inputs=None)
              for r in range(4)]
-    doc = finite(diagnose(parts, "run/"))
-    check_schema(doc, 4)
+    doc = diagnose(parts, "run/")
+    check_schema(finite(doc), 4)
     text = format_diagnosis(doc)
     lines = text.splitlines()
     assert len(lines) <= MAX_LINES

@@ -27,19 +27,19 @@ from torchprof_args.analysis.tools.hang import analyse_dumps, normalise_dumps
 from torchprof_args.config import configs_from_args
 from torchprof_args.console import main as torchprof
 from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
-from torchprof_args.runtime import flight_recorder
+from torchprof_args.runtime import flight_recorder, flight_recorder_env
 from torchprof_args.runtime.config import FlightRecorderConfig
 from torchprof_args.torch_support import FEATURES, needs, torch_at_least
 
 JOB = REPO / "tests" / "jobs" / "comm_job.py"
-ENV_VARS = (*flight_recorder.BUFFER_VARS, *flight_recorder.DUMP_FILE_VARS,
-            flight_recorder.DUMP_ON_TIMEOUT_VAR)
+ENV_VARS = (*flight_recorder_env.BUFFER_VARS, *flight_recorder_env.DUMP_FILE_VARS,
+            flight_recorder_env.DUMP_ON_TIMEOUT_VAR)
 
 
 def test_flag_turns_the_recorder_on_at_parse_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(flight_recorder, "_STATE", {"configured": False, "pg_existed": False})
+    monkeypatch.setattr(flight_recorder_env, "STATE", {"configured": False, "pg_existed": False})
     parser = add_torch_profile_args(argparse.ArgumentParser())
     args = parser.parse_args(["--torch-profile-dir", str(tmp_path / "run"),
                               "--torch-profile-flight-recorder", "32"])
@@ -58,7 +58,7 @@ def test_the_stacks_server_flag_is_on_by_default_and_checked(tmp_path: Path, mon
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(flight_recorder, "_STATE", {"configured": False, "pg_existed": False})
+    monkeypatch.setattr(flight_recorder_env, "STATE", {"configured": False, "pg_existed": False})
     parser = add_torch_profile_args(argparse.ArgumentParser())
     run = ["--torch-profile-dir", str(tmp_path), "--torch-profile-on-demand"]
     on = configs_from_args(parser.parse_args(run)).profiler.flight_recorder

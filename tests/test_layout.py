@@ -1,4 +1,5 @@
-"""The package's layout: imports point down the layers, no import cycle, no module or folder too big.
+"""The package's layout: imports point down the layers, no import cycle, no module or folder too big,
+every diagnose kind of one shape.
 
 The layers of ``torchprof_args``, lowest first.  A module imports from its own layer or a lower
 one, never from a higher one (a *back-arrow*); within a layer, no cycle:
@@ -22,6 +23,10 @@ Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, `
 ``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``summary``, ``diagnose`` <
 ``collect`` < ``render`` < ``tools`` < ``analysis/__init__.py`` (its facade).
 
+Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
+``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
+(``analysis/diagnose/registry.py``), and the registry has no other kind.
+
 One documented exception: a components' ``from_args`` class method (``TorchProfiler``, ``Timers``,
 ``MetricsWriter``, ``MemorySnapshotter``) imports ``torchprof_args.config`` inside itself, a thin
 adapter over ``configs_from_args`` kept for users' own loops; only an import of ``config.py``
@@ -38,6 +43,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import inspect
+import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,14 +94,14 @@ MAX_LINES = 400
 MAX_MODULES_PER_FOLDER = 20
 
 
-def module_files() -> dict[str, Path]:
-    """Every module of the package by dotted name (a package by its ``__init__.py``)."""
+def module_files(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module below ``root`` by dotted name (a package by its ``__init__.py``)."""
     out = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
-        out[".".join([PACKAGE, *parts])] = path
+        out[".".join([package, *parts])] = path
     return out
 
 
@@ -118,9 +127,11 @@ def _imports_with_function(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.Imp
     return walk(tree, None)
 
 
-def import_sites() -> dict[str, dict[str, set[str | None]]]:
-    """Module -> the package's modules it imports -> the functions the imports sit in (None: top)."""
-    files = module_files()
+def import_sites(files: dict[str, Path] | None = None) -> dict[str, dict[str, set[str | None]]]:
+    """Module -> the package's modules it imports -> the functions the imports sit in (None: top).
+
+    ``files``: the modules to read (default: the package's, :func:`module_files`)."""
+    files = module_files() if files is None else files
     sites: dict[str, dict[str, set[str | None]]] = {}
     for module, path in files.items():
         deps = sites.setdefault(module, {})
@@ -137,9 +148,9 @@ def import_sites() -> dict[str, dict[str, set[str | None]]]:
     return sites
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(files: dict[str, Path] | None = None) -> dict[str, set[str]]:
     """Module -> the package's modules it imports, anywhere in its source."""
-    return {module: set(deps) for module, deps in import_sites().items()}
+    return {module: set(deps) for module, deps in import_sites(files).items()}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -208,6 +219,56 @@ def _short(module: str) -> str:
     return module.removeprefix(PACKAGE + ".") if module != PACKAGE else f"{PACKAGE} (__init__)"
 
 
+def long_modules(files: dict[str, Path]) -> dict[str, int]:
+    """The modules of :data:`MAX_LINES` lines or more, with their lengths."""
+    return {_short(m): n for m, p in files.items() if (n := len(p.read_text().splitlines())) >= MAX_LINES}
+
+
+def heaps(root: Path) -> dict[str, int]:
+    """The package folders with more than :data:`MAX_MODULES_PER_FOLDER` modules directly in them."""
+    counts: dict[str, int] = {}
+    for path in root.rglob("*.py"):
+        if path.name != "__init__.py":
+            folder = str(path.parent.relative_to(root.parent))
+            counts[folder] = counts.get(folder, 0) + 1
+    return {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER}
+
+
+KINDS_PACKAGE = f"{ANALYSIS}.diagnose.kinds"
+
+
+def kind_shape_problems(module: types.ModuleType) -> list[str]:
+    """What ``module`` lacks of a diagnose kind's one shape (``diagnose/registry.py``): ``KIND``
+    (the module's name), ``SCOPE`` (a ``Scope``), ``THRESHOLD`` (a ``Threshold``) and ``analyze``
+    with its scope's signature: ``(Trace, KindContext) -> Finding | Gap | None`` per rank,
+    ``(CycleRanks, KindContext) -> ...`` across ranks."""
+    from torchprof_args.analysis.diagnose.context import KindContext, Scope
+    from torchprof_args.analysis.diagnose.cycle import CycleRanks
+    from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
+    from torchprof_args.analysis.trace import Trace
+
+    name = module.__name__.rpartition(".")[2]
+    problems = []
+    if getattr(module, "KIND", None) != name:
+        problems.append(f"KIND must be {name!r}")
+    scope = getattr(module, "SCOPE", None)
+    if not isinstance(scope, Scope):
+        problems.append("SCOPE must be a Scope")
+    if not isinstance(getattr(module, "THRESHOLD", None), Threshold):
+        problems.append("THRESHOLD must be a Threshold")
+    analyze = getattr(module, "analyze", None)
+    if not callable(analyze):
+        return [*problems, "analyze() is missing"]
+    hints = typing.get_type_hints(analyze)
+    params = list(inspect.signature(analyze).parameters)
+    wanted = {Scope.PER_RANK: Trace, Scope.CROSS_RANK: CycleRanks}.get(scope)  # type: ignore[arg-type]
+    if len(params) != 2 or [hints.get(p) for p in params] != [wanted, KindContext]:
+        problems.append(f"analyze must take ({getattr(wanted, '__name__', '?')}, KindContext)")
+    if hints.get("return") != Finding | Gap | None:
+        problems.append("analyze must return Finding | Gap | None")
+    return problems
+
+
 # -- the checker checks ----------------------------------------------------------------------------
 
 
@@ -234,6 +295,36 @@ def test_the_import_graph_sees_type_checking_imports(tmp_path: Path) -> None:
                      "def from_args():\n    import c\n")
     found = {(n.names[0].name, f) for n, f in _imports_with_function(tree)}
     assert found == {("TYPE_CHECKING", None), ("b", None), ("c", "from_args")}
+
+
+def _tree(root: Path, files: dict[str, int]) -> Path:
+    """A package at ``root`` holding ``files`` (relative path -> lines)."""
+    for name, lines in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x = 1\n" * lines)
+    return root
+
+
+def test_a_module_of_400_lines_and_a_folder_of_21_modules_are_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path / PACKAGE, {"__init__.py": 1, "ok.py": MAX_LINES - 1, "big.py": MAX_LINES,
+                                      **{f"heap/m{i}.py": 1 for i in range(MAX_MODULES_PER_FOLDER + 1)},
+                                      **{f"fine/m{i}.py": 1 for i in range(MAX_MODULES_PER_FOLDER)}})
+    assert long_modules(module_files(root, PACKAGE)) == {"big": MAX_LINES}
+    assert heaps(root) == {f"{PACKAGE}/heap": MAX_MODULES_PER_FOLDER + 1}
+
+
+def test_a_new_back_arrow_and_a_new_cycle_in_the_source_are_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path / PACKAGE, {"__init__.py": 0, "flags/__init__.py": 0, "runtime/__init__.py": 0,
+                                      "runtime/timeline.py": 0})
+    (root / "flags" / "table.py").write_text("def f():\n    from torchprof_args.runtime import timeline\n")
+    (root / "runtime" / "schedule.py").write_text("from . import plan\n")
+    (root / "runtime" / "plan.py").write_text("from torchprof_args.runtime.schedule import x\n")
+    files = module_files(root, PACKAGE)
+    assert PACKAGE_LAYERS.back_arrows(import_sites(files)) == [
+        "flags.table -> runtime.timeline (layer runtime above flags)"]
+    assert find_cycles(import_graph(files)) == [
+        [f"{PACKAGE}.runtime.plan", f"{PACKAGE}.runtime.schedule", f"{PACKAGE}.runtime.plan"]]
 
 
 def test_back_arrows_are_named_with_their_layers() -> None:
@@ -284,17 +375,37 @@ def test_the_flags_registry_knows_no_feature() -> None:
 
 
 def test_modules_stay_under_400_lines() -> None:
-    long = {_short(m): n for m, p in module_files().items()
-            if (n := len(p.read_text().splitlines())) >= MAX_LINES}
+    long = long_modules(module_files())
     assert not long, f"split these modules: {long}"
 
 
 def test_no_package_folder_is_a_heap() -> None:
-    counts: dict[str, int] = {}
-    for path in ROOT.rglob("*.py"):
-        if path.name != "__init__.py":
-            folder = str(path.parent.relative_to(ROOT.parent))
-            counts[folder] = counts.get(folder, 0) + 1
-    heaps = {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER}
-    assert not heaps, f"more than {MAX_MODULES_PER_FOLDER} modules directly in these folders " \
-        f"(group them by concept or layer): {heaps}"
+    found = heaps(ROOT)
+    assert not found, f"more than {MAX_MODULES_PER_FOLDER} modules directly in these folders " \
+        f"(group them by concept or layer): {found}"
+
+
+# -- the diagnose kinds' one shape -----------------------------------------------------------------
+
+
+def test_the_shape_check_names_what_a_kind_lacks() -> None:
+    from torchprof_args.analysis.diagnose.context import Scope
+    from torchprof_args.analysis.diagnose.kinds import straggler
+
+    bad = types.ModuleType(f"{KINDS_PACKAGE}.half_done")
+    bad.KIND, bad.SCOPE = "half_done", Scope.CROSS_RANK  # type: ignore[attr-defined]
+    bad.analyze = lambda ranks, threshold=0.05: None  # type: ignore[attr-defined]  # the old shape
+    assert kind_shape_problems(bad) == ["THRESHOLD must be a Threshold",
+                                        "analyze must take (CycleRanks, KindContext)",
+                                        "analyze must return Finding | Gap | None"]
+    assert kind_shape_problems(straggler) == []
+
+
+def test_every_diagnose_kind_has_the_one_shape_and_is_registered() -> None:
+    from torchprof_args.analysis.diagnose.registry import KINDS
+
+    modules = sorted(m for m in module_files() if m.startswith(KINDS_PACKAGE + "."))
+    problems = {_short(m): p for m in modules if (p := kind_shape_problems(importlib.import_module(m)))}
+    assert not problems, f"diagnose kinds not of the one shape (diagnose/registry.py): {problems}"
+    assert sorted(KINDS) == sorted(m.rpartition(".")[2] for m in modules), \
+        "every module of diagnose/kinds/ is a kind in diagnose/registry.py's REGISTRY, and only those"

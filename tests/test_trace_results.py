@@ -4,6 +4,7 @@ else parsed once; what is kept when a part or the sidecar cannot be written."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,22 @@ def test_parsed_once_the_sidecar_gives_the_same_parts(trace: Path) -> None:
     again = results_of(trace, (DIAGNOSIS,))
     assert again.from_sidecar and again.results is not None and again.results.summary is None
     assert results_of(trace, (DIAGNOSIS,), reparse=True).from_sidecar is False
+
+
+def test_a_stored_summary_is_decoded_with_its_schema_and_one_that_does_not_fit_is_parsed_again(
+        trace: Path) -> None:
+    parsed = parse_results(trace, (SUMMARY,), top=None, write=True)
+    assert parsed.results is not None and parsed.results.summary is not None
+    read = read_results(trace, (SUMMARY,), top=None)
+    assert read is not None and read.summary == parsed.results.summary  # the struct, typed
+    assert read.summary is not None and read.summary.gpu is not None and read.summary.gpu.kernels > 0
+    doc = json.loads(sidecar_path(trace).read_text())
+    doc["summary"]["events"] = "many"  # valid JSON, not a summary: a foreign or damaged sidecar
+    sidecar_path(trace).write_text(json.dumps(doc))
+    assert read_results(trace, (SUMMARY,)) is None
+    outcome = results_of(trace, (SUMMARY,), top=None)
+    assert not outcome.from_sidecar and outcome.results is not None
+    assert outcome.results.summary == read.summary
 
 
 def test_a_part_only_the_sidecar_wants_that_fails_is_stored_as_null(

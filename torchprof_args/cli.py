@@ -95,7 +95,12 @@ def apply_cli_aliases(args: argparse.Namespace) -> argparse.Namespace:
 
 
 class Profiling:
-    """What the decorated function receives: the profiler (created on first use) and helpers."""
+    """What the decorated function receives: the profiler (created on first use) and helpers.
+
+    Args:
+        args: the parsed namespace (the decorator's flags and the full ``--torch-profile-*`` set).
+        run: its checked configs (default: :func:`~torchprof_args.config.configs_from_args` of ``args``).
+    """
 
     def __init__(self, args: argparse.Namespace, run: RunConfig | None = None) -> None:
         self.args = args
@@ -112,7 +117,15 @@ class Profiling:
     # -- the profiler -----------------------------------------------------------------------
 
     def start(self, start_iteration: int | None = None) -> TorchProfiler:
-        """Create and start the profiler now (on every rank); ``start_iteration`` for resumes."""
+        """Create and start the profiler now, on every rank (a collective: after ``init_process_group``).
+
+        Args:
+            start_iteration: optimizer steps already done (a resumed run); default: the flags' /
+                Megatron's ``args.iteration``, else 0.
+
+        Returns:
+            The started :class:`~torchprof_args.runtime.profiler.TorchProfiler` (the same one on later calls).
+        """
         if self.prof is None:
             from torchprof_args.runtime.profiler import TorchProfiler
 
@@ -121,7 +134,12 @@ class Profiling:
         return self.prof
 
     def step(self, iteration: int | None = None) -> None:
-        """Mark the end of optimizer step ``iteration`` (1-based global; default previous + 1)."""
+        """Mark the end of an optimizer step (starting the profiler on the first call).
+
+        Args:
+            iteration: the 1-based global step just finished (default: the previous one + 1).  Ignored
+                once a DeepSpeed engine is attached: its hook steps on the engine's optimizer steps.
+        """
         if self.deepspeed is not None:
             return  # the DeepSpeed hook steps on the engine's optimizer steps
         iteration = self._iteration + 1 if iteration is None else iteration
@@ -132,7 +150,14 @@ class Profiling:
 
     @contextlib.contextmanager
     def region(self, name: str) -> Iterator[None]:
-        """A named range in the trace (``torch.profiler.record_function``); free when disabled."""
+        """A named range in the trace (``torch.profiler.record_function``); free when profiling is off.
+
+        Args:
+            name: the range's name in the trace.
+
+        Returns:
+            A context manager around the range.
+        """
         if not self.enabled:
             yield
             return
@@ -142,14 +167,29 @@ class Profiling:
             yield
 
     def train_step(self) -> contextlib.AbstractContextManager[None]:
-        """The ``accelerator.train_step`` region; starts the profiler if needed."""
+        """The ``accelerator.train_step`` region around one training step; starts the profiler if needed.
+
+        Returns:
+            The context manager (:meth:`region`).
+        """
         if self.enabled and self.prof is None and self.deepspeed is None:
             self.start()
         return self.region(TRAIN_STEP_REGION)
 
     def attach_deepspeed(self, engine: Any,  # a DeepSpeed engine (DeepSpeed ships no types)
                          metrics: MetricsWriter | ScalarWriter | None = None) -> DeepSpeedProfilerHook:
-        """Step on ``engine``'s optimizer steps and write ``profiler_ds.txt`` (flops profiler)."""
+        """Step on a DeepSpeed engine's optimizer steps and write ``profiler_ds.txt`` (its flops profiler).
+
+        Args:
+            engine: the ``deepspeed.initialize`` engine (``PipelineEngine`` too).
+            metrics: where its step times, TFLOP/s and MFU go (default: none).
+
+        Returns:
+            The started :class:`~torchprof_args.frameworks.deepspeed_engine.DeepSpeedProfilerHook`.
+
+        Raises:
+            RuntimeError: the profiler already started (attach before the first ``step()``).
+        """
         from torchprof_args.deepspeed import attach
 
         if self.prof is not None:
@@ -178,8 +218,13 @@ class Profiling:
     # -- the end ----------------------------------------------------------------------------
 
     def finish(self, clean: bool) -> None:
-        """Stop the profiler, then write ``profiler_list.dat`` (the operator tables; and TensorBoard
-        output)."""
+        """Stop the profiler, then write ``profiler_list.dat`` (each trace's operator table, from its sidecar)
+        and the TensorBoard output.  A table that cannot be written is logged; the traces stay published.
+
+        Args:
+            clean: the function returned normally (False on an exception: no barrier, a partly
+                recorded window is dropped).
+        """
         if self.deepspeed is not None:
             self.deepspeed.close(clean=clean)
         elif self.prof is not None:
@@ -213,10 +258,19 @@ class Profiling:
 
 
 def write_operator_tables(traces: list[str], path: Path) -> Path:
-    """The operator table of each of ``traces`` (top operators by device time, else CPU time, and
-    memory), one after the other in ``path``, written atomically.
+    """The operator table of each trace (top operators by device time, else CPU time, and memory), one
+    after the other in one file, written atomically.
 
-    Each trace's summary comes from the sidecar its publisher wrote, when it matches the trace.
+    Args:
+        traces: the published traces; each one's summary comes from the sidecar its publisher wrote
+            when it matches the trace, else the trace is parsed.
+        path: the file (``profiler_list.dat``).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        TraceError: a trace cannot be read.
     """
     from torchprof_args.analysis.collect.trace_results import SUMMARY, results_of
     from torchprof_args.analysis.render.text import format_operator_table
@@ -236,10 +290,18 @@ def write_operator_tables(traces: list[str], path: Path) -> Path:
 def cli(
     parser_or_factory: Callable[..., Any] | argparse.ArgumentParser | None = None,
 ) -> Any:
-    """Decorate ``main(args, profiling)``; see the module docstring.
+    """Decorate an entry point ``main(args, profiling)`` with the profiling flags (module docstring).
 
-    ``@cli`` (bare), ``@cli()``, ``@cli(parser)`` or ``@cli(build_parser)``.  The decorated
-    function takes ``argv`` (default ``sys.argv[1:]``) and returns ``main``'s return value.
+    ``@cli`` (bare), ``@cli()``, ``@cli(parser)`` or ``@cli(build_parser)``.  Bad flags exit 2 with a
+    one-line error, before ``main`` runs.
+
+    Args:
+        parser_or_factory: the application's parser, a function that builds it, or (bare ``@cli``) the
+            decorated function itself; None: an empty parser.
+
+    Returns:
+        The decorator (or, bare, the decorated function): it takes ``argv`` (default
+        ``sys.argv[1:]``) and returns ``main``'s return value; :class:`Profiling` is finished in any case.
     """
 
     def decorate(function: Callable[[argparse.Namespace, Profiling], Any]) -> Callable[..., Any]:

@@ -51,11 +51,17 @@ class RunConfig:
 
 
 def add_torch_profile_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the torchprof-args flag groups to ``parser`` and return it.
+    """Add the torchprof-args flag groups to a parser.
 
     Usable as Megatron-LM's ``extra_args_provider``, beside DeepSpeed's
-    ``deepspeed.add_config_arguments`` and on any plain parser.  Options the host parser
-    already defines are reused, never redefined.
+    ``deepspeed.add_config_arguments`` and on any plain parser.  Options the host parser already
+    defines are reused, never redefined.
+
+    Args:
+        parser: the application's parser.
+
+    Returns:
+        ``parser`` itself, so it chains.
     """
     return add_flag_groups(parser, registered_groups())
 
@@ -66,12 +72,22 @@ def flag_reference_markdown() -> str:
 
 
 def configs_from_args(args: argparse.Namespace, world_size: int | None = None) -> RunConfig:
-    """Check the flags in ``args`` and turn them into configs.
+    """Check the flags in ``args`` and turn them into configs: THE boundary (below it no module reads
+    the namespace).
 
-    Raises :class:`~torchprof_args.errors.TorchProfileArgsError` (a ``ValueError``) whose message
-    names the flags.  ``world_size`` defaults to the initialised process group's, else
-    ``$WORLD_SIZE`` (rank flags are checked against it when it is known).  Idempotent: it never
-    changes ``args``.
+    Idempotent: it never changes ``args``.
+
+    Args:
+        args: the parsed namespace (:func:`add_torch_profile_args`'s flags in it).
+        world_size: the job's size for the rank flags' checks; defaults to the initialised process
+            group's, else ``$WORLD_SIZE`` (unchecked when neither is known).
+
+    Returns:
+        The :class:`RunConfig`: the profiler's, the timers' and the metrics' frozen configs.
+
+    Raises:
+        TorchProfileArgsError: a flag or a combination is wrong (a ``ValueError``; the message names
+            the flags and says what to do).
     """
     world_size = world_size if world_size is not None else _dist.world_size_if_known()
     directory = profile_dir(args)
@@ -93,7 +109,18 @@ def configs_from_args(args: argparse.Namespace, world_size: int | None = None) -
 
 
 def validate_args(args: argparse.Namespace, world_size: int | None = None) -> argparse.Namespace:
-    """:func:`configs_from_args` for its checks only; returns ``args`` so it can be chained."""
+    """:func:`configs_from_args` for its checks only.
+
+    Args:
+        args: the parsed namespace.
+        world_size: as :func:`configs_from_args` takes it.
+
+    Returns:
+        ``args`` itself, so it can be chained.
+
+    Raises:
+        TorchProfileArgsError: as :func:`configs_from_args`.
+    """
     configs_from_args(args, world_size)
     return args
 

@@ -65,6 +65,6 @@ def test_torchprofiler_fences_the_flush_and_both_ranks_finish(tmp_path: Path) ->
     (trace,) = (tmp_path / "prof").rglob("rank00000_*.pt.trace.json.gz")
     assert trace.parent.name == "iter000003-000004"
     summary = summarize(load_trace(trace))
-    assert summary["backend"] == "nccl" and summary["world_size"] == 2
-    assert summary["gpu"] is not None and summary["gpu"]["kernels"] > 0
-    assert any(k["type"] == "communication" for k in summary["top_kernels"]), summary["top_kernels"][:5]
+    assert summary.backend == "nccl" and summary.world_size == 2
+    assert summary.gpu is not None and summary.gpu.kernels > 0
+    assert any(k.type == "communication" for k in summary.top_kernels), summary.top_kernels[:5]

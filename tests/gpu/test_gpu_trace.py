@@ -50,17 +50,17 @@ def test_window_kernels_are_in_the_trace_and_its_summary(tmp_path: Path) -> None
     assert step_numbers(published) == [4, 5, 6]
     trace = load_trace(published)
     summary = summarize(trace)
-    gpu = summary["gpu"]
+    gpu = summary.gpu
     assert gpu is not None, "no CUDA kernels in the trace"
-    assert gpu["kernels"] > 0 and gpu["busy_us"] > 0 and gpu["compute_us"] > 0, gpu
-    assert summary["top_kernels"] and summary["top_kernels"][0]["total_us"] > 0
-    assert {k["type"] for k in summary["top_kernels"]} & {"computation"}
-    assert summary["top_ops_by_device"], "no CPU operator is linked to device time"
+    assert gpu.kernels > 0 and gpu.busy_us > 0 and gpu.compute_us > 0, gpu
+    assert summary.top_kernels and summary.top_kernels[0].total_us > 0
+    assert {k.type for k in summary.top_kernels} & {"computation"}
+    assert summary.top_ops_by_device, "no CPU operator is linked to device time"
     devices = trace.metadata.get("deviceProperties") or []
     assert torch.cuda.get_device_name(0) in {d.get("name") for d in devices}, devices
     sidecar = read_results(published, (SUMMARY,))
     assert sidecar is not None and sidecar.summary is not None, "the publisher wrote no summary sidecar"
-    assert sidecar.summary["gpu"]["kernels"] == gpu["kernels"]
+    assert sidecar.summary.gpu is not None and sidecar.summary.gpu.kernels == gpu.kernels
 
 
 @pytest.mark.timeout(300)
@@ -110,8 +110,8 @@ def test_ten_forked_exports_with_live_cuda_and_cupti(tmp_path: Path, monkeypatch
     assert len(published) == 10 and prof.stats["traces_written"] == 10, (published, prof.stats)
     assert sorted(n for p in published for n in step_numbers(p)) == list(range(3, 22, 2))
     for path in published:
-        gpu = summarize(load_trace(path))["gpu"]
-        assert gpu is not None and gpu["kernels"] > 0, f"{path}: no kernels"
+        gpu = summarize(load_trace(path)).gpu
+        assert gpu is not None and gpu.kernels > 0, f"{path}: no kernels"
     # The parent's CUDA context is intact after ten forks.
     probe = torch.arange(1 << 20, device="cuda", dtype=torch.float64)
     assert float(probe.sum().item()) == float((1 << 20) * ((1 << 20) - 1) // 2)

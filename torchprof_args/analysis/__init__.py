@@ -1,8 +1,8 @@
 """Fast tools for multi-GB Kineto traces of many ranks: load, summarise, diagnose, compare, report,
 split, merge, memory snapshots.
 
-Layers, each importing only the layers before it (``tests/test_analysis_layout.py`` fails on a
-cycle, and on a module of 400 lines or more):
+Layers, each importing only the layers before it (``tests/test_layout.py`` fails on an import back
+up, a cycle, a module of 400 lines or more):
 
 1. the trace model: :mod:`.trace` (one rank's trace as numpy columns, :class:`Trace`),
    :mod:`.intervals` (the one interval type and its algebra) and :mod:`.jsonout` (strict JSON out);
@@ -10,8 +10,9 @@ cycle, and on a module of 400 lines or more):
 2. :mod:`.decode`: a trace file -> columns -> a :class:`Trace` (``load_trace``);
 3. :mod:`.analyzers`: one analysis of a loaded trace per module; :mod:`.memory`: CUDA memory
    snapshots (not traces);
-4. :mod:`.summary` (the analyzers composed into one trace's summary) and :mod:`.diagnose` (what to
-   fix: the kinds, their registry, a rank's part and the job's diagnosis);
+4. :mod:`.summary` (the analyzers composed into one trace's :class:`Summary`, and a cycle's
+   cross-rank view) and :mod:`.diagnose` (what to fix: the kinds, their registry, a rank's part and
+   the job's diagnosis);
 5. :mod:`.collect`: which traces, and each one's results from its sidecar or parsed once, many at
    a time;
 6. :mod:`.render`: text, HTML and SVG;
@@ -23,14 +24,13 @@ needs numpy and msgspec, never torch.
 
 from __future__ import annotations
 
-from torchprof_args.analysis.analyzers.cross_rank import cross_rank
 from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.render.text import format_operator_table, format_profiler_list, format_summary
-from torchprof_args.analysis.summary import summarize
+from torchprof_args.analysis.summary import CrossRankView, Summary, cross_rank, summarize
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
 __all__ = [
-    "Trace", "TraceError", "cross_rank", "format_operator_table", "format_profiler_list", "format_summary",
-    "load_trace", "summarize",
+    "CrossRankView", "Summary", "Trace", "TraceError", "cross_rank", "format_operator_table",
+    "format_profiler_list", "format_summary", "load_trace", "summarize",
 ]

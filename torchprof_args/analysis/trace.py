@@ -1,7 +1,7 @@
 """The trace model: one rank's Kineto trace as compact per-event numpy columns.
 
-:mod:`.loader` builds a :class:`Trace` from a file (decoded by :mod:`.events` and
-:mod:`.columns`, in worker processes by :mod:`.parallel` when the file is large); the analyzers
+:mod:`.decode.loader` builds a :class:`Trace` from a file (decoded by :mod:`.decode.events` and
+:mod:`.decode.columns`, in worker processes by :mod:`.decode.parallel` when the file is large); the analyzers
 (:mod:`.analyzers`) read it and keep what they derive from it in its :class:`TraceMemo`.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["MEMORY_ROW_COLUMNS", "MemoryRows", "Trace", "TraceMemo"]
+__all__ = ["MEMORY_ROW_COLUMNS", "MemoryRows", "StepSpan", "Trace", "TraceMemo"]
 
 #: the columns of :class:`MemoryRows`: time (us, as in the trace), block address, bytes (negative:
 #: freed), the allocator's totals after the event (-1: not recorded), the device code
@@ -51,6 +51,15 @@ class MemoryRows:
         return cls(columns, list(threads))
 
 
+class StepSpan(TypedDict):
+    """One ``ProfilerStep#N`` annotation on the CPU: its name, start and duration (us, the trace's
+    clock), as :func:`.analyzers.steps.steps` finds them."""
+
+    name: str
+    start_us: float
+    dur_us: float
+
+
 @dataclass
 class TraceMemo:
     """Tables the analyzers derive from one :class:`Trace`, each computed on first use (None until
@@ -60,8 +69,8 @@ class TraceMemo:
     loaded trace; code that does must call :meth:`clear`.
     """
 
-    #: ``ProfilerStep#N`` rows (:func:`.analyzers.steps.steps`).
-    steps: list[dict[str, Any]] | None = None
+    #: ``ProfilerStep#N`` spans (:func:`.analyzers.steps.steps`: a ``StepSpan`` each).
+    steps: list[StepSpan] | None = None
     #: the CPU events' nesting: ``idx``, ``parent``, ``depth``, ``bounds``
     #: (:func:`.analyzers.cpu_ops.cpu_tree`).
     cpu_tree: dict[str, np.ndarray] | None = None
@@ -113,7 +122,7 @@ class Trace:
     compressed: bool
     comms: list[tuple[Any, ...]] | None = None
     name_cat: np.ndarray | None = field(default=None, repr=False)
-    #: the events with a FLOP count (from their recorded shapes, :mod:`.op_flops`, or ``args.flops``):
+    #: the events with a FLOP count (from their recorded shapes, :mod:`.decode.op_flops`, or ``args.flops``):
     #: their indices and counts; None when the builder did not look, empty arrays when none has one.
     flops: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     #: every ``[memory]`` event (:class:`MemoryRows`); None when the builder did not keep them

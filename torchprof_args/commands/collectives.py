@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+
+from torchprof_args.commands.common import Subparsers
 
 __all__ = ["register"]
 
@@ -33,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof collectives``."""
     p = subparsers.add_parser(
         "collectives", help="match collectives across ranks: arrival skew, last-arriving rank, bus bandwidth",

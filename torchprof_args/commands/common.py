@@ -1,12 +1,23 @@
-"""What the trace toolkit's ``torchprof`` commands share: ``--top``'s type and the inputs' help
-text.  Import-light (argparse only), like every command module.  Errors are not handled here: a
-command raises :class:`~torchprof_args.errors.CommandError` and the console prints it."""
+"""What the ``torchprof`` commands share: the sub-parsers each ``register`` adds to, ``--top``'s type
+and the trace inputs' help text.  Import-light (argparse only), like every command module.  Errors
+are not handled here: a command raises :class:`~torchprof_args.errors.CommandError` and the console
+prints it."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any, Protocol
 
-__all__ = ["INPUTS_HELP", "top_count"]
+__all__ = ["INPUTS_HELP", "Subparsers", "top_count"]
+
+
+class Subparsers(Protocol):
+    """What a command module's ``register(subparsers)`` adds its parser to: the console's
+    ``add_subparsers()`` action."""
+
+    def add_parser(self, name: str, *args: Any, **kwargs: Any) -> argparse.ArgumentParser:
+        """A new sub-command's parser (argparse's ``add_parser``)."""
+        ...
 
 INPUTS_HELP = "trace files (.json/.json.gz), cycle folders or run folders"
 

@@ -1,8 +1,9 @@
 """Summaries per profiled cycle: what ``torchprof summary | report | diff`` show.
 
-:func:`cycle_summaries` expands the command's inputs into trace files (:mod:`.discover`), gets
-each one's summary (its sidecar, else parsed: :mod:`.collect`) and groups them by cycle.  A trace
-that fails is reported on stderr in one line and left out; none readable is an error.
+:func:`cycle_summaries` expands the command's inputs into trace files
+(:mod:`torchprof_args.analysis.collect.discover`), gets each one's summary (its sidecar, else
+parsed: :mod:`torchprof_args.analysis.collect`) and groups them by cycle.  A trace that fails is
+reported on stderr in one line and left out; none readable is an error.
 """
 
 from __future__ import annotations
@@ -10,18 +11,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from torchprof_args.analysis.collect.discover import Cycle, expand, group_by_cycle
 from torchprof_args.analysis.collect.pool import Collected, collect
 from torchprof_args.analysis.decode.loader import release_memory_eagerly
+from torchprof_args.analysis.summary import Summary
 from torchprof_args.errors import CommandError
 
 __all__ = ["cycle_summaries"]
 
 
 def cycle_summaries(inputs: list[str | Path], args: argparse.Namespace, top: int | None
-                    ) -> tuple[list[tuple[Cycle, list[dict[str, Any]]]], Collected]:
+                    ) -> tuple[list[tuple[Cycle, list[Summary]]], Collected]:
     """(cycle, its summaries) for every cycle of ``inputs``, and the :class:`Collected` record.
 
     ``args``: the command's options (``command``, ``reparse``, ``no_progress``, ``workers``).

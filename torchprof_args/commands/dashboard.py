@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from torchprof_args.atomic import write_text_atomically
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "dashboard",
         help="step-timing dashboard: self-contained HTML from metrics.jsonl, or a wandb workspace",

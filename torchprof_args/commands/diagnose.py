@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float
@@ -46,13 +46,13 @@ def _run(args: argparse.Namespace) -> int:
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
     memory = [part for _, part in got.stored_memory(files)]  # memory_imbalance, from the sidecars
-    doc = finite(diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops,
-                          dtype=args.peak_dtype, memory=memory))
-    print(json.dumps(doc) if args.json else format_diagnosis(doc))
+    doc = diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
+                   memory=memory)
+    print(json.dumps(finite(doc)) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof diagnose``."""
     p = subparsers.add_parser(
         "diagnose", help="what to fix: findings ranked by the step time each would save",

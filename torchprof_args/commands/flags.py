@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from torchprof_args.commands.common import Subparsers
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "flags", help="print the --torch-profile-* flag reference", description=__doc__
     )

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+
+from torchprof_args.commands.common import Subparsers
 
 __all__ = ["register"]
 
@@ -34,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof hang``."""
     p = subparsers.add_parser(
         "hang",

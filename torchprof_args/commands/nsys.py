@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
 
 __all__ = ["nsys_command", "register"]
@@ -64,7 +65,7 @@ def nsys_command(command: list[str], output_dir: str = "prof/nsys", trace: str =
     return [*argv, *command]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "nsys",
         help="print (or run) the nsys command that captures the --torch-profile-nsys steps",

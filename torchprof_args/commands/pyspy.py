@@ -18,6 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import non_negative_int, positive_int
 from torchprof_args.pyspy import record
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof pyspy record | report | flamegraph``."""
     parser = subparsers.add_parser(
         "pyspy",

@@ -15,11 +15,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
+
+if TYPE_CHECKING:
+    from torchprof_args.analysis.summary import CrossRankView, Summary
 
 __all__ = ["register"]
 
@@ -55,8 +58,8 @@ def _write_sidecars(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
     from torchprof_args.analysis.jsonout import finite
+    from torchprof_args.analysis.summary import cross_rank
     from torchprof_args.commands.cycles import cycle_summaries
 
     if args.shard and not args.write_sidecars:
@@ -66,19 +69,19 @@ def _summary(args: argparse.Namespace) -> int:
     cycles, got = cycle_summaries(args.traces, args, args.top)
     many = len(got.summaries) > 1 or any(Path(t).is_dir() for t in args.traces)
     for cycle, summaries in cycles:
-        view = finite(cross_rank(summaries, k=args.slowest)) if many else None
+        view = cross_rank(summaries, k=args.slowest) if many else None
         if args.json:
             for s in summaries:
-                print(json.dumps(s))
+                print(json.dumps(finite(s)))
             if view is not None:
-                print(json.dumps({"cross_rank": view, "cycle": cycle.label}))
+                print(json.dumps({"cross_rank": finite(view), "cycle": cycle.label}))
         else:
             _print_text(args, summaries, view, cycle.label)
         sys.stdout.flush()
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _print_text(args: argparse.Namespace, summaries: list[dict[str, Any]], view: dict[str, Any] | None,
+def _print_text(args: argparse.Namespace, summaries: list[Summary], view: CrossRankView | None,
                 label: str) -> None:
     from torchprof_args.analysis.render.text import format_cross_rank, format_summary
 
@@ -89,14 +92,13 @@ def _print_text(args: argparse.Namespace, summaries: list[dict[str, Any]], view:
     if args.per_rank:
         shown = summaries
     else:
-        slowest = view.get("slowest_rank")
-        shown = [s for s in summaries if s.get("rank") == slowest][:1] or summaries[:1]
-        print(f"-- summary of the slowest rank ({shown[0].get('rank')}); --per-rank prints every rank's")
+        shown = [s for s in summaries if s.rank == view.slowest_rank][:1] or summaries[:1]
+        print(f"-- summary of the slowest rank ({shown[0].rank}); --per-rank prints every rank's")
     for s in shown:
         print(format_summary(s, rows=args.rows))
 
 
-def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``torchprof summary`` (``parents``: the shared --no-progress / --reparse options)."""
     p = subparsers.add_parser(
         "summary", parents=parents,

@@ -13,7 +13,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands import summary as summary_command
-from torchprof_args.commands.common import INPUTS_HELP, top_count
+from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
@@ -22,16 +22,14 @@ if TYPE_CHECKING:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.analyzers.cross_rank import cross_rank
-    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.report import write_report
+    from torchprof_args.analysis.summary import cross_rank
     from torchprof_args.commands.cycles import cycle_summaries
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
     found = [_diagnosis(c.files, args, c.label, with_memory=True) for c, _ in cycles]
-    findings = [finite(job) for job, _ in found]  # as --json prints them
-    out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
-                       findings=findings, memory=[memory for _, memory in found])
+    out = write_report([(c.label, s, cross_rank(s, k=args.slowest)) for c, s in cycles], args.output,
+                       findings=[job for job, _ in found], memory=[memory for _, memory in found])
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
@@ -62,7 +60,7 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None,
 def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
     from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
-    from torchprof_args.analysis.jsonout import finite, print_json
+    from torchprof_args.analysis.jsonout import print_json
     from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
     from torchprof_args.commands.cycles import cycle_summaries
 
@@ -74,13 +72,12 @@ def _diff(args: argparse.Namespace) -> int:
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
         diagnoses.append(_diagnosis(files, args, label or side)[0])
-    result = finite(diff_summaries(*sides))
-    result["findings"] = diff_findings(*diagnoses)
+    result, findings = diff_summaries(*sides), diff_findings(*diagnoses)
     if args.json:
-        print_json(result)
+        print_json({**result, "findings": findings})
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
-        print("\n".join(format_findings_diff(result["findings"])))
+        print("\n".join(format_findings_diff(findings)))
     return 0
 
 
@@ -115,7 +112,7 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the trace toolkit's sub-commands to ``torchprof``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.commands.trigger_stacks import run_stacks
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float, positive_int, rank_token
@@ -44,7 +45,7 @@ PARTLY_FAILED = ExitStatus.PARTLY_FAILED
 
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "trigger", help="ask a running --torch-profile-on-demand job to trace a few iterations",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -28,7 +28,15 @@ MODEL_FLOPS_FIGURE = "throughput/model-flops-per-iteration"
 
 
 class DeepSpeedProfilerHook:
-    """The profiler attached to one engine; a context manager (see :func:`attach`)."""
+    """The profiler attached to one engine; a context manager (see :func:`attach`).
+
+    Args:
+        engine: the ``deepspeed.initialize`` engine (DeepSpeed ships no types).
+        args: the namespace with the ``--torch-profile-*`` flags (checked here).
+        metrics: where DeepSpeed's wall-clock timers and the profiler's figures go.
+        start_iteration: optimizer steps already done (default ``engine.global_steps``).
+        log_interval: optimizer steps between metric writes (default: the flags').
+    """
 
     def __init__(
         self,
@@ -58,10 +66,12 @@ class DeepSpeedProfilerHook:
     # -- lifecycle --------------------------------------------------------------------------
 
     def __enter__(self) -> DeepSpeedProfilerHook:
+        """Start (:meth:`start`, a collective) and return the hook."""
         self.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Close: cleanly when no exception left the context, else without a barrier."""
         self.close(clean=exc_type is None)
 
     def start(self) -> None:
@@ -97,7 +107,12 @@ class DeepSpeedProfilerHook:
         self._wrapped = name
 
     def close(self, clean: bool = True) -> None:
-        """Restore ``engine.step`` (``train_batch``), finish the profiler, publish the flops report."""
+        """Restore ``engine.step`` (``train_batch``), finish the profiler, publish the flops report.
+
+        Args:
+            clean: ranks are in step (a normal end): flush a window still recording and meet at the
+                fence; False after an exception.
+        """
         if self._wrapped is None:
             return
         with contextlib.suppress(AttributeError):
@@ -112,7 +127,12 @@ class DeepSpeedProfilerHook:
     # -- per optimizer step -----------------------------------------------------------------
 
     def after_optimizer_step(self, global_step: int) -> None:
-        """Called after each optimizer step; public for loops that bypass ``engine.step``."""
+        """Step the profiler after an optimizer step (and write the metrics every ``log_interval``); public
+        for loops that bypass ``engine.step``.
+
+        Args:
+            global_step: the engine's ``global_steps`` after the step.
+        """
         self.prof.step(global_step)
         if self._flops_partial is not None:
             self._publish_flops_report()
@@ -120,7 +140,11 @@ class DeepSpeedProfilerHook:
             self._write_metrics(global_step)
 
     def wall_clock_timers(self) -> dict[str, float]:
-        """DeepSpeed's last optimizer step's timers in ms (empty without ``wall_clock_breakdown``)."""
+        """DeepSpeed's timers of the last optimizer step.
+
+        Returns:
+            Milliseconds by timer name (empty without ``wall_clock_breakdown``).
+        """
         if not self.engine.wall_clock_breakdown():
             return {}
         cache = self.engine.get_wall_clock_timers() or {}
@@ -205,8 +229,15 @@ class DeepSpeedProfilerHook:
 
 
 def is_pipeline_engine(engine: Any) -> bool:
-    """Whether ``engine`` is DeepSpeed's pipeline-parallel ``PipelineEngine`` (optimizer steps in
-    ``train_batch``)."""
+    """Whether an engine is DeepSpeed's pipeline-parallel ``PipelineEngine`` (optimizer steps in
+    ``train_batch``, not ``step``).
+
+    Args:
+        engine: a DeepSpeed engine.
+
+    Returns:
+        True for a ``PipelineEngine`` (False when DeepSpeed is not installed).
+    """
     try:
         from deepspeed.runtime.pipe.engine import PipelineEngine
     except ImportError:
@@ -222,13 +253,21 @@ def attach(
     start_iteration: int | None = None,
     log_interval: int | None = None,
 ) -> DeepSpeedProfilerHook:
-    """Profile ``engine`` by the ``--torch-profile-*`` flags in ``args``; use as a context manager.
+    """Profile a DeepSpeed engine by the ``--torch-profile-*`` flags; use as a context manager.
 
     Call on every rank after ``deepspeed.initialize`` (and after ``engine.load_checkpoint``:
     numbering continues from ``engine.global_steps``); a ``PipelineEngine`` (every stage) too.
-    ``metrics`` is a :class:`torchprof_args.MetricsWriter` (or anything with
-    ``add_scalar(tag, value, step)``) that receives DeepSpeed's wall-clock timers and the profiler's
-    figures.
+
+    Args:
+        engine: the engine.
+        args: the namespace with the flags (checked here).
+        metrics: a :class:`torchprof_args.MetricsWriter` (or anything with ``add_scalar(tag, value,
+            step)``) that receives DeepSpeed's wall-clock timers and the profiler's figures.
+        start_iteration: optimizer steps already done (default ``engine.global_steps``).
+        log_interval: optimizer steps between metric writes (default: the flags').
+
+    Returns:
+        The :class:`DeepSpeedProfilerHook`, not started (``with`` starts it).
     """
     return DeepSpeedProfilerHook(engine, args, metrics=metrics, start_iteration=start_iteration,
                                  log_interval=log_interval)

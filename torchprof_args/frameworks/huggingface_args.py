@@ -76,7 +76,7 @@ class TorchProfileArgumentsBase:
             parser.exit(2, f"{parser.prog}: error: {err}\n")
         entries = getattr(namespace, FLIGHT_RECORDER.dest, None)
         if entries:  # as the argparse option does at parse time: before init_process_group
-            from torchprof_args.runtime.flight_recorder import configure_environment
+            from torchprof_args.runtime.flight_recorder_env import configure_environment
 
             configure_environment(int(entries), profile_dir(namespace))
 

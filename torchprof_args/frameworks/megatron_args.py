@@ -27,9 +27,15 @@ _CHECKED_PARSER = "_torchprof_args_checks"
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Megatron-LM ``extra_args_provider``: adds the torchprof flag groups (profiler, timers, ...).
 
-    The flags are also checked right after ``parser`` parses them (:func:`check_parsed_args`),
-    i.e. when Megatron parses its arguments, before it validates them or builds the model: a bad
+    The flags are also checked right after the parser parses them (:func:`check_parsed_args`), i.e.
+    when Megatron parses its arguments, before it validates them or builds the model: a bad
     combination exits 2 with a one-line ``error:`` (argparse style) on every rank.
+
+    Args:
+        parser: Megatron's parser.
+
+    Returns:
+        The same parser.
     """
     parser = add_torch_profile_args(parser)
     _check_when_parsed(parser)
@@ -37,9 +43,14 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def check_parsed_args(args: argparse.Namespace) -> None:
-    """Every torchprof check plus the ones against Megatron's own profiling flags.
+    """Every torchprof check plus the ones against Megatron's own profiling flags (rank flags against
+    ``$WORLD_SIZE``).
 
-    Raises :class:`TorchProfileArgsError`.  Rank flags are checked against ``$WORLD_SIZE``.
+    Args:
+        args: Megatron's parsed namespace.
+
+    Raises:
+        TorchProfileArgsError: one line naming the flags.
     """
     check_megatron_args(args)
     if getattr(args, "torch_profile", None) is not None:
@@ -67,9 +78,14 @@ def _check_when_parsed(parser: argparse.ArgumentParser) -> None:
 
 
 def compose_args_providers(*providers: ArgsProvider | None) -> ArgsProvider:
-    """One ``extra_args_provider`` that applies ``providers`` in order (``None`` entries skipped).
+    """One ``extra_args_provider`` out of several.
 
-    Each provider may return the parser (Megatron's convention) or ``None``.
+    Args:
+        providers: applied in order; None entries are skipped; each may return the parser
+            (Megatron's convention) or None.
+
+    Returns:
+        The composed provider.
     """
 
     def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -83,10 +99,17 @@ def compose_args_providers(*providers: ArgsProvider | None) -> ArgsProvider:
 
 
 def check_megatron_args(args: argparse.Namespace) -> None:
-    """Refuse combinations with Megatron's own profiling (raises :class:`TorchProfileArgsError`).
+    """Refuse combinations with Megatron's own profiling: ``--profile --use-pytorch-profiler`` (both
+    would drive torch.profiler); warn on ``--profile`` (nsys ranges share CUPTI).
 
     :func:`extra_args_provider` runs it when Megatron parses its arguments; :class:`TrainingHook`
     again when it is built (for loops that parse their arguments otherwise).
+
+    Args:
+        args: Megatron's parsed namespace.
+
+    Raises:
+        TorchProfileArgsError: the combination, and what to drop.
     """
     if not getattr(args, "torch_profile", False) or not getattr(args, "profile", False):
         return
@@ -101,7 +124,15 @@ def check_megatron_args(args: argparse.Namespace) -> None:
 
 
 def profiler_from_args(args: argparse.Namespace, *, start_iteration: int | None = None) -> TorchProfiler:
-    """``TorchProfiler.from_args`` after the checks against Megatron's own profiling flags."""
+    """``TorchProfiler.from_args`` after the checks against Megatron's own profiling flags.
+
+    Args:
+        args: Megatron's parsed namespace.
+        start_iteration: optimizer steps already done (default ``args.iteration``).
+
+    Returns:
+        The profiler, not started.
+    """
     from torchprof_args.runtime.profiler import TorchProfiler
 
     check_megatron_args(args)

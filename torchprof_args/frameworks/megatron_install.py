@@ -173,7 +173,11 @@ def uninstall() -> None:
 
 
 def installed() -> bool:
-    """Whether :func:`install` is in effect."""
+    """Whether :func:`install` is in effect.
+
+    Returns:
+        True when Megatron-LM's ``train`` is the wrapped one.
+    """
     try:
         training = importlib.import_module(_TRAINING_MODULE)
     except ImportError:
@@ -182,11 +186,15 @@ def installed() -> bool:
 
 
 def pretrain_takes_config_container(pretrain: Callable[..., Any] | None = None) -> bool:
-    """Whether Megatron-LM's ``pretrain`` takes a config container (core_v0.18.0 and later).
+    """Whether Megatron-LM's ``pretrain`` takes a config container (core_v0.18.0 and later): then the
+    flags go to ``parse_and_validate_args(extra_args_provider=...)`` before building the config; up to
+    core_v0.17.x, to ``pretrain(..., extra_args_provider=...)``.
 
-    Then the flags go to ``parse_and_validate_args(extra_args_provider=...)`` before building the
-    config; up to core_v0.17.x, to ``pretrain(..., extra_args_provider=...)``.  ``pretrain``
-    defaults to ``megatron.training.pretrain``.
+    Args:
+        pretrain: the function to look at (default ``megatron.training.pretrain``).
+
+    Returns:
+        True when it has no ``extra_args_provider`` parameter.
     """
     if pretrain is None:
         pretrain = _load_training_module().pretrain

@@ -32,10 +32,14 @@ def clean_exit(exc_type: type[BaseException] | None, exc: BaseException | None) 
 class TrainingHook:
     """Profiler plus flush timing for a Megatron-style loop (the manual patch for custom forks).
 
-    ``timers`` is Megatron's timers object (``get_timers()``; a ``torchprof_args.Timers`` works
-    too); ``writers`` are Megatron's TensorBoard writer and wandb writer (``None`` entries, as on
-    ranks that do not write, are fine).  Every rank must create it and call :meth:`step`: the
-    flush timer is reduced across ranks.  ``start_iteration`` defaults to ``args.iteration``.
+    Every rank must create it and call :meth:`step`: the flush timer is reduced across ranks.
+
+    Args:
+        args: Megatron's parsed namespace (checked here, with Megatron's own profiling flags).
+        timers: Megatron's timers object (``get_timers()``; a ``torchprof_args.Timers`` works too).
+        writers: Megatron's TensorBoard writer and wandb writer (None entries, as on ranks that do not
+            write, are fine).
+        start_iteration: optimizer steps already done (default ``args.iteration``).
     """
 
     def __init__(
@@ -57,24 +61,38 @@ class TrainingHook:
         self._ended = False  # after flush_at_exit(): step() does nothing
 
     def __enter__(self) -> TrainingHook:
+        """Start the profiler (a collective) and return the hook."""
         self.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Close: cleanly on a normal return or ``sys.exit(0)`` (Megatron's exit interval or
+        duration), else without a barrier.
+        """
         self.close(clean=clean_exit(exc_type, exc))
 
     def start(self) -> None:
+        """Start the profiler (a collective: every rank, after ``init_process_group``)."""
         self.prof.start()
 
     def close(self, clean: bool = True) -> None:
-        """Flush a partly recorded window (``clean``: :meth:`flush_at_exit`), wait for pending
-        publications."""
+        """Flush a partly recorded window, then wait for pending publications.
+
+        Args:
+            clean: ranks are in step (a normal end): flush the window still recording (timed, as
+                :meth:`flush_at_exit`); False after an exception: no barrier, the window is dropped.
+        """
         if clean:
             self.flush_at_exit()
         self.prof.stop(clean=clean)
 
     def step(self, iteration: int) -> None:
-        """Call once after each training iteration with the global iteration that just finished."""
+        """Call once after each training iteration; a flush iteration is timed with the Megatron timers and
+        written through the writers.
+
+        Args:
+            iteration: the global iteration that just finished.
+        """
         prof = self.prof
         if not prof.enabled or self._ended:
             return

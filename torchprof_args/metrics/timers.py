@@ -79,15 +79,19 @@ def _numeric_figures(per_rank: object) -> dict[str, float]:
 
 
 class Timers:
-    """A group of named timers, a drop-in for ``megatron.core.timers.Timers``.
+    """A group of named timers, a drop-in for ``megatron.core.timers.Timers``: ``timers(name,
+    log_level=None)`` returns the timer (a no-op dummy above the group's level); reading them across
+    ranks is one collective per interval (:meth:`gather`).
 
-    ``Timers(log_level, log_option)``; ``timers(name, log_level=None)`` returns the timer
-    (a no-op dummy when ``log_level`` is above the group's).  ``device`` is ``"auto"`` (CUDA
-    events when CUDA is available, else host timers), ``"cuda"`` or ``"cpu"``; ``synchronize``
-    selects Megatron's synchronize-per-start/stop behaviour on CUDA.  ``group`` is the process
-    group the readings are gathered over (default: the whole world).  ``straggler_threshold``,
-    ``straggler_intervals`` and ``straggler_timers`` configure the straggler figures and warning
-    (``--straggler-*``; threshold 0 turns the warning off).
+    Args:
+        log_level: 0, 1 or 2 (Megatron's ``--timing-log-level``); ``log_option``: ``max``, ``minmax``
+            or ``all``, what the report shows across ranks (others: ValueError, as for ``device``).
+        synchronize: Megatron's synchronize-per-start/stop on CUDA; ``device``: ``"auto"`` (CUDA events
+            when CUDA is available, else host timers), ``"cuda"`` or ``"cpu"``.
+        group: the process group the readings are gathered over (default: the whole world).
+        nvtx: with ``range_push(name)`` / ``range_pop()``: every timer is also an NVTX range.
+        straggler_threshold, straggler_intervals, straggler_timers: the straggler figures and warning
+            (``--straggler-*``; threshold 0 turns the warning off).
     """
 
     def __init__(
@@ -129,7 +133,14 @@ class Timers:
 
     @classmethod
     def from_config(cls, config: TimersConfig, **kwargs: Any) -> Timers:
-        """Timers as ``config`` says; with ``config.nvtx`` on CUDA every timer is also an NVTX range."""
+        """Timers as a config says; with ``config.nvtx`` on CUDA every timer is also an NVTX range.
+
+        Args:
+            config: the checked :class:`TimersConfig`; ``kwargs``: the constructor's other arguments.
+
+        Returns:
+            The timers.
+        """
         kwargs.setdefault("straggler_threshold", config.straggler_threshold)
         kwargs.setdefault("straggler_intervals", config.straggler_intervals)
         kwargs.setdefault("straggler_timers", config.straggler_timers)
@@ -142,9 +153,15 @@ class Timers:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **kwargs: Any) -> Timers:
-        """Timers configured by ``--timing-log-level``, ``--timing-log-option`` and
-        ``--timing-synchronize`` (Megatron-LM's own args namespace works too); with
-        ``--torch-profile-nsys`` on CUDA every timer is also an NVTX range."""
+        """Timers configured by ``--timing-log-level``, ``--timing-log-option`` and ``--timing-synchronize``
+        (Megatron-LM's own args namespace works too); NVTX ranges with ``--torch-profile-nsys`` on CUDA.
+
+        Args:
+            args: the parsed namespace (checked: TorchProfileArgsError); ``kwargs``: as :meth:`from_config`.
+
+        Returns:
+            The timers.
+        """
         from torchprof_args.config import configs_from_args
 
         return cls.from_config(configs_from_args(args).timers, **kwargs)
@@ -156,7 +173,7 @@ class Timers:
         try:
             import torch
         except ImportError:
-            torch = None  # type: ignore[assignment]
+            torch = None  # type: ignore[assignment]  # torch is optional for host timers
         available = torch is not None and torch.cuda.is_available()
         if device == "cuda" and not available:
             logger.warning("Timers(device='cuda') but CUDA is not available; timing on the host instead.")
@@ -164,18 +181,21 @@ class Timers:
 
     @property
     def log_level(self) -> int:
+        """The group's log level: timers created above it are dummies."""
         return self._log_level
 
     @property
     def log_option(self) -> str:
+        """What the report shows across ranks: ``max``, ``minmax`` or ``all``."""
         return self._log_option
 
     def names(self) -> list[str]:
-        """Names of the timers created on this rank, in creation order."""
+        """The names of the timers created on this rank, in creation order."""
         return list(self._timers)
 
     def _new_timer(self, name: str) -> Timer:
         timer = self._new_device_timer(name)
+        # NvtxTimer wraps a Timer with its interface, not a subclass of it
         return NvtxTimer(timer, self._nvtx) if self._nvtx is not None else timer  # type: ignore[return-value]
 
     def _new_device_timer(self, name: str) -> Timer:
@@ -221,15 +241,21 @@ class Timers:
         barrier: bool = False,
         per_rank: Mapping[str, float] | None = None,
     ) -> TimerSnapshot:
-        """Read ``names`` on every rank with one collective (every rank must call it).
+        """Read timers on every rank with one collective (every rank must call it).
 
-        ``names=None`` means every timer any rank created (the union); explicit ``names`` must be
-        the same list on every rank, as in Megatron, otherwise every rank raises
-        :class:`TimerNamesMismatchError` naming the differences.  ``per_rank`` is this rank's own
-        figures (``{name: number}``, e.g. memory and profiler figures), carried along in the
-        same collective.  The first call with a new list (or new timers, or new figure names)
-        agrees on the layout once with an object all-gather; every later interval is one
-        fixed-size float64 all-gather.
+        The first call with a new list (or new timers, or new figure names) agrees on the layout once
+        with an object all-gather; every later interval is one fixed-size float64 all-gather.
+
+        Args:
+            names: the same list on every rank, as in Megatron (otherwise every rank raises
+                :class:`TimerNamesMismatchError` naming the differences); None: every timer any rank created.
+            reset: restart the timers; ``barrier``: a barrier first.
+            per_rank: this rank's own figures (``{name: number}``, e.g. memory and profiler figures),
+                carried along in the same collective.
+
+        Returns:
+            The :class:`~torchprof_args.metrics.snapshot.TimerSnapshot`: every rank's readings (seconds,
+            NaN where a rank did not run a timer), figures, global ranks and parallel coordinates.
         """
         union = names is None
         name_list = list(self._timers) if names is None else list(names)
@@ -257,9 +283,17 @@ class Timers:
 
     def interval_figures(self, snapshot: TimerSnapshot, normalizer: float, iteration: int
                          ) -> tuple[dict[str, float], dict[str, list[float | None]]]:
-        """The scalars of one log interval (``timers/<name>-time``, ``-time-min``,
-        ``-time-max-rank``, ``stragglers/<name>-score-max`` and ``-score-max-rank``) and the
-        per-rank series (``stragglers/<name>-score``); updates the straggler warning."""
+        """The figures of one log interval; updates the straggler warning.
+
+        Args:
+            snapshot: the interval's :meth:`gather`; ``normalizer``: divides the readings (iterations per
+                interval); ``iteration``: where the interval ends.
+
+        Returns:
+            The scalars (``timers/<name>-time``, ``-time-min``, ``-time-max-rank``,
+            ``stragglers/<name>-score-max``, ``-score-max-rank``) and the per-rank series
+            (``stragglers/<name>-score``).
+        """
         scalars = timer_scalars(snapshot.min_max(normalizer), self._log_option)
         times = [[t / normalizer for t in row] for row in snapshot.times]
         ranks = snapshot.global_ranks or list(range(len(times)))
@@ -283,7 +317,14 @@ class Timers:
         reset: bool = True,
         barrier: bool = False,
     ) -> str | None:
-        """Megatron's report text (milliseconds) for ``names``; ``None`` when nothing ran."""
+        """Megatron's report text (every rank must call it: it gathers).
+
+        Args:
+            names, reset, barrier: as :meth:`gather` takes them; ``normalizer``: divides the readings (> 0).
+
+        Returns:
+            The text (milliseconds, across ranks as the log option says); None when nothing ran.
+        """
         if not normalizer > 0.0:
             raise ValueError(f"normalizer must be > 0, got {normalizer}.")
         snapshot = self.gather(names, reset=reset, barrier=barrier)
@@ -297,7 +338,15 @@ class Timers:
         reset: bool = True,
         barrier: bool = False,
     ) -> str | None:
-        """Log the timers (ms) on ``rank`` (default the last); every rank must call this."""
+        """Log the report (ms) on one rank (every rank must call it: it gathers).
+
+        Args:
+            names, reset, barrier: as :meth:`gather`; ``normalizer`` as :meth:`get_all_timers_string`;
+                ``rank``: the one that logs (default: the last).
+
+        Returns:
+            The text on the logging rank; None elsewhere, or when nothing ran.
+        """
         text = self.get_all_timers_string(names, normalizer, reset, barrier)
         if rank is None:
             rank = _dist.world_size(self._group) - 1
@@ -315,15 +364,21 @@ class Timers:
         reset: bool = True,
         barrier: bool = False,
     ) -> dict[str, float]:
-        """Write ``timers/<name>-time`` (max across ranks, seconds / ``normalizer``) to ``writer``.
+        """Write the timers' scalars (every rank must call it: it gathers).
 
-        With log option ``minmax`` or ``all`` the minimum goes to ``timers/<name>-time-min`` too;
-        with several ranks, the slowest rank to ``timers/<name>-time-max-rank`` and the straggler
-        scores' maximum to ``stragglers/<name>-score-max`` (see :meth:`interval_figures`).
-        ``writer`` is anything with ``add_scalar(tag, value, step)`` (a TensorBoard
-        ``SummaryWriter``, :class:`torchprof_args.MetricsWriter`), the ``wandb`` module or a run
-        (``log(dict, step=...)``), or ``None`` on ranks that do not write.  Every rank must call
-        this.  Returns the scalars written.
+        ``timers/<name>-time`` is the maximum across ranks (seconds / ``normalizer``); with log option
+        ``minmax`` or ``all`` the minimum goes to ``timers/<name>-time-min`` too; with several ranks, the
+        slowest rank to ``timers/<name>-time-max-rank`` and the straggler scores' maximum to
+        ``stragglers/<name>-score-max`` (:meth:`interval_figures`).
+
+        Args:
+            names, reset, barrier: as :meth:`gather`; ``normalizer``: divides the readings (> 0).
+            writer: anything with ``add_scalar(tag, value, step)`` (a ``SummaryWriter``,
+                :class:`torchprof_args.MetricsWriter`), wandb or a run (``log(dict, step=)``), or None.
+            iteration: the step the scalars are written at.
+
+        Returns:
+            The scalars written.
         """
         if not normalizer > 0.0:
             raise ValueError(f"normalizer must be > 0, got {normalizer}.")

@@ -92,13 +92,13 @@ def _extra_figures(extra: Mapping[str, Any] | None) -> dict[str, float]:
 
 
 class MetricsWriter:
-    """Rank-aware writer of step metrics to wandb, TensorBoard and ``metrics.jsonl``.
+    """Rank-aware writer of step metrics to wandb, TensorBoard and ``metrics.jsonl``: create it on every
+    rank (non-writing ranks get no sinks, only take part in the gathering), call :meth:`log_step` on
+    every rank once per log interval; Megatron's ``add_scalar`` and wandb's ``log`` work too.
 
-    Create it on every rank (non-writing ranks get no sinks, only take part in the gathering)
-    and call :meth:`log_step` on every rank once per log interval.  It also accepts
-    Megatron-style ``add_scalar(tag, value, iteration)`` and wandb-style ``log(dict, step=)``
-    calls, so it can be passed as the ``writer`` of ``Timers.write``.  ``config`` is a
-    :class:`~torchprof_args.metrics.config.MetricsConfig` or just the metrics directory.
+    Args:
+        config: a :class:`~torchprof_args.metrics.config.MetricsConfig`, or just the metrics directory.
+        timers: read in the same collective; ``rank``, ``world_size``, ``start_iteration``, ``console``.
     """
 
     def __init__(self, config: MetricsConfig | str | os.PathLike[str], *, timers: Timers | None = None,
@@ -157,24 +157,21 @@ class MetricsWriter:
     def from_args(cls, args: argparse.Namespace, *, timers: Timers | None = None,
                   samples_per_iteration: float | None = None, tokens_per_iteration: float | None = None,
                   flops_per_iteration: float | None = None, **kwargs: Any) -> MetricsWriter:
-        """A writer configured by the flags (Megatron-LM's args namespace works too).
+        """A writer configured by the flags (Megatron-LM's args namespace works too; checked here).
 
-        Samples and tokens per iteration default to Megatron's ``global_batch_size`` and
-        ``global_batch_size * seq_length`` when the namespace has them; ``kwargs`` go to the
-        constructor (``rank``, ``world_size``, ``console``).
+        Args:
+            args: the parsed namespace; ``timers``, ``kwargs``: the constructor's.  Samples and tokens
+                per iteration default to Megatron's ``global_batch_size`` (x ``seq_length``) if given.
+
+        Returns:
+            The writer.
         """
         from torchprof_args.config import configs_from_args
 
         run = configs_from_args(args, world_size=kwargs.get("world_size"))
-        overrides: dict[str, Any] = {  # MetricsConfig's fields of the same names
-            name: value
-            for name, value in (
-                ("samples_per_iteration", samples_per_iteration),
-                ("tokens_per_iteration", tokens_per_iteration),
-                ("flops_per_iteration", flops_per_iteration),
-            )
-            if value is not None
-        }
+        given = {"samples_per_iteration": samples_per_iteration, "tokens_per_iteration": tokens_per_iteration,
+                 "flops_per_iteration": flops_per_iteration}  # MetricsConfig's fields of the same names
+        overrides: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
         kwargs.setdefault("start_iteration", run.start_iteration)
         return cls(dataclasses.replace(run.metrics, **overrides), timers=timers, **kwargs)
 
@@ -217,7 +214,7 @@ class MetricsWriter:
     # -- Megatron / wandb style entry points ---------------------------------------------------
 
     def add_scalar(self, tag: str, value: float, iteration: int) -> None:
-        """TensorBoard-style: buffer one scalar; written with the rest of ``iteration``."""
+        """TensorBoard-style: buffer ``value`` under ``tag``, written with the rest of ``iteration``."""
         if not self.is_writer or self._closed:
             return
         number = _number(value)
@@ -229,7 +226,7 @@ class MetricsWriter:
         self._pending[tag] = number
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """wandb-style: ``log({tag: value}, step=iteration)``."""
+        """wandb-style: ``log({tag: value}, step=iteration)`` (default: the step buffered, else the last)."""
         if step is None:
             step = metrics.get("iteration", self._pending_iteration or self._last_iteration)
         for tag, value in metrics.items():
@@ -261,13 +258,16 @@ class MetricsWriter:
     ) -> dict[str, float]:
         """Gather this interval's figures from all ranks (one collective) and write them.
 
-        Every rank must call it with the same ``iteration`` (and ``names``, when given).
-        ``iteration_time`` is seconds per iteration (default: measured between calls);
-        ``samples``/``tokens``/``flops`` are per iteration for the whole job (defaults from the
-        constructor; ``flops`` may be a callable of the iteration); timers are divided by
-        ``normalizer`` (default: iterations since the last call) so they read as seconds per
-        iteration; ``extra`` is this rank's own figures (e.g. ``prof.stats``).  Returns the
-        metrics written (on every rank).
+        Args:
+            iteration: the same on every rank (``names``, the timers, too, when given).
+            iteration_time: seconds per iteration (default: measured between calls); ``samples``,
+                ``tokens``, ``flops``: per iteration for the whole job (default: the config's; ``flops``
+                may be a callable of the iteration); ``extra``: this rank's own figures (``prof.stats``).
+            normalizer: timers are divided by it to read as seconds per iteration (default: iterations
+                since the last call); ``reset``, ``barrier``: as ``Timers.gather``'s.
+
+        Returns:
+            The metrics written (on every rank).
         """
         now = time.perf_counter()
         iterations = max(1, iteration - self._last_iteration)

@@ -45,6 +45,10 @@ class OnDemandController:
 
     Lifecycle: :meth:`setup` (collective, before training), :meth:`open` (advertise the job),
     :meth:`poll` at every check iteration (collective), :meth:`close` (never collective).
+
+    Args:
+        config: the on-demand flags' config (control directory, check interval and pacing, limits).
+        rank: this rank; ``world_size``: the job's size.
     """
 
     def __init__(self, config: OnDemandConfig, *, rank: int, world_size: int) -> None:
@@ -70,9 +74,14 @@ class OnDemandController:
     # -- set-up and tear-down ---------------------------------------------------------------
 
     def setup(self, group: ProcessGroup | None) -> None:
-        """Collective: rank 0 prepares the control directory; all ranks raise if it is unsafe.
+        """Collective: rank 0 prepares the control directory; all ranks raise if it is unsafe.  Also
+        gathers every rank's host, pid and trace directory on rank 0 (the trace file names it answers).
 
-        Also gathers every rank's host, pid and trace directory on rank 0 (trace file names).
+        Args:
+            group: the fence's gloo group (None: a single process).
+
+        Raises:
+            OnDemandError: several ranks without a process group, or an unsafe control directory.
         """
         if self.world_size > 1 and group is None:
             raise OnDemandError(
@@ -140,8 +149,13 @@ class OnDemandController:
             logger.warning("rank 0: could not close the on-demand control directory: %s", err)
 
     def window_skipped(self, window: OnDemandWindow, reason: str) -> None:
-        """The accepted ``window`` will not record (skipped on every rank): rank 0 replaces its answer,
-        so ``torchprof trigger --wait`` stops waiting for its traces and prints ``reason``."""
+        """An accepted window will not record (skipped on every rank): rank 0 replaces its answer, so
+        ``torchprof trigger --wait`` stops waiting for its traces and prints the reason.
+
+        Args:
+            window: the window that was accepted.
+            reason: why it is skipped (one phrase; "ask again later" is added).
+        """
         if self.rank == 0:
             logger.warning("rank 0: on-demand request %s skipped: %s; ask again later", window.request_id,
                            reason)
@@ -153,7 +167,14 @@ class OnDemandController:
     # -- the periodic check -----------------------------------------------------------------
 
     def start_checks(self, after: int) -> int:
-        """Plan the first two checks after iteration ``after`` (same on every rank); returns the first."""
+        """Plan the first two checks (the same on every rank).
+
+        Args:
+            after: the iteration the checks start after.
+
+        Returns:
+            The first check iteration.
+        """
         self.next_check = after + self.config.interval
         self._following_check = self.next_check + self.config.interval
         return self.next_check
@@ -163,14 +184,21 @@ class OnDemandController:
     ) -> OnDemandWindow | None:
         """Collective: every rank calls it at the same check iteration and gets the same answer.
 
-        With a process group the decision is pipelined by one check: at check *k* rank 0 takes at
-        most one request, places its window after check *k + 1*, and every rank posts an
-        asynchronous broadcast of the fixed-size decision (with the iteration of check *k + 2*);
-        at check *k + 1* every rank collects it (long finished by then) and adopts the same window
-        at the same iteration, so no rank waits on a collective in the training thread.
-        ``busy(i)`` says whether the scheduled profiling uses iteration ``i`` (the window is moved
-        past such iterations).  Afterwards :attr:`next_check` is the next check iteration.  Never
-        raises: problems are logged and the answer is "no window".
+        With a process group the decision is pipelined by one check: at check *k* rank 0 takes at most
+        one request, places its window after check *k + 1*, and every rank posts an asynchronous
+        broadcast of the fixed-size decision (with the iteration of check *k + 2*); at check *k + 1*
+        every rank collects it (long finished by then) and adopts the same window at the same iteration,
+        so no rank waits on a collective in the training thread.  Afterwards :attr:`next_check` is the
+        next check iteration.  Never raises: problems are logged and the answer is "no window".
+
+        Args:
+            iteration: the check iteration (:attr:`next_check`).
+            group: the fence's gloo group (None: a single process, decided at once).
+            busy: whether the scheduled profiling uses an iteration (the window is moved past such
+                iterations).
+
+        Returns:
+            The window every rank adopts now, or None.
         """
         self.checks += 1
         if group is None:

@@ -1,6 +1,6 @@
 """py-spy tools: ``torchprof pyspy record | report | flamegraph``.
 
-* :mod:`.command`: the ``torchprof pyspy`` sub-commands (argument parsing, messages);
+* :mod:`torchprof_args.commands.pyspy`: the ``torchprof pyspy`` sub-commands (argument parsing, messages);
 * :mod:`.record`: runs a command under ``py-spy record`` and publishes its raw profile;
 * :mod:`.launcher`: the small script py-spy runs so that the command's exit code is kept
   (run by file path, not imported by the rest of the package);

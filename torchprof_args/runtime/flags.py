@@ -184,9 +184,9 @@ class FlightRecorderAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
-        from torchprof_args.runtime.flight_recorder import configure_environment
+        from torchprof_args.runtime.flight_recorder_env import configure_environment
 
-        configure_environment(int(values), profile_dir(namespace))  # type: ignore[call-overload]
+        configure_environment(int(str(values)), profile_dir(namespace))  # values: the flag's int
 
 
 FLIGHT_RECORDER = Flag("--torch-profile-flight-recorder",

@@ -3,8 +3,8 @@
 ``--torch-profile-flight-recorder N`` keeps the last N collectives of every process group in
 PyTorch's own ring buffer.  PyTorch reads the buffer size when the first process group is
 created, so the flag's argparse action sets the environment at parse time
-(:func:`configure_environment`); :meth:`FlightRecorder.arm` warns when the process group existed
-before that.
+(:func:`.flight_recorder_env.configure_environment`); :meth:`FlightRecorder.from_config` warns when
+the process group existed before that.
 
 PyTorch dumps the buffer by itself only on an NCCL watchdog timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``,
 into ``<profile dir>/flight_recorder/nccl_trace_rank_<R>``), and its analyzer needs a dump from
@@ -44,12 +44,9 @@ from typing import Any
 from torchprof_args import _dist
 from torchprof_args.atomic import write_bytes_atomically, write_json_atomically
 from torchprof_args.log import get_logger
-from torchprof_args.naming import (
-    FLIGHT_RECORDER_PREFIXES,
-    FLIGHT_RECORDER_SUBDIR,
-    flight_recorder_info_name,
-    short_hostname,
-)
+from torchprof_args.naming import FLIGHT_RECORDER_PREFIXES, flight_recorder_info_name, short_hostname
+from torchprof_args.runtime import flight_recorder_env
+from torchprof_args.runtime.config import FlightRecorderConfig
 from torchprof_args.runtime.signals import SigtermGuard, SigtermWatcher, terminate
 from torchprof_args.stacks.dumper import StackDumper, mark_signal_handler
 from torchprof_args.stacks.server import StacksServer
@@ -57,62 +54,11 @@ from torchprof_args.torch_support import needs
 
 GLOO_FEATURE = "--torch-profile-flight-recorder (gloo dumps)"
 
-__all__ = ["FlightRecorder", "configure_environment", "flight_recorder_dir"]
+__all__ = ["FlightRecorder"]
 
 logger = get_logger(__name__)
 
-#: PyTorch's variables: current names, then the NCCL-era ones (still read, with a deprecation
-#: warning, by recent versions; the only ones older versions read).
-BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-DUMP_ON_TIMEOUT_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
-
 SIGTERM_REASON = "SIGTERM received (the launcher is stopping this rank)"
-
-#: Set by :func:`configure_environment`: whether a process group already existed then.
-_STATE: dict[str, Any] = {"configured": False, "pg_existed": False}
-
-
-def flight_recorder_dir(profile_dir: str) -> str:
-    """``<profile dir>/flight_recorder``, absolute."""
-    return os.path.join(os.path.abspath(profile_dir), FLIGHT_RECORDER_SUBDIR)
-
-
-def configure_environment(entries: int, profile_dir: str) -> None:
-    """Turn PyTorch's flight recorder on for this process (``entries`` per process group) and
-    point its NCCL-timeout dumps at ``<profile_dir>/flight_recorder/``.  Must run before the
-    first process group is created; whether one existed is remembered for :meth:`FlightRecorder.arm`."""
-    _STATE["inherited_buffer"] = any(os.environ.get(name, "0") not in ("", "0") for name in BUFFER_VARS)
-    for name in _names(BUFFER_VARS):
-        os.environ[name] = str(entries)
-    os.environ.setdefault(DUMP_ON_TIMEOUT_VAR, "1")
-    point_dumps_at(profile_dir)
-    _STATE.update(configured=True, pg_existed=_dist.dist_if_initialized() is not None)
-
-
-def _launcher_set_buffer() -> bool:
-    """Whether the buffer size came from the environment the process started with."""
-    return bool(_STATE.get("inherited_buffer"))
-
-
-def point_dumps_at(profile_dir: str) -> None:
-    """PyTorch's dump file prefix -> ``<profile_dir>/flight_recorder/nccl_trace_rank_`` (read when it
-    dumps)."""
-    prefix = os.path.join(flight_recorder_dir(profile_dir), FLIGHT_RECORDER_PREFIXES["nccl"])
-    for name in _names(DUMP_FILE_VARS):
-        os.environ[name] = prefix
-
-
-def _names(variables: tuple[str, str]) -> tuple[str, ...]:
-    """The current name, plus the NCCL-era one for PyTorch before 2.9 (read without importing torch)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        major, minor = (int(part) for part in version("torch").split(".")[:2])
-    except (PackageNotFoundError, ValueError):
-        return variables
-    return variables if (major, minor) < (2, 9) else variables[:1]
-
 
 def _process_groups() -> dict[str, dict[str, Any]]:
     """This rank's process groups: name -> description and global ranks (what gloo dumps lack)."""
@@ -210,29 +156,37 @@ class FlightRecorder:
         return self.entries > 0 or self.stacks is not None
 
     @classmethod
-    def from_config(cls, config: Any, rank: int, *, profiling: bool = False) -> FlightRecorder | None:
-        """The recorder of a :class:`~torchprof_args.runtime.config.FlightRecorderConfig`.
+    def from_config(cls, config: FlightRecorderConfig, rank: int, *, profiling: bool = False
+                    ) -> FlightRecorder | None:
+        """The recorder a config asks for.
 
-        ``profiling``: the profiler runs (a trace, memory snapshot, nsys or on-demand feature is on),
-        so the stacks server runs unless the config turns it off.  None when there is nothing to do
-        (neither the recorder, the stacks nor the server); warns when the process group was created
-        before the recorder could be turned on.
+        Args:
+            config: the flight recorder's, stacks' and stacks server's settings.
+            rank: this rank.
+            profiling: the profiler runs (a trace, memory snapshot, nsys or on-demand feature is on),
+                so the stacks server runs unless the config turns it off.
+
+        Returns:
+            The recorder; None when there is nothing to do (neither the recorder, the stacks nor the
+            server).  Warns when the process group was created before the recorder could be turned on.
         """
         serve = config.stacks_server and (profiling or config.active)
         if not config.active and not serve:
             return None
-        stacks = {"stacks": config.stacks, "stacks_control_dir": config.stacks_control_dir if serve else None}
+        control_dir = config.stacks_control_dir if serve else None
         if not config.enabled:
-            return cls(config.output_dir, entries=0, rank=rank, **stacks)
-        if not _STATE["configured"]:  # configs built without the flag's parse-time action
-            configure_environment(config.entries, str(Path(config.output_dir).parent))
-        if _STATE["pg_existed"] and not _launcher_set_buffer():
+            return cls(config.output_dir, entries=0, rank=rank, stacks=config.stacks,
+                       stacks_control_dir=control_dir)
+        if not flight_recorder_env.STATE["configured"]:  # configs built without the flag's parse-time action
+            flight_recorder_env.configure_environment(config.entries, str(Path(config.output_dir).parent))
+        if flight_recorder_env.STATE["pg_existed"] and not flight_recorder_env.launcher_set_buffer():
             logger.warning(
                 "rank %d: --torch-profile-flight-recorder: the process group was created before the flag "
                 "took effect, so PyTorch's flight recorder is off (it reads TORCH_FR_BUFFER_SIZE when the "
                 "first process group is created). Parse the flags before init_process_group, or export "
                 "TORCH_FR_BUFFER_SIZE=%d in the launcher.", rank, config.entries)
-        return cls(config.output_dir, entries=config.entries, rank=rank, **stacks)
+        return cls(config.output_dir, entries=config.entries, rank=rank, stacks=config.stacks,
+                   stacks_control_dir=control_dir)
 
     def arm(self, guard: SigtermGuard | None = None) -> None:
         """Create the dump directory, point PyTorch's dumps at it, watch for SIGTERM (main thread).
@@ -248,7 +202,7 @@ class FlightRecorder:
         if self.dumps:
             self.directory.mkdir(parents=True, exist_ok=True)
         if self.entries:
-            point_dumps_at(str(self.directory.parent))
+            flight_recorder_env.point_dumps_at(str(self.directory.parent))
             _warm_up()
             self._pytorch_dump_seen = self._pytorch_dump_mtime()
         if self._server is not None:

@@ -89,9 +89,16 @@ class MemorySnapshotter:
       ``on_oom(iteration)`` does the dump directly.
     * ``close()``: stop recording.
 
-    Without CUDA, one warning (with the rank) and nothing else.  ``snapshot_fn``,
-    ``record_fn`` and ``cuda_available`` default to the real torch calls; they exist so that
-    the dump path can be tested where there is no GPU.
+    Without CUDA, one warning (with the rank) and nothing else.
+
+    Args:
+        config: the ``--torch-profile-memory-snapshot*`` flags' config.
+        rank: this rank (default: the process group's); ``host``: in the file names (default: this one).
+        snapshot_fn, record_fn, cuda_available: default to the real torch calls; they exist so that
+            the dump path can be tested where there is no GPU.
+
+    Raises:
+        ValueError: ``config.stacks`` is neither ``python`` nor ``all``.
     """
 
     def __init__(
@@ -123,10 +130,16 @@ class MemorySnapshotter:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **kwargs: Any) -> MemorySnapshotter:
-        """A snapshotter for the ``--torch-profile-memory-snapshot*`` flags, for your own loop.
+        """A snapshotter for the ``--torch-profile-memory-snapshot*`` flags, for your own loop
+        (:class:`~torchprof_args.TorchProfiler` makes its own on the ``--torch-profile-ranks``).
 
-        Snapshots go to ``<--torch-profile-dir or --tensorboard-dir or ./prof>/memory_snapshots``.
-        (:class:`~torchprof_args.TorchProfiler` makes its own on the ``--torch-profile-ranks``.)
+        Args:
+            args: the parsed namespace (checked here).
+            kwargs: the constructor's other arguments.
+
+        Returns:
+            The snapshotter; snapshots go to ``<--torch-profile-dir or --tensorboard-dir or
+            ./prof>/memory_snapshots``.
         """
         from torchprof_args.config import configs_from_args
 
@@ -135,7 +148,12 @@ class MemorySnapshotter:
     # -----------------------------------------------------------------------------------------
 
     def usable(self) -> bool:
-        """Enabled and CUDA present; warns once (with the rank) when CUDA is missing."""
+        """Whether snapshots can be taken: enabled and CUDA present (warns once, with the rank, when CUDA is
+        missing).
+
+        Returns:
+            True when the hooks do something.
+        """
         if not self.enabled:
             return False
         if not self._checked:
@@ -164,7 +182,15 @@ class MemorySnapshotter:
                     self.config.stacks, self.config.max_entries, self.output_dir)
 
     def on_step(self, iteration: int, profiled_cycle_ended: bool = False) -> str | None:
-        """Call after ``iteration`` finished; returns the written path, if any."""
+        """Call after an iteration finished: dumps when it is due.
+
+        Args:
+            iteration: the iteration that finished.
+            profiled_cycle_ended: a recorded cycle ended with it (dump now).
+
+        Returns:
+            The snapshot written, if any.
+        """
         self.next_iteration = iteration + 1
         if not self.usable():
             return None
@@ -172,19 +198,39 @@ class MemorySnapshotter:
         return self.dump(iteration) if due else None
 
     def on_oom(self, iteration: int) -> str | None:
-        """Dump ``..._oom.pickle`` for ``iteration``; never raises (the OOM is what matters)."""
+        """Dump ``..._oom.pickle`` now; never raises (the out-of-memory error is what matters).
+
+        Args:
+            iteration: the iteration that ran out of memory.
+
+        Returns:
+            The snapshot written, if any.
+        """
         if not self.usable():
             return None
         return self.dump(iteration, reason="oom")
 
     def guard(self, iteration: int | None = None) -> _Guard:
-        """``with snapshotter.guard(it): train_step()`` or ``@snapshotter.guard()``: dumps a
-        snapshot if ``torch.OutOfMemoryError`` escapes, then re-raises it.  Without
-        ``iteration`` the one after the last ``on_step`` is used."""
+        """``with snapshotter.guard(it): train_step()`` or ``@snapshotter.guard()``: dumps a snapshot if
+        ``torch.OutOfMemoryError`` escapes, then re-raises it.
+
+        Args:
+            iteration: the step it guards (default: the one after the last :meth:`on_step`).
+
+        Returns:
+            The guard (a context manager and a decorator).
+        """
         return _Guard(self, iteration)
 
     def wrap(self, step_fn: Callable[_Params, _Result]) -> Callable[_Params, _Result]:
-        """``step_fn`` with :meth:`guard` around every call."""
+        """A training-step function with :meth:`guard` around every call.
+
+        Args:
+            step_fn: the function.
+
+        Returns:
+            The wrapped function (same signature).
+        """
 
         @functools.wraps(step_fn)
         def wrapped(*args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
@@ -194,7 +240,15 @@ class MemorySnapshotter:
         return wrapped
 
     def dump(self, iteration: int, reason: str | None = None) -> str | None:
-        """Write one snapshot now; errors are logged, never raised into training."""
+        """Write one snapshot now; errors are logged, never raised into training.
+
+        Args:
+            iteration: in the file name.
+            reason: a suffix of the file name (``oom``), or None.
+
+        Returns:
+            The snapshot's path; None when it could not be written or snapshots are off.
+        """
         if not self.usable():
             return None
         path = os.path.join(self.output_dir, memory_snapshot_name(self.host, self.rank, iteration, reason))
@@ -237,7 +291,11 @@ class MemorySnapshotter:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[MemorySnapshotter]:
-        """``start()`` ... ``close()`` as a context manager."""
+        """``start()`` ... ``close()`` as a context manager.
+
+        Returns:
+            The context manager, yielding the snapshotter.
+        """
         self.start()
         try:
             yield self

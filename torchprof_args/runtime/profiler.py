@@ -26,8 +26,8 @@ import torch
 
 from torchprof_args import _dist
 from torchprof_args.log import get_logger
-from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
+from torchprof_args.runtime.agreements import StepAgreements
 from torchprof_args.runtime.config import ProfiledRun, ProfilerConfig
 from torchprof_args.runtime.cost import ProfilingCost
 from torchprof_args.runtime.export.writer import TraceWriter
@@ -58,8 +58,11 @@ _DUMP_FINISH_WAIT = 30.0
 class TorchProfiler:
     """A torch.profiler context manager driven by the schedule flags; see the module docstring.
 
-    The constructor only stores the configs (no collective, no files); ``memory`` and ``nsys``
-    replace the components :meth:`start` would build (stand-in CUDA functions where there is no GPU).
+    Args:
+        config: what to profile; ``rank``, ``world_size``: default: the process group's;
+            ``start_iteration``: steps already done; ``memory``, ``nsys``: replace the components
+            :meth:`start` would build (stand-in CUDA functions where there is no GPU).  The constructor
+            only stores them (no collective, no files): :meth:`from_args` is the usual way in.
     """
 
     def __init__(self, config: ProfilerConfig, *, rank: int | None = None, world_size: int | None = None,
@@ -88,6 +91,8 @@ class TorchProfiler:
         self._memory_guard = WindowMemoryGuard(config.export.min_free_host_mb << 20, self._fence)
         self._publishing = PublishingVote(config.export.max_publishing, self._fence, rank=self.rank)
         self._timeline.vote_ahead = True
+        self._agreements = StepAgreements(self._timeline, self._fence, self._memory_guard, self._publishing,
+                                          self.rank)
         #: Inside step()'s or stop()'s work: a SIGTERM is acted on at the end, not in the handler.
         self._critical = False
         self._flight_recorder = FlightRecorder.from_config(config.flight_recorder, self.rank,
@@ -100,15 +105,16 @@ class TorchProfiler:
         self._memory_given, self._nsys_given = memory, nsys
         self._memory: MemorySnapshotter | None = None
         self._nsys: NsysController | None = None
-        self._on_demand: OnDemandController | None = None
         self._writer: TraceWriter | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, start_iteration: int | None = None) -> TorchProfiler:
-        """Build from parsed flags (checked here: raises :class:`~torchprof_args.TorchProfileArgsError`).
+        """A profiler, not started, from parsed flags (checked here: raises
+        :class:`~torchprof_args.TorchProfileArgsError`).
 
-        ``start_iteration`` is the number of optimizer steps already done (resume from a
-        checkpoint); defaults to ``args.iteration`` (Megatron-LM sets it), else 0.
+        Args:
+            args: the namespace; ``start_iteration``: optimizer steps already done (a resumed run),
+                default ``args.iteration`` (Megatron-LM sets it), else 0.
         """
         from torchprof_args.config import configs_from_args
 
@@ -117,18 +123,25 @@ class TorchProfiler:
 
     @classmethod
     def from_config(cls, run: ProfiledRun, *, start_iteration: int | None = None) -> TorchProfiler:
-        """Build from checked configs: a :class:`~torchprof_args.config.RunConfig` (see
-        :func:`~torchprof_args.config.configs_from_args`)."""
+        """A profiler, not started, from checked configs (:func:`~torchprof_args.config.configs_from_args`).
+
+        Args:
+            run: the run's configs; ``start_iteration``: overrides ``run.start_iteration``.
+        """
         rank = _dist.rank()
         check_kineto_daemon_env(rank)
         start = run.start_iteration if start_iteration is None else start_iteration
         return cls(run.profiler, rank=rank, world_size=_dist.world_size(), start_iteration=start)
 
     def __enter__(self) -> TorchProfiler:
+        """Start (:meth:`start`, a collective) and return the profiler."""
         self.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Stop: cleanly without an exception; on one, the flight recorder dumps first, and on an
+        out-of-memory error the memory snapshotter too.
+        """
         clean_exit = isinstance(exc, SystemExit) and exc.code in (0, None)
         if self._flight_recorder is not None and exc_type is not None and not clean_exit:
             # e.g. a collective timed out: the launcher's SIGTERM (once the first rank exits) waits
@@ -164,7 +177,7 @@ class TorchProfiler:
             self._started = False
             raise
         self._ranks, self._memory, self._nsys = setup.traced_ranks, setup.memory, setup.nsys
-        self._on_demand, self._writer = setup.on_demand, setup.writer
+        self._writer, self._agreements.on_demand = setup.writer, setup.on_demand
         self._recorder.writer, self._recorder.execution_trace = setup.writer, setup.execution_trace
         first = self._timeline.first_iteration
         self._sigterm.install(on_signal=self._sigterm_noted, emergency=self._sigterm_emergency)
@@ -179,16 +192,17 @@ class TorchProfiler:
                         os.path.abspath(self.output_dir))
             if self._recorder.start(first, self._timeline.local_action(first)):
                 self._recorder.add_metadata(self._metadata(first))
-        if self._on_demand is not None:
-            self._on_demand.open()
+        if self._agreements.on_demand is not None:
+            self._agreements.on_demand.open()
         self._next_busy_step = self._planned_busy = -math.inf  # the first step() call anchors the numbering
 
     def stop(self, clean: bool = True) -> None:
-        """Finish: flush a partly recorded window (``clean``), wait for pending publications
-        (at most ``--torch-profile-exit-timeout``), then meet every rank at the fence.
+        """Finish: flush a partly recorded window, wait for pending publications (at most
+        ``--torch-profile-exit-timeout``), then meet every rank at the fence.
 
-        ``clean`` is False when leaving on an exception: ranks are then not in step, so there is
-        no barrier and a partly recorded window is dropped.
+        Args:
+            clean: False when leaving on an exception: ranks are then not in step, so there is no
+                barrier and a partly recorded window is dropped.
         """
         if self._flight_recorder is not None:
             self._flight_recorder.disarm()
@@ -224,8 +238,8 @@ class TorchProfiler:
             if self._memory is not None:
                 self._memory.close()
         self._timeline.window = None
-        if self._on_demand is not None:
-            self._on_demand.close()
+        if self._agreements.on_demand is not None:
+            self._agreements.on_demand.close()
         if self._writer is not None:
             sigterm = self._sigterm
             reserve = min(_STOP_RESERVE, sigterm.grace / 2)
@@ -252,9 +266,9 @@ class TorchProfiler:
     def end_window(self) -> bool:
         """Stop recording for good; flush a window still recording (a clean early exit).
 
-        Collective when :attr:`window_open` (the same on every rank): every rank calls it at the
-        same iteration, as at a scheduled flush.  Returns whether a window was flushed; later
-        :meth:`step` calls do nothing and :meth:`stop` only waits for publications.
+        Collective when :attr:`window_open` (the same on every rank): every rank calls it at the same
+        iteration, as at a scheduled flush.  Later :meth:`step` calls do nothing and :meth:`stop` only
+        waits for publications.  Returns whether a window was flushed.
         """
         if not self._started or self._window_ended:
             return False
@@ -303,7 +317,12 @@ class TorchProfiler:
     # -- the hot path -----------------------------------------------------------------------
 
     def step(self, iteration: int | None = None) -> None:
-        """Mark the end of optimizer step ``iteration`` (1-based global; default: previous + 1)."""
+        """Mark the end of an optimizer step: one integer comparison unless the step is busy (planned ahead,
+        the same on every rank).
+
+        Args:
+            iteration: the 1-based global step just finished (default: the previous one + 1).
+        """
         if iteration is None:
             iteration = self._iteration + 1
         self._iteration = iteration
@@ -322,21 +341,14 @@ class TorchProfiler:
 
     def _busy_step(self, iteration: int) -> None:
         """A planned busy step: this step's agreements first (collective, at iterations every rank
-        knows), then the timeline's plan for it."""
+        knows: :mod:`.agreements`), then the timeline's plan for it."""
         if self._sigterm.pending:
             self._on_sigterm(iteration)
             return
         timeline = self._timeline
         if not timeline.anchored:
             timeline.anchor(iteration)
-        if iteration >= timeline.next_check:
-            self._check_on_demand(iteration)
-        if self._memory_guard.enabled:  # may cut the window recording now, on every rank
-            self._memory_guard.check(iteration, timeline, rank=self.rank)
-        skipped = self._publishing.decide(iteration, timeline)  # may skip the window beginning next step
-        window, on_demand = timeline.window, self._on_demand  # a window only with on-demand on
-        if skipped and window and on_demand and window.warmup_start <= iteration + 1 < window.end:
-            on_demand.window_skipped(window, skipped)  # its requester learns why, not a missing file
+        self._agreements.take(iteration)
         self._execute(timeline.plan(iteration))
         self._publishing.post(iteration, timeline, lambda: progress_row(self._writer))
         if self._sigterm.pending:  # the end of the flush is a safe point too
@@ -362,26 +374,14 @@ class TorchProfiler:
         if self._sigterm.pending:  # a handler that ran before the assignment above is not lost
             self._next_busy_step = -math.inf
 
-    def _check_on_demand(self, iteration: int) -> None:
-        """Collective at a check iteration: adopt the window every rank received, plan the next check."""
-        timeline, on_demand = self._timeline, self._on_demand
-        assert on_demand is not None  # next_check is finite only with on-demand on
-        window = on_demand.poll(iteration, self._fence.group,
-                                busy=lambda i: timeline.scheduled_action(i) is not Action.NONE)
-        if window is not None:
-            timeline.window = window
-            if window.traces(self.rank):  # DEBUG: rank 0's "accepted" line says it once for all ranks
-                logger.debug("rank %d: on-demand request %s: tracing iterations %d..%d", self.rank,
-                             window.request_id, window.start, window.end - 1)
-        timeline.next_check = on_demand.next_check
-
     def _metadata(self, first: int) -> dict[str, Any]:
         return {**trace_metadata(self.config.trace, self._timeline, first, traced_ranks=self._ranks,
                                  rank=self.rank, world_size=self.world_size), **self.extra_metadata}
 
     def add_trace_metadata(self, **values: Any) -> None:
-        """Keep ``values`` (JSON) in the ``torchprof_args`` metadata of every trace whose window opens from
-        now on, e.g. ``pipeline=pipeline_metadata(stages, micro_batches)`` for diagnose's pipeline bubble."""
+        """Keep JSON ``values`` in the ``torchprof_args`` metadata of every trace whose window opens from
+        now on, e.g. ``pipeline=pipeline_metadata(stages, micro_batches)`` for ``torchprof diagnose``.
+        """
         self.extra_metadata.update(values)
 
     @property

@@ -37,7 +37,21 @@ RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 
 @dataclasses.dataclass(frozen=True)
 class ProfileSchedule:
-    """Which iterations are warmed up, recorded, and flushed."""
+    """Which iterations are warmed up, recorded, and flushed: the same answer on every rank, with no
+    communication (torch.profiler's ``schedule``, plus absolute windows).
+
+    Attributes:
+        wait: idle iterations at the start of each cycle.
+        warmup: iterations the profiler runs but discards, before each recorded window.
+        active: iterations recorded per cycle (at least 1).
+        repeat: cycles (0: until the run ends).
+        skip_first: iterations skipped once, before the first cycle.
+        step_start: an absolute window's first iteration (None: the relative schedule above).
+        step_end: its end, exclusive (default ``step_start + active``).
+
+    Raises:
+        ValueError: a negative count, no active step, or an empty absolute window.
+    """
 
     wait: int = 0
     warmup: int = 1
@@ -61,6 +75,7 @@ class ProfileSchedule:
 
     @property
     def absolute(self) -> bool:
+        """Whether the schedule is an absolute window (``step_start``), not cycles."""
         return self.step_start is not None
 
     @property
@@ -72,10 +87,19 @@ class ProfileSchedule:
 
     @property
     def cycle_length(self) -> int:
+        """Iterations per cycle: wait + warmup + active."""
         return self.wait + self.warmup + self.active
 
     def action(self, iteration: int, first_iteration: int = 1) -> Action:
-        """The action for ``iteration``; ``first_iteration`` is the first iteration of this run."""
+        """What the profiler does at an iteration.
+
+        Args:
+            iteration: the 1-based global iteration.
+            first_iteration: the first iteration of this run (after a resume, not 1).
+
+        Returns:
+            NONE, WARMUP, RECORD, or RECORD_AND_SAVE (the window's last iteration: the flush).
+        """
         if self.window is not None:
             start, end = self.window
             if start <= iteration < end:
@@ -96,9 +120,15 @@ class ProfileSchedule:
         return Action.RECORD_AND_SAVE if phase == self.cycle_length - 1 else Action.RECORD
 
     def next_busy_iteration(self, after: int, first_iteration: int = 1) -> int | None:
-        """The smallest iteration ``> after`` whose action is not NONE, or None if none is left.
+        """The next iteration whose action is not NONE: what lets the hot path skip idle iterations with one
+        integer comparison.
 
-        Lets the hot path skip idle iterations with one integer comparison.
+        Args:
+            after: the current iteration.
+            first_iteration: the first iteration of this run.
+
+        Returns:
+            The smallest such iteration greater than ``after``, or None when none is left.
         """
         candidate = after + 1
         if self.window is not None:
@@ -119,14 +149,24 @@ class ProfileSchedule:
         return candidate
 
     def recorded_range(self, flush_iteration: int, first_iteration: int = 1) -> tuple[int, int]:
-        """The first and last recorded iterations of the cycle flushed at ``flush_iteration``."""
+        """The recorded iterations of the cycle flushed at an iteration.
+
+        Args:
+            flush_iteration: the cycle's RECORD_AND_SAVE iteration.
+            first_iteration: the first iteration of this run.
+
+        Returns:
+            Its first and last recorded iterations (the cycle folder's ``iterA-B``).
+        """
         first = flush_iteration
         while first - 1 >= first_iteration and self.action(first - 1, first_iteration) is Action.RECORD:
             first -= 1
         return first, flush_iteration
 
     def describe(self) -> str:
-        """One line for logs."""
+        """The schedule in one line, for logs (e.g. ``skip 1 step(s), then 1 cycle(s) of wait 0 /
+        warmup 1 / active 1``).
+        """
         if self.window is not None:
             start, end = self.window
             return f"record iterations {start}..{end - 1} after {self.warmup} warmup step(s)"

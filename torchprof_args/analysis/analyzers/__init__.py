@@ -1,7 +1,9 @@
 """The analyses of one loaded :class:`~torchprof_args.analysis.trace.Trace`, one module each (layer 3
 of :mod:`torchprof_args.analysis`: imports the trace model and decode's field names, nothing above).
 
-Each analyzer is a function of the trace's columns that returns plain, JSON-ready values;
+Each analyzer is a function of the trace's columns; what a summary shows it returns as a typed msgspec
+struct (:class:`~.gpu.GpuBreakdown`, :class:`~.cpu_ops.OperatorTotal`, ...), the sections of
+:class:`~torchprof_args.analysis.summary.Summary`.
 :func:`torchprof_args.analysis.summary.summarize` composes them, and the diagnose kinds
 (:mod:`torchprof_args.analysis.diagnose.kinds`) build on them.  All are vectorised with numpy (no
 per-event Python loop), so they keep up with multi-GB traces.  Tables that several of them need
@@ -15,8 +17,7 @@ and kept in its :class:`~torchprof_args.analysis.trace.TraceMemo` (``trace.memo`
 * :mod:`.cpu_ops`: the CPU operator tree, per-operator totals and self times, thread busy time;
 * :mod:`.step_ops`: the operators and kernels inside the steps;
 * :mod:`.memory_events`: peaks of the ``[memory]`` events per device;
-* :mod:`.origin`: who wrote the trace (host, pid, iterations, parallel coordinates);
-* :mod:`.cross_rank`: step time per rank, slowest rank and spread, from per-rank summaries;
+* :mod:`.origin`: who wrote the trace (host, iterations, parallel coordinates);
 * :mod:`.collectives` and :mod:`.collective_match`: one rank's collective instances (a trace
   loaded with ``comms=True``), then matched across ranks: arrival skew, last rank, bus bandwidth
   (``torchprof collectives``);

@@ -1,6 +1,6 @@
 """Collectives across ranks: each instance matched on every rank, who arrived last, who waited.
 
-Matching uses the strongest identity every trace records:
+Matching uses the strongest key every trace records:
 
 1. process group + sequence number (the ``Seq`` PyTorch records on NCCL collectives);
 2. else the order within each process group and ProfilerStep;
@@ -27,12 +27,14 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CommRecord, RankComms
 
-__all__ = ["MATCH_KIND_ORDER", "MATCH_PG_ORDER", "MATCH_SEQ", "MATCH_STREAM_ORDER", "bus_factor",
-           "match_collectives"]
+__all__ = [
+    "MATCH_KIND_ORDER", "MATCH_PG_ORDER", "MATCH_SEQ", "MATCH_STREAM_ORDER", "CollectiveInstance",
+    "CollectivesReport", "CycleCollectives", "RankWait", "TypeTotal", "bus_factor", "match_collectives",
+]
 
 MATCH_SEQ = "process group and sequence number"
 MATCH_PG_ORDER = "order within each process group and ProfilerStep (the traces record no sequence numbers)"
@@ -40,6 +42,100 @@ MATCH_STREAM_ORDER = ("order on each NCCL stream within each ProfilerStep (the t
                       "group nor sequence number; a communicator's stream stands in for its process group)")
 MATCH_KIND_ORDER = ("order of each collective type within each ProfilerStep (the traces record neither "
                     "process group nor sequence number)")
+
+
+class CollectiveInstance(TypedDict):
+    """One collective matched across ranks (``torchprof collectives --json``'s ``instances``; times in
+    us on the ranks' trace clocks, ranks as keys)."""
+
+    id: int
+    kind: str
+    pg: str | None
+    pg_desc: str | None
+    seq: int | None
+    step: str
+    channel: str
+    #: its position in its channel when the traces record no sequence number (else None).
+    order: int | None
+    #: no counterpart on the other ranks: listed, not compared.
+    unmatched: bool
+    ranks: int
+    missing_ranks: list[int]
+    group_size: int | None
+    group_size_assumed: bool
+    bytes: int | None
+    bytes_assumed: bool
+    dtype: str | None
+    algorithm: str | None
+    protocol: str | None
+    first_start_us: float
+    skew_us: float
+    first_rank: int
+    last_rank: int
+    arrival_offset_us: dict[int, float]
+    dur_us: dict[int, float]
+    dur_min_us: float
+    dur_max_us: float
+    #: the last arrival's duration: it waited for nobody.
+    transfer_us: float
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    #: how long the other ranks waited for the last one, summed.
+    wait_caused_us: float
+    #: each rank's collective type, when they differ (a wrong fallback looks like this).
+    kinds_differ: dict[int, str] | None
+
+
+class RankWait(TypedDict):
+    """One rank: the collectives it joined, how often it arrived last, the waiting it caused (and
+    its share), how late it was and how long it waited for others, summed (us)."""
+
+    rank: int
+    collectives: int
+    last_arrivals: int
+    wait_caused_us: float
+    waited_us: float
+    late_us: float
+    wait_caused_pct: float
+
+
+class TypeTotal(TypedDict):
+    """One collective type on one process group: count, bytes, skew, time and bus bandwidth."""
+
+    kind: str
+    pg: str
+    count: int
+    bytes: int
+    skew_mean_us: float
+    skew_max_us: float
+    transfer_us: float
+    busbw_median_gbps: float | None
+
+
+class CollectivesReport(TypedDict):
+    """:func:`match_collectives`' result: ``torchprof collectives --json`` (with ``cycle``)."""
+
+    ranks: list[int]
+    world_size: int | None
+    files: dict[int, str]
+    source: str | None
+    matched_by: str
+    collective_count: int
+    process_groups: list[str]
+    wait_caused_total_us: float
+    ranks_by_wait_caused: list[RankWait]
+    #: the ``id`` of the instances with the worst skew, worst first.
+    worst_skew: list[int]
+    by_type: list[TypeTotal]
+    notes: list[str]
+    instances: list[CollectiveInstance]
+
+
+class CycleCollectives(CollectivesReport):
+    """The report of one cycle's traces (``torchprof collectives --json``), with which cycle it is
+    (``iterations A-B``; None for files outside a cycle folder)."""
+
+    cycle: str | None
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -133,7 +229,7 @@ def _bandwidth(kind: str, nbytes: int | None, transfer_us: float,
 
 
 def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], loaded: set[int],
-              world_size: int | None) -> dict[str, Any]:
+              world_size: int | None) -> CollectiveInstance:
     starts = {rank: r.start_us for rank, r in members.items()}
     first_rank = min(starts, key=starts.__getitem__)
     last_rank = max(starts, key=starts.__getitem__)
@@ -166,9 +262,10 @@ def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], 
     }
 
 
-def _rank_table(instances: list[dict[str, Any]], ranks: list[int]) -> list[dict[str, Any]]:
-    rows = {rank: {"rank": rank, "collectives": 0, "last_arrivals": 0, "wait_caused_us": 0.0,
-                   "waited_us": 0.0, "late_us": 0.0} for rank in ranks}
+def _rank_table(instances: list[CollectiveInstance], ranks: list[int]) -> list[RankWait]:
+    rows: dict[int, RankWait] = {
+        rank: {"rank": rank, "collectives": 0, "last_arrivals": 0, "wait_caused_us": 0.0, "waited_us": 0.0,
+               "late_us": 0.0, "wait_caused_pct": 0.0} for rank in ranks}
     for inst in instances:
         if inst["ranks"] < 2:
             continue
@@ -185,11 +282,11 @@ def _rank_table(instances: list[dict[str, Any]], ranks: list[int]) -> list[dict[
     return sorted(rows.values(), key=lambda r: (-r["wait_caused_us"], -r["late_us"], r["rank"]))
 
 
-def _by_type(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+def _by_type(instances: list[CollectiveInstance]) -> list[TypeTotal]:
+    groups: dict[tuple[str, str], list[CollectiveInstance]] = defaultdict(list)
     for inst in instances:
         groups[(inst["kind"], inst["pg"] if inst["pg"] is not None else "-")].append(inst)
-    out = []
+    out: list[TypeTotal] = []
     for (kind, pg), found in groups.items():
         busbw = [i["busbw_gbps"] for i in found if i["busbw_gbps"] is not None]
         out.append({"kind": kind, "pg": pg, "count": len(found), "bytes": sum(i["bytes"] or 0 for i in found),
@@ -200,7 +297,7 @@ def _by_type(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: -r["transfer_us"])
 
 
-def _notes(ranks: Sequence[RankComms], instances: list[dict[str, Any]], same_streams: bool) -> list[str]:
+def _notes(ranks: Sequence[RankComms], instances: list[CollectiveInstance], same_streams: bool) -> list[str]:
     notes = []
     world = next((rc.world_size for rc in ranks if rc.world_size), None)
     if world and len(ranks) < world:
@@ -230,8 +327,17 @@ def _notes(ranks: Sequence[RankComms], instances: list[dict[str, Any]], same_str
     return notes
 
 
-def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> dict[str, Any]:
-    """The cross-rank view of the collectives of one cycle's traces (one :class:`RankComms` per rank)."""
+def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> CollectivesReport:
+    """The collectives of one cycle's traces matched across ranks.
+
+    Args:
+        ranks: one :class:`RankComms` per rank (:func:`~.collectives.rank_collectives`).
+        top: instances listed in ``worst_skew``.
+
+    Returns:
+        The report: how instances were matched, each instance, the ranks by the waiting they
+        caused, a row per collective type, notes on what the traces lack.
+    """
     ranks = sorted(ranks, key=lambda rc: rc.rank)
     mode = _mode(ranks)
     streams, same_streams = _stream_names(ranks) if mode == MATCH_STREAM_ORDER else ({}, True)

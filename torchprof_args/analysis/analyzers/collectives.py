@@ -235,8 +235,9 @@ class _Steps:
         return "-"
 
 
-def _identity(row: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any]:
-    """The record's identity fields from ``row``, completed from the CPU records around its launch."""
+def _collective_fields(row: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any]:
+    """What identifies the collective (name, process group, sequence number, sizes) from ``row``,
+    completed from the CPU records around its launch."""
     out = {key: row.get(key) for key in ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq",
                                           "in_nelems", "out_nelems", "dtype", "input_dims", "input_type")}
     for other in reversed(context):  # innermost first: it wins
@@ -248,18 +249,18 @@ def _identity(row: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, A
     return out
 
 
-def _record(kind: str, row: dict[str, Any], ident: dict[str, Any], base_us: float, step: str, channel: str,
+def _record(kind: str, row: dict[str, Any], fields: dict[str, Any], base_us: float, step: str, channel: str,
             world_size: int | None, algorithm: str | None = None, protocol: str | None = None) -> CommRecord:
-    ranks = _ranks(ident.get("pg_ranks"))
-    size = _int(ident.get("group_size")) or (len(ranks) if ranks else None)
-    pg = ident.get("pg_name")
+    ranks = _ranks(fields.get("pg_ranks"))
+    size = _int(fields.get("group_size")) or (len(ranks) if ranks else None)
+    pg = fields.get("pg_name")
     return CommRecord(
         kind=kind, start_us=row["ts"] + base_us, dur_us=row["dur"], channel=channel, step=step,
-        pg=None if pg is None else str(pg), pg_desc=ident.get("pg_desc"), pg_ranks=ranks, group_size=size,
-        seq=_int(ident.get("seq")), nbytes=_message_bytes(kind, ident, size or world_size),
-        dtype=ident.get("dtype") or _first_type(ident.get("input_type")), algorithm=algorithm,
+        pg=None if pg is None else str(pg), pg_desc=fields.get("pg_desc"), pg_ranks=ranks, group_size=size,
+        seq=_int(fields.get("seq")), nbytes=_message_bytes(kind, fields, size or world_size),
+        dtype=fields.get("dtype") or _first_type(fields.get("input_type")), algorithm=algorithm,
         protocol=protocol,
-        size_assumed=size is None and kind == "all_gather" and not ident.get("out_nelems"))
+        size_assumed=size is None and kind == "all_gather" and not fields.get("out_nelems"))
 
 
 def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[str, Any]], base_us: float,
@@ -270,35 +271,44 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
     for row in kernels:
         launch = launches.get(row["corr"])
         context = enclosing.around(launch[1], launch[0]) if launch else []
-        ident = _identity(row, context)
+        fields = _collective_fields(row, context)
         kind, algorithm, protocol = _kernel_algorithm(row["name"])
-        if ident.get("collective"):
-            kind = canonical_kind(str(ident["collective"]))
-        elif ident.get("annotation"):
-            kind = canonical_kind(ident["annotation"])  # e.g. all_to_all run as SendRecv kernels
+        if fields.get("collective"):
+            kind = canonical_kind(str(fields["collective"]))
+        elif fields.get("annotation"):
+            kind = canonical_kind(fields["annotation"])  # e.g. all_to_all run as SendRecv kernels
         step = step_of.at(launch[0] if launch else row["ts"])
-        records.append(_record(kind or "unknown", row, ident, base_us, step, f"stream {row['stream']}",
+        records.append(_record(kind or "unknown", row, fields, base_us, step, f"stream {row['stream']}",
                                trace.world_size, algorithm, protocol))
     return records
 
 
 def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us: float, step_of: _Steps,
-              world_size: int | None, algorithm: str) -> list[CommRecord]:
+              world_size: int | None, algorithm: str | None) -> list[CommRecord]:
     enclosing = _Enclosing(params)
     records = []
     for row in rows:
-        ident = _identity(row, enclosing.around((row["pid"], row["tid"]), row["ts"]))
+        fields = _collective_fields(row, enclosing.around((row["pid"], row["tid"]), row["ts"]))
         kind = canonical_kind(row["name"])
-        channel = f"pg {ident['pg_name']}" if ident.get("pg_name") is not None else kind
+        channel = f"pg {fields['pg_name']}" if fields.get("pg_name") is not None else kind
         step = step_of.at(row["ts"])
-        records.append(_record(kind, row, ident, base_us, step, channel, world_size, algorithm))
+        records.append(_record(kind, row, fields, base_us, step, channel, world_size, algorithm))
     return records
 
 
 def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
-    """Every collective instance of ``trace`` (loaded with ``comms=True``), in time order.
+    """Every collective instance of one rank's trace, in time order: from the NCCL kernels (with the
+    host-side records around their launch), else gloo's CPU events, else the host-side records.
 
-    ``rank`` overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
+    Args:
+        trace: loaded with ``comms=True``.
+        rank: overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
+
+    Returns:
+        The rank's :class:`RankComms`.
+
+    Raises:
+        TraceError: the trace was loaded without its communication events.
     """
     if trace.comms is None:
         raise TraceError(f"{trace.path}: loaded without communication events; "
@@ -320,8 +330,10 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     else:
         source, records = None, []
     records.sort(key=lambda r: r.start_us)
-    info = trace.metadata.get("distributedInfo") or {}
-    pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    info = trace.metadata.get("distributedInfo")
+    pg_config = info.get("pg_config") if isinstance(info, dict) else None
+    if not isinstance(pg_config, list):
+        pg_config = []
     found_rank = rank if rank is not None else trace.rank
     return RankComms(rank=found_rank if found_rank is not None else -1, file=str(trace.path), source=source,
                      records=records, world_size=trace.world_size, pg_config=pg_config)

@@ -8,18 +8,48 @@ total, self CPU, device total, self device); :func:`cpu_view` measures how busy 
 
 from __future__ import annotations
 
-from typing import Any
-
+import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["CPU_OP_CATS", "cpu_ops", "cpu_tree", "cpu_view", "top_ops"]
+__all__ = [
+    "CPU_OP_CATS", "CpuThreads", "OperatorTotal", "ThreadBusy", "cpu_ops", "cpu_tree", "cpu_view", "top_ops",
+]
 
 #: categories of the CPU-side events that form the operator tree.
 CPU_OP_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+
+
+class OperatorTotal(msgspec.Struct, frozen=True, gc=False):
+    """One operator name's totals (us), as torch.profiler's table shows them: a row of a summary's
+    ``top_cpu_ops`` / ``top_cpu_ops_by_self`` / ``top_ops_by_device`` (:func:`cpu_ops` says how)."""
+
+    name: str
+    calls: int
+    cpu_total_us: float
+    self_cpu_us: float
+    device_total_us: float
+    self_device_us: float
+
+
+class ThreadBusy(msgspec.Struct, frozen=True, gc=False):
+    """How busy one CPU thread was: the union of its top-level operators (us, and % of the span)."""
+
+    pid: int | str
+    tid: int | str
+    busy_us: float
+    busy_pct: float
+
+
+class CpuThreads(msgspec.Struct, frozen=True):
+    """A summary's ``cpu``: the traced span of the CPU operators and each thread's busy time,
+    busiest first."""
+
+    span_us: float
+    threads: list[ThreadBusy]
 
 
 def cpu_tree(trace: Trace) -> dict[str, np.ndarray]:
@@ -263,29 +293,33 @@ def _push_up(amounts: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> None
         levels[d - 1] = _sorted_unique(up if above is None else np.concatenate((above, up)))
 
 
-def top_ops(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int | None) -> list[dict[str, Any]]:
-    """The ``top`` operator names (None: all) by ``ops[key]`` (a :func:`cpu_ops` result), as
-    JSON-ready rows."""
+def top_ops(trace: Trace, ops: dict[str, np.ndarray], key: str, top: int | None) -> list[OperatorTotal]:
+    """The operator names with the largest totals.
+
+    Args:
+        trace: the trace.
+        ops: its :func:`cpu_ops`.
+        key: the total to sort by: ``cpu_total``, ``self_cpu`` or ``device_total``.
+        top: names to keep (None: all that were called).
+
+    Returns:
+        The rows, largest first.
+    """
     order = np.argsort(-ops[key], kind="stable")
     rows = []
     for i in order if top is None else order[: max(top, 0)]:
         if ops["calls"][i] == 0:
             break
-        rows.append(
-            {
-                "name": trace.names[i],
-                "calls": int(ops["calls"][i]),
-                "cpu_total_us": float(ops["cpu_total"][i]),
-                "self_cpu_us": float(ops["self_cpu"][i]),
-                "device_total_us": float(ops["device_total"][i]),
-                "self_device_us": float(ops["self_device"][i]),
-            }
-        )
+        rows.append(OperatorTotal(
+            name=trace.names[i], calls=int(ops["calls"][i]), cpu_total_us=float(ops["cpu_total"][i]),
+            self_cpu_us=float(ops["self_cpu"][i]), device_total_us=float(ops["device_total"][i]),
+            self_device_us=float(ops["self_device"][i])))
     return rows
 
 
-def cpu_view(trace: Trace) -> dict[str, Any] | None:
-    """Busy time per CPU thread: union of its top-level operators over the traced span."""
+def cpu_view(trace: Trace) -> CpuThreads | None:
+    """Busy time per CPU thread: the union of its top-level operators over the traced span (None
+    when the trace has no CPU operator)."""
     tree = cpu_tree(trace)
     if len(tree["idx"]) == 0:
         return None
@@ -298,8 +332,7 @@ def cpu_view(trace: Trace) -> dict[str, Any] | None:
         sel = thread == t
         busy = total(merge_intervals(ts[sel], end[sel]))
         pid, tid = trace.threads[int(t)]
-        threads.append(
-            {"pid": pid, "tid": tid, "busy_us": busy, "busy_pct": 100.0 * busy / span if span > 0 else 0.0}
-        )
-    threads.sort(key=lambda r: -r["busy_us"])
-    return {"span_us": span, "threads": threads}
+        pct = 100.0 * busy / span if span > 0 else 0.0
+        threads.append(ThreadBusy(pid=pid, tid=tid, busy_us=busy, busy_pct=pct))
+    threads.sort(key=lambda r: -r.busy_us)
+    return CpuThreads(span_us=span, threads=threads)

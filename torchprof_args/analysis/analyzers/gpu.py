@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import TypedDict
 
+import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.overlap import comm_comp_overlap
@@ -33,8 +34,9 @@ from torchprof_args.analysis.intervals import Intervals, merge_intervals, time_p
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [
-    "COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER", "gpu_view", "hta_kernels", "kernel_type",
-    "kernel_type_breakdown", "temporal_breakdown", "top_kernels",
+    "COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER", "GpuBreakdown", "KernelTotal", "KernelTypeTimes",
+    "TemporalBreakdown", "gpu_view", "hta_kernels", "kernel_type", "kernel_type_breakdown",
+    "temporal_breakdown", "top_kernels",
 ]
 
 COMM_RE = re.compile(r"^nccl.*Kernel")
@@ -46,6 +48,80 @@ COMPUTATION, COMMUNICATION, MEMORY, OTHER = "computation", "communication", "mem
 _TYPE_BITS = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 4}
 #: kernel class of a name as a small integer, for vectorised selection.
 _TYPE_CODES = {COMPUTATION: 1, COMMUNICATION: 2, MEMORY: 3, OTHER: 0}
+
+
+class KernelTotal(msgspec.Struct, frozen=True, gc=False):
+    """One kernel name over the selected kernels: a row of a summary's ``top_kernels``.
+
+    Attributes:
+        name: the kernel's name.
+        type: its class (:func:`kernel_type`).
+        calls: how many times it ran.
+        total_us: its total duration (not rounded); ``mean_us`` per call.
+        pct: its share (%) of all selected kernel time.
+    """
+
+    name: str
+    type: str
+    calls: int
+    total_us: float
+    mean_us: float
+    pct: float
+
+
+class GpuBreakdown(msgspec.Struct, frozen=True):
+    """A trace's GPU time with HTA's definitions: a summary's ``gpu``.
+
+    Attributes:
+        kernel_active_span_us: first kernel start to last kernel end (rounded as HTA rounds).
+        busy_us: the union of all kernels; ``idle_us`` the span less it.
+        compute_us: the union of computation kernels; ``non_compute_us`` the span less compute
+            and idle; ``idle_pct``, ``compute_pct``, ``non_compute_pct``: the same in % of the span.
+        communication_us: the union of communication kernels; ``comm_comp_overlap_us`` the part of
+            it during which computation runs too (an exact ``0`` when none does), in %
+            ``comm_comp_overlap_pct`` (None without communication).
+        kernel_type_us: exclusive time per class (computation, communication, memory).
+        kernel_type_overlapping_us: time per combination of classes running at once.
+        kernels: the kernels counted; ``streams`` their CUDA streams.
+        last_step_excluded: whether the last ProfilerStep's kernels were left out (HTA's rule).
+    """
+
+    kernel_active_span_us: float
+    busy_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+    communication_us: float
+    comm_comp_overlap_us: int | float  # the JSON has always written "no overlap" as 0: kept as written
+    comm_comp_overlap_pct: float | None
+    kernel_type_us: dict[str, float]
+    kernel_type_overlapping_us: dict[str, float]
+    kernels: int
+    streams: list[int]
+    last_step_excluded: bool
+
+
+class TemporalBreakdown(TypedDict):
+    """HTA's temporal breakdown (part of :class:`GpuBreakdown`, which documents the keys)."""
+
+    kernel_active_span_us: float
+    busy_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+
+
+class KernelTypeTimes(TypedDict):
+    """Exclusive time per kernel class and per combination (part of :class:`GpuBreakdown`)."""
+
+    kernel_type_us: dict[str, float]
+    kernel_type_overlapping_us: dict[str, float]
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -121,7 +197,7 @@ def _kernel_intervals(trace: Trace, sel: np.ndarray) -> tuple[float, float, dict
     return span, busy, merged
 
 
-def temporal_breakdown(span: float, busy: float, computation: Intervals) -> dict[str, float]:
+def temporal_breakdown(span: float, busy: float, computation: Intervals) -> TemporalBreakdown:
     """HTA's temporal breakdown: idle, compute and non-compute time, in us and % of the span."""
     idle = span - busy
     compute = total(computation)
@@ -143,7 +219,7 @@ def temporal_breakdown(span: float, busy: float, computation: Intervals) -> dict
 
 
 def kernel_type_breakdown(merged: dict[str, Intervals],
-                          exclusive: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+                          exclusive: dict[int, float] | None = None) -> KernelTypeTimes:
     """Exclusive time per kernel class, and per combination of classes running at once
     (``exclusive``: :func:`time_per_combination` of the classes' bits, when already swept)."""
     if exclusive is None:
@@ -159,9 +235,9 @@ def kernel_type_breakdown(merged: dict[str, Intervals],
     }
 
 
-def top_kernels(trace: Trace, sel: np.ndarray, top: int | None) -> list[dict[str, Any]]:
+def top_kernels(trace: Trace, sel: np.ndarray, top: int | None) -> list[KernelTotal]:
     """The ``top`` kernel names (None: all) among events ``sel`` by total duration (not
-    rounded), with their class, calls, mean and share of all selected kernel time."""
+    rounded), longest first."""
     name_id = trace.name_id[sel]
     dur = trace.dur[sel]
     totals = np.bincount(name_id, weights=dur, minlength=len(trace.names))
@@ -172,24 +248,22 @@ def top_kernels(trace: Trace, sel: np.ndarray, top: int | None) -> list[dict[str
     types = _name_types(trace)
     grand = float(dur.sum()) or 1.0
     return [
-        {
-            "name": trace.names[i],
-            "type": str(types[i]),
-            "calls": int(count[i]),
-            "total_us": float(totals[i]),
-            "mean_us": float(totals[i] / count[i]),
-            "pct": 100.0 * float(totals[i]) / grand,
-        }
+        KernelTotal(name=trace.names[i], type=str(types[i]), calls=int(count[i]), total_us=float(totals[i]),
+                    mean_us=float(totals[i] / count[i]), pct=100.0 * float(totals[i]) / grand)
         for i in order
         if count[i] > 0
     ]
 
 
-def gpu_view(trace: Trace, top: int | None = 30) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """HTA-comparable GPU breakdown (``None`` without kernels) and the top kernels.
+def gpu_view(trace: Trace, top: int | None = 30) -> tuple[GpuBreakdown | None, list[KernelTotal]]:
+    """A trace's GPU time with HTA's definitions, and its top kernels.
 
-    The breakdown holds the temporal breakdown, the communication/computation overlap, the
-    kernel-type breakdown, the kernel count, the streams and whether the last step was excluded.
+    Args:
+        trace: the trace.
+        top: kernel names to keep, longest total first (None: all).
+
+    Returns:
+        The breakdown (None when the trace has no kernels) and the top kernels.
     """
     mask, dropped_last = hta_kernels(trace)
     if not mask.any():
@@ -202,12 +276,12 @@ def gpu_view(trace: Trace, top: int | None = 30) -> tuple[dict[str, Any] | None,
     exclusive = time_per_combination({bit: merged[t] for t, bit in _TYPE_BITS.items()})
     both_bits = _TYPE_BITS[COMMUNICATION] | _TYPE_BITS[COMPUTATION]
     both = sum(t for mask, t in exclusive.items() if mask & both_bits == both_bits)
-    gpu = {
+    gpu = GpuBreakdown(
         **temporal_breakdown(span, busy, merged[COMPUTATION]),
         **comm_comp_overlap(merged[COMMUNICATION], merged[COMPUTATION], both),
         **kernel_type_breakdown(merged, exclusive),
-        "kernels": len(sel),
-        "streams": sorted(int(x) for x in np.unique(trace.stream[sel])),
-        "last_step_excluded": dropped_last,
-    }
+        kernels=len(sel),
+        streams=sorted(int(x) for x in np.unique(trace.stream[sel])),
+        last_step_excluded=dropped_last,
+    )
     return gpu, top_kernels(trace, sel, top)

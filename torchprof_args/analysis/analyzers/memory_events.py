@@ -7,15 +7,25 @@ allocator's running totals; the loader keeps, per device code ``device_type * 65
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["memory_view"]
+__all__ = ["MemoryPeak", "memory_view"]
 
 
-def memory_view(trace: Trace) -> list[dict[str, Any]]:
-    """Peak allocated / reserved bytes per device (``cpu``, ``cuda:0``...) and the sample count."""
+class MemoryPeak(msgspec.Struct, frozen=True, gc=False):
+    """One device's ``[memory]`` samples: peak allocated / reserved bytes, how many samples."""
+
+    device: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    samples: int
+
+
+def memory_view(trace: Trace) -> list[MemoryPeak]:
+    """Peak allocated / reserved bytes per device (``cpu``, ``cuda:0``...) and the sample count;
+    empty without ``[memory]`` events."""
     mem = trace.memory
     out = []
     for i, code in enumerate(mem["device"]):
@@ -23,12 +33,7 @@ def memory_view(trace: Trace) -> list[dict[str, Any]]:
         dev_id -= 1
         kind = {0: "cpu", 1: "cuda"}.get(dev_type, f"device{dev_type}")
         label = kind if dev_id < 0 or kind == "cpu" else f"{kind}:{dev_id}"
-        out.append(
-            {
-                "device": label,
-                "peak_allocated_bytes": int(mem["peak_allocated"][i]),
-                "peak_reserved_bytes": int(mem["peak_reserved"][i]),
-                "samples": int(mem["samples"][i]),
-            }
-        )
+        out.append(MemoryPeak(device=label, peak_allocated_bytes=int(mem["peak_allocated"][i]),
+                              peak_reserved_bytes=int(mem["peak_reserved"][i]),
+                              samples=int(mem["samples"][i])))
     return out

@@ -16,10 +16,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
+
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.naming import cycle_of_name
 
-__all__ = ["PARALLEL_AXES", "origin", "parallel_from_pg_config"]
+__all__ = ["PARALLEL_AXES", "Origin", "origin", "parallel_from_pg_config"]
 
 #: megatron-core's process-group descriptions, per parallel axis (the first that matches wins).
 PARALLEL_AXES = {
@@ -30,6 +32,20 @@ PARALLEL_AXES = {
     "ep": ("EXPERT_MODEL_PARALLEL_GROUP",),
 }
 _HOST_IN_NAME = re.compile(r"^rank\d+_(.+)_pid\d+")
+
+
+class Origin(msgspec.Struct, frozen=True):
+    """Who wrote a trace (each None when nothing says).
+
+    Attributes:
+        host: the host the rank ran on.
+        iterations: the first and last profiled iteration.
+        parallel: the rank's coordinate per parallel axis (``dp``, ``tp``, ``pp``, ``cp``, ``ep``).
+    """
+
+    host: str | None
+    iterations: list[int] | None
+    parallel: dict[str, int] | None
 
 
 def parallel_from_pg_config(info: dict[str, Any]) -> dict[str, int] | None:
@@ -50,8 +66,8 @@ def parallel_from_pg_config(info: dict[str, Any]) -> dict[str, int] | None:
     return out or None
 
 
-def origin(trace: Trace) -> dict[str, Any]:
-    """``{"host", "iterations", "parallel"}`` of a trace (each None when nothing says)."""
+def origin(trace: Trace) -> Origin:
+    """Who wrote ``trace``, from the first source that says (the module's docstring lists them)."""
     ours = trace.metadata.get("torchprof_args")
     ours = ours if isinstance(ours, dict) else {}
     host = ours.get("host") if isinstance(ours.get("host"), str) else None
@@ -68,4 +84,4 @@ def origin(trace: Trace) -> dict[str, Any]:
     if not (isinstance(parallel, dict) and all(isinstance(v, int) for v in parallel.values())):
         info = trace.metadata.get("distributedInfo")
         parallel = parallel_from_pg_config(info) if isinstance(info, dict) else None
-    return {"host": host, "iterations": iterations, "parallel": parallel}
+    return Origin(host=host, iterations=iterations, parallel=parallel)

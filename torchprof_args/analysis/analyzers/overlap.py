@@ -9,17 +9,27 @@ is read on its own, per rank, to find ranks whose communication is exposed.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 
 from torchprof_args.analysis.intervals import time_per_combination, total
 
-__all__ = ["comm_comp_overlap"]
+__all__ = ["CommCompOverlap", "comm_comp_overlap"]
+
+
+class CommCompOverlap(TypedDict):
+    """Communication time and the part of it computation overlaps (part of :class:`.gpu.GpuBreakdown`)."""
+
+    communication_us: float
+    comm_comp_overlap_us: int | float
+    comm_comp_overlap_pct: float | None
 
 
 def comm_comp_overlap(
     communication: tuple[np.ndarray, np.ndarray], computation: tuple[np.ndarray, np.ndarray],
     both: float | None = None,
-) -> dict[str, float | None]:
+) -> CommCompOverlap:
     """Communication time, the part of it overlapped by computation (us), and that part in %.
 
     Arguments are unions from :func:`~.intervals.merge_intervals`; ``both``, when the caller has

@@ -18,8 +18,8 @@ comes with them, so two traces with different numbers of steps compare per step.
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
+import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_tree
@@ -28,22 +28,53 @@ from torchprof_args.analysis.analyzers.select import lookup, member
 from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["step_ops"]
+__all__ = ["StepKernel", "StepOperator", "StepOps", "step_ops"]
 
 #: GPU-side events that are annotations, not work.
 _GPU_ANNOTATION_CATS = ("gpu_user_annotation",)
 
 
-def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
-    """``{"steps": N, "cpu": [...], "gpu": [...]}``: per name, calls and total time inside the steps.
+class StepOperator(msgspec.Struct, frozen=True, gc=False):
+    """One CPU event name inside the steps: its category, calls and total time (us)."""
 
-    Rows are ``{"name", "cat", "calls", "total_us"}`` (CPU) and ``{"name", "type", "calls",
-    "total_us"}`` (GPU, ``type`` as in the kernel breakdown), longest total first, at most
-    ``top`` of each (None: all).
+    name: str
+    cat: str
+    calls: int
+    total_us: float
+
+
+class StepKernel(msgspec.Struct, frozen=True, gc=False):
+    """One GPU event name launched from inside the steps: its class (as in the kernel breakdown),
+    calls and total time (us)."""
+
+    name: str
+    type: str
+    calls: int
+    total_us: float
+
+
+class StepOps(msgspec.Struct, frozen=True):
+    """A summary's ``ops_in_steps``: the steps counted, and per name what ran inside them,
+    longest total first (``torchprof diff`` compares these per rank and step)."""
+
+    steps: int
+    cpu: list[StepOperator]
+    gpu: list[StepKernel]
+
+
+def step_ops(trace: Trace, top: int | None = None) -> StepOps:
+    """Per name, calls and total time inside the steps.
+
+    Args:
+        trace: the trace.
+        top: names to keep of each list, longest total first (None: all).
+
+    Returns:
+        The CPU operators and the GPU events (none without ProfilerStep annotations).
     """
     spans = steps(trace)
     if not spans:
-        return {"steps": 0, "cpu": [], "gpu": []}
+        return StepOps(steps=0, cpu=[], gpu=[])
     starts = np.array([s["start_us"] for s in spans])
     order = np.argsort(starts, kind="stable")
     starts = starts[order]
@@ -52,12 +83,13 @@ def step_ops(trace: Trace, top: int | None = None) -> dict[str, Any]:
     cpu_calls, cpu_time = _cpu_in_steps(trace, outside)
     gpu_calls, gpu_time = _gpu_in_steps(trace, outside)
     name_cat = trace.name_cat
-    return {
-        "steps": len(spans),
-        "cpu": _rows(trace, cpu_calls, cpu_time, top,
-                     lambda i: {"cat": trace.cats[name_cat[i]] if name_cat is not None else ""}),
-        "gpu": _rows(trace, gpu_calls, gpu_time, top, lambda i: {"type": kernel_type(trace.names[i])}),
-    }
+    return StepOps(
+        steps=len(spans),
+        cpu=[StepOperator(trace.names[i], trace.cats[name_cat[i]] if name_cat is not None else "", calls, us)
+             for i, calls, us in _rows(cpu_calls, cpu_time, top)],
+        gpu=[StepKernel(trace.names[i], kernel_type(trace.names[i]), calls, us)
+             for i, calls, us in _rows(gpu_calls, gpu_time, top)],
+    )
 
 
 class _StartsOf:
@@ -143,11 +175,10 @@ def _launch_ids(trace: Trace) -> np.ndarray:
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-def _rows(trace: Trace, calls: np.ndarray, time: np.ndarray, top: int | None,
-          extra: Any) -> list[dict[str, Any]]:
+def _rows(calls: np.ndarray, time: np.ndarray, top: int | None) -> list[tuple[int, int, float]]:
+    """(name id, calls, total time) of the names called, longest total first, at most ``top``."""
     present = np.flatnonzero(calls)
     present = present[np.argsort(-time[present], kind="stable")]
     if top is not None:
         present = present[: max(top, 0)]
-    return [{"name": trace.names[i], **extra(i), "calls": int(calls[i]), "total_us": float(time[i])}
-            for i in present]
+    return [(int(i), int(calls[i]), float(time[i])) for i in present]

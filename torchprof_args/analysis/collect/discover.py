@@ -61,9 +61,16 @@ def _in_folder(directory: Path) -> list[Path]:
 
 
 def expand(inputs: list[str | Path]) -> list[Path]:
-    """Trace files named directly or found in run / cycle folders, in order, without repeats.
+    """The trace files named directly or found in run / cycle folders, in order, without repeats.
 
-    Raises :class:`TraceError` for a path that does not exist or a folder without traces.
+    Args:
+        inputs: trace files, cycle folders (``iter000120-000121/``) or run folders.
+
+    Returns:
+        The trace files.
+
+    Raises:
+        TraceError: a path that does not exist, or a folder without traces.
     """
     files: list[Path] = []
     for item in inputs:
@@ -110,7 +117,14 @@ def cycle_key(path: Path) -> tuple[str, tuple[int, int] | None]:
 
 
 def group_by_cycle(files: list[Path]) -> list[Cycle]:
-    """``files`` grouped by cycle, cycles in iteration order (then by label)."""
+    """Trace files grouped by profiled cycle.
+
+    Args:
+        files: trace files (:func:`expand`'s).
+
+    Returns:
+        The cycles in iteration order (then by label), each with its files in input order.
+    """
     cycles: dict[str, Cycle] = {}
     for f in files:
         label, iterations = cycle_key(f)
@@ -119,26 +133,34 @@ def group_by_cycle(files: list[Path]) -> list[Cycle]:
 
 
 def choose_cycle(files: list[Path], cycle: int | None) -> tuple[list[Path], str | None]:
-    """The files of one cycle (``cycle``: its first iteration; default the latest) and a note.
+    """The files of one cycle: cycle folders (``iter000120-000121/``), or the ``_iterA-B`` suffix of the
+    flat layout's file names.
 
-    Cycles as :mod:`~torchprof_args.analysis.collect.discover` groups them: cycle folders
-    (``iter000120-000121/``), or the ``_iterA-B`` suffix of the flat layout's file names.
+    Args:
+        files: trace files (:func:`expand`'s).
+        cycle: the cycle's first iteration (None: the latest).
+
+    Returns:
+        Its files and its label (``iterations A-B``; None when the files name no cycle).
+
+    Raises:
+        TraceError: no cycle starts at ``cycle`` (the message lists those that do).
     """
     cycles = group_by_cycle(files)
-    named = [c for c in cycles if c.iterations is not None]
+    named = [(c, c.iterations) for c in cycles if c.iterations is not None]
     if cycle is not None:
-        chosen = [c for c in named if c.iterations[0] == cycle]  # type: ignore[index]
+        chosen = [(c, (first, last)) for c, (first, last) in named if first == cycle]
         if not chosen:
-            known = (", ".join(str(c.iterations[0]) for c in named)  # type: ignore[index]
+            known = (", ".join(str(first) for _, (first, _) in named)
                      or "none (no iter<first>-<last> folders or names)")
             raise TraceError(f"--cycle {cycle}: no traces of a cycle starting at iteration {cycle} "
                              f"(cycles: {known})")
-        first, last = chosen[0].iterations  # type: ignore[misc]
-        return chosen[0].files, f"iterations {first}-{last}"
+        found, (first, last) = chosen[0]
+        return found.files, f"iterations {first}-{last}"
     if len(cycles) <= 1:
         key = cycles[0].iterations if cycles else None
         return files, (f"iterations {key[0]}-{key[1]}" if key else None)
-    latest = named[-1] if named else cycles[-1]
+    latest = named[-1][0] if named else cycles[-1]
     span = f"iterations {latest.iterations[0]}-{latest.iterations[1]}" if latest.iterations else latest.label
     note = f"{span} (the latest of {len(cycles)} cycles here; --cycle FIRST_ITERATION picks another)"
     return latest.files, note

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from torchprof_args.analysis.collect.sidecar import sidecar_matches
 from torchprof_args.analysis.collect.trace_results import (
@@ -28,6 +27,7 @@ from torchprof_args.analysis.collect.trace_results import (
     read_results,
 )
 from torchprof_args.analysis.decode import parallel
+from torchprof_args.analysis.decode.reader import ProgressBar
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.memory.categories import MemoryPart
 from torchprof_args.analysis.summary import Summary
@@ -69,12 +69,6 @@ class Collected:
     def diagnoses(self) -> list[RankDiagnosis]:
         """The rank diagnoses of the traces that gave one, in input order."""
         return [r.diagnosis for r in self.results if r is not None and r.diagnosis is not None]
-
-
-class _Progress(Protocol):
-    def update(self, n: int = 1) -> object: ...
-
-    def close(self) -> None: ...
 
 
 def _pooled(paths: list[str], parts: tuple[str, ...], top: int | None, write: bool, keep: bool,
@@ -161,7 +155,7 @@ def _from_sidecars(files: list[Path], out: Collected, parts: Sequence[Part], top
     return todo
 
 
-def _record(out: Collected, path: Path, index: int, result: Outcome, bar: _Progress | None,
+def _record(out: Collected, path: Path, index: int, result: Outcome, bar: ProgressBar | None,
             on_parsed: Callable[[Path, Outcome], None] | None) -> None:
     out.results[index] = result.results
     out.parsed += result.parsed_bytes > 0
@@ -186,12 +180,12 @@ def _is_big(path: Path) -> bool:
     return size >= (parallel.PARALLEL_MIN_GZIP_BYTES if compressed else parallel.PARALLEL_MIN_BYTES)
 
 
-def _bar(total: int, progress: bool) -> _Progress | None:
+def _bar(total: int, progress: bool) -> ProgressBar | None:
     if not progress or total < 2:
         return None
     from tqdm import tqdm
 
     tqdm.monitor_interval = 0  # no monitor thread: the pool forks after the bar exists
     # disable=None: no bar unless stderr is a terminal
-    bar: _Progress = tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)
+    bar: ProgressBar = tqdm(total=total, unit="trace", desc="parsing traces", leave=False, disable=None)
     return bar

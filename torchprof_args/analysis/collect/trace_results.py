@@ -30,7 +30,7 @@ from torchprof_args.analysis.diagnose.rank import rank_diagnosis
 from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
-from torchprof_args.analysis.summary import Summary, summarize, truncate
+from torchprof_args.analysis.summary import Summary, decode_summary, summarize, truncate
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import rank_from_file_name
@@ -84,19 +84,15 @@ class Part:
 
 
 def _compute_summary(trace: Trace, top: int | None, path: Path) -> Summary:
-    summary: Summary = finite(summarize(trace, top=top))
-    summary["file"] = str(path)
-    return summary
+    return msgspec.structs.replace(summarize(trace, top=top), file=str(path))
 
 
 def _read_summary(stored: msgspec.Raw) -> Summary | None:
-    summary = msgspec.json.decode(stored)
-    return summary if isinstance(summary, dict) else None
+    return decode_summary(stored)  # null (not computed) fails validation: then the trace is parsed
 
 
 def _finish_summary(summary: Summary, top: int | None, path: Path) -> Summary:
-    summary["file"] = str(path)
-    return truncate(summary, top)
+    return truncate(msgspec.structs.replace(summary, file=str(path)), top)
 
 
 _encode = msgspec.json.Encoder()

@@ -18,7 +18,7 @@ decoding processes).
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -30,6 +30,7 @@ from torchprof_args.analysis.decode.events import (
     LooseEvent,
     XEvent,
     decode_batch,
+    list_of_union,
     tighten,
 )
 
@@ -78,7 +79,7 @@ class XComm(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     args: _CommArgs = _NO_COMM_ARGS
 
 
-_typed = msgspec.json.Decoder(list[Union[(XComm, *INSTANTS, *SKIPPED)]], strict=False)  # noqa: UP007
+_typed = msgspec.json.Decoder(list_of_union(XComm, *INSTANTS, *SKIPPED), strict=False)
 _encode = msgspec.json.Encoder().encode
 
 

@@ -21,7 +21,7 @@ import msgspec
 
 __all__ = [
     "INSTANTS", "NO_CAT", "SKIP", "SKIPPED", "LooseEvent", "XEvent", "XShapeEvent", "decode_batch",
-    "decode_plain", "tighten",
+    "decode_plain", "list_of_union", "tighten",
 ]
 
 NO_CAT = "\x00"  # a missing category (HTA drops such events)
@@ -119,8 +119,20 @@ class LooseEvent(msgspec.Struct):
     args: Any = None
 
 
-_typed = msgspec.json.Decoder(list[Union[(XEvent, *INSTANTS, *SKIPPED)]], strict=False)  # noqa: UP007
-_typed_shapes = msgspec.json.Decoder(list[Union[(XShapeEvent, *INSTANTS, *SKIPPED)]], strict=False)  # noqa: UP007
+
+
+def list_of_union(*members: type) -> Any:
+    """``list[A | B | ...]`` of structs known only at run time (:data:`SKIPPED`), for a decoder.
+
+    Returns:
+        The type; ``Any`` because a union built at run time is no type a checker can read.
+    """
+    union: Any = Union  # subscripted with a tuple variable: fine at run time, not in annotations
+    return list[union[members]]
+
+
+_typed = msgspec.json.Decoder(list_of_union(XEvent, *INSTANTS, *SKIPPED), strict=False)
+_typed_shapes = msgspec.json.Decoder(list_of_union(XShapeEvent, *INSTANTS, *SKIPPED), strict=False)
 _loose = msgspec.json.Decoder(list[LooseEvent], strict=False)
 _loose_one = msgspec.json.Decoder(LooseEvent, strict=False)
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])

@@ -30,7 +30,7 @@ from torchprof_args.analysis.decode.columns import (
     reduce_memory,
 )
 from torchprof_args.analysis.decode.events import NO_CAT
-from torchprof_args.analysis.decode.reader import TraceStream, not_utf8
+from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream, not_utf8
 from torchprof_args.analysis.trace import MemoryRows, Trace
 from torchprof_args.errors import TraceError
 
@@ -198,14 +198,24 @@ def _first_categories(name_id: np.ndarray, cat_id: np.ndarray, n_names: int) -> 
 
 def load_trace(path: str | Path, progress: bool = False, workers: int | None = None,
                comms: bool = False, flops: bool = False, memory_rows: bool = False) -> Trace:
-    """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`Trace` (streaming, low memory).
+    """Read a ``.json`` / ``.json.gz`` Kineto trace into a :class:`~torchprof_args.analysis.trace.Trace`
+    (streaming, low memory: ~36 bytes an event kept).
 
-    ``workers`` processes decode the events (default: 2 for files over 32 MB, 8 MB gzipped, when
-    two cores are usable, else 1).  ``comms`` also keeps the communication events' fields in
-    ``Trace.comms`` (:mod:`~torchprof_args.analysis.decode.comm_events`; decoding is ~17 % slower).
-    ``flops`` keeps the FLOP counts of the events that have one (``Trace.flops``).
-    ``memory_rows`` keeps every ``[memory]`` event (``Trace.memory_rows``).
-    Raises :class:`TraceError` (message names the file) for bad input.
+    Args:
+        path: the trace file.
+        progress: a progress bar for files of 64 MB and more (on a terminal).
+        workers: decoding processes (default: 2 for files over 32 MB, 8 MB gzipped, when two cores
+            are usable, else 1).
+        comms: also keep the communication events' fields in ``Trace.comms``
+            (:mod:`~torchprof_args.analysis.decode.comm_events`; decoding is ~17 % slower).
+        flops: keep the FLOP counts of the events that have one (``Trace.flops``).
+        memory_rows: keep every ``[memory]`` event (``Trace.memory_rows``).
+
+    Returns:
+        The trace as columns.
+
+    Raises:
+        TraceError: the file is missing, not a trace, corrupt or truncated (the message names it).
     """
     path = Path(path)
     if not path.exists():
@@ -333,7 +343,7 @@ def _start_workers(stack: ExitStack, path: Path, workers: int, comms: bool,
     return children
 
 
-def _progress_bar(stack: ExitStack, path: Path, size: int) -> Any:
+def _progress_bar(stack: ExitStack, path: Path, size: int) -> ProgressBar:
     """A byte progress bar over the file, closed by ``stack``."""
     from tqdm import tqdm
 

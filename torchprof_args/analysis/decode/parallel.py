@@ -18,6 +18,7 @@ import gc
 import os
 import queue
 import threading
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.decode.columns import PART_COLUMNS, Part, decode_events, reduce_batch
-from torchprof_args.analysis.decode.reader import TraceStream
+from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream
 from torchprof_args.errors import TraceError
 
 
@@ -156,7 +157,7 @@ def _write_columns(out_fd: int, part: Part, written: int) -> tuple[list[tuple[in
     for name, _ in PART_COLUMNS:
         data = getattr(part, name)
         where.append((written, len(data), data.dtype.str))
-        view = memoryview(data).cast("B")
+        view = data.data.cast("B")
         done = 0
         while done < len(view):
             done += os.pwrite(out_fd, view[done:], written + done)
@@ -167,7 +168,7 @@ def _write_columns(out_fd: int, part: Part, written: int) -> tuple[list[tuple[in
 def _read_column(fd: int, offset: int, n: int, dtype: str) -> np.ndarray:
     """The array :func:`_write_columns` wrote at ``offset``."""
     arr = np.empty(n, dtype=np.dtype(dtype))
-    view = memoryview(arr).cast("B")
+    view = arr.data.cast("B")
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
@@ -235,8 +236,10 @@ class Worker:
             raise WrongCut
         _, index, n_events, where, keys, memory, comms, flops, memory_rows = msg
         self.outstanding -= 1
-        ts, dur, key, stream, corr = (_read_column(self.out_fd, offset, n, kind) for offset, n, kind in where)
-        return index, Part(n_events, ts, dur, key, stream, corr, keys, memory, comms, flops, memory_rows)
+        col = {name: _read_column(self.out_fd, offset, n, dtype)
+               for (name, _), (offset, n, dtype) in zip(PART_COLUMNS, where, strict=True)}
+        return index, Part(n_events, col["ts"], col["dur"], col["key"], col["stream"], col["corr"], keys,
+                           memory, comms, flops, memory_rows)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""
@@ -266,7 +269,7 @@ class _InOrder:
             self.next_index += 1
 
 
-def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: Any,
+def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: ProgressBar | None,
               add: Callable[[Part], None], comms: bool = False, memory: bool | None = None,
               flops: bool = False, memory_rows: bool = False) -> None:
     """Decode every task, here or in a worker (each kept at most a few tasks ahead), and hand
@@ -292,8 +295,9 @@ def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar
             sizes[index] = length
             idle.submit(index, offset, length, text)
             continue
-        if text is None:
-            text = read_range(fd, offset, length)  # type: ignore[arg-type]
+        if text is None:  # a range of the file: plan_tasks makes ranges only with a file descriptor
+            assert fd is not None
+            text = read_range(fd, offset, length)
         part = decode_part(text, comms, memory if offset >= 0 else None, flops, memory_rows)
         del text
         ordered.put(index, part)
@@ -330,7 +334,7 @@ def default_workers(path: Path, compressed: bool, size: int) -> int:
     return 2 if can_fork(mp) and usable_cpus() >= 2 else 1
 
 
-def can_fork(mp: Any) -> bool:
+def can_fork(mp: types.ModuleType) -> bool:
     """Whether this process may fork workers (``mp`` is the :mod:`multiprocessing` module)."""
     return (
         "fork" in mp.get_all_start_methods()

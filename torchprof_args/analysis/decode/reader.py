@@ -18,24 +18,58 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import types
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn, Protocol, cast
 
 import msgspec
 
 from torchprof_args.errors import TraceError
 
+__all__ = ["GZIP_ERRORS", "ProgressBar", "TraceStream", "is_gzip", "not_utf8", "open_gzip"]
+
 #: what reading a corrupt or truncated gzip stream raises (isal's own error included).
 GZIP_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, gzip.BadGzipFile)
+_gzip_impl: types.ModuleType
 try:  # isal is several times faster than zlib and reads the same format.
     from isal import igzip as _gzip_impl
     from isal.igzip_lib import IsalError
 
-    GZIP_ERRORS += (IsalError,)
+    # isal's stub declares IsalError an instance of Exception; it is the exception class.
+    GZIP_ERRORS += (cast("type[BaseException]", IsalError),)
 except ImportError:  # pragma: no cover - isal is an optional extra
-    _gzip_impl = gzip  # type: ignore[assignment]
+    _gzip_impl = gzip
+
+
+class ProgressBar(Protocol):
+    """A progress bar (tqdm's): what reading, decoding and collecting traces report to."""
+
+    def update(self, n: int = 1) -> object:
+        """Add ``n`` done."""
+        ...
+
+    def close(self) -> None:
+        """Take it off the terminal."""
+        ...
+
+
+def open_gzip(file: str | Path | IO[bytes], mode: str = "rb", compresslevel: int = 3) -> IO[bytes]:
+    """A gzip stream over a path or an open binary file, through isal when it is installed.
+
+    Args:
+        file: a path, or an open binary file (left open when the stream is closed).
+        mode: ``"rb"`` or ``"wb"``.
+        compresslevel: when writing (3: isal's highest, still fast with zlib).
+
+    Returns:
+        The binary stream; reading a corrupt or truncated one raises one of :data:`GZIP_ERRORS`.
+    """
+    if "w" in mode:
+        return cast(IO[bytes], _gzip_impl.open(file, mode, compresslevel=compresslevel))
+    return cast(IO[bytes], _gzip_impl.open(file, mode))
+
 
 CHUNK_BYTES = 4 << 20
 #: files at least this large get a progress bar when the caller asks for one.
@@ -65,7 +99,7 @@ def is_gzip(path: str | Path) -> bool:
 class _CountingFile(io.RawIOBase):
     """Wraps a raw file to count bytes read, for progress bars over compressed input."""
 
-    def __init__(self, fh: IO[bytes], callback: Any) -> None:
+    def __init__(self, fh: io.BufferedIOBase, callback: Callable[[int], object] | None) -> None:
         self._fh = fh
         self._callback = callback
 
@@ -81,7 +115,7 @@ class _CountingFile(io.RawIOBase):
     def tell(self) -> int:
         return self._fh.tell()
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: Any) -> int:  # Any: typeshed's WriteableBuffer is private
         n = self._fh.readinto(buffer)
         if n and self._callback is not None:
             self._callback(n)
@@ -114,7 +148,7 @@ class TraceStream:
         self.compressed = False
         self.file_bytes = 0
         self.uncompressed_bytes = 0
-        self._bar: Any = None
+        self._bar: ProgressBar | None = None
         self._decode: Callable[[bytes], Any] = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
     # -- opening -----------------------------------------------------------------------------
@@ -137,7 +171,7 @@ class TraceStream:
             callback = self._bar.update
         counted = io.BufferedReader(_CountingFile(raw, callback), buffer_size=1 << 20)
         if self.compressed:
-            return _gzip_impl.open(counted, "rb")  # type: ignore[return-value]
+            return open_gzip(counted)
         return counted
 
     def _read(self, fh: IO[bytes], n: int) -> bytes:
@@ -217,13 +251,14 @@ class TraceStream:
         finally:
             fh.close()
 
-    def _batches(self, fh: IO[bytes], start: int | None = None) -> Iterator[bytes]:
+    def _batches(self, fh: IO[bytes], start: int | None = None) -> Iterator[Any]:
+        """Batches as :meth:`batches` yields them: decoded (``validate``) or their text."""
         if start is None:
-            found = self._head(fh)
-            if isinstance(found, bytes):
-                yield from self._whole_file(found)
+            head = self._head(fh)
+            if isinstance(head, bytes):
+                yield from self._whole_file(head)
                 return
-            buf = found[0]
+            buf = head[0]
         else:
             fh.seek(start)
             buf = b""
@@ -322,7 +357,7 @@ class TraceStream:
         rest.pop("traceEvents", None)
         self.metadata.update(rest)
 
-    def _whole_file(self, data: bytes) -> Iterator[bytes]:
+    def _whole_file(self, data: bytes) -> Iterator[Any]:
         """Fallback for layouts the chunked path cannot cut: decode the document at once."""
         try:
             doc = _json_any.decode(data)
@@ -338,7 +373,7 @@ class TraceStream:
             text = msgspec.json.encode(events[i : i + step])
             yield self._decode(text) if self.validate else text
 
-    def _no_events(self, head: bytes) -> None:
+    def _no_events(self, head: bytes) -> NoReturn:
         text = head.lstrip()
         if not text:
             raise TraceError(f"{self.path}: the file is empty")

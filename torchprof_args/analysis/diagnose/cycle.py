@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 import numpy as np
 
-from torchprof_args.analysis.analyzers.collective_match import match_collectives
+from torchprof_args.analysis.analyzers.collective_match import (
+    CollectiveInstance,
+    CollectivesReport,
+    match_collectives,
+)
 from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, RankComms
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.intervals import merge_intervals, total
@@ -67,7 +71,7 @@ class CycleRanks:
         return {self.rank_of(p): p.base_us for p in self.parts}
 
     @cached_property
-    def match(self) -> dict[str, Any] | None:
+    def match(self) -> CollectivesReport | None:
         """The ranks' collectives matched (``torchprof collectives``' report); None when fewer than
         two ranks have collective records."""
         comms = [RankComms(rank=self.rank_of(p), file="", source=p.comm_source,
@@ -76,7 +80,7 @@ class CycleRanks:
         return match_collectives(comms, top=5) if sum(1 for c in comms if c.records) >= 2 else None
 
     @cached_property
-    def matched(self) -> list[dict[str, Any]]:
+    def matched(self) -> list[CollectiveInstance]:
         """The matched instances seen by two or more ranks, point-to-point transfers left out (their
         waits are a pipeline's bubble, not a late rank)."""
         if self.match is None:

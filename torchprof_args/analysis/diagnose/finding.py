@@ -24,7 +24,7 @@ __all__ = ["NO_THRESHOLD", "Finding", "Gap", "Threshold", "kind_modules", "no_gp
 @functools.cache
 def kind_modules() -> frozenset[str]:
     """The names of the modules in :mod:`.kinds`: a finding's ``kind`` is one of them (the registry
-    lists every one; ``tests/test_analysis_layout.py`` checks both agree).  Read from the package's
+    lists every one; ``tests/test_layout.py`` checks both agree).  Read from the package's
     folder, so that this check imports no kind (they import this module)."""
     modules = pkgutil.iter_modules(kinds_package.__path__)
     return frozenset(m.name for m in modules if not m.name.startswith("_"))

@@ -2,7 +2,7 @@
 ``diff`` and the documentation all read.
 
 Every kind is a module of :mod:`.kinds` with one shape (:class:`KindModule`, checked by
-``tests/test_analysis_layout.py``):
+``tests/test_layout.py``):
 
 * ``KIND``: its name, the module's name (``Finding.kind``);
 * ``SCOPE``: :attr:`~.context.Scope.PER_RANK` (from one rank's trace, when it is published) or

@@ -4,7 +4,7 @@ with the worst arrival skew and a table per collective type, for
 
 from __future__ import annotations
 
-from typing import Any
+from torchprof_args.analysis.analyzers.collective_match import CollectiveInstance, CycleCollectives
 
 __all__ = ["format_collectives"]
 
@@ -30,7 +30,7 @@ def _gbps(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def _what(inst: dict[str, Any]) -> str:
+def _what(inst: CollectiveInstance) -> str:
     if inst["pg"] is not None:
         where = f" pg {inst['pg']}"
         if inst.get("pg_desc") not in (None, "undefined"):
@@ -44,7 +44,7 @@ def _what(inst: dict[str, Any]) -> str:
     return f"{inst['kind']}{number}{where}"
 
 
-def _header(report: dict[str, Any]) -> list[str]:
+def _header(report: CycleCollectives) -> list[str]:
     ranks, world = report["ranks"], report["world_size"]
     groups = report["process_groups"]
     head = f"torchprof collectives: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
@@ -62,7 +62,7 @@ def _header(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _ranks_table(report: dict[str, Any], rows: int) -> list[str]:
+def _ranks_table(report: CycleCollectives, rows: int) -> list[str]:
     total = report["wait_caused_total_us"]
     lines = ["", f"Ranks by the waiting they caused (arrived last while others waited; total {_ms(total)})",
              f"  {'rank':>5} {'last arrivals':>14} {'waiting caused':>15} {'share':>7} {'late (sum)':>12} "
@@ -74,7 +74,7 @@ def _ranks_table(report: dict[str, Any], rows: int) -> list[str]:
     return lines
 
 
-def _worst_table(report: dict[str, Any], rows: int) -> list[str]:
+def _worst_table(report: CycleCollectives, rows: int) -> list[str]:
     instances = report["instances"]
     lines = ["", "Collectives with the worst arrival skew",
              f"  {'step':<18} {'collective':<34} {'size':>10} {'skew':>12} {'last':>5} "
@@ -91,7 +91,7 @@ def _worst_table(report: dict[str, Any], rows: int) -> list[str]:
     return lines
 
 
-def _types_table(report: dict[str, Any], rows: int) -> list[str]:
+def _types_table(report: CycleCollectives, rows: int) -> list[str]:
     lines = ["", "By collective type",
              f"  {'collective':<16} {'pg':<6} {'count':>6} {'total size':>11} {'time (last arrival)':>20} "
              f"{'skew mean':>11} {'skew max':>11} {'busbw median':>13}"]
@@ -102,9 +102,17 @@ def _types_table(report: dict[str, Any], rows: int) -> list[str]:
     return lines
 
 
-def format_collectives(report: dict[str, Any], rows: int = 10) -> str:
-    """The text ``torchprof collectives`` prints for
-    :func:`~torchprof_args.analysis.tools.collectives.collectives_report`'s result (``rows`` per table)."""
+def format_collectives(report: CycleCollectives, rows: int = 10) -> str:
+    """The text ``torchprof collectives`` prints: how instances were matched, the ranks by the waiting
+    they caused, the worst skews, a table per collective type.
+
+    Args:
+        report: :func:`~torchprof_args.analysis.tools.collectives.collectives_report`'s result.
+        rows: rows per table.
+
+    Returns:
+        The text, without a final newline.
+    """
     lines = _header(report)
     if report["collective_count"]:
         lines += _ranks_table(report, rows) + _worst_table(report, rows) + _types_table(report, rows)

@@ -4,8 +4,11 @@ what the traces cannot tell (:mod:`.gaps`).  At most :data:`MAX_LINES` lines."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
+from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+from torchprof_args.analysis.diagnose.finding import Finding
+from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.render.gaps import gap_text_lines
 
 __all__ = ["MAX_LINES", "format_diagnosis"]
@@ -18,7 +21,7 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
 
-def _ranks(ranks: list[int], of: int) -> str:
+def _ranks(ranks: Sequence[int], of: int) -> str:
     if not ranks:
         return "ranks -"
     if len(ranks) == of and of > 2:
@@ -27,10 +30,10 @@ def _ranks(ranks: list[int], of: int) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}{' ...' if len(ranks) > 8 else ''}"
 
 
-def _evidence(finding: dict[str, Any]) -> str:
+def _evidence(finding: Finding) -> str:
     """The evidence in one line: its scalars and small lists, then the Perfetto timestamp."""
     parts = []
-    ev = finding.get("evidence") or {}
+    ev = finite(finding.evidence)  # as --json prints it
     for key, value in ev.items():
         if key.startswith("perfetto"):
             continue
@@ -47,26 +50,25 @@ def _evidence(finding: dict[str, Any]) -> str:
         text = text[:197] + "..."
     ts = ev.get("perfetto_ts_us")
     if ts is not None:
-        rank = ev.get("perfetto_rank", ev.get("worst_rank", (finding.get("ranks") or [None])[0]))
+        rank = ev.get("perfetto_rank", ev.get("worst_rank", finding.ranks[0] if finding.ranks else None))
         text += f" | Perfetto: rank {rank} at ts {ts:,.0f} us"
     return text
 
 
-def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
+def format_diagnosis(doc: JobDiagnosis, max_lines: int = MAX_LINES) -> str:
     """The text ``torchprof diagnose`` prints for a diagnosis.
 
     Args:
-        doc: :func:`~torchprof_args.analysis.diagnose.job.diagnose`'s result (the ``--json`` schema
-            of docs/guides/diagnose.md).
+        doc: :func:`~torchprof_args.analysis.diagnose.job.diagnose`'s result.
         max_lines: the budget of lines, header and gaps included; findings that do not fit are
             counted in one line.
 
     Returns:
         The text, without a final newline.
     """
-    findings, gaps = doc["findings"], doc.get("gaps") or []
-    head = (f"torchprof diagnose: {doc['ranks']} rank{'s' if doc['ranks'] != 1 else ''}, step "
-            f"{_ms(doc['step_ms'])}" + (f", {doc['cycle']}" if doc.get("cycle") else "")
+    findings, gaps = doc.findings, doc.gaps
+    head = (f"torchprof diagnose: {doc.ranks} rank{'s' if doc.ranks != 1 else ''}, step "
+            f"{_ms(doc.step_ms)}" + (f", {doc.cycle}" if doc.cycle else "")
             + f": {len(findings)} finding{'s' if len(findings) != 1 else ''}")
     lines = [head]
     if not findings:
@@ -77,10 +79,10 @@ def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
         if len(lines) + 4 > budget and n < len(findings):
             lines.append(f"  ... {len(findings) - n + 1} more finding(s) in --json")
             break
-        lines.append(f"{n}. {f['kind']}: saves up to {_ms(f['saving_ms_per_step'])}/step "
-                     f"({100 * f['share_of_step']:.1f} % of the step), {_ranks(f['ranks'], doc['ranks'])}")
-        lines.append(f"   {f['summary']}")
+        lines.append(f"{n}. {f.kind}: saves up to {_ms(f.saving_ms_per_step)}/step "
+                     f"({100 * f.share_of_step:.1f} % of the step), {_ranks(f.ranks, doc.ranks)}")
+        lines.append(f"   {f.summary}")
         lines.append(f"   evidence: {_evidence(f)}")
-        lines.append(f"   bound: {f['saving_bound']}. Fix: {f['remedy']}")
+        lines.append(f"   bound: {f.saving_bound}. Fix: {f.remedy}")
     lines += [f"  {line}" for line in gap_lines[: max(max_lines - len(lines), 0)]]
     return "\n".join(lines[:max_lines])

@@ -8,10 +8,23 @@ that is one sentence naming the six kinds, not six sentences naming the flag.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import Protocol
 
-__all__ = ["GapGroup", "gap_text_lines", "group_gaps"]
+__all__ = ["GapGroup", "GapLike", "gap_text_lines", "group_gaps"]
+
+
+class GapLike(Protocol):
+    """A gap as the diagnosis documents hold one (a rank's ``Gap``, the job's ``JobGap``)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def flag(self) -> str | None: ...
 
 
 @dataclasses.dataclass
@@ -32,14 +45,12 @@ class GapGroup:
         return f"to see {', '.join(self.kinds)}, {how} ({why})"
 
 
-def group_gaps(gaps: Iterable[Mapping[str, Any]]) -> list[GapGroup]:
-    """The gaps (``{"kind", "reason", "flag"}`` each, a diagnosis's ``gaps``) grouped by flag, in
-    the order each flag first appears."""
+def group_gaps(gaps: Iterable[GapLike]) -> list[GapGroup]:
+    """A diagnosis's gaps grouped by flag, in the order each flag first appears."""
     groups: dict[str | None, GapGroup] = {}
     for gap in gaps:
-        flag = gap.get("flag")
-        group = groups.setdefault(flag, GapGroup(flag))
-        kind, reason = str(gap["kind"]), str(gap["reason"]).rstrip(".")
+        group = groups.setdefault(gap.flag, GapGroup(gap.flag))
+        kind, reason = gap.kind, gap.reason.rstrip(".")
         if kind not in group.kinds:
             group.kinds.append(kind)
         explained = group.reasons.setdefault(reason, [])
@@ -48,6 +59,6 @@ def group_gaps(gaps: Iterable[Mapping[str, Any]]) -> list[GapGroup]:
     return list(groups.values())
 
 
-def gap_text_lines(gaps: Iterable[Mapping[str, Any]]) -> list[str]:
+def gap_text_lines(gaps: Iterable[GapLike]) -> list[str]:
     """One sentence per flag (:meth:`GapGroup.sentence`)."""
     return [group.sentence() for group in group_gaps(gaps)]

@@ -11,18 +11,23 @@ read on one screen and the page stays a few MB.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.gpu import GpuBreakdown
+from torchprof_args.analysis.diagnose.documents import JobDiagnosis
 from torchprof_args.analysis.render import svg
 from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.memory import memory_section
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
+from torchprof_args.analysis.summary import CrossRankView, Summary
+from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["STRAGGLER_ROWS", "Cycle", "render_report", "write_report"]
 
 _STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}"
           "table{border-collapse:collapse;font-size:12px}"
@@ -32,6 +37,8 @@ _STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}"
 _KINDS = ("computation", "communication", "memory")
 #: straggler-table rows shown (the slowest first); the folded table has every rank.
 STRAGGLER_ROWS = 20
+#: one cycle's section: its title, its ranks' summaries and its cross-rank view.
+Cycle = tuple[str, list[Summary], CrossRankView]
 
 
 def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
@@ -42,17 +49,16 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _where(row: dict[str, Any]) -> str:
-    par = row.get("parallel") or {}
+def _where(row: RankRow) -> str:
+    par = row.parallel or {}
     coords = " ".join(f"{k}{v}" for k, v in par.items())
-    return " ".join(x for x in (row.get("host") or "", coords) if x) or "-"
+    return " ".join(x for x in (row.host or "", coords) if x) or "-"
 
 
-def _rank_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[r["rank"], _where(r), r["steps"], fmt_us(r["step_mean_us"]),
-             "-" if r["vs_median_pct"] is None else f"{r['vs_median_pct']:+.1f}%",
-             fmt_pct(r["idle_pct"]), fmt_pct(r["compute_pct"]), fmt_pct(r["comm_comp_overlap_pct"]),
-             Path(r["file"]).name]
+def _rank_rows(rows: list[RankRow]) -> list[list[Any]]:
+    return [[r.rank, _where(r), r.steps, fmt_us(r.step_mean_us),
+             "-" if r.vs_median_pct is None else f"{r.vs_median_pct:+.1f}%",
+             fmt_pct(r.idle_pct), fmt_pct(r.compute_pct), fmt_pct(r.comm_comp_overlap_pct), Path(r.file).name]
             for r in rows]
 
 
@@ -62,93 +68,95 @@ _RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "vs median", "
 _RANK_NUMERIC = {0, 2, 3, 4, 5, 6, 7}
 
 
-def _heatmap(view: dict[str, Any]) -> str:
-    rows, names = view["ranks"], view["steps"]
+def _heatmap(view: CrossRankView) -> str:
+    rows, names = view.ranks, view.steps
     if not names:
         return "<p>No ProfilerStep annotations in these traces: no per-step times.</p>"
-    values = np.array([[r["step_us"].get(n, np.nan) for n in names] for r in rows], dtype=np.float64)
+    values = np.array([[r.step_us.get(n, np.nan) for n in names] for r in rows], dtype=np.float64)
     labels = [n.replace("ProfilerStep", "") for n in names]
     return svg.heatmap("Step time per rank (rows) and ProfilerStep (columns), against each step's median "
-                       "over ranks", [f"rank {r['rank']}" for r in rows], labels, values, fmt_us)
+                       "over ranks", [f"rank {r.rank}" for r in rows], labels, values, fmt_us)
 
 
-def _breakdown(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
-    picks = _picks(view)
-    gpus = [(label, g) for label, rank in picks if (g := (by_rank.get(rank) or {}).get("gpu"))]
+def _kind_ms(gpu: GpuBreakdown) -> dict[str, float]:
+    """Exclusive time (ms) per kernel class, and the time where classes run at once."""
+    parts = {k: gpu.kernel_type_us[k] / 1e3 for k in _KINDS}
+    parts["overlap"] = sum(gpu.kernel_type_overlapping_us.values()) / 1e3
+    return parts
+
+
+def _breakdown(view: CrossRankView, by_rank: dict[int, Summary]) -> str:
+    picked = [(label, by_rank[rank].gpu) for label, rank in _picks(view) if rank in by_rank]
+    gpus = [(label, gpu) for label, gpu in picked if gpu is not None]
     if not gpus:
         return ""
-    all_gpus = [s["gpu"] for s in by_rank.values() if s.get("gpu")]
-    mean = {k: float(np.mean([g["kernel_type_us"][k] for g in all_gpus])) / 1e3 for k in _KINDS}
-    mean["overlap"] = float(np.mean([sum(g["kernel_type_overlapping_us"].values()) for g in all_gpus])) / 1e3
-    rows = [(f"mean of {len(all_gpus)} ranks", mean)]
-    for label, g in gpus:
-        parts = {k: g["kernel_type_us"][k] / 1e3 for k in _KINDS}
-        parts["overlap"] = sum(g["kernel_type_overlapping_us"].values()) / 1e3
-        rows.append((label, parts))
+    all_gpus = [s.gpu for s in by_rank.values() if s.gpu is not None]
+    mean = {k: float(np.mean([g.kernel_type_us[k] for g in all_gpus])) / 1e3 for k in _KINDS}
+    mean["overlap"] = float(np.mean([sum(g.kernel_type_overlapping_us.values()) for g in all_gpus])) / 1e3
+    rows = [(f"mean of {len(all_gpus)} ranks", mean)] + [(label, _kind_ms(g)) for label, g in gpus]
     return "<h3>GPU kernel time by class</h3>" + svg.stacked_bars(
         "Kernel time by class, exclusive (ms); overlap = time where classes run at once", rows, "ms")
 
 
-def _picks(view: dict[str, Any]) -> list[tuple[str, int]]:
+def _picks(view: CrossRankView) -> list[tuple[str, int]]:
     """(label, rank) of the slowest, median and fastest ranks."""
-    timed = sorted((r for r in view["ranks"] if r["step_mean_us"] is not None),
-                   key=lambda r: r["step_mean_us"])
+    timed = sorted((r for r in view.ranks if r.step_mean_us is not None), key=lambda r: r.step_mean_us or 0.0)
     if not timed:
-        return [(f"rank {view['ranks'][0]['rank']}", view["ranks"][0]["rank"])] if view["ranks"] else []
+        return [(f"rank {view.ranks[0].rank}", view.ranks[0].rank)] if view.ranks else []
     picks = {"slowest": timed[-1], "median": timed[len(timed) // 2], "fastest": timed[0]}
     out, seen = [], set()
     for label, r in picks.items():
-        if r["rank"] not in seen:
-            seen.add(r["rank"])
-            out.append((f"{label}: rank {r['rank']}", r["rank"]))
+        if r.rank not in seen:
+            seen.add(r.rank)
+            out.append((f"{label}: rank {r.rank}", r.rank))
     return out
 
 
-def _top_kernels(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> str:
+def _top_kernels(view: CrossRankView, by_rank: dict[int, Summary]) -> str:
     parts = []
     for label, rank in _picks(view)[:2]:
-        kernels = (by_rank.get(rank) or {}).get("top_kernels") or []
+        kernels = by_rank[rank].top_kernels if rank in by_rank else []
         if kernels:
             parts.append(f"<div><h4>Top kernels, {html.escape(label)}</h4>" + _table(
                 ["kernel", "type", "calls", "total ms", "%"],
-                [[k["name"][:100], k["type"], k["calls"], f"{k['total_us'] / 1e3:,.3f}", f"{k['pct']:.2f}"]
+                [[k.name[:100], k.type, k.calls, f"{k.total_us / 1e3:,.3f}", f"{k.pct:.2f}"]
                  for k in kernels[:12]], {2, 3, 4}) + "</div>")
     return "<div class=row>" + "".join(parts) + "</div>" if parts else ""
 
 
-def _findings(doc: dict[str, Any] | None) -> str:
+def _findings(doc: JobDiagnosis | None) -> str:
     """The cycle's findings (``torchprof diagnose``), largest saving first, and its gaps."""
     if doc is None:
         return ""
-    rows = [[i, f["kind"], f"{f['saving_ms_per_step']:.1f} ms", fmt_pct(100.0 * f["share_of_step"]),
-             ", ".join(str(r) for r in f["ranks"][:16]) + (" ..." if len(f["ranks"]) > 16 else ""),
-             f["summary"], f["remedy"]] for i, f in enumerate(doc["findings"], 1)]
+    rows = [[i, f.kind, f"{f.saving_ms_per_step:.1f} ms", fmt_pct(100.0 * f.share_of_step),
+             ", ".join(str(r) for r in f.ranks[:16]) + (" ..." if len(f.ranks) > 16 else ""),
+             f.summary, f.remedy] for i, f in enumerate(doc.findings, 1)]
     parts = ["<h3>What to fix (torchprof diagnose)</h3>"]
     headers = ["#", "kind", "saves up to / step", "of the step", "ranks", "finding", "remedy"]
     parts.append(_table(headers, rows, {0, 2, 3}) if rows
                  else "<p>No finding above the documented thresholds.</p>")
-    gaps = gap_text_lines(doc.get("gaps") or [])  # one sentence per flag, as `torchprof diagnose` says it
+    gaps = gap_text_lines(doc.gaps)  # one sentence per flag, as `torchprof diagnose` says it
     if gaps:
         items = "".join(f"<li>{html.escape(g)}</li>" for g in gaps)
         parts.append(f"<p>What the traces cannot tell:</p><ul>{items}</ul>")
     return "\n".join(parts)
 
 
-def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any],
-                   findings: dict[str, Any] | None = None, memory: dict[str, Any] | None = None) -> str:
-    by_rank = {(s["rank"] if s.get("rank") is not None else i): s for i, s in enumerate(summaries)}
-    rows = view["ranks"]
+def _cycle_section(title: str, summaries: list[Summary], view: CrossRankView,
+                   findings: JobDiagnosis | None = None, memory: dict[str, Any] | None = None) -> str:
+    by_rank = {(s.rank if s.rank is not None else i): s for i, s in enumerate(summaries)}
+    rows = view.ranks
     parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings),
-             _distributions(view["distributions"])]
-    if view.get("slowest_rank") is not None:
-        parts.append(f"<p>Slowest rank <b>{view['slowest_rank']}</b>, fastest {view['fastest_rank']}, spread "
-                     f"{view['spread_pct']:.2f}% of the mean step ({fmt_us(view['step_mean_us'])}); "
-                     f"{len(view['stragglers'])} straggler(s) more than {view['straggler_pct']:g}% above the "
+             _distributions(view)]
+    if view.slowest_rank is not None:
+        parts.append(f"<p>Slowest rank <b>{view.slowest_rank}</b>, fastest {view.fastest_rank}, spread "
+                     f"{view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)}); "
+                     f"{len(view.stragglers)} straggler(s) more than {view.straggler_pct:g}% above the "
                      "median.</p>")
     parts += ["<h3>Step time per rank and step</h3>", _heatmap(view), "<h3>Across ranks</h3><div class=row>",
-              svg.histogram("Mean step time", [r["step_mean_us"] for r in rows], fmt_us),
-              svg.histogram("GPU idle (% of kernel-active span)", [r["idle_pct"] for r in rows], fmt_pct),
-              svg.histogram("Communication overlapped by compute", [r["comm_comp_overlap_pct"] for r in rows],
+              svg.histogram("Mean step time", [r.step_mean_us for r in rows], fmt_us),
+              svg.histogram("GPU idle (% of kernel-active span)", [r.idle_pct for r in rows], fmt_pct),
+              svg.histogram("Communication overlapped by compute", [r.comm_comp_overlap_pct for r in rows],
                             fmt_pct),
               "</div>", "<h3>Stragglers</h3>", *_stragglers(view)]
     parts += [memory_section(memory), _breakdown(view, by_rank), _top_kernels(view, by_rank),
@@ -157,34 +165,43 @@ def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, 
     return "\n".join(p for p in parts if p)
 
 
-def _distributions(dist: dict[str, Any]) -> str:
+def _distribution_row(label: str, d: Distribution, fmt: Callable[[float | None], str]) -> list[Any]:
+    return [label, *(fmt(q) if d.n else "-" for q in (d.min, d.p50, d.p90, d.max))]
+
+
+def _distributions(view: CrossRankView) -> str:
     """Min / p50 / p90 / max over ranks of the mean step time, GPU idle and overlap."""
-    quantiles = ("min", "p50", "p90", "max")
-    measures = (("mean step time", "step_mean_us", fmt_us), ("GPU idle", "idle_pct", fmt_pct),
-                ("comm/comp overlap", "comm_comp_overlap_pct", fmt_pct))
-    return _table(["", *quantiles],
-                  [[label, *(fmt(dist[key][q]) if dist[key]["n"] else "-" for q in quantiles)]
-                   for label, key, fmt in measures], {1, 2, 3, 4})
+    dist = view.distributions
+    return _table(["", "min", "p50", "p90", "max"],
+                  [_distribution_row("mean step time", dist.step_mean_us, fmt_us),
+                   _distribution_row("GPU idle", dist.idle_pct, fmt_pct),
+                   _distribution_row("comm/comp overlap", dist.comm_comp_overlap_pct, fmt_pct)], {1, 2, 3, 4})
 
 
-def _stragglers(view: dict[str, Any]) -> list[str]:
+def _stragglers(view: CrossRankView) -> list[str]:
     """The stragglers' table (at most :data:`STRAGGLER_ROWS`), else the slowest ranks'."""
-    if not view["stragglers"]:
-        return [f"<p>No rank's mean step is more than {view['straggler_pct']:g}% above the median. "
-                "Slowest ranks:</p>" + _table(_RANK_HEADERS, _rank_rows(view["slowest"]), _RANK_NUMERIC)]
-    shown = view["stragglers"][:STRAGGLER_ROWS]
+    if not view.stragglers:
+        return [f"<p>No rank's mean step is more than {view.straggler_pct:g}% above the median. "
+                "Slowest ranks:</p>" + _table(_RANK_HEADERS, _rank_rows(view.slowest), _RANK_NUMERIC)]
+    shown = view.stragglers[:STRAGGLER_ROWS]
     parts = [_table(_RANK_HEADERS, _rank_rows(shown), _RANK_NUMERIC)]
-    if len(view["stragglers"]) > len(shown):
-        parts.append(f"<p>... and {len(view['stragglers']) - len(shown)} more (all ranks below).</p>")
+    if len(view.stragglers) > len(shown):
+        parts.append(f"<p>... and {len(view.stragglers) - len(shown)} more (all ranks below).</p>")
     return parts
 
 
-def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]],
-                  findings: list[dict[str, Any] | None] | None = None,
+def render_report(cycles: list[Cycle], findings: list[JobDiagnosis | None] | None = None,
                   memory: list[dict[str, Any] | None] | None = None) -> str:
-    """The HTML page for ``(title, per-rank summaries, cross-rank view)`` of each cycle; ``findings``:
-    each cycle's ``torchprof diagnose`` result (None: that cycle's section has no findings);
-    ``memory``: each cycle's ``torchprof mem`` result (its timeline and findings)."""
+    """The HTML page of a run.
+
+    Args:
+        cycles: each cycle's title, its ranks' summaries and its cross-rank view.
+        findings: each cycle's ``torchprof diagnose`` result (None: that cycle's section has none).
+        memory: each cycle's ``torchprof mem --json`` document (its timeline and findings; None: none).
+
+    Returns:
+        The self-contained page.
+    """
     ranks = sum(len(s) for _, s, _ in cycles)
     head = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
             f"<style>{_STYLE}</style></head><body><h1>torchprof trace report</h1>",
@@ -196,10 +213,17 @@ def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]
     return "\n".join(head + sections + ["</body></html>"])
 
 
-def write_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]], output: str | Path,
-                 findings: list[dict[str, Any] | None] | None = None,
+def write_report(cycles: list[Cycle], output: str | Path, findings: list[JobDiagnosis | None] | None = None,
                  memory: list[dict[str, Any] | None] | None = None) -> Path:
-    """Publish :func:`render_report`'s page at ``output`` (atomically); returns its path."""
+    """Publish :func:`render_report`'s page at ``output`` (atomically).
+
+    Args:
+        cycles: as :func:`render_report` takes them; ``findings`` and ``memory`` likewise.
+        output: the HTML file to write.
+
+    Returns:
+        Its path.
+    """
     output = Path(output)
     write_text_atomically(output, render_report(cycles, findings, memory))
     return output

@@ -99,8 +99,9 @@ def _legend(x: float, y: float, scale: float) -> str:
     return "".join(parts)
 
 
-def histogram(title: str, values: list[float], fmt: Callable[[float], str], bins: int = 30) -> str:
-    """Counts of ``values`` in ``bins`` equal-width bins, with the min / median / max marked."""
+def histogram(title: str, values: list[float | None], fmt: Callable[[float], str], bins: int = 30) -> str:
+    """Counts of ``values`` (None and non-finite ones left out) in ``bins`` equal-width bins, with the
+    min / median / max marked."""
     data = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
     width, height, left, top, plot_h = 380, 190, 36, 26, 120
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11">',

@@ -1,12 +1,19 @@
-"""Plain-text renderings of summaries: a trace's operator table (the ``profiler_list.dat`` layout)
-and ``torchprof summary``."""
+"""Plain-text renderings of summaries: a trace's operator table (the ``profiler_list.dat`` layout),
+``torchprof summary`` (one trace) and the cross-rank view of a cycle."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+
+from torchprof_args.analysis.summary import CrossRankView, Summary
+from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
+
+__all__ = ["fmt_pct", "fmt_us", "format_cross_rank", "format_operator_table", "format_profiler_list",
+           "format_summary"]
 
 
 def fmt_us(value: float | None) -> str:
+    """Microseconds as us, ms or s with three decimals; ``-`` for None."""
     if value is None:
         return "-"
     if value >= 1e6:
@@ -17,14 +24,18 @@ def fmt_us(value: float | None) -> str:
 
 
 def _bytes(value: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.2f} {unit}" if unit != "B" else f"{value} B"
-        value /= 1024
-    return str(value)
+    if abs(value) < 1024:
+        return f"{value} B"
+    size = value / 1024
+    for unit in ("KiB", "MiB"):
+        if abs(size) < 1024:
+            return f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} GiB"
 
 
 def fmt_pct(value: float | None) -> str:
+    """A percentage with two decimals; ``-`` for None."""
     return "-" if value is None else f"{value:.2f}%"
 
 
@@ -32,42 +43,46 @@ def _cut(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
-def _steps_lines(summary: dict[str, Any]) -> list[str]:
-    steps = summary.get("steps") or []
+def _steps_lines(summary: Summary) -> list[str]:
+    steps = summary.steps
     if not steps:
         return ["Steps: no ProfilerStep annotations in this trace"]
-    lines = [f"Steps ({len(steps)}, mean {fmt_us(summary.get('step_mean_us'))}):"]
-    lines += [f"  {s['name']:<24} {fmt_us(s['dur_us']):>14}" for s in steps]
+    lines = [f"Steps ({len(steps)}, mean {fmt_us(summary.step_mean_us)}):"]
+    lines += [f"  {s.name:<24} {fmt_us(s.dur_us):>14}" for s in steps]
     return lines
 
 
-def _memory_lines(summary: dict[str, Any]) -> list[str]:
-    mem = summary.get("memory") or []
+def _memory_lines(summary: Summary) -> list[str]:
+    mem = summary.memory
     if not mem:
         return ["Memory: no [memory] events (record with profile_memory=True)"]
     lines = ["Memory (from [memory] events):",
              f"  {'device':<10} {'peak allocated':>16} {'peak reserved':>16} {'samples':>9}"]
     for m in mem:
         lines.append(
-            f"  {m['device']:<10} {_bytes(m['peak_allocated_bytes']):>16} "
-            f"{_bytes(m['peak_reserved_bytes']):>16} {m['samples']:>9}"
+            f"  {m.device:<10} {_bytes(m.peak_allocated_bytes):>16} "
+            f"{_bytes(m.peak_reserved_bytes):>16} {m.samples:>9}"
         )
     return lines
 
 
-def format_operator_table(summary: dict[str, Any], rows: int = 30) -> str:
-    """The operator table (``profiler_list.dat`` layout) of :func:`summarize`'s result.
+def format_operator_table(summary: Summary, rows: int = 30) -> str:
+    """The operator table (``profiler_list.dat`` layout) of a trace's summary.
 
-    Step durations first, then the top operators sorted by device (kernel) time, or by CPU time
-    when the trace has no kernels, then peak memory per device.
+    Args:
+        summary: :func:`~torchprof_args.analysis.summary.summarize`'s result.
+        rows: operators to list at most.
+
+    Returns:
+        The text: step durations, then the top operators by device (kernel) time, or by CPU time
+        when the trace has no kernels, then peak memory per device.
     """
-    has_device = summary.get("gpu") is not None and bool(summary.get("top_ops_by_device"))
-    ops = summary.get("top_ops_by_device") if has_device else summary.get("top_cpu_ops")
-    ops = (ops or [])[:rows]
-    rank = summary.get("rank")
-    head = f"Trace: {summary.get('file')}"
+    has_device = summary.gpu is not None and bool(summary.top_ops_by_device)
+    ops = (summary.top_ops_by_device if has_device else summary.top_cpu_ops)[:rows]
+    rank = summary.rank
+    head = f"Trace: {summary.file}"
     if rank is not None:
-        head += f" (rank {rank} of {summary.get('world_size')})"
+        head += f" (rank {rank} of {summary.world_size})"
     lines = [head, ""]
     lines += _steps_lines(summary)
     lines.append("")
@@ -80,11 +95,11 @@ def format_operator_table(summary: dict[str, Any], rows: int = 30) -> str:
     lines += [cols, "-" * len(cols)]
     for op in ops:
         line = (
-            f"{_cut(op['name'], width):<{width}} {op['calls']:>8} {fmt_us(op['self_cpu_us']):>15}"
-            f" {fmt_us(op['cpu_total_us']):>15}"
+            f"{_cut(op.name, width):<{width}} {op.calls:>8} {fmt_us(op.self_cpu_us):>15}"
+            f" {fmt_us(op.cpu_total_us):>15}"
         )
         if has_device:
-            line += f" {fmt_us(op['self_device_us']):>18} {fmt_us(op['device_total_us']):>15}"
+            line += f" {fmt_us(op.self_device_us):>18} {fmt_us(op.device_total_us):>15}"
         lines.append(line)
     if not ops:
         lines.append("(no CPU operators in this trace)")
@@ -97,108 +112,123 @@ def format_operator_table(summary: dict[str, Any], rows: int = 30) -> str:
 format_profiler_list = format_operator_table
 
 
-def format_summary(summary: dict[str, Any], rows: int = 10) -> str:
-    """Human-readable ``torchprof summary`` output for one trace."""
-    rank = summary.get("rank")
+def format_summary(summary: Summary, rows: int = 10) -> str:
+    """Human-readable ``torchprof summary`` output for one trace.
+
+    Args:
+        summary: the trace's summary.
+        rows: rows per table at most.
+
+    Returns:
+        The text, ending in a newline.
+    """
+    rank = summary.rank
     lines = [
-        f"== {summary['file']}",
-        f"rank {rank if rank is not None else '?'} of {summary.get('world_size') or '?'}"
-        f" ({summary.get('backend') or 'no distributedInfo'}), {summary['events']:,} events,"
-        f" {summary['uncompressed_bytes'] / 1e6:,.1f} MB of JSON",
+        f"== {summary.file}",
+        f"rank {rank if rank is not None else '?'} of {summary.world_size or '?'}"
+        f" ({summary.backend or 'no distributedInfo'}), {summary.events:,} events,"
+        f" {summary.uncompressed_bytes / 1e6:,.1f} MB of JSON",
     ]
     lines += _steps_lines(summary)
-    gpu = summary.get("gpu")
+    gpu = summary.gpu
     if gpu is not None:
-        kt = gpu["kernel_type_us"]
+        kt = gpu.kernel_type_us
         lines += [
-            f"GPU (HTA definitions; {gpu['kernels']:,} kernels on streams {gpu['streams']}"
-            + (", last ProfilerStep excluded" if gpu["last_step_excluded"] else "")
+            f"GPU (HTA definitions; {gpu.kernels:,} kernels on streams {gpu.streams}"
+            + (", last ProfilerStep excluded" if gpu.last_step_excluded else "")
             + "):",
-            f"  kernel-active span {fmt_us(gpu['kernel_active_span_us'])}: idle {fmt_pct(gpu['idle_pct'])},"
-            f" compute {fmt_pct(gpu['compute_pct'])}, non-compute {fmt_pct(gpu['non_compute_pct'])}",
+            f"  kernel-active span {fmt_us(gpu.kernel_active_span_us)}: idle {fmt_pct(gpu.idle_pct)},"
+            f" compute {fmt_pct(gpu.compute_pct)}, non-compute {fmt_pct(gpu.non_compute_pct)}",
             f"  computation {fmt_us(kt['computation'])}, communication {fmt_us(kt['communication'])},"
             f" memory {fmt_us(kt['memory'])} (exclusive)",
         ]
-        for name, value in gpu["kernel_type_overlapping_us"].items():
+        for name, value in gpu.kernel_type_overlapping_us.items():
             lines.append(f"  {name}: {fmt_us(value)}")
-        lines.append(f"  communication/computation overlap: {fmt_pct(gpu['comm_comp_overlap_pct'])}")
-        lines.append(f"Top {min(rows, len(summary['top_kernels']))} GPU kernels by total time:")
-        for k in summary["top_kernels"][:rows]:
-            lines.append(f"  {fmt_us(k['total_us']):>12} {k['pct']:6.2f}% {k['calls']:>7}x {k['type']:<13} "
-                         f"{_cut(k['name'], 90)}")
+        lines.append(f"  communication/computation overlap: {fmt_pct(gpu.comm_comp_overlap_pct)}")
+        lines.append(f"Top {min(rows, len(summary.top_kernels))} GPU kernels by total time:")
+        for k in summary.top_kernels[:rows]:
+            lines.append(f"  {fmt_us(k.total_us):>12} {k.pct:6.2f}% {k.calls:>7}x {k.type:<13} "
+                         f"{_cut(k.name, 90)}")
     else:
-        cpu = summary.get("cpu")
+        cpu = summary.cpu
         lines.append("GPU: no kernels in this trace (CPU-only view)")
         if cpu:
-            lines.append(f"CPU threads over a {fmt_us(cpu['span_us'])} span:")
-            for t in cpu["threads"][:rows]:
-                lines.append(f"  pid {t['pid']} tid {t['tid']}: busy {fmt_us(t['busy_us'])} "
-                             f"({fmt_pct(t['busy_pct'])})")
-    for title, key, field in (
-        ("Top CPU operators by total time", "top_cpu_ops", "cpu_total_us"),
-        ("Top CPU operators by self time", "top_cpu_ops_by_self", "self_cpu_us"),
-    ):
-        ops = summary.get(key) or []
+            lines.append(f"CPU threads over a {fmt_us(cpu.span_us)} span:")
+            for t in cpu.threads[:rows]:
+                lines.append(f"  pid {t.pid} tid {t.tid}: busy {fmt_us(t.busy_us)} ({fmt_pct(t.busy_pct)})")
+    for title, ops, by_self in (("Top CPU operators by total time", summary.top_cpu_ops, False),
+                                ("Top CPU operators by self time", summary.top_cpu_ops_by_self, True)):
         lines.append(f"{title}:")
         for op in ops[:rows]:
-            lines.append(f"  {fmt_us(op[field]):>12} {op['calls']:>7}x {_cut(op['name'], 90)}")
+            time = op.self_cpu_us if by_self else op.cpu_total_us
+            lines.append(f"  {fmt_us(time):>12} {op.calls:>7}x {_cut(op.name, 90)}")
     lines += _memory_lines(summary)
     return "\n".join(lines) + "\n"
 
 
-_DIST_ROWS = (("step time", "step_mean_us", fmt_us), ("GPU idle", "idle_pct", fmt_pct),
-              ("comm/comp overlap", "comm_comp_overlap_pct", fmt_pct))
-
-
-def _coords(row: dict[str, Any], axes: list[str]) -> str:
-    par = row.get("parallel") or {}
+def _coords(row: RankRow, axes: list[str]) -> str:
+    par = row.parallel or {}
     return " ".join(f"{par[a]:>3}" if a in par else "  -" for a in axes)
 
 
-def _rank_table(rows: list[dict[str, Any]], axes: list[str]) -> list[str]:
-    hosts = max([len(r["host"] or "-") for r in rows] + [4])
+def _rank_table(rows: list[RankRow], axes: list[str]) -> list[str]:
+    hosts = max([len(r.host or "-") for r in rows] + [4])
     head = f"    {'rank':>5} {'host':<{hosts}} " + " ".join(f"{a:>3}" for a in axes)
     head += f" {'steps':>5} {'mean step':>11} {'vs p50':>8} {'GPU idle':>9} {'overlap':>8}  file"
     lines = [head]
     for r in rows:
-        vs = "-" if r["vs_median_pct"] is None else f"{r['vs_median_pct']:+.1f}%"
+        vs = "-" if r.vs_median_pct is None else f"{r.vs_median_pct:+.1f}%"
         lines.append(
-            f"    {r['rank']:>5} {(r['host'] or '-'):<{hosts}} " + _coords(r, axes)
-            + f" {r['steps']:>5} {fmt_us(r['step_mean_us']):>11} {vs:>8} {fmt_pct(r['idle_pct']):>9} "
-            f"{fmt_pct(r['comm_comp_overlap_pct']):>8}  {r['file'].rsplit('/', 1)[-1]}"
+            f"    {r.rank:>5} {(r.host or '-'):<{hosts}} " + _coords(r, axes)
+            + f" {r.steps:>5} {fmt_us(r.step_mean_us):>11} {vs:>8} {fmt_pct(r.idle_pct):>9} "
+            f"{fmt_pct(r.comm_comp_overlap_pct):>8}  {r.file.rsplit('/', 1)[-1]}"
         )
     return lines
 
 
-def format_cross_rank(view: dict[str, Any], title: str = "", all_ranks: bool = False) -> str:
-    """Human-readable cross-rank view of one cycle: distributions over ranks, then the slowest
-    and fastest ranks (every rank when there are few, or with ``all_ranks``)."""
-    rows = view["ranks"]
+def _distribution_line(label: str, d: Distribution, fmt: Callable[[float | None], str]) -> list[str]:
+    if not d.n:
+        return []
+    return [f"  {label:<18} " + " ".join(f"{fmt(q):>10}" for q in (d.min, d.p50, d.p90, d.max))]
+
+
+def format_cross_rank(view: CrossRankView, title: str = "", all_ranks: bool = False) -> str:
+    """Human-readable cross-rank view of one cycle.
+
+    Args:
+        view: :func:`~torchprof_args.analysis.summary.cross_rank`'s result.
+        title: the cycle's name.
+        all_ranks: a line per rank; otherwise every rank only when there are few, else the
+            slowest and fastest.
+
+    Returns:
+        The text: the distributions over ranks, the spread and stragglers, the ranks' table.
+    """
+    rows = view.ranks
+    dist = view.distributions
     lines = [f"== cross-rank view{': ' + title if title else ''} ({len(rows)} rank(s))"]
     lines.append(f"  {'':<18} {'min':>10} {'p50':>10} {'p90':>10} {'max':>10}")
-    for label, key, fmt in _DIST_ROWS:
-        d = view["distributions"][key]
-        if d["n"]:
-            quantiles = " ".join(f"{fmt(d[q]):>10}" for q in ("min", "p50", "p90", "max"))
-            lines.append(f"  {label:<18} {quantiles}")
-    if view.get("slowest_rank") is not None:
+    lines += _distribution_line("step time", dist.step_mean_us, fmt_us)
+    lines += _distribution_line("GPU idle", dist.idle_pct, fmt_pct)
+    lines += _distribution_line("comm/comp overlap", dist.comm_comp_overlap_pct, fmt_pct)
+    if view.slowest_rank is not None:
         lines.append(
-            f"  slowest rank {view['slowest_rank']}, fastest rank {view['fastest_rank']},"
-            f" spread {view['spread_pct']:.2f}% of the mean step ({fmt_us(view['step_mean_us'])})"
+            f"  slowest rank {view.slowest_rank}, fastest rank {view.fastest_rank},"
+            f" spread {view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)})"
         )
-        n = len(view["stragglers"])
-        lines.append(f"  stragglers (mean step > {view['straggler_pct']:g}% above the median): "
-                     + (f"{n}, rank(s) " + ", ".join(str(r["rank"]) for r in view["stragglers"][:20])
+        n = len(view.stragglers)
+        lines.append(f"  stragglers (mean step > {view.straggler_pct:g}% above the median): "
+                     + (f"{n}, rank(s) " + ", ".join(str(r.rank) for r in view.stragglers[:20])
                         + (" ..." if n > 20 else "") if n else "none"))
-    axes = [a for a in ("dp", "tp", "pp", "cp", "ep") if any(a in (r.get("parallel") or {}) for r in rows)]
-    k = len(view["slowest"])
+    axes = [a for a in ("dp", "tp", "pp", "cp", "ep") if any(a in (r.parallel or {}) for r in rows)]
+    k = len(view.slowest)
     if all_ranks or len(rows) <= 2 * k:
         lines.append("  every rank:")
         lines += _rank_table(rows, axes)
     else:
         lines.append(f"  {k} slowest ranks:")
-        lines += _rank_table(view["slowest"], axes)
+        lines += _rank_table(view.slowest, axes)
         lines.append(f"  {k} fastest ranks:")
-        lines += _rank_table(view["fastest"], axes)
+        lines += _rank_table(view.fastest, axes)
         lines.append(f"  ({len(rows) - 2 * k} more; --all-ranks lists every rank)")
     return "\n".join(lines) + "\n"

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from torchprof_args.analysis.analyzers.collective_match import match_collectives
+from torchprof_args.analysis.analyzers.collective_match import CycleCollectives, match_collectives
 from torchprof_args.analysis.analyzers.collectives import RankComms, rank_collectives
 from torchprof_args.analysis.collect.discover import choose_cycle, expand
 from torchprof_args.analysis.decode.loader import load_trace, release_memory_eagerly
@@ -21,7 +20,7 @@ __all__ = ["collectives_report"]
 
 
 def collectives_report(paths: Sequence[str | Path], *, cycle: int | None = None, top: int = 20,
-                       progress: bool = False, workers: int | None = None) -> dict[str, Any]:
+                       progress: bool = False, workers: int | None = None) -> CycleCollectives:
     """Load one cycle's traces and match their collectives across ranks.
 
     Args:
@@ -31,9 +30,10 @@ def collectives_report(paths: Sequence[str | Path], *, cycle: int | None = None,
         progress: progress bars while decoding; ``workers``: decoding processes per trace.
 
     Returns:
-        :func:`~torchprof_args.analysis.analyzers.collective_match.match_collectives`'s result, with
-        ``cycle`` (which cycle was read).  Raises :class:`~torchprof_args.errors.TraceError` on a
-        trace that cannot be read, or two traces of one rank.
+        The cycle's :class:`~torchprof_args.analysis.analyzers.collective_match.CycleCollectives`:
+        ``match_collectives``' report and which cycle was read.  Raises
+        :class:`~torchprof_args.errors.TraceError` on a trace that cannot be read, or two traces of
+        one rank.
     """
     release_memory_eagerly()
     files, cycle_text = choose_cycle(expand(list(paths)), cycle)
@@ -47,6 +47,4 @@ def collectives_report(paths: Sequence[str | Path], *, cycle: int | None = None,
                              "cycle's traces (--cycle picks one in a directory)")
         ranks[rank] = rank_collectives(trace, rank)
         del trace
-    report = match_collectives(list(ranks.values()), top=top)
-    report["cycle"] = cycle_text
-    return report
+    return {**match_collectives(list(ranks.values()), top=top), "cycle": cycle_text}

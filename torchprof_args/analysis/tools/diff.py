@@ -16,13 +16,15 @@ into pandas; this needs only the summaries.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
+from torchprof_args.analysis.summary import Summary
 
-__all__ = ["CHANGE_PCT", "aggregate", "diff_summaries", "format_diff"]
+__all__ = ["CHANGE_PCT", "Metric", "NameChange", "SideFigures", "SummaryDiff", "aggregate", "diff_summaries",
+           "format_diff"]
 
 #: a name whose calls per step are equal on both sides is "changed" when its time per step
 #: moved by more than this (%), else "unchanged".
@@ -30,68 +32,137 @@ CHANGE_PCT = 1.0
 _KINDS = ("computation", "communication", "memory")
 
 
+class SideFigures(TypedDict):
+    """One side of a diff: its traces, ranks and rank-steps, the mean step over ranks and the
+    slowest rank's, GPU idle / compute / overlap (mean over ranks, %), kernel time per class per
+    step (None without kernels)."""
+
+    traces: int
+    ranks: list[int]
+    rank_steps: int
+    step_mean_us: float | None
+    slowest_step_mean_us: float | None
+    idle_pct: float | None
+    compute_pct: float | None
+    comm_comp_overlap_pct: float | None
+    kernel_type_us_per_step: dict[str, float] | None
+
+
+class Side(SideFigures):
+    """:func:`aggregate`'s result: a side's figures and its per-name tables (``cpu`` operators and
+    GPU ``kernels``: per name its category / class, calls and time per rank-step)."""
+
+    cpu: dict[str, dict[str, Any]]
+    kernels: dict[str, dict[str, Any]]
+
+
+class Metric(TypedDict):
+    """One figure on both sides (``unit``: ``us`` or ``%``) and how it moved."""
+
+    name: str
+    unit: str
+    base: float | None
+    new: float | None
+    delta: float | None
+    delta_pct: float | None
+
+
+class NameChange(TypedDict):
+    """One operator or kernel name: calls and time per rank-step on each side (None: absent there),
+    ``added`` / ``removed`` / ``changed`` / ``unchanged``, and the deltas."""
+
+    name: str
+    kind: str
+    status: str
+    base_calls: float | None
+    new_calls: float | None
+    base_us: float | None
+    new_us: float | None
+    delta_calls: float
+    delta_us: float
+
+
+class SummaryDiff(TypedDict):
+    """:func:`diff_summaries`' result (``torchprof diff --json`` adds ``findings``)."""
+
+    base: SideFigures
+    new: SideFigures
+    metrics: list[Metric]
+    kernels: list[NameChange]
+    operators: list[NameChange]
+
+
 def _mean(values: list[float | None]) -> float | None:
     data = [v for v in values if v is not None]
     return float(np.mean(data)) if data else None
 
 
-def _gpu_steps(summary: dict[str, Any]) -> int:
+def _gpu_steps(summary: Summary) -> int:
     """Steps the kernel totals cover (HTA leaves the last step out when there are two or more)."""
-    n = len(summary.get("steps") or [])
-    return max(n - 1 if (summary.get("gpu") or {}).get("last_step_excluded") else n, 1)
+    n = len(summary.steps)
+    return max(n - 1 if summary.gpu is not None and summary.gpu.last_step_excluded else n, 1)
 
 
-def _per_step_table(summaries: list[dict[str, Any]], key: str,
-                    kind: str) -> tuple[dict[str, dict[str, Any]], int]:
-    """Per name over every rank: calls and time per rank-step; the number of rank-steps."""
-    rank_steps = sum((s.get("ops_in_steps") or {}).get("steps", 0) for s in summaries)
-    table: dict[str, dict[str, Any]] = {}
+#: per name: its category / class (``kind``), calls and time (``us``) per rank-step.
+_Table = dict[str, dict[str, Any]]
+
+
+def _add(table: _Table, name: str, kind: str, calls: int, total_us: float) -> None:
+    entry = table.setdefault(name, {"kind": kind, "calls": 0.0, "us": 0.0})
+    entry["calls"] += calls
+    entry["us"] += total_us
+
+
+def _per_step_tables(summaries: list[Summary]) -> tuple[_Table, _Table, int]:
+    """Per CPU operator and per GPU kernel name over every rank: calls and time per rank-step (and
+    the name's category / class); the number of rank-steps."""
+    rank_steps = sum(s.ops_in_steps.steps for s in summaries)
+    cpu: _Table = {}
+    gpu: _Table = {}
     for s in summaries:
-        for row in (s.get("ops_in_steps") or {}).get(key, []):
-            entry = table.setdefault(row["name"], {"kind": row.get(kind), "calls": 0.0, "us": 0.0})
-            entry["calls"] += row["calls"]
-            entry["us"] += row["total_us"]
-    for entry in table.values():
+        for op in s.ops_in_steps.cpu:
+            _add(cpu, op.name, op.cat, op.calls, op.total_us)
+        for kernel in s.ops_in_steps.gpu:
+            _add(gpu, kernel.name, kernel.type, kernel.calls, kernel.total_us)
+    for entry in (*cpu.values(), *gpu.values()):
         entry["calls"] /= max(rank_steps, 1)
         entry["us"] /= max(rank_steps, 1)
-    return table, rank_steps
+    return cpu, gpu, rank_steps
 
 
-def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate(summaries: list[Summary]) -> Side:
     """One side of a diff: its figures per rank and step, and its per-name tables."""
-    gpus = [s["gpu"] for s in summaries if s.get("gpu")]
+    gpus = [s.gpu for s in summaries if s.gpu is not None]
     kinds: dict[str, float] = {}
     for s in summaries:
-        gpu = s.get("gpu")
-        if not gpu:
+        if s.gpu is None:
             continue
-        for name, value in {**gpu["kernel_type_us"], **gpu["kernel_type_overlapping_us"]}.items():
+        for name, value in {**s.gpu.kernel_type_us, **s.gpu.kernel_type_overlapping_us}.items():
             kinds[name] = kinds.get(name, 0.0) + value / _gpu_steps(s) / len(gpus)
-    cpu, rank_steps = _per_step_table(summaries, "cpu", "cat")
-    kernels, _ = _per_step_table(summaries, "gpu", "type")
-    step_means = [s.get("step_mean_us") for s in summaries]
+    cpu, kernels, rank_steps = _per_step_tables(summaries)
+    step_means = [s.step_mean_us for s in summaries]
     return {
         "traces": len(summaries),
-        "ranks": sorted({s["rank"] for s in summaries if s.get("rank") is not None}),
+        "ranks": sorted({s.rank for s in summaries if s.rank is not None}),
         "rank_steps": rank_steps,
         "step_mean_us": _mean(step_means),
         "slowest_step_mean_us": max((v for v in step_means if v is not None), default=None),
-        "idle_pct": _mean([g["idle_pct"] for g in gpus]),
-        "compute_pct": _mean([g["compute_pct"] for g in gpus]),
-        "comm_comp_overlap_pct": _mean([g["comm_comp_overlap_pct"] for g in gpus]),
+        "idle_pct": _mean([g.idle_pct for g in gpus]),
+        "compute_pct": _mean([g.compute_pct for g in gpus]),
+        "comm_comp_overlap_pct": _mean([g.comm_comp_overlap_pct for g in gpus]),
         "kernel_type_us_per_step": kinds if gpus else None,
         "cpu": cpu,
         "kernels": kernels,
     }
 
 
-def _metric(name: str, unit: str, base: float | None, new: float | None) -> dict[str, Any]:
+def _metric(name: str, unit: str, base: float | None, new: float | None) -> Metric:
     delta = None if base is None or new is None else new - base
     pct = None if delta is None or not base else 100.0 * delta / base
     return {"name": name, "unit": unit, "base": base, "new": new, "delta": delta, "delta_pct": pct}
 
 
-def _metrics(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def _metrics(base: SideFigures, new: SideFigures) -> list[Metric]:
     out = [_metric("step time (mean over ranks)", "us", base["step_mean_us"], new["step_mean_us"]),
            _metric("slowest rank's mean step", "us", base["slowest_step_mean_us"],
                    new["slowest_step_mean_us"]),
@@ -104,10 +175,10 @@ def _metrics(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[NameChange]:
     """Per name on either side: calls and time per rank-step on each, status, deltas; sorted by
     the size of the time delta (largest cost or saving first)."""
-    rows = []
+    rows: list[NameChange] = []
     for name in set(base) | set(new):
         b, n = base.get(name), new.get(name)
         b_us, n_us = (b["us"] if b else 0.0), (n["us"] if n else 0.0)
@@ -120,7 +191,8 @@ def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) ->
             status = "changed"
         else:
             status = "unchanged"
-        rows.append({"name": name, "kind": (n or b)["kind"], "status": status,
+        either = n if n is not None else base[name]
+        rows.append({"name": name, "kind": either["kind"], "status": status,
                      "base_calls": b_calls if b else None, "new_calls": n_calls if n else None,
                      "base_us": b_us if b else None, "new_us": n_us if n else None,
                      "delta_calls": n_calls - b_calls, "delta_us": n_us - b_us})
@@ -128,20 +200,35 @@ def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) ->
     return rows
 
 
-def diff_summaries(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
-    """The diff of two sides' per-rank summaries (complete lists: ``top=None`` or sidecars)."""
+def diff_summaries(base: list[Summary], new: list[Summary]) -> SummaryDiff:
+    """The diff of two sides' per-rank summaries.
+
+    Args:
+        base: one side's summaries, complete (``top=None``, or sidecars'); ``new`` the other's.
+
+    Returns:
+        ``{"base", "new"}`` (each side's figures), ``"metrics"`` (step time, GPU idle / compute,
+        overlap, kernel time per class: base, new, delta), ``"kernels"`` and ``"operators"`` (per
+        name: calls and time per rank-step on each side, added / removed / changed / unchanged,
+        largest time delta first): docs/guides/trace-toolkit.md shows one.
+    """
     a, b = aggregate(base), aggregate(new)
-
-    def meta(side: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in side.items() if k not in ("cpu", "kernels")}
-
     return {
-        "base": meta(a),
-        "new": meta(b),
+        "base": _figures(a),
+        "new": _figures(b),
         "metrics": _metrics(a, b),
         "kernels": _compare(a["kernels"], b["kernels"]),
         "operators": _compare(a["cpu"], b["cpu"]),
     }
+
+
+def _figures(side: Side) -> SideFigures:
+    """The side's figures without its per-name tables."""
+    return {"traces": side["traces"], "ranks": side["ranks"], "rank_steps": side["rank_steps"],
+            "step_mean_us": side["step_mean_us"], "slowest_step_mean_us": side["slowest_step_mean_us"],
+            "idle_pct": side["idle_pct"], "compute_pct": side["compute_pct"],
+            "comm_comp_overlap_pct": side["comm_comp_overlap_pct"],
+            "kernel_type_us_per_step": side["kernel_type_us_per_step"]}
 
 
 def _signed_us(value: float | None) -> str:
@@ -150,7 +237,7 @@ def _signed_us(value: float | None) -> str:
     return ("+" if value >= 0 else "-") + fmt_us(abs(value))
 
 
-def _metric_line(m: dict[str, Any], width: int) -> str:
+def _metric_line(m: Metric, width: int) -> str:
     if m["unit"] == "%":
         base, new = fmt_pct(m["base"]), fmt_pct(m["new"])
         delta = "-" if m["delta"] is None else f"{m['delta']:+.2f} pt"
@@ -161,7 +248,7 @@ def _metric_line(m: dict[str, Any], width: int) -> str:
     return f"  {name:<{width}} {base:>12} {new:>12}   {delta}"
 
 
-def _side_text(label: str, where: str, side: dict[str, Any]) -> str:
+def _side_text(label: str, where: str, side: SideFigures) -> str:
     ranks = side["ranks"]
     if not ranks:
         rank_text = "no rank"
@@ -170,7 +257,7 @@ def _side_text(label: str, where: str, side: dict[str, Any]) -> str:
     return f"{label} {where} ({side['traces']} trace(s), {rank_text}, {side['rank_steps']} rank-step(s))"
 
 
-def _names_section(title: str, rows: list[dict[str, Any]], limit: int) -> list[str]:
+def _names_section(title: str, rows: list[NameChange], limit: int) -> list[str]:
     if not rows:
         return [f"{title}: none on either side"]
     statuses = ("added", "removed", "changed", "unchanged")
@@ -197,8 +284,18 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.2f}".rstrip("0").rstrip(".")
 
 
-def format_diff(result: dict[str, Any], base_label: str, new_label: str, rows: int = 15) -> str:
-    """Human-readable ``torchprof diff`` output."""
+def format_diff(result: SummaryDiff, base_label: str, new_label: str, rows: int = 15) -> str:
+    """Human-readable ``torchprof diff`` output.
+
+    Args:
+        result: :func:`diff_summaries`' result.
+        base_label: what the base side is (the path given); ``new_label`` the other.
+        rows: names listed per table at most.
+
+    Returns:
+        The text: each side, the figures that moved, the kernels and operators by the time they
+        cost or save.
+    """
     metrics = [m for m in result["metrics"] if m["base"] is not None or m["new"] is not None]
     width = max(len(m["name"].replace("kernel time per step: ", "  ")) for m in metrics)
     lines = ["== torchprof diff", _side_text("BASE", base_label, result["base"]),

@@ -272,7 +272,21 @@ def _status(dumps: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[str, i
 
 
 def analyse_dumps(path: str | Path) -> dict[str, Any]:
-    """Every recorder's dumps under ``path`` through PyTorch's analyzer; the answer as plain data."""
+    """Every recorder's dumps under a directory through PyTorch's analyzer, and where each rank is.
+
+    Args:
+        path: the run's ``--torch-profile-dir`` or its ``flight_recorder/``.
+
+    Returns:
+        The answer as plain data (``torchprof hang --json``): ``directory``, ``recorders`` (per
+        backend: the collectives some ranks did not join, who waited, each missing rank's last
+        collective, the ranks' status), ``dumped`` (why and when each rank dumped), ``where`` (the
+        ranks grouped by their stacks, None without stacks) and ``stacks_problems``.
+
+    Raises:
+        TraceError: neither dumps nor stacks there, or dumps PyTorch's analyzer cannot read (without
+            stacks to answer instead).
+    """
     directory, by_backend, infos = find_dumps(path)
     stacks, problems = find_stacks(directory)
     if not by_backend and not stacks:

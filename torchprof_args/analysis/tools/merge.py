@@ -15,7 +15,7 @@ from typing import IO, Any
 import msgspec
 
 from torchprof_args.analysis.collect.discover import traces_in
-from torchprof_args.analysis.decode.reader import GZIP_ERRORS, TraceStream, _gzip_impl, is_gzip
+from torchprof_args.analysis.decode.reader import GZIP_ERRORS, TraceStream, is_gzip, open_gzip
 from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
@@ -27,8 +27,8 @@ _RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 
 
 def trace_files(directory: str | Path) -> list[Path]:
-    """The traces directly in a directory (sorted, :func:`~.discover.traces_in`); TraceError when
-    there are none."""
+    """The traces directly in a directory (sorted,
+    :func:`~torchprof_args.analysis.collect.discover.traces_in`); TraceError when there are none."""
     directory = Path(directory)
     if not directory.is_dir():
         raise TraceError(f"{directory}: not a directory")
@@ -41,9 +41,8 @@ def trace_files(directory: str | Path) -> list[Path]:
 def peek(path: Path) -> tuple[int | None, int]:
     """(rank, baseTimeNanoseconds) without parsing the events: the head and the last 256 KiB."""
     head, tail = b"", b""
-    opener = _gzip_impl.open if is_gzip(path) else open
     try:
-        with opener(path, "rb") as fh:  # type: ignore[operator]
+        with open_gzip(path) if is_gzip(path) else open(path, "rb") as fh:
             head = fh.read(1 << 20)
             tail = head[-(256 << 10) :]
             while True:
@@ -64,10 +63,19 @@ def peek(path: Path) -> tuple[int | None, int]:
 
 def merge_traces(inputs: str | Path | list[Path], output: str | Path,
                  progress: bool = False) -> dict[str, Any]:
-    """Write the merged trace of ``inputs`` (a directory of one cycle's traces, or the trace files)
-    to ``output`` (``.gz`` compresses); returns counts per rank.
+    """Merge per-rank traces into one timeline (``.gz`` output compresses): clocks aligned, process ids
+    remapped per rank, flow ids made unique, every event of every rank kept.
 
-    The result is ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
+    Args:
+        inputs: a directory of one cycle's traces, or the trace files.
+        output: the merged trace.
+        progress: progress bars while reading.
+
+    Returns:
+        ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
+
+    Raises:
+        TraceError: an input cannot be read, or a directory holds no traces.
     """
     files = list(inputs) if isinstance(inputs, list) else trace_files(inputs)
     infos = [peek(f) for f in files]
@@ -103,13 +111,13 @@ def _ranks(files: list[Path], stated: list[int | None]) -> list[int]:
 def _compressed(raw: IO[bytes], output: Path) -> contextlib.AbstractContextManager[IO[bytes]]:
     """A gzip writer over ``raw`` when ``output`` ends in ``.gz``, else ``raw`` itself."""
     if output.name.endswith(GZIP_SUFFIX):
-        return _gzip_impl.open(raw, "wb", compresslevel=3)  # type: ignore[return-value]
+        return open_gzip(raw, "wb", compresslevel=3)
     return contextlib.nullcontext(raw)
 
 
 def _tail(first_meta: dict[str, Any], counts: dict[int, int], base0: int, output: Path) -> dict[str, Any]:
     """The merged trace's top-level fields: the first rank's devices, every merged rank."""
-    info = first_meta.get("distributedInfo") if isinstance(first_meta.get("distributedInfo"), dict) else {}
+    info = _dict_or_empty(first_meta.get("distributedInfo"))
     return {
         "deviceProperties": first_meta.get("deviceProperties", []),
         "distributedInfo": {**info, "rank": None, "merged_ranks": sorted(counts)},
@@ -117,6 +125,11 @@ def _tail(first_meta: dict[str, Any], counts: dict[int, int], base0: int, output
         "baseTimeNanoseconds": base0,
         "traceName": str(output),
     }
+
+
+def _dict_or_empty(value: object) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (a trace's odd metadata)."""
+    return value if isinstance(value, dict) else {}
 
 
 class _RankRewriter:
@@ -159,7 +172,7 @@ class _RankRewriter:
         if isinstance(e.get("id"), int):
             e["id"] = e["id"] * self.n_ranks + self.slot
         if e.get("ph") == "M":
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            args = _dict_or_empty(e.get("args"))
             if e.get("name") == "process_name":
                 e["args"] = {**args, "name": f"rank {self.rank}: {args.get('name', pid)}"}
                 self.named.add(e["pid"])

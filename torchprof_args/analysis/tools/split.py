@@ -47,12 +47,19 @@ def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
         light = []
         for e in _any.decode(text):
             e = e if isinstance(e, dict) else {}
-            try:
-                ts = float(e.get("ts"))
-            except (TypeError, ValueError):
-                ts = math.nan
+            ts = _number(e.get("ts"))
             light.append(_Light(ph=str(e.get("ph", "")), name=str(e.get("name", "")), ts=ts))
     return raws, light
+
+
+def _number(value: object) -> float:
+    """An event's ``ts`` as a float, NaN when it is missing or not a number."""
+    if not isinstance(value, (int, float, str)):
+        return math.nan
+    try:
+        return float(value)
+    except ValueError:
+        return math.nan
 
 
 def _header(metadata: dict[str, Any]) -> bytes:
@@ -135,10 +142,20 @@ def _scan(path: Path, progress: bool) -> _Scan:
 
 def split_trace(path: str | Path, max_mb: float, out_dir: str | Path | None = None,
                 progress: bool = False) -> list[Path]:
-    """Split ``path`` into pieces of at most ``max_mb`` MB (uncompressed JSON); returns their paths.
+    """Split a trace into standalone traces of at most ``max_mb`` MB each (uncompressed JSON), by step,
+    then by time inside oversized steps; every piece keeps the trace's metadata and process names.
 
-    Pieces are ``<out_dir>/<stem>.partNNN.json``; ``out_dir`` defaults to ``<stem>.split`` beside
-    the trace.  TraceError when ``max_mb`` cannot hold the metadata plus the largest event.
+    Args:
+        path: the trace.
+        max_mb: the pieces' size limit.
+        out_dir: where the pieces go (default ``<stem>.split`` beside the trace).
+        progress: a progress bar while reading.
+
+    Returns:
+        The pieces, ``<out_dir>/<stem>.partNNN.json``, in order.
+
+    Raises:
+        TraceError: the trace cannot be read, or ``max_mb`` cannot hold the metadata plus the largest event.
     """
     path = Path(path)
     stem = strip_trace_suffixes(path.name, pt_trace=False)

@@ -1,10 +1,10 @@
 """``collective_skew``: ranks that arrive late at collectives, which the other ranks wait for.
 
-From the collectives matcher (:mod:`.collective_match`): for each collective seen by two or more
-ranks, the arrival skew is the last rank's start minus the first's; every other rank waits in the
-collective for that long at most.  Per step, the job loses the union of the instances' [first
-arrival, last arrival] intervals (collectives that overlap, like DDP's gradient buckets, count
-once).  Point-to-point transfers (send / recv) are left out: their waits are a pipeline's bubble
+From the collectives matcher (:mod:`torchprof_args.analysis.analyzers.collective_match`): for each
+collective seen by two or more ranks, the arrival skew is the last rank's start minus the first's; every
+other rank waits in the collective for that long at most.  Per step, the job loses the union of the
+instances' [first arrival, last arrival] intervals (collectives that overlap, like DDP's gradient buckets,
+count once).  Point-to-point transfers (send / recv) are left out: their waits are a pipeline's bubble
 (``pipeline_bubble``), not a late rank.  The ranks named are those that arrived last in the
 instances that caused at least :data:`LATE_SHARE_MIN_PCT` of the waiting.
 

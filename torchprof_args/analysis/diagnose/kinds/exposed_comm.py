@@ -1,12 +1,12 @@
 """``exposed_comm``: communication kernel time no computation kernel overlaps.
 
-Kernels are classified by HTA's rules (:mod:`.gpu`: ``^nccl.*Kernel`` is communication, which
-covers RCCL's names too); a communication kernel is exposed for the part of it during which no
-computation kernel runs (HTA's communication/computation overlap, :mod:`.overlap`, the other way
-round).  That part is on the step's critical path unless the schedule overlaps it.  When the
-trace was loaded with its communication fields (``load_trace(..., comms=True)``) the exposed
-time is split by process group: the group's description (``Process Group Description``, e.g.
-Megatron's) names dp / tp / pp / ep.
+Kernels are classified by HTA's rules (:mod:`torchprof_args.analysis.analyzers.gpu`: ``^nccl.*Kernel`` is
+communication, which covers RCCL's names too); a communication kernel is exposed for the part of it during
+which no computation kernel runs (HTA's communication/computation overlap,
+:mod:`torchprof_args.analysis.analyzers.overlap`, the other way round).  That part is on the step's
+critical path unless the schedule overlaps it.  When the trace was loaded with its communication fields
+(``load_trace(..., comms=True)``) the exposed time is split by process group: the group's description
+(``Process Group Description``, e.g. Megatron's) names dp / tp / pp / ep.
 """
 
 from __future__ import annotations

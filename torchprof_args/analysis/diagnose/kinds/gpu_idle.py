@@ -56,8 +56,9 @@ REMEDY = ("keep the GPU fed: see the host-wait / other split; overlap data loadi
 def idle_time_breakdown(trace: Trace,
                         delay_us: float = CONSECUTIVE_KERNEL_DELAY_US) -> dict[int, dict[str, float]]:
     """HTA's ``get_idle_time_breakdown``: per stream, idle time (us) by category.  As HTA: over its
-    trace filter (kernels launched before the last step, :func:`.gpu.hta_kernels`), with its
-    rounding (``ceil(ts)``, ``floor(end)``)."""
+    trace filter (kernels launched before the last step,
+    :func:`torchprof_args.analysis.analyzers.gpu.hta_kernels`), with its rounding (``ceil(ts)``,
+    ``floor(end)``)."""
     kept, _ = hta_kernels(trace)
     sel = np.flatnonzero(lookup(trace.cats, KERNEL_CATS)[trace.cat_id] & kept)
     launch = np.ceil(_runtime_ts(trace, sel))

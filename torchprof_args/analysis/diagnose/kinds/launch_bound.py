@@ -55,9 +55,10 @@ REMEDY = ("capture the step in CUDA graphs (Megatron --enable-cuda-graph / torch
 def launch_stats(trace: Trace) -> dict[str, np.ndarray]:
     """HTA's kernel launch table, one row per kernel launched by a launch call (:data:`LAUNCH_RE`):
     ``correlation``, ``cpu_duration``, ``gpu_duration``, ``launch_delay`` (us, negative clipped
-    to 0).  As HTA: the events of its trace filter (the last step dropped, :func:`.gpu.hta_kernels`)
-    and its rounding (``ceil(ts)``, ``floor(end)``).  HIP launch calls count too (HTA knows CUDA's
-    names only, so it finds no launches in a ROCm trace)."""
+    to 0).  As HTA: the events of its trace filter (the last step dropped,
+    :func:`torchprof_args.analysis.analyzers.gpu.hta_kernels`) and its rounding (``ceil(ts)``,
+    ``floor(end)``).  HIP launch calls count too (HTA knows CUDA's names only, so it finds no
+    launches in a ROCm trace)."""
     kept, dropped_last = hta_kernels(trace)
     cpu = lookup(trace.names, LAUNCH_RE.match)[trace.name_id] & (trace.stream == -1)
     if dropped_last:

@@ -1,10 +1,10 @@
 """``memcpy``: host/device copies on the step's critical path.
 
-Copies are the GPU's ``Memcpy HtoD`` / ``Memcpy DtoH`` events (device-to-device copies are
-GPU work, not transfers).  A copy is on the critical path for the part of it no computation
-kernel overlaps (HTA's kernel classes, :mod:`.gpu`): that part delays the step unless it is
-moved off it.  Pageable host memory (``Pageable`` in the copy's name) makes a copy synchronous
-and slower; the evidence splits it out.
+Copies are the GPU's ``Memcpy HtoD`` / ``Memcpy DtoH`` events (device-to-device copies are GPU work, not
+transfers).  A copy is on the critical path for the part of it no computation kernel overlaps (HTA's
+kernel classes, :mod:`torchprof_args.analysis.analyzers.gpu`): that part delays the step unless it is
+moved off it.  Pageable host memory (``Pageable`` in the copy's name) makes a copy synchronous and slower;
+the evidence splits it out.
 """
 
 from __future__ import annotations

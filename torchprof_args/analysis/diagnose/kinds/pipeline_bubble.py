@@ -4,9 +4,9 @@ For one rank (one pipeline stage) and each ``ProfilerStep``: the time between th
 and last compute during which the stage computes nothing, because it waits for activations from
 the previous stage or gradients from the next.
 
-* GPU traces: the gaps between computation kernels (HTA's kernel classes, :mod:`.gpu`) from the
-  step's first computation kernel to its last (kernels starting in the step's span, up to the next
-  step's start);
+* GPU traces: the gaps between computation kernels (HTA's kernel classes,
+  :mod:`torchprof_args.analysis.analyzers.gpu`) from the step's first computation kernel to its last
+  (kernels starting in the step's span, up to the next step's start);
 * CPU traces (no kernels; a CPU thread never idles, it *waits*): the time the step's thread spends
   in blocking communication (``gloo:recv``, ``c10d::`` / ``nccl:`` / ``gloo:`` operations, ``wait``)
   between its first and last ``aten::`` operator.
@@ -31,7 +31,7 @@ from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.intervals import merge_intervals, total
-from torchprof_args.analysis.trace import Trace
+from torchprof_args.analysis.trace import StepSpan, Trace
 
 __all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "pipeline_schedule", "theoretical_bubble"]
 
@@ -101,7 +101,7 @@ def _step_threads(trace: Trace) -> dict[str, int]:
     return {trace.names[trace.name_id[i]]: int(trace.thread_id[i]) for i in idx}
 
 
-def _per_step(trace: Trace, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _per_step(trace: Trace, spans: list[StepSpan]) -> list[dict[str, Any]]:
     gpu = bool((trace.stream >= 0).any())
     threads = _step_threads(trace) if not gpu else {}
     out = []

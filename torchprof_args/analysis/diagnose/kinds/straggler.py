@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from torchprof_args.analysis.diagnose.cycle import CycleRanks
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis, StepWork
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.intervals import merge_intervals, total
+from torchprof_args.analysis.trace import StepSpan
 
 __all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "step_work"]
 
@@ -35,11 +35,12 @@ SCOPE = Scope.CROSS_RANK
 THRESHOLD = Threshold(share_of_step=0.05, min_ms=2.0)
 
 
-def step_work(steps: Sequence[dict[str, Any]], records: Sequence[CommRecord],
+def step_work(steps: Sequence[StepSpan], records: Sequence[CommRecord],
               base_us: float) -> list[StepWork]:
-    """Per step (``steps``: :func:`.steps.steps` rows, trace-relative): its duration, the time it
-    spent in collectives (union of the collective instances' intervals clipped to the step;
-    ``records`` have absolute times, ``base_us`` the trace's base) and the difference, its work."""
+    """Per step (``steps``: :func:`torchprof_args.analysis.analyzers.steps.steps` rows, trace-relative):
+    its duration, the time it spent in collectives (union of the collective instances' intervals clipped
+    to the step; ``records`` have absolute times, ``base_us`` the trace's base) and the difference, its
+    work."""
     starts = np.array([r.start_us - base_us for r in records], dtype=np.float64)
     ends = starts + np.array([max(r.dur_us, 0.0) for r in records], dtype=np.float64)
     out = []

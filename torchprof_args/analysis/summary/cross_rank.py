@@ -1,0 +1,175 @@
+"""The cross-rank view of one cycle: distributions over ranks, the slowest and fastest ranks.
+
+Built from per-rank summaries (sidecars or parsed traces), so it costs nothing per event: 1,024
+ranks take milliseconds.  For each rank: its mean step time, each step's time (the heatmap),
+GPU idle / compute and communication/computation overlap (HTA definitions), where it runs (host,
+parallel coordinates).  Over ranks: min / p50 / p90 / max of step time, idle and overlap; the k
+slowest and fastest ranks; stragglers (mean step more than ``straggler_pct`` above the median).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from torchprof_args.analysis.summary.document import Summary
+
+__all__ = [
+    "DISTRIBUTION_KEYS", "STRAGGLER_PCT", "CrossRankView", "Distribution", "Distributions", "RankRow",
+    "cross_rank", "distribution",
+]
+
+#: the per-rank figures whose distribution over ranks the view reports (:class:`Distributions`).
+DISTRIBUTION_KEYS = ("step_mean_us", "idle_pct", "comm_comp_overlap_pct")
+#: a rank whose mean step is this much (%) above the median rank's is a straggler.
+STRAGGLER_PCT = 5.0
+
+
+class Distribution(msgspec.Struct, frozen=True, gc=False):
+    """min / p50 / p90 / max / mean of a figure over the ranks that have it (``n``; all None when 0)."""
+
+    n: int
+    min: float | None
+    p50: float | None
+    p90: float | None
+    max: float | None
+    mean: float | None
+
+
+class Distributions(msgspec.Struct, frozen=True):
+    """The distribution over ranks of each of :data:`DISTRIBUTION_KEYS`."""
+
+    step_mean_us: Distribution
+    idle_pct: Distribution
+    comm_comp_overlap_pct: Distribution
+
+
+class RankRow(msgspec.Struct, frozen=True):
+    """One rank in the view.
+
+    Attributes:
+        rank: its rank (its position among the summaries when its trace does not say).
+        file: its trace; ``host`` and ``parallel``: where it ran.
+        steps: how many steps; ``step_us`` each one's time by name; ``step_mean_us`` their mean.
+        idle_pct, compute_pct, comm_comp_overlap_pct: its GPU breakdown's (None without kernels).
+        vs_median_pct: its mean step against the median rank's, in % (None without steps).
+    """
+
+    rank: int
+    file: str
+    host: str | None
+    parallel: dict[str, int] | None
+    steps: int
+    step_us: dict[str, float]
+    step_mean_us: float | None
+    idle_pct: float | None
+    compute_pct: float | None
+    comm_comp_overlap_pct: float | None
+    vs_median_pct: float | None
+
+
+class CrossRankView(msgspec.Struct, frozen=True):
+    """One cycle over its ranks: what ``torchprof summary --json`` prints as ``cross_rank``.
+
+    Attributes:
+        ranks: every rank's row, by rank.
+        distributions: mean step, GPU idle and overlap over the ranks.
+        steps: every step name of the cycle, in ``ProfilerStep#N`` order.
+        slowest, fastest: the ``k`` ranks with the longest / shortest mean step.
+        stragglers: the ranks more than ``straggler_pct`` above the median, slowest first.
+        slowest_rank, fastest_rank: None when no rank has steps; ``spread_pct`` (slowest - fastest)
+            in % of ``step_mean_us``, the mean over ranks.
+    """
+
+    ranks: list[RankRow]
+    distributions: Distributions
+    steps: list[str]
+    slowest: list[RankRow]
+    fastest: list[RankRow]
+    stragglers: list[RankRow]
+    straggler_pct: float
+    slowest_rank: int | None
+    fastest_rank: int | None
+    spread_pct: float | None
+    step_mean_us: float | None
+
+
+def distribution(values: list[float | None]) -> Distribution:
+    """The distribution of the values that are not None."""
+    data = np.array([v for v in values if v is not None], dtype=np.float64)
+    if len(data) == 0:
+        return Distribution(n=0, min=None, p50=None, p90=None, max=None, mean=None)
+    p50, p90 = np.percentile(data, [50, 90])
+    return Distribution(n=int(len(data)), min=float(data.min()), p50=float(p50), p90=float(p90),
+                        max=float(data.max()), mean=float(data.mean()))
+
+
+def cross_rank(summaries: list[Summary], k: int = 5, straggler_pct: float = STRAGGLER_PCT) -> CrossRankView:
+    """The view of one cycle's per-rank summaries.
+
+    Args:
+        summaries: the cycle's summaries (a summary without a rank takes its position).
+        k: how many slowest and fastest ranks to name.
+        straggler_pct: a rank this much (%) above the median mean step is a straggler.
+
+    Returns:
+        The view; ranks without steps are listed but not compared.
+    """
+    rows = sorted((_rank_row(i, s) for i, s in enumerate(summaries)), key=lambda r: (r.rank, r.file))
+    dists = Distributions(step_mean_us=distribution([r.step_mean_us for r in rows]),
+                          idle_pct=distribution([r.idle_pct for r in rows]),
+                          comm_comp_overlap_pct=distribution([r.comm_comp_overlap_pct for r in rows]))
+    median = dists.step_mean_us.p50
+    rows = [msgspec.structs.replace(r, vs_median_pct=_vs_median(r.step_mean_us, median)) for r in rows]
+    timed = [r for r in rows if r.step_mean_us is not None]
+    by_time = sorted(timed, key=lambda r: (-(r.step_mean_us or 0.0), r.rank))
+    mean = dists.step_mean_us.mean
+    slow, fast = (by_time[0], by_time[-1]) if by_time else (None, None)
+    spread = None
+    if slow is not None and fast is not None:
+        spread = 100.0 * ((slow.step_mean_us or 0.0) - (fast.step_mean_us or 0.0)) / mean if mean else 0.0
+    return CrossRankView(
+        ranks=rows,
+        distributions=dists,
+        steps=_step_names(rows),
+        slowest=by_time[:k],
+        fastest=by_time[::-1][:k],
+        stragglers=[r for r in by_time if r.vs_median_pct is not None and r.vs_median_pct > straggler_pct],
+        straggler_pct=straggler_pct,
+        slowest_rank=slow.rank if slow is not None else None,
+        fastest_rank=fast.rank if fast is not None else None,
+        spread_pct=spread,
+        step_mean_us=mean if by_time else None,
+    )
+
+
+def _vs_median(step_mean_us: float | None, median: float | None) -> float | None:
+    return 100.0 * (step_mean_us / median - 1.0) if step_mean_us is not None and median else None
+
+
+def _rank_row(index: int, summary: Summary) -> RankRow:
+    gpu = summary.gpu
+    return RankRow(
+        rank=summary.rank if summary.rank is not None else index,
+        file=summary.file,
+        host=summary.host,
+        parallel=summary.parallel,
+        steps=len(summary.steps),
+        step_us={s.name: s.dur_us for s in summary.steps},
+        step_mean_us=summary.step_mean_us,
+        idle_pct=gpu.idle_pct if gpu is not None else None,
+        compute_pct=gpu.compute_pct if gpu is not None else None,
+        comm_comp_overlap_pct=gpu.comm_comp_overlap_pct if gpu is not None else None,
+        vs_median_pct=None,
+    )
+
+
+def _step_names(rows: list[RankRow]) -> list[str]:
+    """Every step name of the cycle, in ``ProfilerStep#N`` order."""
+    names = {name for r in rows for name in r.step_us}
+
+    def number(name: str) -> tuple[int, str]:
+        tail = name.rsplit("#", 1)[-1]
+        return (int(tail), name) if tail.isdigit() else (1 << 62, name)
+
+    return sorted(names, key=number)
