@@ -230,8 +230,12 @@ def _notes(ranks: Sequence[RankComms], instances: list[dict[str, Any]], same_str
     return notes
 
 
-def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> dict[str, Any]:
-    """The cross-rank view of the collectives of one cycle's traces (one :class:`RankComms` per rank)."""
+def match_collectives(ranks: Sequence[RankComms], top: int = 20,
+                      members: dict[int, dict[int, CommRecord]] | None = None) -> dict[str, Any]:
+    """The cross-rank view of the collectives of one cycle's traces (one :class:`RankComms` per rank).
+
+    ``members``, when given, receives each instance's records: instance id -> rank -> record (the
+    critical path joins the ranks' graphs there)."""
     ranks = sorted(ranks, key=lambda rc: rc.rank)
     mode = _mode(ranks)
     streams, same_streams = _stream_names(ranks) if mode == MATCH_STREAM_ORDER else ({}, True)
@@ -243,7 +247,9 @@ def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> dict[str, An
     loaded = {rc.rank for rc in ranks}
     world = next((rc.world_size for rc in ranks if rc.world_size), None)
     ordered = sorted(groups.items(), key=lambda item: min(r.start_us for r in item[1].values()))
-    instances = [_instance(i, key, members, loaded, world) for i, (key, members) in enumerate(ordered)]
+    instances = [_instance(i, key, found, loaded, world) for i, (key, found) in enumerate(ordered)]
+    if members is not None:
+        members.update({i: found for i, (_, found) in enumerate(ordered)})
     worst = sorted((i for i in instances if i["ranks"] > 1), key=lambda i: -i["skew_us"])[:top]
     rank_rows = _rank_table(instances, [rc.rank for rc in ranks])
     return {

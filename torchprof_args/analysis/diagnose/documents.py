@@ -10,13 +10,11 @@ documented JSON as they are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import astuple, fields
 from typing import Any
 
 import msgspec
 
-from torchprof_args.analysis.analyzers.collectives import CommRecord
+from torchprof_args.analysis.analyzers.collectives import CompactRecords
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 
 __all__ = [
@@ -29,9 +27,6 @@ DIAGNOSIS_FORMAT = 2
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
 
-_RECORD_FIELDS = tuple(f.name for f in fields(CommRecord))
-
-
 class StepWork(msgspec.Struct, frozen=True):
     """One step of a rank (us, trace-relative): its time in collectives and the rest, its work."""
 
@@ -40,23 +35,6 @@ class StepWork(msgspec.Struct, frozen=True):
     dur_us: float
     collective_us: float
     work_us: float
-
-
-class CompactRecords(msgspec.Struct, frozen=True):
-    """A rank's collective records as a table: ``fields`` names the columns of every row."""
-
-    fields: list[str]
-    rows: list[list[Any]]
-
-    @classmethod
-    def of(cls, records: Sequence[CommRecord]) -> CompactRecords:
-        """The table of ``records``."""
-        return cls(list(_RECORD_FIELDS), [list(astuple(r)) for r in records])
-
-    def records(self) -> list[CommRecord]:
-        """The records again (columns this version does not know are dropped)."""
-        known = [i for i, n in enumerate(self.fields) if n in _RECORD_FIELDS]
-        return [CommRecord(**{self.fields[i]: row[i] for i in known}) for row in self.rows]
 
 
 class MfuInputs(msgspec.Struct, frozen=True):

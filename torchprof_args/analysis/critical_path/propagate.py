@@ -1,0 +1,132 @@
+"""Replaying a rank's graph: each node's time from its sources, with the two best *labels*.
+
+A replay computes, in topological order, ``t(v) = max over edges u -> v of t(u) + weight``.  Some
+nodes are *labels*, where the replay starts afresh: the window's start and everything before it
+(label :data:`WINDOW`), a node with no incoming edge (it keeps its measured time, also label
+:data:`WINDOW`: the window's start never moves), the completion of every collective (label: the
+collective's record index), whose time comes from the other ranks (:mod:`.cycle`), and the end of
+every step (label :func:`step_label`), which is computed like any node first (it is a *sink*) and
+then starts afresh, so that every path between labels lies within a step or two.  Each node keeps
+the best time reachable from each of its two best distinct labels, and the edge that gave its best:
+so a sink's time is known as a function of the labels before it (``max(t(label1) + d1, t(label2) +
+d2)``), which is all the cross-rank replay needs of the rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from torchprof_args.analysis.critical_path.edges import WAIT
+from torchprof_args.analysis.critical_path.graph import LocalGraph
+
+__all__ = ["NONE", "WINDOW", "Replay", "replay", "step_label", "step_of_label"]
+
+#: the label of the window's start (the first step's start: fixed, never moves).
+WINDOW = -1
+#: no label (a node nothing reaches).
+NONE = -2
+
+
+def step_label(step: int) -> int:
+    """The label of step ``step``'s end (steps are numbered from 0)."""
+    return -3 - step
+
+
+def step_of_label(label: int) -> int | None:
+    """The step whose end ``label`` is, None for another label."""
+    return -3 - label if label <= -3 else None
+
+
+@dataclass
+class Replay:
+    """One replay: per node its best and second-best (label, time) and the edge of its best (-1 at
+    a label: a walk back along ``via`` stops there); ``sinks``: the step ends' own values, (label1,
+    time1, label2, time2, via) before they start afresh."""
+
+    label1: list[int]
+    time1: list[float]
+    label2: list[int]
+    time2: list[float]
+    via: list[int]
+    sinks: dict[int, tuple[int, float, int, float, int]]
+
+    def value(self, node: int) -> tuple[int, float, int, float, int]:
+        """(label1, time1, label2, time2, via) of ``node`` as a sink."""
+        found = self.sinks.get(node)
+        if found is not None:
+            return found
+        return self.label1[node], self.time1[node], self.label2[node], self.time2[node], self.via[node]
+
+
+def fixed_labels(graph: LocalGraph) -> dict[int, int]:
+    """Node -> label of every fixed node that is not fixed by being early or a source: the
+    collectives' completions."""
+    return {int(node): i for i, node in enumerate(graph.completion.tolist()) if node >= 0}
+
+
+def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray | None = None) -> Replay:
+    """Replay ``graph`` with ``weight`` (default: its own) and without the edges ``cut`` marks.
+
+    Args:
+        graph: the rank's graph.
+        weight: per edge, its weight in this replay.
+        cut: per edge, whether it is left out (a dependency a what-if removes).
+
+    Returns:
+        The :class:`Replay`.
+    """
+    n = len(graph.t)
+    w = (graph.weight if weight is None else weight).tolist()
+    src = graph.src.tolist()
+    ptr = graph.in_ptr.tolist()
+    ins = graph.in_edges.tolist()
+    if cut is not None:
+        ins = [e if not cut[e] else -1 for e in ins]
+    t = graph.t.tolist()
+    start = t[graph.window_node] if graph.window_node >= 0 else -np.inf
+    fixed = fixed_labels(graph)
+    if cut is not None:  # a completion where a waiting thread resumed is free once the wait is cut
+        for node in graph.early:
+            ins_of = graph.in_edges[graph.in_ptr[node]:graph.in_ptr[node + 1]]
+            if any(cut[e] for e in ins_of.tolist() if graph.kind[e] == WAIT):
+                fixed.pop(node, None)
+    restart = {s.end: step_label(i) for i, s in enumerate(graph.steps)}
+    sinks: dict[int, tuple[int, float, int, float, int]] = {}
+    l1, t1 = [NONE] * n, [-np.inf] * n
+    l2, t2 = [NONE] * n, [-np.inf] * n
+    via = [-1] * n
+    for v in graph.order.tolist():
+        label = fixed.get(v)
+        if label is not None:
+            l1[v], t1[v] = label, t[v]
+            continue
+        a, b = ptr[v], ptr[v + 1]
+        if t[v] <= start or a == b:
+            l1[v], t1[v] = WINDOW, t[v]
+            continue
+        bl, bt, sl, st, be = NONE, -np.inf, NONE, -np.inf, -1
+        for j in range(a, b):
+            e = ins[j]
+            if e < 0:
+                continue
+            u = src[e]
+            we = w[e]
+            for lx, x in ((l1[u], t1[u] + we), (l2[u], t2[u] + we)):
+                if lx == NONE:
+                    continue
+                if x > bt:
+                    if lx != bl:
+                        sl, st = bl, bt
+                    bl, bt, be = lx, x, e
+                elif lx != bl and x > st:
+                    sl, st = lx, x
+        if bl == NONE:  # every edge in was cut: the node keeps its measured time
+            bl, bt = WINDOW, t[v]
+        label = restart.get(v)
+        if label is not None:
+            sinks[v] = (bl, bt, sl, st, be)
+            bl, bt, sl, st, be = label, t[v], NONE, -np.inf, -1
+        l1[v], t1[v], l2[v], t2[v], via[v] = bl, bt, sl, st, be
+    return Replay(l1, t1, l2, t2, via, sinks)
