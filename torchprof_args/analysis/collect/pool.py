@@ -26,6 +26,7 @@ from torchprof_args.analysis.collect.trace_results import (
     parse_results,
     read_results,
 )
+from torchprof_args.analysis.critical_path.reduced import RankPaths
 from torchprof_args.analysis.decode import parallel
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.summary import Summary
@@ -49,6 +50,11 @@ class Collected:
     def summaries(self) -> list[Summary | None]:
         """Each trace's summary, in input order (None where it failed or was not asked for)."""
         return [r.summary if r is not None else None for r in self.results]
+
+    @property
+    def paths(self) -> list[RankPaths]:
+        """The reduced graphs of the traces that gave one, in input order."""
+        return [r.critical_path for r in self.results if r is not None and r.critical_path is not None]
 
     @property
     def diagnoses(self) -> list[RankDiagnosis]:

@@ -52,6 +52,8 @@ ISSUED_RESUME_SHARE = 0.5
 #: top-level events on a thread that runs no step, less than this apart, are one burst of activity.
 BURST_GAP_US = 200.0
 _SYNC_COPY_RE = re.compile(r"^(cudaMemcpy|hipMemcpy|cudaMemcpy2D|cudaMemcpyFromSymbol)$")
+#: a host polling the device (its time is host synchronisation, not work).
+_POLL_RE = re.compile(r"^(cuda|hip)(Event|Stream)Query$")
 
 
 @dataclass
@@ -71,6 +73,7 @@ class CpuEvents:
     end_node: np.ndarray
     loader: np.ndarray
     blocking: np.ndarray
+    polling: np.ndarray
     launch: np.ndarray
     run: np.ndarray
     issue: np.ndarray
@@ -102,6 +105,7 @@ def cpu_events(trace: Trace, first_node: int = 0) -> CpuEvents:
         end_node=np.arange(n, dtype=np.int64) + first_node + n,
         loader=lookup(trace.names, LOADER_RE.search)[names],
         blocking=lookup(trace.names, lambda s: bool(SYNC_RE.match(s) or _SYNC_COPY_RE.match(s)))[names],
+        polling=lookup(trace.names, _POLL_RE.match)[names],
         launch=lookup(trace.names, LAUNCH_RE.match)[names],
         run=lookup(trace.names, COLLECTIVE_RUN_RE.match)[names],
         issue=lookup(trace.names, COLLECTIVE_ISSUE_RE.match)[names],
@@ -172,7 +176,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     category[has & cpu.launch[o]] = cat.LAUNCH
     category[has & in_run[o]] = cat.COMMUNICATION
     category[has & loader[o]] = cat.DATA_LOADER
-    category[has & blocking[o]] = cat.HOST_SYNC
+    category[has & (blocking[o] | cpu.polling[o])] = cat.HOST_SYNC
     weight = t1 - t0
     idle = (~has | cpu.step[o]) & (on_thread != cpu.main_thread)
     weight[idle | (has & blocking[o])] = 0.0
@@ -186,8 +190,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
         issued_top = issuer is not None and (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
         weight[interval] = 0.0
         top_level[interval] |= issued_top
-        waited = cat.COMMUNICATION if cpu.run[first] else cat.CPU_ONLY  # a collective, or other work
-        edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, waited,
+        edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
                   np.array([cpu.events[first]]), issued_top)
     early: dict[int, int] = {}
     resumes = gaps & np.isin(dst, cpu.start_node) & (t1 - t0 >= MIN_QUIET_US)  # quiet, then a new event
@@ -197,7 +200,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
         weight[interval] = 0.0
         top_level[interval] |= issued_top
         early[run] = int(dst[interval])
-        edges.add(np.array([cpu.start_node[run]]), dst[interval:interval + 1], 0.0, WAIT, cat.COMMUNICATION,
+        edges.add(np.array([cpu.start_node[run]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
                   np.array([cpu.events[run]]), issued_top)
     edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
     _issue_edges(cpu, issuers, edges)
@@ -264,10 +267,15 @@ class Bursts:
     end: np.ndarray
     end_node: np.ndarray
     thread: np.ndarray
+    #: whether it starts with an operator or annotation, not a runtime call (a watchdog polling).
+    work: np.ndarray
 
 
 def _bursts(trace: Trace, cpu: CpuEvents) -> Bursts:
     top = np.flatnonzero((cpu.depth == 0) & (cpu.thread != cpu.main_thread))
+    if not len(top):
+        none = np.zeros(0, dtype=np.int64)
+        return Bursts(none, np.zeros(0), np.zeros(0), none, none, np.zeros(0, dtype=bool))
     top = top[np.lexsort((trace.ts[cpu.events[top]], cpu.thread[top]))]
     ts = trace.ts[cpu.events[top]]
     end = ts + np.maximum(trace.dur[cpu.events[top]], 0.0)
@@ -282,9 +290,10 @@ def _bursts(trace: Trace, cpu: CpuEvents) -> Bursts:
     stops = np.r_[starts[1:], len(top)].astype(np.int64) - 1
     last = np.array([lo + int(np.argmax(end[lo:hi + 1])) for lo, hi in zip(starts, stops, strict=True)],
                     dtype=np.int64)
+    runtime = lookup(trace.cats, ("cuda_runtime", "cuda_driver"))[trace.cat_id[cpu.events[top[starts]]]]
     return Bursts(first=top[starts], start=ts[starts], end=reach[stops],
                   end_node=cpu.end_node[top[last]] if len(last) else np.zeros(0, np.int64),
-                  thread=thread[starts])
+                  thread=thread[starts], work=~runtime)
 
 
 def _gaps(trace: Trace, cpu: CpuEvents, own: np.ndarray, busy: np.ndarray) -> np.ndarray:
@@ -325,7 +334,12 @@ def _waits(trace: Trace, cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int]
             # an issued collective ran after it was issued; other work was woken about when the gap began
             since = (float(trace.ts[cpu.events[issuer]]) if issuer is not None
                      else float(bursts.start[b]) - slack)
-            if t0[i] >= since and t1[i] - end <= slack:
+            # work another thread did for this one began as it went quiet and fills most of its gap
+            began = float(bursts.start[b])
+            covers = issuer is not None or (
+                bursts.work[b] and t1[i] - t0[i] >= MIN_QUIET_US and t0[i] <= began + RESUME_US
+                and end - max(began, t0[i]) >= 0.5 * (t1[i] - t0[i]))
+            if t0[i] >= since and t1[i] - end <= slack and covers:
                 out.append((i, b))
     return out
 
@@ -341,7 +355,7 @@ def _wake_edges(cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int], nodes: 
     src, dst, owner = [], [], []
     for b in range(len(bursts.first)):
         first = int(bursts.first[b])
-        if first in issuers:
+        if first in issuers or not bursts.work[b]:
             continue
         j = int(np.searchsorted(m_times, bursts.start[b], side="right")) - 1
         if j >= 0:

@@ -9,8 +9,8 @@ graph gives the rank's timing without the cause, everything else as it was:
   right away for a collective it issued at its top level (a CPU job's ``work.wait()``);
 * ``exposed_comm``: nothing waits for communication (host waits, streams waiting on NCCL kernels):
   it runs as fully overlapped as the schedule allows, still taking its time on its own stream;
-* ``launch_bound``: kernels the GPU waited to see launched start as soon as their stream allows
-  (CUDA graphs, a faster host), except those launched by the data loader;
+* ``launch_bound``: the launch calls take no host time and kernels the GPU waited to see launched
+  start as soon as their stream allows (CUDA graphs), except those launched by the data loader;
 * ``gpu_idle``: the same, and the gaps between kernels closed;
 * ``memcpy``: host/device copies hidden behind compute (they take no time on the path).
 """
@@ -61,7 +61,9 @@ def _comm_end(graph: LocalGraph) -> np.ndarray:
 
 
 def _overlapped(graph: LocalGraph) -> Change | None:
-    on_comm = (graph.kind == WAIT) & (graph.category == cat.COMMUNICATION)  # a host waiting for gloo
+    run_event = np.zeros(len(graph.trace.ts) + 1, dtype=bool)
+    run_event[graph.cpu.events[graph.cpu.run]] = True
+    on_comm = (graph.kind == WAIT) & run_event[graph.owner]  # a host waiting for gloo (owner: gloo's span)
     cut = on_comm | (np.isin(graph.kind, (SYNC, INFER)) & _comm_end(graph))
     if not cut.any():
         return None
@@ -82,9 +84,12 @@ def _launch_waits(graph: LocalGraph) -> np.ndarray:
 
 def _launch_gaps_closed(graph: LocalGraph) -> Change | None:
     cut = _launch_waits(graph)
-    if not cut.any():
+    calls = (graph.kind == CHAIN) & (graph.category == cat.LAUNCH)
+    if not (cut.any() or calls.any()):
         return None
-    return graph.weight.copy(), cut
+    weight = graph.weight.copy()
+    weight[calls] = 0.0  # the launch calls' own time on the host (one graph launch replaces them)
+    return weight, cut
 
 
 def _gpu_kept_busy(graph: LocalGraph) -> Change | None:
