@@ -260,7 +260,7 @@ def _issue_edges(cpu: CpuEvents, issuers: dict[int, int], edges: EdgeList) -> No
 @dataclass
 class Bursts:
     """Activity on the threads that run no step: runs of top-level events less than
-    :data:`BURST_GAP_US` apart.  Per burst: its first event's position, start time, end and end node."""
+    :data:`BURST_GAP_US` apart (each collective gloo runs is one of its own).  Per burst: its first event's position, start time, end and end node."""
 
     first: np.ndarray
     start: np.ndarray
@@ -285,7 +285,7 @@ def _bursts(trace: Trace, cpu: CpuEvents) -> Bursts:
         sel = np.flatnonzero(thread == th)
         reach[sel] = np.maximum.accumulate(end[sel])
     new = np.ones(len(top), dtype=bool)
-    new[1:] = (thread[1:] != thread[:-1]) | (ts[1:] - reach[:-1] > BURST_GAP_US)
+    new[1:] = (thread[1:] != thread[:-1]) | (ts[1:] - reach[:-1] > BURST_GAP_US) | cpu.run[top[1:]]
     starts = np.flatnonzero(new)
     stops = np.r_[starts[1:], len(top)].astype(np.int64) - 1
     last = np.array([lo + int(np.argmax(end[lo:hi + 1])) for lo, hi in zip(starts, stops, strict=True)],

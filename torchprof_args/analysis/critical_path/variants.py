@@ -6,7 +6,9 @@ graph gives the rank's timing without the cause, everything else as it was:
 
 * ``dataloader_stall``: the data loader's fetches take no time;
 * ``host_sync``: blocking host calls no longer wait for the device, and a step no longer waits
-  right away for a collective it issued at its top level (a CPU job's ``work.wait()``);
+  right away for a collective it issued at its top level (a CPU job's ``work.wait()`` on a metric:
+  the remedy reduces it where it is needed, e.g. at the logging interval, so gloo's worker no
+  longer runs it in the step either);
 * ``exposed_comm``: nothing waits for communication (host waits, streams waiting on NCCL kernels):
   it runs as fully overlapped as the schedule allows, still taking its time on its own stream;
 * ``launch_bound``: the launch calls take no host time and kernels the GPU waited to see launched
@@ -43,13 +45,26 @@ def _no_loader(graph: LocalGraph) -> Change | None:
 
 
 def _no_host_sync(graph: LocalGraph) -> Change | None:
-    cut = (graph.kind == SYNC) | ((graph.kind == WAIT) & graph.flag)
+    waits = (graph.kind == WAIT) & graph.flag  # a step waiting at once for a collective it issued
+    cut = (graph.kind == SYNC) | waits | _after_waited_runs(graph, waits)
     blocked = (graph.category == cat.HOST_SYNC) & (graph.kind == CHAIN)
     if not (cut.any() or blocked.any()):
         return None
     weight = graph.weight.copy()
     weight[blocked] = 0.0
     return weight, cut
+
+
+def _after_waited_runs(graph: LocalGraph, waits: np.ndarray) -> np.ndarray:
+    """The edges out of the end of the collectives ``waits`` waited for: gloo's worker moves on
+    without them (a metric reduced where it is needed, e.g. at the logging interval, is no longer
+    in the step)."""
+    position = np.full(len(graph.trace.ts) + 1, -1, dtype=np.int64)
+    position[graph.cpu.events] = np.arange(len(graph.cpu), dtype=np.int64)
+    runs = position[graph.owner[waits]]
+    ends = np.zeros(len(graph.t), dtype=bool)
+    ends[graph.cpu.end_node[runs[runs >= 0]]] = True
+    return ends[graph.src] & (graph.kind == CHAIN)
 
 
 def _comm_end(graph: LocalGraph) -> np.ndarray:

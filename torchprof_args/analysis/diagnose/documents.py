@@ -99,8 +99,10 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
         cycle: which cycle (``iterations A-B``), or None.
         ranks: how many ranks (traces) were diagnosed.
         step_ms: the job's step: the slowest rank's mean step (None without steps).
-        findings: every kind's job-level finding, largest saving first.
+        findings: every kind's job-level finding, largest saving first (the savings predicted on
+            the cycle's critical path where the graph can answer: each finding's ``saving_basis``).
         gaps: kinds the traces cannot answer, with the ranks.
+        notes: what the savings could not use (a rank's graph missing, collectives not joined).
     """
 
     version: int
@@ -110,3 +112,4 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
     step_ms: float | None
     findings: list[Finding]
     gaps: list[JobGap]
+    notes: list[str] = msgspec.field(default_factory=list)
