@@ -184,14 +184,6 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     issuers = _issuers(trace, cpu)
     gaps = _gaps(trace, cpu, own, has & (loader[o] | blocking[o] | in_run[o]))
     top_level = np.zeros(len(src), dtype=bool)
-    for interval, burst in _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps)):
-        first = bursts.first[burst]
-        issuer = issuers.get(first)
-        issued_top = issuer is not None and (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
-        weight[interval] = 0.0
-        top_level[interval] |= issued_top
-        edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
-                  np.array([cpu.events[first]]), issued_top)
     early: dict[int, int] = {}
     resumes = gaps & np.isin(dst, cpu.start_node) & (t1 - t0 >= MIN_QUIET_US)  # quiet, then a new event
     for interval, run in _early_resumes(trace, cpu, issuers, (t0, t1, on_thread, resumes)):
@@ -202,6 +194,16 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
         early[run] = int(dst[interval])
         edges.add(np.array([cpu.start_node[run]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
                   np.array([cpu.events[run]]), issued_top)
+    for interval, burst in _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps)):
+        first = bursts.first[burst]
+        if int(first) in early:  # its waiter resumed before gloo's span ended: that is its wait
+            continue
+        issuer = issuers.get(first)
+        issued_top = issuer is not None and (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
+        weight[interval] = 0.0
+        top_level[interval] |= issued_top
+        edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
+                  np.array([cpu.events[first]]), issued_top)
     edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
     _issue_edges(cpu, issuers, edges)
     _wake_edges(cpu, bursts, issuers, nodes, times, thread, edges)

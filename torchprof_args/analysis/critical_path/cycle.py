@@ -205,6 +205,10 @@ def cycle_graph(parts: Sequence[RankPaths],
 
 def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
     """Add a join node per collective two or more ranks share, and each rank's completion after it."""
+    world = next((p.world_size for p in graph.parts.values() if p.world_size), None)
+    if world and len(graph.parts) < world:
+        graph.notes.append(f"{len(graph.parts)} of {world} ranks' traces: the path runs through these ranks "
+                           "only (a missing rank's time shows as waiting for it)")
     with_records = [r for r in graph.ranks if records[r]]
     if len(with_records) < 2:
         if len(graph.parts) > 1:
@@ -241,57 +245,37 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
     if dropped:
         graph.notes.append(f"{dropped} collective completions precede the last rank's arrival on their "
                            "host's clock (clock offset between hosts): those ranks' joins were left out")
-    world = next((p.world_size for p in graph.parts.values() if p.world_size), None)
-    if world and len(graph.parts) < world:
-        graph.notes.append(f"{len(graph.parts)} of {world} ranks' traces: the path runs through these ranks "
-                           "only (a missing rank's time shows as waiting for it)")
+
+
+def work_per_step(graph: CycleGraph, scenario: Scenario | None = None) -> dict[int, float]:
+    """Each rank's own work per step (us): the work on the binding paths into its sinks (arrivals
+    and step ends), which between them cover the rank's time between its labels once."""
+    scenario = scenario or Scenario()
+    out: dict[int, float] = {}
+    for v, kind in enumerate(graph.kind):
+        if kind in (A, T) and (into := graph.into(v, scenario)) is not None:
+            out[graph.rank[v]] = out.get(graph.rank[v], 0.0) + into.w1
+    return {r: w / max(len(graph.parts[r].steps), 1) for r, w in out.items()}
 
 
 def median_into(graph: CycleGraph, ranks: Sequence[int]) -> dict[tuple[int, str, int], Into]:
-    """Each of ``ranks``' sinks with its dependencies no longer than the median rank's (the same
-    sink on the other ranks: an arrival by the collective it joins, a step end by its step)."""
+    """``ranks``' sinks with their own work cut to the median rank's: each rank's work per step
+    (:func:`work_per_step`) scaled to the median of the other ranks' (of all ranks when ``ranks``
+    is all of them), on every path into every sink (the work, not the waiting: a rank as fast as
+    the median still waits for the slowest)."""
+    work = work_per_step(graph)
     out: dict[tuple[int, str, int], Into] = {}
-    by_join: dict[int, int] = {a: j for j, arrivals in graph.members.items() for a in arrivals}
-    peers: dict[tuple[str, int], list[int]] = {}
-    for v, kind in enumerate(graph.kind):
-        if kind == A and v in by_join:
-            peers.setdefault((J, by_join[v]), []).append(v)
-        elif kind == T:
-            peers.setdefault((T, graph.index[v]), []).append(v)
     base = Scenario()
-    for group in peers.values():
-        for v in group:
-            rank = graph.rank[v]
-            if rank not in ranks:
+    for rank in ranks:
+        others = [w for r, w in work.items() if r not in ranks] or list(work.values())
+        mine = work.get(rank, 0.0)
+        if not others or mine <= 0:
+            continue
+        keep = min(statistics.median(others) / mine, 1.0)
+        for v, kind in enumerate(graph.kind):
+            if graph.rank[v] != rank or kind not in (A, T) or (into := graph.into(v, base)) is None:
                 continue
-            mine = graph.into(v, base)
-            if mine is None:
-                continue
-            chosen = [u for u in group if graph.rank[u] not in ranks] or group  # all: the median of all
-            theirs = [(graph.rank[u], o) for u in chosen if (o := graph.into(u, base)) is not None]
-            d1 = _median_d(graph, by_join, rank, mine.label1, mine.d1, theirs)
-            d2 = _median_d(graph, by_join, rank, mine.label2, mine.d2, theirs)
-            out[(rank, graph.kind[v], graph.index[v])] = msgspec.structs.replace(mine, d1=d1, d2=d2)
+            out[(rank, kind, graph.index[v])] = msgspec.structs.replace(
+                into, d1=into.d1 - into.w1 * (1 - keep), d2=into.d2 - into.w2 * (1 - keep),
+                w1=into.w1 * keep, w2=into.w2 * keep)
     return out
-
-
-def _median_d(graph: CycleGraph, by_join: dict[int, int], rank: int, label: int, d: float,
-              theirs: list[tuple[int, Into]]) -> float:
-    """``d`` (from ``label``), no longer than the median of the others' paths from the same label."""
-    if label == NONE:
-        return d
-    same = _same_label(graph, rank, label, by_join)
-    found = [x for r, o in theirs for lx, x in ((o.label1, o.d1), (o.label2, o.d2))
-             if lx != NONE and _same_label(graph, r, lx, by_join) == same]
-    return min(d, statistics.median(found)) if found else d
-
-
-def _same_label(graph: CycleGraph, rank: int, label: int, by_join: dict[int, int]) -> tuple[str, int]:
-    """What a rank's label stands for across ranks: the window, a step's end, a shared collective."""
-    if label == WINDOW:
-        return W, 0
-    step = step_of_label(label)
-    if step is not None:
-        return T, step
-    a = graph.nodes.get((A, rank, label))
-    return (J, by_join[a]) if a is not None and a in by_join else (E, -1 - rank)

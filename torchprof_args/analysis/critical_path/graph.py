@@ -96,8 +96,9 @@ class LocalGraph:
     arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     completion: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     notes: list[str] = field(default_factory=list)
-    #: completions that are where a waiting thread resumed (a what-if that cuts the wait frees them).
-    early: set[int] = field(default_factory=set)
+    #: completions that are where a waiting thread resumed (a what-if that cuts the wait frees them),
+    #: each with the end of gloo's span, which completes with it (its time is measured after it).
+    early: dict[int, int] = field(default_factory=dict)
 
     @property
     def base_us(self) -> float:
@@ -225,7 +226,7 @@ def _add_records(graph: LocalGraph, early: dict[int, int]) -> None:
             done = early.get(e, int(cpu.end_node[p]))
             nodes[(float(trace.ts[e]) + base, float(trace.dur[e]))] = (int(cpu.start_node[p]), done)
             if e in early:
-                graph.early.add(done)
+                graph.early[done] = int(cpu.end_node[p])
     found = [nodes.get((r.start_us, r.dur_us), (-1, -1)) for r in comms.records]
     graph.arrival = np.array([a for a, _ in found], dtype=np.int64)
     graph.completion = np.array([b for _, b in found], dtype=np.int64)

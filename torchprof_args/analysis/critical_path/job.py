@@ -47,14 +47,15 @@ def critical_path(parts: Sequence[RankPaths], path: str, cycle: str | None = Non
     graph = cycle_graph(parts, rank_of)
     measured = graph.replay()
     top: dict[tuple[int, str, str, str | None], float] = defaultdict(float)
-    steps = step_paths(graph, measured, top)
+    notes = list(graph.notes)
+    steps = step_paths(graph, measured, top, notes)
     answers = []
     for what in questions:
         step, saving = predict(graph, what)
         answers.append(WhatIfAnswer(what.spec, None if step is None else round(step, 3),
                                     None if saving is None else round(saving, 3), _how(what)))
     step_ms = graph.step_ms(measured)
-    notes = list(dict.fromkeys(graph.notes))
+    notes = list(dict.fromkeys(notes))
     return CriticalPathDoc(version=PATH_VERSION, path=path, cycle=cycle, ranks=len(graph.parts),
                            step_ms=None if step_ms is None else round(step_ms, 3), steps=steps,
                            top=top_entries(top, len(steps)), what_if=answers, notes=notes)

@@ -134,9 +134,10 @@ def _segment(graph: CycleGraph, node: int, length: float,
     return {}, cat.CATEGORIES[cat.WAIT_RANK]
 
 
-def step_paths(graph: CycleGraph, replayed: Replayed,
-               top: dict[tuple[int, str, str, str | None], float]) -> list[StepPath]:
-    """Every step's path in ``replayed`` (the graph as measured), adding contributors to ``top``."""
+def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, str, str | None], float],
+               notes: list[str] | None = None) -> list[StepPath]:
+    """Every step's path in ``replayed`` (the graph as measured), adding contributors to ``top``
+    (and to ``notes`` a step whose path starts where another rank's trace begins)."""
     steps = max((len(p.steps) for p in graph.parts.values()), default=0)
     out = []
     for n in range(steps):
@@ -150,6 +151,10 @@ def step_paths(graph: CycleGraph, replayed: Replayed,
         for _ in range(len(graph.kind)):
             pred = replayed.binding[node]
             if pred < 0:
+                if notes is not None and replayed.time[node] > start + 1.0:
+                    notes.append(f"{spans[ref].name}: the path starts where rank {graph.rank[node]}'s trace "
+                                 f"begins, {(replayed.time[node] - start) / 1e3:.1f} ms into the step (its "
+                                 "previous step is not in the trace): the path is that much shorter")
                 break
             t0, t1 = replayed.time[pred], replayed.time[node]
             lo = max(t0, start)

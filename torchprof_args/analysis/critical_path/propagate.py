@@ -18,15 +18,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.edges import WAIT
 from torchprof_args.analysis.critical_path.graph import LocalGraph
 
-__all__ = ["NONE", "WINDOW", "Replay", "replay", "step_label", "step_of_label"]
+__all__ = ["NONE", "WINDOW", "WORK", "Replay", "Value", "replay", "step_label", "step_of_label"]
 
 #: the label of the window's start (the first step's start: fixed, never moves).
 WINDOW = -1
 #: no label (a node nothing reaches).
 NONE = -2
+#: the categories of a rank's own work (what a slow rank has more of): not communication, waiting
+#: or host synchronisation.
+WORK = (cat.COMPUTE, cat.LAUNCH, cat.DATA_LOADER, cat.CPU_ONLY, cat.MEMCPY)
 
 
 def step_label(step: int) -> int:
@@ -39,31 +43,41 @@ def step_of_label(label: int) -> int | None:
     return -3 - label if label <= -3 else None
 
 
+#: a node's value in a replay: (label1, time1, work1, label2, time2, work2, via); ``work``: the time
+#: of work edges (:data:`WORK`) on the best path from the label.
+Value = tuple[int, float, float, int, float, float, int]
+
+
 @dataclass
 class Replay:
-    """One replay: per node its best and second-best (label, time) and the edge of its best (-1 at
-    a label: a walk back along ``via`` stops there); ``sinks``: the step ends' own values, (label1,
-    time1, label2, time2, via) before they start afresh."""
+    """One replay: per node its best and second-best (label, time, work) and the edge of its best
+    (-1 at a label: a walk back along ``via`` stops there); ``sinks``: the step ends' own values,
+    before they start afresh."""
 
     label1: list[int]
     time1: list[float]
+    work1: list[float]
     label2: list[int]
     time2: list[float]
+    work2: list[float]
     via: list[int]
-    sinks: dict[int, tuple[int, float, int, float, int]]
+    sinks: dict[int, Value]
 
-    def value(self, node: int) -> tuple[int, float, int, float, int]:
-        """(label1, time1, label2, time2, via) of ``node`` as a sink."""
+    def value(self, node: int) -> Value:
+        """(label1, time1, work1, label2, time2, work2, via) of ``node`` as a sink."""
         found = self.sinks.get(node)
         if found is not None:
             return found
-        return self.label1[node], self.time1[node], self.label2[node], self.time2[node], self.via[node]
+        return (self.label1[node], self.time1[node], self.work1[node], self.label2[node], self.time2[node],
+                self.work2[node], self.via[node])
 
 
 def fixed_labels(graph: LocalGraph) -> dict[int, int]:
     """Node -> label of every fixed node that is not fixed by being early or a source: the
-    collectives' completions."""
-    return {int(node): i for i, node in enumerate(graph.completion.tolist()) if node >= 0}
+    collectives' completions (and the end of gloo's span of one whose waiter resumed first)."""
+    out = {int(node): i for i, node in enumerate(graph.completion.tolist()) if node >= 0}
+    out.update({span_end: out[node] for node, span_end in graph.early.items() if node in out})
+    return out
 
 
 def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray | None = None) -> Replay:
@@ -88,14 +102,16 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
     start = t[graph.window_node] if graph.window_node >= 0 else -np.inf
     fixed = fixed_labels(graph)
     if cut is not None:  # a completion where a waiting thread resumed is free once the wait is cut
-        for node in graph.early:
+        for node, span_end in graph.early.items():
             ins_of = graph.in_edges[graph.in_ptr[node]:graph.in_ptr[node + 1]]
             if any(cut[e] for e in ins_of.tolist() if graph.kind[e] == WAIT):
                 fixed.pop(node, None)
+                fixed.pop(span_end, None)
     restart = {s.end: step_label(i) for i, s in enumerate(graph.steps)}
-    sinks: dict[int, tuple[int, float, int, float, int]] = {}
-    l1, t1 = [NONE] * n, [-np.inf] * n
-    l2, t2 = [NONE] * n, [-np.inf] * n
+    work = np.isin(graph.category, WORK).tolist()
+    sinks: dict[int, Value] = {}
+    l1, t1, w1 = [NONE] * n, [-np.inf] * n, [0.0] * n
+    l2, t2, w2 = [NONE] * n, [-np.inf] * n, [0.0] * n
     via = [-1] * n
     for v in graph.order.tolist():
         label = fixed.get(v)
@@ -106,27 +122,28 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
         if t[v] <= start or a == b:
             l1[v], t1[v] = WINDOW, t[v]
             continue
-        bl, bt, sl, st, be = NONE, -np.inf, NONE, -np.inf, -1
+        bl, bt, bw, sl, st, sw, be = NONE, -np.inf, 0.0, NONE, -np.inf, 0.0, -1
         for j in range(a, b):
             e = ins[j]
             if e < 0:
                 continue
             u = src[e]
             we = w[e]
-            for lx, x in ((l1[u], t1[u] + we), (l2[u], t2[u] + we)):
+            done = we if work[e] else 0.0
+            for lx, x, wx in ((l1[u], t1[u] + we, w1[u] + done), (l2[u], t2[u] + we, w2[u] + done)):
                 if lx == NONE:
                     continue
                 if x > bt:
                     if lx != bl:
-                        sl, st = bl, bt
-                    bl, bt, be = lx, x, e
+                        sl, st, sw = bl, bt, bw
+                    bl, bt, bw, be = lx, x, wx, e
                 elif lx != bl and x > st:
-                    sl, st = lx, x
+                    sl, st, sw = lx, x, wx
         if bl == NONE:  # every edge in was cut: the node keeps its measured time
             bl, bt = WINDOW, t[v]
         label = restart.get(v)
         if label is not None:
-            sinks[v] = (bl, bt, sl, st, be)
-            bl, bt, sl, st, be = label, t[v], NONE, -np.inf, -1
-        l1[v], t1[v], l2[v], t2[v], via[v] = bl, bt, sl, st, be
-    return Replay(l1, t1, l2, t2, via, sinks)
+            sinks[v] = (bl, bt, bw, sl, st, sw, be)
+            bl, bt, bw, sl, st, sw, be = label, t[v], 0.0, NONE, -np.inf, 0.0, -1
+        l1[v], t1[v], w1[v], l2[v], t2[v], w2[v], via[v] = bl, bt, bw, sl, st, sw, be
+    return Replay(l1, t1, w1, l2, t2, w2, via, sinks)

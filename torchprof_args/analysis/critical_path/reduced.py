@@ -62,12 +62,15 @@ class Piece(msgspec.Struct, frozen=True):
 class Into(msgspec.Struct, frozen=True, array_like=True):
     """How a sink depends on the labels before it: ``max(t(label1) + d1, t(label2) + d2)``; a label
     is a collective's record index (its completion), -1 the window's start, -2 none, -3 - n the end
-    of step n."""
+    of step n.  ``w1`` / ``w2``: how much of ``d1`` / ``d2`` is the rank's own work (not waiting,
+    communication or host synchronisation): what a rank as fast as the median has less of."""
 
     label1: int
     d1: float
     label2: int
     d2: float
+    w1: float = 0.0
+    w2: float = 0.0
 
 
 class StepSpan(msgspec.Struct, frozen=True, array_like=True):
@@ -122,10 +125,10 @@ def label_time(graph: LocalGraph, label: int) -> float:
 
 
 def _into(graph: LocalGraph, run: Replay, node: int) -> Into:
-    l1, t1, l2, t2, _ = run.value(node)
+    l1, t1, w1, l2, t2, w2, _ = run.value(node)
     d1 = t1 - label_time(graph, l1) if l1 != NONE else 0.0
     d2 = t2 - label_time(graph, l2) if l2 != NONE else 0.0
-    return Into(int(l1), float(d1), int(l2), float(d2))
+    return Into(int(l1), float(d1), int(l2), float(d2), float(w1), float(w2) if l2 != NONE else 0.0)
 
 
 def tables(graph: LocalGraph, change: Change | None = None) -> tuple[list[Into | None], list[Into]]:
@@ -143,7 +146,7 @@ def _piece(graph: LocalGraph, run: Replay, node: int) -> tuple[Piece, list[int]]
     example: dict[tuple[str, int], tuple[float, int]] = {}
     v = node
     weight, category, owner, src = graph.weight, graph.category, graph.owner, graph.src
-    e = run.value(node)[4]
+    e = run.value(node)[6]
     for _ in range(len(graph.t)):
         if e < 0:
             break
