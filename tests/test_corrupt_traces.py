@@ -32,6 +32,7 @@ COMMANDS = {
     "merge": lambda out: ["merge", "-o", str(out / "m.json")],
     "collectives": lambda out: ["collectives"],
     "diagnose": lambda out: ["diagnose", "--no-progress"],
+    "critical-path": lambda out: ["critical-path", "--no-progress"],
 }
 
 
