@@ -73,7 +73,8 @@ class Case:
 
 
 CASES = [
-    Case("loader 40 ms on both ranks", {"loader": ["--loader-sleep-ms", "40"]}, {"dataloader_stall": "loader"}),
+    Case("loader 40 ms on both ranks", {"loader": ["--loader-sleep-ms", "40"]},
+         {"dataloader_stall": "loader"}),
     Case("rank 1 stalls 40 ms", {"slow": ["--slow-rank", "1", "--slow-ms", "40"]}, {"straggler": "slow"}),
     Case("host sync: 48 MB metric all-reduce waited at once (re-run: reduced at the logging interval)",
          {"sync": ["--sync-mb", "48"]}, {"host_sync": "sync"}),
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one run each, the two-rank cases only")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each job (default 3; --quick: 1)")
-    parser.add_argument("--cases", default="", help="comma-separated words: only the cases whose name has one")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated words: only the cases whose name has one")
     args = parser.parse_args(argv)
     repeat = 1 if args.quick else max(args.repeat, 1)
     cases = [c for c in CASES if not args.quick or c.ranks == 2]
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     bound_hits = sum(r["bound_within_target"] for r in bounded)
     print(f"\nwithin target (15 % of the realised saving or 3 ms): critical path {hits} of {len(done)}, "
           f"per-rank bounds {bound_hits} of {len(bounded)}")
-    (out / "whatif.json").write_text(json.dumps({"rows": rows, "repeat": repeat, "load_after": load}, indent=1))
+    result = {"rows": rows, "repeat": repeat, "load_after": load}
+    (out / "whatif.json").write_text(json.dumps(result, indent=1))
     return 0 if hits == len(done) and len(done) == len(rows) else 1
 
 

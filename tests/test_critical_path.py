@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 from helpers.diagnose_traces import CPU_PAIR, load_events, straggler_pair, write_events
+from helpers.examples import run_doc_example
 from helpers.inject import insert_pause
 from helpers.paths import DATA
 
@@ -112,7 +113,8 @@ def test_a_delay_on_the_path_lengthens_it_by_the_delay_and_one_off_the_path_does
 
 
 @pytest.mark.parametrize("slow", [0, 1])
-def test_a_straggler_injected_into_one_rank_of_a_real_pair_moves_the_path_onto_it(tmp_path: Path, slow: int) -> None:
+def test_a_straggler_injected_into_one_rank_of_a_real_pair_moves_the_path_onto_it(tmp_path: Path,
+                                                                                  slow: int) -> None:
     clean = _doc(*straggler_pair(tmp_path / "clean", 0, pair=CPU_PAIR))
     pair = straggler_pair(tmp_path / "slow", 30e3, slow=slow, pair=CPU_PAIR)
     doc = _doc(*pair, questions=(f"rank {slow} like the median", f"rank {1 - slow} like the median"))
@@ -157,7 +159,8 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
 
 
 def test_json_is_the_documented_schema(capsys) -> None:
-    assert torchprof(["critical-path", str(SMALL), "--json", "--no-progress", "--what-if", "no data loader"]) == 0
+    argv = ["critical-path", str(SMALL), "--json", "--no-progress", "--what-if", "no data loader"]
+    assert torchprof(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["version", "path", "cycle", "ranks", "step_ms", "steps", "top", "what_if", "notes"]
     assert doc["version"] == 1
@@ -165,7 +168,8 @@ def test_json_is_the_documented_schema(capsys) -> None:
     assert list(step) == ["step", "rank", "step_ms", "path_ms", "difference_ms", "by_rank", "by_category",
                           "segments"]
     assert list(doc["top"][0]) == ["rank", "name", "category", "ms_per_step", "site"]
-    assert doc["top"][0]["category"] == "data_loader" and doc["top"][0]["site"].startswith("gpu_check_analysis.py")
+    first = doc["top"][0]
+    assert first["category"] == "data_loader" and first["site"].startswith("gpu_check_analysis.py")
     answer = doc["what_if"][0]
     assert answer["saving_ms_per_step"] == pytest.approx(30.4, abs=1.0)
 
@@ -189,3 +193,13 @@ def test_what_ifs_are_parsed_or_refused_in_one_line() -> None:
     assert faster.factor == 2 and faster.pattern is not None and faster.pattern.search("sm90_xmma_gemm_bf16")
     with pytest.raises(ValueError, match="not understood"):
         parse_what_if("rank three like the median")
+
+
+@pytest.mark.slow
+def test_doc_example_on_the_h200_trace(tmp_path: Path) -> None:
+    proc = run_doc_example("critical-path-h200", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "torchprof critical-path: 1 rank, step 45.2 ms"
+    assert "(difference +0.00 ms)" in lines[1] and "data loader 30.4" in lines[1]
+    assert lines[-2].startswith("what if no data loader: step 14.7 ms, saves 30.4 ms/step")

@@ -19,6 +19,7 @@ from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
 if TYPE_CHECKING:
+    from torchprof_args.analysis.critical_path.path import CriticalPathDoc
     from torchprof_args.analysis.diagnose.documents import JobDiagnosis
 
 
@@ -29,47 +30,64 @@ def _report(args: argparse.Namespace) -> int:
     from torchprof_args.commands.cycles import cycle_summaries
 
     cycles, got = cycle_summaries(args.traces, args, args.top)
-    findings = [finite(_diagnosis(c.files, args, c.label)) for c, _ in cycles]  # as --json prints them
+    analysed = [_diagnosis(c.files, args, c.label) for c, _ in cycles]
+    findings = [finite(d) for d, _ in analysed]  # as --json prints them
+    paths = [finite(p) for _, p in analysed]
     out = write_report([(c.label, s, finite(cross_rank(s, k=args.slowest))) for c, s in cycles], args.output,
-                       findings=findings)
+                       findings=findings, paths=paths)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None) -> JobDiagnosis | None:
-    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed); None when none
-    of them can be read."""
+def _diagnosis(files: list[Any], args: argparse.Namespace,
+               label: str | None) -> tuple[JobDiagnosis | None, CriticalPathDoc | None]:
+    """``torchprof diagnose``'s and ``critical-path``'s results for one cycle's files (sidecars, else
+    parsed); None when none of them can be read."""
     from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
+    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS
+    from torchprof_args.analysis.critical_path.job import critical_path
     from torchprof_args.analysis.diagnose.job import diagnose
 
-    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=getattr(args, "workers", None))
-    return diagnose(got.diagnoses, label or "", label) if got.diagnoses else None
+    got = collect(files, parts=(DIAGNOSIS, CRITICAL_PATH), reparse=args.reparse,
+                  workers=getattr(args, "workers", None))
+    done = [r for r in got.results if r is not None and r.diagnosis is not None]
+    if not done:
+        return None, None
+    graphs = [r.critical_path for r in done if r.critical_path is not None]
+    whole = len(graphs) == len(done)
+    doc = diagnose([r.diagnosis for r in done if r.diagnosis is not None], label or "", label,
+                   paths=graphs if whole else None)
+    return doc, critical_path(graphs, label or "", label) if whole and graphs else None
 
 
 def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
+    from torchprof_args.analysis.critical_path.compare import compare_paths, format_path_diff
     from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
     from torchprof_args.analysis.jsonout import finite, print_json
     from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
     from torchprof_args.commands.cycles import cycle_summaries
 
-    sides, diagnoses = [], []
+    sides, diagnoses, paths = [], [], []
     for side in (args.base, args.new):
         cycles, got = cycle_summaries([side], args, None)
         if got.errors:
             return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
-        diagnoses.append(_diagnosis(files, args, label or side))
+        found, path = _diagnosis(files, args, label or side)
+        diagnoses.append(found)
+        paths.append(path)
     result = finite(diff_summaries(*sides))
     result["findings"] = diff_findings(*diagnoses)
+    result["critical_path"] = compare_paths(paths[0], paths[1])
     if args.json:
         print_json(result)
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
         print("\n".join(format_findings_diff(result["findings"])))
+        print("\n".join(format_path_diff(result["critical_path"])))
     return 0
 
 

@@ -34,7 +34,8 @@ from torchprof_args.errors import TraceError
 from torchprof_args.naming import rank_from_file_name
 
 __all__ = [
-    "CRITICAL_PATH", "DIAGNOSIS", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults", "parse_results", "read_results",
+    "CRITICAL_PATH", "DIAGNOSIS", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults", "parse_results",
+    "read_results",
     "results_of",
 ]
 

@@ -198,8 +198,8 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
         first = bursts.first[burst]
         if int(first) in early:  # its waiter resumed before gloo's span ended: that is its wait
             continue
-        issuer = issuers.get(first)
-        issued_top = issuer is not None and (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
+        found = issuers.get(int(first))
+        issued_top = found is not None and (cpu.parent[found] < 0 or bool(cpu.step[cpu.parent[found]]))
         weight[interval] = 0.0
         top_level[interval] |= issued_top
         edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
@@ -262,7 +262,8 @@ def _issue_edges(cpu: CpuEvents, issuers: dict[int, int], edges: EdgeList) -> No
 @dataclass
 class Bursts:
     """Activity on the threads that run no step: runs of top-level events less than
-    :data:`BURST_GAP_US` apart (each collective gloo runs is one of its own).  Per burst: its first event's position, start time, end and end node."""
+    :data:`BURST_GAP_US` apart (each collective gloo runs is one of its own).  Per burst: its first
+    event's position, start time, end and end node."""
 
     first: np.ndarray
     start: np.ndarray

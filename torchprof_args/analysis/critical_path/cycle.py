@@ -224,8 +224,8 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
     dropped = unmatched = 0
     for index, found in members.items():
         arrivals = [(r, positions[r][id(rec)]) for r, rec in found.items()]
-        nodes = [(graph.nodes.get((A, r, i)), graph.nodes.get((E, r, i))) for r, i in arrivals]
-        nodes = [(a, e) for a, e in nodes if a is not None and e is not None]
+        nodes = [(graph.nodes[(A, r, i)], graph.nodes[(E, r, i)]) for r, i in arrivals
+                 if (A, r, i) in graph.nodes and (E, r, i) in graph.nodes]
         if len(nodes) < 2:
             unmatched += len(found) == 1
             continue

@@ -124,8 +124,8 @@ def _segment(graph: CycleGraph, node: int, length: float,
             scale = length / (sum(piece.by_category) / 1e3)
             for c in piece.top:
                 top[(graph.rank[node], c.name, c.category, c.site)] += c.us / 1e3 * scale
-            found = {name: us / 1e3 * scale for name, us in zip(cat.CATEGORIES, piece.by_category, strict=True)
-                     if us > 0}
+            found = {name: us / 1e3 * scale
+                     for name, us in zip(cat.CATEGORIES, piece.by_category, strict=True) if us > 0}
             return found, max(found, key=found.__getitem__)
         return {cat.CATEGORIES[cat.CPU_ONLY]: length}, cat.CATEGORIES[cat.CPU_ONLY]
     if kind == E:
@@ -162,7 +162,8 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
             if t1 > lo and graph.kind[node] != J:
                 rank = graph.rank[node]
                 by_rank[str(rank)] += (t1 - lo) / 1e3
-                segments.append(Segment(rank, round((lo - start) / 1e3, 3), round((t1 - start) / 1e3, 3), main))
+                segments.append(Segment(rank, round((lo - start) / 1e3, 3), round((t1 - start) / 1e3, 3),
+                                        main))
             for name, ms in found.items():
                 by_cat[name] += ms
             if t0 <= start:
@@ -172,7 +173,8 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
         path_ms = sum(by_rank.values())
         out.append(StepPath(
             step=spans[ref].name, rank=ref, step_ms=round(step_ms, 3), path_ms=round(path_ms, 3),
-            difference_ms=round(path_ms - step_ms, 3), by_rank={k: round(v, 3) for k, v in sorted(by_rank.items())},
+            difference_ms=round(path_ms - step_ms, 3),
+            by_rank={k: round(v, 3) for k, v in sorted(by_rank.items())},
             by_category={c: round(by_cat[c], 3) for c in cat.CATEGORIES if by_cat.get(c)},
             segments=segments[::-1]))
     return out

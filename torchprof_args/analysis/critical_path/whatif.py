@@ -70,7 +70,8 @@ def parse_what_if(spec: str) -> WhatIf:
             return WhatIf(text, cause=cause)
     found = re.fullmatch(r"(all ranks|ranks? ([\d, ]+)) like the median", low)
     if found:
-        ranks = () if found.group(2) is None else tuple(int(r) for r in re.split(r"[ ,]+", found.group(2)) if r)
+        listed = found.group(2)
+        ranks = () if listed is None else tuple(int(r) for r in re.split(r"[ ,]+", listed) if r)
         return WhatIf(text, median=True, ranks=ranks)
     found = re.fullmatch(r"(.+) ([\d.]+)x faster", text, flags=re.IGNORECASE)
     if found:
@@ -99,7 +100,8 @@ def _faster(graph: CycleGraph, what: WhatIf) -> dict[tuple[int, str, int], Into]
         matched = sum(c.us for c in piece.top if what.pattern.search(c.name))
         if matched > 0:
             cut = matched * (1.0 - 1.0 / what.factor)
-            out[(graph.rank[v], kind, graph.index[v])] = msgspec.structs.replace(into, d1=max(into.d1 - cut, 0.0))
+            shorter = msgspec.structs.replace(into, d1=max(into.d1 - cut, 0.0))
+            out[(graph.rank[v], kind, graph.index[v])] = shorter
     return out
 
 

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 #: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-DIAGNOSIS_FORMAT = 2
+DIAGNOSIS_FORMAT = 3
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
 
@@ -47,6 +47,10 @@ class MfuInputs(msgspec.Struct, frozen=True):
     device: str | None
     #: the step evidence every finding carries, with the longest step's ``perfetto_ts_us``.
     step_evidence: dict[str, Any]
+    #: the GPU's computation kernel time per step (ms), and the part launched by an operator with a
+    #: FLOP count (what the FLOPs account for).
+    compute_ms: float | None = None
+    accounted_ms: float | None = None
 
 
 class RankDiagnosis(msgspec.Struct, frozen=True):

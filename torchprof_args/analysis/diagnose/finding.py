@@ -72,7 +72,8 @@ class Finding(msgspec.Struct, frozen=True):
     step the critical path predicts without the cause (``saving_basis`` ``"critical path"``), else
     the per-rank bound (``"bound"``); ``bound_ms_per_step``: that per-rank bound (what it saves at
     most on the rank), and ``saving_bound`` one phrase saying how it was bounded (e.g. "exposed
-    time only: compute is not shortened").  ``evidence``: JSON values only (top kernels / operators / call sites as lists
+    time only: compute is not shortened").  ``evidence``: JSON values only (top kernels / operators /
+    call sites as lists
     of ``{"name", "ms_per_step"}``, ``"perfetto_ts_us"`` of the worst instance, counts).
     ``remedy``: the usual fix, one line.  ``summary``: one sentence for the text output.
     """

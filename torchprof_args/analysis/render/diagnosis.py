@@ -1,6 +1,6 @@
 """The text of a diagnosis (``torchprof diagnose``): per finding, one sentence, the saving per step
-(on the critical path, beside its per-rank bound), the evidence with a timestamp to open in Perfetto, the usual remedy; then
-what the traces cannot tell (:mod:`.gaps`).  At most :data:`MAX_LINES` lines."""
+(on the critical path, beside its per-rank bound), the evidence with a timestamp to open in Perfetto,
+the usual remedy; then what the traces cannot tell (:mod:`.gaps`).  At most :data:`MAX_LINES` lines."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _saving(finding: dict[str, Any], step_ms: float | None) -> str:
     share = f"{100 * saving / step_ms:.1f} % of the step; " if step_ms else ""
     bound = finding.get("bound_ms_per_step")
     if finding.get("saving_basis") == "critical path":
-        tail = f"on the critical path, per-rank bound {_ms(bound)}" if bound is not None else "on the critical path"
+        tail = "on the critical path" + (f", per-rank bound {_ms(bound)}" if bound is not None else "")
         return f"saves {_ms(saving)}/step ({share}{tail})"
     return f"saves up to {_ms(saving)}/step ({share}per-rank bound)"
 
@@ -89,7 +89,8 @@ def format_diagnosis(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
         if len(lines) + 4 > budget and n < len(findings):
             lines.append(f"  ... {len(findings) - n + 1} more finding(s) in --json")
             break
-        lines.append(f"{n}. {f['kind']}: {_saving(f, doc.get('step_ms'))}, {_ranks(f['ranks'], doc['ranks'])}")
+        saving = _saving(f, doc.get("step_ms"))
+        lines.append(f"{n}. {f['kind']}: {saving}, {_ranks(f['ranks'], doc['ranks'])}")
         lines.append(f"   {f['summary']}")
         lines.append(f"   evidence: {_evidence(f)}")
         lines.append(f"   bound: {f['saving_bound']}. Fix: {f['remedy']}")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.render import svg
+from torchprof_args.analysis.render.critical_path import path_section
 from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.atomic import write_text_atomically
@@ -115,15 +116,24 @@ def _top_kernels(view: dict[str, Any], by_rank: dict[int, dict[str, Any]]) -> st
     return "<div class=row>" + "".join(parts) + "</div>" if parts else ""
 
 
+def _saving_cell(finding: dict[str, Any]) -> str:
+    """The saving, on the critical path beside its per-rank bound, or the bound alone."""
+    bound = finding.get("bound_ms_per_step")
+    if finding.get("saving_basis") == "critical path" and bound is not None:
+        return f"{finding['saving_ms_per_step']:.1f} ms (bound {bound:.1f})"
+    return f"up to {finding['saving_ms_per_step']:.1f} ms"
+
+
 def _findings(doc: dict[str, Any] | None) -> str:
     """The cycle's findings (``torchprof diagnose``), largest saving first, and its gaps."""
     if doc is None:
         return ""
-    rows = [[i, f["kind"], f"{f['saving_ms_per_step']:.1f} ms", fmt_pct(100.0 * f["share_of_step"]),
+    step = doc.get("step_ms") or 0.0
+    rows = [[i, f["kind"], _saving_cell(f), fmt_pct(100.0 * f["saving_ms_per_step"] / step) if step else "-",
              ", ".join(str(r) for r in f["ranks"][:16]) + (" ..." if len(f["ranks"]) > 16 else ""),
              f["summary"], f["remedy"]] for i, f in enumerate(doc["findings"], 1)]
     parts = ["<h3>What to fix (torchprof diagnose)</h3>"]
-    headers = ["#", "kind", "saves up to / step", "of the step", "ranks", "finding", "remedy"]
+    headers = ["#", "kind", "saves / step", "of the step", "ranks", "finding", "remedy"]
     parts.append(_table(headers, rows, {0, 2, 3}) if rows
                  else "<p>No finding above the documented thresholds.</p>")
     gaps = gap_text_lines(doc.get("gaps") or [])  # one sentence per flag, as `torchprof diagnose` says it
@@ -134,10 +144,10 @@ def _findings(doc: dict[str, Any] | None) -> str:
 
 
 def _cycle_section(title: str, summaries: list[dict[str, Any]], view: dict[str, Any],
-                   findings: dict[str, Any] | None = None) -> str:
+                   findings: dict[str, Any] | None = None, path: dict[str, Any] | None = None) -> str:
     by_rank = {(s["rank"] if s.get("rank") is not None else i): s for i, s in enumerate(summaries)}
     rows = view["ranks"]
-    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings),
+    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings), path_section(path),
              _distributions(view["distributions"])]
     if view.get("slowest_rank") is not None:
         parts.append(f"<p>Slowest rank <b>{view['slowest_rank']}</b>, fastest {view['fastest_rank']}, spread "
@@ -179,22 +189,26 @@ def _stragglers(view: dict[str, Any]) -> list[str]:
 
 
 def render_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]],
-                  findings: list[dict[str, Any] | None] | None = None) -> str:
+                  findings: list[dict[str, Any] | None] | None = None,
+                  paths: list[dict[str, Any] | None] | None = None) -> str:
     """The HTML page for ``(title, per-rank summaries, cross-rank view)`` of each cycle; ``findings``:
-    each cycle's ``torchprof diagnose`` result (None: that cycle's section has no findings)."""
+    each cycle's ``torchprof diagnose`` result (None: that cycle's section has no findings);
+    ``paths``: each cycle's ``torchprof critical-path`` result (its strips)."""
     ranks = sum(len(s) for _, s, _ in cycles)
     head = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>torchprof report</title>",
             f"<style>{_STYLE}</style></head><body><h1>torchprof trace report</h1>",
             f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis "
             "definitions; hover a cell or bar for its value.</p>"]
     found = findings or [None] * len(cycles)
-    return "\n".join(head + [_cycle_section(*c, f) for c, f in zip(cycles, found, strict=True)]
+    drawn = paths or [None] * len(cycles)
+    return "\n".join(head + [_cycle_section(*c, f, p) for c, f, p in zip(cycles, found, drawn, strict=True)]
                      + ["</body></html>"])
 
 
 def write_report(cycles: list[tuple[str, list[dict[str, Any]], dict[str, Any]]], output: str | Path,
-                 findings: list[dict[str, Any] | None] | None = None) -> Path:
+                 findings: list[dict[str, Any] | None] | None = None,
+                 paths: list[dict[str, Any] | None] | None = None) -> Path:
     """Publish :func:`render_report`'s page at ``output`` (atomically); returns its path."""
     output = Path(output)
-    write_text_atomically(output, render_report(cycles, findings))
+    write_text_atomically(output, render_report(cycles, findings, paths))
     return output
