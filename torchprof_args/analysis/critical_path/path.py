@@ -134,6 +134,14 @@ def _segment(graph: CycleGraph, node: int, length: float,
     return {}, cat.CATEGORIES[cat.WAIT_RANK]
 
 
+def _moved(graph: CycleGraph, replayed: Replayed, rank: int, step: int) -> float:
+    """How far the replay moved the end of ``rank``'s step ``step`` (0 for none: the window's start)."""
+    if step < 0:
+        return 0.0
+    node = graph.nodes[(T, rank, step)]
+    return replayed.time[node] - graph.measured[node]
+
+
 def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, str, str | None], float],
                notes: list[str] | None = None) -> list[StepPath]:
     """Every step's path in ``replayed`` (the graph as measured), adding contributors to ``top``
@@ -142,8 +150,11 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
     out = []
     for n in range(steps):
         spans = {r: p.steps[n] for r, p in graph.parts.items() if n < len(p.steps)}
-        ref = max(sorted(spans), key=lambda r: spans[r].end_us - spans[r].start_us)
-        start = spans[ref].start_us
+        # each rank's step in the replay: its span, moved as far as the replay moved its ends
+        ends = {r: replayed.time[graph.nodes[(T, r, n)]] for r in spans}
+        starts = {r: spans[r].start_us + _moved(graph, replayed, r, n - 1) for r in spans}
+        ref = max(sorted(spans), key=lambda r: ends[r] - starts[r])
+        start = starts[ref]
         node = graph.nodes[(T, ref, n)]
         by_rank: dict[str, float] = defaultdict(float)
         by_cat: dict[str, float] = defaultdict(float)
@@ -169,7 +180,7 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
             if t0 <= start:
                 break
             node = pred
-        step_ms = (spans[ref].end_us - start) / 1e3
+        step_ms = (ends[ref] - start) / 1e3
         path_ms = sum(by_rank.values())
         out.append(StepPath(
             step=spans[ref].name, rank=ref, step_ms=round(step_ms, 3), path_ms=round(path_ms, 3),
