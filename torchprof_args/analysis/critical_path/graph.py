@@ -45,7 +45,7 @@ from torchprof_args.analysis.critical_path.edges import (
 from torchprof_args.analysis.critical_path.gpu_graph import Kernels, gpu_edges, gpu_events
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["LocalGraph", "StepNodes", "local_graph"]
+__all__ = ["LocalGraph", "StepNodes", "local_graph", "topological_order"]
 
 #: among edges that tie for binding, the kind preferred (lower first): work, then what was waited for.
 _PRIORITY = {KERNEL: 0, CHAIN: 1, SYNC: 2, WAIT: 2, JOIN: 2, STREAM: 3, INFER: 4, ISSUE: 5, WAKE: 5,
@@ -138,7 +138,7 @@ def local_graph(trace: Trace) -> LocalGraph:
     binding, weight = _bind(t, src, dst, nominal, kind)
     in_ptr, in_edges = _csr(dst, len(t))
     graph = LocalGraph(trace, t, event, src, dst, weight, nominal, kind, category, owner, flag, binding,
-                       _topological(t, src, dst), in_ptr, in_edges, cpu, kernels, [], -1)
+                       topological_order(t, src, dst), in_ptr, in_edges, cpu, kernels, [], -1)
     _add_steps(graph)
     if trace.comms is not None:
         _add_records(graph, {int(cpu.events[run]): node for run, node in early.items()})
@@ -168,7 +168,7 @@ def _csr(dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return ptr, order
 
 
-def _topological(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def topological_order(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """The nodes by time; nodes at the same time as a node they depend on come after it (levels
     over the equal-time edges, found by relaxation)."""
     level = np.zeros(len(t), dtype=np.int64)

@@ -80,19 +80,23 @@ def fixed_labels(graph: LocalGraph) -> dict[int, int]:
     return out
 
 
-def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray | None = None) -> Replay:
+def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray | None = None,
+           work: np.ndarray | None = None) -> Replay:
     """Replay ``graph`` with ``weight`` (default: its own) and without the edges ``cut`` marks.
 
     Args:
         graph: the rank's graph.
         weight: per edge, its weight in this replay.
         cut: per edge, whether it is left out (a dependency a what-if removes).
+        work: per edge, how much of its weight is the rank's own work (default: all of it for the
+            :data:`WORK` categories, none for the others).
 
     Returns:
         The :class:`Replay`.
     """
     n = len(graph.t)
-    w = (graph.weight if weight is None else weight).tolist()
+    weights = graph.weight if weight is None else weight
+    w = weights.tolist()
     src = graph.src.tolist()
     ptr = graph.in_ptr.tolist()
     ins = graph.in_edges.tolist()
@@ -108,7 +112,7 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
                 fixed.pop(node, None)
                 fixed.pop(span_end, None)
     restart = {s.end: step_label(i) for i, s in enumerate(graph.steps)}
-    work = np.isin(graph.category, WORK).tolist()
+    done_by = (np.where(np.isin(graph.category, WORK), weights, 0.0) if work is None else work).tolist()
     sinks: dict[int, Value] = {}
     l1, t1, w1 = [NONE] * n, [-np.inf] * n, [0.0] * n
     l2, t2, w2 = [NONE] * n, [-np.inf] * n, [0.0] * n
@@ -129,7 +133,7 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
                 continue
             u = src[e]
             we = w[e]
-            done = we if work[e] else 0.0
+            done = done_by[e]
             for lx, x, wx in ((l1[u], t1[u] + we, w1[u] + done), (l2[u], t2[u] + we, w2[u] + done)):
                 if lx == NONE:
                     continue

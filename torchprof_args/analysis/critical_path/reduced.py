@@ -24,6 +24,8 @@ from torchprof_args.analysis.analyzers.callsites import call_sites, has_stacks
 from torchprof_args.analysis.analyzers.collectives import CompactRecords
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
+from torchprof_args.analysis.critical_path.contract import Contracted, contract
+from torchprof_args.analysis.critical_path.edges import WAIT
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
 from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
@@ -131,39 +133,58 @@ def _into(graph: LocalGraph, run: Replay, node: int) -> Into:
     return Into(int(l1), float(d1), int(l2), float(d2), float(w1), float(w2) if l2 != NONE else 0.0)
 
 
-def tables(graph: LocalGraph, change: Change | None = None) -> tuple[list[Into | None], list[Into]]:
-    """The sinks' dependencies in one replay of ``graph`` (``change``: a what-if's weights and cuts)."""
-    run = replay(graph) if change is None else replay(graph, *change)
-    arrivals = [_into(graph, run, int(a)) if a >= 0 else None for a in graph.arrival.tolist()]
-    return arrivals, [_into(graph, run, s.end) for s in graph.steps]
+def tables(graph: LocalGraph, change: Change | None = None,
+           small: Contracted | None = None) -> tuple[list[Into | None], list[Into]]:
+    """The sinks' dependencies in one replay of ``graph`` (``change``: a what-if's weights and cuts;
+    ``small``: ``graph`` contracted, replayed instead, with the same result)."""
+    if small is None:
+        run, target = (replay(graph) if change is None else replay(graph, *change)), graph
+    else:
+        weight, cut = change if change is not None else (graph.weight, np.zeros(len(graph.src), dtype=bool))
+        target = small.graph
+        run = replay(target, small.weights(weight), small.cuts(cut), small.work(weight, graph))
+    arrivals = [_into(target, run, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
+    return arrivals, [_into(target, run, s.end) for s in target.steps]
 
 
-def _piece(graph: LocalGraph, run: Replay, node: int) -> tuple[Piece, list[int]]:
+def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
+    """Per edge, the index of the name its time goes under (its owner's; the thread's time inside no
+    operator, and a step annotation's own, under :data:`BETWEEN`), and the names."""
+    trace = graph.trace
+    names = [BETWEEN if STEP_RE.match(n) else n[:160] for n in trace.names] + [BETWEEN]
+    keys = np.full(len(graph.src), len(trace.names), dtype=np.int64)
+    has = graph.owner >= 0
+    keys[has] = trace.name_id[graph.owner[has]]
+    return keys, names
+
+
+def _piece(graph: LocalGraph, run: Replay, node: int, keys: tuple[np.ndarray, list[str]],
+           on_path: np.ndarray | None = None) -> tuple[Piece, list[int]]:
     """The binding path into ``node``: its time by category and top contributors, and for each
-    contributor the event of its longest edge (for its call site)."""
-    by_cat = [0.0] * len(cat.CATEGORIES)
-    by_name: dict[tuple[str, int], float] = defaultdict(float)
-    example: dict[tuple[str, int], tuple[float, int]] = {}
-    v = node
-    weight, category, owner, src = graph.weight, graph.category, graph.owner, graph.src
+    contributor the event of its longest edge (for its call site); its edges marked in ``on_path``."""
+    via, src = run.via, graph.src
+    edges = []
     e = run.value(node)[6]
-    for _ in range(len(graph.t)):
-        if e < 0:
+    while e >= 0:
+        edges.append(e)
+        e = via[src[e]]
+    path = np.array(edges, dtype=np.int64)
+    if on_path is not None:
+        on_path[path] = True
+    weight, category = graph.weight[path], graph.category[path]
+    by_cat = np.bincount(category, weights=weight, minlength=len(cat.CATEGORIES))
+    key_of, names = keys
+    pairs = key_of[path] * len(cat.CATEGORIES) + category  # a contributor: a name in a category
+    sums = np.bincount(pairs, weights=weight)
+    top, events = [], []
+    for pair in np.argsort(-sums, kind="stable")[:TOP].tolist():
+        if sums[pair] <= 0:
             break
-        w = float(weight[e])
-        c = int(category[e])
-        by_cat[c] += w
-        o = int(owner[e])
-        name = graph.name(o) if o >= 0 else BETWEEN
-        key = (BETWEEN if STEP_RE.match(name) else name[:160], c)
-        by_name[key] += w
-        if w > example.get(key, (-1.0, -1))[0]:
-            example[key] = (w, o)
-        v = int(src[e])
-        e = run.via[v]
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP]
-    top = [Contributor(name, cat.CATEGORIES[c], round(us, 3)) for (name, c), us in ranked]
-    return Piece([round(x, 3) for x in by_cat], top), [example[k][1] for k, _ in ranked]
+        mine = np.flatnonzero(pairs == pair)
+        top.append(Contributor(names[pair // len(cat.CATEGORIES)], cat.CATEGORIES[pair % len(cat.CATEGORIES)],
+                               round(float(sums[pair]), 3)))
+        events.append(int(graph.owner[path[mine[np.argmax(weight[mine])]]]))
+    return Piece([round(float(x), 3) for x in by_cat], top), events
 
 
 def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -> Piece:
@@ -172,10 +193,13 @@ def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -
     return msgspec.structs.replace(piece, top=top)
 
 
-def _pieces(graph: LocalGraph, run: Replay) -> tuple[list[Piece | None], list[Piece]]:
-    """The measured paths into every arrival and step end, with call sites when recorded."""
-    found = [_piece(graph, run, int(a)) if a >= 0 else None for a in graph.arrival.tolist()]
-    ends = [_piece(graph, run, s.end) for s in graph.steps]
+def _pieces(graph: LocalGraph, run: Replay,
+            on_path: np.ndarray) -> tuple[list[Piece | None], list[Piece]]:
+    """The measured paths into every arrival and step end, with call sites when recorded (their
+    edges marked in ``on_path``)."""
+    keys = _name_keys(graph)
+    found = [_piece(graph, run, int(a), keys, on_path) if a >= 0 else None for a in graph.arrival.tolist()]
+    ends = [_piece(graph, run, s.end, keys, on_path) for s in graph.steps]
     if has_stacks(graph.trace):
         wanted = sorted({e for f in [*found, *ends] if f is not None for e in f[1] if e >= 0})
         sites = dict(zip(wanted, call_sites(graph.trace, np.array(wanted, dtype=np.int64)), strict=True))
@@ -191,11 +215,14 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
     arrivals = [_into(graph, measured, int(a)) if a >= 0 else None for a in graph.arrival.tolist()]
     ends = [_into(graph, measured, s.end) for s in graph.steps]
     all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
+    on_path = np.zeros(len(graph.src), dtype=bool)
+    pieces, step_pieces = _pieces(graph, measured, on_path)
+    small: Contracted | None = None
     for cause in causes:
         change = cause_change(graph, cause)
-        if change is not None:
-            all_arrivals[cause], all_ends[cause] = tables(graph, change)
-    pieces, step_pieces = _pieces(graph, measured)
+        if change is not None and _matters(graph, change, on_path):
+            small = small or contract(graph)
+            all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
     t = graph.t
     return RankPaths(
         format=PATHS_FORMAT, rank=graph.trace.rank, world_size=graph.trace.world_size,
@@ -205,6 +232,15 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
         completion_us=[float(t[c]) + base if c >= 0 else None for c in graph.completion.tolist()],
         arrivals=all_arrivals, step_ends=all_ends, pieces=pieces, step_pieces=step_pieces,
         notes=list(graph.notes))
+
+
+def _matters(graph: LocalGraph, change: Change, on_path: np.ndarray) -> bool:
+    """Whether a what-if can change a sink: it lightens or cuts an edge on a sink's binding path
+    (lightening or cutting any other edge leaves every sink's best path as it was), or frees a
+    completion where a waiting thread resumed."""
+    weight, cut = change
+    touched = (weight != graph.weight) | cut
+    return bool((touched & on_path).any() or (cut & (graph.kind == WAIT)).any())
 
 
 def rank_paths(trace: Trace) -> RankPaths:
