@@ -7,10 +7,11 @@ Builds once, under benchmarks/out/critical_path/ (git-ignored), one cycle of a 5
 profiler's layout: each rank's trace a hard link to rank 0 of the 128-rank job in tests/data,
 each rank's sidecar that trace's real summary, per-rank diagnosis and reduced dependency graph
 (``rank_paths``), renumbered to its rank, with one node (8 ranks) doing 60 ms more work before every
-collective and every step's end (a straggler the path must run through).  Then, in fresh processes (the wall time a user
-waits, interpreter start included), best of ``--repeat``: ``torchprof critical-path --json`` with two
-what-ifs, and ``torchprof diagnose --json``.  Prints the times, the ranks the path runs through and
-the what-ifs' answers (the slow node like the median saves about 60 ms per step).
+collective and every step's end (a straggler the path must run through).  Then, in fresh processes
+(the wall time a user waits, interpreter start included), best of ``--repeat``: ``torchprof
+critical-path --json`` with two what-ifs, and ``torchprof diagnose --json``.  Prints the times, the
+ranks the path runs through and the what-ifs' answers (the slow node like the median saves about 60
+ms per step).
 """
 
 from __future__ import annotations

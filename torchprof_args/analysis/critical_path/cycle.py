@@ -66,6 +66,15 @@ class CycleGraph:
     local: dict[int, tuple[int, float]] = field(default_factory=dict)
     instances: list[dict[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: completions joined to their collective's last arrival, and those left out (clocks disagree).
+    joins: int = 0
+    dropped_joins: int = 0
+
+    @property
+    def joined_reliably(self) -> bool:
+        """Whether the ranks' collectives were joined: at most 10 % of the completions left out
+        (more means the ranks' clocks, or the matching of their collectives, disagree)."""
+        return self.dropped_joins <= 0.1 * (self.joins + self.dropped_joins)
 
     @property
     def ranks(self) -> list[int]:
@@ -237,8 +246,10 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
                 transfer = graph.measured[e] - last
                 graph.joined[e] = (j, transfer)
                 graph.local[e] = (a, transfer)  # its own arrival plus the transfer, at least
+                graph.joins += 1
             else:
                 dropped += 1
+                graph.dropped_joins += 1
     if unmatched:
         graph.notes.append(f"{unmatched} collective records have no counterpart on the other ranks: "
                            "their time is taken as measured on their rank")

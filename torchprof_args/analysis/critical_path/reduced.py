@@ -14,7 +14,6 @@ recorded stacks).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import msgspec
@@ -158,17 +157,28 @@ def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
     return keys, names
 
 
-def _piece(graph: LocalGraph, run: Replay, node: int, keys: tuple[np.ndarray, list[str]],
+def _expand(small: Contracted, edges: list[int]) -> np.ndarray:
+    """The full graph's edges of contracted edges ``edges``, in their order."""
+    chosen = np.array(edges, dtype=np.int64)
+    if not len(chosen):
+        return chosen
+    first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
+    offsets = np.repeat(np.cumsum(counts) - counts, counts)
+    return small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
+
+
+def _piece(graph: LocalGraph, small: Contracted, run: Replay, node: int, keys: tuple[np.ndarray, list[str]],
            on_path: np.ndarray | None = None) -> tuple[Piece, list[int]]:
-    """The binding path into ``node``: its time by category and top contributors, and for each
-    contributor the event of its longest edge (for its call site); its edges marked in ``on_path``."""
-    via, src = run.via, graph.src
+    """The binding path into ``node`` (of the contracted graph ``run`` replays): its time by category
+    and top contributors, and for each contributor the event of its longest edge (for its call site);
+    its edges (the full graph's) marked in ``on_path``."""
+    via, src = run.via, small.graph.src
     edges = []
     e = run.value(node)[6]
     while e >= 0:
         edges.append(e)
         e = via[src[e]]
-    path = np.array(edges, dtype=np.int64)
+    path = _expand(small, edges)
     if on_path is not None:
         on_path[path] = True
     weight, category = graph.weight[path], graph.category[path]
@@ -193,13 +203,15 @@ def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -
     return msgspec.structs.replace(piece, top=top)
 
 
-def _pieces(graph: LocalGraph, run: Replay,
+def _pieces(graph: LocalGraph, small: Contracted, run: Replay,
             on_path: np.ndarray) -> tuple[list[Piece | None], list[Piece]]:
-    """The measured paths into every arrival and step end, with call sites when recorded (their
-    edges marked in ``on_path``)."""
+    """The measured paths into every arrival and step end (``run``: the measured replay of the
+    contracted graph), with call sites when recorded (their edges marked in ``on_path``)."""
     keys = _name_keys(graph)
-    found = [_piece(graph, run, int(a), keys, on_path) if a >= 0 else None for a in graph.arrival.tolist()]
-    ends = [_piece(graph, run, s.end, keys, on_path) for s in graph.steps]
+    target = small.graph
+    found = [_piece(graph, small, run, int(a), keys, on_path) if a >= 0 else None
+             for a in target.arrival.tolist()]
+    ends = [_piece(graph, small, run, s.end, keys, on_path) for s in target.steps]
     if has_stacks(graph.trace):
         wanted = sorted({e for f in [*found, *ends] if f is not None for e in f[1] if e >= 0})
         sites = dict(zip(wanted, call_sites(graph.trace, np.array(wanted, dtype=np.int64)), strict=True))
@@ -211,17 +223,17 @@ def _pieces(graph: LocalGraph, run: Replay,
 def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPaths:
     """The :class:`RankPaths` of a built graph (the measured replay and one per cause it has)."""
     base = graph.base_us
-    measured = replay(graph)
-    arrivals = [_into(graph, measured, int(a)) if a >= 0 else None for a in graph.arrival.tolist()]
-    ends = [_into(graph, measured, s.end) for s in graph.steps]
+    small = contract(graph)
+    target = small.graph
+    measured = replay(target, small.weights(graph.weight), None, small.work(graph.weight, graph))
+    arrivals = [_into(target, measured, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
+    ends = [_into(target, measured, s.end) for s in target.steps]
     all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
     on_path = np.zeros(len(graph.src), dtype=bool)
-    pieces, step_pieces = _pieces(graph, measured, on_path)
-    small: Contracted | None = None
+    pieces, step_pieces = _pieces(graph, small, measured, on_path)
     for cause in causes:
         change = cause_change(graph, cause)
         if change is not None and _matters(graph, change, on_path):
-            small = small or contract(graph)
             all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
     t = graph.t
     return RankPaths(

@@ -139,8 +139,13 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
     if paths is not None and len(paths) == len(ranks.parts):
         numbered = {id(p): ranks.rank_of(ranks.parts[i]) for i, p in enumerate(paths)}
         graph = cycle_graph(paths, rank_of=lambda p, i: numbered[id(p)])
-        findings = on_the_graph(findings, graph)
         notes = list(dict.fromkeys(graph.notes))
+        if graph.joined_reliably:
+            findings = on_the_graph(findings, graph)
+        else:
+            findings = [msgspec.structs.replace(f, bound_ms_per_step=f.saving_ms_per_step) for f in findings]
+            notes.append("savings are per-rank bounds: the ranks' collectives could not be joined on the "
+                         "critical path (their clocks, or the order of their collectives, disagree)")
     else:
         findings = [msgspec.structs.replace(f, bound_ms_per_step=f.saving_ms_per_step) for f in findings]
         notes.append("savings are per-rank bounds: the traces' sidecars hold no critical-path graph "
