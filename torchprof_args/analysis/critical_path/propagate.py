@@ -99,9 +99,13 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
     w = weights.tolist()
     src = graph.src.tolist()
     ptr = graph.in_ptr.tolist()
-    ins = graph.in_edges.tolist()
-    if cut is not None:
-        ins = [e if not cut[e] else -1 for e in ins]
+    in_edges = graph.in_edges if cut is None else graph.in_edges[~cut[graph.in_edges]]
+    if cut is not None:  # the pointers of the edges kept
+        kept = np.zeros(len(graph.src), dtype=np.int64)
+        kept[graph.in_edges[~cut[graph.in_edges]]] = 1
+        counts = np.bincount(graph.dst, weights=kept, minlength=n).astype(np.int64)
+        ptr = np.r_[0, np.cumsum(counts)].tolist()
+    ins = in_edges.tolist()
     t = graph.t.tolist()
     start = t[graph.window_node] if graph.window_node >= 0 else -np.inf
     fixed = fixed_labels(graph)
@@ -111,43 +115,53 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
             if any(cut[e] for e in ins_of.tolist() if graph.kind[e] == WAIT):
                 fixed.pop(node, None)
                 fixed.pop(span_end, None)
+    # per node: a label it starts afresh with (fixed), else None; whether it keeps its measured time
+    start_label: list[int | None] = [None] * n
+    for node, label in fixed.items():
+        start_label[node] = label
+    early = (graph.t <= start).tolist()
     restart = {s.end: step_label(i) for i, s in enumerate(graph.steps)}
     done_by = (np.where(np.isin(graph.category, WORK), weights, 0.0) if work is None else work).tolist()
     sinks: dict[int, Value] = {}
     l1, t1, w1 = [NONE] * n, [-np.inf] * n, [0.0] * n
     l2, t2, w2 = [NONE] * n, [-np.inf] * n, [0.0] * n
     via = [-1] * n
+    minus_inf = -np.inf
     for v in graph.order.tolist():
-        label = fixed.get(v)
+        label = start_label[v]
         if label is not None:
             l1[v], t1[v] = label, t[v]
             continue
         a, b = ptr[v], ptr[v + 1]
-        if t[v] <= start or a == b:
+        if early[v] or a == b:
             l1[v], t1[v] = WINDOW, t[v]
             continue
-        bl, bt, bw, sl, st, sw, be = NONE, -np.inf, 0.0, NONE, -np.inf, 0.0, -1
-        for j in range(a, b):
-            e = ins[j]
-            if e < 0:
-                continue
+        bl, bt, bw, sl, st, sw, be = NONE, minus_inf, 0.0, NONE, minus_inf, 0.0, -1
+        for e in ins[a:b]:
             u = src[e]
             we = w[e]
             done = done_by[e]
-            for lx, x, wx in ((l1[u], t1[u] + we, w1[u] + done), (l2[u], t2[u] + we, w2[u] + done)):
-                if lx == NONE:
-                    continue
+            lx, x = l1[u], t1[u] + we
+            if x > bt:  # the best slot of u (never NONE: every node visited has one)
+                if lx != bl:
+                    sl, st, sw = bl, bt, bw
+                bl, bt, bw, be = lx, x, w1[u] + done, e
+            elif lx != bl and x > st:
+                sl, st, sw = lx, x, w1[u] + done
+            lx = l2[u]
+            if lx != NONE:
+                x = t2[u] + we
                 if x > bt:
                     if lx != bl:
                         sl, st, sw = bl, bt, bw
-                    bl, bt, bw, be = lx, x, wx, e
+                    bl, bt, bw, be = lx, x, w2[u] + done, e
                 elif lx != bl and x > st:
-                    sl, st, sw = lx, x, wx
+                    sl, st, sw = lx, x, w2[u] + done
         if bl == NONE:  # every edge in was cut: the node keeps its measured time
             bl, bt = WINDOW, t[v]
         label = restart.get(v)
         if label is not None:
             sinks[v] = (bl, bt, bw, sl, st, sw, be)
-            bl, bt, bw, sl, st, sw, be = label, t[v], 0.0, NONE, -np.inf, 0.0, -1
+            bl, bt, bw, sl, st, sw, be = label, t[v], 0.0, NONE, minus_inf, 0.0, -1
         l1[v], t1[v], w1[v], l2[v], t2[v], w2[v], via[v] = bl, bt, bw, sl, st, sw, be
     return Replay(l1, t1, w1, l2, t2, w2, via, sinks)
