@@ -159,9 +159,9 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
                     sl, st, sw = lx, x, w2[u] + done
         if bl == NONE:  # every edge in was cut: the node keeps its measured time
             bl, bt = WINDOW, t[v]
-        label = restart.get(v)
-        if label is not None:
+        again = restart.get(v)
+        if again is not None:
             sinks[v] = (bl, bt, bw, sl, st, sw, be)
-            bl, bt, bw, sl, st, sw, be = label, t[v], 0.0, NONE, minus_inf, 0.0, -1
+            bl, bt, bw, sl, st, sw, be = again, t[v], 0.0, NONE, minus_inf, 0.0, -1
         l1[v], t1[v], w1[v], l2[v], t2[v], w2[v], via[v] = bl, bt, bw, sl, st, sw, be
     return Replay(l1, t1, w1, l2, t2, w2, via, sinks)
