@@ -47,6 +47,9 @@ __all__ = ["RESUME_US", "CpuEvents", "cpu_edges", "cpu_events"]
 RESUME_US = 500.0
 #: a thread quiet for less than this was not waiting.
 MIN_QUIET_US = 50.0
+#: a step waits at once for at most this many all-reduces it issued for them to be metrics, whose
+#: wait a step can leave out (more are the model's own communication).
+METRIC_REDUCES_PER_STEP = 2
 #: ... or, for a collective it issued, within this share of its gap.
 ISSUED_RESUME_SHARE = 0.5
 #: top-level events on a thread that runs no step, less than this apart, are one burst of activity.
@@ -184,30 +187,39 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     issuers = _issuers(trace, cpu)
     gaps = _gaps(trace, cpu, own, has & (loader[o] | blocking[o] | in_run[o]))
     top_level = np.zeros(len(src), dtype=bool)
+    removable = _removable_waits(trace, cpu, issuers)
     early: dict[int, int] = {}
     resumes = gaps & np.isin(dst, cpu.start_node) & (t1 - t0 >= MIN_QUIET_US)  # quiet, then a new event
     for interval, run in _early_resumes(trace, cpu, issuers, (t0, t1, on_thread, resumes)):
-        issuer = issuers[run]
-        issued_top = bool(cpu.parent[issuer] < 0 or cpu.step[cpu.parent[issuer]])
         weight[interval] = 0.0
-        top_level[interval] |= issued_top
+        top_level[interval] |= run in removable
         early[run] = int(dst[interval])
         edges.add(np.array([cpu.start_node[run]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
-                  np.array([cpu.events[run]]), issued_top)
+                  np.array([cpu.events[run]]), run in removable)
     for interval, burst in _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps)):
-        first = bursts.first[burst]
-        if int(first) in early:  # its waiter resumed before gloo's span ended: that is its wait
+        first = int(bursts.first[burst])
+        if first in early:  # its waiter resumed before gloo's span ended: that is its wait
             continue
-        found = issuers.get(int(first))
-        issued_top = found is not None and (cpu.parent[found] < 0 or bool(cpu.step[cpu.parent[found]]))
         weight[interval] = 0.0
-        top_level[interval] |= issued_top
+        top_level[interval] |= first in removable
         edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
-                  np.array([cpu.events[first]]), issued_top)
+                  np.array([cpu.events[first]]), first in removable)
     edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
     _issue_edges(cpu, issuers, edges)
     _wake_edges(cpu, bursts, issuers, nodes, times, thread, edges)
     return early
+
+
+def _removable_waits(trace: Trace, cpu: CpuEvents, issuers: dict[int, int]) -> set[int]:
+    """The runs whose wait a step could leave out (``host_sync``'s CPU form): all-reduces the step
+    issued at its top level, at most :data:`METRIC_REDUCES_PER_STEP` a step (a metric).  More a step,
+    or broadcasts, are the model's own communication (Megatron's tensor-parallel all-reduces): their
+    result is needed where the step waits for it."""
+    top = [run for run, issuer in issuers.items()
+           if (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
+           and canonical_kind(trace.names[trace.name_id[cpu.events[run]]]) == "all_reduce"]
+    steps = max(int(cpu.step.sum()), 1)
+    return set(top) if len(top) <= METRIC_REDUCES_PER_STEP * steps else set()
 
 
 def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],

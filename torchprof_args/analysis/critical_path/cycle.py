@@ -254,8 +254,8 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
         graph.notes.append(f"{unmatched} collective records have no counterpart on the other ranks: "
                            "their time is taken as measured on their rank")
     if dropped:
-        graph.notes.append(f"{dropped} collective completions precede the last rank's arrival on their "
-                           "host's clock (clock offset between hosts): those ranks' joins were left out")
+        graph.notes.append(f"{dropped} collective completions precede the last rank's arrival (the hosts' "
+                           "clocks, or the matching of the collectives, disagree): those joins were left out")
 
 
 def work_per_step(graph: CycleGraph, scenario: Scenario | None = None) -> dict[int, float]:
