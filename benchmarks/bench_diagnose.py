@@ -32,11 +32,13 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
+import msgspec  # noqa: E402
 from make_big_trace import DEFAULT_SOURCE  # noqa: E402
 from make_big_trace import build as build_big  # noqa: E402
 
 from torchprof_args.analysis import load_trace, summarize  # noqa: E402
 from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
+from torchprof_args.analysis.critical_path.reduced import rank_paths  # noqa: E402
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis  # noqa: E402
 from torchprof_args.analysis.jsonout import finite  # noqa: E402
 
@@ -60,20 +62,24 @@ def _rank_docs(rank: int, world: int, summary: dict, diagnosis: dict) -> tuple[d
 
 def build_cycle(out: Path, ranks: int) -> Path:
     cycle = out / f"run{ranks}" / "iter000100-000101"
-    if (cycle / "summaries").exists() and len(list((cycle / "summaries").iterdir())) == ranks:
+    marker = cycle / ".complete-v2"  # sidecars with the critical path's graph too
+    if marker.exists():
         return cycle
     cycle.mkdir(parents=True, exist_ok=True)
     real = []
     for source in SOURCES:
-        trace = load_trace(source, comms=True)
-        real.append((source, finite(summarize(trace, top=None)), finite(rank_diagnosis(trace))))
+        trace = load_trace(source, comms=True, flops=True)
+        real.append((source, finite(summarize(trace, top=None)), finite(rank_diagnosis(trace)),
+                     msgspec.to_builtins(finite(rank_paths(trace)))))
     for rank in range(ranks):
-        source, summary, diagnosis = real[rank % len(real)]
+        source, summary, diagnosis, paths = real[rank % len(real)]
         path = cycle / f"rank{rank:05d}_node{rank // 8:03d}_pid{10000 + rank}.pt.trace.json.gz"
         if not path.exists():
             os.link(source, path)
         s, d = _rank_docs(rank, ranks, summary, diagnosis)
-        write_sidecar(path, {"summary": s, "diagnosis": d})
+        write_sidecar(path, {"summary": s, "diagnosis": d,
+                             "critical_path": dict(copy.deepcopy(paths), rank=rank, world_size=ranks)})
+    marker.touch()
     return cycle
 
 

@@ -32,6 +32,7 @@ MISSING: dict[str, Callable[[Path, Path], list[str]]] = {
     "collectives": lambda missing, out: ["collectives", str(missing)],
     "hang": lambda missing, out: ["hang", str(missing)],
     "diagnose": lambda missing, out: ["diagnose", str(missing)],
+    "critical-path": lambda missing, out: ["critical-path", str(missing)],
     "pyspy report": lambda missing, out: ["pyspy", "report", str(missing)],
     "pyspy flamegraph": lambda missing, out: ["pyspy", "flamegraph", str(missing), "-o", str(out / "f.svg")],
     "dashboard": lambda missing, out: ["dashboard", str(missing)],

@@ -33,6 +33,7 @@ COMMANDS = {
     "collectives": lambda out: ["collectives"],
     "diagnose": lambda out: ["diagnose", "--no-progress"],
     "mem": lambda out: ["mem", "--no-progress"],
+    "critical-path": lambda out: ["critical-path", "--no-progress"],
 }
 
 

@@ -261,6 +261,10 @@ def test_low_mfu_found_with_its_magnitude(tmp_path: Path, mfu: float) -> None:
     assert others > 0  # the sampled trace's own gpu_idle / exposed_comm
     assert finding.ms_per_step == pytest.approx(step_ms * (1 - mfu), rel=0.10)
     expected = max(0.0, step_ms * (1 - mfu / low_mfu.TARGET_MFU) - min(others, step_ms))
+    compute_us, known_us = low_mfu.compute_accounted(load_trace(path, flops=True))
+    if known_us < low_mfu.KNOWN_SHARE * compute_us:  # no saving from compute whose FLOPs are unknown
+        assert finding.evidence["flops_known_share"] == pytest.approx(known_us / compute_us, abs=1e-3)
+        expected = max(0.0, min(expected, ctx.ms(known_us) - step_ms * mfu / low_mfu.TARGET_MFU))
     assert finding.saving_ms_per_step == pytest.approx(expected, rel=0.10, abs=0.01)
     assert finding.evidence["mfu"] == pytest.approx(mfu, rel=0.01)
     assert finding.evidence["device"] == "NVIDIA H100 80GB HBM3"
@@ -361,3 +365,21 @@ def test_every_real_trace_gives_json_findings(path: Path) -> None:
         if isinstance(result, Finding):
             assert msgspec.convert(doc, Finding) == result
             assert 0.0 <= result.saving_ms_per_step <= result.ms_per_step + 1e-9
+
+
+def test_low_mfu_says_how_much_compute_has_no_flops_and_claims_no_saving_from_it() -> None:
+    """FLOPs counted from matrix-product and attention shapes cover only part of a real step's GPU
+    compute (elementwise, normalisation and optimizer kernels carry none): the finding says how much is
+    unaccounted and claims no saving from it."""
+    trace = load_trace(DATA / "gpu_1rank_h200_torchprof_faulty.json.gz", flops=True)
+    compute_us, known_us = low_mfu.compute_accounted(trace)
+    assert 0.3 < known_us / compute_us < low_mfu.KNOWN_SHARE
+    finding = low_mfu.analyze(trace, ALL_SIZES)
+    assert isinstance(finding, Finding)
+    ctx = context(trace)
+    assert finding.evidence["flops_known_share"] == pytest.approx(known_us / compute_us, abs=1e-3)
+    assert finding.evidence["unaccounted_compute_ms_per_step"] == pytest.approx(ctx.ms(compute_us - known_us),
+                                                                                 abs=1e-3)
+    assert "unaccounted" in finding.summary and "no saving is claimed" in finding.saving_bound
+    ideal_ms = finding.evidence["tflops_per_step"] / finding.evidence["peak_tflops"] * 1e3
+    assert finding.saving_ms_per_step <= max(0.0, ctx.ms(known_us) - ideal_ms / low_mfu.TARGET_MFU) + 1e-6

@@ -20,8 +20,9 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
 Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
-``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``summary``, ``diagnose`` <
-``collect`` < ``render`` < ``tools`` < ``analysis/__init__.py`` (its facade).
+``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
+graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
+``render`` < ``tools`` < ``analysis/__init__.py`` (its facade).
 
 Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
 ``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
@@ -79,6 +80,7 @@ ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("trace model", ("trace", "intervals", "jsonout")),
     ("decode", ("decode",)),
     ("analyzers", ("analyzers", "memory")),
+    ("critical path", ("critical_path",)),
     ("compositions", ("summary", "diagnose")),
     ("collect", ("collect",)),
     ("render", ("render",)),

@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "torchprof_args.commands.collectives",
     "torchprof_args.commands.hang",
     "torchprof_args.commands.diagnose",
+    "torchprof_args.commands.critical_path",
     "torchprof_args.commands.pyspy",
     "torchprof_args.commands.nsys",
     "torchprof_args.commands.dashboard",

@@ -30,7 +30,7 @@ __all__ = ["register"]
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
     from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
+    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS
     from torchprof_args.analysis.decode.loader import release_memory_eagerly
     from torchprof_args.analysis.diagnose.job import diagnose
     from torchprof_args.analysis.jsonout import finite
@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
 
     release_memory_eagerly()
     files, cycle_text = choose_cycle(expand([args.path]), args.cycle)
-    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=args.workers,
+    got = collect(files, parts=(DIAGNOSIS, CRITICAL_PATH), reparse=args.reparse, workers=args.workers,
                   progress=not args.no_progress)
     if not got.diagnoses:
         raise CommandError(got.errors[0] if len(got.errors) == 1 else
@@ -46,8 +46,11 @@ def _run(args: argparse.Namespace) -> int:
     for error in got.errors:
         print(f"torchprof diagnose: {error}", file=sys.stderr)
     memory = [part for _, part in got.stored_memory(files)]  # memory_imbalance, from the sidecars
-    doc = diagnose(got.diagnoses, args.path, cycle_text, peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
-                   memory=memory)
+    done = [r for r in got.results if r is not None and r.diagnosis is not None]
+    graphs = [r.critical_path for r in done if r.critical_path is not None]
+    doc = diagnose([r.diagnosis for r in done if r.diagnosis is not None], args.path, cycle_text,
+                   peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
+                   paths=graphs if len(graphs) == len(done) else None, memory=memory)
     print(json.dumps(finite(doc)) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 

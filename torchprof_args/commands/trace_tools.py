@@ -18,10 +18,12 @@ from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
 if TYPE_CHECKING:
+    from torchprof_args.analysis.critical_path.path import CriticalPathDoc
     from torchprof_args.analysis.diagnose.documents import JobDiagnosis
 
 
 def _report(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.report import write_report
     from torchprof_args.analysis.summary import cross_rank
     from torchprof_args.commands.cycles import cycle_summaries
@@ -29,55 +31,68 @@ def _report(args: argparse.Namespace) -> int:
     cycles, got = cycle_summaries(args.traces, args, args.top)
     found = [_diagnosis(c.files, args, c.label, with_memory=True) for c, _ in cycles]
     out = write_report([(c.label, s, cross_rank(s, k=args.slowest)) for c, s in cycles], args.output,
-                       findings=[job for job, _ in found], memory=[memory for _, memory in found])
+                       findings=[job for job, _, _ in found], paths=[finite(p) for _, p, _ in found],
+                       memory=[memory for _, _, memory in found])
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
           f"{len(cycles)} cycle(s))")
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None,
-               with_memory: bool = False) -> tuple[JobDiagnosis | None, dict[str, Any] | None]:
-    """``torchprof diagnose``'s result for one cycle's files (sidecars, else parsed; None when none
-    of them can be read) and, ``with_memory``, ``torchprof mem``'s (None without [memory] events)."""
+def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, with_memory: bool = False
+               ) -> tuple[JobDiagnosis | None, CriticalPathDoc | None, dict[str, Any] | None]:
+    """``torchprof diagnose``'s and ``critical-path``'s results for one cycle's files (sidecars, else
+    parsed; None when none of them can be read) and, ``with_memory``, ``torchprof mem``'s (from the
+    sidecars; None without [memory] events)."""
     import msgspec
 
     from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
+    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS
+    from torchprof_args.analysis.critical_path.job import critical_path
     from torchprof_args.analysis.diagnose.job import diagnose
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.memory.report import memory_report
 
-    got = collect(files, parts=(DIAGNOSIS,), reparse=args.reparse, workers=getattr(args, "workers", None))
+    got = collect(files, parts=(DIAGNOSIS, CRITICAL_PATH), reparse=args.reparse,
+                  workers=getattr(args, "workers", None))
     memory = got.stored_memory(files)  # from the sidecars: `torchprof mem` parses traces without
-    parts = [m for _, m in memory]
-    job = diagnose(got.diagnoses, label or "", label, memory=parts) if got.diagnoses else None
     report = memory_report(label or "", label, memory) if with_memory and memory else None
-    if report is None or report.peak is None:
-        return job, None
-    return job, finite(msgspec.to_builtins(report))
+    memory_doc = None if report is None or report.peak is None else finite(msgspec.to_builtins(report))
+    done = [r for r in got.results if r is not None and r.diagnosis is not None]
+    if not done:
+        return None, None, memory_doc
+    graphs = [r.critical_path for r in done if r.critical_path is not None]
+    whole = len(graphs) == len(done)
+    job = diagnose([r.diagnosis for r in done if r.diagnosis is not None], label or "", label,
+                   paths=graphs if whole else None, memory=[m for _, m in memory])
+    return job, critical_path(graphs, label or "", label) if whole and graphs else None, memory_doc
 
 
 def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
+    from torchprof_args.analysis.critical_path.compare import compare_paths, format_path_diff
     from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
     from torchprof_args.analysis.jsonout import print_json
     from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
     from torchprof_args.commands.cycles import cycle_summaries
 
-    sides, diagnoses = [], []
+    sides, diagnoses, paths = [], [], []
     for side in (args.base, args.new):
         cycles, got = cycle_summaries([side], args, None)
         if got.errors:
             return ExitStatus.PARTLY_FAILED
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
-        diagnoses.append(_diagnosis(files, args, label or side)[0])
+        found, path, _ = _diagnosis(files, args, label or side)
+        diagnoses.append(found)
+        paths.append(path)
     result, findings = diff_summaries(*sides), diff_findings(*diagnoses)
+    path_changes = compare_paths(paths[0], paths[1])
     if args.json:
-        print_json({**result, "findings": findings})
+        print_json({**result, "findings": findings, "critical_path": path_changes})
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
         print("\n".join(format_findings_diff(findings)))
+        print("\n".join(format_path_diff(path_changes)))
     return 0
 
 

@@ -327,12 +327,15 @@ def _notes(ranks: Sequence[RankComms], instances: list[CollectiveInstance], same
     return notes
 
 
-def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> CollectivesReport:
+def match_collectives(ranks: Sequence[RankComms], top: int = 20,
+                      members: dict[int, dict[int, CommRecord]] | None = None) -> CollectivesReport:
     """The collectives of one cycle's traces matched across ranks.
 
     Args:
         ranks: one :class:`RankComms` per rank (:func:`~.collectives.rank_collectives`).
         top: instances listed in ``worst_skew``.
+        members: when given, receives each instance's records: instance id -> rank -> record (the
+            critical path joins the ranks' graphs there).
 
     Returns:
         The report: how instances were matched, each instance, the ranks by the waiting they
@@ -349,7 +352,9 @@ def match_collectives(ranks: Sequence[RankComms], top: int = 20) -> CollectivesR
     loaded = {rc.rank for rc in ranks}
     world = next((rc.world_size for rc in ranks if rc.world_size), None)
     ordered = sorted(groups.items(), key=lambda item: min(r.start_us for r in item[1].values()))
-    instances = [_instance(i, key, members, loaded, world) for i, (key, members) in enumerate(ordered)]
+    instances = [_instance(i, key, found, loaded, world) for i, (key, found) in enumerate(ordered)]
+    if members is not None:
+        members.update({i: found for i, (_, found) in enumerate(ordered)})
     worst = sorted((i for i in instances if i["ranks"] > 1), key=lambda i: -i["skew_us"])[:top]
     rank_rows = _rank_table(instances, [rc.rank for rc in ranks])
     return {

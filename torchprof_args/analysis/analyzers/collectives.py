@@ -26,8 +26,10 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.select import member
@@ -36,7 +38,7 @@ from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
-__all__ = ["CommRecord", "RankComms", "canonical_kind", "dtype_bytes", "rank_collectives"]
+__all__ = ["CommRecord", "CompactRecords", "RankComms", "canonical_kind", "dtype_bytes", "rank_collectives"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -106,6 +108,26 @@ class CommRecord:
     protocol: str | None = None
     #: The trace did not say the group's size: the world size was used for the message size.
     size_assumed: bool = False
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CommRecord))
+
+
+class CompactRecords(msgspec.Struct, frozen=True):
+    """A rank's collective records as a table: ``fields`` names the columns of every row."""
+
+    fields: list[str]
+    rows: list[list[Any]]
+
+    @classmethod
+    def of(cls, records: Sequence[CommRecord]) -> CompactRecords:
+        """The table of ``records``."""
+        return cls(list(_RECORD_FIELDS), [list(dataclasses.astuple(r)) for r in records])
+
+    def records(self) -> list[CommRecord]:
+        """The records again (columns this version does not know are dropped)."""
+        known = [i for i, n in enumerate(self.fields) if n in _RECORD_FIELDS]
+        return [CommRecord(**{self.fields[i]: row[i] for i in known}) for row in self.rows]
 
 
 @dataclasses.dataclass

@@ -26,6 +26,7 @@ from torchprof_args.analysis.collect.trace_results import (
     parse_results,
     read_results,
 )
+from torchprof_args.analysis.critical_path.reduced import RankPaths
 from torchprof_args.analysis.decode import parallel
 from torchprof_args.analysis.decode.reader import ProgressBar
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
@@ -64,6 +65,11 @@ class Collected:
                 if stored is not None and stored.memory is not None:
                     found.append((str(path), stored.memory))
         return found
+
+    @property
+    def paths(self) -> list[RankPaths]:
+        """The reduced graphs of the traces that gave one, in input order."""
+        return [r.critical_path for r in self.results if r is not None and r.critical_path is not None]
 
     @property
     def diagnoses(self) -> list[RankDiagnosis]:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from torchprof_args.analysis.collect.sidecar import stored_parts, trace_fingerprint, write_sidecar
+from torchprof_args.analysis.critical_path.reduced import PATHS_FORMAT, RankPaths, rank_paths
 from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, RankDiagnosis
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis
@@ -36,8 +37,8 @@ from torchprof_args.errors import TraceError
 from torchprof_args.naming import rank_from_file_name
 
 __all__ = [
-    "DIAGNOSIS", "MEMORY", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults", "parse_results",
-    "read_results", "results_of",
+    "CRITICAL_PATH", "DIAGNOSIS", "MEMORY", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults",
+    "parse_results", "read_results", "results_of",
 ]
 
 
@@ -50,12 +51,15 @@ class TraceResults:
         summary: what ``torchprof summary --json`` prints (its top-N lists cut as asked).
         diagnosis: the rank's part of ``torchprof diagnose`` (its rank from the file name when the
             trace does not state it).
+        critical_path: the rank's reduced dependency graph (``torchprof critical-path``, and
+            ``diagnose``'s savings); its rank from the file name when the trace does not state it.
         memory: the trace's memory breakdown (``torchprof mem``; its rank likewise).
     """
 
     path: Path
     summary: Summary | None = None
     diagnosis: RankDiagnosis | None = None
+    critical_path: RankPaths | None = None
     memory: MemoryPart | None = None
 
 
@@ -116,6 +120,25 @@ def _finish_diagnosis(part: RankDiagnosis, top: int | None, path: Path) -> RankD
     return part
 
 
+_decode_paths = msgspec.json.Decoder(RankPaths)
+_decode_stored_paths = msgspec.json.Decoder(RankPaths | None)
+
+
+def _compute_paths(trace: Trace, top: int | None, path: Path) -> RankPaths:
+    return _decode_paths.decode(_encode.encode(finite(rank_paths(trace))))
+
+
+def _read_paths(stored: msgspec.Raw) -> RankPaths | None:
+    part = _decode_stored_paths.decode(stored)
+    return part if part is not None and part.format == PATHS_FORMAT else None
+
+
+def _finish_paths(part: RankPaths, top: int | None, path: Path) -> RankPaths:
+    if part.rank is None:
+        return msgspec.structs.replace(part, rank=rank_from_file_name(path.name))
+    return part
+
+
 def _compute_memory(trace: Trace, top: int | None, path: Path) -> MemoryPart:
     return trace_memory_part(trace)
 
@@ -138,10 +161,12 @@ SUMMARY = Part("summary", comms=False, flops=False, compute=_compute_summary, re
                finish=_finish_summary)
 DIAGNOSIS = Part("diagnosis", comms=True, flops=True, compute=_compute_diagnosis, read=_read_diagnosis,
                  finish=_finish_diagnosis)
+CRITICAL_PATH = Part("critical_path", comms=True, flops=False, compute=_compute_paths, read=_read_paths,
+                     finish=_finish_paths)
 MEMORY = Part("memory", comms=False, flops=False, compute=_compute_memory, read=_read_memory,
               finish=_finish_memory, memory_rows=True)
 #: every part, in the sidecar's key order (a sidecar holds them all).
-PARTS: tuple[Part, ...] = (SUMMARY, DIAGNOSIS, MEMORY)
+PARTS: tuple[Part, ...] = (SUMMARY, DIAGNOSIS, CRITICAL_PATH, MEMORY)
 
 
 class Outcome(NamedTuple):

@@ -10,13 +10,11 @@ documented JSON as they are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import astuple, fields
 from typing import Any
 
 import msgspec
 
-from torchprof_args.analysis.analyzers.collectives import CommRecord
+from torchprof_args.analysis.analyzers.collectives import CompactRecords
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 
 __all__ = [
@@ -25,12 +23,9 @@ __all__ = [
 ]
 
 #: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-DIAGNOSIS_FORMAT = 2
+DIAGNOSIS_FORMAT = 3
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
-
-_RECORD_FIELDS = tuple(f.name for f in fields(CommRecord))
-
 
 class StepWork(msgspec.Struct, frozen=True):
     """One step of a rank (us, trace-relative): its time in collectives and the rest, its work."""
@@ -40,23 +35,6 @@ class StepWork(msgspec.Struct, frozen=True):
     dur_us: float
     collective_us: float
     work_us: float
-
-
-class CompactRecords(msgspec.Struct, frozen=True):
-    """A rank's collective records as a table: ``fields`` names the columns of every row."""
-
-    fields: list[str]
-    rows: list[list[Any]]
-
-    @classmethod
-    def of(cls, records: Sequence[CommRecord]) -> CompactRecords:
-        """The table of ``records``."""
-        return cls(list(_RECORD_FIELDS), [list(astuple(r)) for r in records])
-
-    def records(self) -> list[CommRecord]:
-        """The records again (columns this version does not know are dropped)."""
-        known = [i for i, n in enumerate(self.fields) if n in _RECORD_FIELDS]
-        return [CommRecord(**{self.fields[i]: row[i] for i in known}) for row in self.rows]
 
 
 class MfuInputs(msgspec.Struct, frozen=True):
@@ -69,6 +47,10 @@ class MfuInputs(msgspec.Struct, frozen=True):
     device: str | None
     #: the step evidence every finding carries, with the longest step's ``perfetto_ts_us``.
     step_evidence: dict[str, Any]
+    #: the GPU's computation kernel time per step (ms), and the part launched by an operator with a
+    #: FLOP count (what the FLOPs account for).
+    compute_ms: float | None = None
+    accounted_ms: float | None = None
 
 
 class RankDiagnosis(msgspec.Struct, frozen=True):
@@ -121,8 +103,10 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
         cycle: which cycle (``iterations A-B``), or None.
         ranks: how many ranks (traces) were diagnosed.
         step_ms: the job's step: the slowest rank's mean step (None without steps).
-        findings: every kind's job-level finding, largest saving first.
+        findings: every kind's job-level finding, largest saving first (the savings predicted on
+            the cycle's critical path where the graph can answer: each finding's ``saving_basis``).
         gaps: kinds the traces cannot answer, with the ranks.
+        notes: what the savings could not use (a rank's graph missing, collectives not joined).
     """
 
     version: int
@@ -132,3 +116,4 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
     step_ms: float | None
     findings: list[Finding]
     gaps: list[JobGap]
+    notes: list[str] = msgspec.field(default_factory=list)

@@ -68,9 +68,12 @@ class Finding(msgspec.Struct, frozen=True):
     """One problem, measured per step.
 
     ``ms_per_step``: the time the problem takes in a mean step; ``share_of_step`` that over the
-    step time; ``saving_ms_per_step``: what fixing it would save at most, per step, and
-    ``saving_bound`` one phrase saying how that was bounded (e.g. "exposed time only: compute is
-    not shortened").  ``evidence``: JSON values only (top kernels / operators / call sites as lists
+    step time; ``saving_ms_per_step``: what fixing it would save per step: in a job's diagnosis the
+    step the critical path predicts without the cause (``saving_basis`` ``"critical path"``), else
+    the per-rank bound (``"bound"``); ``bound_ms_per_step``: that per-rank bound (what it saves at
+    most on the rank), and ``saving_bound`` one phrase saying how it was bounded (e.g. "exposed
+    time only: compute is not shortened").  ``evidence``: JSON values only (top kernels / operators /
+    call sites as lists
     of ``{"name", "ms_per_step"}``, ``"perfetto_ts_us"`` of the worst instance, counts).
     ``remedy``: the usual fix, one line.  ``summary``: one sentence for the text output.
     """
@@ -84,6 +87,8 @@ class Finding(msgspec.Struct, frozen=True):
     saving_bound: str
     remedy: str
     evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    bound_ms_per_step: float | None = None
+    saving_basis: str = "bound"
 
     def __post_init__(self) -> None:
         if self.kind not in kind_modules():

@@ -21,12 +21,15 @@ from pathlib import Path
 
 import msgspec
 
+from torchprof_args.analysis.critical_path.cycle import cycle_graph
+from torchprof_args.analysis.critical_path.reduced import RankPaths
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
 from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, JobDiagnosis, JobGap, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK
+from torchprof_args.analysis.diagnose.savings import on_the_graph
 from torchprof_args.analysis.memory.categories import MemoryPart
 
 __all__ = ["diagnose", "merge_kind"]
@@ -107,7 +110,7 @@ def judged_with(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
 
 def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None = None, *,
              peak_tflops: float | None = None, dtype: str = "bf16",
-             memory: Sequence[MemoryPart] = ()) -> JobDiagnosis:
+             paths: Sequence[RankPaths] | None = None, memory: Sequence[MemoryPart] = ()) -> JobDiagnosis:
     """The job's diagnosis from one cycle's rank parts (``--json``'s schema).
 
     Args:
@@ -116,6 +119,8 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         cycle: which cycle (``iterations A-B``), for the reader.
         peak_tflops: the GPU's dense peak for ``low_mfu`` (a device the table lacks).
         dtype: which of the table's peaks ``low_mfu`` compares with (e.g. fp8 training).
+        paths: each rank's reduced graph, in the order of ``parts``: the savings are then the
+            critical path's (:mod:`.savings`); None: the per-rank bounds.
         memory: the ranks' memory parts (``memory_imbalance``), when read.
 
     Returns:
@@ -132,6 +137,21 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
             by_kind.setdefault(finding.kind, []).append(finding)
     findings = [merge_kind(group, len(ranks.parts), ranks.step_ms) for group in by_kind.values()]
     findings += _cross_rank(ranks)
+    notes: list[str] = []
+    if paths is not None and len(paths) == len(ranks.parts):
+        numbered = {id(p): ranks.rank_of(ranks.parts[i]) for i, p in enumerate(paths)}
+        graph = cycle_graph(paths, rank_of=lambda p, i: numbered[id(p)])
+        notes = list(dict.fromkeys(graph.notes))
+        if graph.joined_reliably:
+            findings = on_the_graph(findings, graph)
+        else:
+            findings = [msgspec.structs.replace(f, bound_ms_per_step=f.saving_ms_per_step) for f in findings]
+            notes.append("savings are per-rank bounds: the ranks' collectives could not be joined on the "
+                         "critical path (their clocks, or the order of their collectives, disagree)")
+    else:
+        findings = [msgspec.structs.replace(f, bound_ms_per_step=f.saving_ms_per_step) for f in findings]
+        notes.append("savings are per-rank bounds: the traces' sidecars hold no critical-path graph "
+                     "(torchprof diagnose --reparse builds it)")
     findings.sort(key=lambda f: (-f.saving_ms_per_step, f.kind))
     return JobDiagnosis(version=FINDINGS_VERSION, path=str(path), cycle=cycle, ranks=len(ranks.parts),
-                        step_ms=ranks.step_ms, findings=findings, gaps=_merged_gaps(ranks))
+                        step_ms=ranks.step_ms, findings=findings, gaps=_merged_gaps(ranks), notes=notes)

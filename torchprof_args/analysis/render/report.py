@@ -19,7 +19,9 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.gpu import GpuBreakdown
 from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+from torchprof_args.analysis.diagnose.finding import Finding
 from torchprof_args.analysis.render import svg
+from torchprof_args.analysis.render.critical_path import path_section
 from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.memory import memory_section
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
@@ -124,15 +126,24 @@ def _top_kernels(view: CrossRankView, by_rank: dict[int, Summary]) -> str:
     return "<div class=row>" + "".join(parts) + "</div>" if parts else ""
 
 
+def _saving_cell(finding: Finding) -> str:
+    """The saving, on the critical path beside its per-rank bound, or the bound alone."""
+    bound = finding.bound_ms_per_step
+    if finding.saving_basis == "critical path" and bound is not None:
+        return f"{finding.saving_ms_per_step:.1f} ms (bound {bound:.1f})"
+    return f"up to {finding.saving_ms_per_step:.1f} ms"
+
+
 def _findings(doc: JobDiagnosis | None) -> str:
     """The cycle's findings (``torchprof diagnose``), largest saving first, and its gaps."""
     if doc is None:
         return ""
-    rows = [[i, f.kind, f"{f.saving_ms_per_step:.1f} ms", fmt_pct(100.0 * f.share_of_step),
+    step = doc.step_ms or 0.0
+    rows = [[i, f.kind, _saving_cell(f), fmt_pct(100.0 * f.saving_ms_per_step / step) if step else "-",
              ", ".join(str(r) for r in f.ranks[:16]) + (" ..." if len(f.ranks) > 16 else ""),
              f.summary, f.remedy] for i, f in enumerate(doc.findings, 1)]
     parts = ["<h3>What to fix (torchprof diagnose)</h3>"]
-    headers = ["#", "kind", "saves up to / step", "of the step", "ranks", "finding", "remedy"]
+    headers = ["#", "kind", "saves / step", "of the step", "ranks", "finding", "remedy"]
     parts.append(_table(headers, rows, {0, 2, 3}) if rows
                  else "<p>No finding above the documented thresholds.</p>")
     gaps = gap_text_lines(doc.gaps)  # one sentence per flag, as `torchprof diagnose` says it
@@ -143,10 +154,11 @@ def _findings(doc: JobDiagnosis | None) -> str:
 
 
 def _cycle_section(title: str, summaries: list[Summary], view: CrossRankView,
-                   findings: JobDiagnosis | None = None, memory: dict[str, Any] | None = None) -> str:
+                   findings: JobDiagnosis | None = None, path: dict[str, Any] | None = None,
+                   memory: dict[str, Any] | None = None) -> str:
     by_rank = {(s.rank if s.rank is not None else i): s for i, s in enumerate(summaries)}
     rows = view.ranks
-    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings),
+    parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings), path_section(path),
              _distributions(view)]
     if view.slowest_rank is not None:
         parts.append(f"<p>Slowest rank <b>{view.slowest_rank}</b>, fastest {view.fastest_rank}, spread "
@@ -191,12 +203,14 @@ def _stragglers(view: CrossRankView) -> list[str]:
 
 
 def render_report(cycles: list[Cycle], findings: list[JobDiagnosis | None] | None = None,
+                  paths: list[dict[str, Any] | None] | None = None,
                   memory: list[dict[str, Any] | None] | None = None) -> str:
     """The HTML page of a run.
 
     Args:
         cycles: each cycle's title, its ranks' summaries and its cross-rank view.
         findings: each cycle's ``torchprof diagnose`` result (None: that cycle's section has none).
+        paths: each cycle's ``torchprof critical-path --json`` document (its strips; None: none).
         memory: each cycle's ``torchprof mem --json`` document (its timeline and findings; None: none).
 
     Returns:
@@ -208,22 +222,25 @@ def render_report(cycles: list[Cycle], findings: list[JobDiagnosis | None] | Non
             f"<p>{ranks} trace(s) in {len(cycles)} cycle(s). GPU numbers use Holistic Trace Analysis "
             "definitions; hover a cell or bar for its value.</p>"]
     found = findings or [None] * len(cycles)
+    drawn = paths or [None] * len(cycles)
     memories = memory or [None] * len(cycles)
-    sections = [_cycle_section(*c, f, m) for c, f, m in zip(cycles, found, memories, strict=True)]
+    sections = [_cycle_section(*c, f, p, m)
+                for c, f, p, m in zip(cycles, found, drawn, memories, strict=True)]
     return "\n".join(head + sections + ["</body></html>"])
 
 
 def write_report(cycles: list[Cycle], output: str | Path, findings: list[JobDiagnosis | None] | None = None,
+                 paths: list[dict[str, Any] | None] | None = None,
                  memory: list[dict[str, Any] | None] | None = None) -> Path:
     """Publish :func:`render_report`'s page at ``output`` (atomically).
 
     Args:
-        cycles: as :func:`render_report` takes them; ``findings`` and ``memory`` likewise.
+        cycles: as :func:`render_report` takes them; ``findings``, ``paths`` and ``memory`` likewise.
         output: the HTML file to write.
 
     Returns:
         Its path.
     """
     output = Path(output)
-    write_text_atomically(output, render_report(cycles, findings, memory))
+    write_text_atomically(output, render_report(cycles, findings, paths, memory))
     return output

@@ -9,10 +9,9 @@ nothing); on a CPU-only trace it is the loader spans' whole time, which the step
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from torchprof_args.analysis.analyzers.event_names import LOADER_RE
 from torchprof_args.analysis.analyzers.stepwise import (
     StepContext,
     context,
@@ -32,8 +31,6 @@ KIND = "dataloader_stall"
 SCOPE = Scope.PER_RANK
 #: the stall (GPU idle while the loader runs; CPU-only: the loader's time) must reach 3 % of the step.
 THRESHOLD = Threshold(share_of_step=0.03)
-LOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__$"
-                       r"|torch/utils/data/dataloader\.py\(\d+\): __next__$")
 REMEDY = ("pin_memory=True, more DataLoader num_workers (and prefetch_factor), persistent_workers=True; "
           "move heavy preprocessing out of the loop")
 

@@ -19,12 +19,14 @@ from the issuing operator's end to the thread's next event, while the collective
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import STACK_FLAG, call_sites, has_stacks
+from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_ISSUE_RE as _ISSUE_RE
+from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_RUN_RE as _RUN_RE
+from torchprof_args.analysis.analyzers.event_names import DTOH_RE, SYNC_RE
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
 from torchprof_args.analysis.analyzers.stepwise import (
@@ -47,8 +49,6 @@ KIND = "host_sync"
 SCOPE = Scope.PER_RANK
 #: the GPU idle time the synchronisations cause (CPU-only: the thread's wait) must reach 2 % of the step.
 THRESHOLD = Threshold(share_of_step=0.02)
-SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchroni[sz]e$")
-DTOH_RE = re.compile(r"DtoH|Device -> (Pageable|Pinned|Host)")
 #: call sites are looked up for this many of the costliest calls (each is a search of the frames).
 SITES_OF = 32
 
@@ -150,10 +150,6 @@ def _by_site(cost: np.ndarray, sites: list[str | None], ctx: StepContext,
     ranked = sorted(sums.items(), key=lambda kv: -kv[1])[:top]
     return [{"name": name, "ms_per_step": round(ctx.ms(us), 3)} for name, us in ranked]
 
-
-#: the c10d operator that issues a collective, and gloo's worker-thread span that runs it.
-_ISSUE_RE = re.compile(r"^c10d::")
-_RUN_RE = re.compile(r"^gloo:")
 
 
 def _top_level_issues(trace: Trace, thread: int, lo: float, hi: float) -> list[tuple[str, float, float]]:

@@ -11,11 +11,11 @@ than their launch call (kernel runtime, not queueing, is the limit otherwise).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.event_names import LAUNCH_RE
 from torchprof_args.analysis.analyzers.gpu import hta_kernels
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import (
@@ -44,10 +44,6 @@ THRESHOLD = Threshold(share_of_step=0.05)
 #: ... and at least this share of the kernels must run shorter than their launch call (else kernel
 #: runtime, not launching, is the limit); off with the thresholds.
 SHORT_SHARE = 0.5
-#: HTA's launch calls (kernels, and copies / memsets with ``include_memory_events``), + HIP's.
-LAUNCH_RE = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaMemcpyAsync|cudaMemsetAsync|"
-                       r"hipLaunchKernel|hipExtLaunchKernel|hipExtModuleLaunchKernel|hipModuleLaunchKernel|"
-                       r"hipMemcpyAsync|hipMemsetAsync|hipMemcpyWithStream)$")
 REMEDY = ("capture the step in CUDA graphs (Megatron --enable-cuda-graph / torch.compile "
           "mode='reduce-overhead'), fuse small kernels (torch.compile), or raise the micro-batch size")
 

@@ -9,10 +9,9 @@ the evidence splits it out.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from torchprof_args.analysis.analyzers.event_names import COPY_RE
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import StepContext, context, top_names
@@ -27,7 +26,6 @@ KIND = "memcpy"
 SCOPE = Scope.PER_RANK
 #: the copies' time no computation kernel overlaps must reach 3 % of the step.
 THRESHOLD = Threshold(share_of_step=0.03)
-COPY_RE = re.compile(r"^Memcpy (HtoD|DtoH)")
 REMEDY = ("pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute; "
           "keep tensors on the GPU between steps")
 

@@ -1,0 +1,103 @@
+"""A rank's graph with its plain chains contracted, for the what-if replays (:class:`Contracted`).
+
+Most nodes of a rank's graph (80 % on real GPU traces, 99 % on CPU jobs) sit inside a thread's chain
+with one edge in and one edge out: the boundaries of operators that launch nothing and wait for
+nothing.  A replay through them only adds weights, so each run of them is replaced by one edge whose
+weight is the run's sum (its work the run's work, cut when any of it is), recomputed per what-if by
+``np.add.reduceat``: the replay (:func:`~.propagate.replay`) then visits a fifth of the nodes and
+gives every kept node (every label and sink among them) the time the full graph would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from torchprof_args.analysis.critical_path.edges import CHAIN
+from torchprof_args.analysis.critical_path.graph import LocalGraph, StepNodes, topological_order
+from torchprof_args.analysis.critical_path.propagate import WORK
+
+__all__ = ["Contracted", "contract"]
+
+
+@dataclass
+class Contracted:
+    """The contracted graph (a :class:`~.graph.LocalGraph` over the kept nodes) and how to carry a
+    what-if's per-edge arrays of the full graph over to it."""
+
+    graph: LocalGraph
+    #: the full graph's edges, grouped: each contracted edge's run is ``members[starts[i]:starts[i+1]]``.
+    members: np.ndarray
+    starts: np.ndarray
+
+    def weights(self, weight: np.ndarray) -> np.ndarray:
+        """A full graph's edge weights, summed over each contracted edge's run."""
+        return np.add.reduceat(weight[self.members], self.starts[:-1]) if len(self.members) else weight[:0]
+
+    def cuts(self, cut: np.ndarray) -> np.ndarray:
+        """A full graph's cut edges: a contracted edge is cut when any edge of its run is."""
+        return np.maximum.reduceat(cut[self.members], self.starts[:-1]) if len(self.members) else cut[:0]
+
+    def work(self, weight: np.ndarray, full: LocalGraph) -> np.ndarray:
+        """The work (:data:`~.propagate.WORK`) of each contracted edge's run, with ``weight``."""
+        return self.weights(np.where(np.isin(full.category, WORK), weight, 0.0))
+
+
+def _kept(graph: LocalGraph) -> np.ndarray:
+    """The nodes a replay must visit: all but the plain chain interiors."""
+    n = len(graph.t)
+    chain = graph.kind == CHAIN
+    ins = np.bincount(graph.dst, minlength=n)
+    outs = np.bincount(graph.src, minlength=n)
+    chain_in = np.zeros(n, dtype=bool)
+    chain_in[graph.dst[chain]] = True
+    chain_out = np.zeros(n, dtype=bool)
+    chain_out[graph.src[chain]] = True
+    kept = ~((ins == 1) & (outs == 1) & chain_in & chain_out)
+    special = [graph.window_node, *graph.completion.tolist(), *graph.arrival.tolist(), *graph.early,
+               *graph.early.values(), *(s.start for s in graph.steps), *(s.end for s in graph.steps)]
+    kept[[v for v in special if v >= 0]] = True
+    return kept
+
+
+def contract(graph: LocalGraph) -> Contracted:
+    """``graph`` with its plain chain runs contracted (see the module's docstring)."""
+    kept = _kept(graph)
+    n_edges = len(graph.src)
+    out_edge = np.full(len(graph.t), -1, dtype=np.int64)
+    removable_src = ~kept[graph.src]
+    out_edge[graph.src[removable_src]] = np.flatnonzero(removable_src)  # a removed node's one edge out
+    heads = np.flatnonzero(kept[graph.src])
+    nxt = out_edge[graph.dst].tolist()
+    members: list[int] = []
+    starts = [0]
+    for e in heads.tolist():  # follow each run through the removed nodes
+        while e >= 0:
+            members.append(e)
+            e = nxt[e]
+        starts.append(len(members))
+    member = np.array(members, dtype=np.int64)
+    first = np.array(starts, dtype=np.int64)
+    tails = member[first[1:] - 1] if len(member) else member
+    new_id = np.cumsum(kept) - 1
+    src, dst = new_id[graph.src[heads]], new_id[graph.dst[tails]]
+    t = graph.t[kept]
+    order = topological_order(t, src, dst)
+    ptr = np.zeros(len(t) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=len(t)), out=ptr[1:])
+    m = len(heads)
+    single = first[1:] - first[:-1] == 1
+    kind = np.where(single, graph.kind[heads], CHAIN).astype(np.int8)
+    binding = np.full(len(t), -1, dtype=np.int64)  # not used by a replay
+    small = replace(
+        graph, t=t, event=graph.event[kept], src=src, dst=dst, weight=np.zeros(m), nominal=np.zeros(m),
+        kind=kind, category=graph.category[heads], owner=graph.owner[heads], flag=graph.flag[heads],
+        binding=binding, order=order, in_ptr=ptr, in_edges=np.argsort(dst, kind="stable"),
+        steps=[StepNodes(s.name, int(new_id[s.start]), int(new_id[s.end])) for s in graph.steps],
+        window_node=int(new_id[graph.window_node]) if graph.window_node >= 0 else -1,
+        arrival=np.where(graph.arrival >= 0, new_id[np.maximum(graph.arrival, 0)], -1),
+        completion=np.where(graph.completion >= 0, new_id[np.maximum(graph.completion, 0)], -1),
+        early={int(new_id[a]): int(new_id[b]) for a, b in graph.early.items()})
+    assert n_edges == len(member), "every edge belongs to one run"
+    return Contracted(small, member, first)

@@ -1,0 +1,381 @@
+"""The CPU side of a rank's dependency graph: every thread's events as one chain of boundaries.
+
+Each CPU event (operator, annotation, runtime call; :func:`~..analyzers.cpu_ops.cpu_tree`'s) has a
+start and an end node.  On each thread the boundaries, in time order with nesting respected, form a
+chain: consecutive boundaries are joined by an edge carrying the thread's time between them,
+attributed to the innermost event open then (HTA's nesting edges, with the time between top-level
+operators kept: it is Python the step runs, and it is on the path as much as any operator).
+
+Not every interval is work:
+
+* inside a blocking host call (``cudaStreamSynchronize``, a blocking device-to-host copy) the thread
+  waits: nominal weight 0, the device work it waited for is a separate edge (:mod:`.gpu_graph`);
+* a gap on a thread that runs no step (gloo's worker, a loader thread) is the thread idling until
+  work arrives: nominal weight 0;
+* a gap during which a collective of the same process ran and that ends right after the collective
+  ended is the thread waiting for it (``work.wait()``, DDP waiting for its all-reduce): nominal
+  weight 0 and a ``WAIT`` edge from the collective's end.  gloo's span of a collective also gets an
+  ``ISSUE`` edge from the c10d operator that issued it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.collectives import canonical_kind
+from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
+from torchprof_args.analysis.analyzers.event_names import (
+    COLLECTIVE_ISSUE_RE,
+    COLLECTIVE_RUN_RE,
+    LAUNCH_RE,
+    LOADER_RE,
+    SYNC_RE,
+)
+from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.analyzers.steps import STEP_RE
+from torchprof_args.analysis.critical_path import categories as cat
+from torchprof_args.analysis.critical_path.edges import CHAIN, ISSUE, WAIT, WAKE, EdgeList
+from torchprof_args.analysis.trace import Trace
+
+__all__ = ["RESUME_US", "CpuEvents", "cpu_edges", "cpu_events"]
+
+#: a thread that resumes within this long (or a tenth of its gap) after a collective of its process
+#: ended was waiting for it.
+RESUME_US = 500.0
+#: a thread quiet for less than this was not waiting.
+MIN_QUIET_US = 50.0
+#: a step waits at once for at most this many all-reduces it issued for them to be metrics, whose
+#: wait a step can leave out (more are the model's own communication).
+METRIC_REDUCES_PER_STEP = 2
+#: ... or, for a collective it issued, within this share of its gap.
+ISSUED_RESUME_SHARE = 0.5
+#: top-level events on a thread that runs no step, less than this apart, are one burst of activity.
+BURST_GAP_US = 200.0
+_SYNC_COPY_RE = re.compile(r"^(cudaMemcpy|hipMemcpy|cudaMemcpy2D|cudaMemcpyFromSymbol)$")
+#: a host polling the device (its time is host synchronisation, not work).
+_POLL_RE = re.compile(r"^(cuda|hip)(Event|Stream)Query$")
+
+
+@dataclass
+class CpuEvents:
+    """The CPU events of the graph, in :func:`cpu_tree` order (position ``k``).
+
+    ``start_node[k]`` / ``end_node[k]``: its nodes; ``parent[k]``: its parent's position (-1);
+    flags by position.  ``blocking`` is filled by :mod:`.gpu_graph` (a launch call of a
+    device-to-host copy blocks too) before :func:`cpu_edges` runs.
+    """
+
+    events: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+    thread: np.ndarray
+    start_node: np.ndarray
+    end_node: np.ndarray
+    loader: np.ndarray
+    blocking: np.ndarray
+    polling: np.ndarray
+    launch: np.ndarray
+    run: np.ndarray
+    issue: np.ndarray
+    step: np.ndarray
+    main_thread: int
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def cpu_events(trace: Trace, first_node: int = 0) -> CpuEvents:
+    """The CPU events of ``trace`` with their nodes (``first_node`` ...) and flags."""
+    tree = cpu_tree(trace)
+    events = tree["idx"].astype(np.int64)
+    n = len(events)
+    names = trace.name_id[events]
+    thread = trace.thread_id[events].astype(np.int64)
+    step = lookup(trace.names, STEP_RE.match)[names]
+    threads_with_steps = thread[step]
+    if len(threads_with_steps):
+        main = int(np.bincount(threads_with_steps).argmax())
+    elif n:
+        main = int(np.bincount(thread, weights=trace.dur[events]).argmax())
+    else:
+        main = -1
+    return CpuEvents(
+        events=events, parent=tree["parent"].astype(np.int64), depth=tree["depth"].astype(np.int64),
+        thread=thread, start_node=np.arange(n, dtype=np.int64) + first_node,
+        end_node=np.arange(n, dtype=np.int64) + first_node + n,
+        loader=lookup(trace.names, LOADER_RE.search)[names],
+        blocking=lookup(trace.names, lambda s: bool(SYNC_RE.match(s) or _SYNC_COPY_RE.match(s)))[names],
+        polling=lookup(trace.names, _POLL_RE.match)[names],
+        launch=lookup(trace.names, LAUNCH_RE.match)[names],
+        run=lookup(trace.names, COLLECTIVE_RUN_RE.match)[names],
+        issue=lookup(trace.names, COLLECTIVE_ISSUE_RE.match)[names],
+        step=step, main_thread=main)
+
+
+def inherit(flag: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """``flag`` or any ancestor's, per position (level by level, no per-event loop)."""
+    out = flag.copy()
+    if not len(out):
+        return out
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+    for d in range(1, len(bounds) - 1):
+        members = order[bounds[d]:bounds[d + 1]]
+        up = parent[members]
+        ok = up >= 0
+        out[members[ok]] |= out[up[ok]]
+    return out
+
+
+def _boundaries(trace: Trace, cpu: CpuEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every boundary (node, time, owner of the interval after it) in chain order: by thread, time,
+    ends before starts (zero-length events' ends after the starts), outer starts first, inner
+    ends first."""
+    ts = trace.ts[cpu.events]
+    dur = np.maximum(trace.dur[cpu.events], 0.0)
+    end = ts + dur
+    zero = dur <= 0
+    times = np.concatenate([ts, end])
+    kinds = np.concatenate([np.ones(len(ts), np.int8), np.where(zero, 2, 0).astype(np.int8)])
+    ties = np.concatenate([-end, -ts])
+    thread = np.concatenate([cpu.thread, cpu.thread])
+    order = np.lexsort((ties, kinds, times, thread))
+    nodes = np.concatenate([cpu.start_node, cpu.end_node])[order]
+    pos = np.concatenate([np.arange(len(ts)), np.arange(len(ts))])[order]
+    is_start = order < len(ts)
+    owner = np.where(is_start, pos, cpu.parent[pos])
+    return nodes, times[order], np.stack([owner, thread[order]])
+
+
+def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
+    """Add every CPU chain edge, and the ISSUE, WAIT and WAKE edges between threads.
+
+    Args:
+        trace: the rank's trace.
+        cpu: its CPU events (``blocking`` complete).
+        edges: where the edges go.
+
+    Returns:
+        Run position -> the node where the thread that waited for it resumed, for the collectives
+        whose result came before gloo's span ended (the last rank to arrive gets it while its span
+        still sends to the others): that is when the collective completed for the rank.
+    """
+    if not len(cpu):
+        return {}
+    nodes, times, (owner, thread) = _boundaries(trace, cpu)
+    same = thread[1:] == thread[:-1]
+    src, dst = nodes[:-1][same], nodes[1:][same]
+    t0, t1, own = times[:-1][same], times[1:][same], owner[:-1][same]
+    on_thread = thread[:-1][same]
+    loader = inherit(cpu.loader, cpu.parent, cpu.depth)
+    blocking = inherit(cpu.blocking, cpu.parent, cpu.depth)
+    in_run = inherit(cpu.run, cpu.parent, cpu.depth)
+    has = own >= 0
+    o = np.maximum(own, 0)
+    category = np.full(len(src), cat.CPU_ONLY, dtype=np.int8)
+    category[has & cpu.launch[o]] = cat.LAUNCH
+    category[has & in_run[o]] = cat.COMMUNICATION
+    category[has & loader[o]] = cat.DATA_LOADER
+    category[has & (blocking[o] | cpu.polling[o])] = cat.HOST_SYNC
+    weight = t1 - t0
+    idle = (~has | cpu.step[o]) & (on_thread != cpu.main_thread)
+    weight[idle | (has & blocking[o])] = 0.0
+    bursts = _bursts(trace, cpu)
+    issuers = _issuers(trace, cpu)
+    gaps = _gaps(trace, cpu, own, has & (loader[o] | blocking[o] | in_run[o]))
+    top_level = np.zeros(len(src), dtype=bool)
+    removable = _removable_waits(trace, cpu, issuers)
+    early: dict[int, int] = {}
+    resumes = gaps & np.isin(dst, cpu.start_node) & (t1 - t0 >= MIN_QUIET_US)  # quiet, then a new event
+    for interval, run in _early_resumes(trace, cpu, issuers, (t0, t1, on_thread, resumes)):
+        weight[interval] = 0.0
+        top_level[interval] |= run in removable
+        early[run] = int(dst[interval])
+        edges.add(np.array([cpu.start_node[run]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
+                  np.array([cpu.events[run]]), run in removable)
+    for interval, burst in _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps)):
+        first = int(bursts.first[burst])
+        if first in early:  # its waiter resumed before gloo's span ended: that is its wait
+            continue
+        weight[interval] = 0.0
+        top_level[interval] |= first in removable
+        edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
+                  np.array([cpu.events[first]]), first in removable)
+    edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
+    _issue_edges(cpu, issuers, edges)
+    _wake_edges(cpu, bursts, issuers, nodes, times, thread, edges)
+    return early
+
+
+def _removable_waits(trace: Trace, cpu: CpuEvents, issuers: dict[int, int]) -> set[int]:
+    """The runs whose wait a step could leave out (``host_sync``'s CPU form): all-reduces the step
+    issued at its top level, at most :data:`METRIC_REDUCES_PER_STEP` a step (a metric).  More a step,
+    or broadcasts, are the model's own communication (Megatron's tensor-parallel all-reduces): their
+    result is needed where the step waits for it."""
+    top = [run for run, issuer in issuers.items()
+           if (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
+           and canonical_kind(trace.names[trace.name_id[cpu.events[run]]]) == "all_reduce"]
+    steps = max(int(cpu.step.sum()), 1)
+    return set(top) if len(top) <= METRIC_REDUCES_PER_STEP * steps else set()
+
+
+def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],
+                   intervals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[int, int]]:
+    """(chain interval, run) of each gap of a thread that issued a collective, went quiet as gloo
+    began running it and resumed while gloo's span still ran: the collective's result was ready."""
+    t0, t1, thread, gap = intervals
+    out = []
+    for run, issuer in issuers.items():
+        start = float(trace.ts[cpu.events[run]])
+        end = start + float(trace.dur[cpu.events[run]])
+        since = float(trace.ts[cpu.events[issuer]])
+        th = cpu.thread[issuer]
+        hit = np.flatnonzero((thread == th) & gap & (t0 >= since) & (t0 <= start + RESUME_US)
+                             & (t1 > start) & (t1 < end))
+        for i in hit.tolist():
+            if t1[i] - start >= 0.5 * (t1[i] - t0[i]):
+                out.append((i, run))
+                break
+    return out
+
+
+def _issuers(trace: Trace, cpu: CpuEvents) -> dict[int, int]:
+    """Run span position -> the position of the c10d operator that issued it: per process and
+    collective type, the earliest issue not yet taken that started before the run (gloo runs a
+    process group's collectives in order)."""
+    out: dict[int, int] = {}
+    ts = trace.ts[cpu.events]
+    pid = np.array([trace.threads[int(t)][0] for t in range(len(trace.threads))], dtype=object)
+    runs = np.flatnonzero(cpu.run)
+    issues = np.flatnonzero(cpu.issue)
+    if not len(runs) or not len(issues):
+        return out
+    kind_of = {int(k): canonical_kind(trace.names[trace.name_id[cpu.events[k]]]) for k in np.r_[runs, issues]}
+    pending: dict[tuple[object, str], list[int]] = {}
+    for k in issues[np.argsort(ts[issues], kind="stable")]:
+        pending.setdefault((pid[cpu.thread[k]], kind_of[int(k)]), []).append(int(k))
+    for r in runs[np.argsort(ts[runs], kind="stable")]:
+        queue = pending.get((pid[cpu.thread[r]], kind_of[int(r)]), [])
+        if queue and ts[queue[0]] <= ts[r]:
+            out[int(r)] = queue.pop(0)
+    return out
+
+
+def _issue_edges(cpu: CpuEvents, issuers: dict[int, int], edges: EdgeList) -> None:
+    if issuers:
+        runs = np.array(list(issuers), dtype=np.int64)
+        by = np.array(list(issuers.values()), dtype=np.int64)
+        edges.add(cpu.start_node[by], cpu.start_node[runs], 0.0, ISSUE, cat.COMMUNICATION, cpu.events[runs])
+
+
+@dataclass
+class Bursts:
+    """Activity on the threads that run no step: runs of top-level events less than
+    :data:`BURST_GAP_US` apart (each collective gloo runs is one of its own).  Per burst: its first
+    event's position, start time, end and end node."""
+
+    first: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    end_node: np.ndarray
+    thread: np.ndarray
+    #: whether it starts with an operator or annotation, not a runtime call (a watchdog polling).
+    work: np.ndarray
+
+
+def _bursts(trace: Trace, cpu: CpuEvents) -> Bursts:
+    top = np.flatnonzero((cpu.depth == 0) & (cpu.thread != cpu.main_thread))
+    if not len(top):
+        none = np.zeros(0, dtype=np.int64)
+        return Bursts(none, np.zeros(0), np.zeros(0), none, none, np.zeros(0, dtype=bool))
+    top = top[np.lexsort((trace.ts[cpu.events[top]], cpu.thread[top]))]
+    ts = trace.ts[cpu.events[top]]
+    end = ts + np.maximum(trace.dur[cpu.events[top]], 0.0)
+    thread = cpu.thread[top]
+    reach = end.copy()  # the latest end so far on the event's thread
+    for th in np.unique(thread).tolist():
+        sel = np.flatnonzero(thread == th)
+        reach[sel] = np.maximum.accumulate(end[sel])
+    new = np.ones(len(top), dtype=bool)
+    new[1:] = (thread[1:] != thread[:-1]) | (ts[1:] - reach[:-1] > BURST_GAP_US) | cpu.run[top[1:]]
+    starts = np.flatnonzero(new)
+    stops = np.r_[starts[1:], len(top)].astype(np.int64) - 1
+    last = np.array([lo + int(np.argmax(end[lo:hi + 1])) for lo, hi in zip(starts, stops, strict=True)],
+                    dtype=np.int64)
+    runtime = lookup(trace.cats, ("cuda_runtime", "cuda_driver"))[trace.cat_id[cpu.events[top[starts]]]]
+    return Bursts(first=top[starts], start=ts[starts], end=reach[stops],
+                  end_node=cpu.end_node[top[last]] if len(last) else np.zeros(0, np.int64),
+                  thread=thread[starts], work=~runtime)
+
+
+def _gaps(trace: Trace, cpu: CpuEvents, own: np.ndarray, busy: np.ndarray) -> np.ndarray:
+    """Per chain interval, whether the thread may be waiting in it: inside no operator, in an
+    annotation or between an operator's children, not in the loader, a blocking call or a run."""
+    children = np.bincount(cpu.parent[cpu.parent >= 0], minlength=len(cpu))
+    o = np.maximum(own, 0)
+    annotation = lookup(trace.cats, ("user_annotation",))[trace.cat_id[cpu.events]]
+    return ((own < 0) | annotation[o] | (children[o] > 0)) & ~busy
+
+
+def _waits(trace: Trace, cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int],
+           intervals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[int, int]]:
+    """(chain interval, burst) of each gap that waited for a burst on another thread of its process
+    (a collective gloo ran, the backward pass the autograd thread ran): the gap began after the
+    burst did (or its collective was issued) and ends right after the burst ended."""
+    t0, t1, thread, gap = intervals
+    if not len(bursts.first) or not len(t0):
+        return []
+    pid_of = [trace.threads[int(t)][0] for t in range(len(trace.threads))]
+    firsts = np.flatnonzero(np.r_[True, thread[1:] != thread[:-1]])  # intervals are grouped by thread
+    bounds = zip(firsts.tolist(), [*firsts[1:].tolist(), len(thread)], strict=True)
+    spans = dict(zip(thread[firsts].tolist(), bounds, strict=True))
+    out = []
+    for b in range(len(bursts.first)):
+        end, own_thread = float(bursts.end[b]), int(bursts.thread[b])
+        issuer = issuers.get(int(bursts.first[b]))
+        for th, (lo, hi) in spans.items():
+            if th == own_thread or pid_of[th] != pid_of[own_thread]:
+                continue
+            i = lo + int(np.searchsorted(t0[lo:hi], end, side="right")) - 1
+            if i < lo or not gap[i] or t1[i] < end:
+                continue
+            # a thread that issued the collective and then went quiet was waiting for it, however
+            # slowly it was woken on a busy host; for other work the evidence is the timing alone
+            share = ISSUED_RESUME_SHARE if issuer is not None else 0.1
+            slack = max(RESUME_US, share * (t1[i] - t0[i]))
+            # an issued collective ran after it was issued; other work was woken about when the gap began
+            since = (float(trace.ts[cpu.events[issuer]]) if issuer is not None
+                     else float(bursts.start[b]) - slack)
+            # work another thread did for this one began as it went quiet and fills most of its gap
+            began = float(bursts.start[b])
+            covers = issuer is not None or (
+                bursts.work[b] and t1[i] - t0[i] >= MIN_QUIET_US and t0[i] <= began + RESUME_US
+                and end - max(began, t0[i]) >= 0.5 * (t1[i] - t0[i]))
+            if t0[i] >= since and t1[i] - end <= slack and covers:
+                out.append((i, b))
+    return out
+
+
+def _wake_edges(cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int], nodes: np.ndarray,
+                times: np.ndarray, thread: np.ndarray, edges: EdgeList) -> None:
+    """A burst that no issued collective explains starts after the step's thread's latest boundary
+    before it (what woke it: ``loss.backward()`` for the autograd thread)."""
+    main = np.flatnonzero(thread == cpu.main_thread)
+    if not len(main):
+        return
+    m_times, m_nodes = times[main], nodes[main]
+    src, dst, owner = [], [], []
+    for b in range(len(bursts.first)):
+        first = int(bursts.first[b])
+        if first in issuers or not bursts.work[b]:
+            continue
+        j = int(np.searchsorted(m_times, bursts.start[b], side="right")) - 1
+        if j >= 0:
+            src.append(m_nodes[j])
+            dst.append(cpu.start_node[first])
+            owner.append(cpu.events[first])
+    edges.add(np.array(src, np.int64), np.array(dst, np.int64), 0.0, WAKE, cat.CPU_ONLY,
+              np.array(owner, np.int64))

@@ -1,0 +1,77 @@
+"""The edges of a rank's dependency graph as they are collected: :class:`EdgeList`, and their kinds.
+
+Every edge says that its destination cannot happen before its source plus its *nominal* weight: the
+work between them (an operator's own time on a thread, a kernel's duration), or 0 for a pure
+dependency (a launch, a synchronisation, a wait).  :mod:`.graph` then gives each node's *binding*
+edge (the one that made it happen when it did) the measured delay, so that the graph replays the
+trace exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["CHAIN", "EDGE_KINDS", "INFER", "ISSUE", "JOIN", "KERNEL", "LAUNCH_EDGE", "STREAM", "SYNC", "WAIT",
+           "WAKE", "EdgeList"]
+
+#: consecutive boundaries of the events on one CPU thread (the thread's own time between them).
+CHAIN = 0
+#: a kernel's start to its end (its duration).
+KERNEL = 1
+#: the previous kernel on the same stream to the next one's start.
+STREAM = 2
+#: a launch call's start to its kernel's start (correlation id; every kernel of a CUDA graph launch).
+LAUNCH_EDGE = 3
+#: the device work a blocking host call waited for, to the call's end.
+SYNC = 4
+#: a collective's end to the end of the host gap that waited for it (a CPU job's ``work.wait()``).
+WAIT = 5
+#: the c10d operator that issued a collective to gloo's span that runs it.
+ISSUE = 6
+#: a kernel on another stream that ended right before a kernel started (an event wait between streams).
+INFER = 7
+#: every rank's arrival at a matched collective to its end on each rank (cross-rank only).
+JOIN = 8
+#: the step's thread, just before a burst of activity on another thread began, to that burst
+#: (``loss.backward()`` waking the autograd thread).
+WAKE = 9
+EDGE_KINDS = ("chain", "kernel", "stream", "launch", "sync", "wait", "issue", "infer", "join", "wake")
+
+
+class EdgeList:
+    """Edges collected in batches (numpy arrays), concatenated once."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | float, kind: int,
+            category: np.ndarray | int, owner: np.ndarray, flag: np.ndarray | bool = False) -> None:
+        """Add ``len(src)`` edges of one kind.
+
+        Args:
+            src: source nodes.
+            dst: destination nodes.
+            weight: nominal weights (us).
+            kind: one of the module's kinds.
+            category: the category (:mod:`.categories`) of the time the edge carries.
+            owner: the event the edge's time is attributed to (-1: none).
+            flag: a kind-specific mark (a wait on a collective issued at the step's top level).
+        """
+        n = len(src)
+        if n == 0:
+            return
+        self._parts.append((
+            np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+            np.broadcast_to(np.asarray(weight, dtype=np.float64), (n,)).copy(),
+            np.full(n, kind, dtype=np.int8),
+            np.broadcast_to(np.asarray(category, dtype=np.int8), (n,)).copy(),
+            np.asarray(owner, dtype=np.int64),
+            np.broadcast_to(np.asarray(flag, dtype=bool), (n,)).copy(),
+        ))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(src, dst, weight, kind, category, owner, flag), every edge."""
+        if not self._parts:
+            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int8),
+                    np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0, bool))
+        return tuple(np.concatenate(cols) for cols in zip(*self._parts, strict=True))

@@ -1,0 +1,241 @@
+"""One rank's dependency graph (:class:`LocalGraph`), built from its trace by :func:`local_graph`.
+
+Nodes are points in time: the start and the end of every CPU event (:mod:`.cpu_graph`) and of every
+kernel (:mod:`.gpu_graph`).  An edge ``u -> v`` says ``v`` cannot happen before ``u`` plus the
+edge's weight.  Edges carry a *nominal* weight (the work between the nodes, 0 for a pure
+dependency); of the edges into a node, the one that made it happen when it did (the *binding* edge:
+the latest source plus nominal weight, ties to the one carrying work) gets the whole measured delay,
+so that replaying the graph (:mod:`.propagate`) gives back every measured time exactly.  The
+critical path is then the chain of binding edges back from a step's end, and a what-if is a replay
+with some weights changed.
+
+The rank's collectives (:func:`~..analyzers.collectives.rank_collectives`, with ``comms=True``) are
+tied to their nodes: the arrival (a NCCL kernel's start, gloo's span's start) and the completion,
+where :mod:`.cycle` joins the ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.collectives import (
+    SOURCE_GLOO,
+    SOURCE_KERNELS,
+    CommRecord,
+    rank_collectives,
+)
+from torchprof_args.analysis.analyzers.steps import steps
+from torchprof_args.analysis.critical_path.cpu_graph import CpuEvents, cpu_edges, cpu_events
+from torchprof_args.analysis.critical_path.edges import (
+    CHAIN,
+    INFER,
+    ISSUE,
+    JOIN,
+    KERNEL,
+    LAUNCH_EDGE,
+    STREAM,
+    SYNC,
+    WAIT,
+    WAKE,
+    EdgeList,
+)
+from torchprof_args.analysis.critical_path.gpu_graph import Kernels, gpu_edges, gpu_events
+from torchprof_args.analysis.trace import Trace
+
+__all__ = ["LocalGraph", "StepNodes", "local_graph", "topological_order"]
+
+#: among edges that tie for binding, the kind preferred (lower first): work, then what was waited for.
+_PRIORITY = {KERNEL: 0, CHAIN: 1, SYNC: 2, WAIT: 2, JOIN: 2, STREAM: 3, INFER: 4, ISSUE: 5, WAKE: 5,
+             LAUNCH_EDGE: 6}
+_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class StepNodes:
+    """One step: its name and the nodes of its start and end."""
+
+    name: str
+    start: int
+    end: int
+
+
+@dataclass
+class LocalGraph:
+    """One rank's dependency graph (see the module's docstring).
+
+    Node ``v``: ``t[v]`` (trace-relative us), ``event[v]`` (-1: none), ``binding[v]`` (its binding
+    edge, -1: a source).  Edge ``e``: ``src``, ``dst``, ``weight`` (the binding edges' with their
+    measured delay), ``nominal``, ``kind`` (:mod:`.edges`), ``category`` (:mod:`.categories`),
+    ``owner`` (the event its time is attributed to), ``flag``.  ``order``: the nodes in topological
+    order; ``in_ptr`` / ``in_edges``: each node's incoming edges (CSR).
+    """
+
+    trace: Trace
+    t: np.ndarray
+    event: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    weight: np.ndarray
+    nominal: np.ndarray
+    kind: np.ndarray
+    category: np.ndarray
+    owner: np.ndarray
+    flag: np.ndarray
+    binding: np.ndarray
+    order: np.ndarray
+    in_ptr: np.ndarray
+    in_edges: np.ndarray
+    cpu: CpuEvents
+    kernels: Kernels
+    steps: list[StepNodes]
+    window_node: int
+    records: list[CommRecord] = field(default_factory=list)
+    arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    completion: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    notes: list[str] = field(default_factory=list)
+    #: completions that are where a waiting thread resumed (a what-if that cuts the wait frees them),
+    #: each with the end of gloo's span, which completes with it (its time is measured after it).
+    early: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def base_us(self) -> float:
+        """The trace's base time (us): node times plus this are the job's absolute times."""
+        return self.trace.base_time_ns / 1000.0
+
+    def name(self, event: int) -> str:
+        """The name of ``event`` (``-`` for none)."""
+        return self.trace.names[self.trace.name_id[event]] if event >= 0 else "-"
+
+
+def local_graph(trace: Trace) -> LocalGraph:
+    """The dependency graph of one rank's trace (``comms=True``: its collectives tied to their nodes).
+
+    Args:
+        trace: one rank's trace.
+
+    Returns:
+        The :class:`LocalGraph`; a trace without steps is one step from its first event to its last
+        (a note says so).
+    """
+    cpu = cpu_events(trace)
+    n = len(cpu)
+    kernels = gpu_events(trace, cpu, 2 * n)
+    k_ts = trace.ts[kernels.events]
+    c_ts = trace.ts[cpu.events]
+    t = np.concatenate([c_ts, c_ts + np.maximum(trace.dur[cpu.events], 0.0), k_ts,
+                        k_ts + np.maximum(trace.dur[kernels.events], 0.0)])
+    event = np.concatenate([cpu.events, cpu.events, kernels.events, kernels.events])
+    edges = EdgeList()
+    early = cpu_edges(trace, cpu, edges)
+    gpu_edges(trace, cpu, kernels, edges)
+    src, dst, nominal, kind, category, owner, flag = edges.arrays()
+    ok = t[src] + nominal <= t[dst] + _EPS  # a dependency against the clocks is left out
+    columns = (src, dst, nominal, kind, category, owner, flag)
+    src, dst, nominal, kind, category, owner, flag = (a[ok] for a in columns)
+    binding, weight = _bind(t, src, dst, nominal, kind)
+    in_ptr, in_edges = _csr(dst, len(t))
+    graph = LocalGraph(trace, t, event, src, dst, weight, nominal, kind, category, owner, flag, binding,
+                       topological_order(t, src, dst), in_ptr, in_edges, cpu, kernels, [], -1)
+    _add_steps(graph)
+    if trace.comms is not None:
+        _add_records(graph, {int(cpu.events[run]): node for run, node in early.items()})
+    return graph
+
+
+def _bind(t: np.ndarray, src: np.ndarray, dst: np.ndarray, nominal: np.ndarray,
+          kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's binding edge (-1: none) and the weights with the binding edges' measured delay."""
+    binding = np.full(len(t), -1, dtype=np.int64)
+    weight = nominal.copy()
+    if not len(src):
+        return binding, weight
+    value = t[src] + nominal
+    priority = np.array([_PRIORITY.get(k, 9) for k in range(16)])[kind]
+    order = np.lexsort((priority, -nominal, -value, dst))
+    first = order[np.r_[True, dst[order][1:] != dst[order][:-1]]]
+    binding[dst[first]] = first
+    weight[first] = t[dst[first]] - t[src[first]]
+    return binding, weight
+
+
+def _csr(dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(dst, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    return ptr, order
+
+
+def topological_order(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The nodes by time; nodes at the same time as a node they depend on come after it (levels
+    over the equal-time edges, found by relaxation)."""
+    level = np.zeros(len(t), dtype=np.int64)
+    tie = t[src] == t[dst]
+    s, d = src[tie], dst[tie]
+    for _ in range(64):
+        if not len(s):
+            break
+        want = level[s] + 1
+        behind = want > level[d]
+        if not behind.any():
+            break
+        np.maximum.at(level, d[behind], want[behind])
+    return np.lexsort((level, t))
+
+
+def _add_steps(graph: LocalGraph) -> None:
+    trace, cpu = graph.trace, graph.cpu
+    rows = steps(trace)
+    positions = np.flatnonzero(cpu.step)
+    by_key = {(trace.names[trace.name_id[cpu.events[k]]], float(trace.ts[cpu.events[k]])): int(k)
+              for k in positions.tolist()}
+    for row in rows:
+        k = by_key.get((row["name"], row["start_us"]))
+        if k is not None:
+            graph.steps.append(StepNodes(row["name"], int(cpu.start_node[k]), int(cpu.end_node[k])))
+    if graph.steps:
+        graph.window_node = graph.steps[0].start
+    elif len(graph.t):
+        first, last = int(np.argmin(graph.t)), int(np.argmax(graph.t))
+        graph.steps.append(StepNodes("whole trace", first, last))
+        graph.window_node = first
+        graph.notes.append(f"{trace.path}: no ProfilerStep in the trace: the whole trace is one step "
+                           "(record with TorchProfiler or prof.step() for per-step paths)")
+
+
+def _add_records(graph: LocalGraph, early: dict[int, int]) -> None:
+    """Tie each collective record to its arrival and completion nodes (-1 where it has none; a gloo
+    collective whose waiting thread resumed before its span ended completed there: ``early``, by
+    the span's event)."""
+    trace = graph.trace
+    comms = rank_collectives(trace)
+    graph.records = comms.records
+    base = graph.base_us
+    nodes: dict[tuple[float, float], tuple[int, int]] = {}
+    if comms.source == SOURCE_KERNELS:
+        k = graph.kernels
+        for j, e in enumerate(k.events.tolist()):
+            key = (float(trace.ts[e]) + base, float(trace.dur[e]))
+            nodes[key] = (int(k.start_node[j]), int(k.end_node[j]))
+    elif comms.source == SOURCE_GLOO:
+        cpu = graph.cpu
+        for p in np.flatnonzero(cpu.run).tolist():
+            e = int(cpu.events[p])
+            done = early.get(e, int(cpu.end_node[p]))
+            nodes[(float(trace.ts[e]) + base, float(trace.dur[e]))] = (int(cpu.start_node[p]), done)
+            if e in early:
+                graph.early[done] = int(cpu.end_node[p])
+    found = [nodes.get((r.start_us, r.dur_us), (-1, -1)) for r in comms.records]
+    graph.arrival = np.array([a for a, _ in found], dtype=np.int64)
+    graph.completion = np.array([b for _, b in found], dtype=np.int64)
+
+
+def describe(graph: LocalGraph) -> dict[str, Any]:
+    """Counts of the graph's nodes and edges by kind (for tests and ``--json``'s debugging)."""
+    from torchprof_args.analysis.critical_path.edges import EDGE_KINDS
+
+    return {"nodes": int(len(graph.t)),
+            "edges": {EDGE_KINDS[k]: int(c)
+                      for k, c in enumerate(np.bincount(graph.kind, minlength=len(EDGE_KINDS))) if c}}

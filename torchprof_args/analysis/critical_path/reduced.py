@@ -1,0 +1,268 @@
+"""The reduced graph of one rank (:class:`RankPaths`): what the cross-rank path needs of it, small
+enough for the trace's summary sidecar.
+
+The rank's full graph (:mod:`.graph`) is replayed (:mod:`.propagate`) as measured and once per cause
+of lost time it has (:mod:`.variants`).  Of each replay only the *sinks* are kept: every
+collective's arrival and every step's end, each as ``max(t(label1) + d1, t(label2) + d2)`` over the
+collectives' completions before it (or the window's start).  So 512 ranks' paths and what-ifs are
+computed from their sidecars (:mod:`.cycle`), and the full graph is built only to look closer.
+
+For the measured replay each sink also keeps the path that binds it (:class:`Piece`): its time by
+category and its top contributors (operators, kernels, with their Python call site when the trace
+recorded stacks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from torchprof_args.analysis.analyzers.callsites import call_sites, has_stacks
+from torchprof_args.analysis.analyzers.collectives import CompactRecords
+from torchprof_args.analysis.analyzers.steps import STEP_RE
+from torchprof_args.analysis.critical_path import categories as cat
+from torchprof_args.analysis.critical_path.contract import Contracted, contract
+from torchprof_args.analysis.critical_path.edges import WAIT
+from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
+from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
+from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
+from torchprof_args.analysis.trace import Trace
+
+__all__ = ["MEASURED", "PATHS_FORMAT", "Contributor", "Into", "Piece", "RankPaths", "StepSpan", "rank_paths",
+           "tables"]
+
+#: the version of :class:`RankPaths` (a sidecar holding another is ignored: the trace is parsed).
+PATHS_FORMAT = 1
+#: the name of the measured replay's tables.
+MEASURED = "measured"
+#: contributors kept per sink.
+TOP = 8
+#: a contributor's name for time on a thread inside no operator (Python between operators).
+BETWEEN = "[CPU time between operators]"
+
+
+class Contributor(msgspec.Struct, frozen=True, array_like=True):
+    """An operator or kernel's time on a path: name, category, us, Python call site (or None)."""
+
+    name: str
+    category: str
+    us: float
+    site: str | None = None
+
+
+class Piece(msgspec.Struct, frozen=True):
+    """The path that binds one sink, from its label: time by category (us, in
+    :data:`~.categories.CATEGORIES` order) and the top contributors."""
+
+    by_category: list[float]
+    top: list[Contributor]
+
+
+class Into(msgspec.Struct, frozen=True, array_like=True):
+    """How a sink depends on the labels before it: ``max(t(label1) + d1, t(label2) + d2)``; a label
+    is a collective's record index (its completion), -1 the window's start, -2 none, -3 - n the end
+    of step n.  ``w1`` / ``w2``: how much of ``d1`` / ``d2`` is the rank's own work (not waiting,
+    communication or host synchronisation): what a rank as fast as the median has less of."""
+
+    label1: int
+    d1: float
+    label2: int
+    d2: float
+    w1: float = 0.0
+    w2: float = 0.0
+
+
+class StepSpan(msgspec.Struct, frozen=True, array_like=True):
+    """One step: name, start and end (absolute us)."""
+
+    name: str
+    start_us: float
+    end_us: float
+
+
+class RankPaths(msgspec.Struct, frozen=True):
+    """One rank's reduced graph (the sidecar's ``critical_path``).
+
+    Attributes:
+        format: :data:`PATHS_FORMAT`.
+        rank: the trace's rank (None: the trace does not say; the file name may).
+        world_size: the trace's world size, when it says.
+        window_us: the window's start (the first step's start), absolute us.
+        steps: the steps (absolute us).
+        collectives: the rank's collective records (absolute us), as ``diagnose`` keeps them.
+        completion_us: per record, when it completed on this rank (None: not in the graph).
+        arrivals: per replay (:data:`MEASURED`, then each cause the rank has), per record, how its
+            arrival depends on earlier completions (None: not in the graph).
+        step_ends: per replay, per step, how its end does.
+        pieces: per record, the measured path into its arrival (None: not in the graph).
+        step_pieces: per step, the measured path into its end.
+        notes: what the graph could not use.
+    """
+
+    format: int
+    rank: int | None
+    world_size: int | None
+    window_us: float
+    steps: list[StepSpan]
+    collectives: CompactRecords
+    completion_us: list[float | None]
+    arrivals: dict[str, list[Into | None]]
+    step_ends: dict[str, list[Into]]
+    pieces: list[Piece | None]
+    step_pieces: list[Piece]
+    notes: list[str]
+
+
+def label_time(graph: LocalGraph, label: int) -> float:
+    """The measured time of a label's node (trace-relative us)."""
+    if label == WINDOW:
+        return float(graph.t[graph.window_node])
+    step = step_of_label(label)
+    if step is not None:
+        return float(graph.t[graph.steps[step].end])
+    return float(graph.t[graph.completion[label]])
+
+
+def _into(graph: LocalGraph, run: Replay, node: int) -> Into:
+    l1, t1, w1, l2, t2, w2, _ = run.value(node)
+    d1 = t1 - label_time(graph, l1) if l1 != NONE else 0.0
+    d2 = t2 - label_time(graph, l2) if l2 != NONE else 0.0
+    return Into(int(l1), float(d1), int(l2), float(d2), float(w1), float(w2) if l2 != NONE else 0.0)
+
+
+def tables(graph: LocalGraph, change: Change | None = None,
+           small: Contracted | None = None) -> tuple[list[Into | None], list[Into]]:
+    """The sinks' dependencies in one replay of ``graph`` (``change``: a what-if's weights and cuts;
+    ``small``: ``graph`` contracted, replayed instead, with the same result)."""
+    if small is None:
+        run, target = (replay(graph) if change is None else replay(graph, *change)), graph
+    else:
+        weight, cut = change if change is not None else (graph.weight, np.zeros(len(graph.src), dtype=bool))
+        target = small.graph
+        run = replay(target, small.weights(weight), small.cuts(cut), small.work(weight, graph))
+    arrivals = [_into(target, run, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
+    return arrivals, [_into(target, run, s.end) for s in target.steps]
+
+
+def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
+    """Per edge, the index of the name its time goes under (its owner's; the thread's time inside no
+    operator, and a step annotation's own, under :data:`BETWEEN`), and the names."""
+    trace = graph.trace
+    names = [BETWEEN if STEP_RE.match(n) else n[:160] for n in trace.names] + [BETWEEN]
+    keys = np.full(len(graph.src), len(trace.names), dtype=np.int64)
+    has = graph.owner >= 0
+    keys[has] = trace.name_id[graph.owner[has]]
+    return keys, names
+
+
+def _expand(small: Contracted, edges: list[int]) -> np.ndarray:
+    """The full graph's edges of contracted edges ``edges``, in their order."""
+    chosen = np.array(edges, dtype=np.int64)
+    if not len(chosen):
+        return chosen
+    first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
+    offsets = np.repeat(np.cumsum(counts) - counts, counts)
+    return small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
+
+
+def _piece(graph: LocalGraph, small: Contracted, run: Replay, node: int, keys: tuple[np.ndarray, list[str]],
+           on_path: np.ndarray | None = None) -> tuple[Piece, list[int]]:
+    """The binding path into ``node`` (of the contracted graph ``run`` replays): its time by category
+    and top contributors, and for each contributor the event of its longest edge (for its call site);
+    its edges (the full graph's) marked in ``on_path``."""
+    via, src = run.via, small.graph.src
+    edges = []
+    e = run.value(node)[6]
+    while e >= 0:
+        edges.append(e)
+        e = via[src[e]]
+    path = _expand(small, edges)
+    if on_path is not None:
+        on_path[path] = True
+    weight, category = graph.weight[path], graph.category[path]
+    by_cat = np.bincount(category, weights=weight, minlength=len(cat.CATEGORIES))
+    key_of, names = keys
+    pairs = key_of[path] * len(cat.CATEGORIES) + category  # a contributor: a name in a category
+    sums = np.bincount(pairs, weights=weight)
+    top, events = [], []
+    for pair in np.argsort(-sums, kind="stable")[:TOP].tolist():
+        if sums[pair] <= 0:
+            break
+        mine = np.flatnonzero(pairs == pair)
+        top.append(Contributor(names[pair // len(cat.CATEGORIES)], cat.CATEGORIES[pair % len(cat.CATEGORIES)],
+                               round(float(sums[pair]), 3)))
+        events.append(int(graph.owner[path[mine[np.argmax(weight[mine])]]]))
+    return Piece([round(float(x), 3) for x in by_cat], top), events
+
+
+def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -> Piece:
+    top = [msgspec.structs.replace(c, site=sites.get(e)) if c.name != BETWEEN else c
+           for c, e in zip(piece.top, events, strict=True)]
+    return msgspec.structs.replace(piece, top=top)
+
+
+def _pieces(graph: LocalGraph, small: Contracted, run: Replay,
+            on_path: np.ndarray) -> tuple[list[Piece | None], list[Piece]]:
+    """The measured paths into every arrival and step end (``run``: the measured replay of the
+    contracted graph), with call sites when recorded (their edges marked in ``on_path``)."""
+    keys = _name_keys(graph)
+    target = small.graph
+    found = [_piece(graph, small, run, int(a), keys, on_path) if a >= 0 else None
+             for a in target.arrival.tolist()]
+    ends = [_piece(graph, small, run, s.end, keys, on_path) for s in target.steps]
+    if has_stacks(graph.trace):
+        wanted = sorted({e for f in [*found, *ends] if f is not None for e in f[1] if e >= 0})
+        sites = dict(zip(wanted, call_sites(graph.trace, np.array(wanted, dtype=np.int64)), strict=True))
+        found = [(_with_sites(*f, sites), f[1]) if f is not None else None for f in found]
+        ends = [(_with_sites(*f, sites), f[1]) for f in ends]
+    return [f[0] if f is not None else None for f in found], [f[0] for f in ends]
+
+
+def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPaths:
+    """The :class:`RankPaths` of a built graph (the measured replay and one per cause it has)."""
+    base = graph.base_us
+    small = contract(graph)
+    target = small.graph
+    measured = replay(target, small.weights(graph.weight), None, small.work(graph.weight, graph))
+    arrivals = [_into(target, measured, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
+    ends = [_into(target, measured, s.end) for s in target.steps]
+    all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
+    on_path = np.zeros(len(graph.src), dtype=bool)
+    pieces, step_pieces = _pieces(graph, small, measured, on_path)
+    for cause in causes:
+        change = cause_change(graph, cause)
+        if change is not None and _matters(graph, change, on_path):
+            all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
+    t = graph.t
+    return RankPaths(
+        format=PATHS_FORMAT, rank=graph.trace.rank, world_size=graph.trace.world_size,
+        window_us=float(t[graph.window_node]) + base if graph.window_node >= 0 else base,
+        steps=[StepSpan(s.name, float(t[s.start]) + base, float(t[s.end]) + base) for s in graph.steps],
+        collectives=CompactRecords.of(graph.records),
+        completion_us=[float(t[c]) + base if c >= 0 else None for c in graph.completion.tolist()],
+        arrivals=all_arrivals, step_ends=all_ends, pieces=pieces, step_pieces=step_pieces,
+        notes=list(graph.notes))
+
+
+def _matters(graph: LocalGraph, change: Change, on_path: np.ndarray) -> bool:
+    """Whether a what-if can change a sink: it lightens or cuts an edge on a sink's binding path
+    (lightening or cutting any other edge leaves every sink's best path as it was), or frees a
+    completion where a waiting thread resumed."""
+    weight, cut = change
+    touched = (weight != graph.weight) | cut
+    return bool((touched & on_path).any() or (cut & (graph.kind == WAIT)).any())
+
+
+def rank_paths(trace: Trace) -> RankPaths:
+    """One rank's reduced graph (what the summary sidecar keeps).
+
+    Args:
+        trace: one rank's trace, loaded with ``comms=True`` (without, the rank has no collectives:
+            its path is its own).
+
+    Returns:
+        The rank's :class:`RankPaths`.
+    """
+    return paths_of(local_graph(trace))
