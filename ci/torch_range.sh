@@ -31,7 +31,8 @@ fi
 built=$(date +%s)
 
 # A fenced 2-rank flush, summary and diff, flags, timers and metrics, on-demand, hang, the
-# execution trace (version-specific leftovers), corrupt traces, the torch-range checks.
+# execution trace (version-specific leftovers), corrupt traces, the torch-range checks, and PyTorch's
+# private memory profiler (memory categories in the forked exporter, their correction).
 TESTS=(
     tests/test_flush_timeout.py::test_torchprofiler_fences_the_flush_and_both_ranks_finish
     "tests/test_profiler.py::test_cycles_are_traced_and_published"
@@ -48,6 +49,8 @@ TESTS=(
     tests/test_execution_trace.py
     tests/test_corrupt_traces.py
     tests/test_torch_support.py
+    tests/test_memory_categories.py
+    tests/test_memory_export.py
 )
 cd "$REPO"
 set +e
