@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
@@ -30,49 +29,53 @@ from types import FrameType
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
 from torchprof_args.log import get_logger
+from torchprof_args.runtime.export.compress import copy_compressed
 from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
 from torchprof_args.runtime.export.priority import IDLE, NORMAL, PRIORITIES, lower_to_background
-from torchprof_args.runtime.export.status import PublishStatus, report_status
+from torchprof_args.runtime.export.status import PublishCpu, PublishStatus, report_status
 
 __all__ = ["PublishJob", "PublishStatus", "publish", "publisher_argv", "publisher_env"]
 
-_COPY_CHUNK = 16 << 20
+try:
+    import resource
+except ImportError:  # pragma: no cover - not Unix: no decoding processes' CPU time
+    resource = None  # type: ignore[assignment]
 
 
-def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
-    with atomic_output(target, "wb", fsync=True) as handle, open(source, "rb") as src:
-        if level is None:
-            shutil.copyfileobj(src, handle, _COPY_CHUNK)
-            return
-        import gzip
-
-        # zlib releases the GIL while deflating each chunk; this process has no other work.
-        with gzip.GzipFile(filename="", mode="wb", fileobj=handle, compresslevel=level, mtime=0) as gz:
-            shutil.copyfileobj(src, gz, _COPY_CHUNK)
+def _cpu_seconds() -> float:
+    """This process's CPU time since it was forked (across ``exec``), its ended children's included."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN) if resource is not None else None
+    return time.process_time() + (children.ru_utime + children.ru_stime if children else 0.0)
 
 
-def publish(job: PublishJob) -> PublishStatus:
+def publish(job: PublishJob, *, measure_cpu: bool = False) -> PublishStatus:
     """Publish one staged trace, its summary sidecar, operator table and extra files; returns what
     became of it.
 
-    Staged files are removed whatever happens.
+    Staged files are removed whatever happens.  ``measure_cpu`` (the publisher process): the status
+    carries this process's CPU time by phase (:class:`PublishCpu`).
     """
     started = time.perf_counter()
     status = PublishStatus(trace_path=job.trace_path, rank=job.rank)
+    cpu = PublishCpu(start=_cpu_seconds()) if measure_cpu else None
     staged = Path(job.staged_path)
     try:
         status.raw_mb = staged.stat().st_size / 1e6
         trace_path = Path(job.trace_path)
-        _copy_compressed(staged, trace_path, job.gzip_level)
+        compressor = copy_compressed(staged, trace_path, job.gzip_level)
+        status.compressor = f"{compressor.library} {compressor.level}"
         status.trace_mb = trace_path.stat().st_size / 1e6
         status.trace_seconds = time.perf_counter() - started
+        _phase_done(cpu, "trace")
         if job.operator_table_path:
             try:
                 status.operator_table_path = _write_summary_files(staged, job, trace_path,
                                                                   job.operator_table_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status.summary_error = f"{type(err).__name__}: {err}"
+        _phase_done(cpu, "summary")
         _publish_extra_files(job, status)
+        _phase_done(cpu, "extra")
     except Exception as err:
         status.error = f"{type(err).__name__}: {err}"
     finally:
@@ -80,14 +83,21 @@ def publish(job: PublishJob) -> PublishStatus:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     status.publish_seconds = time.perf_counter() - started
+    status.cpu = cpu
     return status
+
+
+def _phase_done(cpu: PublishCpu | None, phase: str) -> None:
+    """Charge the CPU time since the last phase ended to ``phase`` (a field of :class:`PublishCpu`)."""
+    if cpu is not None:
+        setattr(cpu, phase, _cpu_seconds() - cpu.total)
 
 
 def _publish_extra_files(job: PublishJob, status: PublishStatus) -> None:
     """Step 3: files that belong with this trace; a failure is reported beside the trace's success."""
     for staged, target, level in job.extra_files:
         try:
-            _copy_compressed(Path(staged), Path(target), level)
+            copy_compressed(staged, target, level)
             status.extra_files.append(str(target))
         except Exception as err:  # noqa: BLE001 - the trace itself is published
             status.extra_errors.append(f"{target}: {type(err).__name__}: {err}")
@@ -104,8 +114,9 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
 
     sidecar = Path(job.sidecar_path) if job.sidecar_path else None
     # a diagnosis that fails must not cost the trace its summary: it is stored as null, and
-    # `torchprof diagnose` then parses the trace
-    outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=None,
+    # `torchprof diagnose` then parses the trace.  One decoding process: decoding processes beside the
+    # training processes would only take more of their cores, caches and memory bandwidth.
+    outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=1,
                             describes=published, target=sidecar)
     if outcome.results is None or outcome.results.summary is None:
         raise TraceError(outcome.error or f"{staged}: no summary")
@@ -145,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REJECTED
     status = PublishStatus(trace_path=job.trace_path, rank=job.rank, error="publisher terminated")
     try:
-        status = publish(job)
+        status = publish(job, measure_cpu=True)
+        if status.cpu is not None:
+            cpu = status.cpu
+            get_logger(__name__).debug(
+                "rank %d: publisher of %s: %.3f s CPU: %.3f before publishing (the forked export, start-up, "
+                "imports), %.3f the trace (%s), %.3f its summary, %.3f extra files", job.rank, job.trace_path,
+                cpu.total, cpu.start, cpu.trace, status.compressor, cpu.summary, cpu.extra)
     finally:
         report_status(args.status_fd, status)
         with contextlib.suppress(OSError):

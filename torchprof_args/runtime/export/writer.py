@@ -107,8 +107,9 @@ class TraceWriter:
         self.rank = rank
         mode = config.mode if hasattr(os, "fork") else "inline"
         self.planner = planner or ExportPlanner(mode, staging, config.min_free_host_mb << 20)
+        #: ``publish_cpu_seconds``: the last publisher process's CPU time (status.PublishCpu).
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
-                                        "publish_failures": 0}
+                                        "publish_cpu_seconds": 0.0, "publish_failures": 0}
         self.published: list[str] = []
         #: Totals for the publishing vote (backpressure, rank 0's line per cycle).
         self.progress = PublishProgress()
@@ -295,6 +296,8 @@ class TraceWriter:
         self.stats["traces_written"] += 1
         self.stats["trace_mb"] = trace_mb
         self.stats["publish_seconds"] = status.publish_seconds
+        if status.cpu is not None:
+            self.stats["publish_cpu_seconds"] = status.cpu.total
         self.published.append(trace_path)
         seconds = time.monotonic() - started
         self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds)
