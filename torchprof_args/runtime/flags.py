@@ -96,6 +96,14 @@ PUBLISHER_PRIORITY = Flag("--torch-profile-publisher-priority",
                           "still running leave SCHED_IDLE); 'normal' keeps the training process's priority "
                           "(as before this flag existed).",
                           default="idle", choices=("idle", "normal"), metavar="P")
+PUBLISHER_SERVER = Flag("--torch-profile-publisher-server",
+                        "Start one publisher process per traced rank with the profiler, which imports the "
+                        "publisher's code once (Python, numpy, the trace analysis) and forks a worker per "
+                        "trace, at --torch-profile-publisher-priority: the CPU time a flush then costs the "
+                        "steps after it is the trace's compression and summary only, not a fresh Python "
+                        "each time. --no-torch-profile-publisher-server starts a publisher process per trace "
+                        "(as before this flag existed).",
+                        default=True, action=argparse.BooleanOptionalAction)
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
                      "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at "
                      "flushes, memory snapshots and the exit.",
@@ -141,9 +149,9 @@ PROFILE_FLAGS = register_group(FlagGroup(
                 "timeouts (torchprof-args).",
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END,
            RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, WITH_FLOPS, WITH_MODULES, EXECUTION_TRACE, ACTIVITIES,
-           PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, PUBLISHER_PRIORITY, FLUSH_TIMEOUT,
-           EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE, OPERATOR_TABLE_ROWS,
-           TENSORBOARD_DIR),
+           PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, PUBLISHER_PRIORITY, PUBLISHER_SERVER,
+           FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE,
+           OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
     order=10,
 ))
 

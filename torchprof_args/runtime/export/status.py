@@ -30,8 +30,10 @@ class PublishCpu(msgspec.Struct, omit_defaults=True):
     ``TORCHPROF_LOG_LEVEL=DEBUG`` logs it and ``prof.stats["publish_cpu_seconds"]`` has the last total.
     """
 
-    #: Before publishing began: the forked exporter's serialisation (``fork`` mode), the publisher's
-    #: interpreter start-up and imports.
+    #: The forked exporter's serialisation (``fork`` mode).
+    export: float = 0.0
+    #: The publisher's start before publishing: its interpreter and imports (a fork server's worker
+    #: starts imported: only the job's checks).
     start: float = 0.0
     #: Compressing and writing the trace.
     trace: float = 0.0
@@ -43,7 +45,7 @@ class PublishCpu(msgspec.Struct, omit_defaults=True):
 
     @property
     def total(self) -> float:
-        return self.start + self.trace + self.summary + self.extra
+        return self.export + self.start + self.trace + self.summary + self.extra
 
 
 class PublishStatus(msgspec.Struct, omit_defaults=True):
