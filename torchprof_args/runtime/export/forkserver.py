@@ -293,13 +293,12 @@ class ForkServer:
                                       sent=False) from None
             while not self._replies:
                 if not self._read(deadline):
-                    if self.alive:  # it may still answer: later traces must not wait behind this one
-                        self._broken = True
-                        self.kill()
-                    raise ForkServerError("the publisher fork server did not start a worker for it "
-                                          "before --torch-profile-flush-timeout" if self.alive else
-                                          "the publisher fork server ended before starting a worker for it",
-                                          sent=True)
+                    if not self.alive:
+                        raise ForkServerError("the publisher fork server ended before starting a worker "
+                                              "for it", sent=True)
+                    self.kill()  # it may still answer: later traces must not wait behind this one
+                    raise ForkServerError("the publisher fork server did not start a worker for it before "
+                                          "--torch-profile-flush-timeout", sent=True)
             reply, fds = self._replies.pop(0)
         if reply.startswith(b"started "):
             return Worker(int(reply.split()[1]), fds[0] if fds else None)

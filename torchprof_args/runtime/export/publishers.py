@@ -12,6 +12,7 @@ process can start, the trace is published on the calling thread.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -44,9 +45,17 @@ class Publishers:
 
     @property
     def serving(self) -> bool:
-        """The fork server is there to publish the next trace (not known to have ended)."""
+        """The fork server is there to publish the next trace; one found ended is said so, once."""
         server = self._server
-        return server is not None and server.alive
+        if server is None:
+            return False
+        if not server.alive:
+            code = server.process.poll()
+            how = "" if code is None else (f" (killed by {signal.Signals(-code).name})" if code < 0 else
+                                            f" (exit code {code})")
+            self._lose_server(ForkServerError(f"the publisher fork server has ended{how}", sent=False))
+            return False
+        return True
 
     @property
     def server_pid(self) -> int | None:
