@@ -75,7 +75,10 @@ PROFILE_DIR = Flag("--torch-profile-dir", "Output directory for traces and summa
                    default_doc="`--tensorboard-dir` if set, else `./prof`")
 GZIP = Flag("--torch-profile-gzip", "Gzip-compress published traces (.pt.trace.json.gz).", default=True,
             action=argparse.BooleanOptionalAction)
-GZIP_LEVEL = Flag("--torch-profile-gzip-level", "Compression level 1..9 (runs off the training thread).",
+GZIP_LEVEL = Flag("--torch-profile-gzip-level",
+                  "Compression level 1..9 (zlib's; runs off the training thread). Level 1 uses isal's deflate "
+                  "where the analysis extra is installed: the same ratio, about 4x less CPU (9x less than "
+                  "level 6) for traces about 35 % larger than level 6's.",
                   default=6, type=gzip_level, metavar="L")
 STAGING_DIR = Flag("--torch-profile-staging-dir",
                    "Node-local directory the raw trace is written to before the barrier (a private "
