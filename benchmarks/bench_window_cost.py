@@ -1,28 +1,39 @@
 """The whole cost of a profiled window: the flush step's stall plus the slowdown of the steps after it
 while the exporter and the publisher run, against unprofiled steps of the same job.
 
-    python benchmarks/bench_window_cost.py [--repeats 8] [--layers 40] [--after 22]
+    python benchmarks/bench_window_cost.py [--repeats 10] [--windows 3] [--layers 40] [--after 22]
+                                           [--max-load 2]
 
 Two real gloo ranks (torchrun), a ``--layers``-layer MLP (its gradients all-reduced in one bucket, as
-DDP does), both ranks traced: ``--torch-profile-skip-first 20`` (unprofiled steps), warm-up 1, 3
-active steps recorded with stacks, shapes and memory, then ``--after`` steps and 10 more.  Three
-modes, interleaved in each repeat so that they see the same machine load:
+DDP does), both ranks traced: ``--windows`` windows per run, each ``--gap`` unprofiled steps
+(``--torch-profile-wait``), warm-up 1, 3 active steps recorded with stacks, shapes and memory; then
+10 more steps.  Five modes, interleaved in each repeat so that they see the same machine load:
 
   none     the same job without ``--torch-profile``
-  normal   ``--torch-profile-publisher-priority normal``: exporter and publisher at the trainer's
-           priority (the behaviour before the flag)
-  idle     ``--torch-profile-publisher-priority idle`` (default): nice 19, SCHED_IDLE, I/O idle
+  normal   ``--torch-profile-publisher-priority normal --no-torch-profile-publisher-server``: the
+           exporter execs a publisher per trace, at the trainer's priority (before issue 30)
+  idle     ``--torch-profile-publisher-priority idle --no-torch-profile-publisher-server``: the same at
+           nice 19, SCHED_IDLE, I/O idle
+  server   the defaults: idle priority, and the publisher fork server started with the profiler forks
+           a worker per trace (no Python start-up and imports per trace)
+  server1  ``server`` with ``--torch-profile-gzip-level 1`` (isal's level 1 where installed: about 4x
+           less compression CPU than zlib's level 6, the default, for about 35 % larger traces)
 
-Per run, rank 0's step times.  The baseline step is the median of the run's own unprofiled steps
-before its window (steps 6-20: the same job, unprofiled, seconds earlier; the repeat's ``none`` run's
-median is printed beside it, but a shared machine's load drifts more between runs than within one).
-``stall`` = the flush step minus the baseline; ``after`` = the sum over the ``--after`` following
-steps of (step - baseline); ``recorded`` = the same over the 4 warm-up and recorded steps before the
-flush; ``done`` = steps after the flush until rank 0's publisher had finished (``-``: not within the
-run: it finishes at exit).  Medians over the repeats; ``est`` columns: the profiler's own running
-estimate (``prof.stats``, what the goodput ledger reads).  Target (issue 30): ``after`` at most 25 %
-of ``stall`` with ``idle`` on a 2-core machine.  The load average is printed before and after: run it
-when the machine is quiet.
+Per window, rank 0's step times against a baseline: the median of the 15 unprofiled steps just
+before its warm-up (the same job, seconds earlier, after the previous window's publication: a
+shared machine's load drifts more between runs than within one; the repeat's ``none`` run's median
+is printed beside it).  ``stall`` = the flush step minus the baseline; ``after`` = the sum over the
+``--after`` following steps of (step - baseline); ``recorded`` = the same over the warm-up and
+recorded steps before the flush; ``done`` = steps after the flush until rank 0's publication had
+finished (``-``: not within the gap); ``cpu`` = the CPU time of rank 0's last publication (export,
+publisher: the status' ``PublishCpu``; 0 when it finished after the run).  Medians over every
+window of every repeat; ``est`` columns: the profiler's own running estimate per window
+(``prof.stats``, what the goodput ledger reads).  The ``server`` runs first wait for the fork server
+to finish starting (its imports at idle priority would otherwise slow the first steps); its CPU
+time is printed: a cost once per run, not per window.  Target (issue 30): ``after`` at most 25 % of
+``stall`` with the defaults on a 2-core machine.  The load average is printed before and after and
+with every repeat: run it when the machine is quiet (``--max-load``: each repeat first waits, up to
+15 minutes, for the 1-minute load to fall below it).
 """
 
 from __future__ import annotations
@@ -40,11 +51,47 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP_FIRST, WARMUP, ACTIVE = 20, 1, 3
-FLUSH = SKIP_FIRST + WARMUP + ACTIVE  # the iteration whose step writes the trace
-TAIL = 10  # steps run after the counted ones
-QUIET = slice(5, SKIP_FIRST)  # the run's own unprofiled steps that make its baseline
-MODES = ("none", "normal", "idle")
+WARMUP, ACTIVE = 1, 3
+TAIL = 10  # steps run after the last window's counted ones
+BASELINE_STEPS = 15  # unprofiled steps just before a window's warm-up
+MODES = ("none", "normal", "idle", "server", "server1")
+PROFILED = MODES[1:]
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """A process's user + system CPU seconds (``/proc/<pid>/stat``); 0 when it cannot be read."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def flush_steps(args: argparse.Namespace) -> list[int]:
+    """The 1-based iterations whose steps write a trace."""
+    cycle = args.gap + WARMUP + ACTIVE
+    return [cycle * (k + 1) for k in range(args.windows)]
+
+
+def profile_flags(args: argparse.Namespace) -> list[str]:
+    flags = [
+        "--torch-profile-dir", str(Path(args.out) / "prof"), "--torch-profile-ranks", "all",
+        "--torch-profile-skip-first", "0", "--torch-profile-wait", str(args.gap),
+        "--torch-profile-warmup", str(WARMUP), "--torch-profile-active", str(ACTIVE),
+        "--torch-profile-repeat", str(args.windows), "--torch-profile-max-publishing", "0",
+        "--torch-profile-record-shapes", "--torch-profile-profile-memory", "--torch-profile-with-stack",
+    ]
+    if args.mode == "none":
+        return flags
+    priority = "normal" if args.mode == "normal" else "idle"
+    flags += ["--torch-profile", "--torch-profile-publisher-priority", priority]
+    if args.mode in ("normal", "idle"):
+        flags.append("--no-torch-profile-publisher-server")
+    if args.mode == "server1":
+        flags += ["--torch-profile-gzip-level", "1"]
+    return flags
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -66,31 +113,18 @@ def worker(args: argparse.Namespace) -> None:
     model = torch.nn.Sequential(*layers)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     inputs = torch.randn(args.batch, args.hidden)
-    flags = [
-        "--torch-profile-dir",
-        str(Path(args.out) / "prof"),
-        "--torch-profile-ranks",
-        "all",
-        "--torch-profile-skip-first",
-        str(SKIP_FIRST),
-        "--torch-profile-warmup",
-        str(WARMUP),
-        "--torch-profile-active",
-        str(ACTIVE),
-        "--torch-profile-repeat",
-        "1",
-        "--torch-profile-wait",
-        "0",
-        "--torch-profile-record-shapes",
-        "--torch-profile-profile-memory",
-        "--torch-profile-with-stack",
-    ]
-    if args.mode != "none":
-        flags += ["--torch-profile", "--torch-profile-publisher-priority", args.mode]
-    prof = TorchProfiler.from_args(add_torch_profile_args(argparse.ArgumentParser()).parse_args(flags))
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    prof = TorchProfiler.from_args(parser.parse_args(profile_flags(args)))
     times, publishing = [], []
     with prof:
-        for iteration in range(1, FLUSH + args.after + TAIL + 1):
+        writer = prof._writer  # noqa: SLF001 - the benchmark reads the real writer's state
+        publishers = writer.publishers if writer is not None else None
+        server = publishers.server_pid if publishers is not None else None
+        waited = time.perf_counter()
+        while publishers and server and not publishers.server_ready() and time.perf_counter() - waited < 99:
+            time.sleep(0.01)  # its start-up (once per run) stays out of the measured steps
+        start_wait, start_cpu = time.perf_counter() - waited, _cpu_seconds(server)
+        for iteration in range(1, flush_steps(args)[-1] + args.after + TAIL + 1):
             started = time.perf_counter()
             model(inputs).square().mean().backward()
             grads = [p.grad for p in model.parameters()]
@@ -101,11 +135,11 @@ def worker(args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             prof.step(iteration)
             times.append(time.perf_counter() - started)
-            writer = prof._writer  # noqa: SLF001 - the benchmark reads the real writer's state
             publishing.append(writer.in_flight if writer is not None else 0)
         stats = prof.stats
     write_json_atomically(
-        Path(args.out) / f"rank{rank}.json", {"times": times, "stats": stats, "publishing": publishing}
+        Path(args.out) / f"rank{rank}.json",
+        {"times": times, "stats": stats, "publishing": publishing, "server_start": [start_wait, start_cpu]},
     )
     dist.barrier()
     dist.destroy_process_group()
@@ -124,26 +158,10 @@ def run_job(mode: str, args: argparse.Namespace) -> dict:
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
         }
         command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            __file__,
-            "--worker",
-            "--mode",
-            mode,
-            "--out",
-            out,
-            "--layers",
-            str(args.layers),
-            "--hidden",
-            str(args.hidden),
-            "--batch",
-            str(args.batch),
-            "--after",
-            str(args.after),
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+            f"--master_port={port}", __file__, "--worker", "--mode", mode, "--out", out,
+            "--layers", str(args.layers), "--hidden", str(args.hidden), "--batch", str(args.batch),
+            "--after", str(args.after), "--windows", str(args.windows), "--gap", str(args.gap),
         ]
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if run.returncode != 0:
@@ -151,46 +169,100 @@ def run_job(mode: str, args: argparse.Namespace) -> dict:
         return json.loads((Path(out) / "rank0.json").read_text())
 
 
-def costs(result: dict, after: int) -> dict[str, float]:
-    """One profiled run's figures, seconds (``done``: steps)."""
-    times = result["times"]
-    baseline = statistics.median(times[QUIET])
-    flush = FLUSH - 1  # index of the flush step
-    extra = [t - baseline for t in times]
-    busy = [i for i, n in enumerate(result["publishing"]) if n and i >= flush]
-    done = float(busy[-1] + 1 - flush) if busy else 0.0
-    if busy and busy[-1] == len(times) - 1:
-        done = math.inf  # still publishing at the run's last step
-    stats = result["stats"]
-    return {
-        "baseline": baseline,
-        "stall": extra[flush],
-        "after": sum(extra[flush + 1 : flush + 1 + after]),
-        "recorded": sum(extra[SKIP_FIRST:flush]),
-        "done": done,
-        "est_stall": stats.get("flush_seconds_total", 0.0),
-        "est_after": stats.get("publishing_extra_seconds_total", 0.0),
-        "est_recorded": stats.get("recording_extra_seconds_total", 0.0),
-    }
+def window_costs(result: dict, args: argparse.Namespace) -> list[dict[str, float]]:
+    """One profiled run's figures per window, seconds (``done``: steps)."""
+    times, publishing, stats = result["times"], result["publishing"], result["stats"]
+    start_wait, start_cpu = result["server_start"]
+    windows = []
+    for flush_step in flush_steps(args):
+        flush = flush_step - 1  # its index
+        first = flush - ACTIVE - WARMUP + 1  # the warm-up step's index
+        baseline = statistics.median(times[first - BASELINE_STEPS : first])
+        extra = [t - baseline for t in times]
+        gap_end = min(len(times), flush + 1 + args.gap)
+        quiet = [i for i in range(flush + 1, gap_end) if not publishing[i]]
+        windows.append({
+            "baseline": baseline,
+            "stall": extra[flush],
+            "after": sum(extra[flush + 1 : flush + 1 + args.after]),
+            "recorded": sum(extra[first:flush]),
+            "done": float(quiet[0] - flush) if quiet else math.inf,
+            "cpu": stats.get("publish_cpu_seconds", 0.0),
+            "server_start_cpu": start_cpu,
+            "server_start_wait": start_wait,
+            "est_stall": stats.get("flush_seconds_total", 0.0) / args.windows,
+            "est_after": stats.get("publishing_extra_seconds_total", 0.0) / args.windows,
+            "est_recorded": stats.get("recording_extra_seconds_total", 0.0) / args.windows,
+        })
+    return windows
 
 
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def wait_for_quiet(max_load: float | None, patience: float = 900.0) -> None:
+    """Wait until the 1-minute load average is below ``max_load`` (at most ``patience`` seconds)."""
+    waited = time.monotonic()
+    while max_load is not None and os.getloadavg()[0] > max_load and time.monotonic() - waited < patience:
+        time.sleep(10)
+
+
 def _ms(value: float) -> str:
     return f"{value * 1000:+.0f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
+           args: argparse.Namespace) -> None:
+    count = len(rows["server"])
+    print(
+        f"\nwindow cost on rank 0, ms (median of {count} windows: {args.repeats} repeats x {args.windows}; "
+        f"2 gloo ranks, {args.layers}-layer MLP, {ACTIVE} active steps with stacks, shapes, memory; "
+        f"{args.after} steps after the flush; unprofiled step {statistics.median(unprofiled) * 1000:.1f} ms)"
     )
-    parser.add_argument("--repeats", type=int, default=8)
+    print(
+        f"{'mode':8s}{'step':>7s}{'stall':>8s}{'after':>8s}{'after/stall':>12s}{'recorded':>10s}"
+        f"{'done':>6s}{'cpu':>6s}{'est stall':>11s}{'est after':>11s}{'est rec.':>10s}"
+    )
+    for mode, runs in rows.items():
+        med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        done = "-" if math.isinf(med["done"]) else f"{med['done']:.0f}"
+        print(
+            f"{mode:8s}{med['baseline'] * 1000:7.1f}{med['stall'] * 1000:8.0f}{med['after'] * 1000:8.0f}"
+            f"{med['after'] / med['stall']:12.2f}{med['recorded'] * 1000:10.0f}{done:>6s}"
+            f"{med['cpu'] * 1000:6.0f}{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
+            f"{med['est_recorded'] * 1000:10.0f}"
+        )
+    served = rows["server"] + rows["server1"]
+    start_cpu = statistics.median(run["server_start_cpu"] for run in served)
+    start_wait = statistics.median(run["server_start_wait"] for run in served)
+    print(
+        f"\nserver: its start-up (imports, once per run, before the first step here: the job waited "
+        f"{start_wait * 1000:.0f} ms for it) took {start_cpu * 1000:.0f} ms of CPU"
+    )
+    for mode in PROFILED:
+        ratios = sorted(run["after"] / run["stall"] for run in rows[mode])
+        ratio = statistics.median(ratios)
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratio, ratio, ratio]
+        print(
+            f"target after/stall <= 0.25 with {mode}: {'met' if ratio <= 0.25 else 'NOT met'} "
+            f"(median {ratio:.2f}, quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}, {len(ratios)} windows)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--windows", type=int, default=3, help="profiled windows per run")
+    parser.add_argument("--gap", type=int, default=60, help="unprofiled steps before each window")
     parser.add_argument("--layers", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--after", type=int, default=22, help="steps after the flush that are counted")
+    parser.add_argument("--max-load", type=float, default=None,
+                        help="before each repeat, wait (up to 15 min) for the 1-minute load average to fall "
+                             "below this")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -200,45 +272,23 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # skip teardown, where torch's C++ threads sometimes abort on this CPU build
+    if args.gap < args.after + BASELINE_STEPS:
+        parser.error(f"--gap must be at least --after + {BASELINE_STEPS} (the next window's baseline)")
     print(f"load average before: {load()} ({os.cpu_count()} CPUs)", flush=True)
-    rows: dict[str, list[dict[str, float]]] = {"normal": [], "idle": []}
+    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in PROFILED}
     unprofiled = []
     for repeat in range(args.repeats):
+        wait_for_quiet(args.max_load)
         results = {mode: run_job(mode, args) for mode in MODES}
-        unprofiled.append(statistics.median(results["none"]["times"][QUIET.start :]))
+        unprofiled.append(statistics.median(results["none"]["times"][BASELINE_STEPS:]))
         line = [f"repeat {repeat + 1}: unprofiled run {unprofiled[-1] * 1000:.1f} ms/step"]
         for mode, runs in rows.items():
-            runs.append(costs(results[mode], args.after))
-            got = runs[-1]
-            line.append(
-                f"{mode}: step {got['baseline'] * 1000:.1f} ms, stall {_ms(got['stall'])} ms, "
-                f"after {_ms(got['after'])} ms"
-            )
+            got = window_costs(results[mode], args)
+            runs += got
+            line.append(f"{mode}: stall {'/'.join(_ms(w['stall']) for w in got)} ms, after "
+                        f"{'/'.join(_ms(w['after']) for w in got)} ms")
         print("  " + "; ".join(line) + f" (load {load()})", flush=True)
-    print(
-        f"\nwindow cost on rank 0, ms (median of {args.repeats}; 2 gloo ranks, {args.layers}-layer MLP, "
-        f"{ACTIVE} active steps with stacks, shapes, memory; {args.after} steps after the flush; unprofiled "
-        f"step {statistics.median(unprofiled) * 1000:.1f} ms)"
-    )
-    print(
-        f"{'priority':10s}{'step':>7s}{'stall':>8s}{'after':>8s}{'after/stall':>12s}{'recorded':>10s}"
-        f"{'done':>6s}{'est stall':>11s}{'est after':>11s}{'est rec.':>10s}"
-    )
-    for mode, runs in rows.items():
-        med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        done = "-" if math.isinf(med["done"]) else f"{med['done']:.0f}"
-        print(
-            f"{mode:10s}{med['baseline'] * 1000:7.1f}{med['stall'] * 1000:8.0f}{med['after'] * 1000:8.0f}"
-            f"{med['after'] / med['stall']:12.2f}{med['recorded'] * 1000:10.0f}{done:>6s}"
-            f"{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
-            f"{med['est_recorded'] * 1000:10.0f}"
-        )
-    idle = [run["after"] / run["stall"] for run in rows["idle"]]
-    ratio = statistics.median(idle)
-    print(
-        f"\ntarget after/stall <= 0.25 with idle priority: {'met' if ratio <= 0.25 else 'NOT met'} "
-        f"(median {ratio:.2f}; per repeat {', '.join(f'{r:.2f}' for r in idle)})"
-    )
+    report(rows, unprofiled, args)
     print(f"load average after: {load()}")
 
 

@@ -79,3 +79,32 @@ def test_odd_values_take_the_loose_path(tmp_path: Path) -> None:
     assert trace.n_events == 6
     assert sorted(trace.names[i] for i in trace.name_id) == ["a", "k"]
     assert trace.stream.tolist() == [-1, 7] and trace.ts.tolist() == [10.5, 11.0]
+
+
+@pytest.mark.parametrize("decoder", ["shapes", "comms"])
+def test_recorded_shapes_decode_on_the_typed_path_as_the_loose_path_would(decoder: str) -> None:
+    """A real trace with record_shapes: every operator's ``Input Dims`` / ``Input type`` arrays are kept
+    raw by the typed decoder (msgspec's ``Raw | None`` took only null: each such batch fell to the
+    loose, per-event path), with the same values as the loose path gives (its raw JSON re-encoded
+    without the trace's spaces: read only by JSON parsers)."""
+    import msgspec
+
+    from torchprof_args.analysis.decode import comm_events, events
+
+    def values(event: msgspec.Struct) -> list:
+        return [msgspec.json.decode(bytes(v)) if isinstance(v, msgspec.Raw) and v else v
+                for v in (*msgspec.structs.astuple(event)[:-1], *msgspec.structs.astuple(event.args))]
+
+    text = json.dumps(json.loads(gzip.decompress((DATA / "cpu_2rank_gloo_rank0_iter3.json.gz").read_bytes()))
+                      ["traceEvents"]).encode()
+    typed, loose, kind = {
+        "shapes": (events._typed_shapes, events._tighten_shapes, events.XShapeEvent),
+        "comms": (comm_events._typed, comm_events._tighten_comm, comm_events.XComm),
+    }[decoder]
+    fast = typed.decode(text)  # raised msgspec.ValidationError before
+    slow = [loose(e) for e in events._loose.decode(text)]
+    complete = [e for e in fast if isinstance(e, kind)]
+    assert list(map(values, complete)) == [values(e) for e in slow if isinstance(e, kind)]
+    with_shapes = [e for e in complete if e.args.input_dims]
+    assert len(with_shapes) > 1000 and bytes(with_shapes[0].args.input_dims).startswith(b"[")
+    assert any(not e.args.input_dims for e in complete)  # the events without shapes: NO_RAW

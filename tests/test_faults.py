@@ -58,14 +58,20 @@ def test_refuses_to_start_on_every_rank_when_one_ranks_staging_is_unsafe(tmp_pat
     assert outcome.results == {}
 
 
-def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
+@pytest.mark.parametrize("server", [True, False], ids=["fork server", "a publisher per trace"])
+def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path, server):
     """Rank 0 forks, rank 1 exports inline; cycle 1: the export raises after writing half a file;
     cycle 2: the staging tmpfs fills up during the export (Kineto only logs and leaves .tmp);
-    cycle 3: fork (and spawning the publisher) fails with EAGAIN; cycle 4: normal.  Without root,
-    cycle 2 runs normally (no tmpfs)."""
+    cycle 3: fork (and spawning the publisher, and starting a thread) fails with EAGAIN; cycle 4:
+    normal.  Without root, cycle 2 runs normally (no tmpfs).  In cycle 3 rank 0's trace goes to the
+    fork server started before the limit (its reaper thread runs since cycle 1); rank 1 has no
+    reaper thread yet and cannot start one, so it publishes on the training thread, as both ranks do
+    without the server."""
     full_staging, fork_limit = faults.can_mount(), faults.can_limit_forks()
     args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4",
             "--torch-profile-max-publishing", "0"]  # every cycle, however slow the publishers
+    if not server:
+        args.append("--no-torch-profile-publisher-server")
     expected = {3: "RuntimeError: injected export failure", 5: None, 7: None, 9: None}
     for rank in (0, 1):
         args += ["--inject", f"{rank}:1:raise"]
@@ -94,7 +100,7 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
         if full_staging:
             assert "full?" in errors[1]  # the reason names the full staging filesystem
             assert len(one_line(log, f"rank {rank}: trace", "it has less free than the estimated")) == 2
-        if fork_limit:
+        if fork_limit and (rank == 1 or not server):
             assert one_line(log, f"rank {rank}: cannot start a publisher process "
                                  "(Resource temporarily unavailable)")
     if fork_limit:

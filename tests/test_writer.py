@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -23,10 +24,10 @@ def export(path: str) -> None:
         {"traceEvents": [{"name": "ProfilerStep#1", "ph": "X", "ts": 0, "dur": 1}]}))
 
 
-def make_writer(tmp_path: Path, mode: str) -> TraceWriter:
+def make_writer(tmp_path: Path, mode: str, server: bool = True) -> TraceWriter:
     staging = StagingArea(str(tmp_path / "staging"))
     staging.open()
-    config = ExportConfig(mode=mode, gzip_level=None, operator_table_rows=None)
+    config = ExportConfig(mode=mode, gzip_level=None, operator_table_rows=None, publisher_server=server)
     return TraceWriter(tmp_path / "out", staging, config, rank=0)
 
 
@@ -43,12 +44,15 @@ def close(writer: TraceWriter) -> None:
     writer.close(time.monotonic() + 60, "the test's deadline")
 
 
+@pytest.mark.parametrize("server", [True, False], ids=["fork server", "a publisher per trace"])
 @pytest.mark.parametrize(("mode", "route"), [("fork", Route.FORKED), ("inline", Route.INLINE)])
-def test_forked_and_inline_traces_are_watched_until_published(tmp_path, mode, route):
-    writer = make_writer(tmp_path, mode)
+def test_forked_and_inline_traces_are_watched_until_published(tmp_path, mode, route, server):
+    writer = make_writer(tmp_path, mode, server)
     outcome = writer.submit(export, CYCLE, STEM, steps=2)
     trace_path = str(tmp_path / "out" / CYCLE / f"{STEM}.pt.trace.json")
-    assert outcome.route is route and outcome.pending and outcome.pid is not None and outcome.error is None
+    assert outcome.route is route and outcome.pending and outcome.error is None
+    # inline with the fork server: the reaper thread hands the staged trace to it (no process yet)
+    assert (outcome.pid is None) == (server and mode == "inline")
     assert outcome.trace_path == trace_path
     close(writer)
     assert writer.published == [trace_path] and published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
@@ -94,7 +98,7 @@ def test_published_in_process_when_no_publisher_can_start(tmp_path, monkeypatch)
     def no_process(*args, **kwargs):
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(writer_module.subprocess, "Popen", no_process)
+    monkeypatch.setattr(subprocess, "Popen", no_process)  # nor the fork server
     writer = make_writer(tmp_path, "inline")
     outcome = writer.submit(export, CYCLE, STEM)
     assert outcome == Submission(Route.IN_PROCESS, str(tmp_path / "out" / CYCLE / f"{STEM}.pt.trace.json"))

@@ -151,6 +151,9 @@ class ExportConfig:
     #: ``--torch-profile-publisher-priority``: the exporter and publisher at the lowest CPU and I/O
     #: priority ("idle", :mod:`~torchprof_args.runtime.export.priority`) or the trainer's ("normal").
     publisher_priority: str = "idle"
+    #: ``--torch-profile-publisher-server``: a fork server publishes
+    #: (:mod:`~torchprof_args.runtime.export.forkserver`).
+    publisher_server: bool = True
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
@@ -166,6 +169,7 @@ class ExportConfig:
             min_free_host_mb=int(flag_value(args, flags.MIN_FREE_HOST_MB)),
             max_publishing=int(flag_value(args, flags.MAX_PUBLISHING)),
             publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY) or "idle",
+            publisher_server=bool(flag_value(args, flags.PUBLISHER_SERVER)),
         )
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(

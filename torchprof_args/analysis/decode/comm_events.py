@@ -26,6 +26,7 @@ import numpy as np
 from torchprof_args.analysis.decode.events import (
     INSTANTS,
     NO_CAT,
+    NO_RAW,
     SKIPPED,
     LooseEvent,
     XEvent,
@@ -60,8 +61,8 @@ class _CommArgs(msgspec.Struct, gc=False, frozen=True):
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = msgspec.field(default=None, name="dtype")
     #: On every operator when shapes are recorded: kept as raw JSON text, parsed only for comms.
-    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
-    input_type: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input type")
 
 
 _NO_COMM_ARGS = _CommArgs()
@@ -100,7 +101,8 @@ def _tighten_comm(event: LooseEvent) -> Any:
     return XComm(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
                  args=_CommArgs(stream=base.args.stream, correlation=base.args.correlation,
                                 flops=base.args.flops,
-                                input_dims=raw.get("Input Dims"), input_type=raw.get("Input type"),
+                                input_dims=raw.get("Input Dims", NO_RAW),
+                                input_type=raw.get("Input type", NO_RAW),
                                 **{name: args.get(key) for name, key in _ARG_KEYS.items()}))
 
 
@@ -117,8 +119,8 @@ def is_comm_name(name: str) -> bool:
     return "nccl" in head or head.startswith(("gloo:", "xccl:", "record_param_comms"))
 
 
-def _text(raw: msgspec.Raw | None) -> str | None:
-    return None if raw is None else bytes(raw).decode("utf-8", "replace")
+def _text(raw: msgspec.Raw) -> str | None:
+    return bytes(raw).decode("utf-8", "replace") if raw else None  # NO_RAW: the field is missing
 
 
 def comm_row(event: XComm) -> tuple[Any, ...] | None:

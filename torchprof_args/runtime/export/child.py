@@ -5,7 +5,9 @@ so a thread cannot hide it.  The training process forks instead; the child (only
 thread exists there) first puts every signal back to its default action (the trainer's SIGTERM
 handler and wakeup fd must not run in it), exports to staging, checks that Kineto really wrote a
 complete file (on ENOSPC it only logs "Failed to write to log file!" and leaves ``<name>.tmp``),
-then ``exec``\\ s the publisher so that no inherited state (locks, sockets, CUDA) lingers.  SIGTERM
+then ``exec``\\ s the publisher so that no inherited state (locks, sockets, CUDA) lingers, or, when
+the writer has a publisher fork server (:mod:`~torchprof_args.runtime.export.forkserver`), exits: the
+server's worker publishes.  SIGTERM
 is blocked in the parent across the ``fork``, so no handler of the trainer runs in the child.
 The child never returns into the caller's code; errors go to the status pipe.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -63,10 +66,11 @@ def remove_export_leftovers(target: str | os.PathLike[str]) -> None:
             path.unlink()
 
 
-def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str], env: dict[str, str],
+def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str] | None, env: dict[str, str],
                 keep_fds: Sequence[int], companion: Callable[[str, int], None] | None = None, *,
                 background: bool = True) -> int:
-    """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher).
+    """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher,
+    told the CPU time the export took with ``--export-cpu``), or with ``argv`` None exits 0.
 
     ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
     ``companion(path, trace_bytes)``, when given, then writes ``job.memory_path`` from the
@@ -95,6 +99,9 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str],
         os.replace(staged_tmp, job.staged_path)
         if companion is not None and job.memory_path:
             companion(job.memory_path, os.path.getsize(job.staged_path))
+        if argv is None:
+            os._exit(0)  # exported: the fork server's worker publishes
+        argv = [*argv, "--export-cpu", f"{time.process_time():.6f}"]
         for fd in keep_fds:
             os.set_inheritable(fd, True)
         _close_fds_except(keep_fds)

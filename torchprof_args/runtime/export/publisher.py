@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
@@ -30,49 +29,53 @@ from types import FrameType
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
 from torchprof_args.log import get_logger
+from torchprof_args.runtime.export.compress import copy_compressed
 from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
 from torchprof_args.runtime.export.priority import IDLE, NORMAL, PRIORITIES, lower_to_background
-from torchprof_args.runtime.export.status import PublishStatus, report_status
+from torchprof_args.runtime.export.status import PublishCpu, PublishStatus, report_status
 
 __all__ = ["PublishJob", "PublishStatus", "publish", "publisher_argv", "publisher_env"]
 
-_COPY_CHUNK = 16 << 20
+try:
+    import resource
+except ImportError:  # pragma: no cover - not Unix: no decoding processes' CPU time
+    resource = None  # type: ignore[assignment]
 
 
-def _copy_compressed(source: Path, target: Path, level: int | None) -> None:
-    with atomic_output(target, "wb", fsync=True) as handle, open(source, "rb") as src:
-        if level is None:
-            shutil.copyfileobj(src, handle, _COPY_CHUNK)
-            return
-        import gzip
-
-        # zlib releases the GIL while deflating each chunk; this process has no other work.
-        with gzip.GzipFile(filename="", mode="wb", fileobj=handle, compresslevel=level, mtime=0) as gz:
-            shutil.copyfileobj(src, gz, _COPY_CHUNK)
+def _cpu_seconds() -> float:
+    """This process's CPU time since it was forked (across ``exec``), its ended children's included."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN) if resource is not None else None
+    return time.process_time() + (children.ru_utime + children.ru_stime if children else 0.0)
 
 
-def publish(job: PublishJob) -> PublishStatus:
+def publish(job: PublishJob, *, cpu: PublishCpu | None = None) -> PublishStatus:
     """Publish one staged trace, its summary sidecar, operator table and extra files; returns what
     became of it.
 
-    Staged files are removed whatever happens.
+    Staged files are removed whatever happens.  ``cpu`` (in a publisher process): filled with this
+    process's CPU time by phase, and returned in the status.
     """
     started = time.perf_counter()
     status = PublishStatus(trace_path=job.trace_path, rank=job.rank)
+    clock = _PhaseClock(cpu) if cpu is not None else None
     staged = Path(job.staged_path)
     try:
         status.raw_mb = staged.stat().st_size / 1e6
         trace_path = Path(job.trace_path)
-        _copy_compressed(staged, trace_path, job.gzip_level)
+        compressor = copy_compressed(staged, trace_path, job.gzip_level)
+        status.compressor = f"{compressor.library} {compressor.level}"
         status.trace_mb = trace_path.stat().st_size / 1e6
         status.trace_seconds = time.perf_counter() - started
+        _phase_done(clock, "trace")
         if job.operator_table_path:
             try:
                 status.operator_table_path = _write_summary_files(staged, job, trace_path,
                                                                   job.operator_table_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status.summary_error = f"{type(err).__name__}: {err}"
+        _phase_done(clock, "summary")
         _publish_extra_files(job, status)
+        _phase_done(clock, "extra")
     except Exception as err:
         status.error = f"{type(err).__name__}: {err}"
     finally:
@@ -80,14 +83,34 @@ def publish(job: PublishJob) -> PublishStatus:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     status.publish_seconds = time.perf_counter() - started
+    status.cpu = cpu
     return status
+
+
+class _PhaseClock:
+    """Charges this process's CPU time to the phases of a :class:`PublishCpu`, one after another."""
+
+    def __init__(self, cpu: PublishCpu) -> None:
+        self.cpu = cpu
+        self.mark = _cpu_seconds()
+
+    def charge(self, phase: str) -> None:
+        now = _cpu_seconds()
+        setattr(self.cpu, phase, getattr(self.cpu, phase) + now - self.mark)
+        self.mark = now
+
+
+def _phase_done(clock: _PhaseClock | None, phase: str) -> None:
+    """Charge the CPU time since the last phase ended to ``phase`` (a field of :class:`PublishCpu`)."""
+    if clock is not None:
+        clock.charge(phase)
 
 
 def _publish_extra_files(job: PublishJob, status: PublishStatus) -> None:
     """Step 3: files that belong with this trace; a failure is reported beside the trace's success."""
     for staged, target, level in job.extra_files:
         try:
-            _copy_compressed(Path(staged), Path(target), level)
+            copy_compressed(staged, target, level)
             status.extra_files.append(str(target))
         except Exception as err:  # noqa: BLE001 - the trace itself is published
             status.extra_errors.append(f"{target}: {type(err).__name__}: {err}")
@@ -105,10 +128,12 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
 
     sidecar = Path(job.sidecar_path) if job.sidecar_path else None
     # a diagnosis that fails must not cost the trace its summary: it is stored as null, and
-    # `torchprof diagnose` then parses the trace; the memory part is the exporter's when it wrote one
+    # `torchprof diagnose` then parses the trace; the memory part is the exporter's when it wrote one.
+    # One decoding process: decoding processes beside the training processes would only take more of
+    # their cores, caches and memory bandwidth.
     memory_path = job.memory_path
     given = {MEMORY.name: lambda trace: read_exported(memory_path, trace)} if memory_path else None
-    outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=None,
+    outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=1,
                             describes=published, target=sidecar, given=given)
     if outcome.results is None or outcome.results.summary is None:
         raise TraceError(outcome.error or f"{staged}: no summary")
@@ -120,13 +145,14 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
     return operator_table
 
 
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # unwinds through atomic_output, which removes the partial file
+def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """The publisher's SIGTERM handler: unwinds through ``atomic_output``, which removes the partial file."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Publish the job named on the command line; the outcome goes to ``--status-fd``."""
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     parser = argparse.ArgumentParser(prog="python -m torchprof_args.runtime.export.publisher",
                                      description="Publish one staged trace (started by TorchProfiler).")
     parser.add_argument("job")
@@ -136,23 +162,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--priority", choices=PRIORITIES, default=NORMAL,
                         help="idle: lower this process to the lowest CPU and I/O priority "
                              "(--torch-profile-publisher-priority); normal (default): leave it as it is")
+    parser.add_argument("--export-cpu", type=float, default=0.0,
+                        help="CPU seconds this process spent exporting before it became the publisher")
     args = parser.parse_args(argv)
     if args.priority == IDLE:
         for skipped in lower_to_background():  # TORCHPROF_LOG_LEVEL=DEBUG shows what this platform lacks
             get_logger(__name__).debug("publisher priority not lowered: %s", skipped)
+    return run_job(args.job, args.staging, args.output, args.status_fd, export_cpu=args.export_cpu)
+
+
+def run_job(job_path: str, staging: list[str], output: str, status_fd: int | None, *,
+            export_cpu: float = 0.0) -> int:
+    """Check and publish the job file ``job_path`` (its files within ``staging`` and ``output``), report
+    on ``status_fd``; returns the exit code.  The publisher's ``main``, and a fork server's worker.
+
+    ``export_cpu``: CPU seconds this process spent exporting the trace first (the forked exporter
+    that ``exec``'d this publisher), kept apart in the status.
+    """
     try:
-        job = PublishJob.load(args.job, args.staging, args.output)
+        job = PublishJob.load(job_path, staging, output)
     except JobRejected as err:
-        report_status(args.status_fd, PublishStatus(error=f"publisher rejected the job: {err}"))
+        report_status(status_fd, PublishStatus(error=f"publisher rejected the job: {err}"))
         print(f"torchprof publisher: {err}", file=sys.stderr)
         return EXIT_REJECTED
     status = PublishStatus(trace_path=job.trace_path, rank=job.rank, error="publisher terminated")
     try:
-        status = publish(job)
+        cpu = PublishCpu(export=export_cpu, start=_cpu_seconds() - export_cpu)
+        status = publish(job, cpu=cpu)
+        get_logger(__name__).debug(
+            "rank %d: publisher of %s: %.3f s CPU: %.3f exporting, %.3f starting (interpreter, imports), "
+            "%.3f the trace (%s), %.3f its summary, %.3f extra files", job.rank, job.trace_path, cpu.total,
+            cpu.export, cpu.start, cpu.trace, status.compressor, cpu.summary, cpu.extra)
     finally:
-        report_status(args.status_fd, status)
+        report_status(status_fd, status)
         with contextlib.suppress(OSError):
-            os.unlink(args.job)
+            os.unlink(job_path)
     return 0 if status.published else EXIT_PUBLISH_FAILED
 
 

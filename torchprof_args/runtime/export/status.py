@@ -14,13 +14,38 @@ import os
 
 import msgspec
 
-__all__ = ["PublishStatus", "read_status", "report_status"]
+__all__ = ["PublishCpu", "PublishStatus", "read_status", "report_status"]
 
 #: One write below PIPE_BUF (4096): atomic, never blocks on an unread pipe.
 STATUS_LIMIT = 3500
 #: What a too long status keeps of each message (and of the lists, how many items).
 _SHORT_TEXT = 500
 _SHORT_LIST = 3
+
+
+class PublishCpu(msgspec.Struct, omit_defaults=True):
+    """The CPU seconds (user + system) of one publication's process, by phase.
+
+    What competes with training after a flush (``benchmarks/bench_window_cost.py``);
+    ``TORCHPROF_LOG_LEVEL=DEBUG`` logs it and ``prof.stats["publish_cpu_seconds"]`` has the last total.
+    """
+
+    #: The forked exporter's serialisation (``fork`` mode).
+    export: float = 0.0
+    #: The publisher's start before publishing: its interpreter and imports (a fork server's worker
+    #: starts imported: only the job's checks).
+    start: float = 0.0
+    #: Compressing and writing the trace.
+    trace: float = 0.0
+    #: The summary sidecar and operator table: their imports, decoding the trace (decoding
+    #: processes included), computing and writing them.
+    summary: float = 0.0
+    #: Extra files (an execution trace).
+    extra: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.export + self.start + self.trace + self.summary + self.extra
 
 
 class PublishStatus(msgspec.Struct, omit_defaults=True):
@@ -52,6 +77,10 @@ class PublishStatus(msgspec.Struct, omit_defaults=True):
     #: Extra files published with the trace (an execution trace), and why others were not.
     extra_files: list[str] = msgspec.field(default_factory=list)
     extra_errors: list[str] = msgspec.field(default_factory=list)
+    #: The publisher process's CPU time by phase; None when published in the training process.
+    cpu: PublishCpu | None = None
+    #: What compressed the trace: ``"isal 1"``, ``"zlib 6"``, ``"copy 0"`` (not compressed).
+    compressor: str | None = None
 
     @property
     def published(self) -> bool:

@@ -5,8 +5,14 @@ directory and the mode from the memory and space free at that moment.  ``fork``:
 (:mod:`~torchprof_args.runtime.export.child`) exports and becomes the publisher; when the fork
 itself fails (EAGAIN, ENOMEM) the trace is exported inline instead.  ``inline``: the training
 thread exports, checks the file, and spawns the publisher; when even that cannot start, it
-publishes in-process.  The training thread waits at the fence meanwhile anyway.  A
-:class:`~torchprof_args.runtime.export.reaper.Reaper` thread waits on the processes, logs each
+publishes in-process.  The training thread waits at the fence meanwhile anyway.
+
+With the publisher fork server (:mod:`~torchprof_args.runtime.export.forkserver`,
+``--torch-profile-publisher-server``, started with the writer) the forked child only exports, and
+the reaper thread hands the staged trace to a worker of the server (after an inline export too);
+once the server is gone, each trace starts a publisher process again.
+
+A :class:`~torchprof_args.runtime.export.reaper.Reaper` thread waits on the processes, logs each
 outcome with the rank and removes leftovers.  Every failure is logged with the rank and reason,
 leaves nothing behind, and never reaches training; :meth:`TraceWriter.submit` returns which way the
 trace went (:class:`Submission`).
@@ -18,7 +24,6 @@ import dataclasses
 import enum
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,8 +46,9 @@ from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
 from torchprof_args.runtime.export.priority import IDLE, leave_idle_policy
 from torchprof_args.runtime.export.progress import PublishProgress
-from torchprof_args.runtime.export.publisher import publish, publisher_argv, publisher_env
-from torchprof_args.runtime.export.reaper import Pending, Reaper, remove_job_files
+from torchprof_args.runtime.export.publisher import publish, publisher_env
+from torchprof_args.runtime.export.publishers import Publishers
+from torchprof_args.runtime.export.reaper import Pending, Reaper, Stage, remove_job_files
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.status import PublishStatus
 
@@ -63,10 +69,11 @@ ExtraFile = tuple[str, str, "int | None"]
 class Route(enum.Enum):
     """Which way a submitted trace went."""
 
-    #: A forked child exports it and becomes its publisher; the reaper watches that process.
+    #: A forked child exports it and becomes its publisher (or, with the fork server, hands it to
+    #: the server's worker); the reaper watches those processes.
     FORKED = "forked"
     #: Exported on the training thread (asked, memory short, or the fork failed); the reaper
-    #: watches the publisher process.
+    #: watches the publisher process (or hands the trace to the fork server's worker).
     INLINE = "inline"
     #: Exported and published on the training thread: no publisher process could start.
     IN_PROCESS = "published in process"
@@ -82,15 +89,18 @@ class Submission:
     route: Route
     #: Where the trace is (being) published; None when it was dropped before a job existed.
     trace_path: str | None = None
-    #: FORKED, INLINE: the exporter/publisher process the reaper now watches.
+    #: FORKED, INLINE: the exporter/publisher process the reaper now watches (None: INLINE, the
+    #: reaper hands the staged trace to the fork server's worker).
     pid: int | None = None
     #: FAILED, DROPPED, or IN_PROCESS when publishing failed: why.
     error: str | None = None
+    #: FORKED, INLINE: the reaper follows the trace (its outcome is logged when published).
+    watched: bool = False
 
     @property
     def pending(self) -> bool:
-        """A process still publishes the trace (its outcome is logged when it ends)."""
-        return self.pid is not None
+        """The trace is still being published (its outcome is logged when it is)."""
+        return self.watched
 
 
 class TraceWriter:
@@ -107,18 +117,22 @@ class TraceWriter:
         self.rank = rank
         mode = config.mode if hasattr(os, "fork") else "inline"
         self.planner = planner or ExportPlanner(mode, staging, config.min_free_host_mb << 20)
+        #: ``publish_cpu_seconds``: the last publisher process's CPU time (status.PublishCpu).
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
-                                        "publish_failures": 0}
+                                        "publish_cpu_seconds": 0.0, "publish_failures": 0}
         self.published: list[str] = []
         #: Totals for the publishing vote (backpressure, rank 0's line per cycle).
         self.progress = PublishProgress()
         self.accepting = True
-        self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped)
+        #: Where a trace's publisher comes from: the fork server, a process per trace, or here.
+        self.publishers = Publishers(self.output_dir, staging, config, rank)
+        self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped, hand_off=self.publishers.hand_off)
         self._warned_slow_fork = False
 
     @property
     def in_flight(self) -> int:
         return self._reaper.in_flight
+
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -188,7 +202,10 @@ class TraceWriter:
             route = Route.FORKED if pending is not None else Route.INLINE
             if pending is None:
                 self._export_inline(export, job)
-                pending = self._spawn_publisher(job, job_path, steps)
+                if self.publishers.serving and self._reaper.start():  # its thread hands it to the server
+                    pending = Pending(None, job, job_path, steps, None, stage=Stage.STAGED)
+                else:
+                    pending = self._spawn_publisher(job, job_path, steps)
                 if pending is None:
                     return self._publish_here(job, job_path, steps)
         except Exception as err:
@@ -198,7 +215,7 @@ class TraceWriter:
                          self.rank, name, type(err).__name__, err)
             return Submission(Route.FAILED, job.trace_path, error=f"{type(err).__name__}: {err}")
         self._reaper.watch(pending)
-        return Submission(route, job.trace_path, pid=pending.pid)
+        return Submission(route, job.trace_path, pid=pending.pid, watched=True)
 
     def _job_file(self, staging: Path, cycle: str, stem: str, extra_files: Sequence[ExtraFile],
                   memory: bool = False) -> tuple[PublishJob, str]:
@@ -208,9 +225,13 @@ class TraceWriter:
 
     def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str,
               steps: int, companion: Callable[[str, int], None] | None = None) -> Pending | None:
-        """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
+        """Fork the exporter; None when the fork itself fails (logged; the caller goes inline).
+
+        With the fork server, the child exits once the trace is staged (then the reaper hands it
+        to a worker of the server); else it ``exec``\\ s the publisher."""
         read_fd, write_fd = os.pipe()
-        argv = self._publisher_argv(job_path, write_fd)
+        serving = self.publishers.serving
+        argv = None if serving else self.publishers.argv(job_path, write_fd)
         started = time.monotonic()
         try:
             pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds),
@@ -223,11 +244,8 @@ class TraceWriter:
             return None
         finally:
             os.close(write_fd)
-        return Pending(pid, job, job_path, steps, read_fd)
-
-    def _publisher_argv(self, job_path: str, status_fd: int) -> list[str]:
-        return publisher_argv(job_path, [str(d) for d in self.staging.dirs], str(self.output_dir), status_fd,
-                              self.config.publisher_priority)
+        return Pending(pid, job, job_path, steps, read_fd,
+                       stage=Stage.EXPORTING if serving else Stage.PUBLISHING)
 
     def _note_fork_time(self, seconds: float) -> None:
         """Warn once when ``fork()`` itself held the training thread for long (see SLOW_FORK_S)."""
@@ -256,18 +274,10 @@ class TraceWriter:
 
     def _spawn_publisher(self, job: PublishJob, job_path: str, steps: int) -> Pending | None:
         """Start the publisher of an exported trace; None when no process can start (logged)."""
-        read_fd, write_fd = os.pipe()
-        argv = self._publisher_argv(job_path, write_fd)
-        try:
-            popen = subprocess.Popen(argv, env=publisher_env(), start_new_session=True,
-                                     stdin=subprocess.DEVNULL, pass_fds=(write_fd, *self.staging.lock_fds))
-        except OSError as err:
-            os.close(read_fd)
-            logger.warning("rank %d: cannot start a publisher process (%s); publishing %s on the training "
-                           "thread", self.rank, err.strerror or err, Path(job.trace_path).name)
+        started = self.publishers.start_process(job, job_path, "on the training thread")
+        if started is None:
             return None
-        finally:
-            os.close(write_fd)
+        popen, read_fd = started
         return Pending(popen.pid, job, job_path, steps, read_fd, popen=popen)
 
     def _publish_here(self, job: PublishJob, job_path: str, steps: int) -> Submission:
@@ -302,6 +312,8 @@ class TraceWriter:
         self.stats["traces_written"] += 1
         self.stats["trace_mb"] = trace_mb
         self.stats["publish_seconds"] = status.publish_seconds
+        if status.cpu is not None:
+            self.stats["publish_cpu_seconds"] = status.cpu.total
         self.published.append(trace_path)
         seconds = time.monotonic() - started
         self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds)
@@ -321,8 +333,10 @@ class TraceWriter:
         self.accepting = False
         count = self.in_flight
         if self.config.publisher_priority == IDLE:  # training is over: nothing to yield the CPU to
+            self.publishers.leave_idle_policy()
             for pending in self._reaper.pending():
-                leave_idle_policy(pending.pid)
+                if pending.pid is not None:
+                    leave_idle_policy(pending.pid)
         current = deadline if callable(deadline) else (lambda: deadline)
         if count and current() > time.monotonic():
             level = logging.INFO if self.rank == 0 else logging.DEBUG  # one line, not one per rank
@@ -333,6 +347,7 @@ class TraceWriter:
                          self.in_flight, why)
             self._reaper.stop_all()
         self._reaper.close()
+        self.publishers.close()
         self.staging.close()
 
     def abandon(self) -> None:
@@ -340,4 +355,5 @@ class TraceWriter:
         remove their files and the staging directories."""
         self.accepting = False
         self._reaper.stop_all()
+        self.publishers.kill()
         self.staging.close()
