@@ -62,6 +62,15 @@ def test_an_option_given_with_its_default_value_still_counts_as_given():
         validate_args(args, world_size=1)
 
 
+def test_memory_categories_need_what_pytorchs_categorisation_reads():
+    with pytest.raises(TorchProfileArgsError, match="--torch-profile-memory-categories every needs "
+                       "--torch-profile-record-shapes, --torch-profile-with-stack"):
+        validate_args(parse("--torch-profile-memory-categories", "every", "--torch-profile-profile-memory"),
+                      world_size=1)
+    validate_args(parse("--torch-profile-memory-categories", "off"), world_size=1)
+    assert parse().torch_profile_memory_categories == "first"
+
+
 def test_configs_from_args_builds_every_feature_config(tmp_path):
     args = parse("--torch-profile", "--torch-profile-dir", str(tmp_path),
                  "--torch-profile-ranks", "1", "0", "1",

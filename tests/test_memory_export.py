@@ -21,8 +21,9 @@ MEMORY_FLAGS = ("--torch-profile-profile-memory", "--torch-profile-record-shapes
                 "--torch-profile-with-stack")
 
 
-def run(tmp_path: Path, *argv: str) -> TorchProfiler:
-    """Six steps of a small MLP with Adam, one window of two steps, published with its sidecar."""
+def run(tmp_path: Path, *argv: str, steps: int = 6) -> TorchProfiler:
+    """``steps`` steps of a small MLP with Adam, one window of two steps (unless ``argv`` says
+    otherwise), published with its sidecar."""
     args = add_torch_profile_args(argparse.ArgumentParser()).parse_args([
         "--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"), "--torch-profile-staging-dir",
         str(tmp_path / "staging"), "--torch-profile-skip-first", "1", "--torch-profile-active", "2", *argv])
@@ -30,7 +31,7 @@ def run(tmp_path: Path, *argv: str) -> TorchProfiler:
     optimizer = torch.optim.Adam(model.parameters())
     prof = TorchProfiler.from_args(args)
     with prof:
-        for iteration in range(1, 7):
+        for iteration in range(1, steps + 1):
             optimizer.zero_grad()
             model(torch.randn(16, 64)).square().mean().backward()
             optimizer.step()
@@ -55,6 +56,22 @@ def test_the_forked_exporter_keeps_pytorchs_categories(tmp_path: Path) -> None:
     assert part.source == "pytorch" and part.rank == 0 and part.devices[0].device == "cpu"
     params = 4 * (64 * 128 + 128 + 128 * 64 + 64)
     assert abs(part.devices[0].by_category.parameter - params) <= 0.05 * params
+    assert staging_is_empty(tmp_path)
+
+
+@pytest.mark.parametrize(("when", "sources"), [("first", ["pytorch", "trace", "trace"]),
+                                               ("every", ["pytorch"] * 3), ("off", ["trace"] * 3)])
+def test_memory_categories_choose_the_windows_the_exporter_categorises(tmp_path: Path, when: str,
+                                                                      sources: list[str]) -> None:
+    """PyTorch's categorisation costs about 60x the export in the exporter: by default a rank's first
+    window only; the later ones are categorised from the trace."""
+    windows = ("--torch-profile-wait", "1", "--torch-profile-warmup", "0", "--torch-profile-repeat", "3",
+               "--torch-profile-max-publishing", "0")
+    prof = run(tmp_path, *MEMORY_FLAGS, "--torch-profile-memory-categories", when, *windows, steps=12)
+    traces = sorted(prof.published_traces)
+    assert len(traces) == 3
+    found = [read_results(trace, (MEMORY,)) for trace in traces]
+    assert [f.memory.source for f in found if f is not None and f.memory is not None] == sources
     assert staging_is_empty(tmp_path)
 
 

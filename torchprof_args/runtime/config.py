@@ -74,6 +74,9 @@ class TraceConfig:
     with_flops: bool = False
     with_modules: bool = False
     execution_trace: bool = False
+    #: ``--torch-profile-memory-categories``: the windows whose exporter runs PyTorch's memory
+    #: categorisation ("first" of each rank, "every", "off").
+    memory_categories: str = "first"
     output_dir: str = "./prof"
     #: ``with_modules`` asked on a torch where it does nothing in eager mode (2.14+): the module
     #: hierarchy is recorded through ``with_stack`` instead (its ``nn.Module`` events).
@@ -95,6 +98,12 @@ class TraceConfig:
         if "all" in ranks and len(ranks) > 1:
             raise TorchProfileArgsError("--torch-profile-ranks: give either 'all' or rank numbers, not both.")
         options = {name: bool(flag_value(args, flag)) for name, flag in _OPTION_FLAGS}
+        categories = flag_value(args, flags.MEMORY_CATEGORIES) or "first"
+        needed = (flags.PROFILE_MEMORY, flags.RECORD_SHAPES, flags.WITH_STACK)
+        missing = [flag.option for flag in needed if not flag_value(args, flag)]
+        if was_given(args, flags.MEMORY_CATEGORIES) and categories != "off" and missing:
+            raise TorchProfileArgsError(f"--torch-profile-memory-categories {categories} needs "
+                                        f"{', '.join(missing)}: add them, or drop it.")
         return cls(
             enabled=bool(flag_value(args, flags.TORCH_PROFILE)),
             ranks=None if "all" in ranks else tuple(sorted(set(ranks))),
@@ -102,6 +111,7 @@ class TraceConfig:
             schedule=_schedule(args),
             activities=tuple(flag_value(args, flags.ACTIVITIES) or ()),
             **options,
+            memory_categories=categories,
             output_dir=profile_dir(args),
             modules_via_stack=options["with_modules"] and torch_at_least(WITH_MODULES_DEPRECATED),
         )

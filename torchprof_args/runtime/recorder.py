@@ -66,6 +66,7 @@ class Recorder:
         self._window_first: int | None = None
         self._iteration = 0
         self._discard = False
+        self._categorised = False  # a window of this run got PyTorch's memory categorisation
         #: Set by the profiler at start: where flushed windows go (it knows the staging directory).
         self.writer: TraceWriter | None = None
         #: Set by the profiler with --torch-profile-execution-trace.
@@ -171,10 +172,15 @@ class Recorder:
 
     def _memory_companion(self, profiler: torch.profiler.profile) -> Callable[[str, int], None] | None:
         """PyTorch's memory categorisation for the forked exporter to run, when the window records
-        what it needs (shapes, memory and stacks, as ``export_memory_timeline``)."""
+        what it needs (shapes, memory and stacks, as ``export_memory_timeline``) and
+        ``--torch-profile-memory-categories`` asks for it in this window."""
         options = self.config.profiler_options()
         if not (options["profile_memory"] and options["record_shapes"] and options["with_stack"]):
             return None
+        when = self.config.memory_categories
+        if when == "off" or (when == "first" and self._categorised):
+            return None
+        self._categorised = True
         from torchprof_args.analysis.memory.exported import exporter_companion
 
         return exporter_companion(profiler)
