@@ -203,7 +203,7 @@ def test_readme_example_real_pretrain_exit_in_window_resume_and_flush_timer(tree
         assert found["host_sync"]["saving_ms_per_step"] < 1.0 < found["host_sync"]["bound_ms_per_step"]
     for kind in ("collective_skew", "straggler"):
         if kind in found:
-            assert found[kind]["saving_ms_per_step"] <= found[kind]["bound_ms_per_step"] + 1.0, found[kind]
+            assert found[kind]["saving_ms_per_step"] <= found[kind]["bound_ms_per_step"], found[kind]
 
 
 class _ScalarLog:

@@ -88,7 +88,7 @@ GZIP = Flag("--torch-profile-gzip", "Gzip-compress published traces (.pt.trace.j
 GZIP_LEVEL = Flag("--torch-profile-gzip-level",
                   "Compression level 1..9 (zlib's; runs off the training thread). Level 1 uses isal's "
                   "deflate where the analysis extra is installed: zlib level 1's ratio for about 4x less "
-                  "CPU (9x less than level 6), traces about 35 % larger than level 6's.",
+                  "CPU (9x less than level 6), traces about a third larger than level 6's.",
                   default=6, type=gzip_level, metavar="L")
 STAGING_DIR = Flag("--torch-profile-staging-dir",
                    "Node-local directory the raw trace is written to before the barrier (a private "

@@ -5,7 +5,9 @@ over-promises in a synchronous job: its ranks meet at every collective, so remov
 rank saves only what the path through the other ranks lets it save, and nothing where another rank
 is slower anyway.  Here each finding's ``saving_ms_per_step`` becomes the step the cycle's graph
 predicts with the finding's cause removed and everything else as it was (:data:`WHAT_IF`), minus
-the step as measured; the bound stays as ``bound_ms_per_step``:
+the step as measured, and never more than the bound (what the cause costs on its ranks: replaying
+a straggler segment by segment against the median rank's segments can remove a little more than its
+extra time per step); the bound stays as ``bound_ms_per_step``:
 
 * a per-rank cause (``dataloader_stall``, ``host_sync``, ``exposed_comm``, ``launch_bound``,
   ``gpu_idle``, ``memcpy``): every rank's graph replayed without it (:mod:`..critical_path.variants`);
@@ -67,7 +69,7 @@ def on_the_graph(findings: Sequence[Finding], graph: CycleGraph) -> list[Finding
         if pair is not None and measured is not None:
             base = measured if not pair[0].into else graph.step_ms(graph.replay(pair[0]))
             after = graph.step_ms(graph.replay(pair[1]))
-            saving = None if base is None or after is None else max(base - after, 0.0)
+            saving = None if base is None or after is None else min(max(base - after, 0.0), bound)
         if saving is None:
             out.append(msgspec.structs.replace(finding, bound_ms_per_step=bound, saving_basis=BASIS_BOUND))
         else:
