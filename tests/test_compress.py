@@ -80,6 +80,22 @@ def test_a_failed_write_leaves_nothing_under_the_target(raw_trace: Path, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def _staged_job(raw_trace: Path, tmp_path: Path, summaries: bool = False) -> tuple[Path, Path, Path]:
+    """A private staging directory holding a copy of ``raw_trace`` and its job (gzip level 1, with
+    the operator table and sidecar when ``summaries``): (staging, output, the job's path)."""
+    staging, output = tmp_path / "staging", tmp_path / "out"
+    staging.mkdir(mode=0o700)
+    output.mkdir()
+    staged = staging / "r.pt.trace.json"
+    staged.write_bytes(raw_trace.read_bytes())
+    job_path = staging / "r.job.json"
+    summary = output / "summaries"
+    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), gzip_level=1,
+               operator_table_path=str(summary / "r.operator_table.txt") if summaries else None,
+               sidecar_path=str(summary / "r.summary.json") if summaries else None).save(job_path)
+    return staging, output, job_path
+
+
 _WITHOUT_ISAL = """
 import sys
 sys.modules["isal"] = None  # as if the analysis extra were not installed: `import isal` fails
@@ -92,13 +108,7 @@ sys.exit(publisher.main(sys.argv[1:]))
 def test_a_publisher_without_isal_compresses_with_zlib_at_the_level_asked(raw_trace: Path,
                                                                           tmp_path: Path) -> None:
     """A real publisher process where isal cannot be imported: zlib, the same content."""
-    staging, output = tmp_path / "staging", tmp_path / "out"
-    staging.mkdir(mode=0o700)
-    output.mkdir()
-    staged = staging / "r.pt.trace.json"
-    staged.write_bytes(raw_trace.read_bytes())
-    job_path = staging / "r.job.json"
-    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), gzip_level=1).save(job_path)
+    staging, output, job_path = _staged_job(raw_trace, tmp_path)
     read, write = os.pipe()
     env = publisher.publisher_env()
     run = subprocess.run([sys.executable, "-c", _WITHOUT_ISAL, str(job_path), "--staging", str(staging),
@@ -115,15 +125,7 @@ def test_a_publisher_without_isal_compresses_with_zlib_at_the_level_asked(raw_tr
 
 def test_the_publisher_reports_its_cpu_time_by_phase_and_its_compressor(raw_trace: Path,
                                                                         tmp_path: Path) -> None:
-    staging, output = tmp_path / "staging", tmp_path / "out"
-    staging.mkdir(mode=0o700)
-    output.mkdir()
-    staged = staging / "r.pt.trace.json"
-    staged.write_bytes(raw_trace.read_bytes())
-    job_path = staging / "r.job.json"
-    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), gzip_level=1,
-               operator_table_path=str(output / "summaries" / "r.operator_table.txt"),
-               sidecar_path=str(output / "summaries" / "r.summary.json")).save(job_path)
+    staging, output, job_path = _staged_job(raw_trace, tmp_path, summaries=True)
     read, write = os.pipe()
     assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output),
                            "--status-fd", str(write)]) == 0

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED
 from torchprof_args.runtime.export.priority import IDLE, NORMAL, PRIORITIES, lower_to_background
+from torchprof_args.runtime.export.staging import pid_alive
 
 __all__ = ["ForkServer", "ForkServerError", "Worker", "forkserver_argv", "main"]
 
@@ -370,21 +371,11 @@ def _wait_pidfd(worker: Worker, deadline: float) -> tuple[int | None, float | No
         if worker.pidfd is not None:
             readable, _, _ = select.select([worker.pidfd], [], [], max(0.0, remaining))
             return (None, None) if readable else None
-        if not _running(worker.pid):
+        if not pid_alive(worker.pid):
             return None, None
         if remaining <= 0:
             return None
         time.sleep(min(remaining, 0.1))
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.private_dir import ensure_private_dir
 from torchprof_args.runtime.host_resources import is_ram_backed
 
-__all__ = ["LOCK_NAME", "STAGING_FLAG", "StagingArea", "sweep_stale"]
+__all__ = ["LOCK_NAME", "STAGING_FLAG", "StagingArea", "pid_alive", "sweep_stale"]
 
 logger = get_logger(__name__)
 
@@ -112,7 +112,8 @@ class StagingArea:
         self.dirs.clear()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -147,7 +148,7 @@ def sweep_stale(user_dir: Path, *, rank: int = 0) -> list[Path]:
             pid = entry.name[3:]
             if not entry.name.startswith("pid") or not pid.isdigit() or int(pid) == os.getpid():
                 continue
-            if entry.is_symlink() or not entry.is_dir() or _pid_alive(int(pid)) or not _unlocked(entry):
+            if entry.is_symlink() or not entry.is_dir() or pid_alive(int(pid)) or not _unlocked(entry):
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
