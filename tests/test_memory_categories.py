@@ -8,6 +8,7 @@ backward pass (both ReLU outputs and the output, which ``square()`` saves).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +31,12 @@ def analytic(dim: int, batch: int) -> dict[str, int]:
             "activation": 4 * batch * 5 * dim, "largest_weight": 4 * 4 * dim * dim}
 
 
-def profile_mlp(tmp_path: Path, dim: int, batch: int) -> tuple[object, Path, object]:
+def profile_mlp(tmp_path: Path, dim: int, batch: int,
+                after_backward: Callable[[torch.nn.Module], None] | None = None,
+                ) -> tuple[object, Path, object]:
     """Two profiled steps (after one that creates Adam's state): PyTorch's categorised part, the
-    exported trace, and the profiler's raw results."""
+    exported trace, and the profiler's raw results.  ``after_backward(model)`` runs between the
+    backward pass and the optimizer step."""
     torch.manual_seed(0)
     linear, relu = torch.nn.Linear, torch.nn.ReLU
     model = torch.nn.Sequential(linear(dim, 2 * dim), relu(), linear(2 * dim, 2 * dim), relu(),
@@ -43,6 +47,8 @@ def profile_mlp(tmp_path: Path, dim: int, batch: int) -> tuple[object, Path, obj
     def step() -> None:
         optimizer.zero_grad()
         model(x).square().mean().backward()
+        if after_backward is not None:
+            after_backward(model)
         optimizer.step()
 
     step()
@@ -124,3 +130,22 @@ def test_the_trace_alone_gives_the_same_categories_and_says_what_it_inferred(tmp
     for step in big.devices[0].steps:
         assert within(step.activations_for_backward_bytes, analytic(DIM, 2048)["activation"], 0.20), step
     assert pytorch_part.devices[0].peak_bytes >= cpu.peak_bytes  # the trace misses the batch (inputs)
+
+
+def test_a_peak_between_the_backward_pass_and_the_optimizer_is_said_so(tmp_path: Path) -> None:
+    """Gradients flattened into one buffer and copied three times after the backward pass (as a
+    gradient all-reduce or clipping over a flat buffer would): the peak is there, in neither the
+    forward pass nor the backward pass, and the trace alone counts the copies as the step's
+    temporaries, not as activations."""
+    def flatten(model: torch.nn.Module) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        copies = flat.repeat(3)
+        del flat, copies
+
+    part, trace, _ = profile_mlp(tmp_path, DIM, batch=16, after_backward=flatten)
+    assert part.devices[0].peak.phase == "after_backward", part.devices[0].peak
+    (cpu,) = trace_memory_part(load_trace(trace, memory_rows=True)).devices
+    params = analytic(DIM, 16)["parameter"]
+    assert cpu.peak.phase == "after_backward", cpu.peak
+    held = cpu.by_category
+    assert held.temporary >= 3 * params and held.activation < 0.1 * params, held

@@ -26,7 +26,7 @@ __all__ = [
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
 PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(CATEGORIES))
 #: the phases of a training step.
-PHASES = ("forward", "backward", "optimizer", "zero_grad", "other")
+PHASES = ("forward", "backward", "after_backward", "optimizer", "zero_grad", "other")
 #: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
 MEMORY_FORMAT = 1
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from torchprof_args.analysis.memory.breakdown import Where
 
-__all__ = ["MARKERS", "PhaseClock", "PlaceNamer", "frame_site", "place_from_names", "python_site"]
+__all__ = ["BACKWARD", "MARKERS", "PhaseClock", "PlaceNamer", "frame_site", "place_from_names", "python_site"]
 
 _FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.*)$")
 #: files of these libraries are not the job's own code.
@@ -27,22 +27,34 @@ MODULE_PREFIX = "nn.Module: "
 #: the annotations whose time spans say the phase (``record_function`` ranges: in the profiler's
 #: event tree they are not the ancestors of the Python code they enclose, so time decides).
 MARKERS = ("ProfilerStep#", "Optimizer.step#", "Optimizer.zero_grad#")
-_BACKWARD = ("autograd::engine::evaluate_function", "torch::autograd::AccumulateGrad")
+#: the names of the backward pass's operators.
+BACKWARD = ("autograd::engine::evaluate_function", "torch::autograd::AccumulateGrad")
 
 
 class PhaseClock:
     """The phase of a moment: inside ``Optimizer.step`` / ``zero_grad`` by time, in the backward pass
-    when an autograd operator encloses it, else ``forward`` inside a step and ``other`` outside.
+    when an autograd operator encloses it, ``after_backward`` inside a step after its last backward
+    operator (gradient reduction, clipping, flattening before the optimizer), else ``forward`` inside
+    a step and ``other`` outside.
 
     Args:
         marks: ``(name, start, end)`` of the :data:`MARKERS` events.
+        backward: ``(start, end)`` of the backward pass's operators (:data:`BACKWARD` names).
     """
 
-    def __init__(self, marks: Iterable[tuple[str, float, float]]) -> None:
+    def __init__(self, marks: Iterable[tuple[str, float, float]],
+                 backward: Iterable[tuple[float, float]] = ()) -> None:
         marks = list(marks)
         self.optimizer = sorted((s, e) for n, s, e in marks if n.startswith(MARKERS[1]))
         self.zero_grad = sorted((s, e) for n, s, e in marks if n.startswith(MARKERS[2]))
         self.steps = sorted((s, e) for n, s, e in marks if n.startswith(MARKERS[0]))
+        ops = sorted(backward)
+        starts = [start for start, _ in ops]
+        #: per step (``steps``' order), when its last backward operator ended (None: no backward pass).
+        self.backward_end: list[float | None] = []
+        for s, e in self.steps:
+            inside = ops[bisect.bisect_left(starts, s):bisect.bisect_right(starts, e)]
+            self.backward_end.append(max(end for _, end in inside) if inside else None)
 
     @staticmethod
     def within(spans: list[tuple[float, float]], ts: float) -> tuple[float, float] | None:
@@ -56,9 +68,13 @@ class PhaseClock:
             return "optimizer"
         if self.within(self.zero_grad, ts):
             return "zero_grad"
-        if any(name.startswith(_BACKWARD) for name in ops):
+        if any(name.startswith(BACKWARD) for name in ops):
             return "backward"
-        return "forward" if self.within(self.steps, ts) else "other"
+        index = bisect.bisect_right(self.steps, (ts, math.inf)) - 1
+        if index < 0 or self.steps[index][1] < ts:
+            return "other"
+        ended = self.backward_end[index]
+        return "after_backward" if ended is not None and ts > ended else "forward"
 
 
 def frame_site(name: str) -> str | None:

@@ -39,7 +39,7 @@ from torchprof_args.analysis.memory.categories import (
     TEMPORARY,
     MemoryPart,
 )
-from torchprof_args.analysis.memory.places import MARKERS, PhaseClock, PlaceNamer
+from torchprof_args.analysis.memory.places import BACKWARD, MARKERS, PhaseClock, PlaceNamer
 
 __all__ = ["PYTORCH_CATEGORY", "memory_part"]
 
@@ -85,26 +85,31 @@ class _Rows:
         self._event_type = _EventType
         self.steps: list[tuple[str, float, float]] = []
         self.window = (float("inf"), float("-inf"))
-        self.namer = PlaceNamer(PhaseClock(self._marks()))
+        marks, backward = self._marks()
+        self.namer = PlaceNamer(PhaseClock(marks, backward))
         self.corrected = 0
         self._made: dict[Any, int] = {}  # TensorKey -> where it was allocated
         self._unknown: list[tuple[str, float, float, int, int]] = []  # blocks with no tensor key
         self._params, self._state = self._tracer_sets()
         self._scan()
 
-    def _marks(self) -> list[tuple[str, float, float]]:
-        """The steps, optimizer steps and ``zero_grad`` calls, the window, in time order."""
-        marks = []
+    def _marks(self) -> tuple[list[tuple[str, float, float]], list[tuple[float, float]]]:
+        """The steps, optimizer steps and ``zero_grad`` calls, and the backward pass's operators
+        (``(start, end)``); sets the window."""
+        marks, backward = [], []
         lo, hi = float("inf"), float("-inf")
         for event in self._profile._op_tree.dfs():
             start = event.start_time_ns / 1e3
             end = event.end_time_ns / 1e3 if event.end_time_ns > 0 else start
             lo, hi = min(lo, start), max(hi, end)
-            if event.typed[0] == self._event_type.TorchOp and event.name.startswith(MARKERS):
-                marks.append((event.name, start, end))
+            if event.typed[0] == self._event_type.TorchOp:
+                if event.name.startswith(MARKERS):
+                    marks.append((event.name, start, end))
+                elif event.name.startswith(BACKWARD):
+                    backward.append((start, end))
         self.window = (lo, hi)
         self.steps = sorted((m for m in marks if m[0].startswith(MARKERS[0])), key=lambda m: m[1])
-        return marks
+        return marks, backward
 
     def _tracer_sets(self) -> tuple[set[int], set[int]]:
         """Tensor ids the Python tracer saw as parameters and as optimizer state."""

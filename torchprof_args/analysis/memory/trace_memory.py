@@ -108,10 +108,10 @@ class _Context:
         marker = lookup(names, lambda n: n.startswith(MARKERS))[trace.name_id[cpu]]
         marks = [(names[trace.name_id[i]], float(trace.ts[i]), float(e))
                  for i, e in zip(cpu[marker], ends[marker], strict=True)]
-        self.clock = PhaseClock(marks)
         self.steps = sorted((m for m in marks if m[0].startswith(MARKERS[0])), key=lambda m: m[1])
         is_backward = lookup(names, lambda n: n.startswith(_BACKWARD))[trace.name_id[cpu]]
         bw_start, bw_end = trace.ts[cpu[is_backward]], ends[is_backward]
+        self.clock = PhaseClock(marks, zip(bw_start.tolist(), bw_end.tolist(), strict=True))
         #: per step ``(start, end, backward's start, backward's end)`` (the step's end: no backward pass)
         self.backward = []
         for _, s, e in self.steps:
@@ -149,6 +149,8 @@ class _Context:
             return GRADIENT if step is not None and end > step[1] else TEMPORARY
         if phase == "forward":
             return ACTIVATION if step is None or end > step[0] else TEMPORARY
+        if phase == "after_backward":  # made for the optimizer (a flattened gradient, a norm): not saved
+            return TEMPORARY if found >= 0 and end <= self.backward[found][1] else OTHER
         return OTHER
 
     def _fill(self, trace: Trace, rows: np.ndarray, ts: np.ndarray, events: np.ndarray, ends: np.ndarray,
