@@ -22,6 +22,7 @@ import torch
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.config import TraceConfig
 from torchprof_args.runtime.execution_trace import ExecutionTrace
+from torchprof_args.runtime.export.writer import Route
 from torchprof_args.runtime.schedule import RECORDING, Action
 
 if TYPE_CHECKING:
@@ -180,7 +181,6 @@ class Recorder:
         when = self.config.memory_categories
         if when == "off" or (when == "first" and self._categorised):
             return None
-        self._categorised = True
         from torchprof_args.analysis.memory.exported import exporter_companion
 
         return exporter_companion(profiler)
@@ -197,8 +197,11 @@ class Recorder:
         self._window_first = None
         finished = execution_trace.finish() if execution_trace is not None else None
         if self.writer is not None:
-            self.writer.submit_window(profiler.export_chrome_trace, first, last, finished,
-                                      companion=self._memory_companion(profiler))
+            companion = self._memory_companion(profiler)
+            submitted = self.writer.submit_window(profiler.export_chrome_trace, first, last, finished,
+                                                  companion=companion)
+            # a window exported inline got no categorisation: the next one may have it
+            self._categorised |= companion is not None and submitted.route is Route.FORKED
         elif finished is not None:
             finished.unlink(missing_ok=True)
         if execution_trace is not None and self._next_action in RECORDING:
