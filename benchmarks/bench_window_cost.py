@@ -23,17 +23,20 @@ Per window, rank 0's step times against a baseline: the median of the 15 unprofi
 before its warm-up (the same job, seconds earlier, after the previous window's publication: a
 shared machine's load drifts more between runs than within one; the repeat's ``none`` run's median
 is printed beside it).  ``stall`` = the flush step minus the baseline; ``after`` = the sum over the
-``--after`` following steps of (step - baseline); ``recorded`` = the same over the warm-up and
+``--after`` following steps of (step - baseline); ``net``: each less the same figure over the same
+steps of the repeat's ``none`` run (step times skew to the right: unprofiled, 22 steps already sum
+above 22 times their median; the ``none`` row shows by how much), the issue's "against an
+unprofiled run of the same job"; ``recorded`` = the same over the warm-up and
 recorded steps before the flush; ``done`` = steps after the flush until rank 0's publication had
 finished (``-``: not within the gap); ``cpu`` = the CPU time of rank 0's last publication (export,
 publisher: the status' ``PublishCpu``; 0 when it finished after the run).  Medians over every
 window of every repeat; ``est`` columns: the profiler's own running estimate per window
 (``prof.stats``, what the goodput ledger reads).  The ``server`` runs first wait for the fork server
 to finish starting (its imports at idle priority would otherwise slow the first steps); its CPU
-time is printed: a cost once per run, not per window.  Target (issue 30): ``after`` at most 25 % of
-``stall`` with the defaults on a 2-core machine.  The load average is printed before and after and
-with every repeat: run it when the machine is quiet (``--max-load``: each repeat first waits, up to
-15 minutes, for the 1-minute load to fall below it).
+time is printed: a cost once per run, not per window.  Target (issue 30): the net ``after`` at most
+25 % of the net ``stall`` with the defaults on a 2-core machine.  The load average is printed before
+and after and with every repeat: run it when the machine is quiet (``--max-load``: each repeat first
+waits, up to 15 minutes, for the 1-minute load to fall below it).
 """
 
 from __future__ import annotations
@@ -221,15 +224,18 @@ def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
         f"{args.after} steps after the flush; unprofiled step {statistics.median(unprofiled) * 1000:.1f} ms)"
     )
     print(
-        f"{'mode':8s}{'step':>7s}{'stall':>8s}{'after':>8s}{'after/stall':>12s}{'recorded':>10s}"
-        f"{'done':>6s}{'cpu':>6s}{'est stall':>11s}{'est after':>11s}{'est rec.':>10s}"
+        f"{'mode':8s}{'step':>7s}{'stall':>8s}{'after':>8s}{'after/stall':>12s}{'net after':>10s}"
+        f"{'net ratio':>10s}{'recorded':>10s}{'done':>6s}{'cpu':>6s}{'est stall':>11s}{'est after':>11s}"
+        f"{'est rec.':>10s}"
     )
     for mode, runs in rows.items():
         med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         done = "-" if math.isinf(med["done"]) else f"{med['done']:.0f}"
+        net = (f"{med['after_net'] * 1000:10.0f}{statistics.median(_net_ratios(runs)):10.2f}"
+               if "after_net" in med else f"{'-':>10s}{'-':>10s}")
         print(
             f"{mode:8s}{med['baseline'] * 1000:7.1f}{med['stall'] * 1000:8.0f}{med['after'] * 1000:8.0f}"
-            f"{med['after'] / med['stall']:12.2f}{med['recorded'] * 1000:10.0f}{done:>6s}"
+            f"{_ratio(med['after'], med['stall']):>12s}{net}{med['recorded'] * 1000:10.0f}{done:>6s}"
             f"{med['cpu'] * 1000:6.0f}{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
             f"{med['est_recorded'] * 1000:10.0f}"
         )
@@ -241,13 +247,23 @@ def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
         f"{start_wait * 1000:.0f} ms for it) took {start_cpu * 1000:.0f} ms of CPU"
     )
     for mode in PROFILED:
-        ratios = sorted(run["after"] / run["stall"] for run in rows[mode])
+        ratios = _net_ratios(rows[mode])
         ratio = statistics.median(ratios)
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratio, ratio, ratio]
         print(
-            f"target after/stall <= 0.25 with {mode}: {'met' if ratio <= 0.25 else 'NOT met'} "
+            f"target net after / net stall <= 0.25 with {mode}: {'met' if ratio <= 0.25 else 'NOT met'} "
             f"(median {ratio:.2f}, quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}, {len(ratios)} windows)"
         )
+
+
+def _ratio(after: float, stall: float) -> str:
+    return f"{after / stall:.2f}" if stall > 0 else "-"
+
+
+def _net_ratios(runs: list[dict[str, float]]) -> list[float]:
+    """Per window, its later steps' extra time over its stall, each less the same steps' figure in
+    the unprofiled run (whose step times, skewed to the right, sum above their median too)."""
+    return sorted(run["after_net"] / run["stall_net"] for run in runs if run["stall_net"] > 0)
 
 
 def main() -> None:
@@ -275,16 +291,19 @@ def main() -> None:
     if args.gap < args.after + BASELINE_STEPS:
         parser.error(f"--gap must be at least --after + {BASELINE_STEPS} (the next window's baseline)")
     print(f"load average before: {load()} ({os.cpu_count()} CPUs)", flush=True)
-    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in PROFILED}
+    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in ("none", *PROFILED)}
     unprofiled = []
     for repeat in range(args.repeats):
         wait_for_quiet(args.max_load)
         results = {mode: run_job(mode, args) for mode in MODES}
         unprofiled.append(statistics.median(results["none"]["times"][BASELINE_STEPS:]))
         line = [f"repeat {repeat + 1}: unprofiled run {unprofiled[-1] * 1000:.1f} ms/step"]
-        for mode, runs in rows.items():
-            got = window_costs(results[mode], args)
-            runs += got
+        floor = window_costs(results["none"], args)  # the same steps of the unprofiled run
+        rows["none"] += floor
+        for mode in PROFILED:
+            got = [{**w, "after_net": w["after"] - f["after"], "stall_net": w["stall"] - f["stall"]}
+                   for w, f in zip(window_costs(results[mode], args), floor, strict=True)]
+            rows[mode] += got
             line.append(f"{mode}: stall {'/'.join(_ms(w['stall']) for w in got)} ms, after "
                         f"{'/'.join(_ms(w['after']) for w in got)} ms")
         print("  " + "; ".join(line) + f" (load {load()})", flush=True)
