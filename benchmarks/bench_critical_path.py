@@ -20,16 +20,16 @@ import argparse
 import copy
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
 
 import msgspec  # noqa: E402
+from bench_diagnose import best_of  # noqa: E402
 
 from torchprof_args.analysis import load_trace, summarize  # noqa: E402
 from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
@@ -88,21 +88,6 @@ def build_cycle(out: Path, ranks: int) -> Path:
     return cycle
 
 
-def _timed(args: list[str]) -> tuple[float, str]:
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    wall = time.perf_counter() - started
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"torchprof {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return wall, proc.stdout
-
-
-def _best(args: list[str], repeat: int) -> tuple[float, str]:
-    runs = [_timed(args) for _ in range(max(repeat, 1))]
-    return min(r[0] for r in runs), runs[0][1]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=512)
@@ -112,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     cycle = build_cycle(args.out, args.ranks)
     slow = ",".join(str(r) for r in range(SLOW_NODE * 8, SLOW_NODE * 8 + 8))
-    wall, out = _best(["critical-path", str(cycle), "--json", "--no-progress",
+    wall, out = best_of(["critical-path", str(cycle), "--json", "--no-progress",
                        "--what-if", f"ranks {slow} like the median", "--what-if", "no launch gaps"],
                       args.repeat)
     doc = json.loads(out)
@@ -121,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
           f"step {doc['step_ms']:.1f} ms; the path runs through ranks {on_path}")
     for answer in doc["what_if"]:
         print(f"  what if {answer['spec'][:60]}: saves {answer['saving_ms_per_step']} ms/step")
-    wall, out = _best(["diagnose", str(cycle), "--json", "--no-progress"], args.repeat)
+    wall, out = best_of(["diagnose", str(cycle), "--json", "--no-progress"], args.repeat)
     found = json.loads(out)
     kinds = ", ".join(f"{f['kind']} {f['saving_ms_per_step']:.1f} ms (bound {f['bound_ms_per_step']:.1f}, "
                       f"{f['saving_basis']})" for f in found["findings"][:4])

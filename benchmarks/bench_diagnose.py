@@ -83,7 +83,8 @@ def build_cycle(out: Path, ranks: int) -> Path:
     return cycle
 
 
-def _timed(args: list[str]) -> tuple[float, str]:
+def timed(args: list[str]) -> tuple[float, str]:
+    """``torchprof ARGS`` in a fresh process: (wall seconds, stdout)."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -93,8 +94,9 @@ def _timed(args: list[str]) -> tuple[float, str]:
     return wall, proc.stdout
 
 
-def _best(args: list[str], repeat: int) -> tuple[float, str]:
-    runs = [_timed(args) for _ in range(max(repeat, 1))]
+def best_of(args: list[str], repeat: int) -> tuple[float, str]:
+    """The best wall time of ``repeat`` runs of :func:`timed`, and the first run's output."""
+    runs = [timed(args) for _ in range(max(repeat, 1))]
     return min(r[0] for r in runs), runs[0][1]
 
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
 
     cycle = build_cycle(args.out, args.ranks)
-    wall, out = _best(["diagnose", str(cycle), "--json", "--no-progress"], args.repeat)
+    wall, out = best_of(["diagnose", str(cycle), "--json", "--no-progress"], args.repeat)
     doc = json.loads(out)
     kinds = ", ".join(f"{f['kind']} ({len(f['ranks'])} ranks)" for f in doc["findings"])
     print(f"diagnose, {doc['ranks']} ranks from sidecars: {wall:.2f} s (target < 5 s); findings: {kinds}")
@@ -118,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         big.parent.mkdir(parents=True, exist_ok=True)
         build_big(DEFAULT_SOURCE, big, args.size_mb, False)
     mb = big.stat().st_size / 1e6
-    wall, out = _best(["diagnose", str(big), "--json", "--reparse", "--no-progress"], args.repeat)
+    wall, out = best_of(["diagnose", str(big), "--json", "--reparse", "--no-progress"], args.repeat)
     print(f"diagnose, one {mb:,.0f} MB trace without sidecar: {wall:.2f} s, {mb / wall:,.0f} MB/s; "
           f"{len(json.loads(out)['findings'])} findings")
-    wall_s, _ = _best(["summary", str(big), "--json", "--reparse", "--no-progress"], args.repeat)
+    wall_s, _ = best_of(["summary", str(big), "--json", "--reparse", "--no-progress"], args.repeat)
     print(f"summary, the same trace: {wall_s:.2f} s, {mb / wall_s:,.0f} MB/s "
           f"(diagnose / summary time: {wall / wall_s:.2f})")
     return 0

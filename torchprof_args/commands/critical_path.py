@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
 
 __all__ = ["register"]
@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof critical-path``."""
     p = subparsers.add_parser(
         "critical-path", help="the longest path through each step across all ranks, and what-if answers",

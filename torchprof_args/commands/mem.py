@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus, TraceError
 from torchprof_args.flags.types import positive_int
 from torchprof_args.naming import METRICS_FILENAME
@@ -106,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     return ExitStatus.PARTLY_FAILED if errors else ExitStatus.OK
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``torchprof mem``."""
     p = subparsers.add_parser(
         "mem", help="where the memory goes and why it ran out: traces, cycles, run folders, snapshots",
