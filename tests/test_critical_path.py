@@ -21,12 +21,15 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, parse_results, read_results
+from torchprof_args.analysis.critical_path.cycle import cycle_graph
 from torchprof_args.analysis.critical_path.edges import KERNEL
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.job import critical_path
 from torchprof_args.analysis.critical_path.propagate import replay
 from torchprof_args.analysis.critical_path.reduced import rank_paths
 from torchprof_args.analysis.critical_path.whatif import parse_what_if
+from torchprof_args.analysis.diagnose.finding import Finding
+from torchprof_args.analysis.diagnose.savings import on_the_graph
 from torchprof_args.console import main as torchprof
 
 TRACES = sorted(DATA.glob("*.json.gz"))
@@ -130,6 +133,22 @@ def test_a_straggler_injected_into_one_rank_of_a_real_pair_moves_the_path_onto_i
     # re-runs in test_critical_path_jobs.py and benchmarks/bench_whatif.py
     assert fixed.saving_ms_per_step > 10 and other.saving_ms_per_step < 3
 
+
+
+def test_a_saving_rounded_for_the_document_never_exceeds_its_bound(tmp_path: Path) -> None:
+    """CI once printed a straggler saving of 5.288 ms over a bound of 5.2876: the rounding, not the
+    graph. A bound a hair under the graph's saving must come back as the bound itself."""
+    pair = straggler_pair(tmp_path, 30e3, slow=1, pair=CPU_PAIR)
+    graph = cycle_graph([rank_paths(load_trace(p, comms=True)) for p in pair], rank_of=lambda p, i: i)
+    assert graph.joined_reliably
+    probe = Finding(kind="straggler", summary="", ranks=(1,), ms_per_step=30.0, share_of_step=0.1,
+                    saving_ms_per_step=1e9, saving_bound="", remedy="")
+    saving = on_the_graph([probe], graph)[0].saving_ms_per_step
+    assert saving > 10
+    for bound in (saving - 0.0004, saving - 0.0001, saving + 1.0):
+        (found,) = on_the_graph([msgspec.structs.replace(probe, saving_ms_per_step=bound)], graph)
+        assert found.saving_basis == "critical path" and found.saving_ms_per_step <= found.bound_ms_per_step
+        assert found.saving_ms_per_step == pytest.approx(min(saving, bound), abs=1e-3)
 
 def test_a_trace_without_steps_is_one_step_and_says_so() -> None:
     doc = _doc(DATA / "gpu_1rank_cuda_event_sync_multistream.json.gz")

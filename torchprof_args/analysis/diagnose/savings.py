@@ -73,6 +73,6 @@ def on_the_graph(findings: Sequence[Finding], graph: CycleGraph) -> list[Finding
         if saving is None:
             out.append(msgspec.structs.replace(finding, bound_ms_per_step=bound, saving_basis=BASIS_BOUND))
         else:
-            out.append(msgspec.structs.replace(finding, saving_ms_per_step=round(saving, 3),
+            out.append(msgspec.structs.replace(finding, saving_ms_per_step=min(round(saving, 3), bound),
                                                bound_ms_per_step=bound, saving_basis=BASIS_GRAPH))
     return out
