@@ -271,6 +271,17 @@ class ForkServer:
     def alive(self) -> bool:
         return not self._broken and self.process.poll() is None
 
+    def ended_how(self, wait: float = 0.2) -> str:
+        """`` (killed by SIGKILL)`` or `` (exit code N)`` once the server has ended, waiting up to
+        ``wait`` s for a dying one to be reaped (its memory is freed before its parent can reap it);
+        "" when it has not ended."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=wait)
+        code = self.process.returncode
+        if code is None:
+            return ""
+        return f" (killed by {signal.Signals(-code).name})" if code < 0 else f" (exit code {code})"
+
     def poll_ready(self) -> bool:
         """Whether the server has said it is ready (its imports done), without waiting."""
         with self._lock:
@@ -285,7 +296,7 @@ class ForkServer:
         late).  Raises :class:`ForkServerError`."""
         with self._lock:
             if not self.alive:
-                raise ForkServerError("the publisher fork server has ended", sent=False)
+                raise ForkServerError(f"the publisher fork server has ended{self.ended_how()}", sent=False)
             try:
                 socket.send_fds(self._control, [b"job " + os.fsencode(job_path)], [status_fd])
             except OSError as err:

@@ -12,7 +12,6 @@ process can start, the trace is published on the calling thread.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -50,10 +49,8 @@ class Publishers:
         if server is None:
             return False
         if not server.alive:
-            code = server.process.poll()
-            how = "" if code is None else (f" (killed by {signal.Signals(-code).name})" if code < 0 else
-                                            f" (exit code {code})")
-            self._lose_server(ForkServerError(f"the publisher fork server has ended{how}", sent=False))
+            self._lose_server(ForkServerError(f"the publisher fork server has ended{server.ended_how()}",
+                                              sent=False))
             return False
         return True
 
