@@ -7,17 +7,19 @@ while the exporter and the publisher run, against unprofiled steps of the same j
 Two real gloo ranks (torchrun), a ``--layers``-layer MLP (its gradients all-reduced in one bucket, as
 DDP does), both ranks traced: ``--windows`` windows per run, each ``--gap`` unprofiled steps
 (``--torch-profile-wait``), warm-up 1, 3 active steps recorded with stacks, shapes and memory; then
-10 more steps.  Five modes, interleaved in each repeat so that they see the same machine load:
+10 more steps.  Six modes, interleaved in each repeat so that they see the same machine load:
 
-  none     the same job without ``--torch-profile``
-  normal   ``--torch-profile-publisher-priority normal --no-torch-profile-publisher-server``: the
-           exporter execs a publisher per trace, at the trainer's priority (before issue 30)
-  idle     ``--torch-profile-publisher-priority idle --no-torch-profile-publisher-server``: the same at
-           nice 19, SCHED_IDLE, I/O idle
-  server   the defaults: idle priority, and the publisher fork server started with the profiler forks
-           a worker per trace (no Python start-up and imports per trace)
-  server1  ``server`` with ``--torch-profile-gzip-level 1`` (isal's level 1 where installed: about 4x
-           less compression CPU than zlib's level 6, the default, for about 35 % larger traces)
+  none      the same job without ``--torch-profile``
+  normal    ``--torch-profile-publisher-priority normal --no-torch-profile-publisher-server
+            --torch-profile-publish-wait never``: the exporter execs a publisher per trace, at the
+            trainer's priority, in the background (before issue 30)
+  idle      the same at ``idle`` priority: nice 19, SCHED_IDLE, I/O idle
+  server    idle priority, and the publisher fork server started with the profiler forks a worker per
+            trace (no Python start-up and imports per trace); still ``--torch-profile-publish-wait never``
+  server1   ``server`` with ``--torch-profile-gzip-level 1`` (isal's level 1 where installed: about 4x
+            less compression CPU than zlib's level 6, the default, for about 35 % larger traces)
+  defaults  the defaults: ``server`` with ``--torch-profile-publish-wait auto``, which waits for the
+            publication at the flush when the node's cores were busy (here: two ranks on two cores)
 
 Per window, rank 0's step times against a baseline: the median of the 15 unprofiled steps just
 before its warm-up (the same job, seconds earlier, after the previous window's publication: a
@@ -33,8 +35,9 @@ publisher: the status' ``PublishCpu``; 0 when it finished after the run).  Media
 window of every repeat; ``est`` columns: the profiler's own running estimate per window
 (``prof.stats``, what the goodput ledger reads).  The ``server`` runs first wait for the fork server
 to finish starting (its imports at idle priority would otherwise slow the first steps); its CPU
-time is printed: a cost once per run, not per window.  Target (issue 30): the net ``after`` at most
-25 % of the net ``stall`` with the defaults on a 2-core machine.  The load average is printed before
+time is printed: a cost once per run, not per window.  ``net total``: net stall plus net after, the
+window's whole cost.  Target (issue 30): the net ``after`` at most 25 % of the net ``stall`` on a
+2-core machine.  The load average is printed before
 and after and with every repeat: run it when the machine is quiet (``--max-load``: each repeat first
 waits, up to 15 minutes, for the 1-minute load to fall below it).
 """
@@ -57,7 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP, ACTIVE = 1, 3
 TAIL = 10  # steps run after the last window's counted ones
 BASELINE_STEPS = 15  # unprofiled steps just before a window's warm-up
-MODES = ("none", "normal", "idle", "server", "server1")
+MODES = ("none", "normal", "idle", "server", "server1", "defaults")
 PROFILED = MODES[1:]
 
 
@@ -88,8 +91,11 @@ def profile_flags(args: argparse.Namespace) -> list[str]:
     ]
     if args.mode == "none":
         return flags
+    flags.append("--torch-profile")
+    if args.mode == "defaults":
+        return flags
     priority = "normal" if args.mode == "normal" else "idle"
-    flags += ["--torch-profile", "--torch-profile-publisher-priority", priority]
+    flags += ["--torch-profile-publisher-priority", priority, "--torch-profile-publish-wait", "never"]
     if args.mode in ("normal", "idle"):
         flags.append("--no-torch-profile-publisher-server")
     if args.mode == "server1":
@@ -217,29 +223,31 @@ def _ms(value: float) -> str:
 
 def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
            args: argparse.Namespace) -> None:
-    count = len(rows["server"])
+    count = len(rows["defaults"])
     print(
         f"\nwindow cost on rank 0, ms (median of {count} windows: {args.repeats} repeats x {args.windows}; "
         f"2 gloo ranks, {args.layers}-layer MLP, {ACTIVE} active steps with stacks, shapes, memory; "
         f"{args.after} steps after the flush; unprofiled step {statistics.median(unprofiled) * 1000:.1f} ms)"
     )
     print(
-        f"{'mode':8s}{'step':>7s}{'stall':>8s}{'after':>8s}{'after/stall':>12s}{'net after':>10s}"
-        f"{'net ratio':>10s}{'recorded':>10s}{'done':>6s}{'cpu':>6s}{'est stall':>11s}{'est after':>11s}"
+        f"{'mode':9s}{'step':>7s}{'stall':>8s}{'after':>8s}{'after/stall':>12s}{'net after':>10s}"
+        f"{'net ratio':>10s}{'net total':>10s}{'recorded':>10s}{'done':>6s}{'cpu':>6s}{'est stall':>11s}"
+        f"{'est after':>11s}"
         f"{'est rec.':>10s}"
     )
     for mode, runs in rows.items():
         med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         done = "-" if math.isinf(med["done"]) else f"{med['done']:.0f}"
         net = (f"{med['after_net'] * 1000:10.0f}{statistics.median(_net_ratios(runs)):10.2f}"
-               if "after_net" in med else f"{'-':>10s}{'-':>10s}")
+               f"{statistics.median(r['stall_net'] + r['after_net'] for r in runs) * 1000:10.0f}"
+               if "after_net" in med else f"{'-':>10s}{'-':>10s}{'-':>10s}")
         print(
-            f"{mode:8s}{med['baseline'] * 1000:7.1f}{med['stall'] * 1000:8.0f}{med['after'] * 1000:8.0f}"
+            f"{mode:9s}{med['baseline'] * 1000:7.1f}{med['stall'] * 1000:8.0f}{med['after'] * 1000:8.0f}"
             f"{_ratio(med['after'], med['stall']):>12s}{net}{med['recorded'] * 1000:10.0f}{done:>6s}"
             f"{med['cpu'] * 1000:6.0f}{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
             f"{med['est_recorded'] * 1000:10.0f}"
         )
-    served = rows["server"] + rows["server1"]
+    served = rows["server"] + rows["server1"] + rows["defaults"]
     start_cpu = statistics.median(run["server_start_cpu"] for run in served)
     start_wait = statistics.median(run["server_start_wait"] for run in served)
     print(

@@ -108,11 +108,15 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path, serv
 
 
 @needs_mount
-def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path):
+@pytest.mark.parametrize("wait", ["always", "never"])
+def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path, wait):
     """Rank 0's publisher is SIGKILLed with its partial file in the output directory (cycle 1), the
-    output filesystem is full (cycle 2), then remounted read-only (cycle 3)."""
+    output filesystem is full (cycle 2), then remounted read-only (cycle 3); while the flush step
+    waits for the publication (``always``: what ``auto`` does on a busy node) and while it runs in
+    the background."""
     scenario = Scenario("output faults",
                         [*HEAVY, "--kill-publisher", "0", "--torch-profile-repeat", "3",
+                         "--torch-profile-publish-wait", wait,
                          "--output-fs", "{out}", "--at", "5:drain", "--at", "5:fill-output",
                          "--at", "8:drain", "--at", "8:unfill-output", "--at", "8:remount-ro"],
                         mounts=(("out", "64m", False),), iters=11)
@@ -126,6 +130,9 @@ def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path):
     assert "iter000006-000007" in errors[1] and "No space left on device" in errors[1]
     assert "iter000009-000010" in errors[2] and "Read-only file system" in errors[2]
     assert outcome.traces == [] and outcome.errors(1) == []
+    stats = outcome.results[0]["stats"]
+    waits = stats["publications_waited_for"] + stats["publication_waits_timed_out"]
+    assert waits == (3 if wait == "always" else 0), stats
 
 
 def test_sigterm_mid_flush_is_acted_on_at_the_end_of_the_flush_and_delivered(tmp_path):

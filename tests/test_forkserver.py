@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def test_a_killed_server_gives_way_to_a_publisher_process_per_trace(tmp_path: Pa
 
 def test_a_worker_killed_mid_publish_is_reported_and_the_next_trace_is_published(tmp_path: Path,
                                                                                   caplog) -> None:
-    writer = make_writer(tmp_path, "inline")
+    writer = make_writer(tmp_path, "inline", publish_wait="never")
     server = writer.publishers.server_pid
     assert server is not None
     killed = writer.submit(export_large, "iter000001-000001", STEM)
@@ -152,6 +153,52 @@ def test_a_worker_killed_mid_publish_is_reported_and_the_next_trace_is_published
                                    "iter000002-000002/summaries/rank00000_host_pid1.summary.json"]
     assert staged(writer) == [] and writer.stats["publish_failures"] == 1
 
+
+def test_a_flush_that_waits_returns_with_its_trace_published(tmp_path: Path) -> None:
+    """--torch-profile-publish-wait always: the forked export and the worker's publication are done
+    when submit returns (on a busy node, 'auto' does this)."""
+    writer = make_writer(tmp_path, "fork", publish_wait="always", publish_wait_timeout=60.0)
+    outcome = writer.submit(export, "iter000001-000001", STEM)
+    assert outcome.route is Route.FORKED and writer.in_flight == 0
+    assert writer.stats["traces_written"] == 1 and writer.stats["publications_waited_for"] == 1
+    assert outcome.trace_path and Path(outcome.trace_path).is_file() and staged(writer) == []
+    close(writer)
+
+
+def test_a_wait_ends_at_its_timeout_and_the_publication_goes_on(tmp_path: Path) -> None:
+    writer = make_writer(tmp_path, "inline", publish_wait="always", publish_wait_timeout=0.05)
+    started = time.monotonic()
+    outcome = writer.submit(export_large, "iter000001-000001", STEM)
+    waited = time.monotonic() - started
+    assert writer.in_flight == 1 and writer.stats["publication_waits_timed_out"] == 1, waited
+    close(writer)
+    assert writer.stats["traces_written"] == 1 and outcome.trace_path and Path(outcome.trace_path).is_file()
+    assert staged(writer) == []
+
+
+def test_a_worker_killed_while_the_flush_waits_ends_the_wait(tmp_path: Path, caplog) -> None:
+    writer = make_writer(tmp_path, "inline", publish_wait="always", publish_wait_timeout=120.0)
+    server = writer.publishers.server_pid
+    assert server is not None
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        if wait_until(lambda: bool(faults.children(server))):
+            killed.extend(faults.children(server))
+            os.kill(killed[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_worker)
+    killer.start()
+    started = time.monotonic()
+    outcome = writer.submit(export_large, "iter000001-000001", STEM)
+    waited = time.monotonic() - started
+    killer.join()
+    assert killed and waited < 60 and writer.in_flight == 0, waited
+    (error,) = [e for e in errors(caplog) if "was not written" in e]
+    assert error == (f"rank 0: trace {outcome.trace_path} was not written: the fork server's publisher "
+                     f"(pid {killed[0]}) was killed by SIGKILL")
+    close(writer)
+    assert published(tmp_path) == [] and staged(writer) == [] and writer.stats["publish_failures"] == 1
 
 def test_a_server_that_does_not_answer_fails_its_trace_at_the_flush_timeout(tmp_path: Path, caplog) -> None:
     """Frozen (SIGSTOP) before the trace reaches it: the trace fails when the flush timeout is up, the
@@ -216,7 +263,9 @@ time.sleep(600)
 
 def test_the_server_exits_when_the_training_process_is_killed(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", _TRAINER, str(tmp_path / "staging"), str(tmp_path / "out")]
-    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=publisher_env())
+    (tmp_path / "tmp").mkdir()  # its staging fallback: a killed trainer's is swept by the next job's
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                               env={**publisher_env(), "TMPDIR": str(tmp_path / "tmp")})
     try:
         assert trainer.stdout is not None
         server = int(trainer.stdout.readline())

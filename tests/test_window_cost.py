@@ -107,6 +107,45 @@ def test_at_exit_a_publisher_leaves_sched_idle_but_stays_at_nice_19() -> None:
         os.close(read)
 
 
+
+@linux
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_an_unprivileged_trainer_cannot_move_its_publisher_out_of_sched_idle_and_goes_on() -> None:
+    """What the docs say: Linux lets an unprivileged process (RLIMIT_NICE 0, the usual limit) enter
+    SCHED_IDLE but not leave it; leave_idle_policy is then refused quietly."""
+    read, write = os.pipe()
+    trainer = os.fork()
+    if trainer == 0:
+        code = 1
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            publisher = os.fork()
+            if publisher == 0:
+                lower_to_background()
+                time.sleep(30)
+                os._exit(0)
+            time.sleep(0.2)  # the publisher has lowered itself
+            leave_idle_policy(publisher)  # refused: must not raise
+            still_idle = os.sched_getscheduler(publisher) == os.SCHED_IDLE
+            os.kill(publisher, signal.SIGKILL)
+            os.waitpid(publisher, 0)
+            os.write(write, b"idle" if still_idle else b"left")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        assert os.read(read, 4) == b"idle"
+    finally:
+        _, status = os.waitpid(trainer, 0)
+        os.close(read)
+    assert os.waitstatus_to_exitcode(status) == 0
+
 class _Writer:
     def __init__(self, in_flight: int) -> None:
         self.in_flight = in_flight

@@ -164,6 +164,11 @@ class ExportConfig:
     #: ``--torch-profile-publisher-server``: a fork server publishes
     #: (:mod:`~torchprof_args.runtime.export.forkserver`).
     publisher_server: bool = True
+    #: ``--torch-profile-publish-wait``: the flush step waits for its publication ("auto": when the
+    #: node's CPUs were busy, :mod:`~torchprof_args.runtime.export.idle_cpu`), at most
+    #: ``publish_wait_timeout`` seconds.
+    publish_wait: str = "auto"
+    publish_wait_timeout: float = 1.0
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
@@ -180,12 +185,19 @@ class ExportConfig:
             max_publishing=int(flag_value(args, flags.MAX_PUBLISHING)),
             publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY) or "idle",
             publisher_server=bool(flag_value(args, flags.PUBLISHER_SERVER)),
+            publish_wait=flag_value(args, flags.PUBLISH_WAIT) or "auto",
+            publish_wait_timeout=float(flag_value(args, flags.PUBLISH_WAIT_TIMEOUT)),
         )
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(
                 f"--torch-profile-exit-timeout ({config.exit_timeout:g} s) must be shorter than "
                 f"--torch-profile-flush-timeout ({config.flush_timeout:g} s): at exit every rank waits at "
                 "the fence while the slowest rank waits for its publishers.")
+        if config.publish_wait_timeout >= config.flush_timeout:
+            raise TorchProfileArgsError(
+                f"--torch-profile-publish-wait-timeout ({config.publish_wait_timeout:g} s) must be shorter "
+                f"than --torch-profile-flush-timeout ({config.flush_timeout:g} s): the other ranks wait at "
+                "the fence meanwhile.")
         return config
 
 

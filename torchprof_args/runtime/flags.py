@@ -106,8 +106,9 @@ PUBLISHER_PRIORITY = Flag("--torch-profile-publisher-priority",
                           "CPU and I/O priority of the forked exporter and the publisher (compression, "
                           "summary, diagnosis): 'idle' runs them at nice 19, SCHED_IDLE and the idle I/O "
                           "class, so the steps after a flush keep the CPU and the disk (at exit, publishers "
-                          "still running leave SCHED_IDLE); 'normal' keeps the training process's priority "
-                          "(as before this flag existed).",
+                          "still running leave SCHED_IDLE where Linux allows it: root, CAP_SYS_NICE or "
+                          "ulimit -e >= 1); 'normal' keeps the training process's priority (as before this "
+                          "flag existed).",
                           default="idle", choices=("idle", "normal"), metavar="P")
 PUBLISHER_SERVER = Flag("--torch-profile-publisher-server",
                         "Start one publisher process per traced rank with the profiler, which imports the "
@@ -117,6 +118,20 @@ PUBLISHER_SERVER = Flag("--torch-profile-publisher-server",
                         "each time. --no-torch-profile-publisher-server starts a publisher process per trace "
                         "(as before this flag existed).",
                         default=True, action=argparse.BooleanOptionalAction)
+PUBLISH_WAIT = Flag("--torch-profile-publish-wait",
+                    "Whether the step that writes a trace waits for this rank's publication (export, "
+                    "compression, summary) before training resumes, for at most "
+                    "--torch-profile-publish-wait-timeout: 'auto' waits when the node's CPUs were busy "
+                    "since the last flush (fewer idle cores than ranks on the node: a publication in the "
+                    "background would take its CPU time from the next steps anyway, and leave the trace "
+                    "unwritten for as long as training keeps the cores); 'always'; 'never' publishes in the "
+                    "background (as before this flag existed).",
+                    default="auto", choices=("auto", "always", "never"), metavar="WHEN")
+PUBLISH_WAIT_TIMEOUT = Flag("--torch-profile-publish-wait-timeout",
+                            "The longest a flush step waits for its publication "
+                            "(--torch-profile-publish-wait); past it the publication goes on in the "
+                            "background.",
+                            default=1.0, type=positive_float, metavar="S")
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
                      "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at "
                      "flushes, memory snapshots and the exit.",
@@ -164,6 +179,7 @@ PROFILE_FLAGS = register_group(FlagGroup(
            RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, MEMORY_CATEGORIES, WITH_FLOPS, WITH_MODULES,
            EXECUTION_TRACE, ACTIVITIES,
            PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, PUBLISHER_PRIORITY, PUBLISHER_SERVER,
+           PUBLISH_WAIT, PUBLISH_WAIT_TIMEOUT,
            FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE,
            OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
     order=10,

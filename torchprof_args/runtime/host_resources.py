@@ -35,6 +35,7 @@ __all__ = [
     "HostMemoryProbe",
     "WindowMemoryGuard",
     "anonymous_rss_bytes",
+    "cgroup_v2_directories",
     "free_disk_bytes",
     "is_ram_backed",
     "local_world_size",
@@ -150,6 +151,11 @@ def _cgroup_limits(self_dir: Path) -> list[_CgroupLimit]:
                 break
             directory = directory.parent
     return limits
+
+
+def cgroup_v2_directories(proc: str | os.PathLike[str] = "/proc") -> list[Path]:
+    """This process's cgroup v2 directory and its ancestors up to the mount (leaf first); [] on v1."""
+    return [limit.directory for limit in _cgroup_limits(Path(proc) / "self") if limit.version == 2]
 
 
 def _cgroup_mount(mounts: list[str], version: int) -> tuple[str, Path] | None:

@@ -12,7 +12,9 @@ the publisher's own decoding processes.
 While training runs this is what we want; at exit nothing competes with training any more, so
 :func:`leave_idle_policy` moves the publishers still running back to ``SCHED_OTHER`` and the
 best-effort I/O class (nice 19 stays: an unprivileged process may not lower it again) so that a
-host busy with other tenants cannot starve them until ``--torch-profile-exit-timeout``.
+host busy with other tenants cannot starve them until ``--torch-profile-exit-timeout``.  Linux
+allows leaving ``SCHED_IDLE`` only to root, ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` (``ulimit -e``)
+of at least 1; under the usual limit of 0 the call is refused and the publishers stay idle.
 
 ``--torch-profile-publisher-priority normal`` keeps the training process's priority (the
 behaviour before).  Where a call is not available (not Linux, an unknown architecture for the

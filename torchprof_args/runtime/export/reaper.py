@@ -76,6 +76,8 @@ class Pending:
     worker: Worker | None = None
     #: CPU seconds of the forked exporter that exited (:attr:`Stage.EXPORTING`).
     export_cpu: float = 0.0
+    #: Set once the trace is finished (published, failed or stopped) and its files are cleaned up.
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def send(self, signum: int) -> None:
         if self.pid is None:
@@ -170,6 +172,10 @@ class Reaper:
             time.sleep(0.02)
         return not self.in_flight
 
+    def wait_for(self, pending: Pending, deadline: float) -> bool:
+        """Wait until ``pending`` is finished or ``deadline`` (monotonic); True if it was."""
+        return pending.done.wait(max(0.0, deadline - time.monotonic()))
+
     def stop_all(self) -> None:
         """SIGTERM every pending process, SIGKILL the ones still there after a moment, wait for the
         reaper to clean up after them (bounded).  Staged traces are not handed off any more."""
@@ -249,7 +255,10 @@ class Reaper:
         remove_job_files(pending.job, pending.job_path)
         with self._lock:
             self._in_flight.pop(id(pending), None)
-        self._on_done(pending, status)
+        try:
+            self._on_done(pending, status)
+        finally:
+            pending.done.set()
 
 
 def _close(*fds: int | None) -> None:

@@ -12,6 +12,11 @@ With the publisher fork server (:mod:`~torchprof_args.runtime.export.forkserver`
 the reaper thread hands the staged trace to a worker of the server (after an inline export too);
 once the server is gone, each trace starts a publisher process again.
 
+On a node whose cores were busy since the last flush (``--torch-profile-publish-wait auto``,
+:mod:`~torchprof_args.runtime.export.idle_cpu`), :meth:`TraceWriter.submit` then waits for the publication,
+at most ``--torch-profile-publish-wait-timeout``: a background publication there would only take
+its CPU time from the next steps (docs/design/export-path.md).
+
 A :class:`~torchprof_args.runtime.export.reaper.Reaper` thread waits on the processes, logs each
 outcome with the rank and removes leftovers.  Every failure is logged with the rank and reason,
 leaves nothing behind, and never reaches training; :meth:`TraceWriter.submit` returns which way the
@@ -42,6 +47,7 @@ from torchprof_args.naming import (
 )
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.child import check_export, fork_export, remove_export_leftovers
+from torchprof_args.runtime.export.idle_cpu import IdleCpuProbe, node_was_busy
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
 from torchprof_args.runtime.export.priority import IDLE, leave_idle_policy
@@ -110,7 +116,8 @@ class TraceWriter:
     """
 
     def __init__(self, output_dir: str | os.PathLike[str], staging: StagingArea, config: ExportConfig, *,
-                 rank: int, planner: ExportPlanner | None = None) -> None:
+                 rank: int, planner: ExportPlanner | None = None,
+                 idle_cpu: IdleCpuProbe | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.staging = staging
         self.config = config
@@ -119,7 +126,8 @@ class TraceWriter:
         self.planner = planner or ExportPlanner(mode, staging, config.min_free_host_mb << 20)
         #: ``publish_cpu_seconds``: the last publisher process's CPU time (status.PublishCpu).
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
-                                        "publish_cpu_seconds": 0.0, "publish_failures": 0}
+                                        "publish_cpu_seconds": 0.0, "publish_failures": 0,
+                                        "publications_waited_for": 0, "publication_waits_timed_out": 0}
         self.published: list[str] = []
         #: Totals for the publishing vote (backpressure, rank 0's line per cycle).
         self.progress = PublishProgress()
@@ -128,6 +136,10 @@ class TraceWriter:
         self.publishers = Publishers(self.output_dir, staging, config, rank)
         self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped, hand_off=self.publishers.hand_off)
         self._warned_slow_fork = False
+        #: ``--torch-profile-publish-wait auto``: the node's idle cores since the last flush.
+        self._idle_cpu = (idle_cpu or IdleCpuProbe()) if config.publish_wait == "auto" else None
+        if self._idle_cpu is not None:
+            self._idle_cpu.mark()
 
     @property
     def in_flight(self) -> int:
@@ -215,7 +227,27 @@ class TraceWriter:
                          self.rank, name, type(err).__name__, err)
             return Submission(Route.FAILED, job.trace_path, error=f"{type(err).__name__}: {err}")
         self._reaper.watch(pending)
+        if self._waits(name):
+            self._wait(pending, name)
+        if self._idle_cpu is not None:
+            self._idle_cpu.mark()  # the next window's stretch starts once this flush is done
         return Submission(route, job.trace_path, pid=pending.pid, watched=True)
+
+    def _waits(self, name: str) -> bool:
+        """Whether this flush waits for its publication (``--torch-profile-publish-wait``)."""
+        if self.config.publish_wait != "auto":
+            return self.config.publish_wait == "always"
+        return self._idle_cpu is not None and node_was_busy(self._idle_cpu, self.rank, name)
+
+    def _wait(self, pending: Pending, name: str) -> None:
+        """Hold the training thread until ``pending`` is published, or the wait's timeout."""
+        timeout = self.config.publish_wait_timeout
+        if self._reaper.wait_for(pending, time.monotonic() + timeout):
+            self.stats["publications_waited_for"] += 1
+            return
+        self.stats["publication_waits_timed_out"] += 1
+        logger.debug("rank %d: %s not published within the %.1f s wait; it goes on in the background",
+                     self.rank, name, timeout)
 
     def _job_file(self, staging: Path, cycle: str, stem: str, extra_files: Sequence[ExtraFile],
                   memory: bool = False) -> tuple[PublishJob, str]:
