@@ -203,10 +203,13 @@ def test_slow_publisher_at_exit_is_fenced(tmp_path):
 def test_slow_publishers_skip_the_same_windows_on_every_rank_and_bound_those_in_flight(tmp_path):
     """Rank 0's publishers are frozen 3 s each, a window every 2 steps, at most 1 publication in
     flight: windows are skipped on both ranks alike (rank 1 publishes fast), none of a rank's counts
-    ever exceeds 1, rank 0 says once how far behind it is (per streak of skips), nothing is left."""
+    ever exceeds 1, rank 0 says once how far behind it is (per streak of skips), nothing is left.
+    Publications in the background (``never``): a flush step that waits (``auto`` on this busy
+    machine) would give the frozen publisher a second each time and skip fewer windows."""
     scenario = Scenario("backpressure", ["--torch-profile-ranks", "all", "--torch-profile-repeat", "0",
                                          "--torch-profile-wait", "1", "--torch-profile-warmup", "0",
                                          "--torch-profile-skip-first", "0",
+                                         "--torch-profile-publish-wait", "never",
                                          "--torch-profile-max-publishing", "1", "--stop-publisher", "0:3"],
                         iters=16)
     outcome = run(scenario, tmp_path)

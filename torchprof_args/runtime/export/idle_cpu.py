@@ -1,8 +1,9 @@
 """How much CPU this job's node left idle over a stretch of training: whether a publication in the
 background would find an idle core, or take its CPU time from the training steps.
 
-:class:`IdleCpuProbe` is marked when a window starts recording and read at its flush.  The figure
-is the average number of idle cores over that stretch:
+The trace writer marks an :class:`IdleCpuProbe` when it starts and after each flush, and reads it
+at the next flush (:func:`node_was_busy`).  The figure is the average number of idle cores over
+that stretch (the steps between two windows, and the window itself):
 
 * under a cgroup v2 CPU quota (``cpu.max``, a container's CPU limit), the quota's cores less the
   cgroup's own use (``cpu.stat`` ``usage_usec``): the host's other cores are not the job's;

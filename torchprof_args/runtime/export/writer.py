@@ -227,11 +227,12 @@ class TraceWriter:
                          self.rank, name, type(err).__name__, err)
             return Submission(Route.FAILED, job.trace_path, error=f"{type(err).__name__}: {err}")
         self._reaper.watch(pending)
+        pid = pending.pid  # the process it was handed to (a fork server's worker takes it later)
         if self._waits(name):
             self._wait(pending, name)
         if self._idle_cpu is not None:
             self._idle_cpu.mark()  # the next window's stretch starts once this flush is done
-        return Submission(route, job.trace_path, pid=pending.pid, watched=True)
+        return Submission(route, job.trace_path, pid=pid, watched=True)
 
     def _waits(self, name: str) -> bool:
         """Whether this flush waits for its publication (``--torch-profile-publish-wait``)."""
