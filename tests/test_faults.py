@@ -79,11 +79,11 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path, serv
             args += ["--inject", f"{rank}:2:fill-staging"]
         if fork_limit:
             args += ["--inject", f"{rank}:3:fork-limit"]
-    if full_staging:
-        args += ["--torch-profile-staging-dir", "{stage}", "--fill-dir", "{stage}"]
+    if full_staging:  # a tmpfs per rank: one rank's filler must not decide where the other stages
+        args += ["--torch-profile-staging-dir", "{stage}", "--rank-staging", "1={stage1}"]
         expected[5] = "ExportIncomplete: the exporter wrote no trace file"
-    scenario = Scenario("export faults", args, mounts=(("stage", "256m", False),) if full_staging else (),
-                        iters=10)
+    mounts = (("stage", "256m", False), ("stage1", "256m", False)) if full_staging else ()
+    scenario = Scenario("export faults", args, mounts=mounts, iters=10)
     outcome = run(scenario, tmp_path)
     assert_clean(outcome)
     for rank in (0, 1):

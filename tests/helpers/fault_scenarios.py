@@ -34,9 +34,10 @@ HEAVY = ["--layers", "24", "--torch-profile-record-shapes", "--torch-profile-wit
 
 @dataclasses.dataclass
 class Scenario:
-    """One job: fault_job.py arguments (``{out}``, ``{stage}``, ``{res}``, ``{root}`` filled in), the
-    tmpfs mounts it needs as ``(name, size, read_only)``, and how it should end: ``finish`` (every
-    rank trains to the end), ``refuse`` (a one-line error before training) or ``sigterm``."""
+    """One job: fault_job.py arguments (``{out}``, ``{stage}``, ``{stage1}``, ``{res}``, ``{root}``
+    filled in), the tmpfs mounts it needs as ``(name, size, read_only)``, and how it should end:
+    ``finish`` (every rank trains to the end), ``refuse`` (a one-line error before training) or
+    ``sigterm``."""
 
     name: str
     args: list[str]
@@ -92,7 +93,8 @@ class Outcome:
 def run(scenario: Scenario, root: str | os.PathLike[str]) -> Outcome:
     """Run ``scenario`` under ``root`` (a fresh directory) and collect what it left behind."""
     root = Path(root)
-    paths = {"out": root / "out", "stage": root / "stage", "res": root / "res", "root": root}
+    paths = {"out": root / "out", "stage": root / "stage", "stage1": root / "stage1", "res": root / "res",
+             "root": root}
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     args = [a.format(**{k: str(v) for k, v in paths.items()}) for a in [*BASE, *scenario.args]]
     args += ["--iters", str(scenario.iters)]

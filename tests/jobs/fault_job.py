@@ -50,7 +50,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--rank-export", action="append", default=[], metavar="RANK=MODE")
     parser.add_argument("--rank-staging", action="append", default=[], metavar="RANK=DIR")
     parser.add_argument("--inject", action="append", default=[], metavar="RANK:CYCLE:FAULT")
-    parser.add_argument("--fill-dir", help="where fill-staging writes its filler")
+    parser.add_argument("--fill-dir", help="where fill-staging writes its filler (default: the rank's "
+                                           "--torch-profile-staging-dir, after --rank-staging)")
     parser.add_argument("--kill-publisher", type=int, action="append", default=[], metavar="RANK")
     parser.add_argument("--stop-publisher", action="append", default=[], metavar="RANK:SECONDS")
     parser.add_argument("--at", action="append", default=[], metavar="ITER:ACTION")
@@ -108,7 +109,7 @@ def inject_submit_faults(prof: TorchProfiler, args: argparse.Namespace, rank: in
         if fault == "sigterm-in-flush":
             os.kill(os.getpid(), signal.SIGTERM)  # lands inside torch.profiler's transition
         if fault in ("raise", "fill-staging", "sigterm-in-export"):
-            export = injected_export(fault, export, args.fill_dir)
+            export = injected_export(fault, export, args.fill_dir or args.torch_profile_staging_dir)
         if fault == "fork-limit":
             with faults.ForkLimit():
                 return real_submit(export, cycle, stem, steps, extra_files, companion=companion)
