@@ -57,6 +57,17 @@ def test_idle_cores_from_proc_stat_count_only_the_usable_cpus(tmp_path: Path) ->
     assert probe.idle_cores() == pytest.approx(0.25 * len(CPUS))
 
 
+
+def test_an_unreadable_or_malformed_proc_stat_gives_no_figure(tmp_path: Path) -> None:
+    proc = _proc(tmp_path)
+    probe = IdleCpuProbe(proc)  # no stat file at all
+    probe.mark()
+    assert probe.idle_cores() is None
+    (proc / "stat").write_text("".join(f"cpu{n} 1 2 x\n" for n in CPUS))
+    probe.mark()
+    assert probe.idle_cores() is None
+
+
 def test_idle_cores_under_a_cgroup_v2_quota_are_the_quota_less_the_job_s_use(tmp_path: Path) -> None:
     root = tmp_path / "cg"
     job = root / "job.slice" / "rank0"

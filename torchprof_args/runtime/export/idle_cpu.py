@@ -89,8 +89,11 @@ class IdleCpuProbe:
             fields = line.split()
             if not fields or fields[0] not in self._cpus:
                 continue
-            ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-            idle += ticks[3] + ticks[4]
+            try:  # user nice system idle iowait irq softirq steal
+                ticks = [int(v) for v in fields[1:9]]
+                idle += ticks[3] + ticks[4]
+            except (ValueError, IndexError):
+                return None  # not the format this reads: no figure, no guess
             total += sum(ticks)
         return _Reading(now, 0.0, idle, total) if total else None
 
