@@ -35,6 +35,7 @@ __all__ = [
     "HostMemoryProbe",
     "WindowMemoryGuard",
     "anonymous_rss_bytes",
+    "cgroup_stat_value",
     "cgroup_v2_directories",
     "free_disk_bytes",
     "is_ram_backed",
@@ -74,7 +75,7 @@ class _CgroupLimit:
             if limit_text == "max" or int(limit_text) >= _V1_UNLIMITED:
                 return None
             usage = int((self.directory / names[1]).read_text())
-            inactive = _stat_value(self.directory / "memory.stat", names[2])
+            inactive = cgroup_stat_value(self.directory / "memory.stat", names[2]) or 0
         except (OSError, ValueError):
             return None
         return int(limit_text) - max(0, usage - inactive)
@@ -99,8 +100,9 @@ class HostMemoryProbe:
         return best
 
 
-def _stat_value(path: Path, key: str) -> int:
-    """One ``key value`` line of a cgroup ``memory.stat`` file (0 when absent)."""
+def cgroup_stat_value(path: Path, key: str) -> int | None:
+    """One ``key value`` line of a cgroup statistics file (``memory.stat``, ``cpu.stat``); None when
+    absent or unreadable."""
     try:
         for line in path.read_text().splitlines():
             name, _, value = line.partition(" ")
@@ -108,7 +110,7 @@ def _stat_value(path: Path, key: str) -> int:
                 return int(value)
     except (OSError, ValueError):
         pass
-    return 0
+    return None
 
 
 def _meminfo_available(path: Path) -> int:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from torchprof_args.log import get_logger
-from torchprof_args.runtime.host_resources import cgroup_v2_directories, local_world_size
+from torchprof_args.runtime.host_resources import cgroup_stat_value, cgroup_v2_directories, local_world_size
 
 __all__ = ["IdleCpuProbe", "node_was_busy"]
 
@@ -31,8 +31,9 @@ logger = get_logger(__name__)
 @dataclasses.dataclass(frozen=True)
 class _Reading:
     wall: float
-    #: cgroup: CPU seconds used; /proc/stat: (idle ticks, all ticks) summed over the CPUs.
+    #: under a quota: the cgroup's CPU seconds; else 0.
     used: float
+    #: /proc/stat: idle and all ticks, summed over the usable CPUs; else 0.
     idle_ticks: int
     all_ticks: int
 
@@ -129,11 +130,5 @@ def _tightest_quota(directories: list[Path], cpus: int) -> tuple[Path, float] | 
 
 def _usage_seconds(directory: Path) -> float | None:
     """CPU seconds the cgroup has used (``cpu.stat`` ``usage_usec``)."""
-    try:
-        for line in (directory / "cpu.stat").read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == "usage_usec":
-                return int(value) / 1e6
-    except (OSError, ValueError):
-        pass
-    return None
+    usec = cgroup_stat_value(directory / "cpu.stat", "usage_usec")
+    return None if usec is None else usec / 1e6
