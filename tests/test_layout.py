@@ -77,7 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``analysis/``'s layers, lowest first, by the first component below ``torchprof_args.analysis``.
 ANALYSIS = f"{PACKAGE}.analysis"
 ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("trace model", ("trace", "intervals", "jsonout")),
+    ("trace model", ("trace", "intervals", "jsonout", "time_limit")),
     ("decode", ("decode",)),
     ("analyzers", ("analyzers", "memory")),
     ("critical path", ("critical_path",)),

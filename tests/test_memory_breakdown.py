@@ -27,7 +27,7 @@ from torchprof_args.analysis.memory.categories import (
     ByCategory,
     MemoryPart,
 )
-from torchprof_args.analysis.memory.nesting import Nesting
+from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.memory.ranks import outliers, rank_rows
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.console import main

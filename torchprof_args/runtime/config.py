@@ -169,6 +169,10 @@ class ExportConfig:
     #: ``publish_wait_timeout`` seconds.
     publish_wait: str = "auto"
     publish_wait_timeout: float = 1.0
+    #: ``--torch-profile-analysis-budget``: the analyses published with a trace may take this share
+    #: of its export time (:meth:`~torchprof_args.runtime.export.job.PublishJob.analysis_seconds`);
+    #: 0: no budget.
+    analysis_budget: float = 0.5
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
@@ -187,6 +191,7 @@ class ExportConfig:
             publisher_server=bool(flag_value(args, flags.PUBLISHER_SERVER)),
             publish_wait=flag_value(args, flags.PUBLISH_WAIT) or "auto",
             publish_wait_timeout=float(flag_value(args, flags.PUBLISH_WAIT_TIMEOUT)),
+            analysis_budget=float(flag_value(args, flags.ANALYSIS_BUDGET)),
         )
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(

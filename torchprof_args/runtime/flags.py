@@ -132,6 +132,14 @@ PUBLISH_WAIT_TIMEOUT = Flag("--torch-profile-publish-wait-timeout",
                             "(--torch-profile-publish-wait); past it the publication goes on in the "
                             "background.",
                             default=1.0, type=positive_float, metavar="S")
+ANALYSIS_BUDGET = Flag("--torch-profile-analysis-budget",
+                       "How long the analyses published with each trace may take, as a share of the "
+                       "trace's own export time (at least 1 s): PyTorch's memory categorisation in the "
+                       "exporter, then the summary sidecar's diagnosis and critical path in the "
+                       "publisher. What does not fit is left out of the sidecar (it says which), and "
+                       "`torchprof diagnose` / `critical-path` / `mem` compute it from the trace when "
+                       "asked; the exit waits for the files, never for an analysis. 0: no budget.",
+                       default=0.5, type=non_negative_float, metavar="SHARE")
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
                      "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at "
                      "flushes, memory snapshots and the exit.",
@@ -179,7 +187,7 @@ PROFILE_FLAGS = register_group(FlagGroup(
            RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, MEMORY_CATEGORIES, WITH_FLOPS, WITH_MODULES,
            EXECUTION_TRACE, ACTIVITIES,
            PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, PUBLISHER_PRIORITY, PUBLISHER_SERVER,
-           PUBLISH_WAIT, PUBLISH_WAIT_TIMEOUT,
+           PUBLISH_WAIT, PUBLISH_WAIT_TIMEOUT, ANALYSIS_BUDGET,
            FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE,
            OPERATOR_TABLE_ROWS, TENSORBOARD_DIR),
     order=10,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +21,7 @@ import torch
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.config import TraceConfig
 from torchprof_args.runtime.execution_trace import ExecutionTrace
+from torchprof_args.runtime.export.child import Companion
 from torchprof_args.runtime.export.writer import Route
 from torchprof_args.runtime.schedule import RECORDING, Action
 
@@ -171,7 +171,7 @@ class Recorder:
         if self.execution_trace is not None:
             self.execution_trace.start(first)
 
-    def _memory_companion(self, profiler: torch.profiler.profile) -> Callable[[str, int], None] | None:
+    def _memory_companion(self, profiler: torch.profiler.profile) -> Companion | None:
         """PyTorch's memory categorisation for the forked exporter to run, when the window records
         what it needs (shapes, memory and stacks, as ``export_memory_timeline``) and
         ``--torch-profile-memory-categories`` asks for it in this window."""

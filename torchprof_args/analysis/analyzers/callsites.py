@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.trace import Trace
 
@@ -29,22 +30,35 @@ def has_stacks(trace: Trace) -> bool:
 
 def call_sites(trace: Trace, idx: np.ndarray) -> list[str | None]:
     """Per event of ``idx``, its innermost enclosing user frame (``file.py(line): function``), else
-    its innermost frame of any kind, else None (no frame on its thread encloses it)."""
+    its innermost frame of any kind, else None (no frame on its thread encloses it).
+
+    A thread's frames nest, so the frames around an event are one chain of ancestors: each event
+    climbs it from the innermost frame around its start (:class:`~.nesting.Nesting`, built once per
+    thread), a few steps, never a search of every frame."""
+    idx = np.asarray(idx, dtype=np.int64)
+    out: list[str | None] = [None] * len(idx)
     frames = _python_events(trace)
-    if len(frames) == 0:
-        return [None] * len(idx)
-    f_ts, f_end, f_thread = trace.ts[frames], trace.ts[frames] + trace.dur[frames], trace.thread_id[frames]
+    if len(frames) == 0 or len(idx) == 0:
+        return out
     names = trace.names
     user_name = lookup(names, lambda n: bool(FRAME_RE.search(n)) and not LIBRARY_RE.search(n))
-    is_user = user_name[trace.name_id[frames]]
-    out: list[str | None] = []
-    for i in idx:
-        inside = f_thread == trace.thread_id[i]
-        inside &= (f_ts <= trace.ts[i]) & (f_end >= trace.ts[i] + trace.dur[i])
-        if not inside.any():
-            out.append(None)
+    f_thread = trace.thread_id[frames]
+    q_thread = trace.thread_id[idx]
+    for thread in np.unique(q_thread).tolist():
+        mine = frames[f_thread == thread]
+        if not len(mine):
             continue
-        pick = inside & is_user if (inside & is_user).any() else inside
-        best = np.flatnonzero(pick)[np.argmax(f_ts[pick])]
-        out.append(names[trace.name_id[frames[best]]])
+        f_end = trace.ts[mine] + trace.dur[mine]
+        nest = Nesting(trace.ts[mine], f_end)
+        asked = np.flatnonzero(q_thread == thread)
+        ends = (trace.ts[idx[asked]] + trace.dur[idx[asked]]).tolist()
+        for q, found, end in zip(asked.tolist(), nest.innermost(trace.ts[idx[asked]]).tolist(), ends,
+                                 strict=True):
+            if found < 0:
+                continue
+            around = [f for f in nest.chain(found) if f_end[f] >= end]  # innermost first
+            if not around:
+                continue
+            best = next((f for f in around if user_name[trace.name_id[mine[f]]]), around[0])
+            out[q] = names[trace.name_id[mine[best]]]
     return out

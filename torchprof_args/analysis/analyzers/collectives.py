@@ -122,7 +122,7 @@ class CompactRecords(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, records: Sequence[CommRecord]) -> CompactRecords:
         """The table of ``records``."""
-        return cls(list(_RECORD_FIELDS), [list(dataclasses.astuple(r)) for r in records])
+        return cls(list(_RECORD_FIELDS), [[getattr(r, name) for name in _RECORD_FIELDS] for r in records])
 
     def records(self) -> list[CommRecord]:
         """The records again (columns this version does not know are dropped)."""

@@ -30,7 +30,7 @@ SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
 SIDECAR_VERSION = 2
 #: the sidecar's own keys; every other key is one of the trace's results.
-_HEADER_KEYS = ("format", "version", "trace")
+_HEADER_KEYS = ("format", "version", "trace", "left_out")
 
 
 class Fingerprint(msgspec.Struct, frozen=True):
@@ -52,7 +52,8 @@ def trace_fingerprint(trace_path: Path) -> Fingerprint:
 
 
 def write_sidecar(trace_path: str | os.PathLike[str], parts: Mapping[str, object],
-                  fingerprint: Fingerprint | None = None, target: Path | None = None) -> Path:
+                  fingerprint: Fingerprint | None = None, target: Path | None = None,
+                  left_out: Mapping[str, str] | None = None) -> Path:
     """Publish the sidecar of ``trace_path`` (atomically).
 
     Args:
@@ -62,6 +63,8 @@ def write_sidecar(trace_path: str | os.PathLike[str], parts: Mapping[str, object
         fingerprint: the trace's as it was when it was parsed (default: now); a trace replaced
             while it was parsed then gets a sidecar that does not match it.
         target: where (default ``naming.sidecar_path(trace_path)``, where readers look).
+        left_out: the parts stored as null on purpose, each with why (``left_out`` in the sidecar:
+            the analysis budget ran out; readers parse the trace for them).
 
     Returns:
         The sidecar's path.
@@ -69,6 +72,8 @@ def write_sidecar(trace_path: str | os.PathLike[str], parts: Mapping[str, object
     trace_path = Path(trace_path)
     doc = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION,
            "trace": fingerprint or trace_fingerprint(trace_path), **parts}
+    if left_out:
+        doc["left_out"] = dict(left_out)
     target = target or sidecar_path(trace_path)
     write_bytes_atomically(target, msgspec.json.encode(doc) + b"\n")
     return target

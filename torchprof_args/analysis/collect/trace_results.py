@@ -32,6 +32,7 @@ from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.summary import Summary, decode_summary, summarize, truncate
+from torchprof_args.analysis.time_limit import Deadline, TimeLimitExceeded, time_limit
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import rank_from_file_name
@@ -182,6 +183,8 @@ class Outcome(NamedTuple):
     sidecar_written: bool
     #: whether the results came from the sidecar.
     from_sidecar: bool = False
+    #: the parts left out of the sidecar, each with why (over the analysis budget).
+    left_out: Mapping[str, str] = {}  # noqa: RUF012 - a NamedTuple's default, never mutated
 
 
 def read_results(path: str | os.PathLike[str], parts: Sequence[Part], top: int | None = 30
@@ -215,7 +218,8 @@ def read_results(path: str | os.PathLike[str], parts: Sequence[Part], top: int |
 def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: int | None = 30,
                   write: bool = False, keep: bool = True, workers: int | None = 1, progress: bool = False,
                   describes: Path | None = None, target: Path | None = None,
-                  given: Mapping[str, Callable[[Trace], Any]] | None = None) -> Outcome:
+                  given: Mapping[str, Callable[[Trace], Any]] | None = None,
+                  budget: float | None = None) -> Outcome:
     """Parse one trace once and compute its results.
 
     Args:
@@ -234,6 +238,11 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
         given: parts computed elsewhere, by name: the function that makes the value from the loaded
             trace instead of the part's ``compute`` (the publisher's memory part, from what the
             exporter computed with the profiler's results).
+        budget: seconds the decoding and the parts not asked for may take in all (the publisher's
+            ``--torch-profile-analysis-budget``; None: no limit).  A part that does not fit (not
+            started, or stopped by :func:`~torchprof_args.analysis.time_limit.time_limit`) is stored
+            as null and named in the sidecar's ``left_out`` with the reason: readers then parse the
+            trace for it.  The parts asked for are always computed.
 
     Returns:
         The :class:`Outcome`; a trace that cannot be read is its error, never an exception.
@@ -241,15 +250,23 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
     path = Path(path)
     described = describes or path
     computed = PARTS if write else tuple(parts)
+    deadline = Deadline(budget)
+    left_out: dict[str, str] = {}
     try:
         fingerprint = trace_fingerprint(described)
         trace = load_trace(path, progress=progress, workers=workers, comms=any(p.comms for p in computed),
                            flops=any(p.flops for p in computed),
                            memory_rows=any(p.memory_rows for p in computed))
         size = trace.uncompressed_bytes
-        values = {p.name: _computed(p, trace, None if write else top, described, asked=p in parts,
-                                    given=(given or {}).get(p.name))
-                  for p in computed}
+        made = given or {}
+        values = {p.name: _computed(p, trace, None if write else top, described, made.get(p.name))
+                  for p in computed if p in parts}
+        for p in computed:
+            if p not in parts:
+                values[p.name], why = _budgeted(p, trace, top, described, deadline, made.get(p.name))
+                if why:
+                    left_out[p.name] = why
+        values = {p.name: values[p.name] for p in computed}  # the sidecar's key order
         del trace
     except TraceError as exc:
         return Outcome(None, str(exc), 0, False)
@@ -258,27 +275,35 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
     error = None
     if write:
         try:
-            write_sidecar(described, values, fingerprint, target)
+            write_sidecar(described, values, fingerprint, target, left_out=left_out)
         except OSError as exc:
             error = f"{described}: cannot write its sidecar ({exc.strerror or exc})"
     if not keep:
-        return Outcome(None, error, size, write and error is None)
+        return Outcome(None, error, size, write and error is None, left_out=left_out)
     results = TraceResults(described, **{p.name: p.finish(values[p.name], top, described) for p in parts})
-    return Outcome(results, error, size, write and error is None)
+    return Outcome(results, error, size, write and error is None, left_out=left_out)
 
 
-def _computed(part: Part, trace: Trace, top: int | None, path: Path, asked: bool,
+def _computed(part: Part, trace: Trace, top: int | None, path: Path,
               given: Callable[[Trace], Any] | None = None) -> Any:
-    """``part`` of ``trace`` (from ``given`` when the part was computed elsewhere); a part only the
-    sidecar wants that fails is None."""
-    if given is not None:
-        return given(trace)
-    if asked:
-        return part.compute(trace, top, path)
+    """``part`` of ``trace`` (from ``given`` when the part was computed elsewhere)."""
+    return given(trace) if given is not None else part.compute(trace, top, path)
+
+
+def _budgeted(part: Part, trace: Trace, top: int | None, path: Path, deadline: Deadline,
+              given: Callable[[Trace], Any] | None) -> tuple[Any, str | None]:
+    """A part only the sidecar wants, within what is left of ``deadline``: (value, None), or (None,
+    why) when it did not fit or failed (the parts asked for must not be lost to one only stored)."""
+    budget = f"the analysis budget ({deadline.seconds:.1f} s, --torch-profile-analysis-budget)"
+    if deadline.passed():
+        return None, f"not started: {budget} was spent"
     try:
-        return part.compute(trace, top, path)
-    except Exception:  # noqa: BLE001 - the parts asked for must not be lost to one only stored
-        return None
+        with time_limit(deadline.left()):
+            return _computed(part, trace, top, path, given), None
+    except TimeLimitExceeded:
+        return None, f"stopped: it ran past {budget}"
+    except Exception as err:  # noqa: BLE001 - one line in the sidecar, the trace published all the same
+        return None, f"failed: {type(err).__name__}: {err}"
 
 
 def results_of(path: str | os.PathLike[str], parts: Sequence[Part], *, top: int | None = 30,

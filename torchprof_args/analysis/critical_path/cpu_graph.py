@@ -225,20 +225,39 @@ def _removable_waits(trace: Trace, cpu: CpuEvents, issuers: dict[int, int]) -> s
 def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],
                    intervals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[int, int]]:
     """(chain interval, run) of each gap of a thread that issued a collective, went quiet as gloo
-    began running it and resumed while gloo's span still ran: the collective's result was ready."""
+    began running it and resumed while gloo's span still ran: the collective's result was ready.
+
+    The chain intervals are grouped by thread and in time order within it (``t0`` and ``t1`` both
+    sorted there), so each run's candidates are found by binary search: those that begin after the
+    issue and at most :data:`RESUME_US` after gloo began, and end after it began.  On one thread only
+    one interval spans the run's start, so each run looks at a handful of intervals, not all of them.
+    """
     t0, t1, thread, gap = intervals
+    if not issuers or not len(t0):
+        return []
+    runs = np.fromiter(issuers, dtype=np.int64, count=len(issuers))
+    by = np.fromiter(issuers.values(), dtype=np.int64, count=len(issuers))
+    start = trace.ts[cpu.events[runs]]
+    end = start + trace.dur[cpu.events[runs]]
+    since = trace.ts[cpu.events[by]]
+    th = cpu.thread[by]
+    lo = np.searchsorted(thread, th, side="left")
+    hi = np.searchsorted(thread, th, side="right")
     out = []
-    for run, issuer in issuers.items():
-        start = float(trace.ts[cpu.events[run]])
-        end = start + float(trace.dur[cpu.events[run]])
-        since = float(trace.ts[cpu.events[issuer]])
-        th = cpu.thread[issuer]
-        hit = np.flatnonzero((thread == th) & gap & (t0 >= since) & (t0 <= start + RESUME_US)
-                             & (t1 > start) & (t1 < end))
-        for i in hit.tolist():
-            if t1[i] - start >= 0.5 * (t1[i] - t0[i]):
-                out.append((i, run))
-                break
+    for k in range(len(runs)):
+        a, b = int(lo[k]), int(hi[k])
+        if a == b:
+            continue
+        s = float(start[k])
+        first = a + max(int(np.searchsorted(t0[a:b], since[k], side="left")),
+                        int(np.searchsorted(t1[a:b], s, side="right")))
+        last = a + int(np.searchsorted(t0[a:b], s + RESUME_US, side="right"))
+        if first >= last:
+            continue
+        u0, u1 = t0[first:last], t1[first:last]
+        hit = np.flatnonzero(gap[first:last] & (u1 < end[k]) & (u1 - s >= 0.5 * (u1 - u0)))
+        if len(hit):
+            out.append((first + int(hit[0]), int(runs[k])))
     return out
 
 

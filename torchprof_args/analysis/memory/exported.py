@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import msgspec
 
 from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_identity, trace_memory_part
+from torchprof_args.analysis.time_limit import TimeLimitExceeded, time_limit
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.atomic import atomic_output
 
@@ -42,31 +41,13 @@ class Exported(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
-class _Timeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`_Timeout` in the block after ``seconds`` (SIGALRM: the exporter's only thread)."""
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
                    seconds: float | None = None) -> None:
     """Write PyTorch's categorisation of ``result`` (``profile.profiler.kineto_results``) to
     ``path``; never raises: a failure (over time, over size, an error in PyTorch's analysis) is
-    written as the file's ``error``.  ``seconds``: the time limit (default :data:`EXPORT_SECONDS`)."""
-    seconds = EXPORT_SECONDS if seconds is None else seconds
+    written as the file's ``error``.  ``seconds``: the time limit (default :data:`EXPORT_SECONDS`;
+    the exporter gives what is left of the trace's analysis budget, ``--torch-profile-analysis-budget``)."""
+    seconds = EXPORT_SECONDS if seconds is None else min(seconds, EXPORT_SECONDS)
     if trace_bytes > MAX_TRACE_BYTES:
         found = Exported(error=f"the trace is {trace_bytes / 2**20:.0f} MiB (over {MAX_TRACE_BYTES >> 20} "
                                "MiB): PyTorch's memory categorisation was not run in the exporter")
@@ -74,10 +55,11 @@ def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
         try:
             from torchprof_args.analysis.memory.pytorch_profile import memory_part
 
-            with _time_limit(seconds):
+            with time_limit(seconds):
                 found = Exported(part=memory_part(result))
-        except _Timeout:
-            found = Exported(error=f"PyTorch's memory categorisation took over {seconds:g} s in the exporter")
+        except TimeLimitExceeded:
+            found = Exported(error=f"PyTorch's memory categorisation was stopped after {seconds:.1f} s in "
+                                   "the exporter (its analysis budget, --torch-profile-analysis-budget)")
         except Exception as err:  # noqa: BLE001 - PyTorch's private analysis may fail on any trace
             found = Exported(error=f"PyTorch's memory categorisation failed in the exporter: "
                                    f"{type(err).__name__}: {err}")
@@ -85,16 +67,17 @@ def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
         handle.write(msgspec.json.encode(found))
 
 
-def exporter_companion(profiler: Any) -> Callable[[str, int], None]:
+def exporter_companion(profiler: Any) -> Callable[[str, int, float | None], None]:
     """What the exporter runs after the trace of ``profiler`` (a stopped ``torch.profiler.profile``):
-    ``companion(path, trace_bytes)`` writes its memory categorisation to ``path``."""
-    def companion(path: str, trace_bytes: int) -> None:
+    ``companion(path, trace_bytes, seconds)`` writes its memory categorisation to ``path`` within
+    ``seconds`` (None: :data:`EXPORT_SECONDS`)."""
+    def companion(path: str, trace_bytes: int, seconds: float | None = None) -> None:
         results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
         if results is None:
             with contextlib.suppress(OSError), atomic_output(path, "wb") as handle:
                 handle.write(msgspec.json.encode(Exported(error="the profiler kept no results")))
             return
-        write_exported(results, path, trace_bytes)
+        write_exported(results, path, trace_bytes, seconds)
 
     return companion
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
@@ -40,7 +41,6 @@ from torchprof_args.analysis.memory.categories import (
     TEMPORARY,
     MemoryPart,
 )
-from torchprof_args.analysis.memory.nesting import Nesting
 from torchprof_args.analysis.memory.places import MARKERS, PhaseClock, place_from_names
 from torchprof_args.analysis.trace import MemoryRows, Trace
 

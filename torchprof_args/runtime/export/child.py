@@ -15,6 +15,7 @@ The child never returns into the caller's code; errors go to the status pipe.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -26,9 +27,14 @@ from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob
 from torchprof_args.runtime.export.priority import lower_to_background
 from torchprof_args.runtime.export.status import PublishStatus, report_status
 
-__all__ = ["ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
+__all__ = ["Companion", "ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
 
-_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+#: the trainer's handlers the child puts back to default (SIGALRM: the child's own analysis time limit).
+#: what the exporter runs after the trace: ``(path, trace bytes, seconds it may take) -> None``.
+Companion = Callable[[str, int, float | None], None]
+
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
+            signal.SIGALRM)
 
 
 class ExportIncomplete(OSError):
@@ -66,15 +72,18 @@ def remove_export_leftovers(target: str | os.PathLike[str]) -> None:
             path.unlink()
 
 
-def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str] | None, env: dict[str, str],
-                keep_fds: Sequence[int], companion: Callable[[str, int], None] | None = None, *,
+def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, argv: list[str] | None,
+                env: dict[str, str], keep_fds: Sequence[int],
+                companion: Companion | None = None, *,
                 background: bool = True) -> int:
     """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher,
     told the CPU time the export took with ``--export-cpu``), or with ``argv`` None exits 0.
 
     ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
-    ``companion(path, trace_bytes)``, when given, then writes ``job.memory_path`` from the
-    profiler's results the child still holds (PyTorch's memory categorisation; it never raises).
+    ``companion(path, trace_bytes, seconds)``, when given, then writes ``job.memory_path`` from the
+    profiler's results the child still holds (PyTorch's memory categorisation; it never raises)
+    within the trace's analysis budget.  The child then saves the job again at ``job_path`` with
+    the export's time and what the companion spent of the budget (the publisher gets the rest).
     ``background``: the child lowers itself to the lowest CPU and I/O priority first
     (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
     Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
@@ -94,11 +103,16 @@ def fork_export(export: Callable[[str], None], job: PublishJob, argv: list[str] 
         _reset_signals(mask)
         if background:
             lower_to_background()
+        started = time.monotonic()
         export(staged_tmp)
         check_export(staged_tmp)
         os.replace(staged_tmp, job.staged_path)
+        exported = dataclasses.replace(job, export_seconds=time.monotonic() - started)
         if companion is not None and job.memory_path:
-            companion(job.memory_path, os.path.getsize(job.staged_path))
+            started = time.monotonic()
+            companion(job.memory_path, os.path.getsize(job.staged_path), exported.analysis_seconds())
+            exported.analysis_spent = time.monotonic() - started
+        exported.save(job_path)
         if argv is None:
             os._exit(0)  # exported: the fork server's worker publishes
         argv = [*argv, "--export-cpu", f"{time.process_time():.6f}"]

@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_EXPORT_FAILED",
     "EXIT_PUBLISH_FAILED",
     "EXIT_REJECTED",
+    "MIN_ANALYSIS_SECONDS",
     "JobRejected",
     "PublishJob",
 ]
@@ -36,6 +37,10 @@ __all__ = [
 EXIT_PUBLISH_FAILED = 1
 EXIT_REJECTED = 2
 EXIT_EXPORT_FAILED = 3
+#: the least time a trace's analyses are given whatever its export took: the summary, diagnosis and
+#: critical path of a trace of a few MB take ~0.3 s in a warm publisher (a faster export must not
+#: cost a small trace its sidecar).
+MIN_ANALYSIS_SECONDS = 1.0
 
 
 class JobRejected(ValueError):
@@ -65,6 +70,25 @@ class PublishJob:
     #: a staged file the forked exporter writes with PyTorch's memory categorisation of the window
     #: (:mod:`torchprof_args.analysis.memory.exported`), kept in the sidecar by the publisher.
     memory_path: str | None = None
+    #: ``--torch-profile-analysis-budget``: the share of the export's time the trace's analyses may
+    #: take (0: no budget); ``export_seconds``: that time, measured where the trace was exported.
+    analysis_budget: float = 0.0
+    export_seconds: float | None = None
+    #: seconds of that budget the exporter spent (PyTorch's memory categorisation).
+    analysis_spent: float = 0.0
+
+    def analysis_seconds(self) -> float | None:
+        """How long the trace's analyses may take in all (the exporter's memory categorisation and
+        the publisher's parse), None for no limit: the budget's share of the export time, at least
+        :data:`MIN_ANALYSIS_SECONDS`."""
+        if not self.analysis_budget or self.export_seconds is None:
+            return None
+        return max(MIN_ANALYSIS_SECONDS, self.analysis_budget * self.export_seconds)
+
+    def analysis_left(self) -> float | None:
+        """What is left of :meth:`analysis_seconds` once the exporter's part is spent (None: no limit)."""
+        total = self.analysis_seconds()
+        return None if total is None else max(0.0, total - self.analysis_spent)
 
     def save(self, job_path: str | os.PathLike[str]) -> None:
         write_json_atomically(job_path, dataclasses.asdict(self), private=True)

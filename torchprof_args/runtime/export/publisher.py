@@ -69,8 +69,8 @@ def publish(job: PublishJob, *, cpu: PublishCpu | None = None) -> PublishStatus:
         _phase_done(clock, "trace")
         if job.operator_table_path:
             try:
-                status.operator_table_path = _write_summary_files(staged, job, trace_path,
-                                                                  job.operator_table_path)
+                status.operator_table_path, status.left_out = _write_summary_files(
+                    staged, job, trace_path, job.operator_table_path)
             except Exception as err:  # the trace is published; a summary failure is reported only
                 status.summary_error = f"{type(err).__name__}: {err}"
         _phase_done(clock, "summary")
@@ -116,12 +116,15 @@ def _publish_extra_files(job: PublishJob, status: PublishStatus) -> None:
             status.extra_errors.append(f"{target}: {type(err).__name__}: {err}")
 
 
-def _write_summary_files(staged: Path, job: PublishJob, published: Path, operator_table: str) -> str:
+def _write_summary_files(staged: Path, job: PublishJob, published: Path,
+                         operator_table: str) -> tuple[str, dict[str, str]]:
     """Step 2: the trace's summary, parsed from the uncompressed staged copy (fast, local),
     published as its sidecar (``summaries/<stem>.summary.json``, with the rank's part of ``torchprof
     diagnose``: what ``torchprof summary`` / ``diagnose`` then
     reads instead of the trace) and rendered as its operator table
-    (``summaries/<stem>.operator_table.txt``); returns the operator table's path."""
+    (``summaries/<stem>.operator_table.txt``); returns the operator table's path and the sidecar's
+    parts left out (over what is left of the trace's analysis budget, ``--torch-profile-analysis-budget``:
+    the summary always fits, the rest is computed from the trace when a command asks)."""
     from torchprof_args.analysis.collect.trace_results import MEMORY, SUMMARY, parse_results
     from torchprof_args.analysis.memory.exported import read_exported
     from torchprof_args.analysis.render.text import format_operator_table
@@ -134,7 +137,7 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
     memory_path = job.memory_path
     given = {MEMORY.name: lambda trace: read_exported(memory_path, trace)} if memory_path else None
     outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=1,
-                            describes=published, target=sidecar, given=given)
+                            describes=published, target=sidecar, given=given, budget=job.analysis_left())
     if outcome.results is None or outcome.results.summary is None:
         raise TraceError(outcome.error or f"{staged}: no summary")
     if outcome.error:  # the sidecar could not be written
@@ -142,7 +145,7 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path, operato
     summary = outcome.results.summary
     with atomic_output(operator_table, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
-    return operator_table
+    return operator_table, dict(outcome.left_out)
 
 
 def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:

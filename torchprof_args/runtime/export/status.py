@@ -74,6 +74,8 @@ class PublishStatus(msgspec.Struct, omit_defaults=True):
     operator_table_path: str | None = None
     #: The trace is published, but its summary sidecar / operator table failed: why.
     summary_error: str | None = None
+    #: Parts of the sidecar left out (over the analysis budget), each with why.
+    left_out: dict[str, str] = msgspec.field(default_factory=dict)
     #: Extra files published with the trace (an execution trace), and why others were not.
     extra_files: list[str] = msgspec.field(default_factory=list)
     extra_errors: list[str] = msgspec.field(default_factory=list)

@@ -46,7 +46,7 @@ from torchprof_args.naming import (
     trace_stem,
 )
 from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.child import check_export, fork_export, remove_export_leftovers
+from torchprof_args.runtime.export.child import Companion, check_export, fork_export, remove_export_leftovers
 from torchprof_args.runtime.export.idle_cpu import IdleCpuProbe, node_was_busy
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
@@ -166,11 +166,12 @@ class TraceWriter:
             extra_files=[(staged, str(folder / name), level) for staged, name, level in extra_files],
             sidecar_path=str(sidecar_path(trace_path)) if rows else None,
             memory_path=str(staging / f"{cycle}_{stem}.memory.json") if memory and rows else None,
+            analysis_budget=self.config.analysis_budget,
         )
 
     def submit_window(self, export: Callable[[str], None], first: int, last: int,
                       execution_trace: Path | None = None,
-                      companion: Callable[[str, int], None] | None = None) -> Submission:
+                      companion: Companion | None = None) -> Submission:
         """Publish the trace of the window that recorded iterations ``first..last`` (its cycle folder
         and this rank's stem from :mod:`~torchprof_args.naming`), with the window's execution trace
         (a finished file in staging) beside it when there is one; ``companion``: what a forked
@@ -186,7 +187,7 @@ class TraceWriter:
 
     def submit(self, export: Callable[[str], None], cycle: str, stem: str, steps: int = 1,
                extra_files: Sequence[ExtraFile] = (),
-               companion: Callable[[str, int], None] | None = None) -> Submission:
+               companion: Companion | None = None) -> Submission:
         """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via
         ``export(path)`` and publish it in the background; returns which way it went.
 
@@ -213,7 +214,8 @@ class TraceWriter:
                 job.save(job_path)
             route = Route.FORKED if pending is not None else Route.INLINE
             if pending is None:
-                self._export_inline(export, job)
+                job = self._export_inline(export, job)
+                job.save(job_path)
                 if self.publishers.serving and self._reaper.start():  # its thread hands it to the server
                     pending = Pending(None, job, job_path, steps, None, stage=Stage.STAGED)
                 else:
@@ -257,7 +259,7 @@ class TraceWriter:
         return job, str(staging / f"{cycle}_{stem}.job.json")
 
     def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str,
-              steps: int, companion: Callable[[str, int], None] | None = None) -> Pending | None:
+              steps: int, companion: Companion | None = None) -> Pending | None:
         """Fork the exporter; None when the fork itself fails (logged; the caller goes inline).
 
         With the fork server, the child exits once the trace is staged (then the reaper hands it
@@ -267,8 +269,9 @@ class TraceWriter:
         argv = None if serving else self.publishers.argv(job_path, write_fd)
         started = time.monotonic()
         try:
-            pid = fork_export(export, job, argv, publisher_env(), keep_fds=(write_fd, *self.staging.lock_fds),
-                              companion=companion, background=self.config.publisher_priority == IDLE)
+            pid = fork_export(export, job, job_path, argv, publisher_env(),
+                              keep_fds=(write_fd, *self.staging.lock_fds), companion=companion,
+                              background=self.config.publisher_priority == IDLE)
             self._note_fork_time(time.monotonic() - started)
         except OSError as err:
             os.close(read_fd)
@@ -294,9 +297,11 @@ class TraceWriter:
             self.rank, seconds)
 
     @staticmethod
-    def _export_inline(export: Callable[[str], None], job: PublishJob) -> None:
-        """Export on this thread to a hidden name, check it, rename it to the staged path."""
+    def _export_inline(export: Callable[[str], None], job: PublishJob) -> PublishJob:
+        """Export on this thread to a hidden name, check it, rename it to the staged path; returns
+        the job with the export's time."""
         staged_tmp = partial_path(job.staged_path)
+        started = time.monotonic()
         try:
             export(str(staged_tmp))
             check_export(staged_tmp)
@@ -304,6 +309,7 @@ class TraceWriter:
         except BaseException:
             remove_export_leftovers(staged_tmp)
             raise
+        return dataclasses.replace(job, export_seconds=time.monotonic() - started)
 
     def _spawn_publisher(self, job: PublishJob, job_path: str, steps: int) -> Pending | None:
         """Start the publisher of an exported trace; None when no process can start (logged)."""
@@ -355,6 +361,11 @@ class TraceWriter:
                      trace_path, trace_mb, seconds)
         if status.summary_error is not None:
             logger.warning("rank %d: summary error for %s: %s", self.rank, trace_path, status.summary_error)
+        if status.left_out:  # by design: one line on rank 0, not one per rank
+            logger.log(logging.INFO if self.rank == 0 else logging.DEBUG,
+                       "rank %d: %s published; left out of its sidecar, computed from the trace when a "
+                       "command asks: %s", self.rank, Path(trace_path).name,
+                       "; ".join(f"{part} ({why})" for part, why in status.left_out.items()))
         if status.extra_errors:
             logger.warning("rank %d: extra errors for %s: %s", self.rank, trace_path, status.extra_errors)
 

@@ -12,9 +12,12 @@ tied to its Python call site.
 CPU-only traces (:func:`cpu_waits`) have no device to wait for; their synchronisation is the step's
 thread waiting for a collective it issued itself, at the step's top level (not DDP's gradient
 all-reduce inside backward), right away: ``dist.all_reduce(t, async_op=True).wait()`` or a
-synchronous collective on a metric.  The thread records nothing while it waits (``Work.wait`` is
-not an operator) and gloo's worker thread runs the collective meanwhile, so the cost is the time
-from the issuing operator's end to the thread's next event, while the collective runs.
+synchronous collective on a metric.  The thread runs no operator while it waits (``Work.wait`` is
+not one; a Python frame around it, with ``--torch-profile-with-stack``, does not count) and gloo's
+worker thread runs the collective meanwhile, so the cost is the time from the issuing operator's end
+to the thread's next operator, while the collective runs.  Only a metric's all-reduces count, as on
+the critical path (at most :data:`~..critical_path.cpu_graph.METRIC_REDUCES_PER_STEP` a step): more
+are the model's own communication (gradients reduced by hand), whose result the step needs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from collections import defaultdict
 import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import STACK_FLAG, call_sites, has_stacks
+from torchprof_args.analysis.analyzers.collectives import canonical_kind
+from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_ISSUE_RE as _ISSUE_RE
 from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_RUN_RE as _RUN_RE
 from torchprof_args.analysis.analyzers.event_names import DTOH_RE, SYNC_RE
@@ -37,6 +42,7 @@ from torchprof_args.analysis.analyzers.stepwise import (
     events_named,
     top_names,
 )
+from torchprof_args.analysis.critical_path.cpu_graph import METRIC_REDUCES_PER_STEP
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
 from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
@@ -152,25 +158,45 @@ def _by_site(cost: np.ndarray, sites: list[str | None], ctx: StepContext,
 
 
 
-def _top_level_issues(trace: Trace, thread: int, lo: float, hi: float) -> list[tuple[str, float, float]]:
-    """(name, end of the issuing operator, next event's start on the thread) of every collective the
-    step's thread issued at the step's top level in [lo, hi)."""
-    on = np.flatnonzero((trace.thread_id == thread) & (trace.stream == -1)
-                        & (trace.ts >= lo) & (trace.ts < hi))
-    on = on[np.argsort(trace.ts[on], kind="stable")]
-    ends = trace.ts[on] + trace.dur[on]
-    issue = lookup(trace.names, _ISSUE_RE.match)[trace.name_id[on]]
-    out = []
-    for j in np.flatnonzero(issue):
-        t0, t1 = trace.ts[on[j]], ends[j]
-        enclosing = (trace.ts[on] <= t0) & (ends >= t1)
-        enclosing[j] = False
-        if int(enclosing.sum()) != 1:  # only the ProfilerStep encloses it
-            continue
-        later = trace.ts[on] >= t1
-        nxt = float(trace.ts[on][later].min()) if later.any() else hi
-        out.append((trace.names[trace.name_id[on[j]]], float(t1), min(nxt, hi)))
+def _top_level_issues(trace: Trace) -> dict[str, list[tuple[str, float, float]]]:
+    """Per step (its name), (name, end of the issuing operator, next operator's start on the thread,
+    at most the step's end) of every collective the step's thread issued at the step's top level:
+    a c10d operator whose parent in the operator tree (:func:`cpu_tree`: operators and annotations,
+    not Python frames) is the step's ``ProfilerStep`` annotation.  One pass over the tree, one binary
+    search per issue."""
+    tree = cpu_tree(trace)
+    idx, parent, bounds = tree["idx"], tree["parent"], tree["bounds"]
+    if not len(idx):
+        return {}
+    names = trace.name_id[idx]
+    is_step = lookup(trace.names, STEP_RE.match)[names]
+    is_issue = lookup(trace.names, _ISSUE_RE.match)[names]
+    issued = np.flatnonzero(is_issue & (parent >= 0))
+    issued = issued[is_step[parent[issued]]]
+    ts = trace.ts[idx]
+    out: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+    thread_of = np.searchsorted(bounds, issued, side="right") - 1  # events sorted by thread, then start
+    for k, th in zip(issued.tolist(), thread_of.tolist(), strict=True):
+        step = int(parent[k])
+        t1 = float(ts[k] + trace.dur[idx[k]])
+        hi = float(ts[step] + trace.dur[idx[step]])
+        lo_, hi_ = int(bounds[th]), int(bounds[th + 1])
+        j = lo_ + int(np.searchsorted(ts[lo_:hi_], t1, side="left"))
+        nxt = float(ts[j]) if j < hi_ else hi
+        out[trace.names[names[step]]].append((trace.names[names[k]], t1, min(nxt, hi)))
     return out
+
+
+def _metric_reduces(issues: dict[str, list[tuple[str, float, float]]],
+                    n_steps: int) -> dict[str, list[tuple[str, float, float]]]:
+    """The all-reduces among ``issues`` when they are few enough a step to be metrics the step need
+    not wait for (the critical path's rule, :data:`METRIC_REDUCES_PER_STEP`); more are the model's own
+    communication (gradients reduced by hand, tensor parallelism), whose result the step needs."""
+    reduces = {step: [issue for issue in found if canonical_kind(issue[0]) == "all_reduce"]
+               for step, found in issues.items()}
+    if sum(len(found) for found in reduces.values()) > METRIC_REDUCES_PER_STEP * max(n_steps, 1):
+        return {}
+    return reduces
 
 
 def cpu_waits(trace: Trace, threshold: Threshold = THRESHOLD) -> Finding | None:
@@ -179,23 +205,25 @@ def cpu_waits(trace: Trace, threshold: Threshold = THRESHOLD) -> Finding | None:
     spans = steps(trace)
     if not spans:
         return None
-    is_step = lookup(trace.names, STEP_RE.match)
-    step_idx = np.flatnonzero(is_step[trace.name_id] & (trace.stream == -1))
-    threads = {trace.names[trace.name_id[i]]: int(trace.thread_id[i]) for i in step_idx}
     runs = np.flatnonzero(lookup(trace.names, _RUN_RE.match)[trace.name_id])
-    run_s, run_e = merge_intervals(trace.ts[runs], trace.ts[runs] + trace.dur[runs])
+    running = merge_intervals(trace.ts[runs], trace.ts[runs] + trace.dur[runs])
+    issues = _metric_reduces(_top_level_issues(trace), len(spans))
     waits: dict[str, float] = defaultdict(float)
     worst, worst_at, calls = 0.0, None, 0
     for span in spans:
-        lo, hi = span["start_us"], span["start_us"] + span["dur_us"]
-        for name, t1, nxt in _top_level_issues(trace, threads.get(span["name"], -1), lo, hi):
-            blocked = float(np.clip(np.minimum(run_e, nxt) - np.maximum(run_s, t1), 0, None).sum())
+        found = issues.get(span["name"], [])
+        if not found:
+            continue
+        t1 = np.array([f[1] for f in found])
+        nxt = np.array([f[2] for f in found])
+        blocked_each = covered(running, t1, np.maximum(nxt, t1))
+        for (name, at, _), blocked in zip(found, blocked_each.tolist(), strict=True):
             if blocked <= 0:
                 continue
             waits[name] += blocked
             calls += 1
             if blocked > worst:
-                worst, worst_at = blocked, t1
+                worst, worst_at = blocked, at
     n = len(spans)
     step_us = sum(s["dur_us"] for s in spans) / n
     total_us = sum(waits.values())

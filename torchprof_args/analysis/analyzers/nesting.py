@@ -1,7 +1,8 @@
 """Which event of a set encloses a moment: the innermost, for many moments at once.
 
-The trace path (:mod:`.trace_memory`) asks, for every ``[memory]`` event, for the innermost
-operator, module and Python frame of its thread around it.  Events of one thread nest, so the
+The memory trace path (:mod:`..memory.trace_memory`) asks, for every ``[memory]`` event, for the innermost
+operator, module and Python frame of its thread around it, and :func:`.callsites.call_sites` for
+the innermost Python frame around an event.  Events of one thread nest, so the
 innermost enclosing event of a moment is the latest-starting one that starts before it, or, when
 that one has already ended, its closest ancestor that has not: found for all moments at once by
 climbing parent links (computed once, one pass over the set).
@@ -32,15 +33,27 @@ class Nesting:
         self._position[order] = np.arange(len(order))
 
     def _parents(self) -> np.ndarray:
-        parent = np.full(len(self.starts), -1, dtype=np.int64)
-        stack: list[int] = []
-        ends = self.ends.tolist()
-        for i, start in enumerate(self.starts.tolist()):
-            while stack and ends[stack[-1]] < start:
-                stack.pop()
-            if stack:
-                parent[i] = stack[-1]
-            stack.append(i)
+        """Each interval's closest enclosing one (-1: none), level by level, no per-interval loop.
+
+        An interval's depth is the number of intervals before it (in start order) not yet ended at
+        its start (an end equal to the start still encloses it); its parent is the closest earlier
+        interval one level up."""
+        n = len(self.starts)
+        parent = np.full(n, -1, dtype=np.int64)
+        if not n:
+            return parent
+        depth = np.arange(n) - np.searchsorted(np.sort(self.ends, kind="stable"), self.starts, side="left")
+        np.maximum(depth, 0, out=depth)
+        by_depth = np.argsort(depth, kind="stable")
+        first = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
+        for level in range(1, len(first) - 1):
+            members = by_depth[first[level]:first[level + 1]]
+            above = by_depth[first[level - 1]:first[level]]
+            if not len(members) or not len(above):
+                continue
+            cand = above[np.maximum(np.searchsorted(above, members) - 1, 0)]
+            ok = cand < members
+            parent[members[ok]] = cand[ok]
         return parent
 
     def innermost(self, moments: np.ndarray) -> np.ndarray:
