@@ -60,7 +60,7 @@ ROOT = Path(torchprof_args.__file__).resolve().parent
 #: names below ``torchprof_args`` ("" is the package's own ``__init__``, the facade on top).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "naming", "atomic", "private_dir", "log", "_dist", "torch_support",
-                    "device_peaks", "import_state")),
+                    "device_peaks", "import_state", "time_limit")),
     ("flags", ("flags",)),
     ("ondemand", ("ondemand",)),
     ("stacks", ("stacks",)),
@@ -77,7 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``analysis/``'s layers, lowest first, by the first component below ``torchprof_args.analysis``.
 ANALYSIS = f"{PACKAGE}.analysis"
 ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("trace model", ("trace", "intervals", "jsonout", "time_limit")),
+    ("trace model", ("trace", "intervals", "jsonout")),
     ("decode", ("decode",)),
     ("analyzers", ("analyzers", "memory")),
     ("critical path", ("critical_path",)),

@@ -16,6 +16,7 @@ import pytest
 from helpers.nvml import memory_stats
 from helpers.paths import DATA
 
+from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.memory.allocator import allocator_view
 from torchprof_args.analysis.memory.breakdown import Allocations, Where, breakdown
@@ -27,7 +28,6 @@ from torchprof_args.analysis.memory.categories import (
     ByCategory,
     MemoryPart,
 )
-from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.memory.ranks import outliers, rank_rows
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.console import main

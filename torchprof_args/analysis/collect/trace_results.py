@@ -32,10 +32,10 @@ from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.summary import Summary, decode_summary, summarize, truncate
-from torchprof_args.analysis.time_limit import Deadline, TimeLimitExceeded, time_limit
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import rank_from_file_name
+from torchprof_args.time_limit import Deadline, TimeLimitExceeded, time_limit
 
 __all__ = [
     "CRITICAL_PATH", "DIAGNOSIS", "MEMORY", "PARTS", "SUMMARY", "Outcome", "Part", "TraceResults",
@@ -219,7 +219,7 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
                   write: bool = False, keep: bool = True, workers: int | None = 1, progress: bool = False,
                   describes: Path | None = None, target: Path | None = None,
                   given: Mapping[str, Callable[[Trace], Any]] | None = None,
-                  budget: float | None = None) -> Outcome:
+                  budget: Deadline | None = None) -> Outcome:
     """Parse one trace once and compute its results.
 
     Args:
@@ -238,9 +238,10 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
         given: parts computed elsewhere, by name: the function that makes the value from the loaded
             trace instead of the part's ``compute`` (the publisher's memory part, from what the
             exporter computed with the profiler's results).
-        budget: seconds the decoding and the parts not asked for may take in all (the publisher's
-            ``--torch-profile-analysis-budget``; None: no limit).  A part that does not fit (not
-            started, or stopped by :func:`~torchprof_args.analysis.time_limit.time_limit`) is stored
+        budget: when the decoding and the parts not asked for must be done (the publisher's share
+            of ``--torch-profile-analysis-budget``, started before it decodes; None: no limit).  A
+            part that does not fit (not started, or stopped by
+            :func:`~torchprof_args.time_limit.time_limit`) is stored
             as null and named in the sidecar's ``left_out`` with the reason: readers then parse the
             trace for it.  The parts asked for are always computed.
 
@@ -250,7 +251,7 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
     path = Path(path)
     described = describes or path
     computed = PARTS if write else tuple(parts)
-    deadline = Deadline(budget)
+    deadline = budget or Deadline(None)
     left_out: dict[str, str] = {}
     try:
         fingerprint = trace_fingerprint(described)
@@ -294,14 +295,13 @@ def _budgeted(part: Part, trace: Trace, top: int | None, path: Path, deadline: D
               given: Callable[[Trace], Any] | None) -> tuple[Any, str | None]:
     """A part only the sidecar wants, within what is left of ``deadline``: (value, None), or (None,
     why) when it did not fit or failed (the parts asked for must not be lost to one only stored)."""
-    budget = f"the analysis budget ({deadline.seconds:.1f} s, --torch-profile-analysis-budget)"
     if deadline.passed():
-        return None, f"not started: {budget} was spent"
+        return None, f"not started: {deadline.what} was spent"
     try:
         with time_limit(deadline.left()):
             return _computed(part, trace, top, path, given), None
     except TimeLimitExceeded:
-        return None, f"stopped: it ran past {budget}"
+        return None, f"stopped: it ran past {deadline.what}"
     except Exception as err:  # noqa: BLE001 - one line in the sidecar, the trace published all the same
         return None, f"failed: {type(err).__name__}: {err}"
 

@@ -227,10 +227,9 @@ def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],
     """(chain interval, run) of each gap of a thread that issued a collective, went quiet as gloo
     began running it and resumed while gloo's span still ran: the collective's result was ready.
 
-    The chain intervals are grouped by thread and in time order within it (``t0`` and ``t1`` both
-    sorted there), so each run's candidates are found by binary search: those that begin after the
-    issue and at most :data:`RESUME_US` after gloo began, and end after it began.  On one thread only
-    one interval spans the run's start, so each run looks at a handful of intervals, not all of them.
+    Chain intervals are grouped by thread, in time order there (``t0``, ``t1`` sorted), so a run's
+    candidates (begun after the issue, at most :data:`RESUME_US` after gloo began, ended after it
+    began) are found by binary search: a handful per run, never all of the thread's.
     """
     t0, t1, thread, gap = intervals
     if not issuers or not len(t0):

@@ -20,9 +20,9 @@ import msgspec
 
 from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_identity, trace_memory_part
-from torchprof_args.analysis.time_limit import TimeLimitExceeded, time_limit
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.atomic import atomic_output
+from torchprof_args.time_limit import TimeLimitExceeded, time_limit
 
 __all__ = ["EXPORT_SECONDS", "MAX_TRACE_BYTES", "Exported", "exporter_companion", "read_exported",
            "write_exported"]

@@ -82,7 +82,7 @@ def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, a
     ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
     ``companion(path, trace_bytes, seconds)``, when given, then writes ``job.memory_path`` from the
     profiler's results the child still holds (PyTorch's memory categorisation; it never raises)
-    within the trace's analysis budget.  The child then saves the job again at ``job_path`` with
+    within its part of the trace's analysis budget.  The child then saves the job again at ``job_path`` with
     the export's time and what the companion spent of the budget (the publisher gets the rest).
     ``background``: the child lowers itself to the lowest CPU and I/O priority first
     (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
@@ -110,7 +110,7 @@ def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, a
         exported = dataclasses.replace(job, export_seconds=time.monotonic() - started)
         if companion is not None and job.memory_path:
             started = time.monotonic()
-            companion(job.memory_path, os.path.getsize(job.staged_path), exported.analysis_seconds())
+            companion(job.memory_path, os.path.getsize(job.staged_path), exported.categorisation_seconds())
             exported.analysis_spent = time.monotonic() - started
         exported.save(job_path)
         if argv is None:

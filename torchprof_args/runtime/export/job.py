@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from torchprof_args.atomic import partial_path, write_json_atomically
+from torchprof_args.time_limit import Deadline
 
 __all__ = [
     "EXIT_EXPORT_FAILED",
@@ -85,10 +86,23 @@ class PublishJob:
             return None
         return max(MIN_ANALYSIS_SECONDS, self.analysis_budget * self.export_seconds)
 
-    def analysis_left(self) -> float | None:
-        """What is left of :meth:`analysis_seconds` once the exporter's part is spent (None: no limit)."""
+    def categorisation_seconds(self) -> float | None:
+        """The exporter's part of :meth:`analysis_seconds` for PyTorch's memory categorisation: at
+        most half (the publisher's summary, diagnosis and critical path come first)."""
         total = self.analysis_seconds()
-        return None if total is None else max(0.0, total - self.analysis_spent)
+        return None if total is None else total / 2
+
+    def analysis_left(self) -> Deadline:
+        """The publisher's deadline: what is left of :meth:`analysis_seconds` once the exporter's
+        part is spent, described for the sidecar's ``left_out``."""
+        total = self.analysis_seconds()
+        if total is None:
+            return Deadline(None)
+        spent = f", {self.analysis_spent:.1f} s of it spent in the exporter" if self.analysis_spent else ""
+        return Deadline(max(0.0, total - self.analysis_spent),
+                        f"the trace's analysis budget ({self.analysis_budget:g} x its "
+                        f"{self.export_seconds or 0.0:.1f} s export, at least {MIN_ANALYSIS_SECONDS:g} s: "
+                        f"{total:.1f} s{spent}; --torch-profile-analysis-budget)")
 
     def save(self, job_path: str | os.PathLike[str]) -> None:
         write_json_atomically(job_path, dataclasses.asdict(self), private=True)

@@ -2,10 +2,9 @@
 
 Per trace, :class:`~torchprof_args.runtime.export.plan.ExportPlanner` chooses the staging
 directory and the mode from the memory and space free at that moment.  ``fork``: a child
-(:mod:`~torchprof_args.runtime.export.child`) exports and becomes the publisher; when the fork
-itself fails (EAGAIN, ENOMEM) the trace is exported inline instead.  ``inline``: the training
-thread exports, checks the file, and spawns the publisher; when even that cannot start, it
-publishes in-process.  The training thread waits at the fence meanwhile anyway.
+(:mod:`~torchprof_args.runtime.export.child`) exports and becomes the publisher (a failed fork:
+inline).  ``inline``: the training thread exports, checks the file, and spawns the publisher (none
+can start: it publishes in-process).  Either records the export's time in the job (the analysis budget).
 
 With the publisher fork server (:mod:`~torchprof_args.runtime.export.forkserver`,
 ``--torch-profile-publisher-server``, started with the writer) the forked child only exports, and
@@ -298,8 +297,7 @@ class TraceWriter:
 
     @staticmethod
     def _export_inline(export: Callable[[str], None], job: PublishJob) -> PublishJob:
-        """Export on this thread to a hidden name, check it, rename it to the staged path; returns
-        the job with the export's time."""
+        """Export on this thread to a hidden name, check, rename to the staged path; the job, timed."""
         staged_tmp = partial_path(job.staged_path)
         started = time.monotonic()
         try:
@@ -348,9 +346,8 @@ class TraceWriter:
             logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status.error)
             return
         trace_mb = status.trace_mb or 0.0
-        self.stats["traces_written"] += 1
-        self.stats["trace_mb"] = trace_mb
-        self.stats["publish_seconds"] = status.publish_seconds
+        self.stats.update(traces_written=self.stats["traces_written"] + 1, trace_mb=trace_mb,
+                          publish_seconds=status.publish_seconds)
         if status.cpu is not None:
             self.stats["publish_cpu_seconds"] = status.cpu.total
         self.published.append(trace_path)
@@ -362,10 +359,9 @@ class TraceWriter:
         if status.summary_error is not None:
             logger.warning("rank %d: summary error for %s: %s", self.rank, trace_path, status.summary_error)
         if status.left_out:  # by design: one line on rank 0, not one per rank
-            logger.log(logging.INFO if self.rank == 0 else logging.DEBUG,
-                       "rank %d: %s published; left out of its sidecar, computed from the trace when a "
-                       "command asks: %s", self.rank, Path(trace_path).name,
-                       "; ".join(f"{part} ({why})" for part, why in status.left_out.items()))
+            left = "; ".join(f"{part} ({why})" for part, why in status.left_out.items())
+            logger.log(logging.INFO if self.rank == 0 else logging.DEBUG, "rank %d: %s: left out of its "
+                       "sidecar (the tools compute them from the trace): %s", self.rank, trace_path, left)
         if status.extra_errors:
             logger.warning("rank %d: extra errors for %s: %s", self.rank, trace_path, status.extra_errors)
 

@@ -29,10 +29,12 @@ class Deadline:
 
     Args:
         seconds: from now; None: none (never passed).
+        what: what the limit is, for the messages of what did not fit.
     """
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, what: str = "the time limit") -> None:
         self.seconds = seconds
+        self.what = what
         self.at = None if seconds is None else time.monotonic() + seconds
 
     def left(self) -> float | None:
