@@ -11,7 +11,7 @@ EXTRAS = {
     "tensorboard": ["tensorboard>=2.12"],
     "deepspeed": ["deepspeed>=0.14"],
     "megatron": ["megatron-core>=0.9"],
-    "analysis": ["isal>=1.6"],
+    "analysis": ["isal>=1.6", "numba>=0.61"],  # fast .json.gz; the critical path's replay compiled
     "pyspy": ["py-spy>=0.3.14"],
     "gpu": ["nvidia-ml-py>=12.535"],  # NVML readings beside the step timers (clock, power, ECC/XID)
     # torchprof_args.huggingface (Trainer, TRL's trainers) and torchprof_args.accelerate

@@ -15,19 +15,17 @@ d2)``), which is all the cross-rank replay needs of the rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.edges import WAIT
 from torchprof_args.analysis.critical_path.graph import LocalGraph
+from torchprof_args.analysis.critical_path.replay_kernel import NONE, WINDOW, compiled, kernel
 
 __all__ = ["NONE", "WINDOW", "WORK", "Replay", "Value", "replay", "step_label", "step_of_label"]
 
-#: the label of the window's start (the first step's start: fixed, never moves).
-WINDOW = -1
-#: no label (a node nothing reaches).
-NONE = -2
 #: the categories of a rank's own work (what a slow rank has more of): not communication, waiting
 #: or host synchronisation.
 WORK = (cat.COMPUTE, cat.LAUNCH, cat.DATA_LOADER, cat.CPU_ONLY, cat.MEMCPY)
@@ -51,25 +49,25 @@ Value = tuple[int, float, float, int, float, float, int]
 @dataclass
 class Replay:
     """One replay: per node its best and second-best (label, time, work) and the edge of its best
-    (-1 at a label: a walk back along ``via`` stops there); ``sinks``: the step ends' own values,
-    before they start afresh."""
+    (-1 at a label: a walk back along ``via`` stops there), arrays by node; ``sinks``: the step ends'
+    own values, before they start afresh."""
 
-    label1: list[int]
-    time1: list[float]
-    work1: list[float]
-    label2: list[int]
-    time2: list[float]
-    work2: list[float]
-    via: list[int]
+    label1: np.ndarray
+    time1: np.ndarray
+    work1: np.ndarray
+    label2: np.ndarray
+    time2: np.ndarray
+    work2: np.ndarray
+    via: np.ndarray
     sinks: dict[int, Value]
 
     def value(self, node: int) -> Value:
-        """(label1, time1, work1, label2, time2, work2, via) of ``node`` as a sink."""
+        """(label1, time1, work1, label2, time2, work2, via) of ``node`` as a sink (Python numbers)."""
         found = self.sinks.get(node)
         if found is not None:
             return found
-        return (self.label1[node], self.time1[node], self.work1[node], self.label2[node], self.time2[node],
-                self.work2[node], self.via[node])
+        return (int(self.label1[node]), float(self.time1[node]), float(self.work1[node]),
+                int(self.label2[node]), float(self.time2[node]), float(self.work2[node]), int(self.via[node]))
 
 
 def fixed_labels(graph: LocalGraph) -> dict[int, int]:
@@ -96,18 +94,14 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
     """
     n = len(graph.t)
     weights = graph.weight if weight is None else weight
-    w = weights.tolist()
-    src = graph.src.tolist()
-    ptr = graph.in_ptr.tolist()
+    ptr = graph.in_ptr
     in_edges = graph.in_edges if cut is None else graph.in_edges[~cut[graph.in_edges]]
     if cut is not None:  # the pointers of the edges kept
         kept = np.zeros(len(graph.src), dtype=np.int64)
         kept[graph.in_edges[~cut[graph.in_edges]]] = 1
         counts = np.bincount(graph.dst, weights=kept, minlength=n).astype(np.int64)
-        ptr = np.r_[0, np.cumsum(counts)].tolist()
-    ins = in_edges.tolist()
-    t = graph.t.tolist()
-    start = t[graph.window_node] if graph.window_node >= 0 else -np.inf
+        ptr = np.r_[0, np.cumsum(counts)]
+    start = graph.t[graph.window_node] if graph.window_node >= 0 else -np.inf
     fixed = fixed_labels(graph)
     if cut is not None:  # a completion where a waiting thread resumed is free once the wait is cut
         for node, span_end in graph.early.items():
@@ -115,53 +109,32 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
             if any(cut[e] for e in ins_of.tolist() if graph.kind[e] == WAIT):
                 fixed.pop(node, None)
                 fixed.pop(span_end, None)
-    # per node: a label it starts afresh with (fixed), else None; whether it keeps its measured time
-    start_label: list[int | None] = [None] * n
-    for node, label in fixed.items():
-        start_label[node] = label
-    early = (graph.t <= start).tolist()
-    restart = {s.end: step_label(i) for i, s in enumerate(graph.steps)}
-    done_by = (np.where(np.isin(graph.category, WORK), weights, 0.0) if work is None else work).tolist()
-    sinks: dict[int, Value] = {}
-    l1, t1, w1 = [NONE] * n, [-np.inf] * n, [0.0] * n
-    l2, t2, w2 = [NONE] * n, [-np.inf] * n, [0.0] * n
-    via = [-1] * n
-    minus_inf = -np.inf
-    for v in graph.order.tolist():
-        label = start_label[v]
-        if label is not None:
-            l1[v], t1[v] = label, t[v]
-            continue
-        a, b = ptr[v], ptr[v + 1]
-        if early[v] or a == b:
-            l1[v], t1[v] = WINDOW, t[v]
-            continue
-        bl, bt, bw, sl, st, sw, be = NONE, minus_inf, 0.0, NONE, minus_inf, 0.0, -1
-        for e in ins[a:b]:
-            u = src[e]
-            we = w[e]
-            done = done_by[e]
-            lx, x = l1[u], t1[u] + we
-            if x > bt:  # the best slot of u (never NONE: every node visited has one)
-                if lx != bl:
-                    sl, st, sw = bl, bt, bw
-                bl, bt, bw, be = lx, x, w1[u] + done, e
-            elif lx != bl and x > st:
-                sl, st, sw = lx, x, w1[u] + done
-            lx = l2[u]
-            if lx != NONE:
-                x = t2[u] + we
-                if x > bt:
-                    if lx != bl:
-                        sl, st, sw = bl, bt, bw
-                    bl, bt, bw, be = lx, x, w2[u] + done, e
-                elif lx != bl and x > st:
-                    sl, st, sw = lx, x, w2[u] + done
-        if bl == NONE:  # every edge in was cut: the node keeps its measured time
-            bl, bt = WINDOW, t[v]
-        again = restart.get(v)
-        if again is not None:
-            sinks[v] = (bl, bt, bw, sl, st, sw, be)
-            bl, bt, bw, sl, st, sw, be = again, t[v], 0.0, NONE, minus_inf, 0.0, -1
-        l1[v], t1[v], w1[v], l2[v], t2[v], w2[v], via[v] = bl, bt, bw, sl, st, sw, be
-    return Replay(l1, t1, w1, l2, t2, w2, via, sinks)
+    # per node: a label it starts afresh with (fixed, else NONE); a step end restarts with its label
+    start_label = np.full(n, NONE, dtype=np.int64)
+    start_label[np.fromiter(fixed, np.int64, len(fixed))] = np.fromiter(fixed.values(), np.int64, len(fixed))
+    ends = np.array([s.end for s in graph.steps], dtype=np.int64)
+    restart = np.full(n, -1, dtype=np.int64)
+    restart[ends] = np.arange(len(ends))
+    done_by = np.where(np.isin(graph.category, WORK), weights, 0.0) if work is None else work
+    inputs = (graph.order.astype(np.int64), np.asarray(ptr, dtype=np.int64), in_edges.astype(np.int64),
+              graph.src.astype(np.int64), np.asarray(weights, dtype=np.float64),
+              np.asarray(done_by, dtype=np.float64), start_label, graph.t <= start, restart,
+              graph.t.astype(np.float64))
+    out = [*_slots(n), *_slots(len(ends))]  # per node, then per step end as a sink
+    fast = compiled(len(in_edges))
+    if fast is not None:
+        fast(*inputs, *out)
+    else:  # the same kernel over lists: each element access a list's, not a numpy scalar's
+        lists: list[Any] = [x.tolist() for x in out]
+        kernel(*(x.tolist() for x in inputs), *lists)
+        out = [np.asarray(x, dtype=y.dtype) for x, y in zip(lists, out, strict=True)]
+    sink = list(zip(*(x.tolist() for x in out[7:]), strict=True))
+    sinks: dict[int, Value] = {v: sink[k] for k, v in enumerate(ends.tolist()) if sink[k][0] != NONE}
+    labels1, times1, works1, labels2, times2, works2, via = out[:7]
+    return Replay(labels1, times1, works1, labels2, times2, works2, via, sinks)
+
+
+def _slots(n: int) -> list[np.ndarray]:
+    """(label1, time1, work1, label2, time2, work2, via) for ``n`` values, as nothing has reached them."""
+    return [np.full(n, NONE, np.int64), np.full(n, -np.inf), np.zeros(n), np.full(n, NONE, np.int64),
+            np.full(n, -np.inf), np.zeros(n), np.full(n, -1, np.int64)]
