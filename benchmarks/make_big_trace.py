@@ -50,6 +50,7 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
     spans = {key: _id_span(body, key) for key in ("correlation", "External id", "id")}
     encoder = msgspec.json.Encoder()
     head = {k: v for k, v in doc.items()}
+    steps_per_copy = max(1, len({e["name"] for e in body if _STEP.fullmatch(str(e.get("name", "")))}))
     target = int(size_mb * 1e6)
     tmp = out.with_name(out.name + ".tmp")
     opener = gzip.open(tmp, "wb", compresslevel=1) if compress else open(tmp, "wb")  # noqa: SIM115
@@ -69,7 +70,7 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
         first = True
         copy = 0
         step_base = 0
-        while written < target:
+        while copy == 0 or written < target:  # at least one copy of the steps
             shift = copy * period
             batch = []
             for e in body:
@@ -93,7 +94,7 @@ def build(source: Path, out: Path, size_mb: float, compress: bool) -> int:
             emit(chunk if first else b",\n" + chunk)
             first = False
             copy += 1
-            step_base += 3
+            step_base += steps_per_copy
         for e in meta_events:
             emit(b",\n  " + encoder.encode(e))
         emit(b"\n  ],\n")

@@ -42,7 +42,7 @@ def _doc(*paths: Path, questions: tuple[str, ...] = ()):
 
 
 def test_every_real_trace_is_checked() -> None:
-    assert len(TRACES) == 14, [p.name for p in TRACES]
+    assert len(TRACES) == 15, [p.name for p in TRACES]
 
 
 @pytest.mark.slow

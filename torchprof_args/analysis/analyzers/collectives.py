@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import bisect
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -70,9 +71,11 @@ _DTYPE_BYTES = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_kind(name: str) -> str:
     """``all_reduce``, ``all_gather``, ... from any spelling (``allreduce``, ``nccl:all_reduce``,
-    ``_allgather_base``, ``AllGather``); the spelling itself (lower case) when unknown."""
+    ``_allgather_base``, ``AllGather``); the spelling itself (lower case) when unknown.  Cached: a
+    trace has few distinct names and many collectives."""
     text = name.split(":", 1)[-1].split(" ", 1)[0]
     key = re.sub(r"[^a-z]", "", text.lower())
     return _KINDS.get(key, _KINDS.get(key.removesuffix("coalesced"), text.lower().strip("_") or "unknown"))

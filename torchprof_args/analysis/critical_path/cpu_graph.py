@@ -190,20 +190,20 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     removable = _removable_waits(trace, cpu, issuers)
     early: dict[int, int] = {}
     resumes = gaps & np.isin(dst, cpu.start_node) & (t1 - t0 >= MIN_QUIET_US)  # quiet, then a new event
+    waits: list[tuple[int, int, int, bool]] = []  # (chain interval, source node, owner, removable)
     for interval, run in _early_resumes(trace, cpu, issuers, (t0, t1, on_thread, resumes)):
-        weight[interval] = 0.0
-        top_level[interval] |= run in removable
         early[run] = int(dst[interval])
-        edges.add(np.array([cpu.start_node[run]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
-                  np.array([cpu.events[run]]), run in removable)
+        waits.append((interval, int(cpu.start_node[run]), int(cpu.events[run]), run in removable))
     for interval, burst in _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps)):
         first = int(bursts.first[burst])
         if first in early:  # its waiter resumed before gloo's span ended: that is its wait
             continue
-        weight[interval] = 0.0
-        top_level[interval] |= first in removable
-        edges.add(np.array([bursts.end_node[burst]]), dst[interval:interval + 1], 0.0, WAIT, cat.CPU_ONLY,
-                  np.array([cpu.events[first]]), first in removable)
+        waits.append((interval, int(bursts.end_node[burst]), int(cpu.events[first]), first in removable))
+    if waits:  # each wait's chain interval carries no work: a WAIT edge from what it waited for
+        at, wait_src, owner_of, flag = (np.array(col) for col in zip(*waits, strict=True))
+        weight[at] = 0.0
+        np.logical_or.at(top_level, at, flag)  # an interval may be named twice
+        edges.add(wait_src, dst[at], 0.0, WAIT, cat.CPU_ONLY, owner_of, flag)
     edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
     _issue_edges(cpu, issuers, edges)
     _wake_edges(cpu, bursts, issuers, nodes, times, thread, edges)

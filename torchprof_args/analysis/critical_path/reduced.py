@@ -157,44 +157,65 @@ def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
     return keys, names
 
 
-def _expand(small: Contracted, edges: list[int]) -> np.ndarray:
-    """The full graph's edges of contracted edges ``edges``, in their order."""
+def _walks(small: Contracted, run: Replay, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The binding paths into ``nodes`` (of the contracted graph ``run`` replays) as the full graph's
+    edges, each path from its node back to its label, all concatenated; and each edge's path."""
+    via, src = run.via.tolist(), small.graph.src.tolist()
+    edges: list[int] = []
+    lengths = []
+    for node in nodes:
+        before = len(edges)
+        e = run.value(node)[6]
+        while e >= 0:
+            edges.append(e)
+            e = via[src[e]]
+        lengths.append(len(edges) - before)
     chosen = np.array(edges, dtype=np.int64)
-    if not len(chosen):
-        return chosen
+    piece_of = np.repeat(np.arange(len(nodes)), lengths)
     first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
     offsets = np.repeat(np.cumsum(counts) - counts, counts)
-    return small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
+    path = small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
+    return path, np.repeat(piece_of, counts)
 
 
-def _piece(graph: LocalGraph, small: Contracted, run: Replay, node: int, keys: tuple[np.ndarray, list[str]],
-           on_path: np.ndarray | None = None) -> tuple[Piece, list[int]]:
-    """The binding path into ``node`` (of the contracted graph ``run`` replays): its time by category
-    and top contributors, and for each contributor the event of its longest edge (for its call site);
-    its edges (the full graph's) marked in ``on_path``."""
-    via, src = run.via, small.graph.src
-    edges = []
-    e = run.value(node)[6]
-    while e >= 0:
-        edges.append(e)
-        e = via[src[e]]
-    path = _expand(small, edges)
-    if on_path is not None:
-        on_path[path] = True
-    weight, category = graph.weight[path], graph.category[path]
-    by_cat = np.bincount(category, weights=weight, minlength=len(cat.CATEGORIES))
-    key_of, names = keys
-    pairs = key_of[path] * len(cat.CATEGORIES) + category  # a contributor: a name in a category
-    sums = np.bincount(pairs, weights=weight)
-    top, events = [], []
-    for pair in np.argsort(-sums, kind="stable")[:TOP].tolist():
-        if sums[pair] <= 0:
-            break
-        mine = np.flatnonzero(pairs == pair)
-        top.append(Contributor(names[pair // len(cat.CATEGORIES)], cat.CATEGORIES[pair % len(cat.CATEGORIES)],
-                               round(float(sums[pair]), 3)))
-        events.append(int(graph.owner[path[mine[np.argmax(weight[mine])]]]))
-    return Piece([round(float(x), 3) for x in by_cat], top), events
+def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[int],
+               on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
+    """Per node of ``nodes``, the binding path into it: its time by category and top contributors (a
+    name in a category, :data:`TOP` at most, largest first), and for each contributor the event of its
+    longest edge (for its call site); the paths' edges marked in ``on_path``.  All paths at once: one
+    pass of array operations over their edges, not a pass per path."""
+    n_cat = len(cat.CATEGORIES)
+    path, piece = _walks(small, run, nodes)
+    on_path[path] = True
+    weight, category = graph.weight[path], graph.category[path].astype(np.int64)
+    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(nodes) * n_cat)
+    key_of, names = _name_keys(graph)
+    pair = key_of[path] * n_cat + category  # a contributor: a name in a category
+    span = int(pair.max()) + 1 if len(pair) else 1
+    key = piece * span + pair
+    by_key = np.argsort(key, kind="stable")  # one sort: paths are contiguous, path order kept within
+    key_sorted, w_sorted = key[by_key], weight[by_key]
+    starts = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]]) if len(key) else by_key
+    groups = key_sorted[starts]
+    sums = np.add.reduceat(w_sorted, starts) if len(key) else w_sorted
+    longest_w = np.maximum.reduceat(w_sorted, starts) if len(key) else w_sorted
+    group_of = np.repeat(np.arange(len(groups)), np.diff(np.r_[starts, len(key)]))
+    is_max = np.flatnonzero(w_sorted == longest_w[group_of])  # per group its longest edge, the first
+    firsts = is_max[np.r_[True, group_of[is_max][1:] != group_of[is_max][:-1]]] if len(is_max) else is_max
+    event_of = np.full(len(groups), -1, dtype=np.int64)
+    event_of[group_of[firsts]] = graph.owner[path[by_key[firsts]]]
+    g_piece, g_pair = groups // span, groups % span
+    order = np.lexsort((g_pair, -sums, g_piece))  # per piece, largest first (ties: the lower pair)
+    rank = np.arange(len(order)) - np.searchsorted(g_piece[order], g_piece[order])
+    top = order[(rank < TOP) & (sums[order] > 0)]
+    out: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in nodes]
+    for g, p, pr, us in zip(top.tolist(), g_piece[top].tolist(), g_pair[top].tolist(), sums[top].tolist(),
+                            strict=True):
+        out[p][0].append(Contributor(names[pr // n_cat], cat.CATEGORIES[pr % n_cat], round(us, 3)))
+        out[p][1].append(int(event_of[g]))
+    rows = by_cat.reshape(len(nodes), n_cat).tolist()
+    return [(Piece([round(x, 3) for x in row], contributors), events)
+            for row, (contributors, events) in zip(rows, out, strict=True)]
 
 
 def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -> Piece:
@@ -207,17 +228,17 @@ def _pieces(graph: LocalGraph, small: Contracted, run: Replay,
             on_path: np.ndarray) -> tuple[list[Piece | None], list[Piece]]:
     """The measured paths into every arrival and step end (``run``: the measured replay of the
     contracted graph), with call sites when recorded (their edges marked in ``on_path``)."""
-    keys = _name_keys(graph)
     target = small.graph
-    found = [_piece(graph, small, run, int(a), keys, on_path) if a >= 0 else None
-             for a in target.arrival.tolist()]
-    ends = [_piece(graph, small, run, s.end, keys, on_path) for s in target.steps]
+    arrivals = target.arrival.tolist()
+    nodes = [int(a) for a in arrivals if a >= 0] + [s.end for s in target.steps]
+    made = _pieces_of(graph, small, run, nodes, on_path)
     if has_stacks(graph.trace):
-        wanted = sorted({e for f in [*found, *ends] if f is not None for e in f[1] if e >= 0})
+        wanted = sorted({e for _, events in made for e in events if e >= 0})
         sites = dict(zip(wanted, call_sites(graph.trace, np.array(wanted, dtype=np.int64)), strict=True))
-        found = [(_with_sites(*f, sites), f[1]) if f is not None else None for f in found]
-        ends = [(_with_sites(*f, sites), f[1]) for f in ends]
-    return [f[0] if f is not None else None for f in found], [f[0] for f in ends]
+        made = [(_with_sites(piece, events, sites), events) for piece, events in made]
+    pieces = iter(piece for piece, _ in made)
+    found = [next(pieces) if a >= 0 else None for a in arrivals]
+    return found, list(pieces)
 
 
 def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPaths:
