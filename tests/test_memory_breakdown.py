@@ -22,6 +22,7 @@ from torchprof_args.analysis.memory.allocator import allocator_view
 from torchprof_args.analysis.memory.breakdown import Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
+    MEMORY_FORMAT,
     OTHER,
     PARAMETER,
     TEMPORARY,
@@ -135,6 +136,14 @@ def test_a_real_cpu_trace_from_the_demo_is_categorised() -> None:
     assert cpu.steps[0].activations_for_backward_bytes == cpu.category_peaks.activation
     assert cpu.timeline.t_ms and len(cpu.timeline.t_ms) <= 240
     assert any("inferred" in note for note in part.notes)
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json.gz")), ids=lambda p: p.name)
+def test_every_real_trace_is_categorised_without_an_error(path: Path) -> None:
+    """A gloo worker thread with memory events and no operator (or no backward operator) once
+    crashed the trace's categorisation (IndexError), and with it the publisher's memory part."""
+    part = trace_memory_part(load_trace(path, memory_rows=True))
+    assert part.format == MEMORY_FORMAT and part.source in ("trace", "none")
 
 
 def test_allocator_peaks_of_every_rank_from_metrics_jsonl(

@@ -172,7 +172,7 @@ class ExportConfig:
     #: ``--torch-profile-analysis-budget``: the analyses published with a trace may take this share
     #: of its export time (:meth:`~torchprof_args.runtime.export.job.PublishJob.analysis_seconds`);
     #: 0: no budget.
-    analysis_budget: float = 0.5
+    analysis_budget: float = 2.0
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:

@@ -133,13 +133,14 @@ PUBLISH_WAIT_TIMEOUT = Flag("--torch-profile-publish-wait-timeout",
                             "background.",
                             default=1.0, type=positive_float, metavar="S")
 ANALYSIS_BUDGET = Flag("--torch-profile-analysis-budget",
-                       "How long the analyses published with each trace may take, as a share of the "
-                       "trace's own export time (at least 1 s): PyTorch's memory categorisation in the "
-                       "exporter, then the summary sidecar's diagnosis and critical path in the "
-                       "publisher. What does not fit is left out of the sidecar (it says which), and "
-                       "`torchprof diagnose` / `critical-path` / `mem` compute it from the trace when "
-                       "asked; the exit waits for the files, never for an analysis. 0: no budget.",
-                       default=0.5, type=non_negative_float, metavar="SHARE")
+                       "The CPU time the analyses published with each trace may take, as a share of the "
+                       "CPU time of the trace's own export (at least 1 s): the publisher's decoding and "
+                       "the summary sidecar's diagnosis, critical path and memory (before them, PyTorch's "
+                       "memory categorisation in the exporter gets half as much). What does not fit is left "
+                       "out of the sidecar (it says which), and `torchprof diagnose` / `critical-path` / "
+                       "`mem` compute it from the trace when asked; the exit waits for the files, never "
+                       "for an analysis. 0: no budget.",
+                       default=2.0, type=non_negative_float, metavar="SHARE")
 FLUSH_TIMEOUT = Flag("--torch-profile-flush-timeout",
                      "Seconds all ranks may wait at the fence (a dedicated gloo group, not NCCL): at "
                      "flushes, memory snapshots and the exit.",

@@ -161,8 +161,11 @@ class _Context:
 
         def innermost(mask: np.ndarray) -> np.ndarray:
             """Per moment, the name id of the innermost event of ``mask`` around it (-1: none)."""
+            among = name_id[mask]
+            if not len(among):  # e.g. a gloo worker thread: no operator (or no backward one) at all
+                return np.full(len(ts), -1, dtype=np.int64)
             found = Nesting(trace.ts[events[mask]], ends[mask]).innermost(ts)
-            return np.where(found >= 0, name_id[mask][np.maximum(found, 0)], -1)
+            return np.where(found >= 0, among[np.maximum(found, 0)], -1)
 
         backward_name = lookup(names, lambda n: n.startswith(_BACKWARD))[name_id]
         accumulate_name = lookup(names, lambda n: n.startswith(_ACCUMULATE))[name_id]

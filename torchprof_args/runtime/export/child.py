@@ -29,12 +29,12 @@ from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["Companion", "ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
 
-#: the trainer's handlers the child puts back to default (SIGALRM: the child's own analysis time limit).
+#: the trainer's handlers the child puts back to default (SIGPROF: the child's own analysis CPU limit).
 #: what the exporter runs after the trace: ``(path, trace bytes, seconds it may take) -> None``.
 Companion = Callable[[str, int, float | None], None]
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
-            signal.SIGALRM)
+            signal.SIGPROF)
 
 
 class ExportIncomplete(OSError):
@@ -83,7 +83,7 @@ def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, a
     ``companion(path, trace_bytes, seconds)``, when given, then writes ``job.memory_path`` from the
     profiler's results the child still holds (PyTorch's memory categorisation; it never raises)
     within its part of the trace's analysis budget.  The child then saves the job again at ``job_path`` with
-    the export's time and what the companion spent of the budget (the publisher gets the rest).
+    the export's CPU time (the publisher's budget is a share of it) and the companion's.
     ``background``: the child lowers itself to the lowest CPU and I/O priority first
     (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
     Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
@@ -103,15 +103,15 @@ def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, a
         _reset_signals(mask)
         if background:
             lower_to_background()
-        started = time.monotonic()
+        started = time.process_time()  # CPU: the child's only thread
         export(staged_tmp)
         check_export(staged_tmp)
         os.replace(staged_tmp, job.staged_path)
-        exported = dataclasses.replace(job, export_seconds=time.monotonic() - started)
+        exported = dataclasses.replace(job, export_seconds=time.process_time() - started)
         if companion is not None and job.memory_path:
-            started = time.monotonic()
+            started = time.process_time()
             companion(job.memory_path, os.path.getsize(job.staged_path), exported.categorisation_seconds())
-            exported.analysis_spent = time.monotonic() - started
+            exported.categorisation_spent = time.process_time() - started
         exported.save(job_path)
         if argv is None:
             os._exit(0)  # exported: the fork server's worker publishes

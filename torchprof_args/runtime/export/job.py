@@ -38,8 +38,8 @@ __all__ = [
 EXIT_PUBLISH_FAILED = 1
 EXIT_REJECTED = 2
 EXIT_EXPORT_FAILED = 3
-#: the least time a trace's analyses are given whatever its export took: the summary, diagnosis and
-#: critical path of a trace of a few MB take ~0.3 s in a warm publisher (a faster export must not
+#: the least CPU time a trace's analyses are given whatever its export took: the summary, diagnosis
+#: and critical path of a trace of a few MB take ~0.3 s in a warm publisher (a faster export must not
 #: cost a small trace its sidecar).
 MIN_ANALYSIS_SECONDS = 1.0
 
@@ -71,38 +71,37 @@ class PublishJob:
     #: a staged file the forked exporter writes with PyTorch's memory categorisation of the window
     #: (:mod:`torchprof_args.analysis.memory.exported`), kept in the sidecar by the publisher.
     memory_path: str | None = None
-    #: ``--torch-profile-analysis-budget``: the share of the export's time the trace's analyses may
-    #: take (0: no budget); ``export_seconds``: that time, measured where the trace was exported.
+    #: ``--torch-profile-analysis-budget``: the share of the export's CPU time the trace's analyses may
+    #: take in CPU (0: no budget); ``export_seconds``: that CPU time, measured where it was exported.
     analysis_budget: float = 0.0
     export_seconds: float | None = None
-    #: seconds of that budget the exporter spent (PyTorch's memory categorisation).
-    analysis_spent: float = 0.0
+    #: CPU seconds the exporter spent on PyTorch's memory categorisation (for the publisher's log).
+    categorisation_spent: float = 0.0
 
     def analysis_seconds(self) -> float | None:
-        """How long the trace's analyses may take in all (the exporter's memory categorisation and
-        the publisher's parse), None for no limit: the budget's share of the export time, at least
+        """The CPU seconds the publisher's analyses of the trace may take (decoding, then the
+        sidecar's parts), None for no limit: the budget's share of the export's CPU time, at least
         :data:`MIN_ANALYSIS_SECONDS`."""
         if not self.analysis_budget or self.export_seconds is None:
             return None
         return max(MIN_ANALYSIS_SECONDS, self.analysis_budget * self.export_seconds)
 
     def categorisation_seconds(self) -> float | None:
-        """The exporter's part of :meth:`analysis_seconds` for PyTorch's memory categorisation: at
-        most half (the publisher's summary, diagnosis and critical path come first)."""
+        """The CPU seconds the exporter may spend on PyTorch's memory categorisation, before the
+        publisher starts: half of :meth:`analysis_seconds` (its cost is ~60x the export's: on a large
+        first window it rarely fits, and it must not cost the sidecar its diagnosis)."""
         total = self.analysis_seconds()
         return None if total is None else total / 2
 
-    def analysis_left(self) -> Deadline:
-        """The publisher's deadline: what is left of :meth:`analysis_seconds` once the exporter's
-        part is spent, described for the sidecar's ``left_out``."""
+    def analysis_deadline(self) -> Deadline:
+        """The publisher's deadline (:meth:`analysis_seconds` of CPU from now), described for the
+        sidecar's ``left_out``."""
         total = self.analysis_seconds()
         if total is None:
             return Deadline(None)
-        spent = f", {self.analysis_spent:.1f} s of it spent in the exporter" if self.analysis_spent else ""
-        return Deadline(max(0.0, total - self.analysis_spent),
-                        f"the trace's analysis budget ({self.analysis_budget:g} x its "
-                        f"{self.export_seconds or 0.0:.1f} s export, at least {MIN_ANALYSIS_SECONDS:g} s: "
-                        f"{total:.1f} s{spent}; --torch-profile-analysis-budget)")
+        return Deadline(total, f"the trace's analysis budget ({self.analysis_budget:g} x its export's "
+                               f"{self.export_seconds or 0.0:.2f} s, at least {MIN_ANALYSIS_SECONDS:g} s: "
+                               f"{total:.2f} s of CPU; --torch-profile-analysis-budget)")
 
     def save(self, job_path: str | os.PathLike[str]) -> None:
         write_json_atomically(job_path, dataclasses.asdict(self), private=True)

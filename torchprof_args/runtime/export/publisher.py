@@ -137,7 +137,7 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path,
     memory_path = job.memory_path
     given = {MEMORY.name: lambda trace: read_exported(memory_path, trace)} if memory_path else None
     outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=1,
-                            describes=published, target=sidecar, given=given, budget=job.analysis_left())
+                            describes=published, target=sidecar, given=given, budget=job.analysis_deadline())
     if outcome.results is None or outcome.results.summary is None:
         raise TraceError(outcome.error or f"{staged}: no summary")
     if outcome.error:  # the sidecar could not be written
@@ -194,8 +194,10 @@ def run_job(job_path: str, staging: list[str], output: str, status_fd: int | Non
         status = publish(job, cpu=cpu)
         get_logger(__name__).debug(
             "rank %d: publisher of %s: %.3f s CPU: %.3f exporting, %.3f starting (interpreter, imports), "
-            "%.3f the trace (%s), %.3f its summary, %.3f extra files", job.rank, job.trace_path, cpu.total,
-            cpu.export, cpu.start, cpu.trace, status.compressor, cpu.summary, cpu.extra)
+            "%.3f the trace (%s), %.3f its summary, %.3f extra files; the export took %.3f s of CPU, the "
+            "exporter's memory categorisation %.3f", job.rank, job.trace_path, cpu.total, cpu.export,
+            cpu.start, cpu.trace, status.compressor, cpu.summary, cpu.extra, job.export_seconds or 0.0,
+            job.categorisation_spent)
     finally:
         report_status(status_fd, status)
         with contextlib.suppress(OSError):
