@@ -1,19 +1,24 @@
-"""`torchprof summary` on every real trace shape, each replicated to ~1 GB, side by side in one run.
+"""`torchprof summary` and `diagnose` on every real trace shape, each replicated to ~1 GB, side by side.
 
-    python benchmarks/bench_shapes.py [--size-mb 1024] [--repeat 3] [--gzip] [SOURCE.json.gz ...]
+    python benchmarks/bench_shapes.py [--size-mb 1024] [--repeat 3] [--gzip] [--all-cores] [SOURCE ...]
 
 For each source trace (default: every trace in tests/data: GPU traces with many kernels, GPU
-traces with record_shapes, CPU-only traces dominated by CPU operators and Python functions) a
-replica of about ``--size-mb`` MB of uncompressed JSON is built once under benchmarks/out/shapes/
-(git-ignored) by ``make_big_trace.py``; then the real command ``python -m torchprof_args summary
---json FILE`` runs ``--repeat`` times in a fresh process.  Reported per shape:
+traces with record_shapes, CPU-only traces dominated by CPU operators and Python functions, the
+CPU-heavy shape of tests/jobs/cpu_heavy_job.py: many short operators with shapes and stacks and
+many collectives) a replica of about ``--size-mb`` MB of uncompressed JSON is built once under
+benchmarks/out/shapes/ (git-ignored) by ``make_big_trace.py`` (the source's steps again and again:
+no data copied from elsewhere); then the real commands ``python -m torchprof_args summary --json
+FILE`` and ``diagnose --json FILE`` (no sidecar: parsed) run ``--repeat`` times each in a fresh
+process, pinned to one core unless ``--all-cores``.  Reported per shape and command:
 
 * wall seconds (best run) and MB/s of uncompressed JSON; CPU seconds of the process tree;
 * peak memory, in one more run (reading /proc every 10 ms slows the command, so the timed runs do
   not sample): the proportional set size (PSS) of the command and its decoding worker, summed
   (pages the forked worker shares with its parent counted once), and as a share of the
   uncompressed size; and the largest RSS of one process;
-* the targets: >= 250 MB/s and PSS <= 25 % of the input.
+* beside them the floor of this design on the same core: the bare decompression (``.json.gz``) and
+  JSON tokenisation of the same bytes (msgspec over the whole document, each event left raw);
+* the targets: >= 300 MB/s and PSS <= 25 % of the input.
 
 The load average is printed before and after: on a shared machine, read CPU seconds too.
 """
@@ -37,7 +42,8 @@ sys.path.insert(0, str(HERE))
 
 from make_big_trace import build  # noqa: E402
 
-TARGET_MBPS = 250.0
+TARGET_MBPS = 300.0
+COMMANDS = ("summary", "diagnose")
 TARGET_MEMORY_SHARE = 0.25
 
 
@@ -52,14 +58,18 @@ def _pss_mb(root: psutil.Process) -> float:
     return total / 1e6
 
 
-def run_once(path: Path, sample: bool = False) -> dict:
-    """One ``torchprof summary --json`` of ``path``: wall and CPU time; with ``sample``, the peak
-    memory of the process tree (sampling /proc slows the command down: time runs do not sample)."""
+def run_once(path: Path, sample: bool = False, command_name: str = "summary", cores: set[int] | None = None
+             ) -> dict:
+    """One ``torchprof <command_name> --json`` of ``path`` (on ``cores``): wall and CPU time; with
+    ``sample``, the peak memory of the process tree (sampling /proc slows the command down: time runs
+    do not sample)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    command = [sys.executable, "-m", "torchprof_args", "summary", "--json", "--no-progress", str(path)]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    command = [sys.executable, "-m", "torchprof_args", command_name, "--json", "--no-progress", str(path)]
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=pin)
     peak = peak_rss = 0.0
     stop = threading.Event()
 
@@ -83,7 +93,7 @@ def run_once(path: Path, sample: bool = False) -> dict:
     if sample:
         sampler.join()
     if proc.returncode != 0:
-        raise SystemExit(f"torchprof summary failed on {path}:\n{err.decode()[-2000:]}")
+        raise SystemExit(f"torchprof {command_name} failed on {path}:\n{err.decode()[-2000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"wall_s": wall, "cpu_s": cpu, "pss_mb": peak, "max_rss_mb": peak_rss}
@@ -111,6 +121,27 @@ def uncompressed_mb(path: Path) -> float:
     return path.stat().st_size / 1e6
 
 
+def floor_seconds(path: Path, cores: set[int] | None) -> float:
+    """The floor of this design for ``path``: decompressing it (``.json.gz``: isal where installed, as
+    the reader does) and tokenising every byte of its JSON (msgspec, each event kept raw), on
+    ``cores``: a fresh process, best of two."""
+    code = ("import sys, time, msgspec\n"
+            "from torchprof_args.analysis.decode.reader import open_gzip\n"
+            "class Doc(msgspec.Struct):\n"
+            "    traceEvents: list[msgspec.Raw]\n"  # every other key skipped: tokenised, not kept
+            "p = sys.argv[1]; t = time.perf_counter()\n"
+            "data = open_gzip(p).read() if p.endswith('.gz') else open(p, 'rb').read()\n"
+            "msgspec.json.Decoder(Doc).decode(data)\n"
+            "print(time.perf_counter() - t)\n")
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    best = float("inf")
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=pin)
+        best = min(best, float(out.stdout))
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="*", type=Path, help="default: every .json.gz trace in tests/data")
@@ -119,33 +150,40 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs per shape; the fastest wall time is reported")
     parser.add_argument("--gzip", action="store_true", help="measure the .json.gz replicas instead of .json")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "shapes")
+    parser.add_argument("--all-cores", action="store_true", help="do not pin the commands to one core")
+    parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     args = parser.parse_args(argv)
     sources = args.sources or sorted((REPO / "tests" / "data").glob("*.json.gz"))
+    cores = None if args.all_cores else {sorted(os.sched_getaffinity(0))[-1]}
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
     for source in sources:
         path = replica(source, args.size_mb, args.out, args.gzip)
         mb = uncompressed_mb(path)
-        runs = [run_once(path) for _ in range(max(args.repeat, 1))]
-        best = min(runs, key=lambda r: r["wall_s"])
-        memory = run_once(path, sample=True)
-        rows.append((source.name, mb, best, memory["pss_mb"], memory["max_rss_mb"]))
-        times = ", ".join(f"{r['wall_s']:.2f} s" for r in runs)
-        print(f"{source.name}: {times}", file=sys.stderr, flush=True)
+        floor = floor_seconds(path, cores)
+        for command in args.commands:
+            runs = [run_once(path, command_name=command, cores=cores) for _ in range(max(args.repeat, 1))]
+            best = min(runs, key=lambda r: r["wall_s"])
+            memory = run_once(path, sample=True, command_name=command, cores=cores)
+            rows.append((source.name, command, mb, best, memory["pss_mb"], memory["max_rss_mb"], floor))
+            times = ", ".join(f"{r['wall_s']:.2f} s" for r in runs)
+            print(f"{source.name} {command}: {times} (floor {floor:.2f} s)", file=sys.stderr, flush=True)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     kind = ".json.gz" if args.gzip else ".json"
-    print(f"\n`torchprof summary --json` on ~{args.size_mb:.0f} MB replicas ({kind}), {os.cpu_count()} CPUs, "
-          f"load average {load_before} at start, {load_after} at end; best of {args.repeat}")
-    print(f"{'shape (source trace)':36} {'MB':>6} {'wall s':>7} {'MB/s':>6} {'CPU s':>6} {'peak PSS MB':>11} "
-          f"{'PSS/size':>8} {'main RSS MB':>11}  "
+    where = "all cores" if cores is None else f"one core (CPU {next(iter(cores))})"
+    print(f"\n`torchprof summary | diagnose --json` on ~{args.size_mb:.0f} MB replicas ({kind}), {where} "
+          f"of {os.cpu_count()}, load average {load_before} at start, {load_after} at end; "
+          f"best of {args.repeat}")
+    print(f"{'shape (source trace)':36} {'command':8} {'MB':>6} {'wall s':>7} {'MB/s':>6} {'CPU s':>6} "
+          f"{'peak PSS MB':>11} {'PSS/size':>8} {'main RSS MB':>11} {'floor s':>7} {'floor MB/s':>10}  "
           f"targets (>= {TARGET_MBPS:.0f} MB/s, <= {TARGET_MEMORY_SHARE:.0%})")
-    for name, mb, best, pss, rss in rows:
+    for name, command, mb, best, pss, rss, floor in rows:
         speed = mb / best["wall_s"]
         ok = (("ok" if speed >= TARGET_MBPS else "SLOW") + " / "
               + ("ok" if pss / mb <= TARGET_MEMORY_SHARE else "OVER"))
-        print(f"{name:36} {mb:6.0f} {best['wall_s']:7.2f} {speed:6.0f} {best['cpu_s']:6.2f} {pss:11.0f} "
-              f"{pss / mb:8.1%} {rss:11.0f}  {ok}")
+        print(f"{name:36} {command:8} {mb:6.0f} {best['wall_s']:7.2f} {speed:6.0f} {best['cpu_s']:6.2f} "
+              f"{pss:11.0f} {pss / mb:8.1%} {rss:11.0f} {floor:7.2f} {mb / floor:10.0f}  {ok}")
     return 0
 
 

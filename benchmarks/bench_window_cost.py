@@ -2,14 +2,18 @@
 while the exporter and the publisher run, against unprofiled steps of the same job.
 
     python benchmarks/bench_window_cost.py [--repeats 10] [--windows 3] [--layers 40] [--after 22]
-                                           [--max-load 2]
+                                           [--max-load 2] [--modes none inline defaults]
 
 Two real gloo ranks (torchrun), a ``--layers``-layer MLP (its gradients all-reduced in one bucket, as
 DDP does), both ranks traced: ``--windows`` windows per run, each ``--gap`` unprofiled steps
 (``--torch-profile-wait``), warm-up 1, 3 active steps recorded with stacks, shapes and memory; then
-10 more steps.  Six modes, interleaved in each repeat so that they see the same machine load:
+10 more steps.  Seven modes (``--modes``: some of them; ``none`` always runs), interleaved in each
+repeat so that they see the same machine load:
 
   none      the same job without ``--torch-profile``
+  inline    ``--torch-profile-export inline --no-torch-profile-gzip --no-torch-profile-operator-table``:
+            the training thread writes the trace, uncompressed, and nothing is analysed: what writing
+            the trace alone costs (issue 34's yardstick)
   normal    ``--torch-profile-publisher-priority normal --no-torch-profile-publisher-server
             --torch-profile-publish-wait never``: the exporter execs a publisher per trace, at the
             trainer's priority, in the background (before issue 30)
@@ -36,10 +40,10 @@ window of every repeat; ``est`` columns: the profiler's own running estimate per
 (``prof.stats``, what the goodput ledger reads).  The ``server`` runs first wait for the fork server
 to finish starting (its imports at idle priority would otherwise slow the first steps); its CPU
 time is printed: a cost once per run, not per window.  ``net total``: net stall plus net after, the
-window's whole cost.  Target (issue 30): the net ``after`` at most 25 % of the net ``stall`` on a
-2-core machine.  The load average is printed before
-and after and with every repeat: run it when the machine is quiet (``--max-load``: each repeat first
-waits, up to 15 minutes, for the 1-minute load to fall below it).
+window's whole cost.  Targets: (issue 30) the net ``after`` at most 25 % of the net ``stall`` on a
+2-core machine; (issue 34) the defaults' net total at most 1.5x the ``inline`` run's.  The load
+average is printed before and after and with every repeat: run it when the machine is quiet
+(``--max-load``: each repeat first waits, up to 15 minutes, for the 1-minute load to fall below it).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP, ACTIVE = 1, 3
 TAIL = 10  # steps run after the last window's counted ones
 BASELINE_STEPS = 15  # unprofiled steps just before a window's warm-up
-MODES = ("none", "normal", "idle", "server", "server1", "defaults")
+MODES = ("none", "inline", "normal", "idle", "server", "server1", "defaults")
 PROFILED = MODES[1:]
 
 
@@ -94,6 +98,9 @@ def profile_flags(args: argparse.Namespace) -> list[str]:
     flags.append("--torch-profile")
     if args.mode == "defaults":
         return flags
+    if args.mode == "inline":
+        return [*flags, "--torch-profile-export", "inline", "--no-torch-profile-gzip",
+                "--no-torch-profile-operator-table"]
     priority = "normal" if args.mode == "normal" else "idle"
     flags += ["--torch-profile-publisher-priority", priority, "--torch-profile-publish-wait", "never"]
     if args.mode in ("normal", "idle"):
@@ -223,7 +230,7 @@ def _ms(value: float) -> str:
 
 def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
            args: argparse.Namespace) -> None:
-    count = len(rows["defaults"])
+    count = len(next(iter(rows.values())))
     print(
         f"\nwindow cost on rank 0, ms (median of {count} windows: {args.repeats} repeats x {args.windows}; "
         f"2 gloo ranks, {args.layers}-layer MLP, {ACTIVE} active steps with stacks, shapes, memory; "
@@ -247,14 +254,22 @@ def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
             f"{med['cpu'] * 1000:6.0f}{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
             f"{med['est_recorded'] * 1000:10.0f}"
         )
-    served = rows["server"] + rows["server1"] + rows["defaults"]
-    start_cpu = statistics.median(run["server_start_cpu"] for run in served)
-    start_wait = statistics.median(run["server_start_wait"] for run in served)
-    print(
-        f"\nserver: its start-up (imports, once per run, before the first step here: the job waited "
-        f"{start_wait * 1000:.0f} ms for it) took {start_cpu * 1000:.0f} ms of CPU"
-    )
-    for mode in PROFILED:
+    served = [run for mode in ("server", "server1", "defaults") for run in rows.get(mode, [])]
+    if served:
+        start_cpu = statistics.median(run["server_start_cpu"] for run in served)
+        start_wait = statistics.median(run["server_start_wait"] for run in served)
+        print(
+            f"\nserver: its start-up (imports, once per run, before the first step here: the job waited "
+            f"{start_wait * 1000:.0f} ms for it) took {start_cpu * 1000:.0f} ms of CPU"
+        )
+    if "inline" in rows and "defaults" in rows:
+        def total(mode: str) -> float:
+            return statistics.median(r["stall_net"] + r["after_net"] for r in rows[mode])
+        ratio = total("defaults") / total("inline") if total("inline") > 0 else math.inf
+        print(f"target defaults' net total <= 1.5x inline's (writing the trace alone): "
+              f"{'met' if ratio <= 1.5 else 'NOT met'} ({total('defaults') * 1000:.0f} against "
+              f"{total('inline') * 1000:.0f} ms: {ratio:.2f}x)")
+    for mode in (m for m in PROFILED if m in rows and m != "inline"):
         ratios = _net_ratios(rows[mode])
         ratio = statistics.median(ratios)
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratio, ratio, ratio]
@@ -288,6 +303,8 @@ def main() -> None:
                         help="before each repeat, wait (up to 15 min) for the 1-minute load average to fall "
                              "below this")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="the modes to run (none always runs: the baseline)")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -299,16 +316,17 @@ def main() -> None:
     if args.gap < args.after + BASELINE_STEPS:
         parser.error(f"--gap must be at least --after + {BASELINE_STEPS} (the next window's baseline)")
     print(f"load average before: {load()} ({os.cpu_count()} CPUs)", flush=True)
-    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in ("none", *PROFILED)}
+    modes = ["none", *(m for m in PROFILED if m in args.modes)]
+    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     unprofiled = []
     for repeat in range(args.repeats):
         wait_for_quiet(args.max_load)
-        results = {mode: run_job(mode, args) for mode in MODES}
+        results = {mode: run_job(mode, args) for mode in modes}
         unprofiled.append(statistics.median(results["none"]["times"][BASELINE_STEPS:]))
         line = [f"repeat {repeat + 1}: unprofiled run {unprofiled[-1] * 1000:.1f} ms/step"]
         floor = window_costs(results["none"], args)  # the same steps of the unprofiled run
         rows["none"] += floor
-        for mode in PROFILED:
+        for mode in modes[1:]:
             got = [{**w, "after_net": w["after"] - f["after"], "stall_net": w["stall"] - f["stall"]}
                    for w, f in zip(window_costs(results[mode], args), floor, strict=True)]
             rows[mode] += got

@@ -116,10 +116,10 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
     restart = np.full(n, -1, dtype=np.int64)
     restart[ends] = np.arange(len(ends))
     done_by = np.where(np.isin(graph.category, WORK), weights, 0.0) if work is None else work
-    inputs = (graph.order.astype(np.int64), np.asarray(ptr, dtype=np.int64), in_edges.astype(np.int64),
-              graph.src.astype(np.int64), np.asarray(weights, dtype=np.float64),
-              np.asarray(done_by, dtype=np.float64), start_label, graph.t <= start, restart,
-              graph.t.astype(np.float64))
+    inputs = (np.asarray(graph.order, dtype=np.int64), np.asarray(ptr, dtype=np.int64),  # no copies
+              np.asarray(in_edges, dtype=np.int64), np.asarray(graph.src, dtype=np.int64),
+              np.asarray(weights, dtype=np.float64), np.asarray(done_by, dtype=np.float64), start_label,
+              graph.t <= start, restart, np.asarray(graph.t, dtype=np.float64))
     out = [*_slots(n), *_slots(len(ends))]  # per node, then per step end as a sink
     fast = compiled(len(in_edges))
     if fast is not None:

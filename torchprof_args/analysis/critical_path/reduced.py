@@ -41,6 +41,8 @@ MEASURED = "measured"
 TOP = 8
 #: a contributor's name for time on a thread inside no operator (Python between operators).
 BETWEEN = "[CPU time between operators]"
+#: the paths' pieces are computed in batches of about this many edges (bounds their memory).
+BATCH_EDGES = 1 << 18
 
 
 class Contributor(msgspec.Struct, frozen=True, array_like=True):
@@ -157,39 +159,62 @@ def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
     return keys, names
 
 
-def _walks(small: Contracted, run: Replay, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The binding paths into ``nodes`` (of the contracted graph ``run`` replays) as the full graph's
-    edges, each path from its node back to its label, all concatenated; and each edge's path."""
+def _walks(small: Contracted, run: Replay, nodes: list[int]) -> list[list[int]]:
+    """The binding path into each of ``nodes`` (of the contracted graph ``run`` replays): its
+    contracted edges, from the node back to its label."""
     via, src = run.via.tolist(), small.graph.src.tolist()
-    edges: list[int] = []
-    lengths = []
+    walks = []
     for node in nodes:
-        before = len(edges)
+        edges = []
         e = run.value(node)[6]
         while e >= 0:
             edges.append(e)
             e = via[src[e]]
-        lengths.append(len(edges) - before)
-    chosen = np.array(edges, dtype=np.int64)
-    piece_of = np.repeat(np.arange(len(nodes)), lengths)
+        walks.append(edges)
+    return walks
+
+
+def _expanded(small: Contracted, walks: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``walks`` as the full graph's edges, all concatenated, and each edge's walk."""
+    chosen = np.array([e for edges in walks for e in edges], dtype=np.int64)
     first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
     offsets = np.repeat(np.cumsum(counts) - counts, counts)
     path = small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
-    return path, np.repeat(piece_of, counts)
+    return path, np.repeat(np.repeat(np.arange(len(walks)), [len(w) for w in walks]), counts)
 
 
 def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[int],
                on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
     """Per node of ``nodes``, the binding path into it: its time by category and top contributors (a
     name in a category, :data:`TOP` at most, largest first), and for each contributor the event of its
-    longest edge (for its call site); the paths' edges marked in ``on_path``.  All paths at once: one
-    pass of array operations over their edges, not a pass per path."""
+    longest edge (for its call site); the paths' edges marked in ``on_path``.  Paths in batches of
+    about :data:`BATCH_EDGES` edges (they overlap: together they can be several times the graph),
+    each batch one pass of array operations, not a pass per path."""
+    walks = _walks(small, run, nodes)
+    spans = small.starts[1:] - small.starts[:-1]
+    sizes = [int(spans[w].sum()) if w else 0 for w in walks]
+    keys = _name_keys(graph)
+    out: list[tuple[Piece, list[int]]] = []
+    lo = 0
+    while lo < len(walks):
+        hi, edges = lo + 1, sizes[lo]
+        while hi < len(walks) and edges + sizes[hi] <= BATCH_EDGES:
+            edges += sizes[hi]
+            hi += 1
+        out += _batch_pieces(graph, small, walks[lo:hi], keys, on_path)
+        lo = hi
+    return out
+
+
+def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
+                  keys: tuple[np.ndarray, list[str]], on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
+    """:func:`_pieces_of` for one batch of walks."""
     n_cat = len(cat.CATEGORIES)
-    path, piece = _walks(small, run, nodes)
+    path, piece = _expanded(small, walks)
     on_path[path] = True
     weight, category = graph.weight[path], graph.category[path].astype(np.int64)
-    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(nodes) * n_cat)
-    key_of, names = _name_keys(graph)
+    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(walks) * n_cat)
+    key_of, names = keys
     pair = key_of[path] * n_cat + category  # a contributor: a name in a category
     span = int(pair.max()) + 1 if len(pair) else 1
     key = piece * span + pair
@@ -208,14 +233,14 @@ def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[in
     order = np.lexsort((g_pair, -sums, g_piece))  # per piece, largest first (ties: the lower pair)
     rank = np.arange(len(order)) - np.searchsorted(g_piece[order], g_piece[order])
     top = order[(rank < TOP) & (sums[order] > 0)]
-    out: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in nodes]
+    found: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in walks]
     for g, p, pr, us in zip(top.tolist(), g_piece[top].tolist(), g_pair[top].tolist(), sums[top].tolist(),
                             strict=True):
-        out[p][0].append(Contributor(names[pr // n_cat], cat.CATEGORIES[pr % n_cat], round(us, 3)))
-        out[p][1].append(int(event_of[g]))
-    rows = by_cat.reshape(len(nodes), n_cat).tolist()
+        found[p][0].append(Contributor(names[pr // n_cat], cat.CATEGORIES[pr % n_cat], round(us, 3)))
+        found[p][1].append(int(event_of[g]))
+    rows = by_cat.reshape(len(walks), n_cat).tolist()
     return [(Piece([round(x, 3) for x in row], contributors), events)
-            for row, (contributors, events) in zip(rows, out, strict=True)]
+            for row, (contributors, events) in zip(rows, found, strict=True)]
 
 
 def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -> Piece:
