@@ -32,7 +32,8 @@ def test_real_traces_are_in_the_repository() -> None:
     assert [p.name for p in TRACES] == [
         "cpu_2rank_ddp_rank0.json.gz", "cpu_2rank_ddp_rank1.json.gz",
         "cpu_2rank_gloo_rank0_iter3.json.gz", "cpu_2rank_gloo_rank0_iter5.json.gz",
-        "cpu_2rank_manual_dp_rank0.json.gz", "gpu_128rank_sampled_rank0.json.gz", "gpu_128rank_sampled_rank1.json.gz",
+        "cpu_2rank_manual_dp_rank0.json.gz", "gpu_128rank_sampled_rank0.json.gz",
+        "gpu_128rank_sampled_rank1.json.gz",
         "gpu_1rank_alexnet.json.gz", "gpu_1rank_cuda_event_sync.json.gz",
         "gpu_1rank_cuda_event_sync_multistream.json.gz", "gpu_1rank_h200_torchprof_clean.json.gz",
         "gpu_1rank_h200_torchprof_faulty.json.gz", "gpu_1rank_simple_add_kineto.json.gz",

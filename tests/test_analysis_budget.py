@@ -121,7 +121,8 @@ def test_a_part_running_past_the_budget_is_stopped(tmp_path: Path, monkeypatch: 
     outcome = parse_results(trace, (SUMMARY,), top=None, write=True, workers=1,
                             budget=Deadline(1.5, "a test budget"))
     assert time.process_time() - started < 5.0
-    assert outcome.left_out == {"critical_path": "stopped: it ran past a test budget"}
+    assert outcome.left_out == {"critical_path": "stopped: it ran past a test budget",
+                                "memory": "not started: a test budget was spent"}  # what came after it
     stored = stored_parts(trace)
     assert stored is not None and msgspec.json.decode(stored["diagnosis"]) is not None
 
@@ -162,7 +163,8 @@ def test_a_slow_memory_categorisation_does_not_hold_the_exit(tmp_path: Path) -> 
     for part in ("diagnosis", "critical_path", "memory"):
         assert (sidecar[part] is not None) != (part in left_out), (part, left_out)
     if sidecar["memory"] is not None:
-        assert any("categorisation was stopped after" in note for note in sidecar["memory"]["notes"])
+        notes = sidecar["memory"]["notes"]
+        assert any("categorisation was stopped in the exporter" in note for note in notes)
     trace = next((tmp_path / "prof").glob("iter*/*.pt.trace.json.gz"))
     with gzip.open(trace) as handle:  # published whole
         assert json.load(handle)["traceEvents"]

@@ -53,7 +53,7 @@ def _forked(tmp_path: Path, background: bool) -> tuple[dict, dict]:
     after_exec = tmp_path / "after_exec.json"
     argv = [sys.executable, "-c", _REPORT, str(after_exec)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    pid = fork_export(export, job, argv, env, keep_fds=(), background=background)
+    pid = fork_export(export, job, str(tmp_path / "job.json"), argv, env, keep_fds=(), background=background)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     return json.loads(Path(job.staged_path).read_text()), json.loads(after_exec.read_text())

@@ -3,12 +3,13 @@
 The limits count this process's CPU time, not the clock: a publisher at idle priority that training
 keeps off the CPU is not cut short for waiting, and what is bounded is what an analysis costs the
 node.  :func:`time_limit` raises :class:`TimeLimitExceeded` in the block once it has used its seconds
-of CPU, by ``SIGPROF`` (``ITIMER_PROF``), where this process owns that signal: the main thread of a
-process this package started (the forked exporter, a publisher, a fork server's worker), with
-``SIGPROF`` at its default action.  Anywhere else (a publication on a trainer's own thread) it
-interrupts nothing, and the caller checks :meth:`Deadline.passed` between its steps instead.
-:class:`TimeLimitExceeded` is a ``BaseException``: ``except Exception`` around one analysis cannot
-swallow the limit of all of them.
+of CPU, by ``SIGPROF`` (``ITIMER_PROF``), or optionally once a wall-clock backstop has passed
+(``SIGALRM``, ``ITIMER_REAL``: for a block that could wait rather than work), where this process owns
+those signals: the main thread of a process this package started (the forked exporter, a publisher,
+a fork server's worker), with the signals at their default action.  Anywhere else (a publication on
+a trainer's own thread) it interrupts nothing, and the caller checks :meth:`Deadline.passed` between
+its steps instead.  :class:`TimeLimitExceeded` is a ``BaseException``: ``except Exception`` around
+one analysis cannot swallow the limit of all of them.
 """
 
 from __future__ import annotations
@@ -49,33 +50,42 @@ class Deadline:
         return self.at is not None and time.process_time() >= self.at
 
 
-def _owns_the_signal() -> bool:
-    return (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGPROF) in (signal.SIG_DFL, None))
+def _owns(signum: int) -> bool:
+    return signal.getsignal(signum) in (signal.SIG_DFL, None)
 
 
 @contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
+def time_limit(seconds: float | None, wall: float | None = None) -> Iterator[None]:
     """Raise :class:`TimeLimitExceeded` in the block once it has used ``seconds`` of this process's
-    CPU (None: no limit), where this process owns ``SIGPROF`` (see the module); elsewhere the block
-    runs to its end.
+    CPU (None: no limit), or, with ``wall``, once that many seconds have passed on the clock (a
+    backstop for a block that waits rather than works), where this process owns ``SIGPROF`` (and
+    ``SIGALRM``; see the module); elsewhere the block runs to its end.
 
     Args:
-        seconds: the limit; 0 or less raises at once.
+        seconds: the CPU limit; 0 or less raises at once.
+        wall: the clock's limit, or None.
     """
-    if seconds is None or not _owns_the_signal():
+    timers: list[tuple[int, int, float]] = [
+        (signum, which, limit) for signum, which, limit in
+        ((signal.SIGPROF, signal.ITIMER_PROF, seconds), (signal.SIGALRM, signal.ITIMER_REAL, wall))
+        if limit is not None]
+    if not timers or threading.current_thread() is not threading.main_thread() \
+            or not all(_owns(signum) for signum, _, _ in timers):
         yield
         return
-    if seconds <= 0:
+    if min(limit for _, _, limit in timers) <= 0:
         raise TimeLimitExceeded
 
     def expire(signum: int, frame: FrameType | None) -> None:
         raise TimeLimitExceeded
 
-    previous = signal.signal(signal.SIGPROF, expire)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    previous = [(signum, signal.signal(signum, expire)) for signum, _, _ in timers]
+    for _, which, limit in timers:
+        signal.setitimer(which, limit)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
+        for _, which, _ in timers:
+            signal.setitimer(which, 0)
+        for signum, handler in previous:
+            signal.signal(signum, handler)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from torchprof_args.time_limit import TimeLimitExceeded, time_limit
 __all__ = ["EXPORT_SECONDS", "MAX_TRACE_BYTES", "Exported", "exporter_companion", "read_exported",
            "write_exported"]
 
-#: the longest PyTorch's categorisation may run in the exporter (then the trace's is used).
+#: the longest PyTorch's categorisation may run in the exporter, on the clock, whatever its CPU budget
+#: (then the trace's is used): a backstop for a categorisation that waits.
 EXPORT_SECONDS = 120
 #: above this raw trace size it is not run (it builds the whole operator graph in memory, in a
 #: process that shares the trainer's host memory).
@@ -45,9 +47,9 @@ def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
                    seconds: float | None = None) -> None:
     """Write PyTorch's categorisation of ``result`` (``profile.profiler.kineto_results``) to
     ``path``; never raises: a failure (over time, over size, an error in PyTorch's analysis) is
-    written as the file's ``error``.  ``seconds``: the time limit (default :data:`EXPORT_SECONDS`;
-    the exporter gives what is left of the trace's analysis budget, ``--torch-profile-analysis-budget``)."""
-    seconds = EXPORT_SECONDS if seconds is None else min(seconds, EXPORT_SECONDS)
+    written as the file's ``error``.  ``seconds``: its CPU limit (the exporter's part of the trace's
+    analysis budget, ``--torch-profile-analysis-budget``; None: none); on the clock it may take
+    :data:`EXPORT_SECONDS` at most."""
     if trace_bytes > MAX_TRACE_BYTES:
         found = Exported(error=f"the trace is {trace_bytes / 2**20:.0f} MiB (over {MAX_TRACE_BYTES >> 20} "
                                "MiB): PyTorch's memory categorisation was not run in the exporter")
@@ -55,11 +57,14 @@ def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
         try:
             from torchprof_args.analysis.memory.pytorch_profile import memory_part
 
-            with time_limit(seconds):
+            started, cpu = time.monotonic(), time.process_time()
+            with time_limit(seconds, wall=EXPORT_SECONDS):
                 found = Exported(part=memory_part(result))
         except TimeLimitExceeded:
-            found = Exported(error=f"PyTorch's memory categorisation was stopped after {seconds:.1f} s in "
-                                   "the exporter (its analysis budget, --torch-profile-analysis-budget)")
+            found = Exported(error=f"PyTorch's memory categorisation was stopped in the exporter after "
+                                   f"{time.process_time() - cpu:.1f} s of CPU, "
+                                   f"{time.monotonic() - started:.1f} s in all (its part of the analysis "
+                                   f"budget, --torch-profile-analysis-budget; at most {EXPORT_SECONDS:g} s)")
         except Exception as err:  # noqa: BLE001 - PyTorch's private analysis may fail on any trace
             found = Exported(error=f"PyTorch's memory categorisation failed in the exporter: "
                                    f"{type(err).__name__}: {err}")

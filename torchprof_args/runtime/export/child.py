@@ -29,12 +29,12 @@ from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["Companion", "ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
 
-#: the trainer's handlers the child puts back to default (SIGPROF: the child's own analysis CPU limit).
+#: the trainer's handlers the child puts back to default (SIGPROF, SIGALRM: the child's analysis limits).
 #: what the exporter runs after the trace: ``(path, trace bytes, seconds it may take) -> None``.
 Companion = Callable[[str, int, float | None], None]
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
-            signal.SIGPROF)
+            signal.SIGPROF, signal.SIGALRM)
 
 
 class ExportIncomplete(OSError):
