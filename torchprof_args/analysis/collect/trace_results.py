@@ -241,9 +241,9 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
         budget: when the decoding and the parts not asked for must be done (the publisher's share
             of ``--torch-profile-analysis-budget``, started before it decodes; None: no limit).  A
             part that does not fit (not started, or stopped by
-            :func:`~torchprof_args.time_limit.time_limit`) is stored
-            as null and named in the sidecar's ``left_out`` with the reason: readers then parse the
-            trace for it.  The parts asked for are always computed.
+            :func:`~torchprof_args.time_limit.time_limit`) is stored as null and named in the
+            sidecar's ``left_out`` with the reason: readers then parse the trace for it.  The parts
+            asked for are always computed.
 
     Returns:
         The :class:`Outcome`; a trace that cannot be read is its error, never an exception.
@@ -259,12 +259,12 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part], *, top: i
                            flops=any(p.flops for p in computed),
                            memory_rows=any(p.memory_rows for p in computed))
         size = trace.uncompressed_bytes
-        made = given or {}
-        values = {p.name: _computed(p, trace, None if write else top, described, made.get(p.name))
+        made, kept_top = given or {}, None if write else top
+        values = {p.name: _computed(p, trace, kept_top, described, made.get(p.name))
                   for p in computed if p in parts}
         for p in computed:
             if p not in parts:
-                values[p.name], why = _budgeted(p, trace, top, described, deadline, made.get(p.name))
+                values[p.name], why = _budgeted(p, trace, kept_top, described, deadline, made.get(p.name))
                 if why:
                     left_out[p.name] = why
         values = {p.name: values[p.name] for p in computed}  # the sidecar's key order

@@ -29,10 +29,10 @@ from torchprof_args.runtime.export.status import PublishStatus, report_status
 
 __all__ = ["Companion", "ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
 
-#: the trainer's handlers the child puts back to default (SIGPROF, SIGALRM: the child's analysis limits).
-#: what the exporter runs after the trace: ``(path, trace bytes, seconds it may take) -> None``.
+#: what the exporter runs after the trace: ``(path, trace bytes, CPU seconds it may take) -> None``.
 Companion = Callable[[str, int, float | None], None]
 
+#: the trainer's handlers the child puts back to default (SIGPROF, SIGALRM: the child's analysis limits).
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
             signal.SIGPROF, signal.SIGALRM)
 
@@ -82,8 +82,9 @@ def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, a
     ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
     ``companion(path, trace_bytes, seconds)``, when given, then writes ``job.memory_path`` from the
     profiler's results the child still holds (PyTorch's memory categorisation; it never raises)
-    within its part of the trace's analysis budget.  The child then saves the job again at ``job_path`` with
-    the export's CPU time (the publisher's budget is a share of it) and the companion's.
+    within its part of the trace's analysis budget.  The child then saves the job again at
+    ``job_path`` with the export's CPU time (the publisher's budget is a share of it) and the
+    companion's.
     ``background``: the child lowers itself to the lowest CPU and I/O priority first
     (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
     Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
