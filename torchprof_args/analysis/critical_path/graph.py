@@ -153,9 +153,20 @@ def _bind(t: np.ndarray, src: np.ndarray, dst: np.ndarray, nominal: np.ndarray,
     if not len(src):
         return binding, weight
     value = t[src] + nominal
-    priority = np.array([_PRIORITY.get(k, 9) for k in range(16)])[kind]
-    order = np.lexsort((priority, -nominal, -value, dst))
-    first = order[np.r_[True, dst[order][1:] != dst[order][:-1]]]
+    priority = np.array([_PRIORITY.get(k, 9) for k in range(16)], dtype=np.float64)[kind]
+    # per node, its edges in index order; then the latest value, the most work, the preferred kind,
+    # the first edge: one sort and a maximum per node per key, not a sort by four keys
+    by_dst = np.argsort(dst, kind="stable")
+    into = dst[by_dst]
+    starts = np.flatnonzero(np.r_[True, into[1:] != into[:-1]])
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(into)]))
+    best = np.ones(len(into), dtype=bool)
+    for key in (value, nominal, -priority):
+        ranked = key[by_dst]
+        top = np.maximum.reduceat(np.where(best, ranked, -np.inf), starts)
+        best &= ranked == top[group]
+    kept = np.flatnonzero(best)
+    first = by_dst[kept[np.r_[True, group[kept][1:] != group[kept][:-1]]]]
     binding[dst[first]] = first
     weight[first] = t[dst[first]] - t[src[first]]
     return binding, weight
