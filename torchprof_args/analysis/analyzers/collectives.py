@@ -71,6 +71,19 @@ _DTYPE_BYTES = {
 }
 
 
+#: a step that waits at once for at most this many all-reduces issued at its top level waits for
+#: metrics, which it could read later; more are the model's own communication (gradients reduced by
+#: hand, tensor parallelism), whose result the step needs.
+METRIC_REDUCES_PER_STEP = 2
+
+
+def are_metrics(reduces: int, steps: int) -> bool:
+    """Whether ``reduces`` all-reduces that ``steps`` steps issued at their top level and waited for
+    are metrics (:data:`METRIC_REDUCES_PER_STEP`): the one rule of the critical path's removable
+    waits and ``host_sync``'s CPU form."""
+    return reduces <= METRIC_REDUCES_PER_STEP * max(steps, 1)
+
+
 @functools.lru_cache(maxsize=4096)
 def canonical_kind(name: str) -> str:
     """``all_reduce``, ``all_gather``, ... from any spelling (``allreduce``, ``nccl:all_reduce``,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.collectives import canonical_kind
+from torchprof_args.analysis.analyzers.collectives import are_metrics, canonical_kind
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import (
     COLLECTIVE_ISSUE_RE,
@@ -47,9 +47,6 @@ __all__ = ["RESUME_US", "CpuEvents", "cpu_edges", "cpu_events"]
 RESUME_US = 500.0
 #: a thread quiet for less than this was not waiting.
 MIN_QUIET_US = 50.0
-#: a step waits at once for at most this many all-reduces it issued for them to be metrics, whose
-#: wait a step can leave out (more are the model's own communication).
-METRIC_REDUCES_PER_STEP = 2
 #: ... or, for a collective it issued, within this share of its gap.
 ISSUED_RESUME_SHARE = 0.5
 #: top-level events on a thread that runs no step, less than this apart, are one burst of activity.
@@ -212,14 +209,13 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
 
 def _removable_waits(trace: Trace, cpu: CpuEvents, issuers: dict[int, int]) -> set[int]:
     """The runs whose wait a step could leave out (``host_sync``'s CPU form): all-reduces the step
-    issued at its top level, at most :data:`METRIC_REDUCES_PER_STEP` a step (a metric).  More a step,
-    or broadcasts, are the model's own communication (Megatron's tensor-parallel all-reduces): their
-    result is needed where the step waits for it."""
+    issued at its top level, when few enough to be metrics (:func:`~..analyzers.collectives.are_metrics`).
+    More a step, or broadcasts, are the model's own communication (Megatron's tensor-parallel
+    all-reduces): their result is needed where the step waits for it."""
     top = [run for run, issuer in issuers.items()
            if (cpu.parent[issuer] < 0 or bool(cpu.step[cpu.parent[issuer]]))
            and canonical_kind(trace.names[trace.name_id[cpu.events[run]]]) == "all_reduce"]
-    steps = max(int(cpu.step.sum()), 1)
-    return set(top) if len(top) <= METRIC_REDUCES_PER_STEP * steps else set()
+    return set(top) if are_metrics(len(top), int(cpu.step.sum())) else set()
 
 
 def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],

@@ -16,7 +16,7 @@ synchronous collective on a metric.  The thread runs no operator while it waits 
 not one; a Python frame around it, with ``--torch-profile-with-stack``, does not count) and gloo's
 worker thread runs the collective meanwhile, so the cost is the time from the issuing operator's end
 to the thread's next operator, while the collective runs.  Only a metric's all-reduces count, as on
-the critical path (at most :data:`~..critical_path.cpu_graph.METRIC_REDUCES_PER_STEP` a step): more
+the critical path (:func:`~..analyzers.collectives.are_metrics`: at most two a step): more
 are the model's own communication (gradients reduced by hand), whose result the step needs.
 """
 
@@ -27,7 +27,7 @@ from collections import defaultdict
 import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import STACK_FLAG, call_sites, has_stacks
-from torchprof_args.analysis.analyzers.collectives import canonical_kind
+from torchprof_args.analysis.analyzers.collectives import are_metrics, canonical_kind
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_ISSUE_RE as _ISSUE_RE
 from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_RUN_RE as _RUN_RE
@@ -42,7 +42,6 @@ from torchprof_args.analysis.analyzers.stepwise import (
     events_named,
     top_names,
 )
-from torchprof_args.analysis.critical_path.cpu_graph import METRIC_REDUCES_PER_STEP
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
 from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
@@ -190,13 +189,11 @@ def _top_level_issues(trace: Trace) -> dict[str, list[tuple[str, float, float]]]
 def _metric_reduces(issues: dict[str, list[tuple[str, float, float]]],
                     n_steps: int) -> dict[str, list[tuple[str, float, float]]]:
     """The all-reduces among ``issues`` when they are few enough a step to be metrics the step need
-    not wait for (the critical path's rule, :data:`METRIC_REDUCES_PER_STEP`); more are the model's own
+    not wait for (:func:`are_metrics`, the critical path's rule too); more are the model's own
     communication (gradients reduced by hand, tensor parallelism), whose result the step needs."""
     reduces = {step: [issue for issue in found if canonical_kind(issue[0]) == "all_reduce"]
                for step, found in issues.items()}
-    if sum(len(found) for found in reduces.values()) > METRIC_REDUCES_PER_STEP * max(n_steps, 1):
-        return {}
-    return reduces
+    return reduces if are_metrics(sum(len(found) for found in reduces.values()), n_steps) else {}
 
 
 def cpu_waits(trace: Trace, threshold: Threshold = THRESHOLD) -> Finding | None:
