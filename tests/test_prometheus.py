@@ -285,7 +285,17 @@ def test_real_prometheus_scrapes_a_two_rank_job_through_restart_and_port_taken(t
         scraper.kill()
         scraper.wait()
         output = _finish(job, tmp_path / "first" / "hold", tmp_path / "first")
-        assert "Prometheus" not in output.replace("serving Prometheus metrics", "")  # no warning
+        # the kill may land before or after the server wrote the whole response: at most the one
+        # disconnect warning, nothing else about Prometheus
+        other = [
+            line
+            for line in output.splitlines()
+            if "Prometheus" in line
+            and "serving Prometheus metrics" not in line
+            and "scraper disconnected before the end of its response" not in line
+        ]
+        assert not other, other
+        assert output.count("scraper disconnected before the end") <= 1
         # 2. the job restarted on the same port (its old connections in TIME_WAIT): served again
         (tmp_path / "second").mkdir()
         job = start_torchrun(
