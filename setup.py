@@ -20,6 +20,7 @@ EXTRAS = {
     # torchprof_args.torchtitan: torchtitan 0.3's config registry (Python 3.11+, like torchtitan)
     "torchtitan": ["torchtitan>=0.3; python_version >= '3.11'"],
     "prometheus": ["prometheus-client>=0.17"],  # --metrics-sinks prometheus: the /metrics endpoint
+    "trend": ["scipy>=1.10"],  # torchprof trend's change test (scipy.stats.mannwhitneyu)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline

@@ -3,8 +3,9 @@
 Two questions, both must say yes before a change is reported:
 
 1. **Is the shift more than sampling noise?**  The Mann-Whitney U test of the run's per-step
-   samples against the baseline runs' samples pooled (two-sided, normal approximation with the tie
-   correction and a continuity correction; numpy only).  Steps of one run are not independent (a
+   samples against the baseline runs' samples pooled (``scipy.stats.mannwhitneyu``: two-sided,
+   normal approximation with the tie and continuity corrections; ``pip install
+   'torchprof-args[trend]'``).  Steps of one run are not independent (a
    slow phase lasts several steps), so its p-value alone overstates the confidence; hence 2.
 2. **Is it beyond the run-to-run noise?**  The modified z-score (Iglewicz and Hoaglin) of the run's
    *level* among the baseline runs' levels: ``0.6745 (m - median(M)) / MAD(M)``.  A run's level is a
@@ -30,14 +31,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from torchprof_args.errors import CommandError
+
 __all__ = [
     "DEFAULT_RULE",
     "Comparison",
     "Rule",
     "compare",
     "false_positive_rate",
-    "mann_whitney",
     "modified_z",
+    "u_test_p",
 ]
 
 #: Baseline runs the z-score needs (a median absolute deviation of fewer says little).
@@ -81,32 +84,16 @@ class Comparison:
     verdict: str
 
 
-def _ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n with ties given their average rank."""
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    average = ends - (counts - 1) / 2.0
-    return average[inverse]
-
-
-def mann_whitney(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """``(U of x, two-sided p)``: the Mann-Whitney U test, normal approximation with tie and
-    continuity corrections (as scipy's ``mannwhitneyu(method="asymptotic")``)."""
-    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    n1, n2 = len(a), len(b)
-    if n1 == 0 or n2 == 0:
-        raise ValueError("the U test needs samples on both sides")
-    both = np.concatenate([a, b])
-    u1 = float(_ranks(both)[:n1].sum() - n1 * (n1 + 1) / 2.0)
-    n = n1 + n2
-    _, counts = np.unique(both, return_counts=True)
-    ties = float((counts.astype(float) ** 3 - counts).sum())
-    variance = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1)))
-    if variance <= 0:
-        return u1, 1.0
-    shift = u1 - n1 * n2 / 2.0
-    z = (abs(shift) - 0.5) / math.sqrt(variance)
-    return u1, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0)))
+def u_test_p(x: Sequence[float], y: Sequence[float]) -> float:
+    """The two-sided p-value of the Mann-Whitney U test of ``x`` against ``y`` (scipy's asymptotic
+    method: tie and continuity corrections; samples that are all equal give 1)."""
+    try:
+        from scipy.stats import mannwhitneyu
+    except ImportError:
+        raise CommandError(
+            "torchprof trend's change test needs scipy: pip install 'torchprof-args[trend]'"
+        ) from None
+    return float(mannwhitneyu(x, y, alternative="two-sided", method="asymptotic").pvalue)
 
 
 def modified_z(value: float, references: Sequence[float]) -> float:
@@ -138,7 +125,7 @@ def compare(
     change = _percent(level, base_level)
     p = None
     if len(candidate) >= MIN_SAMPLES and len(pooled) >= MIN_SAMPLES:
-        p = mann_whitney(candidate, pooled)[1]
+        p = u_test_p(candidate, pooled)
     run_levels = [float(np.quantile(run, q)) for run in baseline_runs if len(run)]
     z = modified_z(level, run_levels) if len(run_levels) >= MIN_RUNS_FOR_Z else None
     worse = change < 0 if higher_is_better else change > 0
