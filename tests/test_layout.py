@@ -5,7 +5,8 @@ The layers of ``torchprof_args``, lowest first.  A module imports from its own l
 one, never from a higher one (a *back-arrow*); within a layer, no cycle:
 
  1. foundation  ``errors``, ``naming``, ``atomic``, ``private_dir``, ``log``, ``_dist``,
-                ``torch_support``, ``device_peaks``, ``import_state``: shared by everything, no feature
+                ``torch_support``, ``device_peaks``, ``import_state``, ``time_limit``, ``shared/`` (what
+                ``metrics/`` and ``analysis/`` agree on: the straggler rule): shared by everything, no feature
  2. flags       ``flags/``: Flag, FlagGroup, the registry, argparse types, the flag table; knows no feature
  3. ondemand    ``ondemand/``: its flags and config, the request protocol, the agreed window and its
                 wire format, inbox, controller, registry, the dynolog check
@@ -60,7 +61,7 @@ ROOT = Path(torchprof_args.__file__).resolve().parent
 #: names below ``torchprof_args`` ("" is the package's own ``__init__``, the facade on top).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "naming", "atomic", "private_dir", "log", "_dist", "torch_support",
-                    "device_peaks", "import_state", "time_limit")),
+                    "device_peaks", "import_state", "time_limit", "shared")),
     ("flags", ("flags",)),
     ("ondemand", ("ondemand",)),
     ("stacks", ("stacks",)),

@@ -243,7 +243,8 @@ def test_straggler_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert Timers.from_args(parser.parse_args(["--straggler-threshold", "0"])).stragglers.threshold == 0
     with pytest.raises(SystemExit):
         parser.parse_args(["--straggler-threshold", "0.9"])
-    assert "--straggler-threshold: must be above 1 (times the median), or 0" in capsys.readouterr().err
+    assert ("--straggler-threshold: must be above 1 (times the other ranks' median), or 0"
+            in capsys.readouterr().err)
 
 
 def test_megatron_host_options_are_reused_not_redefined() -> None:
@@ -322,14 +323,15 @@ def test_fixed_size_gather_on_two_ranks_agrees_once_and_names_the_straggler(tmp_
             assert fwd1 > fwd0
             assert interval["scalars"]["timers/forward-backward-time-max-rank"] == 1.0
             assert interval["scalars"]["stragglers/forward-backward-score-max-rank"] == 1.0
-            # each rank's time / the 2.5 ms median
-            assert interval["scores"]["stragglers/forward-backward-score"] == pytest.approx([0.4, 1.6])
+            # each rank's time / the other rank's (1 ms and 4 ms)
+            assert interval["scores"]["stragglers/forward-backward-score"] == pytest.approx([0.25, 4.0])
         assert "same timer names on every rank" in entry["mismatch"]
         assert "rank 1 has extra ['optimizer']" in entry["mismatch"]
         # streak of 2 intervals -> warned at 2, then at 4 (doubling); every rank agrees on them
         assert entry["warnings"] == [
-            "straggler: rank 1 forward-backward took 1.60x the median of 2 ranks (4.0 ms vs 2.5 ms) "
-            f"for {n} log intervals in a row (iterations 1-{n}; --straggler-threshold 1.2)" for n in (2, 4)]
+            "straggler: rank 1 forward-backward took 4.00x the median of the other ranks (4.0 ms vs "
+            f"1.0 ms; 2 ranks) for {n} log intervals in a row (iterations 1-{n}; --straggler-threshold 1.05)"
+            for n in (2, 4)]
     warned = ("WARNING torchprof_args.metrics.stragglers: [torchprof rank {}] straggler: "
               "rank 1 forward-backward")
     assert warned.format(0) in result.stderr
@@ -362,24 +364,25 @@ parallel_state.destroy_model_parallel(); dist.destroy_process_group()
 
 
 def test_straggler_figures_and_warning_on_one_process() -> None:
-    """Scores are time over the median; no score for timers fewer than two ranks ran."""
+    """Scores are time over the median of the other ranks; no score for timers fewer than two ranks
+    ran; a straggler is also 2 ms over that median."""
     from torchprof_args.metrics.stragglers import StragglerTracker, straggler_figures
 
     names = ["forward-backward", "data"]
     times = [[0.10, 0.01], [0.10, math.nan], [0.25, math.nan], [0.12, math.nan]]
     scalars, per_rank = straggler_figures(names, times, [8, 9, 10, 11], scored=["forward-backward"])
     assert scalars == {"timers/forward-backward-time-max-rank": 10.0,
-                       "stragglers/forward-backward-score-max": pytest.approx(0.25 / 0.11),
+                       "stragglers/forward-backward-score-max": pytest.approx(0.25 / 0.10),
                        "stragglers/forward-backward-score-max-rank": 10.0}
-    assert per_rank["stragglers/forward-backward-score"][0] == pytest.approx(0.10 / 0.11)
+    assert per_rank["stragglers/forward-backward-score"] == pytest.approx([0.1 / 0.12, 0.1 / 0.12, 2.5, 1.2])
     tracker = StragglerTracker(1.5, 2, rank=1)  # not rank 0: computes, does not log
     coords = [None, None, {"dp": 1, "tp": 0, "pp": 1, "cp": 0, "ep": 0}, None]
     assert tracker.update(100, names, times, per_rank, [8, 9, 10, 11], coords) == []
     assert tracker.update(100, names, times, per_rank, [8, 9, 10, 11], coords) == []  # same interval twice
     (warning,) = tracker.update(200, names, times, per_rank, [8, 9, 10, 11], coords)
-    assert warning.startswith("straggler: rank 10 (dp=1 tp=0 pp=1 cp=0 ep=0) forward-backward took 2.27x the "
-                              "median of 4 ranks (250.0 ms vs 110.0 ms) for 2 log intervals in a row "
-                              "(iterations 100-200")
+    assert warning.startswith("straggler: rank 10 (dp=1 tp=0 pp=1 cp=0 ep=0) forward-backward took 2.50x the "
+                              "median of the other ranks (250.0 ms vs 100.0 ms; 4 ranks) for 2 log "
+                              "intervals in a row (iterations 100-200")
     assert StragglerTracker(0, 2, rank=0).update(1, names, times, per_rank, [8, 9, 10, 11]) == []
 
 

@@ -18,6 +18,7 @@ from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
 from torchprof_args.flags.types import non_negative_int, positive_float, positive_int
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
+from torchprof_args.shared import stragglers
 
 __all__ = ["ALL_SINKS", "DEFAULT_SINKS", "MetricsConfig", "PrometheusConfig", "TimersConfig", "WandbConfig",
            "WandbMode", "default_wandb_mode", "wandb_credentials_present", "wandb_mode"]
@@ -39,14 +40,14 @@ def timing_log_level(text: str) -> int:
 
 
 def straggler_threshold(text: str) -> float:
-    """A ratio above 1 (e.g. 1.2), or 0 for no warning."""
+    """A ratio above 1 (e.g. 1.05), or 0 for no warning."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number like 1.2, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number like 1.05, got {text!r}") from None
     if value != 0 and not value > 1.0:
-        raise argparse.ArgumentTypeError(f"must be above 1 (times the median), or 0 to turn the warning off; "
-                                         f"got {value:g}")
+        raise argparse.ArgumentTypeError("must be above 1 (times the other ranks' median), or 0 to turn the "
+                                         f"warning off; got {value:g}")
     return value
 
 
@@ -97,17 +98,17 @@ METRICS_RANK = Flag("--metrics-rank",
                     "last rank, as in Megatron-LM.", type=non_negative_int, metavar="R",
                     default_doc="last rank")
 STRAGGLER_THRESHOLD = Flag("--straggler-threshold",
-                           "Warn (on rank 0) when a rank's time for a --straggler-timers timer stays above "
-                           "this many times the median of all ranks for --straggler-intervals log "
-                           "intervals in a row; 0 turns the warning off (the per-rank scores are still "
-                           "written).",
-                           default=1.2, type=straggler_threshold, metavar="X")
+                           "Warn (on rank 0) when a rank stays a straggler in a --straggler-timers timer "
+                           "(its time at least this many times the median of the other ranks, and 2 ms "
+                           "more) for --straggler-intervals log intervals in a row; 0 turns the warning off "
+                           "(the per-rank scores are still written).",
+                           default=stragglers.STRAGGLER_THRESHOLD, type=straggler_threshold, metavar="X")
 STRAGGLER_INTERVALS = Flag("--straggler-intervals",
                            "Log intervals in a row above --straggler-threshold before a rank is reported "
                            "as a straggler.", default=3, type=positive_int, metavar="N")
 STRAGGLER_TIMERS = Flag("--straggler-timers",
-                        "Timers that get a straggler score per rank (time over the median; written per rank "
-                        "to metrics.jsonl, the dashboard's heatmap).",
+                        "Timers that get a straggler score per rank (time over the other ranks' median; "
+                        "written per rank to metrics.jsonl, the dashboard's heatmap).",
                         default=list(DEFAULT_STRAGGLER_TIMERS), nargs="+", metavar="NAME")
 FLOPS_PER_ITERATION = Flag("--metrics-flops-per-iteration",
                            "Model FLOPs of one training iteration (all ranks together), for TFLOP/s per GPU.",
@@ -184,7 +185,7 @@ class TimersConfig:
     #: Timers are NVTX ranges too (``--torch-profile-nsys``).
     nvtx: bool = False
     #: ``--straggler-threshold`` (0: no warning), ``--straggler-intervals``, ``--straggler-timers``.
-    straggler_threshold: float = 1.2
+    straggler_threshold: float = stragglers.STRAGGLER_THRESHOLD
     straggler_intervals: int = 3
     straggler_timers: tuple[str, ...] = DEFAULT_STRAGGLER_TIMERS
 
@@ -194,7 +195,7 @@ class TimersConfig:
         return cls(log_level=flag_value(args, LOG_LEVEL) or 0,
                    log_option=flag_value(args, LOG_OPTION) or "minmax",
                    synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx,
-                   straggler_threshold=1.2 if threshold is None else float(threshold),
+                   straggler_threshold=cls.straggler_threshold if threshold is None else float(threshold),
                    straggler_intervals=flag_value(args, STRAGGLER_INTERVALS) or 3,
                    straggler_timers=tuple(flag_value(args, STRAGGLER_TIMERS) or DEFAULT_STRAGGLER_TIMERS))
 

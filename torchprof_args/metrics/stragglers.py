@@ -5,23 +5,25 @@ rank costs no communication:
 
 * ``timers/<name>-time-max-rank``: the global rank with the largest reading of each timer;
 * a straggler score per rank for the timers that matter most (``--straggler-timers``, default
-  forward-backward, optimizer and the step): its time over the median of all ranks, written per
-  rank to ``metrics.jsonl`` (the dashboard's rank x interval heatmap) with the largest score and
-  its rank as scalars (``stragglers/<name>-score-max``, ``stragglers/<name>-score-max-rank``);
-* a one-line warning on global rank 0 when one rank's score stays above
-  ``--straggler-threshold`` for ``--straggler-intervals`` intervals in a row, with the rank's
-  megatron-core parallel coordinates when its parallel state is up.
+  forward-backward, optimizer and the step): its time over the median of the other ranks
+  (:mod:`torchprof_args.shared.stragglers`, the one definition), written per rank to
+  ``metrics.jsonl`` (the dashboard's rank x interval heatmap) with the largest score and its rank
+  as scalars (``stragglers/<name>-score-max``, ``stragglers/<name>-score-max-rank``);
+* a one-line warning on global rank 0 when one rank stays a straggler (its score at least
+  ``--straggler-threshold``, its time 2 ms over the others' median) for ``--straggler-intervals``
+  intervals in a row, with the rank's megatron-core parallel coordinates when its parallel state
+  is up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 
 from torchprof_args.log import get_logger
 from torchprof_args.metrics.hardware import hardware_reason
+from torchprof_args.shared.stragglers import is_straggler, others_medians, straggler_score
 
 __all__ = ["DEFAULT_STRAGGLER_TIMERS", "StragglerTracker", "straggler_figures"]
 
@@ -41,7 +43,7 @@ def straggler_figures(names: Sequence[str], times: Sequence[Sequence[float]], gl
     """``(scalars, per_rank)`` of one interval; ``times[r][i]`` is group rank r's seconds for ``names[i]``.
 
     Nothing for a timer fewer than two ranks ran.  Scores are only computed for ``scored`` timers
-    (a median of zero gives no score).
+    (the others' median of zero gives no score).
     """
     scalars: dict[str, float] = {}
     per_rank: dict[str, list[float | None]] = {}
@@ -51,12 +53,13 @@ def straggler_figures(names: Sequence[str], times: Sequence[Sequence[float]], gl
             continue
         slowest, _ = max(readings, key=lambda item: item[1])
         scalars[f"timers/{name}-time-max-rank"] = float(global_ranks[slowest])
-        median = statistics.median(value for _, value in readings)
-        if name not in scored or median <= 0:
+        if name not in scored:
             continue
         scores: list[float | None] = [None] * len(times)
-        for rank, value in readings:
-            scores[rank] = value / median
+        for (rank, value), others in zip(readings, others_medians([v for _, v in readings]), strict=True):
+            scores[rank] = straggler_score(value, others)
+        if all(score is None for score in scores):
+            continue
         per_rank[f"stragglers/{name}-score"] = scores
         top_rank, top = max(((r, s) for r, s in enumerate(scores) if s is not None), key=lambda item: item[1])
         scalars[f"stragglers/{name}-score-max"] = top
@@ -77,7 +80,9 @@ def _coordinates_text(coordinates: Mapping[str, int] | None) -> str:
 
 
 class StragglerTracker:
-    """Counts, per scored timer, the intervals in a row each rank has scored above ``threshold``;
+    """Counts, per scored timer, the intervals in a row each rank has been a straggler (its score
+    at least ``threshold``, its time 2 ms over the others' median:
+    :func:`torchprof_args.shared.stragglers.is_straggler`);
     warns (global rank 0 only) when a streak reaches ``intervals``, then at 2x, 4x, 8x ... that
     length while it lasts (a persistent straggler is not repeated every interval).
 
@@ -109,25 +114,23 @@ class StragglerTracker:
                 continue
             self._last_iteration[name] = iteration
             index = list(names).index(name)
+            ran = sum(1 for row in times if row[index] is not None and math.isfinite(row[index]))
             for rank, score in enumerate(scores):
                 streak_key = (name, global_ranks[rank])
-                if score is None or score <= self.threshold:
+                mine_ms = times[rank][index] * 1e3 if score else 0.0
+                if not score or not is_straggler(mine_ms, mine_ms / score, self.threshold):
                     self._streaks.pop(streak_key, None)
                     continue
                 streak = self._streaks.setdefault(streak_key, _Streak(0, iteration))
                 streak.count += 1
                 repeats, rest = divmod(streak.count, self.intervals)
                 if rest == 0 and repeats & (repeats - 1) == 0:
-                    readings = [
-                        row[index] for row in times if row[index] is not None and math.isfinite(row[index])
-                    ]
-                    median = statistics.median(readings)
                     coords = coordinates[rank] if coordinates else None
                     why = hardware_reason(hardware, rank) if hardware else ""
                     issued.append(
                         f"straggler: rank {global_ranks[rank]}{_coordinates_text(coords)} {name} took "
-                        f"{score:.2f}x the median of {len(readings)} ranks "
-                        f"({times[rank][index] * 1e3:.1f} ms vs {median * 1e3:.1f} ms) "
+                        f"{score:.2f}x the median of the other ranks "
+                        f"({mine_ms:.1f} ms vs {mine_ms / score:.1f} ms; {ran} ranks) "
                         f"for {streak.count} log intervals in a row "
                         f"(iterations {streak.first_iteration}-{iteration}; "
                         f"--straggler-threshold {self.threshold:g})"

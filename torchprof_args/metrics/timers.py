@@ -12,8 +12,8 @@ Differences from Megatron's timers, all aimed at production jobs:
   travel; no pickling).  Ranks that ask for different names get a clear error naming the
   differing timers instead of a silent hang or garbage.
 * The same readings say which rank is slow (:mod:`~torchprof_args.metrics.stragglers`):
-  ``timers/<name>-time-max-rank``, a straggler score per rank (time over the median) and a warning
-  when one rank stays above ``--straggler-threshold``.
+  ``timers/<name>-time-max-rank``, a straggler score per rank (time over the other ranks' median)
+  and a warning when one rank stays a straggler (:mod:`torchprof_args.shared.stragglers`).
 
 Semantics (log levels 0/1/2 with dummy timers above the level; log options ``max``, ``minmax``,
 ``all``; ``normalizer``; ``reset``; ``barrier``) follow Megatron's.  The readings themselves
@@ -103,7 +103,7 @@ class Timers:
         device: str = "auto",
         group: ProcessGroup | None = None,
         nvtx: NvtxRanges | None = None,
-        straggler_threshold: float = 1.2,
+        straggler_threshold: float = TimersConfig.straggler_threshold,
         straggler_intervals: int = 3,
         straggler_timers: Sequence[str] = DEFAULT_STRAGGLER_TIMERS,
     ) -> None:

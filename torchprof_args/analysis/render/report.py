@@ -28,6 +28,7 @@ from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
+from torchprof_args.shared.stragglers import describe
 
 __all__ = ["STRAGGLER_ROWS", "Cycle", "render_report", "write_report"]
 
@@ -37,7 +38,7 @@ _STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}"
           "h2{margin-top:36px;border-bottom:2px solid #4e79a7}svg{display:block;margin:8px 0}"
           ".row{display:flex;flex-wrap:wrap;gap:12px}")
 _KINDS = ("computation", "communication", "memory")
-#: straggler-table rows shown (the slowest first); the folded table has every rank.
+#: straggler-table rows shown (the highest score first); the folded table has every rank.
 STRAGGLER_ROWS = 20
 #: one cycle's section: its title, its ranks' summaries and its cross-rank view.
 Cycle = tuple[str, list[Summary], CrossRankView]
@@ -59,12 +60,12 @@ def _where(row: RankRow) -> str:
 
 def _rank_rows(rows: list[RankRow]) -> list[list[Any]]:
     return [[r.rank, _where(r), r.steps, fmt_us(r.step_mean_us),
-             "-" if r.vs_median_pct is None else f"{r.vs_median_pct:+.1f}%",
+             "-" if r.straggler_score is None else f"{r.straggler_score:.2f}x",
              fmt_pct(r.idle_pct), fmt_pct(r.compute_pct), fmt_pct(r.comm_comp_overlap_pct), Path(r.file).name]
             for r in rows]
 
 
-_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "vs median", "GPU idle", "compute",
+_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "straggler score", "GPU idle", "compute",
                  "overlap", "file"]
 #: the numeric columns of :data:`_RANK_HEADERS`.
 _RANK_NUMERIC = {0, 2, 3, 4, 5, 6, 7}
@@ -163,8 +164,7 @@ def _cycle_section(title: str, summaries: list[Summary], view: CrossRankView,
     if view.slowest_rank is not None:
         parts.append(f"<p>Slowest rank <b>{view.slowest_rank}</b>, fastest {view.fastest_rank}, spread "
                      f"{view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)}); "
-                     f"{len(view.stragglers)} straggler(s) more than {view.straggler_pct:g}% above the "
-                     "median.</p>")
+                     f"{len(view.stragglers)} straggler(s) ({html.escape(_rule(view))}).</p>")
     parts += ["<h3>Step time per rank and step</h3>", _heatmap(view), "<h3>Across ranks</h3><div class=row>",
               svg.histogram("Mean step time", [r.step_mean_us for r in rows], fmt_us),
               svg.histogram("GPU idle (% of kernel-active span)", [r.idle_pct for r in rows], fmt_pct),
@@ -190,11 +190,15 @@ def _distributions(view: CrossRankView) -> str:
                    _distribution_row("comm/comp overlap", dist.comm_comp_overlap_pct, fmt_pct)], {1, 2, 3, 4})
 
 
+def _rule(view: CrossRankView) -> str:
+    return describe("mean step", view.straggler_threshold, view.straggler_min_ms)
+
+
 def _stragglers(view: CrossRankView) -> list[str]:
     """The stragglers' table (at most :data:`STRAGGLER_ROWS`), else the slowest ranks'."""
     if not view.stragglers:
-        return [f"<p>No rank's mean step is more than {view.straggler_pct:g}% above the median. "
-                "Slowest ranks:</p>" + _table(_RANK_HEADERS, _rank_rows(view.slowest), _RANK_NUMERIC)]
+        return [f"<p>No straggler ({html.escape(_rule(view))}). Slowest ranks:</p>"
+                + _table(_RANK_HEADERS, _rank_rows(view.slowest), _RANK_NUMERIC)]
     shown = view.stragglers[:STRAGGLER_ROWS]
     parts = [_table(_RANK_HEADERS, _rank_rows(shown), _RANK_NUMERIC)]
     if len(view.stragglers) > len(shown):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
+from torchprof_args.shared.stragglers import describe
 
 __all__ = ["fmt_pct", "fmt_us", "format_cross_rank", "format_operator_table", "format_profiler_list",
            "format_summary"]
@@ -174,10 +175,10 @@ def _coords(row: RankRow, axes: list[str]) -> str:
 def _rank_table(rows: list[RankRow], axes: list[str]) -> list[str]:
     hosts = max([len(r.host or "-") for r in rows] + [4])
     head = f"    {'rank':>5} {'host':<{hosts}} " + " ".join(f"{a:>3}" for a in axes)
-    head += f" {'steps':>5} {'mean step':>11} {'vs p50':>8} {'GPU idle':>9} {'overlap':>8}  file"
+    head += f" {'steps':>5} {'mean step':>11} {'score':>8} {'GPU idle':>9} {'overlap':>8}  file"
     lines = [head]
     for r in rows:
-        vs = "-" if r.vs_median_pct is None else f"{r.vs_median_pct:+.1f}%"
+        vs = "-" if r.straggler_score is None else f"{r.straggler_score:.2f}x"
         lines.append(
             f"    {r.rank:>5} {(r.host or '-'):<{hosts}} " + _coords(r, axes)
             + f" {r.steps:>5} {fmt_us(r.step_mean_us):>11} {vs:>8} {fmt_pct(r.idle_pct):>9} "
@@ -217,7 +218,8 @@ def format_cross_rank(view: CrossRankView, title: str = "", all_ranks: bool = Fa
             f" spread {view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)})"
         )
         n = len(view.stragglers)
-        lines.append(f"  stragglers (mean step > {view.straggler_pct:g}% above the median): "
+        rule = describe("mean step", view.straggler_threshold, view.straggler_min_ms)
+        lines.append(f"  stragglers ({rule}): "
                      + (f"{n}, rank(s) " + ", ".join(str(r.rank) for r in view.stragglers[:20])
                         + (" ..." if n > 20 else "") if n else "none"))
     axes = [a for a in ("dp", "tp", "pp", "cp", "ep") if any(a in (r.parallel or {}) for r in rows)]

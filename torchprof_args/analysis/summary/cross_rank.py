@@ -4,7 +4,9 @@ Built from per-rank summaries (sidecars or parsed traces), so it costs nothing p
 ranks take milliseconds.  For each rank: its mean step time, each step's time (the heatmap),
 GPU idle / compute and communication/computation overlap (HTA definitions), where it runs (host,
 parallel coordinates).  Over ranks: min / p50 / p90 / max of step time, idle and overlap; the k
-slowest and fastest ranks; stragglers (mean step more than ``straggler_pct`` above the median).
+slowest and fastest ranks; the stragglers by the one rule (:mod:`torchprof_args.shared.stragglers`)
+over the one per-rank figure a summary has, the mean step (``diagnose``'s ``straggler`` scores the
+work, which names the rank the others wait for in a synchronous job, where every step is as long).
 """
 
 from __future__ import annotations
@@ -13,16 +15,15 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.summary.document import Summary
+from torchprof_args.shared import stragglers as rule
 
 __all__ = [
-    "DISTRIBUTION_KEYS", "STRAGGLER_PCT", "CrossRankView", "Distribution", "Distributions", "RankRow",
-    "cross_rank", "distribution",
+    "DISTRIBUTION_KEYS", "CrossRankView", "Distribution", "Distributions", "RankRow", "cross_rank",
+    "distribution",
 ]
 
 #: the per-rank figures whose distribution over ranks the view reports (:class:`Distributions`).
 DISTRIBUTION_KEYS = ("step_mean_us", "idle_pct", "comm_comp_overlap_pct")
-#: a rank whose mean step is this much (%) above the median rank's is a straggler.
-STRAGGLER_PCT = 5.0
 
 
 class Distribution(msgspec.Struct, frozen=True, gc=False):
@@ -52,7 +53,7 @@ class RankRow(msgspec.Struct, frozen=True):
         file: its trace; ``host`` and ``parallel``: where it ran.
         steps: how many steps; ``step_us`` each one's time by name; ``step_mean_us`` their mean.
         idle_pct, compute_pct, comm_comp_overlap_pct: its GPU breakdown's (None without kernels).
-        vs_median_pct: its mean step against the median rank's, in % (None without steps).
+        straggler_score: its mean step over the other ranks' median (None without steps).
     """
 
     rank: int
@@ -65,7 +66,7 @@ class RankRow(msgspec.Struct, frozen=True):
     idle_pct: float | None
     compute_pct: float | None
     comm_comp_overlap_pct: float | None
-    vs_median_pct: float | None
+    straggler_score: float | None
 
 
 class CrossRankView(msgspec.Struct, frozen=True):
@@ -76,7 +77,8 @@ class CrossRankView(msgspec.Struct, frozen=True):
         distributions: mean step, GPU idle and overlap over the ranks.
         steps: every step name of the cycle, in ``ProfilerStep#N`` order.
         slowest, fastest: the ``k`` ranks with the longest / shortest mean step.
-        stragglers: the ranks more than ``straggler_pct`` above the median, slowest first.
+        stragglers: the ranks whose mean step is at least ``straggler_threshold`` times the other
+            ranks' median and ``straggler_min_ms`` over it, the highest score first.
         slowest_rank, fastest_rank: None when no rank has steps; ``spread_pct`` (slowest - fastest)
             in % of ``step_mean_us``, the mean over ranks.
     """
@@ -87,7 +89,8 @@ class CrossRankView(msgspec.Struct, frozen=True):
     slowest: list[RankRow]
     fastest: list[RankRow]
     stragglers: list[RankRow]
-    straggler_pct: float
+    straggler_threshold: float
+    straggler_min_ms: float
     slowest_rank: int | None
     fastest_rank: int | None
     spread_pct: float | None
@@ -104,13 +107,12 @@ def distribution(values: list[float | None]) -> Distribution:
                         max=float(data.max()), mean=float(data.mean()))
 
 
-def cross_rank(summaries: list[Summary], k: int = 5, straggler_pct: float = STRAGGLER_PCT) -> CrossRankView:
+def cross_rank(summaries: list[Summary], k: int = 5) -> CrossRankView:
     """The view of one cycle's per-rank summaries.
 
     Args:
         summaries: the cycle's summaries (a summary without a rank takes its position).
         k: how many slowest and fastest ranks to name.
-        straggler_pct: a rank this much (%) above the median mean step is a straggler.
 
     Returns:
         The view; ranks without steps are listed but not compared.
@@ -119,8 +121,7 @@ def cross_rank(summaries: list[Summary], k: int = 5, straggler_pct: float = STRA
     dists = Distributions(step_mean_us=distribution([r.step_mean_us for r in rows]),
                           idle_pct=distribution([r.idle_pct for r in rows]),
                           comm_comp_overlap_pct=distribution([r.comm_comp_overlap_pct for r in rows]))
-    median = dists.step_mean_us.p50
-    rows = [msgspec.structs.replace(r, vs_median_pct=_vs_median(r.step_mean_us, median)) for r in rows]
+    rows, slow_ranks = _scored(rows)
     timed = [r for r in rows if r.step_mean_us is not None]
     by_time = sorted(timed, key=lambda r: (-(r.step_mean_us or 0.0), r.rank))
     mean = dists.step_mean_us.mean
@@ -134,8 +135,9 @@ def cross_rank(summaries: list[Summary], k: int = 5, straggler_pct: float = STRA
         steps=_step_names(rows),
         slowest=by_time[:k],
         fastest=by_time[::-1][:k],
-        stragglers=[r for r in by_time if r.vs_median_pct is not None and r.vs_median_pct > straggler_pct],
-        straggler_pct=straggler_pct,
+        stragglers=slow_ranks,
+        straggler_threshold=rule.STRAGGLER_THRESHOLD,
+        straggler_min_ms=rule.STRAGGLER_MIN_MS,
         slowest_rank=slow.rank if slow is not None else None,
         fastest_rank=fast.rank if fast is not None else None,
         spread_pct=spread,
@@ -143,8 +145,15 @@ def cross_rank(summaries: list[Summary], k: int = 5, straggler_pct: float = STRA
     )
 
 
-def _vs_median(step_mean_us: float | None, median: float | None) -> float | None:
-    return 100.0 * (step_mean_us / median - 1.0) if step_mean_us is not None and median else None
+def _scored(rows: list[RankRow]) -> tuple[list[RankRow], list[RankRow]]:
+    """``rows`` with their straggler scores; the stragglers, the highest score first."""
+    timed = [i for i, r in enumerate(rows) if r.step_mean_us is not None]
+    mean = {i: rows[i].step_mean_us or 0.0 for i in timed}
+    others = dict(zip(timed, rule.others_medians(list(mean.values())), strict=True)) if len(timed) > 1 else {}
+    for i, other in others.items():
+        rows[i] = msgspec.structs.replace(rows[i], straggler_score=rule.straggler_score(mean[i], other))
+    slow = [rows[i] for i in others if rule.is_straggler(mean[i] / 1e3, others[i] / 1e3)]
+    return rows, sorted(slow, key=lambda r: -(r.straggler_score or 0.0))
 
 
 def _rank_row(index: int, summary: Summary) -> RankRow:
@@ -160,7 +169,7 @@ def _rank_row(index: int, summary: Summary) -> RankRow:
         idle_pct=gpu.idle_pct if gpu is not None else None,
         compute_pct=gpu.compute_pct if gpu is not None else None,
         comm_comp_overlap_pct=gpu.comm_comp_overlap_pct if gpu is not None else None,
-        vs_median_pct=None,
+        straggler_score=None,
     )
 
 

@@ -1,6 +1,6 @@
 """The dashboard's rank x interval heatmap (inline SVG): which rank is slow, and since when.
 
-Each cell is one rank's straggler score (its time over the median of all ranks) in one log
+Each cell is one rank's straggler score (its time over the median of the other ranks) in one log
 interval, from the per-rank series of ``metrics.jsonl``.  White is the median, red slower (dark
 red at 2x and above), blue faster.  Large jobs are drawn at a bounded size: intervals and ranks
 beyond :data:`MAX_COLUMNS` / :data:`MAX_ROWS` are folded into buckets that show their maximum

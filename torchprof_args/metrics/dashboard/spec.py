@@ -41,7 +41,7 @@ DEFAULT_SPEC: dict[str, Any] = {
             ],
         },
         {
-            "name": "Stragglers: each rank's time over the median of all ranks",
+            "name": "Stragglers: each rank's time over the median of the other ranks",
             "panels": [
                 {
                     "for_each": "stragglers/{name}-score-max",
@@ -50,7 +50,7 @@ DEFAULT_SPEC: dict[str, Any] = {
                     "title": "{name}",
                     "unit": "x median",
                     "y": ["stragglers/{name}-score-max"],
-                    "labels": ["slowest rank's time / median"],
+                    "labels": ["slowest rank's time / the others' median"],
                 }
             ],
         },

@@ -4,9 +4,9 @@ In a synchronous job every rank's step lasts about as long as the slowest rank's
 wait for the slow one inside the step's collectives.  So step times alone cannot name the slow
 rank.  What can is each rank's *work* per step: the step's time minus the time the rank spent in
 collectives (where it waits for the others).  :func:`step_work` measures it on one rank (it goes
-into the summary sidecar, a few numbers per step); :func:`analyze` compares the ranks: a rank
-whose mean work exceeds the median of the *other* ranks' by :data:`THRESHOLD` is a straggler, by
-that excess per step.
+into the summary sidecar, a few numbers per step); :func:`analyze` names the stragglers by the one rule
+(:mod:`torchprof_args.shared.stragglers`: work at least 1.05x the median of the *other* ranks' and
+2 ms over it, the 2 ms being :data:`THRESHOLD`), each by its excess per step.
 
 Bound of the saving: the others wait for the slowest rank at most its excess, so the job saves at
 most the worst straggler's excess per step (less if the collectives' transfer time grows).
@@ -26,13 +26,14 @@ from torchprof_args.analysis.diagnose.documents import RankDiagnosis, StepWork
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.trace import StepSpan
+from torchprof_args.shared import stragglers as rule
 
 __all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "step_work"]
 
 KIND = "straggler"
 SCOPE = Scope.CROSS_RANK
-#: a rank's work beyond the median of the others' must reach 5 % of the step and 2 ms.
-THRESHOLD = Threshold(share_of_step=0.05, min_ms=2.0)
+#: no share of the step: the straggler rule's (a rank's work 1.05x the others' median) and its 2 ms.
+THRESHOLD = Threshold(share_of_step=0.0, min_ms=rule.STRAGGLER_MIN_MS)
 
 
 def step_work(steps: Sequence[StepSpan], records: Sequence[CommRecord],
@@ -71,35 +72,33 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
 
     Args:
         ranks: the cycle's rank parts (their steps) and the job's step.
-        kind_ctx: the kind's context (thresholds).
+        kind_ctx: the kind's context (thresholds off: every rank with work over the others' median).
 
     Returns:
-        The finding; None with fewer than two timed ranks or no rank above :data:`THRESHOLD`.
+        The finding; None with fewer than two timed ranks or no straggler.
     """
     waits = ranks.waited_us
-    work = {ranks.rank_of(p): w for p in ranks.parts
+    work = {ranks.rank_of(p): w / 1e3 for p in ranks.parts  # ms
             if (w := _mean_work(p, None if waits is None else waits.get(ranks.rank_of(p), 0.0))) is not None}
     if len(work) < 2:
         return None
-    excess = {}
-    for rank, mine in work.items():
-        others = [w for r, w in work.items() if r != rank]
-        excess[rank] = (mine - statistics.median(others)) / 1e3
-    step = ranks.step_ms or max(work.values()) / 1e3
-    threshold = kind_ctx.threshold(THRESHOLD)
-    slow = sorted((r for r, x in excess.items() if threshold.reached(x, x / step if step else None)),
+    others = dict(zip(work, rule.others_medians(list(work.values())), strict=True))
+    excess = {rank: mine - others[rank] for rank, mine in work.items()}
+    ratio = 0.0 if kind_ctx.thresholds_off else rule.STRAGGLER_THRESHOLD
+    min_ms = kind_ctx.threshold(THRESHOLD).min_ms
+    slow = sorted((r for r in work if rule.is_straggler(work[r], others[r], ratio, min_ms)),
                   key=lambda r: -excess[r])
     if not slow:
         return None
+    step = ranks.step_ms or max(work.values())
     worst = slow[0]
     part = next(p for p in ranks.parts if ranks.rank_of(p) == worst)
     worst_step = max(part.steps, key=lambda s: s.dur_us)
-    ms = excess[worst]
-    others_ms = statistics.median(w for r, w in work.items() if r != worst) / 1e3
+    ms, others_ms = excess[worst], others[worst]
     return Finding(
         kind=KIND,
         summary=(f"Rank {worst} works {ms:.1f} ms more per step than the median of the other ranks "
-                 f"({work[worst] / 1e3:.1f} vs {others_ms:.1f} ms outside collectives), and the others "
+                 f"({work[worst]:.1f} vs {others_ms:.1f} ms outside collectives), and the others "
                  "wait for it in the step's collectives."),
         ranks=tuple(slow), ms_per_step=ms, share_of_step=ms / step if step else 0.0, saving_ms_per_step=ms,
         saving_bound="the worst rank's extra work per step: the others wait for it at most that long",
@@ -107,7 +106,9 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
                 "balance, a slower host or GPU, thermal throttling); rebalance or replace the node."),
         evidence={
             "excess_ms_per_step": {str(r): round(excess[r], 3) for r in slow[:16]},
-            "work_ms_per_step": {str(r): round(work[r] / 1e3, 3) for r in sorted(work)[:16]},
+            "straggler_score": {str(r): round(score, 3) for r in slow[:16]
+                                if (score := rule.straggler_score(work[r], others[r])) is not None},
+            "work_ms_per_step": {str(r): round(work[r], 3) for r in sorted(work)[:16]},
             "median_work_ms_of_others": round(others_ms, 3),
             "worst_step": worst_step.name,
             "perfetto_rank": worst, "perfetto_ts_us": worst_step.start_us,
