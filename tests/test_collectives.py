@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +21,13 @@ from torchprof_args.analysis.analyzers.collective_match import (
     MATCH_PG_ORDER,
     MATCH_SEQ,
     MATCH_STREAM_ORDER,
+    CycleCollectives,
     bus_factor,
     match_collectives,
 )
 from torchprof_args.analysis.analyzers.collectives import CommRecord, RankComms, canonical_kind, dtype_bytes
+from torchprof_args.analysis.collect.pool import collect
+from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
 from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.render.collectives import format_collectives
 from torchprof_args.analysis.tools.collectives import collectives_report
@@ -30,6 +35,11 @@ from torchprof_args.console import main as torchprof
 
 PAIR = [DATA / "gpu_128rank_sampled_rank0.json.gz", DATA / "gpu_128rank_sampled_rank1.json.gz"]
 NCCL_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
+
+
+def _report(paths: list[Path]) -> CycleCollectives:
+    """The report as ``torchprof collectives`` makes it, through the per-trace pipeline."""
+    return collectives_report(collect(paths, parts=(DIAGNOSIS,)).results, None)
 
 
 def _raw_nccl_kernels(path: Path) -> list[dict]:
@@ -55,7 +65,7 @@ def test_loading_with_comms_keeps_the_columns_and_adds_the_side_table() -> None:
 
 @pytest.mark.slow
 def test_128_rank_pair_matches_kernels_per_stream_against_the_raw_events() -> None:
-    report = collectives_report([str(p) for p in PAIR])
+    report = _report(PAIR)
     assert report["ranks"] == [0, 1] and report["world_size"] == 128
     assert report["source"] == "NCCL kernels on the GPU" and report["matched_by"] == MATCH_STREAM_ORDER
     assert any("2 of 128 ranks" in note for note in report["notes"])
@@ -84,7 +94,7 @@ def test_128_rank_pair_matches_kernels_per_stream_against_the_raw_events() -> No
 
 @pytest.mark.slow
 def test_2rank_nccl_trace_reads_process_group_and_sizes_from_the_kernels() -> None:
-    report = collectives_report([str(NCCL_2RANK)])
+    report = _report([NCCL_2RANK])
     assert report["matched_by"] == MATCH_PG_ORDER and report["process_groups"] == ["0"]
     raw = _raw_nccl_kernels(NCCL_2RANK)
     kinds = [canonical_kind(k["args"]["Collective name"]) for k in raw]
@@ -147,6 +157,30 @@ def test_unknown_cycle_and_missing_input_are_one_line_errors(tmp_path: Path,
     assert "no such file or directory" in capsys.readouterr().err
     assert torchprof(["collectives", str(DATA), "--cycle", "5"]) == 2
     assert "--cycle 5: no traces of a cycle starting at iteration 5" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sidecars_give_the_same_report_and_a_bad_trace_is_one_line(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    traces = [tmp_path / f"rank0000{r}_h_pid1.pt.trace.json.gz" for r in (0, 1)]
+    for source, trace in zip(PAIR, traces, strict=True):
+        shutil.copy(source, trace)
+    argv = ["collectives", str(tmp_path), "--json", "--no-progress"]
+    assert torchprof(argv) == 0
+    parsed = capsys.readouterr().out
+    assert torchprof(["summary", "--write-sidecars", "--no-progress", str(tmp_path)]) == 0
+    for trace in traces:  # unreadable now, its fingerprint kept: only its sidecar can give the report
+        stat = trace.stat()
+        trace.write_bytes(b"x" * stat.st_size)
+        os.utime(trace, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    capsys.readouterr()
+    assert torchprof(argv) == 0 and capsys.readouterr().out == parsed
+    bad = tmp_path / "rank00002_h_pid1.pt.trace.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": ')
+    assert torchprof(argv) == 1  # the others are reported, the bad trace named in one line
+    out = capsys.readouterr()
+    assert out.out == parsed and out.err.count("\n") == 1
+    assert out.err.startswith(f"torchprof collectives: {bad}: ")
 
 
 @pytest.mark.slow

@@ -279,7 +279,7 @@ def write_operator_tables(traces: list[str], path: Path) -> Path:
     for trace in traces:
         outcome = results_of(trace, (SUMMARY,))
         if outcome.results is None or outcome.results.summary is None:
-            raise TraceError(outcome.error or f"{trace}: no summary")
+            raise TraceError(str(outcome.error or f"{trace}: no summary"))
         summary = outcome.results.summary
         parts.append(f"# {Path(trace).parent.name}/{Path(trace).name}\n{format_operator_table(summary)}")
     write_text_atomically(path, "\n".join(parts))

@@ -6,7 +6,9 @@
 
 Prints the ranks by the waiting they caused (they arrived last at collectives the others were
 already waiting in), the collectives with the worst arrival skew, and a table per collective type
-(:mod:`~torchprof_args.analysis.analyzers.collective_match` says how instances are matched).
+(:mod:`~torchprof_args.analysis.analyzers.collective_match` says how instances are matched).  Reads
+each trace's summary sidecar (its rank's collectives are kept with its part of ``diagnose``) when it
+matches, else parses the trace.
 """
 
 from __future__ import annotations
@@ -15,23 +17,22 @@ import argparse
 import json
 
 from torchprof_args.commands.common import Subparsers
+from torchprof_args.errors import ExitStatus
 
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
+    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.collectives import format_collectives
     from torchprof_args.analysis.tools.collectives import collectives_report
+    from torchprof_args.commands.cycles import cycle_results
 
-    report = collectives_report(args.traces, cycle=args.cycle, top=max(args.top, args.rows),
-                                progress=not args.no_progress, workers=args.workers)
-    if args.json:
-        from torchprof_args.analysis.jsonout import finite
-
-        print(json.dumps(finite(report)))
-    else:
-        print(format_collectives(report, rows=args.rows))
-    return 0
+    cycle_text, got = cycle_results(args.traces, args, (DIAGNOSIS,))
+    report = collectives_report(got.results, cycle_text, top=max(args.top, args.rows))
+    print(json.dumps(finite(report)) if args.json else format_collectives(report, rows=args.rows))
+    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
 def register(subparsers: Subparsers) -> None:
@@ -46,6 +47,7 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object (every instance)")
     p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
     p.add_argument("--top", type=int, default=20, help="worst-skew instances listed in --json (default 20)")
+    p.add_argument("--reparse", action="store_true", help="parse the traces even where a sidecar matches")
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

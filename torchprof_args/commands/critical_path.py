@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
@@ -28,28 +27,18 @@ __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.collect.discover import choose_cycle, expand
-    from torchprof_args.analysis.collect.pool import collect
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH
     from torchprof_args.analysis.critical_path.job import critical_path
     from torchprof_args.analysis.critical_path.whatif import parse_what_if
-    from torchprof_args.analysis.decode.loader import release_memory_eagerly
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.critical_path import format_critical_path
+    from torchprof_args.commands.cycles import cycle_results
 
     try:
         questions = [parse_what_if(q) for q in args.what_if]
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    release_memory_eagerly()
-    files, cycle_text = choose_cycle(expand([args.path]), args.cycle)
-    got = collect(files, parts=(CRITICAL_PATH,), reparse=args.reparse, workers=args.workers,
-                  progress=not args.no_progress)
-    if not got.paths:
-        raise CommandError(got.errors[0] if len(got.errors) == 1 else
-                           f"none of the {len(files)} traces could be read ({got.errors[0]})")
-    for error in got.errors:
-        print(f"torchprof critical-path: {error}", file=sys.stderr)
+    cycle_text, got = cycle_results([args.path], args, (CRITICAL_PATH,))
     doc = critical_path(got.paths, args.path, cycle_text, questions)
     if not doc.steps:
         raise CommandError(f"{args.path}: the traces have no events to build a path from")

@@ -3,22 +3,25 @@
 :func:`cycle_summaries` expands the command's inputs into trace files
 (:mod:`torchprof_args.analysis.collect.discover`), gets each one's summary (its sidecar, else
 parsed: :mod:`torchprof_args.analysis.collect`) and groups them by cycle.  A trace that fails is
-reported on stderr in one line and left out; none readable is an error.
+reported on stderr in one line and left out; none readable is an error.  :func:`cycle_results`: one
+cycle's parts, the same way (``diagnose``, ``critical-path``, ``collectives``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from torchprof_args.analysis.collect.discover import Cycle, expand, group_by_cycle
+from torchprof_args.analysis.collect.discover import Cycle, choose_cycle, expand, group_by_cycle
 from torchprof_args.analysis.collect.pool import Collected, collect
+from torchprof_args.analysis.collect.trace_results import Part
 from torchprof_args.analysis.decode.loader import release_memory_eagerly
 from torchprof_args.analysis.summary import Summary
 from torchprof_args.errors import CommandError
 
-__all__ = ["cycle_summaries"]
+__all__ = ["cycle_results", "cycle_summaries"]
 
 
 def cycle_summaries(inputs: list[str | Path], args: argparse.Namespace, top: int | None
@@ -47,12 +50,28 @@ def _report_errors(got: Collected, n_files: int, command: str) -> None:
     """One stderr line per trace that failed; :class:`CommandError` when none could be read."""
     if not any(s is not None for s in got.summaries):
         if len(got.errors) == 1:
-            raise CommandError(got.errors[0])
+            raise CommandError(str(got.errors[0]))
         for error in got.errors:
             print(f"torchprof {command}: {error}", file=sys.stderr)
         raise CommandError(f"none of the {n_files} traces could be read")
     for error in got.errors:
         print(f"torchprof {command}: {error}", file=sys.stderr)
+
+
+def cycle_results(inputs: list[str | Path], args: argparse.Namespace, parts: Sequence[Part]
+                  ) -> tuple[str | None, Collected]:
+    """One cycle's label (``args.cycle``, else the latest) and its traces' ``parts``; a trace that
+    fails is one line on stderr, :class:`CommandError` when none could be read."""
+    release_memory_eagerly()
+    files, label = choose_cycle(expand(inputs), args.cycle)
+    got = collect(files, parts=parts, reparse=args.reparse, workers=args.workers,
+                  progress=not args.no_progress)
+    if all(r is None for r in got.results):
+        raise CommandError(str(got.errors[0]) if len(got.errors) == 1 else
+                           f"none of the {len(files)} traces could be read ({got.errors[0]})")
+    for error in got.errors:
+        print(f"torchprof {args.command}: {error}", file=sys.stderr)
+    return label, got
 
 
 def _note_parsing(got: Collected, command: str) -> None:

@@ -17,40 +17,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.device_peaks import DTYPES
-from torchprof_args.errors import CommandError, ExitStatus
+from torchprof_args.errors import ExitStatus
 from torchprof_args.flags.types import positive_float
 
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.collect.discover import choose_cycle, expand
-    from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS
-    from torchprof_args.analysis.decode.loader import release_memory_eagerly
+    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY
     from torchprof_args.analysis.diagnose.job import diagnose
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.diagnosis import format_diagnosis
+    from torchprof_args.commands.cycles import cycle_results
 
-    release_memory_eagerly()
-    files, cycle_text = choose_cycle(expand([args.path]), args.cycle)
-    got = collect(files, parts=(DIAGNOSIS, CRITICAL_PATH), reparse=args.reparse, workers=args.workers,
-                  progress=not args.no_progress)
-    if not got.diagnoses:
-        raise CommandError(got.errors[0] if len(got.errors) == 1 else
-                           f"none of the {len(files)} traces could be read ({got.errors[0]})")
-    for error in got.errors:
-        print(f"torchprof diagnose: {error}", file=sys.stderr)
-    memory = [part for _, part in got.stored_memory(files)]  # memory_imbalance, from the sidecars
+    # memory_imbalance compares the memory parts the sidecars keep (`torchprof mem` parses for them)
+    cycle_text, got = cycle_results([args.path], args, (DIAGNOSIS, CRITICAL_PATH, MEMORY.if_stored()))
     done = [r for r in got.results if r is not None and r.diagnosis is not None]
     graphs = [r.critical_path for r in done if r.critical_path is not None]
     doc = diagnose([r.diagnosis for r in done if r.diagnosis is not None], args.path, cycle_text,
                    peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
-                   paths=graphs if len(graphs) == len(done) else None, memory=memory)
+                   paths=graphs if len(graphs) == len(done) else None, memory=[m for _, m in got.memory])
     print(json.dumps(finite(doc)) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 

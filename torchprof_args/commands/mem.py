@@ -21,17 +21,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus, TraceError
 from torchprof_args.flags.types import positive_int
 from torchprof_args.naming import METRICS_FILENAME
 
+if TYPE_CHECKING:
+    from torchprof_args.analysis.collect.trace_results import TraceFailure
+
 __all__ = ["register"]
 
-#: marks the error of inputs without traces (not one when snapshots or metrics were read).
-NO_TRACES = "\x00no traces: "
 #: where the snapshotter writes in a run folder (``runtime/memory_snapshots.py``).
 SNAPSHOT_FOLDER = "memory_snapshots"
 
@@ -52,27 +53,27 @@ def _split_inputs(paths: list[str]) -> tuple[list[Path], list[str | Path]]:
 
 
 def _traces(inputs: list[str | Path],
-            args: argparse.Namespace) -> tuple[list[tuple[str, Any]], str | None, list[str]]:
-    """Each trace's memory part (file, part) of the chosen cycle, its label, and the errors."""
+            args: argparse.Namespace) -> tuple[list[tuple[str, Any]], str | None, list[TraceFailure]]:
+    """Each trace's memory part (file, part) of the chosen cycle, its label, and the failures."""
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
     from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import MEMORY
+    from torchprof_args.analysis.collect.trace_results import MEMORY, Failure, TraceFailure
 
     if not inputs:
         return [], None, []
     try:
         files, label = choose_cycle(expand(inputs), args.cycle)
     except TraceError as err:  # a run folder of snapshots or metrics only: not an error unless nothing is
-        return [], None, [f"{NO_TRACES}{err}"]
+        return [], None, [TraceFailure(Failure.NO_TRACES, None, str(err))]
     got = collect(files, parts=(MEMORY,), reparse=args.reparse, workers=args.workers,
                   progress=not args.no_progress)
-    parts = [(str(r.path), r.memory) for r in got.results if r is not None and r.memory is not None]
-    return parts, label, list(got.errors)
+    return got.memory, label, got.errors
 
 
 def _run(args: argparse.Namespace) -> int:
     import msgspec
 
+    from torchprof_args.analysis.collect.trace_results import Failure, TraceFailure
     from torchprof_args.analysis.decode.loader import release_memory_eagerly
     from torchprof_args.analysis.jsonout import finite, print_json
     from torchprof_args.analysis.memory.allocator import allocator_view
@@ -82,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
 
     release_memory_eagerly()
     snapshot_paths, others = _split_inputs(args.paths)
-    parts, label, errors = _traces(others, args)
+    parts, label, failures = _traces(others, args)
     allocator = next((found for found in (allocator_view(Path(p) / METRICS_FILENAME) for p in others
                                           if Path(p).is_dir()) if found is not None), None)
     snapshots = []
@@ -90,12 +91,11 @@ def _run(args: argparse.Namespace) -> int:
         try:
             snapshots.append(summarize_snapshot(load_snapshot(path), str(path), top=args.top))
         except TraceError as err:
-            errors.append(str(err))
+            failures.append(TraceFailure(Failure.INVALID, path, str(err)))
     if not parts and not snapshots and allocator is None:
-        errors = [e.removeprefix(NO_TRACES) for e in errors]
-        raise CommandError(errors[0] if len(errors) == 1 else
-                           f"none of the inputs could be read ({'; '.join(errors[:3])})")
-    errors = [e for e in errors if not e.startswith(NO_TRACES)]
+        raise CommandError(str(failures[0]) if len(failures) == 1 else
+                           f"none of the inputs could be read ({'; '.join(map(str, failures[:3]))})")
+    errors = [str(f) for f in failures if f.kind is not Failure.NO_TRACES]
     for error in errors:
         print(f"torchprof mem: {error}", file=sys.stderr)
     report = memory_report(" ".join(args.paths), label, parts, snapshots, errors, allocator)

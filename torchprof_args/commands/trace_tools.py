@@ -46,15 +46,15 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, wi
     import msgspec
 
     from torchprof_args.analysis.collect.pool import collect
-    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS
+    from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY
     from torchprof_args.analysis.critical_path.job import critical_path
     from torchprof_args.analysis.diagnose.job import diagnose
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.memory.report import memory_report
 
-    got = collect(files, parts=(DIAGNOSIS, CRITICAL_PATH), reparse=args.reparse,
+    got = collect(files, parts=(DIAGNOSIS, CRITICAL_PATH, MEMORY.if_stored()), reparse=args.reparse,
                   workers=getattr(args, "workers", None))
-    memory = got.stored_memory(files)  # from the sidecars: `torchprof mem` parses traces without
+    memory = got.memory  # from the sidecars: `torchprof mem` parses traces without
     report = memory_report(label or "", label, memory) if with_memory and memory else None
     memory_doc = None if report is None or report.peak is None else finite(msgspec.to_builtins(report))
     done = [r for r in got.results if r is not None and r.diagnosis is not None]

@@ -14,17 +14,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from torchprof_args.analysis.collect.sidecar import sidecar_matches
+from torchprof_args.analysis.collect.sidecar import stored_parts
 from torchprof_args.analysis.collect.trace_results import (
-    MEMORY,
     PARTS,
     SUMMARY,
     Outcome,
     Part,
+    TraceFailure,
     TraceResults,
     parse_results,
-    read_results,
+    read_stored,
+    with_stored,
 )
 from torchprof_args.analysis.critical_path.reduced import RankPaths
 from torchprof_args.analysis.decode import parallel
@@ -41,7 +43,7 @@ class Collected:
     """Results in input order (None where the trace failed) and what it took."""
 
     results: list[TraceResults | None]
-    errors: list[str] = field(default_factory=list)
+    errors: list[TraceFailure] = field(default_factory=list)
     from_sidecars: int = 0
     parsed: int = 0
     parsed_bytes: int = 0
@@ -53,18 +55,10 @@ class Collected:
         """Each trace's summary, in input order (None where it failed or was not asked for)."""
         return [r.summary if r is not None else None for r in self.results]
 
-    def stored_memory(self, files: Sequence[Path]) -> list[tuple[str, MemoryPart]]:
-        """The memory parts the sidecars of ``files`` (the traces collected) keep, without parsing
-        any trace: ``diagnose`` and ``report`` use them when there (``torchprof mem`` parses)."""
-        found = []
-        for path, result in zip(files, self.results, strict=True):
-            if result is not None and result.memory is not None:
-                found.append((str(path), result.memory))
-            elif result is not None:
-                stored = read_results(path, (MEMORY,))
-                if stored is not None and stored.memory is not None:
-                    found.append((str(path), stored.memory))
-        return found
+    @property
+    def memory(self) -> list[tuple[str, MemoryPart]]:
+        """(trace, memory part) of the traces that gave one (``MEMORY.if_stored()``: their sidecars')."""
+        return [(str(r.path), r.memory) for r in self.results if r is not None and r.memory is not None]
 
     @property
     def paths(self) -> list[RankPaths]:
@@ -98,16 +92,17 @@ def _pool_task(task: tuple[int, str, tuple[str, ...], int | None, bool, bool]) -
     return index, parse_results(path, parts, top=top, write=write, keep=keep)
 
 
-def collect(files: list[Path], *, parts: Sequence[Part] = (SUMMARY,), top: int | None = 30,
+def collect(files: list[Path], *, parts: Sequence[Part[Any]] = (SUMMARY,), top: int | None = 30,
             reparse: bool = False, write: bool = False, keep: bool = True, workers: int | None = None,
             progress: bool = False, on_parsed: Callable[[Path, Outcome], None] | None = None) -> Collected:
     """The results of ``files``: matching sidecars unless ``reparse``, else parsed.
 
     Args:
         files: trace files.
-        parts: the parts asked for (:data:`~.trace_results.SUMMARY`, ``DIAGNOSIS``).
+        parts: the parts asked for (:data:`~.trace_results.SUMMARY`, ``DIAGNOSIS``, optional ones
+            such as ``MEMORY.if_stored()``); each sidecar is read once, for all of them.
         top: entries per top-N list of the summary (None: all).
-        reparse: parse every trace even where a sidecar matches.
+        reparse: parse every trace even where a sidecar matches (optional parts still come from it).
         write: publish the parsed traces' sidecars.
         keep: keep the results (without: sidecar writing only; a matching sidecar is not read).
         workers: processes that parse (default: one small trace per CPU; two per large trace).
@@ -128,42 +123,42 @@ def collect(files: list[Path], *, parts: Sequence[Part] = (SUMMARY,), top: int |
     for i in big:
         result = parse_results(files[i], parts, top=top, write=write, keep=keep, workers=workers,
                                progress=progress)
-        _record(out, files[i], i, result, bar, on_parsed)
+        _record(out, files[i], i, result, todo[i], bar, on_parsed)
     processes = workers if workers is not None else parallel.usable_cpus()
-    names = tuple(p.name for p in parts)
+    names = tuple(p.name for p in parts if not p.optional)
     for j, result in _pooled([str(files[i]) for i in small], names, top, write, keep,
                              min(processes, len(small))):
-        _record(out, files[small[j]], small[j], result, bar, on_parsed)
+        _record(out, files[small[j]], small[j], result, todo[small[j]], bar, on_parsed)
     if bar is not None:
         bar.close()
     out.parse_seconds = time.perf_counter() - started
     return out
 
 
-def _from_sidecars(files: list[Path], out: Collected, parts: Sequence[Part], top: int | None, reparse: bool,
-                   keep: bool) -> list[int]:
-    """Fill ``out`` from the matching sidecars (only counted without ``keep``); the indices of
-    the files left to parse."""
-    todo: list[int] = []
+def _from_sidecars(files: list[Path], out: Collected, parts: Sequence[Part[Any]], top: int | None,
+                   reparse: bool, keep: bool) -> dict[int, dict[str, Any]]:
+    """Fill ``out`` from the matching sidecars (only counted without ``keep``); the files left to
+    parse, by index, each with the parts its sidecar kept (the optional ones are taken from there)."""
+    todo: dict[int, dict[str, Any]] = {}
     for i, f in enumerate(files):
         if not keep:
-            if not reparse and sidecar_matches(f):
+            if not reparse and stored_parts(f) is not None:  # matches: its parts are not decoded
                 out.from_sidecars += 1
             else:
-                todo.append(i)
+                todo[i] = {}
             continue
-        found = None if reparse else read_results(f, parts, top)
-        if found is None:
-            todo.append(i)
-        else:
-            out.results[i] = found
+        stored, complete = read_stored(f, parts, top, reparse)
+        if complete:
+            out.results[i] = TraceResults(f, **stored)
             out.from_sidecars += 1
+        else:
+            todo[i] = stored
     return todo
 
 
-def _record(out: Collected, path: Path, index: int, result: Outcome, bar: ProgressBar | None,
-            on_parsed: Callable[[Path, Outcome], None] | None) -> None:
-    out.results[index] = result.results
+def _record(out: Collected, path: Path, index: int, result: Outcome, stored: dict[str, Any],
+            bar: ProgressBar | None, on_parsed: Callable[[Path, Outcome], None] | None) -> None:
+    out.results[index] = with_stored(result.results, stored)
     out.parsed += result.parsed_bytes > 0
     out.parsed_bytes += result.parsed_bytes
     out.sidecars_written += result.sidecar_written

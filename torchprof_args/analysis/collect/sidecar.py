@@ -12,6 +12,7 @@ Sidecars live in a subfolder because HTA reads every ``.json`` / ``.gz`` file of
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,10 +22,8 @@ import msgspec
 from torchprof_args.atomic import write_bytes_atomically
 from torchprof_args.naming import sidecar_path
 
-__all__ = [
-    "SIDECAR_FORMAT", "SIDECAR_VERSION", "Fingerprint", "sidecar_matches", "stored_parts",
-    "trace_fingerprint", "write_sidecar",
-]
+__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "Fingerprint", "stored_parts", "trace_fingerprint",
+           "write_sidecar"]
 
 SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
@@ -75,10 +74,11 @@ def write_sidecar(trace_path: str | os.PathLike[str], parts: Mapping[str, object
     if left_out:
         doc["left_out"] = dict(left_out)
     target = target or sidecar_path(trace_path)
-    write_bytes_atomically(target, msgspec.json.encode(doc) + b"\n")
+    write_bytes_atomically(target, _encode.encode(doc) + b"\n")
     return target
 
 
+_encode = msgspec.json.Encoder(enc_hook=operator.methodcaller("item"))  # numpy scalars: Python numbers
 _decode_raw = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _decode_fingerprint = msgspec.json.Decoder(Fingerprint)
 
@@ -107,8 +107,3 @@ def stored_parts(trace_path: str | os.PathLike[str]) -> dict[str, msgspec.Raw] |
     except (KeyError, msgspec.DecodeError, msgspec.ValidationError):
         return None
     return {k: v for k, v in doc.items() if k not in _HEADER_KEYS} if matches else None
-
-
-def sidecar_matches(trace_path: str | os.PathLike[str]) -> bool:
-    """Whether ``trace_path`` has a sidecar that matches it (its results are not decoded)."""
-    return stored_parts(trace_path) is not None

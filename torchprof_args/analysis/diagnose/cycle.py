@@ -21,7 +21,7 @@ from torchprof_args.analysis.analyzers.collective_match import (
     CollectivesReport,
     match_collectives,
 )
-from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, RankComms
+from torchprof_args.analysis.analyzers.collectives import P2P_KINDS
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.memory.categories import MemoryPart
@@ -74,9 +74,7 @@ class CycleRanks:
     def match(self) -> CollectivesReport | None:
         """The ranks' collectives matched (``torchprof collectives``' report); None when fewer than
         two ranks have collective records."""
-        comms = [RankComms(rank=self.rank_of(p), file="", source=p.comm_source,
-                           records=p.collectives.records(), world_size=p.world_size, pg_config=p.pg_config)
-                 for p in self.parts]
+        comms = [p.comms(self.rank_of(p)) for p in self.parts]
         return match_collectives(comms, top=5) if sum(1 for c in comms if c.records) >= 2 else None
 
     @cached_property

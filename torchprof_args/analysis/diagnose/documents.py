@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from torchprof_args.analysis.analyzers.collectives import CompactRecords
+from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 
 __all__ = [
@@ -83,6 +83,12 @@ class RankDiagnosis(msgspec.Struct, frozen=True):
     pg_config: list[dict[str, Any]]
     collectives: CompactRecords
     mfu_inputs: MfuInputs | None
+
+    def comms(self, rank: int, file: str = "") -> RankComms:
+        """The rank's collectives as :func:`~torchprof_args.analysis.analyzers.collectives.rank_collectives`
+        gave them (``torchprof collectives``, the cross-rank kinds)."""
+        return RankComms(rank=rank, file=file, source=self.comm_source, records=self.collectives.records(),
+                         world_size=self.world_size, pg_config=self.pg_config)
 
 
 class JobGap(msgspec.Struct, frozen=True):

@@ -139,9 +139,9 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path,
     outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=1,
                             describes=published, target=sidecar, given=given, budget=job.analysis_deadline())
     if outcome.results is None or outcome.results.summary is None:
-        raise TraceError(outcome.error or f"{staged}: no summary")
+        raise TraceError(str(outcome.error or f"{staged}: no summary"))
     if outcome.error:  # the sidecar could not be written
-        raise OSError(outcome.error)
+        raise OSError(str(outcome.error))
     summary = outcome.results.summary
     with atomic_output(operator_table, "w", fsync=True) as handle:
         handle.write(format_operator_table(summary, rows=job.operator_table_rows))
