@@ -34,7 +34,7 @@ MISSING: dict[str, Callable[[Path, Path], list[str]]] = {
     "diagnose": lambda missing, out: ["diagnose", str(missing)],
     "critical-path": lambda missing, out: ["critical-path", str(missing)],
     "pyspy report": lambda missing, out: ["pyspy", "report", str(missing)],
-    "pyspy flamegraph": lambda missing, out: ["pyspy", "flamegraph", str(missing), "-o", str(out / "f.svg")],
+    "pyspy speedscope": lambda missing, out: ["pyspy", "speedscope", str(missing), "-o", str(out / "f.json")],
     "dashboard": lambda missing, out: ["dashboard", str(missing)],
     "trigger": lambda missing, out: ["trigger", "--job-dir", str(missing)],
     "trigger --stacks": lambda missing, out: ["trigger", "--stacks", "--job-dir", str(missing)],
@@ -75,7 +75,7 @@ def _malformed(tmp_path: Path, name: str) -> list[str]:
         return ["hang", str(tmp_path)]
     if name.startswith("pyspy"):
         (tmp_path / "raw.txt").write_bytes(b"\x00\x01 this is no py-spy output\n")
-        tail = ["-o", str(tmp_path / "f.svg")] if name == "pyspy flamegraph" else []
+        tail = ["-o", str(tmp_path / "f.json")] if name == "pyspy speedscope" else []
         return [*name.split(), str(tmp_path / "raw.txt"), *tail]
     if name == "dashboard":
         (tmp_path / "metrics.jsonl").write_text("{not json\n")
@@ -86,7 +86,7 @@ def _malformed(tmp_path: Path, name: str) -> list[str]:
     return [*name.split(), "--job-dir", str(tmp_path)]
 
 
-@pytest.mark.parametrize("name", ["hang", "pyspy report", "pyspy flamegraph", "dashboard", "trigger",
+@pytest.mark.parametrize("name", ["hang", "pyspy report", "pyspy speedscope", "dashboard", "trigger",
                                   "trigger --stacks"])
 def test_a_malformed_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     """The trace commands and ``mem``: tests/test_corrupt_traces.py."""

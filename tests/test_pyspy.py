@@ -1,4 +1,4 @@
-"""``torchprof pyspy``: the real py-spy on a small torch training script, then report + flamegraph."""
+"""``torchprof pyspy``: the real py-spy on a small torch training script, then report + speedscope."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -23,10 +22,12 @@ from torchprof_args.pyspy.parse import (
     UNKNOWN,
     parse_frame,
     parse_raw_text,
+    read_profiles,
     shorten_path,
 )
 from torchprof_args.pyspy.record import find_py_spy, output_name
 from torchprof_args.pyspy.report import in_library, report_rows
+from torchprof_args.pyspy.speedscope import SCHEMA, speedscope_document
 
 TRAIN_SCRIPT = textwrap.dedent(
     """
@@ -190,8 +191,6 @@ def test_report_table_and_library_name(recorded: Path, capsys) -> None:
 @pytest.mark.slow
 @needs_py_spy
 def test_aggregation_merges_rows_without_losing_samples(recorded: Path) -> None:
-    from torchprof_args.pyspy.parse import read_profiles
-
     profile = read_profiles([str(recorded)])
     plain = report_rows(profile, top=None)
     merged = report_rows(profile, aggregate_leaf_paths=True, top=None)
@@ -201,31 +200,46 @@ def test_aggregation_merges_rows_without_losing_samples(recorded: Path) -> None:
 
 @pytest.mark.slow
 @needs_py_spy
-def test_flamegraph_svg_and_html(recorded: Path, tmp_path: Path, capsys) -> None:
-    svg = tmp_path / "flame.svg"
-    page = tmp_path / "flame.html"
-    assert console.main(["pyspy", "flamegraph", str(recorded), "-o", str(svg)]) == 0
-    assert console.main(["pyspy", "flamegraph", str(recorded), "-o", str(page), "--title", "tiny"]) == 0
-    root = ET.parse(svg).getroot()  # well-formed XML
-    ns = {"s": "http://www.w3.org/2000/svg"}
-    frames = root.findall("s:g[@class='fr']", ns)
-    assert len(frames) > 20
-    labels = [g.get("data-label") for g in frames]
-    assert labels[0].startswith("all (") and any(label.startswith("train_step (") for label in labels)
-    assert all(g.find("s:title", ns) is not None for g in frames)  # hover text
-    script = root.find("s:script", ns)
-    assert script is not None and "addEventListener(\"click\"" in script.text  # click-to-zoom
-    html = page.read_text()
-    assert html.startswith("<!DOCTYPE html>") and "<script>" in html and "train_step (" in html
-    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched
+def test_speedscope_file_of_a_real_recording(recorded: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "flame.speedscope.json"
+    assert console.main(["pyspy", "speedscope", str(recorded), str(recorded), "-o", str(out),
+                         "--title", "tiny"]) == 0
+    assert "open it at https://www.speedscope.app" in capsys.readouterr().err
+    document = json.loads(out.read_text())
+    assert document["$schema"] == SCHEMA and document["name"] == "tiny"
+    frames = document["shared"]["frames"]
+    (profile,) = document["profiles"]
+    assert profile["type"] == "sampled" and profile["name"] == "tiny"
+    assert len(profile["samples"]) == len(profile["weights"])
+    assert all(0 <= i < len(frames) for sample in profile["samples"] for i in sample)
+    total = read_profiles([str(recorded)]).total_samples
+    assert profile["endValue"] == sum(profile["weights"]) == 2 * total  # the file given twice: merged
+    step = [f for f in frames if f["name"].startswith("train_step (")]
+    assert step and all(f["file"].endswith("tiny_train.py") and f["line"] > 0 for f in step)
+    assert not any("launcher.py" in f["name"] for f in frames)  # the launcher's frames are dropped
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_flamegraph_rejects_unknown_suffix(tmp_path: Path, capsys) -> None:
+def test_speedscope_document_shares_frames_root_first() -> None:
+    text = ('process 7:"python t.py";thread (7): MainThread;main (/p/t.py:3);f (/p/t.py:9) 4\n'
+            'process 7:"python t.py";thread (7): MainThread;main (/p/t.py:3);0x7f (libc.so.6) 1\n')
+    document = speedscope_document(parse_raw_text(text), "t")
+    frames = document["shared"]["frames"]
+    assert frames[:3] == [{"name": "process 7: python t.py"}, {"name": "thread (7): MainThread"},
+                          {"name": "main (/p/t.py:3)", "file": "/p/t.py", "line": 3}]
+    assert {"name": "0x7f (libc.so.6)", "file": "libc.so.6"} in frames
+    (profile,) = document["profiles"]
+    leaves = [frames[sample[-1]]["name"] for sample in profile["samples"]]
+    assert leaves == ["f (/p/t.py:9)", "0x7f (libc.so.6)"]
+    assert profile["weights"] == [4, 1] and profile["endValue"] == 5
+
+
+def test_speedscope_output_that_cannot_be_written(tmp_path: Path, capsys) -> None:
     raw = tmp_path / "p.txt"
     raw.write_text("main (a.py:1) 3\n")
-    assert console.main(["pyspy", "flamegraph", str(raw), "-o", str(tmp_path / "x.png")]) == 2
-    assert ".svg or .html" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert console.main(["pyspy", "speedscope", str(raw), "-o", str(tmp_path / "file" / "x.json")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
 
 
 def test_report_missing_file(capsys) -> None:
@@ -285,8 +299,9 @@ def test_launcher_frames_are_stripped(launcher: str) -> None:
         f'process 1:"/usr/bin/python /x/{launcher} s -- python t.py";'
         f"<module> ({launcher.rsplit('/', 1)[1]}:60);Popen.wait (subprocess.py:1264) 9\n"
     )
+    text += f'process 1:"";<module> (/x/{launcher}:60);Popen.wait (subprocess.py:1264) 2\n'  # no command line
     profile = parse_raw_text(text)
-    assert profile.launcher_samples == 9
+    assert profile.launcher_samples == 11
     assert profile.total_samples == 7
     (stack,) = profile.stacks
     assert [f.name for f in stack.frames] == ["2", "step"]

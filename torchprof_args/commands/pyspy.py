@@ -7,7 +7,8 @@
   clobbers another's file, nor a rerun its predecessor's.  Exits with CMD's exit code.
 * ``torchprof pyspy report FILE...`` prints where the samples landed: the deepest function of
   each stack and the deepest frame of your own code (or of ``--library-name``) that led there.
-* ``torchprof pyspy flamegraph FILE... -o out.svg|out.html`` writes an interactive flamegraph.
+* ``torchprof pyspy speedscope FILE... -o OUT.speedscope.json`` writes the stacks as one speedscope
+  file: open it at www.speedscope.app (nothing is uploaded) or offline for the flamegraph.
 """
 
 from __future__ import annotations
@@ -30,17 +31,17 @@ __all__ = ["register"]
 
 
 def register(subparsers: Subparsers) -> None:
-    """Add ``torchprof pyspy record | report | flamegraph``."""
+    """Add ``torchprof pyspy record | report | speedscope``."""
     parser = subparsers.add_parser(
         "pyspy",
-        help="sample a training job with py-spy; report and flamegraph its output",
+        help="sample a training job with py-spy; report its output or open it in speedscope",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="pyspy_command", metavar="ACTION", required=True)
     _add_record(sub)
     _add_report(sub)
-    _add_flamegraph(sub)
+    _add_speedscope(sub)
 
 
 def _add_record(sub: argparse._SubParsersAction) -> None:
@@ -86,17 +87,19 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_report)
 
 
-def _add_flamegraph(sub: argparse._SubParsersAction) -> None:
+def _add_speedscope(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "flamegraph",
-        help="interactive flamegraph (SVG or HTML), generated locally",
-        description="Write an interactive flamegraph: click to zoom, hover for details, search.",
+        "speedscope",
+        help="the stacks as one speedscope file, for its interactive flamegraph",
+        description="Write the stacks of FILE... as one speedscope file (a flamegraph with zoom, "
+                    "search and per-function callers/callees): open it at www.speedscope.app, "
+                    "which keeps it in the browser, or with an offline copy of speedscope.",
     )
     p.add_argument("files", nargs="+", metavar="FILE", help="py-spy raw files (-f raw)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
-                   help="output file: .svg (SVG with embedded script) or .html")
-    p.add_argument("--title", help="title shown above the graph (default: the file names)")
-    p.set_defaults(func=_run_flamegraph)
+                   help="output file (e.g. flame.speedscope.json)")
+    p.add_argument("--title", help="the profile's name in speedscope (default: the file names)")
+    p.set_defaults(func=_run_speedscope)
 
 
 def _run_record(args: argparse.Namespace) -> int:
@@ -157,17 +160,20 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_flamegraph(args: argparse.Namespace) -> int:
-    from torchprof_args.pyspy.flamegraph import write_flamegraph
+def _run_speedscope(args: argparse.Namespace) -> int:
+    from torchprof_args.pyspy.speedscope import write_speedscope
 
-    if not args.output.lower().endswith((".svg", ".html", ".htm")):
-        raise CommandError(f"-o/--output {args.output!r}: name it .svg or .html.")
     profile = _load(args.files)
     if profile.total_samples == 0:
         raise CommandError(f"no samples in {', '.join(args.files)}; nothing to draw.")
     title = args.title or "py-spy: " + ", ".join(os.path.basename(f) for f in args.files)
-    samples = write_flamegraph(profile.stacks, args.output, title)
-    print(f"torchprof pyspy: wrote {args.output} ({samples} samples)", file=sys.stderr)
+    try:
+        write_speedscope(profile, args.output, title)
+    except OSError as err:
+        raise CommandError(f"-o/--output {args.output!r} cannot be written "
+                           f"({err.strerror or err}).") from None
+    print(f"torchprof pyspy: wrote {args.output} ({profile.total_samples} samples); open it at "
+          "https://www.speedscope.app", file=sys.stderr)
     for note in profile.problems():
         print(f"Note: {note}", file=sys.stderr)
     return 0

@@ -60,7 +60,7 @@ class Frame:
         return self.kind in (PROCESS, THREAD)
 
     def label(self, max_command: int = 120) -> str:
-        """The text a flamegraph shows for this frame."""
+        """The text the speedscope file names this frame with."""
         if self.kind == PROCESS:
             command = " ".join((self.path or "").split())
             if len(command) > max_command:
@@ -242,7 +242,11 @@ def _strip_launcher(frames: list[Frame]) -> list[Frame] | None:
     The launcher starts the program with ``Popen(preexec_fn=...)``: when py-spy first sees the
     child between fork and exec, it keeps the launcher's command line for that pid, so the
     program's own stacks may sit under a second, stale launcher frame.  Only stacks whose
-    innermost process is the outermost launcher are the launcher's own."""
+    innermost process is the outermost launcher, or whose outermost Python frame is the
+    launcher's (py-spy may read its command line as empty), are the launcher's own."""
+    first_python = next((f for f in frames if f.kind == PYTHON), None)
+    if first_python is not None and (first_python.path or "").endswith(_LAUNCHER_MARKERS):
+        return None
     process_indexes = [i for i, f in enumerate(frames) if f.kind == PROCESS]
     launcher = [i for i in process_indexes
                 if any(m in (frames[i].path or "") for m in _LAUNCHER_MARKERS)]

@@ -141,7 +141,8 @@ def _publish(recording: Recording, spy_code: int) -> None:
     if os.path.exists(partial) and os.path.getsize(partial) > 0:
         os.replace(partial, final)
         print(f"torchprof pyspy: wrote {final}\n  report:     torchprof pyspy report {final}\n"
-              f"  flamegraph: torchprof pyspy flamegraph {final} -o {final[:-4]}.svg", file=sys.stderr)
+              f"  speedscope: torchprof pyspy speedscope {final} -o {final[:-4]}.speedscope.json",
+              file=sys.stderr)
     else:
         if os.path.exists(partial):
             os.remove(partial)
