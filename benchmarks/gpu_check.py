@@ -34,7 +34,6 @@ import dataclasses
 import datetime
 import gc
 import gzip
-import importlib.util
 import json
 import os
 import platform
@@ -59,6 +58,15 @@ from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_check_analysis import section_analysis  # noqa: E402
 from gpu_check_memory import section_memory  # noqa: E402
+from gpu_workload import (  # noqa: E402
+    Row,
+    Settings,
+    Workload,
+    activities,
+    demo_model_module,
+    settings,
+    timed_steps,
+)
 
 SECTIONS = ("tests", "analysis", "timers", "snapshot", "memory", "fork", "trace-size", "stall")
 #: Suite files whose fast tests take CUDA paths on a GPU host (run with -m "gpu or not slow").
@@ -71,152 +79,6 @@ CUDA_CAPABLE_SUITE = (
 )
 OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
 STALL_OPTIONS = ("record_shapes", "profile_memory", "with_stack")
-
-
-@dataclasses.dataclass
-class Row:
-    """One line of the results table."""
-
-    section: str
-    check: str
-    setting: str
-    result: str
-    notes: str = ""
-    value: float | None = None
-    ok: bool = True
-
-
-@dataclasses.dataclass
-class Settings:
-    """Sizes for this run: the real ones on a GPU, toy ones for ``--smoke``."""
-
-    device: str
-    dtype: torch.dtype
-    hidden: int
-    layers: int
-    heads: int
-    seq_len: int
-    batch: int
-    vocab: int
-    repeats: int
-    fork_gb: list[float]
-    timer_pairs: int
-    snapshot_timeout: float
-    tests_timeout: float
-
-    @property
-    def model(self) -> str:
-        count = parameters(self)
-        size = f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.2f}M"
-        return (
-            f"GPT {size} params, {self.layers}x{self.hidden}, seq {self.seq_len}, "
-            f"batch {self.batch}, {str(self.dtype).removeprefix('torch.')}"
-        )
-
-
-def parameters(s: Settings) -> int:
-    """Parameter count of the demo GPT with these sizes (embedding tied with the head)."""
-    return (
-        s.layers * (12 * s.hidden * s.hidden + 13 * s.hidden)
-        + s.vocab * s.hidden
-        + s.seq_len * s.hidden
-        + 2 * s.hidden
-    )
-
-
-def settings(args: argparse.Namespace) -> Settings:
-    if args.smoke:
-        return Settings(
-            "cpu",
-            torch.float32,
-            hidden=64,
-            layers=2,
-            heads=4,
-            seq_len=64,
-            batch=2,
-            vocab=256,
-            repeats=1,
-            fork_gb=[0.05],
-            timer_pairs=2000,
-            snapshot_timeout=60,
-            tests_timeout=120,
-        )
-    return Settings(
-        "cuda",
-        torch.bfloat16,
-        args.hidden,
-        args.layers,
-        args.heads,
-        args.seq_len,
-        args.batch,
-        args.vocab,
-        args.repeats,
-        args.fork_gb,
-        args.timer_pairs,
-        args.snapshot_timeout,
-        args.tests_timeout,
-    )
-
-
-# -- the workload ------------------------------------------------------------------------------
-
-
-def demo_model_module() -> Any:
-    """integrations/demo/model.py (a folder of scripts, not a package), loaded from its file."""
-    spec = importlib.util.spec_from_file_location(
-        "torchprof_demo_model", REPO / "integrations" / "demo" / "model.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class Workload:
-    """The demo GPT at ``s``'s size with AdamW; :meth:`step` is one optimizer step, waited for."""
-
-    def __init__(self, s: Settings) -> None:
-        torch.manual_seed(0)
-        self.s = s
-        model = demo_model_module().TinyGPT(
-            vocab=s.vocab, hidden=s.hidden, layers=s.layers, heads=s.heads, seq_len=s.seq_len
-        )
-        self.model = model.to(device=s.device, dtype=s.dtype)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.tokens = torch.randint(0, s.vocab, (s.batch, s.seq_len + 1), device=s.device)
-
-    def step(self) -> None:
-        logits = self.model(self.tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, self.s.vocab).float(), self.tokens[:, 1:].reshape(-1)
-        )
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        synchronize(self.s)
-
-
-def synchronize(s: Settings) -> None:
-    if s.device == "cuda":
-        torch.cuda.synchronize()
-
-
-def activities(s: Settings) -> list[torch.profiler.ProfilerActivity]:
-    found = [torch.profiler.ProfilerActivity.CPU]
-    return found + [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else found
-
-
-def timed_steps(
-    work: Workload, count: int, after_step: Callable[[int], None] = lambda _i: None
-) -> list[float]:
-    """Wall seconds of ``count`` steps, each including ``after_step(i)`` (the profiler's step)."""
-    times = []
-    for index in range(count):
-        started = time.perf_counter()
-        work.step()
-        after_step(index)
-        times.append(time.perf_counter() - started)
-    return times
 
 
 # -- tests -------------------------------------------------------------------------------------
@@ -746,12 +608,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sections: dict[str, Callable[[], list[Row]]] = {
         "tests": lambda: section_tests(s, out, args.smoke),
-        "analysis": lambda: section_analysis(demo_model_module(), s.device, s.dtype, out, Row),
+        "analysis": lambda: section_analysis(demo_model_module(), s.device, s.dtype, out),
         "stall": lambda: section_stall(s, out),
         "fork": lambda: section_fork(s, out),
         "timers": lambda: section_timers(s, out),
         "snapshot": lambda: section_snapshot(s, out, args),
-        "memory": lambda: section_memory(s.device, out, model_flags(args), Row),
+        "memory": lambda: section_memory(s.device, out, model_flags(args)),
         "trace-size": lambda: section_trace_size(s, out),
     }
     rows: list[Row] = []

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from gpu_workload import Row
+
 from torchprof_args import TorchProfiler, add_torch_profile_args
 
 LOADER_SLEEP_S = 0.030
@@ -43,8 +45,8 @@ SMOKE_SIZES = {"vocab": 256, "hidden": 64, "layers": 2, "heads": 4, "seq_len": 6
 BATCH = 4
 
 
-def section_analysis(model_module: Any, device: str, dtype: torch.dtype, out: Path, row: Any) -> list[Any]:
-    """Rows for the analysis section; ``row`` is gpu_check's Row class."""
+def section_analysis(model_module: Any, device: str, dtype: torch.dtype, out: Path) -> list[Row]:
+    """Rows for the analysis section."""
     if device != "cuda":
         SIZES.update(SMOKE_SIZES)
     rows = []
@@ -55,8 +57,8 @@ def section_analysis(model_module: Any, device: str, dtype: torch.dtype, out: Pa
             shutil.copy(trace, kept)
         size = f"{kept.stat().st_size / 1e6:.1f} MB gz"
         if device == "cuda":  # HTA's breakdowns need GPU kernels
-            rows += _hta_rows(kept, name, row, size)
-        rows += _diagnose_rows(kept, name, faulty, device, row)
+            rows += _hta_rows(kept, name, size)
+        rows += _diagnose_rows(kept, name, faulty, device)
     return rows
 
 
@@ -121,12 +123,12 @@ def _torchprof_json(*args: str) -> dict[str, Any]:
     return json.loads(run.stdout)
 
 
-def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
+def _hta_rows(path: Path, name: str, size: str) -> list[Row]:
     """Largest difference from HTA of each figure the suite compares on the stored traces."""
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as err:
-        return [row("analysis", f"{name}: agreement with HTA", size, "n/a", f"HTA not importable: {err}")]
+        return [Row("analysis", f"{name}: agreement with HTA", size, "n/a", f"HTA not importable: {err}")]
     from helpers.hta_reference import temporal_breakdown  # tests/helpers: HTA's breakdown, unasserted
 
     from torchprof_args.analysis import load_trace, summarize
@@ -167,7 +169,7 @@ def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
     same_launches = len(launches) == len(mine_launch["correlation"])
     ok = pct_diff <= 0.5 and kind_rel <= 0.005 and idle_us <= 1.0 and delay_us <= 1.0 and same_launches
     return [
-        row(
+        Row(
             "analysis",
             f"{name}: summary and analyzers vs HTA",
             size,
@@ -182,7 +184,7 @@ def _hta_rows(path: Path, name: str, row: Any, size: str) -> list[Any]:
     ]
 
 
-def _diagnose_rows(path: Path, name: str, faulty: bool, device: str, row: Any) -> list[Any]:
+def _diagnose_rows(path: Path, name: str, faulty: bool, device: str) -> list[Row]:
     summary = _torchprof_json("summary", "--json", str(path))
     doc = _torchprof_json("diagnose", "--json", str(path))
     found = {f["kind"]: f for f in doc["findings"]}
@@ -201,7 +203,7 @@ def _diagnose_rows(path: Path, name: str, faulty: bool, device: str, row: Any) -
     mfu = found.get("low_mfu", {}).get("evidence", {})
     steps = len(summary.get("steps") or [])
     return [
-        row(
+        Row(
             "analysis",
             f"{name}: torchprof diagnose",
             f"step {doc.get('step_ms') or 0:.1f} ms; summary: {steps} steps",

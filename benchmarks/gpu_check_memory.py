@@ -36,6 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from gpu_workload import Row  # noqa: E402
+
 #: the small model of the ``long`` and ``keep`` experiments (tests/helpers/gpu_train.py's Trainer).
 SMALL = {"hidden": 256, "layers": 4, "seq_len": 128, "batch": 8}
 LONG_EVENTS = 1_000_000
@@ -77,7 +79,7 @@ def _snapshotter(directory: str, max_entries: int = 200_000) -> Any:
 def worker_oom(args: argparse.Namespace) -> dict[str, Any]:
     """Double the micro-batch of the ~1B GPT until a training step runs out of memory."""
     import torch
-    from gpu_check import Workload, settings
+    from gpu_workload import Workload, settings
 
     s = settings(argparse.Namespace(**{**vars(args), "smoke": False}))
     with tempfile.TemporaryDirectory(dir=args.out) as scratch:
@@ -220,13 +222,11 @@ def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-def section_memory(
-    device: str, out: Path, model_flags: list[str], row: Any, timeout: float = 600
-) -> list[Any]:
-    """The memory section's rows (``row``: gpu_check's Row class)."""
+def section_memory(device: str, out: Path, model_flags: list[str], timeout: float = 600) -> list[Row]:
+    """The memory section's rows."""
     if device != "cuda":
         return [
-            row(
+            Row(
                 "memory",
                 "torchprof mem on real snapshots",
                 "oom / fragmentation / 1M events",
@@ -239,7 +239,7 @@ def section_memory(
     oom = found["oom"]
     remedy = oom["remedy"]["kind"] if oom["remedy"] else "none alone"
     rows.append(
-        row(
+        Row(
             "memory",
             "real OOM explained",
             f"{found['params'] / 1e9:.2f}B GPT, micro-batch {found['batch']}",
@@ -254,7 +254,7 @@ def section_memory(
     for expandable in (False, True):
         state = _worker("fragmentation", out, model_flags, timeout, expandable)["device"]
         rows.append(
-            row(
+            Row(
                 "memory",
                 "fragmentation",
                 f"expandable_segments {expandable}",
@@ -266,7 +266,7 @@ def section_memory(
         )
     long = _worker("long", out, model_flags, timeout)
     rows.append(
-        row(
+        Row(
             "memory",
             "torchprof mem, long history",
             f"{long['events']:,} events ({long['mb']:.0f} MB)",
@@ -279,7 +279,7 @@ def section_memory(
     keep = _worker("keep", out, model_flags, timeout)
     sizes = ", ".join(f"{name} {size / 1e3:.0f} KB" for name, size in keep["files"].items())
     rows.append(
-        row(
+        Row(
             "memory",
             "snapshots for tests/data",
             f"{keep['device']}, torch {keep['torch']}",

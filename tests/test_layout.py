@@ -1,5 +1,7 @@
-"""The package's layout: imports point down the layers, no import cycle, no module or folder too big,
-every diagnose kind of one shape.
+"""The repository's layout: imports point down the package's layers, no import cycle anywhere (the
+package, ``benchmarks/``, ``tests/``, ``integrations/``), every import visible in the source, no
+public name defined in two modules of one layer, no module or folder too big, every diagnose kind
+of one shape.  The checker is :mod:`helpers.layout`.
 
 The layers of ``torchprof_args``, lowest first.  A module imports from its own layer or a lower
 one, never from a higher one (a *back-arrow*); within a layer, no cycle:
@@ -36,26 +38,46 @@ inside a function named ``from_args`` is allowed, nothing else.  Everything else
 from the flags reaches it as its typed config (``from_config``).
 
 Imports are read from the source (``ast``): a function-level or ``TYPE_CHECKING`` import counts
-like one at the top.  A submodule's implicit import of its parent package is not an edge (every
-package would be a cycle with its ``__init__`` re-exports).  No module has 400 lines or more, no
-package folder holds more than 20 modules directly.
+like one at the top, and so does a string naming a module (the facade's lazy table).  A dynamic
+import of a module the source does not name (``import_module(name)``) is allowed only where
+:data:`HIDDEN_IMPORTS` says why.  The commands are imported by ``console.py`` like any module.
+
+A public name (not ``_private``) is defined in one module of its layer: two meanings of one name,
+or one meaning written twice, are both found.  The names every plugin of a kind defines
+(:data:`PROTOCOL_NAMES`: a diagnose kind's ``analyze``, a command module's ``register``) are the
+exception.  No module has 400 lines or more, no package folder holds more than 20 modules directly.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import importlib
 import inspect
 import types
 import typing
-from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from helpers.layout import (
+    Layering,
+    defined_twice,
+    find_cycles,
+    heaps,
+    hidden_imports,
+    import_graph,
+    import_sites,
+    imports_with_function,
+    long_modules,
+    module_files,
+    reachable,
+    shorten,
+)
+from helpers.paths import REPO
 
 import torchprof_args
 
 PACKAGE = "torchprof_args"
 ROOT = Path(torchprof_args.__file__).resolve().parent
+FILES = module_files(ROOT, PACKAGE)
 
 #: The package's layers, lowest first: each a name and the first components of its modules' dotted
 #: names below ``torchprof_args`` ("" is the package's own ``__init__``, the facade on top).
@@ -93,148 +115,32 @@ ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 FROM_ARGS = "from_args"
 CONFIG = f"{PACKAGE}.config"
 
+PACKAGE_LAYERS = Layering(PACKAGE, LAYERS, allowed=(CONFIG, FROM_ARGS))
+ANALYSIS_LAYERING = Layering(ANALYSIS, ANALYSIS_LAYERS)
+
+#: The dynamic imports whose module is not a string in the call, and why each is safe.
+HIDDEN_IMPORTS = {
+    PACKAGE: "the facade's lazy names: each module is a string in its _LAZY table (an edge)",
+    f"{PACKAGE}.runtime.export.forkserver": "its PRELOAD: each module a string (an edge)",
+    f"{PACKAGE}.frameworks.megatron_install": "Megatron-LM's training module, outside the package",
+}
+
+#: Names every plugin of one kind defines: a diagnose kind's shape, a command module's ``register``,
+#: a framework's callback (``torchprof_args.huggingface.TorchProfileCallback``, ``...lightning...``);
+#: and every module's own: its ``logger``, the ``main`` of one run with ``python -m``.
+PROTOCOL_NAMES = frozenset({"KIND", "SCOPE", "THRESHOLD", "REMEDY", "analyze", "register",
+                            "TorchProfileCallback", "logger", "main"})
+
+#: The folders of scripts beside the package, each a tree of its own (they import by bare name).
+SCRIPT_FOLDERS = ("benchmarks", "tests", *(f"integrations/{p.name}"
+                                           for p in sorted((REPO / "integrations").iterdir()) if p.is_dir()))
+
 MAX_LINES = 400
 MAX_MODULES_PER_FOLDER = 20
 
 
-def module_files(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
-    """Every module below ``root`` by dotted name (a package by its ``__init__.py``)."""
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join([package, *parts])] = path
-    return out
-
-
-def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
-    """Dotted names ``node`` imports: a module, or for ``from M import x`` M.x when that is one."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    base = node.module or ""
-    if node.level:
-        here = module.split(".") if is_package else module.split(".")[:-1]
-        base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-    return [f"{base}.{alias.name}" for alias in node.names] + [base]
-
-
-def _imports_with_function(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, str | None]]:
-    """Each import statement with the name of the innermost function around it (None: none)."""
-    def walk(node: ast.AST, function: str | None) -> Iterator[tuple[ast.Import | ast.ImportFrom, str | None]]:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child, function
-            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
-            yield from walk(child, inner)
-    return walk(tree, None)
-
-
-def import_sites(files: dict[str, Path] | None = None) -> dict[str, dict[str, set[str | None]]]:
-    """Module -> the package's modules it imports -> the functions the imports sit in (None: top).
-
-    ``files``: the modules to read (default: the package's, :func:`module_files`)."""
-    files = module_files() if files is None else files
-    sites: dict[str, dict[str, set[str | None]]] = {}
-    for module, path in files.items():
-        deps = sites.setdefault(module, {})
-        for node, function in _imports_with_function(ast.parse(path.read_text(), str(path))):
-            names = _imported(node, module, path.name == "__init__.py")
-            if isinstance(node, ast.ImportFrom):  # M.x when x is a submodule, else M itself
-                submodules = [n for n in names[:-1] if n in files]
-                names = submodules if len(submodules) == len(names) - 1 else [*submodules, names[-1]]
-            for name in names:
-                while name and name not in files:  # ``import a.b.c`` of a non-module: its module
-                    name = name.rpartition(".")[0]
-                if name.startswith(PACKAGE) and name != module:
-                    deps.setdefault(name, set()).add(function)
-    return sites
-
-
-def import_graph(files: dict[str, Path] | None = None) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, anywhere in its source."""
-    return {module: set(deps) for module, deps in import_sites(files).items()}
-
-
-def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle (first node repeated at the end) per back edge of a depth-first search."""
-    state: dict[str, str] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        state[node] = "open"
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == "open":
-                found.append([*stack[stack.index(nxt):], nxt])
-            elif nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = "done"
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
-    return found
-
-
-@dataclasses.dataclass(frozen=True)
-class Layering:
-    """Layers over the modules below ``package``: which layer a module is in, by rank."""
-
-    package: str
-    layers: tuple[tuple[str, tuple[str, ...]], ...]
-
-    def layer(self, module: str) -> tuple[int, str] | None:
-        """(rank, name) of ``module``'s layer; None outside ``package``; fails on a module no layer names."""
-        if module != self.package and not module.startswith(self.package + "."):
-            return None
-        first = module.removeprefix(self.package).lstrip(".").split(".")[0]
-        for rank, (name, members) in enumerate(self.layers):
-            if first in members:
-                return rank, name
-        raise AssertionError(f"{module} is in no layer: add {first!r} to one in tests/test_layout.py "
-                             "(and to the order in its docstring)")
-
-    def back_arrows(self, sites: dict[str, dict[str, set[str | None]]]) -> list[str]:
-        """``a -> b (layer X above Y)`` for each import from a module up to a higher layer."""
-        found = []
-        for module, deps in sorted(sites.items()):
-            here = self.layer(module)
-            if here is None:
-                continue
-            for dep, functions in sorted(deps.items()):
-                there = self.layer(dep)
-                if there is None or there[0] <= here[0]:
-                    continue
-                if dep == CONFIG and functions == {FROM_ARGS}:  # the documented exception
-                    continue
-                found.append(f"{_short(module)} -> {_short(dep)} (layer {there[1]} above {here[1]})")
-        return found
-
-
-PACKAGE_LAYERS = Layering(PACKAGE, LAYERS)
-ANALYSIS_LAYERING = Layering(ANALYSIS, ANALYSIS_LAYERS)
-
-
 def _short(module: str) -> str:
-    return module.removeprefix(PACKAGE + ".") if module != PACKAGE else f"{PACKAGE} (__init__)"
-
-
-def long_modules(files: dict[str, Path]) -> dict[str, int]:
-    """The modules of :data:`MAX_LINES` lines or more, with their lengths."""
-    return {_short(m): n for m, p in files.items() if (n := len(p.read_text().splitlines())) >= MAX_LINES}
-
-
-def heaps(root: Path) -> dict[str, int]:
-    """The package folders with more than :data:`MAX_MODULES_PER_FOLDER` modules directly in them."""
-    counts: dict[str, int] = {}
-    for path in root.rglob("*.py"):
-        if path.name != "__init__.py":
-            folder = str(path.parent.relative_to(root.parent))
-            counts[folder] = counts.get(folder, 0) + 1
-    return {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER}
+    return shorten(module, PACKAGE)
 
 
 KINDS_PACKAGE = f"{ANALYSIS}.diagnose.kinds"
@@ -281,7 +187,7 @@ def test_the_cycle_finder_finds_and_names_cycles() -> None:
 
 
 def test_the_import_graph_sees_every_kind_of_import() -> None:
-    graph = import_graph()
+    graph = import_graph(FILES)
     analysis = ANALYSIS
     assert f"{analysis}.decode.parallel" in graph[f"{analysis}.decode.loader"]  # from package import module
     assert f"{analysis}.render.svg" in graph[f"{analysis}.render.report"]
@@ -290,14 +196,25 @@ def test_the_import_graph_sees_every_kind_of_import() -> None:
     assert f"{PACKAGE}.config" in graph[f"{PACKAGE}.metrics.timers"]  # inside a function (from_args)
     assert f"{PACKAGE}.runtime.nsys" in graph[f"{PACKAGE}.metrics.timers"]  # inside a method's branch
     assert f"{PACKAGE}.config" in graph[PACKAGE]  # the facade's imports
+    assert f"{PACKAGE}.runtime.profiler" in graph[PACKAGE]  # named in the facade's lazy table
+    assert f"{PACKAGE}.commands.diagnose" in graph[f"{PACKAGE}.console"]  # the commands it registers
     assert PACKAGE not in graph[f"{PACKAGE}.runtime.profiler"]  # the implicit parent import is none
 
 
-def test_the_import_graph_sees_type_checking_imports(tmp_path: Path) -> None:
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a import b\n"
-                     "def from_args():\n    import c\n")
-    found = {(n.names[0].name, f) for n, f in _imports_with_function(tree)}
+def test_the_import_graph_sees_type_checking_imports_and_named_modules(tmp_path: Path) -> None:
+    tree_text = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a import b\n"
+                 "def from_args():\n    import c\n")
+    import ast
+    found = {(n.names[0].name, f) for n, f in imports_with_function(ast.parse(tree_text))
+             if not isinstance(n, ast.Constant)}
     assert found == {("TYPE_CHECKING", None), ("b", None), ("c", "from_args")}
+    root = _tree(tmp_path / "p", {"__init__.py": 0, "a.py": 0, "b.py": 0})
+    (root / "a.py").write_text("import importlib\nimportlib.import_module('p.b')\n")
+    (root / "b.py").write_text("import importlib\nname = 'p.a'\nimportlib.import_module(name)\nX = 'p'\n")
+    files = module_files(root, "p")
+    # named in strings; 'p' alone is a word, not an import
+    assert import_graph(files) == {"p": set(), "p.a": {"p.b"}, "p.b": {"p.a"}}
+    assert hidden_imports(files) == {"p.b": [3]}
 
 
 def _tree(root: Path, files: dict[str, int]) -> Path:
@@ -313,8 +230,8 @@ def test_a_module_of_400_lines_and_a_folder_of_21_modules_are_found(tmp_path: Pa
     root = _tree(tmp_path / PACKAGE, {"__init__.py": 1, "ok.py": MAX_LINES - 1, "big.py": MAX_LINES,
                                       **{f"heap/m{i}.py": 1 for i in range(MAX_MODULES_PER_FOLDER + 1)},
                                       **{f"fine/m{i}.py": 1 for i in range(MAX_MODULES_PER_FOLDER)}})
-    assert long_modules(module_files(root, PACKAGE)) == {"big": MAX_LINES}
-    assert heaps(root) == {f"{PACKAGE}/heap": MAX_MODULES_PER_FOLDER + 1}
+    assert long_modules(module_files(root, PACKAGE), MAX_LINES, PACKAGE) == {"big": MAX_LINES}
+    assert heaps(root, MAX_MODULES_PER_FOLDER) == {f"{PACKAGE}/heap": MAX_MODULES_PER_FOLDER + 1}
 
 
 def test_a_new_back_arrow_and_a_new_cycle_in_the_source_are_found(tmp_path: Path) -> None:
@@ -324,52 +241,99 @@ def test_a_new_back_arrow_and_a_new_cycle_in_the_source_are_found(tmp_path: Path
     (root / "runtime" / "schedule.py").write_text("from . import plan\n")
     (root / "runtime" / "plan.py").write_text("from torchprof_args.runtime.schedule import x\n")
     files = module_files(root, PACKAGE)
-    assert PACKAGE_LAYERS.back_arrows(import_sites(files)) == [
+    assert PACKAGE_LAYERS.back_arrows(import_sites(files), PACKAGE) == [
         "flags.table -> runtime.timeline (layer runtime above flags)"]
     assert find_cycles(import_graph(files)) == [
         [f"{PACKAGE}.runtime.plan", f"{PACKAGE}.runtime.schedule", f"{PACKAGE}.runtime.plan"]]
 
 
 def test_back_arrows_are_named_with_their_layers() -> None:
-    sites = {f"{PACKAGE}.runtime.x": {f"{PACKAGE}.metrics.y": {None}, f"{PACKAGE}.log": {None}},
+    sites: dict[str, dict[str, set[str | None]]] = {
+             f"{PACKAGE}.runtime.x": {f"{PACKAGE}.metrics.y": {None}, f"{PACKAGE}.log": {None}},
              f"{PACKAGE}.metrics.y": {CONFIG: {FROM_ARGS}},  # the exception
              f"{PACKAGE}.ondemand.z": {CONFIG: {FROM_ARGS, "helper"}, PACKAGE: {None}}}
-    assert PACKAGE_LAYERS.back_arrows(sites) == [
+    assert PACKAGE_LAYERS.back_arrows(sites, PACKAGE) == [
         "ondemand.z -> torchprof_args (__init__) (layer facade above ondemand)",
         "ondemand.z -> config (layer config above ondemand)",
         "runtime.x -> metrics.y (layer metrics above runtime)",
     ]
 
 
+def test_a_name_defined_in_two_modules_of_one_group_is_found(tmp_path: Path) -> None:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "a.py").write_text("POLL = 1\ndef analyze(): ...\nclass Row: ...\n_own = 2\n")
+    (root / "b.py").write_text("POLL: int = 1\ndef analyze(): ...\n_own = 2\n")
+    (root / "c.py").write_text("from a import Row\n")  # an import defines nothing
+    found = defined_twice([("layer", module_files(root, ""))], frozenset({"analyze"}))
+    assert found == ["layer: POLL in a, b"]
+
+
 # -- the package -----------------------------------------------------------------------------------
 
 
 def test_every_module_is_in_a_layer() -> None:
-    for module in module_files():
+    for module in FILES:
         PACKAGE_LAYERS.layer(module)
         ANALYSIS_LAYERING.layer(module)
 
 
 def test_no_import_points_up_the_package_layers() -> None:
-    arrows = PACKAGE_LAYERS.back_arrows(import_sites())
+    arrows = PACKAGE_LAYERS.back_arrows(import_sites(FILES), PACKAGE)
     assert not arrows, "imports up the layers (move what is shared down, or hand the lower layer " \
         "what it needs; the order is in tests/test_layout.py's docstring):\n" + "\n".join(arrows)
 
 
 def test_no_import_points_up_the_analysis_layers() -> None:
-    arrows = ANALYSIS_LAYERING.back_arrows(import_sites())
+    arrows = ANALYSIS_LAYERING.back_arrows(import_sites(FILES), PACKAGE)
     assert not arrows, "imports up analysis/'s layers (the order is in tests/test_layout.py's " \
         "docstring):\n" + "\n".join(arrows)
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    cycles = find_cycles(import_graph())
+    cycles = find_cycles(import_graph(FILES))
     assert not cycles, "import cycles in torchprof_args (move what is shared to the module that owns " \
         "it):\n" + "\n".join(" -> ".join(map(_short, c)) for c in cycles)
 
 
+@pytest.mark.parametrize("folder", SCRIPT_FOLDERS)
+def test_no_import_cycle_beside_the_package(folder: str) -> None:
+    cycles = find_cycles(import_graph(module_files(REPO / folder, "")))
+    assert not cycles, f"import cycles in {folder}/ (move what both need to a module of its own):\n" + \
+        "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_import_is_in_the_source() -> None:
+    hidden = {m: lines for m, lines in hidden_imports(FILES).items() if m not in HIDDEN_IMPORTS}
+    assert not hidden, "dynamic imports of modules the source does not name (write the module's name " \
+        f"in a string, or import it): { {_short(m): lines for m, lines in hidden.items()} }"
+    stale = set(HIDDEN_IMPORTS) - set(hidden_imports(FILES))
+    assert not stale, f"HIDDEN_IMPORTS names modules without a hidden import: {sorted(stale)}"
+
+
+def test_every_command_module_is_registered() -> None:
+    commands = {m for m, p in FILES.items() if m.startswith(f"{PACKAGE}.commands.")
+                and "def register(" in p.read_text()}
+    unseen = commands - reachable(import_graph(FILES), f"{PACKAGE}.console")
+    assert not unseen, f"command modules console.py does not import: {sorted(map(_short, unseen))}"
+
+
+def test_no_public_name_is_defined_twice_in_a_layer() -> None:
+    def group(module: str) -> str:
+        layer = PACKAGE_LAYERS.layer(module)
+        assert layer is not None
+        return layer[1]
+
+    groups: dict[str, dict[str, Path]] = {}
+    for module, path in FILES.items():
+        groups.setdefault(group(module), {})[_short(module)] = path
+    twice = defined_twice(sorted(groups.items()), PROTOCOL_NAMES)
+    assert not twice, "public names defined in two modules of one layer (one meaning: define it once " \
+        "and import it; two meanings: name each for what it is):\n" + "\n".join(twice)
+
+
 def test_the_flags_registry_knows_no_feature() -> None:
-    graph = import_graph()
+    graph = import_graph(FILES)
     foundation = {m for m in graph if PACKAGE_LAYERS.layer(m) == (0, "foundation")}
     for module, deps in graph.items():
         if module.startswith(f"{PACKAGE}.flags"):
@@ -378,12 +342,12 @@ def test_the_flags_registry_knows_no_feature() -> None:
 
 
 def test_modules_stay_under_400_lines() -> None:
-    long = long_modules(module_files())
-    assert not long, f"split these modules: {long}"
+    long = long_modules(FILES, MAX_LINES, PACKAGE)
+    assert not long, f"split these modules by concept: {long}"
 
 
 def test_no_package_folder_is_a_heap() -> None:
-    found = heaps(ROOT)
+    found = heaps(ROOT, MAX_MODULES_PER_FOLDER)
     assert not found, f"more than {MAX_MODULES_PER_FOLDER} modules directly in these folders " \
         f"(group them by concept or layer): {found}"
 
@@ -407,7 +371,7 @@ def test_the_shape_check_names_what_a_kind_lacks() -> None:
 def test_every_diagnose_kind_has_the_one_shape_and_is_registered() -> None:
     from torchprof_args.analysis.diagnose.registry import KINDS
 
-    modules = sorted(m for m in module_files() if m.startswith(KINDS_PACKAGE + "."))
+    modules = sorted(m for m in FILES if m.startswith(KINDS_PACKAGE + "."))
     problems = {_short(m): p for m in modules if (p := kind_shape_problems(importlib.import_module(m)))}
     assert not problems, f"diagnose kinds not of the one shape (diagnose/registry.py): {problems}"
     assert sorted(KINDS) == sorted(m.rpartition(".")[2] for m in modules), \

@@ -1,9 +1,9 @@
 """The ``torchprof`` command line: one sub-command per feature module.
 
 Each module in :data:`COMMAND_MODULES` exposes ``register(subparsers)`` that adds its
-sub-commands and sets ``func`` (``args -> int`` exit status) as the parser default.  Modules must
-be import-light (no torch, wandb, deepspeed or megatron at import time) so that every
-``torchprof`` invocation starts fast.
+sub-commands and sets ``func`` (``args -> int`` exit status) as the parser default.  The parser
+itself is the ``command_line`` default of every command (``torchprof flags --update-docs``
+documents it).
 
 Errors have one path: a command raises :class:`~torchprof_args.errors.CommandError` (message and
 exit status); :func:`main` alone prints it, as ``torchprof <command>: error: <message>``, and
@@ -15,28 +15,42 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
+from typing import Protocol
 
+from torchprof_args.commands import (
+    collectives,
+    critical_path,
+    dashboard,
+    diagnose,
+    flags,
+    goodput,
+    hang,
+    mem,
+    nsys,
+    pyspy,
+    trace_tools,
+    trend,
+    trigger,
+)
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
 
-__all__ = ["COMMAND_MODULES", "EXIT_STATUSES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "EXIT_STATUSES", "CommandModule", "build_parser", "main"]
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "torchprof_args.commands.flags",
-    "torchprof_args.commands.trace_tools",
-    "torchprof_args.commands.mem",
-    "torchprof_args.commands.collectives",
-    "torchprof_args.commands.hang",
-    "torchprof_args.commands.diagnose",
-    "torchprof_args.commands.critical_path",
-    "torchprof_args.commands.pyspy",
-    "torchprof_args.commands.nsys",
-    "torchprof_args.commands.dashboard",
-    "torchprof_args.commands.goodput",
-    "torchprof_args.commands.trend",
-    "torchprof_args.commands.trigger",
+
+class CommandModule(Protocol):
+    """A feature's command module: it adds its sub-commands to ``torchprof``."""
+
+    def register(self, subparsers: Subparsers) -> None: ...
+
+
+#: One module per feature, in ``--help``'s order; each imported here, light (no torch, wandb,
+#: deepspeed or megatron at import time), so that every ``torchprof`` invocation starts fast.
+COMMAND_MODULES: tuple[CommandModule, ...] = (
+    flags, trace_tools, mem, collectives, hang, diagnose, critical_path, pyspy, nsys, dashboard, goodput,
+    trend, trigger,
 )
 
 #: The exit-status convention of every command (:class:`~torchprof_args.errors.ExitStatus`), as
@@ -61,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
+    parser.set_defaults(command_line=parser)
     return parser
 
 

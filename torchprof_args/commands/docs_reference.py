@@ -3,12 +3,12 @@
 * ``docs/reference/flags.md``: the ``--torch-profile-*`` flag table, from the flag registry;
 * ``docs/reference/commands.md``: ``--help`` of ``torchprof`` and of every sub-command.
 
-    torchprof flags --update-docs docs                      # write both pages
-    python -m torchprof_args.commands.docs_reference docs            # the same
-    python -m torchprof_args.commands.docs_reference --check docs    # exit 1 naming the stale pages
+    torchprof flags --update-docs docs      # write both pages
 
-Help is rendered at a fixed width (``COLUMNS``), so the pages do not depend on the terminal
-that generated them.  A test regenerates both pages and compares them with the checked-in ones.
+The commands page walks the ``torchprof`` parser it is given (``console.py`` hands it to the
+``flags`` command), so this module imports no command.  Help is rendered at a fixed width
+(``COLUMNS``), so the pages do not depend on the terminal that generated them.  A test
+regenerates both pages and compares them with the checked-in ones.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
-    "HELP_COLUMNS", "PAGES", "commands_page", "flags_page", "render_pages", "stale_pages", "write_pages",
+    "HELP_COLUMNS", "commands_page", "flags_page", "render_pages", "stale_pages", "write_pages",
 ]
 
 #: Terminal width the ``--help`` texts are rendered at.
@@ -88,12 +87,10 @@ def _walk(
         yield from _walk(sub, depth + 1)
 
 
-def commands_page() -> str:
-    """``docs/reference/commands.md``."""
-    from torchprof_args.console import build_parser
-
+def commands_page(root: argparse.ArgumentParser) -> str:
+    """``docs/reference/commands.md`` from ``root``, the ``torchprof`` parser."""
     with _fixed_columns():
-        entries = [(depth, sub.prog, sub.format_help()) for depth, sub in _walk(build_parser())]
+        entries = [(depth, sub.prog, sub.format_help()) for depth, sub in _walk(root)]
     lines = [
         "# Commands",
         "",
@@ -116,35 +113,29 @@ def _anchor(prog: str) -> str:
     return prog.replace(" ", "-").lower()
 
 
-#: Page path under the docs folder -> its generator.
-PAGES: dict[str, Callable[[], str]] = {
-    "reference/flags.md": flags_page,
-    "reference/commands.md": commands_page,
-}
+def render_pages(root: argparse.ArgumentParser) -> dict[str, str]:
+    """Every generated page's text, by its path under the docs folder (``root``: the ``torchprof``
+    parser)."""
+    return {"reference/flags.md": flags_page(), "reference/commands.md": commands_page(root)}
 
 
-def render_pages() -> dict[str, str]:
-    """Every generated page's text, by its path under the docs folder."""
-    return {name: render() for name, render in PAGES.items()}
-
-
-def stale_pages(docs_dir: str | os.PathLike[str]) -> list[str]:
+def stale_pages(docs_dir: str | os.PathLike[str], root: argparse.ArgumentParser) -> list[str]:
     """The generated pages under ``docs_dir`` that are missing or differ from the code's."""
     docs_dir = Path(docs_dir)
     stale = []
-    for name, text in render_pages().items():
+    for name, text in render_pages(root).items():
         path = docs_dir / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             stale.append(name)
     return stale
 
 
-def write_pages(docs_dir: str | os.PathLike[str]) -> list[Path]:
+def write_pages(docs_dir: str | os.PathLike[str], root: argparse.ArgumentParser) -> list[Path]:
     """Write the generated pages under ``docs_dir``; returns the ones that changed."""
     from torchprof_args.atomic import write_text_atomically
 
     changed = []
-    for name, text in render_pages().items():
+    for name, text in render_pages(root).items():
         path = Path(docs_dir) / name
         if path.is_file() and path.read_text(encoding="utf-8") == text:
             continue
@@ -153,26 +144,3 @@ def write_pages(docs_dir: str | os.PathLike[str]) -> list[Path]:
         changed.append(path)
     return changed
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchprof_args.commands.docs_reference",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("docs_dir", nargs="?", default="docs",
-                        help="the documentation folder (default: docs)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a page is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_pages(args.docs_dir)
-        for name in stale:
-            hint = f"run: torchprof flags --update-docs {args.docs_dir}"
-            print(f"stale: {Path(args.docs_dir) / name} ({hint})", file=sys.stderr)
-        return 1 if stale else 0
-    for path in write_pages(args.docs_dir):
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.update_docs:
         from torchprof_args.commands.docs_reference import write_pages
 
-        for path in write_pages(args.update_docs):
+        for path in write_pages(args.update_docs, args.command_line):
             print(f"wrote {path}")
         return 0
     if args.markdown:

@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError
 
 __all__ = ["register"]
@@ -22,7 +23,7 @@ __all__ = ["register"]
 _TIMED = ("checkpoint", "data", "evaluation")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "goodput",
         help="productive share of a job's wall time and the time lost, by cause, from metrics.jsonl",

@@ -20,12 +20,13 @@ import json
 import re
 from pathlib import Path
 
+from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "trend",
         help="compare runs over time: step time, timers, MFU, diagnose findings, with a noise-aware "

@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_TIMEOUT", "request_stacks", "run_stacks"]
 
 #: Seconds to wait for every rank unless --timeout says otherwise.
 DEFAULT_TIMEOUT = 10.0
-POLL_SECONDS = 0.05
+STACKS_POLL_SECONDS = 0.05
 _ANSWER_RE = re.compile(r"^(stacks|rejected)_rank(\d+)\.json$")
 
 
@@ -108,7 +108,7 @@ def request_stacks(directory: Path, *, native: bool, timeout: float) -> dict[str
             answered, rejected = _answers(folder)
             if len(answered) + len(rejected) >= world or time.monotonic() - started >= timeout:
                 break
-            time.sleep(POLL_SECONDS)
+            time.sleep(STACKS_POLL_SECONDS)
     finally:
         path.unlink(missing_ok=True)  # withdrawn: a rank that looks later does not answer
     return {"request": request["id"], "directory": str(folder), "world_size": world,

@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torchprof_args.frameworks.hosted_profiling import FLUSH_TIMER
 from torchprof_args.frameworks.megatron_args import profiler_from_args
 from torchprof_args.log import get_logger
 
@@ -18,8 +19,6 @@ __all__ = ["FLUSH_TIMER", "TrainingHook", "clean_exit", "pipeline_from_args"]
 
 logger = get_logger(__name__)
 
-#: Megatron timer name of the trace flush (Megatron's ``Timers.write`` writes ``torch-profile-flush-time``).
-FLUSH_TIMER = "torch-profile-flush"
 
 
 def clean_exit(exc_type: type[BaseException] | None, exc: BaseException | None) -> bool:

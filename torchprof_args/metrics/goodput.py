@@ -52,7 +52,7 @@ PROFILING_TOTALS = {
 }
 COST_TOTAL = "profiler/cost_seconds_total"
 PRODUCTIVE = "productive"
-VERSION = 1
+GOODPUT_VERSION = 1
 
 
 @dataclasses.dataclass
@@ -79,7 +79,7 @@ class Ledger:
     def to_json(self) -> dict[str, Any]:
         """``torchprof goodput --json`` (version 1)."""
         return {
-            "version": VERSION,
+            "version": GOODPUT_VERSION,
             "wall_s": self.wall_s,
             "productive_s": self.productive_s,
             "goodput": self.goodput,

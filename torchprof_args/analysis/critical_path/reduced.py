@@ -30,7 +30,7 @@ from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay
 from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["MEASURED", "PATHS_FORMAT", "Contributor", "Into", "Piece", "RankPaths", "StepSpan", "rank_paths",
+__all__ = ["MEASURED", "PATHS_FORMAT", "Contributor", "Into", "Piece", "RankPaths", "PathStep", "rank_paths",
            "tables"]
 
 #: the version of :class:`RankPaths` (a sidecar holding another is ignored: the trace is parsed).
@@ -38,7 +38,7 @@ PATHS_FORMAT = 1
 #: the name of the measured replay's tables.
 MEASURED = "measured"
 #: contributors kept per sink.
-TOP = 8
+TOP_CONTRIBUTORS = 8
 #: a contributor's name for time on a thread inside no operator (Python between operators).
 BETWEEN = "[CPU time between operators]"
 #: the paths' pieces are computed in batches of about this many edges (bounds their memory).
@@ -76,7 +76,7 @@ class Into(msgspec.Struct, frozen=True, array_like=True):
     w2: float = 0.0
 
 
-class StepSpan(msgspec.Struct, frozen=True, array_like=True):
+class PathStep(msgspec.Struct, frozen=True, array_like=True):
     """One step: name, start and end (absolute us)."""
 
     name: str
@@ -107,7 +107,7 @@ class RankPaths(msgspec.Struct, frozen=True):
     rank: int | None
     world_size: int | None
     window_us: float
-    steps: list[StepSpan]
+    steps: list[PathStep]
     collectives: CompactRecords
     completion_us: list[float | None]
     arrivals: dict[str, list[Into | None]]
@@ -186,7 +186,8 @@ def _expanded(small: Contracted, walks: list[list[int]]) -> tuple[np.ndarray, np
 def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[int],
                on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
     """Per node of ``nodes``, the binding path into it: its time by category and top contributors (a
-    name in a category, :data:`TOP` at most, largest first), and for each contributor the event of its
+    name in a category, :data:`TOP_CONTRIBUTORS` at most, largest first), and for each contributor the
+    event of its
     longest edge (for its call site); the paths' edges marked in ``on_path``.  Paths in batches of
     about :data:`BATCH_EDGES` edges (they overlap: together they can be several times the graph),
     each batch one pass of array operations, not a pass per path."""
@@ -232,7 +233,7 @@ def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
     g_piece, g_pair = groups // span, groups % span
     order = np.lexsort((g_pair, -sums, g_piece))  # per piece, largest first (ties: the lower pair)
     rank = np.arange(len(order)) - np.searchsorted(g_piece[order], g_piece[order])
-    top = order[(rank < TOP) & (sums[order] > 0)]
+    top = order[(rank < TOP_CONTRIBUTORS) & (sums[order] > 0)]
     found: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in walks]
     for g, p, pr, us in zip(top.tolist(), g_piece[top].tolist(), g_pair[top].tolist(), sums[top].tolist(),
                             strict=True):
@@ -285,7 +286,7 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
     return RankPaths(
         format=PATHS_FORMAT, rank=graph.trace.rank, world_size=graph.trace.world_size,
         window_us=float(t[graph.window_node]) + base if graph.window_node >= 0 else base,
-        steps=[StepSpan(s.name, float(t[s.start]) + base, float(t[s.end]) + base) for s in graph.steps],
+        steps=[PathStep(s.name, float(t[s.start]) + base, float(t[s.end]) + base) for s in graph.steps],
         collectives=CompactRecords.of(graph.records),
         completion_us=[float(t[c]) + base if c >= 0 else None for c in graph.completion.tolist()],
         arrivals=all_arrivals, step_ends=all_ends, pieces=pieces, step_pieces=step_pieces,

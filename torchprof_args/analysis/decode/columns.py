@@ -1,4 +1,4 @@
-"""One batch of event text -> compact numpy columns (a :class:`Part`).
+"""One batch of event text -> compact numpy columns (a :class:`ColumnBatch`).
 
 For every complete event the trace model keeps its start, duration, interned (name, cat, pid, tid)
 key, CUDA stream and correlation id (~36 bytes an event), and per device the peaks of the
@@ -25,7 +25,7 @@ from torchprof_args.analysis.decode.memory_rows import memory_rows_of
 from torchprof_args.analysis.decode.op_flops import FLOP_OPS, shape_flops
 from torchprof_args.analysis.trace import MemoryRows
 
-__all__ = ["MEMORY_COLUMNS", "PART_COLUMNS", "Part", "decode_events", "reduce_batch", "reduce_memory"]
+__all__ = ["MEMORY_COLUMNS", "BATCH_COLUMNS", "ColumnBatch", "decode_events", "reduce_batch", "reduce_memory"]
 
 I32_MAX = 2**31 - 1
 I32_MIN = -(2**31)
@@ -36,7 +36,7 @@ MEMORY_COLUMNS = (("device", np.int32), ("peak_allocated", np.int64), ("peak_res
 
 
 @dataclass
-class Part:
+class ColumnBatch:
     """One batch reduced to columns; ``key`` indexes ``keys``, its (name, cat, pid, tid) tuples;
     ``memory`` sums up the batch's ``[memory]`` samples per device (:data:`MEMORY_COLUMNS`)."""
 
@@ -57,8 +57,8 @@ class Part:
     memory_rows: MemoryRows = field(default_factory=MemoryRows)
 
 
-#: the array columns of a :class:`Part`, in its field order, with their dtypes.
-PART_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("key", np.int32), ("stream", np.int32),
+#: the array columns of a :class:`ColumnBatch`, in its field order, with their dtypes.
+BATCH_COLUMNS = (("ts", np.float64), ("dur", np.float64), ("key", np.int32), ("stream", np.int32),
                 ("corr", np.int64))
 
 
@@ -100,7 +100,7 @@ def _intern(xs: list[Any]) -> tuple[np.ndarray, list[tuple[Any, Any, Any, Any]]]
 
 
 def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = True,
-                 flops: bool = False, memory_rows: bool = False) -> Part:
+                 flops: bool = False, memory_rows: bool = False) -> ColumnBatch:
     """Columns of one decoded batch, built without a Python-level loop over the events
     (``comms``: events from :func:`decode_events` with ``comms=True``, communication rows kept;
     ``flops``: the events' FLOP counts kept, sparse: most events have none; ``memory_rows``: every
@@ -135,7 +135,7 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
     if not keep.all():
         ts, dur, key, stream, corr = ts[keep], dur[keep], key[keep], stream[keep], corr[keep]
         counts = counts[keep] if counts is not None else None
-    part = Part(len(events), ts, dur, key, stream, corr, keys, memory, rows, memory_rows=mem_rows)
+    part = ColumnBatch(len(events), ts, dur, key, stream, corr, keys, memory, rows, memory_rows=mem_rows)
     if counts is not None:
         where = np.flatnonzero(counts > 0)
         part.flops = (where.astype(np.int64), counts[where])

@@ -24,7 +24,7 @@ from torchprof_args.analysis.decode.columns import (
     I32_MAX,
     I32_MIN,
     MEMORY_COLUMNS,
-    Part,
+    ColumnBatch,
     decode_events,
     reduce_batch,
     reduce_memory,
@@ -91,7 +91,7 @@ class ColumnStore:
         self.flops: list[tuple[np.ndarray, np.ndarray]] = []
         self.memory_rows: list[MemoryRows] = []
 
-    def add(self, part: Part) -> None:
+    def add(self, part: ColumnBatch) -> None:
         """Append one batch's columns (parts must come in file order)."""
         self.n_events += part.n_events
         if len(part.memory["device"]):

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from torchprof_args.analysis.decode.columns import PART_COLUMNS, Part, decode_events, reduce_batch
+from torchprof_args.analysis.decode.columns import BATCH_COLUMNS, ColumnBatch, decode_events, reduce_batch
 from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream
 from torchprof_args.errors import TraceError
 
@@ -37,7 +37,7 @@ class WrongCut(Exception):
 
 
 def decode_part(text: Any, comms: bool = False, memory: bool | None = None, flops: bool = False,
-                memory_rows: bool = False) -> Part:
+                memory_rows: bool = False) -> ColumnBatch:
     """Columns of one range or streamed text; :class:`WrongCut` when it is not a JSON array.
 
     ``memory``: whether the trace has ``[memory]`` events (:func:`has_memory_events`); None
@@ -150,11 +150,11 @@ def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False, memory:
         os.close(fd)
 
 
-def _write_columns(out_fd: int, part: Part, written: int) -> tuple[list[tuple[int, int, str]], int]:
+def _write_columns(out_fd: int, part: ColumnBatch, written: int) -> tuple[list[tuple[int, int, str]], int]:
     """Write ``part``'s arrays to ``out_fd`` from offset ``written``: (offset, length, dtype) of
     each, and the new end offset."""
     where = []
-    for name, _ in PART_COLUMNS:
+    for name, _ in BATCH_COLUMNS:
         data = getattr(part, name)
         where.append((written, len(data), data.dtype.str))
         view = data.data.cast("B")
@@ -218,7 +218,7 @@ class Worker:
         self.outstanding += 1
         self.feed.put((index, offset, length, text))
 
-    def receive(self, block: bool) -> tuple[int, Part] | None:
+    def receive(self, block: bool) -> tuple[int, ColumnBatch] | None:
         """The next finished task's (index, columns), or None when none is ready and not ``block``.
 
         Raises :class:`WrongCut` for a range that was not cut at an event boundary, and
@@ -237,9 +237,9 @@ class Worker:
         _, index, n_events, where, keys, memory, comms, flops, memory_rows = msg
         self.outstanding -= 1
         col = {name: _read_column(self.out_fd, offset, n, dtype)
-               for (name, _), (offset, n, dtype) in zip(PART_COLUMNS, where, strict=True)}
-        return index, Part(n_events, col["ts"], col["dur"], col["key"], col["stream"], col["corr"], keys,
-                           memory, comms, flops, memory_rows)
+               for (name, _), (offset, n, dtype) in zip(BATCH_COLUMNS, where, strict=True)}
+        return index, ColumnBatch(n_events, col["ts"], col["dur"], col["key"], col["stream"], col["corr"],
+                                  keys, memory, comms, flops, memory_rows)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""
@@ -257,12 +257,12 @@ class _InOrder:
     """Parts handed to ``add`` in file order: a part that arrives early waits for the ones before
     it, so interned tables come out in order of first appearance."""
 
-    def __init__(self, add: Callable[[Part], None]) -> None:
+    def __init__(self, add: Callable[[ColumnBatch], None]) -> None:
         self.add = add
-        self.waiting: dict[int, Part] = {}
+        self.waiting: dict[int, ColumnBatch] = {}
         self.next_index = 0
 
-    def put(self, index: int, part: Part) -> None:
+    def put(self, index: int, part: ColumnBatch) -> None:
         self.waiting[index] = part
         while self.next_index in self.waiting:
             self.add(self.waiting.pop(self.next_index))
@@ -270,7 +270,7 @@ class _InOrder:
 
 
 def run_tasks(tasks: Iterator[Task], fd: int | None, children: list[Worker], bar: ProgressBar | None,
-              add: Callable[[Part], None], comms: bool = False, memory: bool | None = None,
+              add: Callable[[ColumnBatch], None], comms: bool = False, memory: bool | None = None,
               flops: bool = False, memory_rows: bool = False) -> None:
     """Decode every task, here or in a worker (each kept at most a few tasks ahead), and hand
     the parts to ``add`` in file order."""

@@ -18,8 +18,8 @@ import numpy as np
 
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
-    CATEGORIES,
     GRADIENT,
+    MEMORY_CATEGORIES,
     OPTIMIZER_STATE,
     PARAMETER,
     ByCategory,
@@ -100,8 +100,8 @@ def _replay(allocs: Allocations) -> _Replay:
     times, row, is_alloc = times[order], row[order], is_alloc[order]
     delta = np.where(is_alloc, allocs.size[row], -allocs.size[row])
     cats = allocs.category[row]
-    live = np.zeros((len(CATEGORIES), len(times)), dtype=np.int64)
-    for c in range(len(CATEGORIES)):
+    live = np.zeros((len(MEMORY_CATEGORIES), len(times)), dtype=np.int64)
+    for c in range(len(MEMORY_CATEGORIES)):
         np.cumsum(np.where(cats == c, delta, 0), out=live[c])
     return _Replay(times, row, is_alloc, live, live.sum(axis=0))
 
@@ -154,7 +154,7 @@ def _moment(allocs: Allocations, replay: _Replay, index: int) -> Moment:
 
 def _sites(allocs: Allocations, rows: np.ndarray, top: int = TOP_SITES) -> list[Site]:
     """The largest call sites among ``rows`` (their bytes, blocks and main category)."""
-    sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0] + [0] * len(CATEGORIES))
+    sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0] + [0] * len(MEMORY_CATEGORIES))
     for row in rows.tolist():
         site = allocs.places[int(allocs.where[row])].site or (
             BEFORE_WINDOW if allocs.start[row] == -np.inf else "<unknown>")
@@ -164,7 +164,7 @@ def _sites(allocs: Allocations, rows: np.ndarray, top: int = TOP_SITES) -> list[
         entry[1] += 1
         entry[2 + int(allocs.category[row])] += size
     ranked = sorted(sizes.items(), key=lambda kv: -kv[1][0])[:top]
-    return [Site(site, v[0], v[1], CATEGORIES[int(np.argmax(v[2:]))]) for site, v in ranked]
+    return [Site(site, v[0], v[1], MEMORY_CATEGORIES[int(np.argmax(v[2:]))]) for site, v in ranked]
 
 
 def _step(allocs: Allocations, replay: _Replay, backward: np.ndarray, name: str, start: float,
@@ -203,7 +203,8 @@ def _retained(allocs: Allocations) -> list[Retained]:
             continue
         rows = np.array([r for step_rows in earlier for r in step_rows])
         kept = int(allocs.size[rows].sum())
-        category = CATEGORIES[int(np.bincount(allocs.category[rows], weights=allocs.size[rows]).argmax())]
+        weights = np.bincount(allocs.category[rows], weights=allocs.size[rows])
+        category = MEMORY_CATEGORIES[int(weights.argmax())]
         out.append(Retained(site=site, bytes=kept, per_step_bytes=kept // len(earlier), steps=len(steps),
                             category=category))
     return sorted(out, key=lambda r: -r.bytes)
@@ -223,4 +224,5 @@ def _timeline(allocs: Allocations, replay: _Replay, points: int = TIMELINE_POINT
                 keep_list.append(lo + int(np.argmax(replay.total[lo:hi])))
         keep = np.array(keep_list, dtype=np.int64)
     return Timeline(start_us=float(t0), t_ms=[round((float(t) - t0) / 1e3, 3) for t in times[keep]],
-                    by_category={name: replay.live[c, keep].tolist() for c, name in enumerate(CATEGORIES)})
+                    by_category={name: replay.live[c, keep].tolist()
+                                 for c, name in enumerate(MEMORY_CATEGORIES)})

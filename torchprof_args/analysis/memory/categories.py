@@ -18,13 +18,13 @@ from collections.abc import Iterable
 import msgspec
 
 __all__ = [
-    "CATEGORIES", "MEMORY_FORMAT", "PHASES", "ByCategory", "DeviceMemory", "MemoryPart", "Moment", "Retained",
-    "Site", "StepMemory", "Timeline", "human_bytes",
+    "MEMORY_CATEGORIES", "MEMORY_FORMAT", "PHASES", "ByCategory", "DeviceMemory", "MemoryPart", "Moment",
+    "Retained", "Site", "StepMemory", "Timeline", "human_bytes",
 ]
 
 #: every category, in the documents' order (an allocation's category is an index into it).
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
-PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(CATEGORIES))
+MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
+PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(MEMORY_CATEGORIES))
 #: the phases of a training step.
 PHASES = ("forward", "backward", "after_backward", "optimizer", "zero_grad", "other")
 #: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
@@ -50,12 +50,12 @@ class ByCategory(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, values: Iterable[int]) -> ByCategory:
-        """From bytes in :data:`CATEGORIES` order."""
+        """From bytes in :data:`MEMORY_CATEGORIES` order."""
         return cls(*(int(v) for v in values))
 
     def values(self) -> list[int]:
-        """Bytes in :data:`CATEGORIES` order."""
-        return [getattr(self, name) for name in CATEGORIES]
+        """Bytes in :data:`MEMORY_CATEGORIES` order."""
+        return [getattr(self, name) for name in MEMORY_CATEGORIES]
 
     @property
     def total(self) -> int:

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.memory.breakdown import TOP_SITES
-from torchprof_args.analysis.memory.categories import CATEGORIES, ByCategory, Site, human_bytes
+from torchprof_args.analysis.memory.categories import MEMORY_CATEGORIES, ByCategory, Site, human_bytes
 from torchprof_args.analysis.memory.findings import REMEDIES, category_remedies
 from torchprof_args.analysis.memory.snapshot_history import History, history_allocations
 
@@ -110,7 +110,7 @@ def explain_oom(history: History, state: _State, live_blocks: list[tuple[int, in
     oom = history.ooms[-1]
     allocs = history_allocations(history, device, live_blocks, until=oom.index)
     live = ~np.isfinite(allocs.end)
-    totals = np.zeros(len(CATEGORIES), dtype=np.int64)
+    totals = np.zeros(len(MEMORY_CATEGORIES), dtype=np.int64)
     np.add.at(totals, allocs.category[live].astype(np.intp), allocs.size[live])
     held = ByCategory.of(totals)
     sites = _sites(allocs.places, allocs.where[live], allocs.size[live], allocs.category[live])
@@ -139,16 +139,16 @@ def explain_oom(history: History, state: _State, live_blocks: list[tuple[int, in
 
 
 def _biggest(held: ByCategory) -> str:
-    ranked = sorted(zip(CATEGORIES, held.values(), strict=True), key=lambda kv: -kv[1])
+    ranked = sorted(zip(MEMORY_CATEGORIES, held.values(), strict=True), key=lambda kv: -kv[1])
     return ", ".join(f"{name.replace('_', ' ')} {_mib(n)}" for name, n in ranked[:3] if n)
 
 
 def _sites(places: list[Any], where: np.ndarray, size: np.ndarray, category: np.ndarray) -> list[Site]:
     totals: dict[str, list[int]] = {}
     for w, s, c in zip(where.tolist(), size.tolist(), category.tolist(), strict=True):
-        entry = totals.setdefault(places[w].site or "<unknown>", [0, 0, 0 * c] + [0] * len(CATEGORIES))
+        entry = totals.setdefault(places[w].site or "<unknown>", [0, 0, 0 * c] + [0] * len(MEMORY_CATEGORIES))
         entry[0] += s
         entry[1] += 1
         entry[3 + c] += s
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
-    return [Site(site, v[0], v[1], CATEGORIES[int(np.argmax(v[3:]))]) for site, v in ranked]
+    return [Site(site, v[0], v[1], MEMORY_CATEGORIES[int(np.argmax(v[3:]))]) for site, v in ranked]

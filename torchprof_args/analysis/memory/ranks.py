@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from torchprof_args.analysis.memory.categories import CATEGORIES, ByCategory, MemoryPart, human_bytes
+from torchprof_args.analysis.memory.categories import MEMORY_CATEGORIES, ByCategory, MemoryPart, human_bytes
 
 __all__ = ["OUTLIER_MIN_BYTES", "OUTLIER_SHARE", "Outlier", "RankMemory", "outliers", "rank_rows"]
 
@@ -80,19 +80,19 @@ def outliers(rows: Sequence[RankMemory]) -> list[Outlier]:
         return []
     median = statistics.median(r.peak_bytes for r in measured)
     per_category = [statistics.median(r.by_category.values()[c] for r in measured)
-                    for c in range(len(CATEGORIES))]
+                    for c in range(len(MEMORY_CATEGORIES))]
     found = []
     for row in measured:
         over = row.peak_bytes - median
         if over < OUTLIER_MIN_BYTES or row.peak_bytes < median * (1 + OUTLIER_SHARE):
             continue
         excess = [v - m for v, m in zip(row.by_category.values(), per_category, strict=True)]
-        worst = max(range(len(CATEGORIES)), key=lambda c: excess[c])
+        worst = max(range(len(MEMORY_CATEGORIES)), key=lambda c: excess[c])
         found.append(Outlier(
             rank=row.rank, peak_bytes=row.peak_bytes, median_bytes=int(median), over_median_bytes=int(over),
-            category=CATEGORIES[worst], category_over_median_bytes=int(excess[worst]), stage=row.stage,
+            category=MEMORY_CATEGORIES[worst], category_over_median_bytes=int(excess[worst]), stage=row.stage,
             coordinates=row.coordinates,
             summary=f"rank {row.rank}{_where(row)} peaks at {human_bytes(row.peak_bytes)}, "
                     f"{human_bytes(over)} over the median of {len(measured)} ranks, mostly "
-                    f"{CATEGORIES[worst].replace('_', ' ')} (+{human_bytes(excess[worst])})"))
+                    f"{MEMORY_CATEGORIES[worst].replace('_', ' ')} (+{human_bytes(excess[worst])})"))
     return sorted(found, key=lambda o: -o.over_median_bytes)

@@ -27,7 +27,7 @@ from torchprof_args.analysis.memory.oom import OomExplanation
 from torchprof_args.analysis.memory.ranks import Outlier, RankMemory, outliers, rank_rows
 from torchprof_args.analysis.memory.snapshot import SnapshotSummary
 
-__all__ = ["MEMORY_REPORT_VERSION", "IMBALANCE_REMEDY", "MemoryReport", "Peak", "data_parallel_size",
+__all__ = ["MEMORY_REPORT_VERSION", "IMBALANCE_REMEDY", "MemoryReport", "CyclePeak", "data_parallel_size",
            "memory_report"]
 
 #: the ``version`` of ``torchprof mem --json`` (bumped on any incompatible change).
@@ -38,7 +38,7 @@ STAGE_REMEDY = ("balance the pipeline stages: give stage {stage} fewer layers (M
                 "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)")
 
 
-class Peak(msgspec.Struct, frozen=True):
+class CyclePeak(msgspec.Struct, frozen=True):
     """The highest peak of the cycle (the rank that runs out first) and what made it."""
 
     bytes: int
@@ -75,7 +75,7 @@ class MemoryReport(msgspec.Struct, frozen=True):
     path: str
     cycle: str | None
     ranks: list[RankMemory]
-    peak: Peak | None
+    peak: CyclePeak | None
     steps: list[StepMemory]
     timeline: Timeline | None
     outliers: list[Outlier]
@@ -157,7 +157,7 @@ def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, Memor
     if best is not None:
         rank, part = best
         device = part.devices[0]
-        peak = Peak(bytes=device.peak_bytes, rank=part.rank, device=device.device, when=device.peak,
+        peak = CyclePeak(bytes=device.peak_bytes, rank=part.rank, device=device.device, when=device.peak,
                     by_category=device.by_category, category_peaks=device.category_peaks,
                     top_sites=device.top_sites, source=part.source, notes=part.notes)
         steps, timeline = device.steps, device.timeline

@@ -8,9 +8,9 @@ from typing import Any
 
 from torchprof_args.analysis.memory.categories import human_bytes
 
-__all__ = ["CATEGORY_COLORS", "format_memory_report", "memory_section", "timeline_svg"]
+__all__ = ["MEMORY_COLORS", "format_memory_report", "memory_section", "timeline_svg"]
 
-CATEGORY_COLORS = {"parameter": "#2e7d32", "gradient": "#1f4e9c", "optimizer_state": "#d4a017",
+MEMORY_COLORS = {"parameter": "#2e7d32", "gradient": "#1f4e9c", "optimizer_state": "#d4a017",
                    "activation": "#c62828", "temporary": "#8e6fc1", "other": "#9e9e9e"}
 
 
@@ -97,7 +97,7 @@ def format_memory_report(doc: dict[str, Any], rows: int = 10) -> str:
 def timeline_svg(timeline: dict[str, Any], title: str, width: int = 760, height: int = 220) -> str:
     """Live bytes by category over the window, stacked (inline SVG, a tooltip per category)."""
     t = timeline["t_ms"]
-    series = [(name, timeline["by_category"][name]) for name in CATEGORY_COLORS
+    series = [(name, timeline["by_category"][name]) for name in MEMORY_COLORS
               if any(timeline["by_category"][name])]
     if len(t) < 2 or not series:
         return ""
@@ -115,7 +115,7 @@ def timeline_svg(timeline: dict[str, Any], title: str, width: int = 760, height:
                            for x, u in zip(xs, upper, strict=True))
         low_pts = " ".join(f"{x:.1f},{top + plot_h * (1 - b / vmax):.1f}"
                            for x, b in zip(reversed(xs), reversed(base), strict=True))
-        out.append(f'<polygon points="{top_pts} {low_pts}" fill="{CATEGORY_COLORS[name]}" '
+        out.append(f'<polygon points="{top_pts} {low_pts}" fill="{MEMORY_COLORS[name]}" '
                    f'fill-opacity="0.85"><title>{html.escape(name)}: up to {_mib(max(values))}</title>'
                    '</polygon>')
         base = upper
@@ -126,7 +126,7 @@ def timeline_svg(timeline: dict[str, Any], title: str, width: int = 760, height:
     for i, (name, _) in enumerate(series):
         y = top + 14 * i
         out.append(f'<rect x="{left + plot_w + 12}" y="{y}" width="10" height="10" '
-                   f'fill="{CATEGORY_COLORS[name]}"/><text x="{left + plot_w + 26}" y="{y + 9}">'
+                   f'fill="{MEMORY_COLORS[name]}"/><text x="{left + plot_w + 26}" y="{y + 9}">'
                    f'{html.escape(name)}</text>')
     out.append("</svg>")
     return "\n".join(out)

@@ -30,7 +30,7 @@ from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.shared.stragglers import describe
 
-__all__ = ["STRAGGLER_ROWS", "Cycle", "render_report", "write_report"]
+__all__ = ["STRAGGLER_ROWS", "CycleSection", "render_report", "write_report"]
 
 _STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}"
           "table{border-collapse:collapse;font-size:12px}"
@@ -41,7 +41,7 @@ _KINDS = ("computation", "communication", "memory")
 #: straggler-table rows shown (the highest score first); the folded table has every rank.
 STRAGGLER_ROWS = 20
 #: one cycle's section: its title, its ranks' summaries and its cross-rank view.
-Cycle = tuple[str, list[Summary], CrossRankView]
+CycleSection = tuple[str, list[Summary], CrossRankView]
 
 
 def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
@@ -206,7 +206,7 @@ def _stragglers(view: CrossRankView) -> list[str]:
     return parts
 
 
-def render_report(cycles: list[Cycle], findings: list[JobDiagnosis | None] | None = None,
+def render_report(cycles: list[CycleSection], findings: list[JobDiagnosis | None] | None = None,
                   paths: list[dict[str, Any] | None] | None = None,
                   memory: list[dict[str, Any] | None] | None = None) -> str:
     """The HTML page of a run.
@@ -233,7 +233,8 @@ def render_report(cycles: list[Cycle], findings: list[JobDiagnosis | None] | Non
     return "\n".join(head + sections + ["</body></html>"])
 
 
-def write_report(cycles: list[Cycle], output: str | Path, findings: list[JobDiagnosis | None] | None = None,
+def write_report(cycles: list[CycleSection], output: str | Path,
+                 findings: list[JobDiagnosis | None] | None = None,
                  paths: list[dict[str, Any] | None] | None = None,
                  memory: list[dict[str, Any] | None] | None = None) -> Path:
     """Publish :func:`render_report`'s page at ``output`` (atomically).

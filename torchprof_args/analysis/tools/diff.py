@@ -23,12 +23,12 @@ import numpy as np
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import Summary
 
-__all__ = ["CHANGE_PCT", "Metric", "NameChange", "SideFigures", "SummaryDiff", "aggregate", "diff_summaries",
-           "format_diff"]
+__all__ = ["OPERATOR_CHANGE_PCT", "Metric", "NameChange", "SideFigures", "SummaryDiff", "aggregate",
+           "diff_summaries", "format_diff"]
 
 #: a name whose calls per step are equal on both sides is "changed" when its time per step
 #: moved by more than this (%), else "unchanged".
-CHANGE_PCT = 1.0
+OPERATOR_CHANGE_PCT = 1.0
 _KINDS = ("computation", "communication", "memory")
 
 
@@ -187,7 +187,8 @@ def _compare(base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) ->
             status = "added"
         elif n is None:
             status = "removed"
-        elif abs(n_calls - b_calls) > 1e-9 or abs(n_us - b_us) > CHANGE_PCT / 100.0 * max(b_us, 1e-9):
+        elif (abs(n_calls - b_calls) > 1e-9
+              or abs(n_us - b_us) > OPERATOR_CHANGE_PCT / 100.0 * max(b_us, 1e-9)):
             status = "changed"
         else:
             status = "unchanged"

@@ -14,9 +14,9 @@ import numpy as np
 from torchprof_args.metrics.trend.change_test import DEFAULT_RULE, MIN_RUNS_FOR_Z, Rule, compare
 from torchprof_args.metrics.trend.series import RunData
 
-__all__ = ["VERSION", "format_trend", "render_trend_html", "trend"]
+__all__ = ["TREND_VERSION", "format_trend", "render_trend_html", "trend"]
 
-VERSION = 1
+TREND_VERSION = 1
 
 
 def trend(
@@ -96,7 +96,7 @@ def trend(
         if r["verdict"] == "improvement"
     ]
     return {
-        "version": VERSION,
+        "version": TREND_VERSION,
         "rule": {
             "alpha": rule.alpha,
             "z_threshold": rule.z_threshold,

@@ -48,7 +48,7 @@ SCOPE = Scope.PER_RANK
 THRESHOLD = Threshold(share_of_step=0.05)
 #: HTA's ``consecutive_kernel_delay``: shorter gaps are launch overhead ("kernel wait").
 CONSECUTIVE_KERNEL_DELAY_US = 30.0
-CATEGORIES = ("host_wait", "kernel_wait", "other")
+IDLE_CAUSES = ("host_wait", "kernel_wait", "other")
 REMEDY = ("keep the GPU fed: see the host-wait / other split; overlap data loading and communication, "
           "remove synchronisations, fuse kernels or use CUDA graphs")
 
@@ -94,7 +94,7 @@ def _runtime_ts(trace: Trace, sel: np.ndarray) -> np.ndarray:
 
 def classify_gaps(trace: Trace, ctx: StepContext,
                   delay_us: float = CONSECUTIVE_KERNEL_DELAY_US) -> np.ndarray:
-    """Category index (into ``CATEGORIES``) of each of the GPU's idle gaps in the steps (the GPU as
+    """Category index (into ``IDLE_CAUSES``) of each of the GPU's idle gaps in the steps (the GPU as
     a whole); a gap with no kernel after it in the steps is host wait (nothing was launched)."""
     wait, _ = host_wait(trace, ctx)
     kernel = ~wait & (ctx.idle[1] - ctx.idle[0] < delay_us)
@@ -129,7 +129,7 @@ def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | 
     category = classify_gaps(trace, ctx)
     lengths = ctx.idle[1] - ctx.idle[0]
     breakdown = {name: round(ctx.ms(float(lengths[category == i].sum())), 3)
-                 for i, name in enumerate(CATEGORIES)}
+                 for i, name in enumerate(IDLE_CAUSES)}
     ms = ctx.ms(idle_us)
     evidence: dict[str, Any] = {**ctx.evidence(), "breakdown_ms_per_step": breakdown,
                                 "gaps_per_step": round(len(lengths) / ctx.n_steps, 2),
