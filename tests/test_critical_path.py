@@ -24,7 +24,7 @@ from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, parse_r
 from torchprof_args.analysis.critical_path.cycle import cycle_graph
 from torchprof_args.analysis.critical_path.edges import KERNEL
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
-from torchprof_args.analysis.critical_path.job import critical_path
+from torchprof_args.analysis.critical_path.job_paths import critical_path
 from torchprof_args.analysis.critical_path.propagate import replay
 from torchprof_args.analysis.critical_path.reduced import rank_paths
 from torchprof_args.analysis.critical_path.whatif import parse_what_if

@@ -16,7 +16,7 @@ from helpers.paths import DATA, REPO
 from torchprof_args.analysis.diagnose.context import Scope
 from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, CompactRecords, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
-from torchprof_args.analysis.diagnose.job import diagnose, merge_kind
+from torchprof_args.analysis.diagnose.job_findings import diagnose, merge_kind
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK, KINDS, PER_RANK, REGISTRY
 from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.render.diagnosis import MAX_LINES, format_diagnosis

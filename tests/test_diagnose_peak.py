@@ -12,7 +12,7 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.analysis.diagnose.job import diagnose
+from torchprof_args.analysis.diagnose.job_findings import diagnose
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis
 from torchprof_args.analysis.jsonout import finite
 from torchprof_args.console import main as torchprof

@@ -28,7 +28,7 @@ __all__ = ["register"]
 
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH
-    from torchprof_args.analysis.critical_path.job import critical_path
+    from torchprof_args.analysis.critical_path.job_paths import critical_path
     from torchprof_args.analysis.critical_path.whatif import parse_what_if
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.critical_path import format_critical_path

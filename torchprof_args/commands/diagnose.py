@@ -28,7 +28,7 @@ __all__ = ["register"]
 
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY
-    from torchprof_args.analysis.diagnose.job import diagnose
+    from torchprof_args.analysis.diagnose.job_findings import diagnose
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.diagnosis import format_diagnosis
     from torchprof_args.commands.cycles import cycle_results

@@ -47,8 +47,8 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, wi
 
     from torchprof_args.analysis.collect.pool import collect
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY
-    from torchprof_args.analysis.critical_path.job import critical_path
-    from torchprof_args.analysis.diagnose.job import diagnose
+    from torchprof_args.analysis.critical_path.job_paths import critical_path
+    from torchprof_args.analysis.diagnose.job_findings import diagnose
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.memory.report import memory_report
 

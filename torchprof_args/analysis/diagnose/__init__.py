@@ -8,7 +8,7 @@
 * :mod:`.context` (what a kind is told: earlier findings, the GPU peak) and :mod:`.cycle` (one
   cycle's rank parts, as the cross-rank kinds read them);
 * :mod:`.documents`: the rank's part (kept in its sidecar) and the job's diagnosis (``--json``);
-* :mod:`.rank` (per rank, from a trace), :mod:`.job` (per cycle, from the rank parts) and
+* :mod:`.rank` (per rank, from a trace), :mod:`.job_findings` (per cycle, from the rank parts) and
   :mod:`.changes` (two runs' findings compared, for ``diff``).
 
 Reading sidecars and parsing traces is :mod:`torchprof_args.analysis.collect`'s.

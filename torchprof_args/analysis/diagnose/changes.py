@@ -1,6 +1,6 @@
 """Findings of two runs compared, for ``torchprof diff``: which appeared, disappeared or changed.
 
-Each side is a :func:`~torchprof_args.analysis.diagnose.job.diagnose` result (one cycle); findings
+Each side is a :func:`~torchprof_args.analysis.diagnose.job_findings.diagnose` result (one cycle); findings
 are matched by kind, in the registry's order.  A finding present on both sides *changed* when its
 ``ms_per_step`` moved by more than :data:`CHANGE_PCT` percent of the larger value and more than
 :data:`CHANGE_MS`.

@@ -3,7 +3,7 @@
 Two stages, so that 512 ranks need no trace parsed: :class:`RankDiagnosis` is computed once per
 rank, when its trace is published (:func:`~.rank.rank_diagnosis`), and stored in the trace's
 sidecar under ``diagnosis``; :class:`JobDiagnosis` is one cycle's diagnosis from its ranks' parts
-(:func:`~.job.diagnose`), the schema of ``torchprof diagnose --json`` (docs/guides/diagnose.md).
+(:func:`~.job_findings.diagnose`), the schema of ``torchprof diagnose --json`` (docs/guides/diagnose.md).
 Both are msgspec structs whose fields are in the documents' key order, so they encode to the
 documented JSON as they are.
 """

@@ -33,7 +33,7 @@ def format_critical_path(doc: dict[str, Any], rows: int = 5) -> str:
     """The text ``torchprof critical-path`` prints.
 
     Args:
-        doc: :func:`~torchprof_args.analysis.critical_path.job.critical_path`'s document as JSON
+        doc: :func:`~torchprof_args.analysis.critical_path.job_paths.critical_path`'s document as JSON
             values (docs/guides/critical-path.md).
         rows: operators and kernels listed.
 

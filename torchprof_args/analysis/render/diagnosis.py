@@ -71,7 +71,7 @@ def format_diagnosis(doc: JobDiagnosis, max_lines: int = MAX_LINES) -> str:
     """The text ``torchprof diagnose`` prints for a diagnosis.
 
     Args:
-        doc: :func:`~torchprof_args.analysis.diagnose.job.diagnose`'s result.
+        doc: :func:`~torchprof_args.analysis.diagnose.job_findings.diagnose`'s result.
         max_lines: the budget of lines, header and gaps included; findings that do not fit are
             counted in one line.
 

@@ -86,7 +86,7 @@ def _from_traces(data: RunData, location: Path) -> None:
     from torchprof_args.analysis.collect.discover import expand, group_by_cycle
     from torchprof_args.analysis.collect.pool import collect
     from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
-    from torchprof_args.analysis.diagnose.job import diagnose
+    from torchprof_args.analysis.diagnose.job_findings import diagnose
     from torchprof_args.analysis.diagnose.registry import KINDS
 
     try:
