@@ -100,7 +100,7 @@ def test_ranks_accept_all():
         (["--torch-profile-wait", "-1"], "--torch-profile-wait", "must be >= 0"),
         (["--torch-profile-active", "0"], "--torch-profile-active", "must be >= 1"),
         (["--torch-profile-warmup", "two"], "--torch-profile-warmup", "whole number"),
-        (["--torch-profile-ranks", "0", "-3"], "--torch-profile-ranks", "ranks must be >= 0"),
+        (["--torch-profile-ranks", "0", "-3"], "--torch-profile-ranks", "must be >= 0 or 'all', got -3"),
         (["--torch-profile-ranks", "zero"], "--torch-profile-ranks", "'all'"),
         (["--torch-profile-flush-timeout", "0"], "--torch-profile-flush-timeout", "must be > 0"),
         (["--torch-profile-gzip-level", "11"], "--torch-profile-gzip-level", "between 1 and 9"),

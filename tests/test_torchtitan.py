@@ -60,7 +60,7 @@ def test_torchtitan_s_own_profiler_ends_the_parse_with_one_line(tmp_path):
     (["--torch_profile.step_start", "5", "--torch_profile.step_end", "3"],
      "--torch_profile.step_end (3) must be greater than --torch_profile.step_start (5)"),
     (["--torch_profile.wait", "-2"], "--torch_profile.wait: must be >= 0, got -2"),
-    (["--torch_profile.ranks", "0,x"], "--torch_profile.ranks: expected global ranks"),
+    (["--torch_profile.ranks", "0,x"], "--torch_profile.ranks: expected a whole number >= 0 or 'all'"),
 ])
 def test_bad_settings_end_the_parse_with_one_line(argv, message, capsys, monkeypatch, tmp_path):
     """``main`` in this process (torchtitan is imported once): the same parse, the same line."""

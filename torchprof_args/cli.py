@@ -39,7 +39,7 @@ from torchprof_args.config import RunConfig, add_torch_profile_args, configs_fro
 from torchprof_args.errors import TorchProfileArgsError, TraceError
 from torchprof_args.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.log import get_logger
-from torchprof_args.naming import PROFILER_LIST_NAME, profiler_list_name
+from torchprof_args.naming import DEFAULT_PROFILE_DIR, PROFILER_LIST_NAME, profiler_list_name
 
 if TYPE_CHECKING:  # loaded on first use: the decorator imports no torch
     from torch.utils.tensorboard import SummaryWriter
@@ -89,7 +89,7 @@ def apply_cli_aliases(args: argparse.Namespace) -> argparse.Namespace:
                                         "give one.")
         args.torch_profile_dir = prof_dir
     elif not args.torch_profile_dir:
-        args.torch_profile_dir = "./prof"
+        args.torch_profile_dir = DEFAULT_PROFILE_DIR
     args.prof_dir = args.torch_profile_dir
     return args
 

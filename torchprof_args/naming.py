@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = [
     "COMPANION_SUBDIRS",
     "CYCLE_DIR_PREFIX",
+    "DEFAULT_PROFILE_DIR",
     "EXECUTION_TRACE_SUFFIX",
     "FLIGHT_RECORDER_PREFIXES",
     "FLIGHT_RECORDER_SUBDIR",
@@ -74,6 +75,8 @@ CYCLE_DIR_PREFIX = "iter"
 COMPANION_SUBDIRS = {EXECUTION_TRACE_SUFFIX: "execution_traces"}
 #: The file of the ``torchprof_args.cli`` decorator's run-level operator tables (its seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
+#: Where traces go without --torch-profile-dir (or Megatron-LM's --tensorboard-dir).
+DEFAULT_PROFILE_DIR = "./prof"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
 #: ``<profile dir>/flight_recorder/``: PyTorch flight-recorder dumps, ``<prefix><rank>`` each.
 FLIGHT_RECORDER_SUBDIR = "flight_recorder"

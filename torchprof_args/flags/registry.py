@@ -156,8 +156,10 @@ def add_flag_groups(parser: argparse.ArgumentParser, groups: Iterable[FlagGroup]
 
 
 def flag_value(args: argparse.Namespace, flag: Flag) -> Any:
-    """The value of ``flag`` in ``args``, or its declared default when the host parser lacks it."""
-    return getattr(args, flag.dest, flag.default)
+    """The value of ``flag`` in ``args``, or its declared default where ``args`` has none (the host
+    parser lacks the option, or a namespace built by hand holds None)."""
+    value = getattr(args, flag.dest, None)
+    return flag.default if value is None else value
 
 
 def was_given(args: argparse.Namespace, flag: Flag) -> bool:

@@ -1,4 +1,6 @@
-"""argparse ``type=`` functions shared by the flag groups.
+"""argparse ``type=`` functions shared by the flag groups: each also validates a value a host framework
+already typed (a Python, JSON or TOML number), with the same check and message, no round trip through
+``str``.
 
 A bad value surfaces inside ``parse_args`` as ``error: argument --flag: <message>`` (exit code
 2), before any training code runs.  Types that belong to one feature live with that feature's
@@ -8,57 +10,50 @@ flag group.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["gzip_level", "non_negative_int", "positive_float", "positive_int", "rank_token"]
-
-
-def _whole_number(text: str, expected: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+__all__ = ["Number", "gzip_level", "non_negative_float", "non_negative_int", "positive_float", "positive_int",
+           "rank_token"]
 
 
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (step counts)."""
-    value = _whole_number(text, "a whole number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A number flag's type: ``kind`` (``int`` or ``float``) from the command line's text or from a
+    value already a number (an ``int`` for a ``float``, never a ``bool``), that ``ok`` accepts;
+    ``bound`` says which ones, in both messages (``expected a whole number >= 0, got 'x'``,
+    ``must be >= 0, got -1``)."""
+
+    kind: type[int] | type[float]
+    bound: str
+    ok: Callable[[Any], bool]
+
+    def __call__(self, value: object) -> Any:
+        number: Any = None
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = self.kind(value)
+        elif isinstance(value, (int, float) if self.kind is float else int) and not isinstance(value, bool):
+            number = self.kind(value)
+        if number is None:
+            what = "a whole number" if self.kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what} {self.bound}, got {value!r}")
+        if not self.ok(number):
+            raise argparse.ArgumentTypeError(f"must be {self.bound}, got {value}")
+        return number
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    value = _whole_number(text, "a whole number >= 1")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+#: An integer >= 0 (step counts); >= 1; a number > 0 (seconds, sizes); >= 0; a zlib level 1..9.
+non_negative_int = Number(int, ">= 0", lambda n: n >= 0)
+positive_int = Number(int, ">= 1", lambda n: n >= 1)
+positive_float = Number(float, "> 0", lambda n: n > 0)
+non_negative_float = Number(float, ">= 0", lambda n: n >= 0)
+gzip_level = Number(int, "between 1 and 9", lambda n: 1 <= n <= 9)
+_RANK = Number(int, ">= 0 or 'all'", lambda n: n >= 0)
 
 
-def positive_float(text: str) -> float:
-    """A number > 0 (seconds, sizes)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def rank_token(text: str) -> int | str:
+def rank_token(value: object) -> int | str:
     """A global rank (integer >= 0) or the word ``all``."""
-    if text.lower() == "all":
-        return "all"
-    value = _whole_number(text, "global ranks (whole numbers >= 0) or 'all'")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"ranks must be >= 0, got {value}")
-    return value
-
-
-def gzip_level(text: str) -> int:
-    """A zlib compression level 1..9."""
-    value = _whole_number(text, "a level 1..9")
-    if not 1 <= value <= 9:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 9, got {value}")
-    return value
+    return "all" if isinstance(value, str) and value.lower() == "all" else _RANK(value)

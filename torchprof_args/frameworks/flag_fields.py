@@ -3,10 +3,11 @@
 ``[torch_profile]`` section).  Generated from the registry's declarations, never a copy of them.
 
 A field holds a plain value (``bool``, ``int``, ``float``, ``str`` or ``list[str]``) that a host
-parser can fill from its own command line, JSON or TOML; :func:`namespace_from_fields` then runs
-each flag's own argparse ``type`` (``non_negative_int``, ``rank_token``, ...) and ``choices`` on it,
-so a bad value gives the same message as ``--torch-profile-*`` on a plain parser, and returns the
-``argparse.Namespace`` that :func:`~torchprof_args.config.configs_from_args` checks as a whole.
+parser fills from its own command line, JSON or TOML; :func:`namespace_from_fields` then checks it
+with its flag's own ``type`` (``non_negative_int``, ``rank_token``, ...: they take a value already
+typed as well as text) and ``choices``, so a bad value gives the message of ``--torch-profile-*`` on
+a plain parser, naming the option as the host spells it, and returns the ``argparse.Namespace``
+that :func:`~torchprof_args.config.configs_from_args` checks as a whole.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -48,14 +48,13 @@ class FlagField:
         return self.flag.nargs in ("+", "*")
 
     def python_type(self) -> Any:
-        """``bool``; ``list[str]`` for a list; else what the flag's ``type`` returns (``int`` or
+        """``bool``; ``list[str]`` for a list; else the number a flag's ``type`` gives (``int`` or
         ``float``) or ``str``; ``| None`` when the default is None."""
         if self.is_bool:
             return bool
         if self.is_list:
             return list[str]
-        returns = _return_type(self.flag.type)
-        scalar: Any = returns if returns in (int, float) else str
+        scalar: Any = getattr(self.flag.type, "kind", str)
         return scalar | None if self.flag.default is None else scalar
 
     def dataclass_field(self, metadata: Mapping[str, Any]) -> Any:
@@ -65,15 +64,6 @@ class FlagField:
             values = [str(value) for value in default] if default is not None else []
             return dataclasses.field(default_factory=lambda: list(values), metadata=dict(metadata))
         return dataclasses.field(default=default, metadata=dict(metadata))
-
-
-def _return_type(function: Callable[[str], Any] | None) -> Any:
-    if function is None:
-        return str
-    try:
-        return typing.get_type_hints(function).get("return", str)
-    except (TypeError, NameError):  # builtins such as str.lower have no hints
-        return str
 
 
 def host_flags() -> list[Flag]:
@@ -98,8 +88,8 @@ def dataclass_fields(
 def namespace_from_fields(values: Mapping[str, Any], fields: Iterable[FlagField]) -> argparse.Namespace:
     """The flags' namespace (``dest`` -> value) from a host dataclass's ``values``.
 
-    Each value goes through its flag's argparse ``type`` and ``choices``: raises
-    :class:`TorchProfileArgsError` naming the host's spelling of the option (``label``).
+    Each value goes through its flag's ``type`` and ``choices`` as it is (no round trip through
+    ``str``): raises :class:`TorchProfileArgsError` naming the host's spelling of the option (``label``).
     """
     namespace = argparse.Namespace()
     for field in fields:
@@ -120,13 +110,12 @@ def _converted(field: FlagField, value: Any) -> Any:
 
 def _one(field: FlagField, value: Any) -> Any:
     flag = field.flag
-    text = str(value)
     try:
-        converted = flag.type(text) if flag.type is not None else text
+        converted = flag.type(value) if flag.type is not None else value
     except (argparse.ArgumentTypeError, ValueError, TypeError) as err:
         raise TorchProfileArgsError(f"{field.label}: {err}") from None
     if flag.choices is not None and converted not in flag.choices:
-        raise TorchProfileArgsError(f"{field.label}: invalid choice {text!r} (choose from "
+        raise TorchProfileArgsError(f"{field.label}: invalid choice {value!r} (choose from "
                                     f"{', '.join(map(str, flag.choices))}).")
     return converted
 
@@ -136,6 +125,8 @@ _OPTION = re.compile(r"--[a-z][a-z0-9-]*")
 
 def respell(message: str, fields: Iterable[FlagField]) -> str:
     """``message`` with every flag named as the host spells it (``--torch-profile-step-start`` ->
-    ``--torch_profile.step_start``); options the host does not know stay as they are."""
+    ``--torch_profile.step_start``); options the host does not know stay as they are.  For the
+    cross-flag checks of :func:`~torchprof_args.config.configs_from_args`, which name the argparse
+    spellings (a single value's error names ``label`` already)."""
     labels = {field.flag.option: field.label for field in fields}
     return _OPTION.sub(lambda match: labels.get(match.group(0), match.group(0)), message)

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
-from torchprof_args.flags.types import non_negative_int, positive_float, positive_int
+from torchprof_args.flags.types import Number, non_negative_int, positive_float, positive_int
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
+from torchprof_args.naming import DEFAULT_PROFILE_DIR
 from torchprof_args.shared import stragglers
 
 __all__ = ["ALL_SINKS", "DEFAULT_SINKS", "MetricsConfig", "PrometheusConfig", "TimersConfig", "WandbConfig",
@@ -28,27 +29,10 @@ ALL_SINKS = ("wandb", "tensorboard", "jsonl", "prometheus")
 DEFAULT_SINKS = ("wandb", "tensorboard", "jsonl")
 
 
-def timing_log_level(text: str) -> int:
-    """Megatron's timer log level: 0, 1 or 2."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, got {text!r}") from None
-    if value not in (0, 1, 2):
-        raise argparse.ArgumentTypeError(f"must be 0, 1 or 2, got {value}")
-    return value
-
-
-def straggler_threshold(text: str) -> float:
-    """A ratio above 1 (e.g. 1.05), or 0 for no warning."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number like 1.05, got {text!r}") from None
-    if value != 0 and not value > 1.0:
-        raise argparse.ArgumentTypeError("must be above 1 (times the other ranks' median), or 0 to turn the "
-                                         f"warning off; got {value:g}")
-    return value
+#: Megatron's timer log level; the straggler warning's ratio (e.g. 1.05), or 0 for no warning.
+timing_log_level = Number(int, "0, 1 or 2", lambda n: n in (0, 1, 2))
+straggler_threshold = Number(float, "above 1 (times the other ranks' median), or 0 to turn the warning off",
+                             lambda n: n == 0 or n > 1)
 
 
 LOG_LEVEL = Flag("--timing-log-level",
@@ -62,8 +46,8 @@ LOG_INTERVAL = Flag("--log-interval", "Iterations between two metric writes (Meg
 SYNCHRONIZE = Flag("--timing-synchronize",
                    "Synchronize the device at every timer start/stop (Megatron's behaviour) instead of "
                    "timing with CUDA events resolved at log time.", default=False, action="store_true")
-WANDB_PROJECT = Flag("--wandb-project", "wandb project (Megatron-LM's flag).", metavar="NAME",
-                     host_owned=True, default_doc="torchprof")
+WANDB_PROJECT = Flag("--wandb-project", "wandb project (Megatron-LM's flag).", default="torchprof",
+                     metavar="NAME", host_owned=True)
 WANDB_EXP_NAME = Flag("--wandb-exp-name", "wandb run name (Megatron-LM's flag).", metavar="NAME",
                       host_owned=True)
 WANDB_ENTITY = Flag("--wandb-entity", "wandb entity (team or user).", metavar="NAME", host_owned=True)
@@ -179,43 +163,41 @@ def wandb_mode(config: WandbConfig) -> WandbMode:
 class TimersConfig:
     """How :class:`~torchprof_args.metrics.timers.Timers` measure (Megatron's flags plus ours)."""
 
-    log_level: int = 0
-    log_option: str = "minmax"
-    synchronize: bool = False
+    log_level: int = LOG_LEVEL.default
+    log_option: str = LOG_OPTION.default
+    synchronize: bool = SYNCHRONIZE.default
     #: Timers are NVTX ranges too (``--torch-profile-nsys``).
     nvtx: bool = False
     #: ``--straggler-threshold`` (0: no warning), ``--straggler-intervals``, ``--straggler-timers``.
-    straggler_threshold: float = stragglers.STRAGGLER_THRESHOLD
-    straggler_intervals: int = 3
-    straggler_timers: tuple[str, ...] = DEFAULT_STRAGGLER_TIMERS
+    straggler_threshold: float = STRAGGLER_THRESHOLD.default
+    straggler_intervals: int = STRAGGLER_INTERVALS.default
+    straggler_timers: tuple[str, ...] = tuple(STRAGGLER_TIMERS.default)
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace, *, nvtx: bool) -> TimersConfig:
-        threshold = flag_value(args, STRAGGLER_THRESHOLD)
-        return cls(log_level=flag_value(args, LOG_LEVEL) or 0,
-                   log_option=flag_value(args, LOG_OPTION) or "minmax",
+        return cls(log_level=flag_value(args, LOG_LEVEL), log_option=flag_value(args, LOG_OPTION),
                    synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx,
-                   straggler_threshold=cls.straggler_threshold if threshold is None else float(threshold),
-                   straggler_intervals=flag_value(args, STRAGGLER_INTERVALS) or 3,
-                   straggler_timers=tuple(flag_value(args, STRAGGLER_TIMERS) or DEFAULT_STRAGGLER_TIMERS))
+                   straggler_threshold=flag_value(args, STRAGGLER_THRESHOLD),
+                   straggler_intervals=flag_value(args, STRAGGLER_INTERVALS),
+                   straggler_timers=tuple(flag_value(args, STRAGGLER_TIMERS)))
 
 
 @dataclasses.dataclass(frozen=True)
 class WandbConfig:
-    project: str = "torchprof"
-    name: str | None = None
-    entity: str | None = None
-    save_dir: str | None = None  # None: the metrics directory
-    mode: str | None = None  # None: default_wandb_mode() when the sink starts
+    project: str = WANDB_PROJECT.default
+    name: str | None = WANDB_EXP_NAME.default
+    entity: str | None = WANDB_ENTITY.default
+    save_dir: str | None = WANDB_SAVE_DIR.default  # None: the metrics directory
+    mode: str | None = WANDB_MODE.default  # None: default_wandb_mode() when the sink starts
 
 
 @dataclasses.dataclass(frozen=True)
 class PrometheusConfig:
     """The Prometheus endpoint (``--metrics-sinks prometheus``): where it listens, the goodput window."""
 
-    port: int = 9464
-    addr: str = "127.0.0.1"
-    goodput_window: float = 3600.0
+    port: int = PROMETHEUS_PORT.default
+    addr: str = PROMETHEUS_ADDR.default
+    goodput_window: float = GOODPUT_WINDOW.default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,19 +209,19 @@ class MetricsConfig:
     namespace as JSON-able values, for wandb's run config.
     """
 
-    metrics_dir: str = "./prof"
+    metrics_dir: str = DEFAULT_PROFILE_DIR
     sinks: tuple[str, ...] = DEFAULT_SINKS
-    metrics_rank: int | None = None  # None: the last rank
+    metrics_rank: int | None = METRICS_RANK.default  # None: the last rank
     wandb: WandbConfig = WandbConfig()
     prometheus: PrometheusConfig = PrometheusConfig()
-    log_interval: int = 100
+    log_interval: int = LOG_INTERVAL.default
     samples_per_iteration: float | None = None
     tokens_per_iteration: float | None = None
     #: a number, or (Python API) a callable of the iteration
-    flops_per_iteration: float | Callable[[int], float] | None = None
+    flops_per_iteration: float | Callable[[int], float] | None = FLOPS_PER_ITERATION.default
     #: ``--metrics-peak-tflops`` (None: from the device table), ``--metrics-peak-dtype``
-    peak_tflops: float | None = None
-    peak_dtype: str = "bf16"
+    peak_tflops: float | None = PEAK_TFLOPS.default
+    peak_dtype: str = PEAK_DTYPE.default
     #: ``--metrics-gpu-hardware``: NVML readings per rank (False: off)
     gpu_hardware: bool = True
     run_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
@@ -253,27 +235,23 @@ class MetricsConfig:
             raise TorchProfileArgsError(
                 f"--metrics-rank {metrics_rank} is outside the world size {world_size} "
                 f"(valid ranks are 0..{world_size - 1}).")
-        sinks = tuple(flag_value(args, METRICS_SINKS) or DEFAULT_SINKS)
+        sinks = tuple(flag_value(args, METRICS_SINKS))
         wandb = _wandb_config(args, sinks)
         batch, seq_length = getattr(args, "global_batch_size", None), getattr(args, "seq_length", None)
         return cls(metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks,
                    metrics_rank=metrics_rank, wandb=wandb, prometheus=_prometheus_config(args),
-                   log_interval=flag_value(args, LOG_INTERVAL) or 100,
+                   log_interval=flag_value(args, LOG_INTERVAL),
                    samples_per_iteration=batch or None,
                    tokens_per_iteration=batch * seq_length if batch and seq_length else None,
                    flops_per_iteration=flag_value(args, FLOPS_PER_ITERATION),
-                   peak_tflops=flag_value(args, PEAK_TFLOPS),
-                   peak_dtype=flag_value(args, PEAK_DTYPE) or "bf16",
-                   gpu_hardware=(flag_value(args, GPU_HARDWARE) or "auto") != "off",
+                   peak_tflops=flag_value(args, PEAK_TFLOPS), peak_dtype=flag_value(args, PEAK_DTYPE),
+                   gpu_hardware=flag_value(args, GPU_HARDWARE) != "off",
                    run_settings=jsonable(vars(args)))
 
 
 def _prometheus_config(args: argparse.Namespace) -> PrometheusConfig:
-    port = flag_value(args, PROMETHEUS_PORT)
-    window = flag_value(args, GOODPUT_WINDOW)
-    return PrometheusConfig(port=9464 if port is None else int(port),
-                            addr=flag_value(args, PROMETHEUS_ADDR) or "127.0.0.1",
-                            goodput_window=3600.0 if window is None else float(window))
+    return PrometheusConfig(port=flag_value(args, PROMETHEUS_PORT), addr=flag_value(args, PROMETHEUS_ADDR),
+                            goodput_window=flag_value(args, GOODPUT_WINDOW))
 
 
 def _wandb_config(args: argparse.Namespace, sinks: tuple[str, ...]) -> WandbConfig:
@@ -285,7 +263,7 @@ def _wandb_config(args: argparse.Namespace, sinks: tuple[str, ...]) -> WandbConf
         raise TorchProfileArgsError(
             "--wandb-mode online needs wandb credentials: run `wandb login` or set WANDB_API_KEY, or use "
             "--wandb-mode offline and `wandb sync` the run later.")
-    return WandbConfig(project=flag_value(args, WANDB_PROJECT) or "torchprof",
+    return WandbConfig(project=flag_value(args, WANDB_PROJECT) or WANDB_PROJECT.default,
                        name=flag_value(args, WANDB_EXP_NAME) or None,
                        entity=flag_value(args, WANDB_ENTITY) or None,
                        save_dir=flag_value(args, WANDB_SAVE_DIR) or None,

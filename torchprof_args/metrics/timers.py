@@ -96,15 +96,15 @@ class Timers:
 
     def __init__(
         self,
-        log_level: int = 0,
-        log_option: str = "minmax",
+        log_level: int = TimersConfig.log_level,
+        log_option: str = TimersConfig.log_option,
         *,
-        synchronize: bool = False,
+        synchronize: bool = TimersConfig.synchronize,
         device: str = "auto",
         group: ProcessGroup | None = None,
         nvtx: NvtxRanges | None = None,
         straggler_threshold: float = TimersConfig.straggler_threshold,
-        straggler_intervals: int = 3,
+        straggler_intervals: int = TimersConfig.straggler_intervals,
         straggler_timers: Sequence[str] = DEFAULT_STRAGGLER_TIMERS,
     ) -> None:
         if log_level not in (0, 1, 2):

@@ -9,6 +9,7 @@ import os
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
 from torchprof_args.flags.types import positive_float, positive_int
+from torchprof_args.naming import DEFAULT_PROFILE_DIR
 
 __all__ = ["CONTROL_SUBDIR", "OnDemandConfig", "default_control_dir"]
 
@@ -56,12 +57,14 @@ class OnDemandConfig:
     publishes like a scheduled one.
     """
 
-    enabled: bool = False
-    control_dir: str = default_control_dir("./prof")
-    trace_dir: str = "./prof"
-    check_seconds: float = 10.0
-    interval: int = 10
-    max_iterations: int = 20
+    enabled: bool = ON_DEMAND.default
+    control_dir: str = default_control_dir(DEFAULT_PROFILE_DIR)
+    trace_dir: str = DEFAULT_PROFILE_DIR
+    check_seconds: float = CHECK_SECONDS.default
+    interval: int = INTERVAL.default
+    max_iterations: int = MAX_ITERATIONS.default
+    #: The trace flags' (``--torch-profile-warmup``, ``--torch-profile-gzip``), which this layer,
+    #: below ``runtime/``, cannot import: tests/test_flag_defaults.py keeps them equal.
     warmup: int = 1
     gzip: bool = True
 
@@ -74,6 +77,6 @@ class OnDemandConfig:
         if control_dir and not enabled:
             raise TorchProfileArgsError("--torch-profile-on-demand-dir needs --torch-profile-on-demand.")
         return cls(enabled=enabled, control_dir=control_dir or default_control_dir(profile_dir),
-                   trace_dir=profile_dir, check_seconds=float(flag_value(args, CHECK_SECONDS)),
+                   trace_dir=profile_dir, check_seconds=flag_value(args, CHECK_SECONDS),
                    interval=flag_value(args, INTERVAL), max_iterations=flag_value(args, MAX_ITERATIONS),
                    warmup=warmup, gzip=gzip)

@@ -13,7 +13,12 @@ from typing import Protocol, TypedDict
 
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import flag_value, was_given
-from torchprof_args.naming import FLIGHT_RECORDER_SUBDIR, MEMORY_SNAPSHOT_SUBDIR, STACKS_CONTROL_SUBDIR
+from torchprof_args.naming import (
+    DEFAULT_PROFILE_DIR,
+    FLIGHT_RECORDER_SUBDIR,
+    MEMORY_SNAPSHOT_SUBDIR,
+    STACKS_CONTROL_SUBDIR,
+)
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.runtime import flags
 from torchprof_args.runtime.flags import PARALLEL_AXES, parallel_selector, profile_dir
@@ -63,21 +68,21 @@ class TraceConfig:
     ``parallel_ranks``, when given, replaces ``ranks`` once the ranks' coordinates are known.
     """
 
-    enabled: bool = False
-    ranks: tuple[int, ...] | None = (0,)
+    enabled: bool = flags.TORCH_PROFILE.default
+    ranks: tuple[int, ...] | None = tuple(flags.RANKS.default)
     parallel_ranks: ParallelSelectors = ()
     schedule: ProfileSchedule = ProfileSchedule()
     activities: tuple[str, ...] = ()
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-    execution_trace: bool = False
+    record_shapes: bool = flags.RECORD_SHAPES.default
+    profile_memory: bool = flags.PROFILE_MEMORY.default
+    with_stack: bool = flags.WITH_STACK.default
+    with_flops: bool = flags.WITH_FLOPS.default
+    with_modules: bool = flags.WITH_MODULES.default
+    execution_trace: bool = flags.EXECUTION_TRACE.default
     #: ``--torch-profile-memory-categories``: the windows whose exporter runs PyTorch's memory
     #: categorisation ("first" of each rank, "every", "off").
-    memory_categories: str = "first"
-    output_dir: str = "./prof"
+    memory_categories: str = flags.MEMORY_CATEGORIES.default
+    output_dir: str = DEFAULT_PROFILE_DIR
     #: ``with_modules`` asked on a torch where it does nothing in eager mode (2.14+): the module
     #: hierarchy is recorded through ``with_stack`` instead (its ``nn.Module`` events).
     modules_via_stack: bool = False
@@ -94,11 +99,11 @@ class TraceConfig:
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> TraceConfig:
-        ranks = list(flag_value(args, flags.RANKS) or [0])
+        ranks = list(flag_value(args, flags.RANKS))
         if "all" in ranks and len(ranks) > 1:
             raise TorchProfileArgsError("--torch-profile-ranks: give either 'all' or rank numbers, not both.")
         options = {name: bool(flag_value(args, flag)) for name, flag in _OPTION_FLAGS}
-        categories = flag_value(args, flags.MEMORY_CATEGORIES) or "first"
+        categories = flag_value(args, flags.MEMORY_CATEGORIES)
         needed = (flags.PROFILE_MEMORY, flags.RECORD_SHAPES, flags.WITH_STACK)
         missing = [flag.option for flag in needed if not flag_value(args, flag)]
         if was_given(args, flags.MEMORY_CATEGORIES) and categories != "off" and missing:
@@ -148,31 +153,32 @@ class ExportConfig:
     """How a stopped trace reaches the output directory (see :mod:`torchprof_args.runtime.export`),
     and the job-safety budgets: fence timeout, exit wait, SIGTERM grace, host memory reserve."""
 
-    mode: str = "fork"
-    staging_dir: str | None = None
-    gzip_level: int | None = 6  # None: published uncompressed
-    operator_table_rows: int | None = 30  # None: no operator table (nor summary sidecar) per trace
-    flush_timeout: float = 1800.0
-    exit_timeout: float = 600.0
-    term_grace: float = 10.0
-    min_free_host_mb: int = 2048
+    mode: str = flags.EXPORT.default
+    staging_dir: str | None = flags.STAGING_DIR.default
+    gzip_level: int | None = flags.GZIP_LEVEL.default  # None: published uncompressed
+    #: None: no operator table (nor summary sidecar) per trace
+    operator_table_rows: int | None = flags.OPERATOR_TABLE_ROWS.default
+    flush_timeout: float = flags.FLUSH_TIMEOUT.default
+    exit_timeout: float = flags.EXIT_TIMEOUT.default
+    term_grace: float = flags.TERM_GRACE.default
+    min_free_host_mb: int = flags.MIN_FREE_HOST_MB.default
     #: Publications in flight on a rank at which the next window is skipped on every rank (0: no bound).
-    max_publishing: int = 2
+    max_publishing: int = flags.MAX_PUBLISHING.default
     #: ``--torch-profile-publisher-priority``: the exporter and publisher at the lowest CPU and I/O
     #: priority ("idle", :mod:`~torchprof_args.runtime.export.priority`) or the trainer's ("normal").
-    publisher_priority: str = "idle"
+    publisher_priority: str = flags.PUBLISHER_PRIORITY.default
     #: ``--torch-profile-publisher-server``: a fork server publishes
     #: (:mod:`~torchprof_args.runtime.export.forkserver`).
-    publisher_server: bool = True
+    publisher_server: bool = flags.PUBLISHER_SERVER.default
     #: ``--torch-profile-publish-wait``: the flush step waits for its publication ("auto": when the
     #: node's CPUs were busy, :mod:`~torchprof_args.runtime.export.idle_cpu`), at most
     #: ``publish_wait_timeout`` seconds.
-    publish_wait: str = "auto"
-    publish_wait_timeout: float = 1.0
+    publish_wait: str = flags.PUBLISH_WAIT.default
+    publish_wait_timeout: float = flags.PUBLISH_WAIT_TIMEOUT.default
     #: ``--torch-profile-analysis-budget``: the analyses published with a trace may take this share
     #: of its export time (:meth:`~torchprof_args.runtime.export.job.PublishJob.analysis_seconds`);
     #: 0: no budget.
-    analysis_budget: float = 2.0
+    analysis_budget: float = flags.ANALYSIS_BUDGET.default
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
@@ -182,16 +188,16 @@ class ExportConfig:
             gzip_level=flag_value(args, flags.GZIP_LEVEL) if flag_value(args, flags.GZIP) else None,
             operator_table_rows=(flag_value(args, flags.OPERATOR_TABLE_ROWS)
                                  if flag_value(args, flags.OPERATOR_TABLE) else None),
-            flush_timeout=float(flag_value(args, flags.FLUSH_TIMEOUT)),
-            exit_timeout=float(flag_value(args, flags.EXIT_TIMEOUT)),
-            term_grace=float(flag_value(args, flags.TERM_GRACE)),
-            min_free_host_mb=int(flag_value(args, flags.MIN_FREE_HOST_MB)),
-            max_publishing=int(flag_value(args, flags.MAX_PUBLISHING)),
-            publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY) or "idle",
+            flush_timeout=flag_value(args, flags.FLUSH_TIMEOUT),
+            exit_timeout=flag_value(args, flags.EXIT_TIMEOUT),
+            term_grace=flag_value(args, flags.TERM_GRACE),
+            min_free_host_mb=flag_value(args, flags.MIN_FREE_HOST_MB),
+            max_publishing=flag_value(args, flags.MAX_PUBLISHING),
+            publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY),
             publisher_server=bool(flag_value(args, flags.PUBLISHER_SERVER)),
-            publish_wait=flag_value(args, flags.PUBLISH_WAIT) or "auto",
-            publish_wait_timeout=float(flag_value(args, flags.PUBLISH_WAIT_TIMEOUT)),
-            analysis_budget=float(flag_value(args, flags.ANALYSIS_BUDGET)),
+            publish_wait=flag_value(args, flags.PUBLISH_WAIT),
+            publish_wait_timeout=flag_value(args, flags.PUBLISH_WAIT_TIMEOUT),
+            analysis_budget=flag_value(args, flags.ANALYSIS_BUDGET),
         )
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(
@@ -210,11 +216,11 @@ class ExportConfig:
 class MemorySnapshotConfig:
     """CUDA allocator history and the snapshots dumped from it (on the traced ranks)."""
 
-    enabled: bool = False
-    max_entries: int = 100_000
-    stacks: str = "python"
-    interval: int = 0
-    output_dir: str = f"./prof/{MEMORY_SNAPSHOT_SUBDIR}"
+    enabled: bool = flags.MEMORY_SNAPSHOT.default
+    max_entries: int = flags.MEMORY_MAX_ENTRIES.default
+    stacks: str = flags.MEMORY_STACKS.default
+    interval: int = flags.MEMORY_INTERVAL.default
+    output_dir: str = f"{DEFAULT_PROFILE_DIR}/{MEMORY_SNAPSHOT_SUBDIR}"
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> MemorySnapshotConfig:
@@ -234,7 +240,7 @@ class MemorySnapshotConfig:
 class NsysConfig:
     """Nsight Systems capture range around the recorded steps, NVTX ranges for steps and timers."""
 
-    enabled: bool = False
+    enabled: bool = flags.NSYS.default
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> NsysConfig:
@@ -249,11 +255,11 @@ class FlightRecorderConfig:
     trigger --stacks`` (``--torch-profile-stacks-server``, on wherever the profiler runs) with its
     control directory."""
 
-    entries: int = 0
-    output_dir: str = f"./prof/{FLIGHT_RECORDER_SUBDIR}"
-    stacks: bool = False
-    stacks_server: bool = True
-    stacks_control_dir: str = f"./prof/{STACKS_CONTROL_SUBDIR}"
+    entries: int = 0  # --torch-profile-flight-recorder unset
+    output_dir: str = f"{DEFAULT_PROFILE_DIR}/{FLIGHT_RECORDER_SUBDIR}"
+    stacks: bool = flags.STACKS.default
+    stacks_server: bool = flags.STACKS_SERVER.default
+    stacks_control_dir: str = f"{DEFAULT_PROFILE_DIR}/{STACKS_CONTROL_SUBDIR}"
 
     @property
     def enabled(self) -> bool:

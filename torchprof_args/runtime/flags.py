@@ -9,22 +9,17 @@ from __future__ import annotations
 import argparse
 
 from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
-from torchprof_args.flags.types import gzip_level, non_negative_int, positive_float, positive_int, rank_token
+from torchprof_args.flags.types import (
+    gzip_level,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    rank_token,
+)
+from torchprof_args.naming import DEFAULT_PROFILE_DIR
 
 __all__ = ["PARALLEL_AXES", "parallel_selector", "profile_dir"]
-
-
-
-def non_negative_float(text: str) -> float:
-    """A number >= 0 (seconds)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
 
 TORCH_PROFILE = Flag("--torch-profile", "Enable torch.profiler tracing.", default=False, action="store_true")
 RANKS = Flag("--torch-profile-ranks",
@@ -313,4 +308,4 @@ PARALLEL_FLAGS = register_group(FlagGroup(
 
 def profile_dir(args: argparse.Namespace) -> str:
     """``--torch-profile-dir``, else ``--tensorboard-dir`` when set, else ``./prof``."""
-    return flag_value(args, PROFILE_DIR) or flag_value(args, TENSORBOARD_DIR) or "./prof"
+    return flag_value(args, PROFILE_DIR) or flag_value(args, TENSORBOARD_DIR) or DEFAULT_PROFILE_DIR

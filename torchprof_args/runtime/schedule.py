@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from torchprof_args.runtime import flags
+
 
 class Action(enum.Enum):
     """What the profiler does during one iteration (mirrors ``torch.profiler.ProfilerAction``)."""
@@ -53,11 +55,11 @@ class ProfileSchedule:
         ValueError: a negative count, no active step, or an empty absolute window.
     """
 
-    wait: int = 0
-    warmup: int = 1
-    active: int = 1
-    repeat: int = 1
-    skip_first: int = 1
+    wait: int = flags.WAIT.default
+    warmup: int = flags.WARMUP.default
+    active: int = flags.ACTIVE.default
+    repeat: int = flags.REPEAT.default
+    skip_first: int = flags.SKIP_FIRST.default
     step_start: int | None = None
     step_end: int | None = None
 

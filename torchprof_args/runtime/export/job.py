@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from torchprof_args.atomic import partial_path, write_json_atomically
+from torchprof_args.runtime import flags
 from torchprof_args.time_limit import Deadline
 
 __all__ = [
@@ -60,10 +61,10 @@ class PublishJob:
 
     staged_path: str
     trace_path: str
-    gzip_level: int | None = 6
+    gzip_level: int | None = flags.GZIP_LEVEL.default
     #: the trace's operator table (``naming.operator_table_path``), ``operator_table_rows`` operators.
     operator_table_path: str | None = None
-    operator_table_rows: int = 30
+    operator_table_rows: int = flags.OPERATOR_TABLE_ROWS.default
     rank: int = 0
     extra_files: list[tuple[str, str, int | None]] = dataclasses.field(default_factory=list)
     #: the trace's summary sidecar (``naming.sidecar_path``), written with the operator table.
