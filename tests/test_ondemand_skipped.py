@@ -11,7 +11,7 @@ from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.publishing import PublishingVote
+from torchprof_args.runtime.publish_vote import PublishingVote
 from torchprof_args.runtime.schedule import ProfileSchedule
 from torchprof_args.runtime.timeline import Timeline
 

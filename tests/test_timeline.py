@@ -14,7 +14,7 @@ from helpers.processes import subprocess_env
 
 from torchprof_args.ondemand.window import OnDemandWindow
 from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.publishing import PublishingVote
+from torchprof_args.runtime.publish_vote import PublishingVote
 from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
 from torchprof_args.runtime.timeline import FENCE_FLUSH, FENCE_SNAPSHOT, StepPlan, Timeline
 
@@ -200,7 +200,7 @@ def test_timeline_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env(), timeout=60)
 
 
-# -- the publishing vote (backpressure): runtime/publishing.py over a real single-process Fence ------
+# -- the publishing vote (backpressure): runtime/publish_vote.py over a real single-process Fence ------
 
 def publishing(line: Timeline, limit: int, in_flight: Callable[[int], int]) -> Callable[[int], None]:
     """``agree`` for :func:`walk`: the profiler's order (decide before the plan, post after it), with

@@ -18,11 +18,11 @@ from helpers.processes import rank_results, run_torchrun
 
 from torchprof_args import Timers, add_torch_profile_args, validate_args
 from torchprof_args.errors import TimerError
-from torchprof_args.metrics.timer import CudaEventTimer as _CudaEventTimer
-from torchprof_args.metrics.timer import DummyTimer
-from torchprof_args.metrics.timer import EventPool as _EventPool
-from torchprof_args.metrics.timer import SynchronizingTimer as _SynchronizingTimer
-from torchprof_args.metrics.timer import Timer as _Timer
+from torchprof_args.metrics.timer_kinds import CudaEventTimer as _CudaEventTimer
+from torchprof_args.metrics.timer_kinds import DummyTimer
+from torchprof_args.metrics.timer_kinds import EventPool as _EventPool
+from torchprof_args.metrics.timer_kinds import SynchronizingTimer as _SynchronizingTimer
+from torchprof_args.metrics.timer_kinds import Timer as _Timer
 from torchprof_args.metrics.timers import TimerSnapshot, format_snapshot
 
 

@@ -36,7 +36,7 @@ from torchprof_args.metrics.gather import RankGather, Request
 from torchprof_args.metrics.sinks import DictLogger, ScalarWriter
 from torchprof_args.metrics.snapshot import TimerSnapshot, format_snapshot, timer_scalars
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS, StragglerTracker, straggler_figures
-from torchprof_args.metrics.timer import (
+from torchprof_args.metrics.timer_kinds import (
     CudaEventTimer,
     DummyTimer,
     EventPool,

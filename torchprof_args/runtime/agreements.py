@@ -17,7 +17,7 @@ from torchprof_args.log import get_logger
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.host_resources import WindowMemoryGuard
-from torchprof_args.runtime.publishing import PublishingVote
+from torchprof_args.runtime.publish_vote import PublishingVote
 from torchprof_args.runtime.schedule import Action
 from torchprof_args.runtime.timeline import Timeline
 

@@ -37,7 +37,7 @@ from torchprof_args.runtime.host_resources import WindowMemoryGuard
 from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.runtime.metadata import trace_metadata
 from torchprof_args.runtime.nsys import NsysController
-from torchprof_args.runtime.publishing import PublishingVote, progress_row
+from torchprof_args.runtime.publish_vote import PublishingVote, progress_row
 from torchprof_args.runtime.recorder import Recorder
 from torchprof_args.runtime.schedule import RECORDING, Action
 from torchprof_args.runtime.signals import SigtermGuard

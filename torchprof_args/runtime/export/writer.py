@@ -353,7 +353,7 @@ class TraceWriter:
         self.published.append(trace_path)
         seconds = time.monotonic() - started
         self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds)
-        # DEBUG: at 512 ranks, rank 0's one line per cycle says it (runtime/publishing.py)
+        # DEBUG: at 512 ranks, rank 0's one line per cycle says it (runtime/publish_vote.py)
         logger.debug("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
                      trace_path, trace_mb, seconds)
         if status.summary_error is not None:
