@@ -86,23 +86,20 @@ def test_html_has_one_svg_plot_per_panel(run_dir: Path, capsys: pytest.CaptureFi
     assert page.count("<polyline") >= 9 and "class=\"band\"" in page
 
 
-def test_heatmap_folds_large_jobs_into_bounded_buckets() -> None:
-    """512 ranks x 600 intervals: at most MAX_ROWS x MAX_COLUMNS cells, each the bucket's maximum."""
-    from torchprof_args.metrics.dashboard.heatmap import MAX_COLUMNS, MAX_ROWS, heatmap_grid, heatmap_svg
+def test_heatmap_panels_draw_the_per_rank_series() -> None:
+    """A straggler-score panel per timer with a per-rank series (the one heatmap, tests/test_heatmap.py:
+    folding, colours), its scores as given, at the line panels' width; none without the series."""
+    from torchprof_args.metrics.dashboard.render import render_html
 
-    records = []
-    for iteration in range(1, 601):
-        scores = [1.0] * 512
-        scores[301] = 1.9 if iteration >= 400 else 1.0  # rank 301 turns slow at iteration 400
-        records.append({"iteration": iteration, "metrics": {}, "per_rank": {"stragglers/fwd-score": scores}})
-    xs, labels, cells = heatmap_grid(records, "stragglers/fwd-score")
-    assert len(labels) == MAX_ROWS and len(xs) == 200 <= MAX_COLUMNS  # buckets of 3 intervals
-    row = next(i for i, label in enumerate(labels) if label == "300-303")
-    column = next(i for i, x in enumerate(xs) if x >= 400)
-    assert cells[row][column] == 1.9 and cells[row][column - 1] == 1.0 and cells[row - 1][column] == 1.0
-    svg = heatmap_svg("fwd", "x median", xs, labels, cells)
-    assert svg.count('class="cell"') == MAX_ROWS * 200 and "<title>" not in svg  # too many to title
-    assert heatmap_grid([{"iteration": 1, "metrics": {}}], "stragglers/fwd-score") is None
+    records = [{"iteration": i, "metrics": {"stragglers/fwd-score-max": 1.5},
+                "per_rank": {"stragglers/fwd-score": [1.0, 1.5 if i >= 4 else 1.0]}} for i in range(2, 12, 2)]
+    page = render_html(records, DEFAULT_SPEC)
+    assert page.count('<svg class="panel heatmap"') == 1 and 'width="420"' in page
+    assert 'class="title">fwd (x median, per rank)' in page
+    assert "<title>rank 1, iteration 4: 1.50x</title>" in page
+    assert "2x+ (white: the other ranks' median)" in page
+    bare = [{**record, "per_rank": {}} for record in records]
+    assert 'class="panel heatmap"' not in render_html(bare, DEFAULT_SPEC)
 
 
 def test_missing_metrics_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -174,7 +174,7 @@ def test_two_ranks_one_collective_reasons_and_allocator_warning(tmp_path: Path) 
                   "SM clock", "power", "temperature"):
         assert f'class="title">{title}' in page, title
     assert page.count('class="panel heatmap"') == 4  # 3 hardware + forward-backward's straggler scores
-    assert "rank 1, iteration 6: 0.83x the median" in page
+    assert "rank 1, iteration 6: 0.83x</title>" in page and "(white: the median)" in page
     if shutil.which("chromium"):
         dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                               f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page_path.as_uri()],

@@ -8,7 +8,8 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
 
  1. foundation  ``errors``, ``naming``, ``atomic``, ``private_dir``, ``log``, ``_dist``,
                 ``torch_support``, ``device_peaks``, ``import_state``, ``time_limit``, ``shared/`` (what
-                ``metrics/`` and ``analysis/`` agree on: the straggler rule): shared by everything, no feature
+                ``metrics/`` and ``analysis/`` agree on: the straggler rule, its heatmap): shared by
+                everything, no feature
  2. flags       ``flags/``: Flag, FlagGroup, the registry, argparse types, the flag table; knows no feature
  3. ondemand    ``ondemand/``: its flags and config, the request protocol, the agreed window and its
                 wire format, inbox, controller, registry, the dynolog check

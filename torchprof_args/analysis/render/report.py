@@ -1,11 +1,12 @@
 """Self-contained HTML report (inline SVG, no scripts, no network), built for many ranks.
 
 One section per profiled cycle, opening with ``torchprof diagnose``'s findings (what to fix,
-ranked by the step time each would save), then the distributions over ranks, a rank x step heatmap of step
-time, histograms of step time, GPU idle and overlap across ranks, the straggler table, the
-kernel-type breakdown of the mean, slowest, median and fastest rank, their top kernels, and every
-rank's row folded away.  Nothing is drawn once per rank except one heatmap row, so 1,024 ranks
-read on one screen and the page stays a few MB.
+ranked by the step time each would save), then the distributions over ranks, a rank x step heatmap
+of straggler scores (the dashboard's chart, :mod:`torchprof_args.shared.heatmap`), histograms of step
+time, GPU idle and overlap across ranks, the straggler table, the kernel-type breakdown of the mean,
+slowest, median and fastest rank, their top kernels, and every rank's row folded away.  Nothing is
+drawn once per rank except one heatmap row, so 1,024 ranks read on one screen and the page stays a
+few MB.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
+from torchprof_args.shared.heatmap import Layout, heatmap_svg
 from torchprof_args.shared.stragglers import describe
 
 __all__ = ["STRAGGLER_ROWS", "CycleSection", "render_report", "write_report"]
@@ -40,6 +42,8 @@ _STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px}"
 _KINDS = ("computation", "communication", "memory")
 #: straggler-table rows shown (the highest score first); the folded table has every rank.
 STRAGGLER_ROWS = 20
+#: a row per rank, one pixel high for 1,024 ranks (more fold into buckets); at most 150 steps.
+_HEATMAP = Layout(width=900, height=1024, max_rows=1024, max_columns=150)
 #: one cycle's section: its title, its ranks' summaries and its cross-rank view.
 CycleSection = tuple[str, list[Summary], CrossRankView]
 
@@ -75,10 +79,10 @@ def _heatmap(view: CrossRankView) -> str:
     rows, names = view.ranks, view.steps
     if not names:
         return "<p>No ProfilerStep annotations in these traces: no per-step times.</p>"
-    values = np.array([[r.step_us.get(n, np.nan) for n in names] for r in rows], dtype=np.float64)
-    labels = [n.replace("ProfilerStep", "") for n in names]
-    return svg.heatmap("Step time per rank (rows) and ProfilerStep (columns), against each step's median "
-                       "over ranks", [f"rank {r.rank}" for r in rows], labels, values, fmt_us)
+    columns = [(n.replace("ProfilerStep", ""), [r.step_us.get(n) for r in rows]) for n in names]
+    return heatmap_svg("Step time per rank and ProfilerStep: each rank's straggler score (its time over "
+                       "the other ranks' median)", columns, _HEATMAP, against="others", x_name="step",
+                       ranks=[r.rank for r in rows], fmt=fmt_us)
 
 
 def _kind_ms(gpu: GpuBreakdown) -> dict[str, float]:

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.metrics.dashboard.heatmap import heatmap_grid, heatmap_svg
 from torchprof_args.metrics.dashboard.spec import DEFAULT_SPEC
+from torchprof_args.shared.heatmap import Layout, heatmap_svg
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+#: a heatmap panel as wide as a line panel; ranks folded to 128 rows, intervals to 240 columns.
+_HEATMAP = Layout(width=344, height=174, max_rows=128, max_columns=240)
 
 
 class Panel:
@@ -355,9 +357,12 @@ def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], s
         svgs = []
         for panel in panels:
             if panel.kind == "heatmap" and panel.per_rank:
-                grid = heatmap_grid(records, panel.per_rank, x_key, relative=panel.relative)
-                if grid is not None:
-                    svgs.append(heatmap_svg(panel.title, panel.unit, *grid))
+                per_rank = [(f"{r[x_key]:g}", r.get("per_rank", {}).get(panel.per_rank)) for r in records]
+                columns = [(x, values) for x, values in per_rank if isinstance(values, list) and values]
+                if columns:
+                    svgs.append(heatmap_svg(f"{panel.title} ({panel.unit}, per rank)", columns, _HEATMAP,
+                                            against="median" if panel.relative else "score", x_name=x_key,
+                                            span=2.0))
                 continue
             series = []
             for key in panel.keys:
