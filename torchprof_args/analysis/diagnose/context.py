@@ -38,11 +38,6 @@ class Peak:
     tflops: float | None = None
     dtype: str = "bf16"
 
-    @property
-    def is_default(self) -> bool:
-        """Whether this is the peak the sidecar's findings were judged with."""
-        return self.tflops is None and self.dtype == "bf16"
-
 
 @dataclass(frozen=True)
 class KindContext:

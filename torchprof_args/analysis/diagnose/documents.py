@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 #: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-DIAGNOSIS_FORMAT = 3
+DIAGNOSIS_FORMAT = 4
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
 
@@ -38,8 +38,8 @@ class StepWork(msgspec.Struct, frozen=True):
 
 
 class MfuInputs(msgspec.Struct, frozen=True):
-    """What ``low_mfu`` needs from one rank's trace, kept so that ``diagnose --peak-tflops`` /
-    ``--peak-dtype`` judge it again without the trace."""
+    """What ``low_mfu`` needs from one rank's trace, kept so that ``diagnose`` judges it once, against
+    the table's peak or the one ``--peak-tflops`` / ``--peak-dtype`` give, without the trace."""
 
     rank: int
     flops_per_step: float
@@ -63,7 +63,8 @@ class RankDiagnosis(msgspec.Struct, frozen=True):
         base_us: the trace's base time (``baseTimeNanoseconds``) in us.
         steps: each step's time, collective time and work (``straggler``).
         step_mean_us: the mean step; None without steps.
-        findings: the per-rank kinds' findings, largest saving first.
+        findings: the per-rank kinds' findings, largest saving first (``low_mfu``'s is judged by
+            ``diagnose`` from ``mfu_inputs``).
         gaps: the per-rank kinds' gaps, in the registry's order.
         comm_source: where the collective records come from (None: not decoded).
         pg_config: the process groups the trace describes.

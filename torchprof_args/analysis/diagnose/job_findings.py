@@ -85,27 +85,26 @@ def _merged_gaps(ranks: CycleRanks) -> list[JobGap]:
     return list(gaps.values())
 
 
-def judged_with(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
-    """``part`` with its ``low_mfu`` judged again against ``peak`` from its stored MFU inputs (the
-    sidecar's finding used the table's bf16 peak), after the rank's other findings.
+def with_mfu_judged(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
+    """``part`` with its ``low_mfu`` judged, the one time it is, from its MFU inputs against
+    ``peak``, after the rank's other findings.
 
     Args:
-        part: one rank's part.
-        peak: the peak ``diagnose --peak-tflops`` / ``--peak-dtype`` asks for.
+        part: one rank's part (its ``low_mfu`` not judged: :func:`~.rank.rank_diagnosis`).
+        peak: the device table's bf16 peak, or the one ``diagnose --peak-tflops`` / ``--peak-dtype``
+            asks for.
 
     Returns:
-        The part with its ``low_mfu`` finding or gap replaced (unchanged without MFU inputs).
+        The part with its ``low_mfu`` finding or gap (unchanged without MFU inputs: its gap says why).
     """
     if part.mfu_inputs is None:
         return part
-    findings = [f for f in part.findings if f.kind != low_mfu.KIND]
-    gaps = [g for g in part.gaps if g.kind != low_mfu.KIND]
-    judged = low_mfu.judge(part.mfu_inputs, KindContext(earlier=tuple(findings), peak=peak))
+    judged = low_mfu.judge(part.mfu_inputs, KindContext(earlier=tuple(part.findings), peak=peak))
     if isinstance(judged, Finding):
-        findings.append(judged)
-    elif isinstance(judged, Gap):
-        gaps.append(judged)
-    return msgspec.structs.replace(part, findings=findings, gaps=gaps)
+        return msgspec.structs.replace(part, findings=[*part.findings, judged])
+    if isinstance(judged, Gap):
+        return msgspec.structs.replace(part, gaps=[*part.gaps, judged])
+    return part
 
 
 def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None = None, *,
@@ -127,7 +126,7 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         The :class:`JobDiagnosis`: findings by saving (largest first), then the gaps.
     """
     peak = Peak(peak_tflops, dtype)
-    ranks = CycleRanks([p if peak.is_default else judged_with(p, peak) for p in parts], memory)
+    ranks = CycleRanks([with_mfu_judged(p, peak) for p in parts], memory)
     by_kind: dict[str, list[Finding]] = {}
     for part in ranks.parts:
         for item in part.findings:

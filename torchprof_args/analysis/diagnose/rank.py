@@ -1,9 +1,10 @@
 """One rank's part of the diagnosis: every per-rank kind of the registry run over one :class:`Trace`.
 
 :func:`rank_findings` runs the registry's per-rank kinds in order, each told the findings before it
-(:class:`~.context.KindContext`); :func:`rank_diagnosis` adds what the cross-rank kinds need (each
-step's work and collective time, the collective records) and ``low_mfu``'s inputs: the
-:class:`~.documents.RankDiagnosis` the publisher keeps in the trace's summary sidecar.  Neither
+(:class:`~.context.KindContext`).  :func:`rank_diagnosis` is the :class:`~.documents.RankDiagnosis`
+the publisher keeps in the trace's summary sidecar: the kinds but ``low_mfu``, what the cross-rank
+kinds need (each step's work and collective time, the collective records) and ``low_mfu``'s inputs,
+judged once, by :func:`~.job_findings.diagnose`, against the peak the reader asks for.  Neither
 raises on a trace that lacks something (no steps, no kernels, no stacks, no FLOPs): those are Gaps.
 """
 
@@ -16,9 +17,9 @@ from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
 from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, CompactRecords, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
-from torchprof_args.analysis.diagnose.kinds.low_mfu import mfu_inputs
+from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.kinds.straggler import step_work
-from torchprof_args.analysis.diagnose.registry import PER_RANK
+from torchprof_args.analysis.diagnose.registry import PER_RANK, PerRankKind
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["rank_diagnosis", "rank_findings"]
@@ -36,17 +37,23 @@ def rank_findings(trace: Trace, peak_tflops: float | None = None, dtype: str = "
     Returns:
         The findings by ``saving_ms_per_step`` (largest first), then the gaps in the registry's order.
     """
-    kind_ctx = KindContext(peak=Peak(peak_tflops, dtype))
+    found, gaps = _run(trace, PER_RANK, KindContext(peak=Peak(peak_tflops, dtype)))
+    return [*found, *gaps]
+
+
+def _run(trace: Trace, kinds: tuple[PerRankKind, ...],
+         kind_ctx: KindContext) -> tuple[list[Finding], list[Gap]]:
+    """``kinds`` over ``trace`` in order, each told the findings before it: (findings by saving, gaps)."""
     found: list[Finding] = []
     gaps: list[Gap] = []
-    for kind in PER_RANK:
+    for kind in kinds:
         result = kind.analyze(trace, kind_ctx.after(found))
         if isinstance(result, Finding):
             found.append(result)
         elif isinstance(result, Gap):
             gaps.append(result)
     found.sort(key=lambda f: -f.saving_ms_per_step)
-    return [*found, *gaps]
+    return found, gaps
 
 
 def rank_diagnosis(trace: Trace) -> RankDiagnosis:
@@ -58,20 +65,21 @@ def rank_diagnosis(trace: Trace) -> RankDiagnosis:
             ``straggler`` counts the whole step as work); without FLOPs, ``low_mfu`` is a gap.
 
     Returns:
-        The rank's :class:`RankDiagnosis`, its findings judged with the table's bf16 peak.
+        The rank's :class:`RankDiagnosis`: ``low_mfu`` as its inputs (or the gap that says why there
+        are none), not judged.
     """
-    items = rank_findings(trace)
+    found, gaps = _run(trace, tuple(k for k in PER_RANK if k.KIND != low_mfu.KIND), KindContext())
+    mfu = low_mfu.mfu_inputs(trace)
     comms = rank_collectives(trace) if trace.comms is not None else None
     records = comms.records if comms is not None else []
     base_us = trace.base_time_ns / 1000.0
     work = step_work(steps(trace), records, base_us)
-    mfu = mfu_inputs(trace)
     return RankDiagnosis(
         format=DIAGNOSIS_FORMAT, rank=trace.rank, world_size=trace.world_size, base_us=base_us, steps=work,
         step_mean_us=statistics.fmean(s.dur_us for s in work) if work else None,
-        findings=[i for i in items if isinstance(i, Finding)], gaps=[i for i in items if isinstance(i, Gap)],
+        findings=found, gaps=[*gaps, mfu] if isinstance(mfu, Gap) else gaps,
         comm_source=comms.source if comms is not None else None,
         pg_config=comms.pg_config if comms is not None else [],
         collectives=CompactRecords.of(records),
-        mfu_inputs=None if isinstance(mfu, Gap) else mfu,  # judged again with diagnose --peak-tflops
+        mfu_inputs=None if isinstance(mfu, Gap) else mfu,
     )

@@ -90,8 +90,8 @@ def compute_accounted(trace: Trace) -> tuple[float, float]:
 
 
 def mfu_inputs(trace: Trace) -> MfuInputs | Gap:
-    """What MFU needs from one rank's trace, kept in the sidecar so ``diagnose --peak-tflops`` can
-    judge it again without the trace; a Gap when the trace cannot give it."""
+    """What MFU needs from one rank's trace, kept in the sidecar so ``diagnose`` judges
+    it (once, against the peak asked for) without the trace; a Gap when the trace cannot give it."""
     ctx = context(trace)
     if not ctx.has_gpu:
         return Gap(KIND, "the trace has no GPU kernels, so there is no GPU peak to compare with",
