@@ -13,10 +13,10 @@ import pytest
 from helpers.paths import REPO
 
 from torchprof_args import MetricsWriter, Timers
+from torchprof_args.analysis.dashboard.render import DEFAULT_SPEC, expand_panels
+from torchprof_args.analysis.dashboard.wandb_view import build_wandb_workspace, workspace_json
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.config import MetricsConfig, WandbConfig
-from torchprof_args.metrics.dashboard.render import DEFAULT_SPEC, expand_panels
-from torchprof_args.metrics.dashboard.wandb_view import build_wandb_workspace, workspace_json
 
 # wandb-workspaces still uses pydantic v1-style validators.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -89,7 +89,7 @@ def test_html_has_one_svg_plot_per_panel(run_dir: Path, capsys: pytest.CaptureFi
 def test_heatmap_panels_draw_the_per_rank_series() -> None:
     """A straggler-score panel per timer with a per-rank series (the one heatmap, tests/test_heatmap.py:
     folding, colours), its scores as given, at the line panels' width; none without the series."""
-    from torchprof_args.metrics.dashboard.render import render_html
+    from torchprof_args.analysis.dashboard.render import render_html
 
     records = [{"iteration": i, "metrics": {"stragglers/fwd-score-max": 1.5},
                 "per_rank": {"stragglers/fwd-score": [1.0, 1.5 if i >= 4 else 1.0]}} for i in range(2, 12, 2)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.examples import run_doc_example
 
-from torchprof_args.metrics.runlog import is_marker
+from torchprof_args.shared.metrics_log import is_marker
 
 
 def _profiler_steps(path: Path) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from helpers.paths import REPO
 from helpers.processes import run_torchrun, subprocess_env
 
-from torchprof_args.metrics.runlog import is_marker
+from torchprof_args.shared.metrics_log import is_marker
 
 pytestmark = pytest.mark.slow
 

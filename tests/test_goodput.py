@@ -17,8 +17,8 @@ from torchprof_args import MetricsWriter
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.config import MetricsConfig
 from torchprof_args.metrics.goodput import CATEGORIES, build_ledger
-from torchprof_args.metrics.runlog import RunMarker, read_runs
 from torchprof_args.metrics.sinks import JsonlSink, read_metrics_file
+from torchprof_args.shared.metrics_log import RunMarker, read_runs
 
 JOB = REPO / "tests" / "jobs" / "operations_job.py"
 

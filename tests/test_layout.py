@@ -8,15 +8,16 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
 
  1. foundation  ``errors``, ``naming``, ``atomic``, ``private_dir``, ``log``, ``_dist``,
                 ``torch_support``, ``device_peaks``, ``import_state``, ``time_limit``, ``shared/`` (what
-                ``metrics/`` and ``analysis/`` agree on: the straggler rule, its heatmap): shared by
-                everything, no feature
+                the job and the tools over its files agree on: the straggler rule, its heatmap, the
+                metrics.jsonl records, the Prometheus names): shared by everything, no feature
  2. flags       ``flags/``: Flag, FlagGroup, the registry, argparse types, the flag table; knows no feature
  3. ondemand    ``ondemand/``: its flags and config, the request protocol, the agreed window and its
                 wire format, inbox, controller, registry, the dynolog check
  4. stacks      ``stacks/``: the stacks file, the dumper, the per-rank server, "where is each rank"
- 5. analysis    ``analysis/`` (the trace toolkit) and ``pyspy/`` (py-spy profiles): tools over files
+ 5. analysis    ``analysis/`` (the trace toolkit, ``trend``, ``dashboard``) and ``pyspy/`` (py-spy
+                profiles): the tools over the job's files
  6. runtime     ``runtime/``: the training process (profiler, timeline, recorder, export, fence, ...)
- 7. metrics     ``metrics/``: timers, the rank gather, MFU, the metrics writer and sinks, the dashboard
+ 7. metrics     ``metrics/``: in the job: timers, the rank gather, MFU, the metrics writer and sinks
  8. config      ``config.py``: THE boundary, ``argparse.Namespace`` in, frozen configs out
  9. frameworks  ``frameworks/``, ``megatron.py``, ``deepspeed.py``, ``huggingface.py``, ``accelerate.py``,
                ``lightning.py``, ``torchtitan.py``, ``cli.py``: the entry points
@@ -26,7 +27,7 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
 Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
 ``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
 graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
-``render`` < ``tools`` < ``analysis/__init__.py`` (its facade).
+``render`` < ``tools``, ``trend``, ``dashboard`` < ``analysis/__init__.py`` (its facade).
 
 Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
 ``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
@@ -108,7 +109,7 @@ ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compositions", ("summary", "diagnose")),
     ("collect", ("collect",)),
     ("render", ("render",)),
-    ("tools", ("tools",)),
+    ("tools", ("tools", "trend", "dashboard")),
     ("analysis facade", ("",)),
 )
 

@@ -22,12 +22,13 @@ from helpers.prometheus import PrometheusServer, prometheus_binary
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchprof_args import MetricsWriter
+from torchprof_args.analysis.dashboard.grafana import grafana_dashboard
+from torchprof_args.analysis.dashboard.spec import DEFAULT_SPEC
 from torchprof_args.metrics.config import MetricsConfig, PrometheusConfig
-from torchprof_args.metrics.dashboard.grafana import grafana_dashboard
-from torchprof_args.metrics.dashboard.spec import DEFAULT_SPEC
-from torchprof_args.metrics.prometheus import PrometheusSink, metric_name
-from torchprof_args.metrics.runlog import RunMarker
+from torchprof_args.metrics.prometheus import PrometheusSink
 from torchprof_args.metrics.sinks import read_metrics_file
+from torchprof_args.shared.metrics_log import RunMarker
+from torchprof_args.shared.prometheus_names import metric_name
 
 JOB = REPO / "tests" / "jobs" / "operations_job.py"
 

@@ -14,17 +14,17 @@ import pytest
 from helpers.examples import run_doc_example
 from helpers.paths import REPO
 
-from torchprof_args.console import main as torchprof
-from torchprof_args.errors import CommandError
-from torchprof_args.metrics.runlog import RunMarker
-from torchprof_args.metrics.trend.change_test import (
+from torchprof_args.analysis.trend.change_test import (
     compare,
     false_positive_rate,
     modified_z,
     u_test_p,
 )
-from torchprof_args.metrics.trend.report import format_trend, render_trend_html, trend
-from torchprof_args.metrics.trend.series import RunData, read_input
+from torchprof_args.analysis.trend.report import format_trend, render_trend_html, trend
+from torchprof_args.analysis.trend.series import RunData, read_input
+from torchprof_args.console import main as torchprof
+from torchprof_args.errors import CommandError
+from torchprof_args.shared.metrics_log import RunMarker
 
 
 def test_u_test_is_scipys_two_sided_asymptotic_test(monkeypatch: pytest.MonkeyPatch) -> None:

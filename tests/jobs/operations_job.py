@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from torchprof_args import MetricsWriter, Timers, TorchProfiler, add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
-from torchprof_args.metrics.runlog import process_start_time
+from torchprof_args.shared.metrics_log import process_start_time
 
 READY = time.time()
 

@@ -16,7 +16,8 @@ up, a cycle, a module of 400 lines or more):
 5. :mod:`.collect`: which traces, and each one's results from its sidecar or parsed once, many at
    a time;
 6. :mod:`.render`: text, HTML and SVG;
-7. :mod:`.tools`: diff, split, merge, hang forensics.
+7. :mod:`.tools`: diff, split, merge, hang forensics; :mod:`.trend` (runs against a baseline) and
+   :mod:`.dashboard` (the step timers' dashboard), from ``metrics.jsonl``.
 
 The ``torchprof`` sub-commands over them are in :mod:`torchprof_args.commands`.  Import-light:
 needs numpy and msgspec, never torch.

@@ -54,7 +54,7 @@ def _metrics_path(run_dir: str) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.metrics.dashboard.render import DEFAULT_SPEC, load_spec
+    from torchprof_args.analysis.dashboard.render import DEFAULT_SPEC, load_spec
 
     if args.write_spec:
         write_text_atomically(Path(args.write_spec), json.dumps(DEFAULT_SPEC, indent=2) + "\n")
@@ -64,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     if args.grafana:
-        from torchprof_args.metrics.dashboard.grafana import grafana_dashboard
+        from torchprof_args.analysis.dashboard.grafana import grafana_dashboard
 
         write_text_atomically(Path(args.grafana), json.dumps(grafana_dashboard(spec), indent=2) + "\n")
         print(f"wrote {args.grafana}")
@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     records = _records(metrics_path) if metrics_path.is_file() else None
     if args.wandb:
         return _save_wandb_view(args, spec, records)
-    from torchprof_args.metrics.dashboard.render import render_html
+    from torchprof_args.analysis.dashboard.render import render_html
 
     output = Path(args.output) if args.output else metrics_path.parent / "timings.html"
     write_text_atomically(output, render_html(records or [], spec, source=str(metrics_path)))
@@ -112,8 +112,8 @@ def _run_info(run_dir: str) -> dict[str, Any]:
 
 def _save_wandb_view(args: argparse.Namespace, spec: dict[str, Any],
                      records: list[dict[str, Any]] | None) -> int:
+    from torchprof_args.analysis.dashboard.wandb_view import build_wandb_workspace, workspace_json
     from torchprof_args.metrics.config import wandb_credentials_present
-    from torchprof_args.metrics.dashboard.wandb_view import build_wandb_workspace, workspace_json
 
     run_info = _run_info(args.run_dir)
     entity = args.entity or run_info.get("entity")

@@ -73,7 +73,7 @@ def metrics_file(run_dir: str) -> Path:
 
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.metrics.goodput import build_ledger, format_ledger
-    from torchprof_args.metrics.runlog import read_runs
+    from torchprof_args.shared.metrics_log import read_runs
 
     path = metrics_file(args.run_dir)
     try:

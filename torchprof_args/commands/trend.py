@@ -92,10 +92,10 @@ def register(subparsers: Subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.trend.change_test import Rule
+    from torchprof_args.analysis.trend.report import format_trend, render_trend_html, trend
+    from torchprof_args.analysis.trend.series import read_input
     from torchprof_args.atomic import write_text_atomically
-    from torchprof_args.metrics.trend.change_test import Rule
-    from torchprof_args.metrics.trend.report import format_trend, render_trend_html, trend
-    from torchprof_args.metrics.trend.series import read_input
 
     if args.baseline:
         baseline_paths, input_paths = args.baseline, args.inputs

@@ -1,6 +1,6 @@
 """The goodput ledger: a job's wall time split into productive training and the time lost, by cause.
 
-Read from the job's ``metrics.jsonl`` across restarts (:mod:`~torchprof_args.metrics.runlog` marks
+Read from the job's ``metrics.jsonl`` across restarts (:mod:`~torchprof_args.shared.metrics_log` marks
 each process's lines), the wall time (the first process's start to the last one's end) is cut into
 pieces, each split between ``productive`` and the :data:`CATEGORIES` of lost time:
 
@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchprof_args.metrics.runlog import RunSegment
+from torchprof_args.shared.metrics_log import RunSegment
 
 __all__ = ["CATEGORIES", "LOAD_TIMERS", "TIMER_CATEGORIES", "Ledger", "build_ledger"]
 
@@ -107,7 +107,7 @@ def build_ledger(
     since: float | None = None,
     now: float | None = None,
 ) -> Ledger:
-    """The ledger of ``segments`` (:func:`~torchprof_args.metrics.runlog.read_runs`, in file order).
+    """The ledger of ``segments`` (:func:`~torchprof_args.shared.metrics_log.read_runs`, in file order).
 
     ``now``: the last segment is still running (its time since its last record counts up to
     ``now``); ``since``: only wall time after it counts (each piece prorated).

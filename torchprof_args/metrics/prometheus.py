@@ -23,7 +23,6 @@ disconnects mid-response or sends garbage costs that response only (one warning 
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
@@ -41,25 +40,17 @@ from torchprof_args.metrics.goodput import (
     TIMER_CATEGORIES,
     build_ledger,
 )
-from torchprof_args.metrics.runlog import RunMarker, RunSegment
+from torchprof_args.shared.metrics_log import RunMarker, RunSegment
+from torchprof_args.shared.prometheus_names import PER_RANK_SUFFIX, PREFIX, metric_name
 
-__all__ = ["PER_RANK_SUFFIX", "PREFIX", "PrometheusSink", "metric_name"]
+__all__ = ["PrometheusSink"]
 
 logger = get_logger(__name__)
 
-PREFIX = "torchprof_"
-PER_RANK_SUFFIX = "_by_rank"
 #: Bytes per chunk of a response (a scraper gone mid-response is noticed at the next chunk).
 CHUNK = 64 << 10
 #: The keys the goodput window keeps of each record.
 _LEDGER_KEYS = ("iteration-time", COST_TOTAL, *PROFILING_TOTALS.values())
-_NON_ALNUM = re.compile(r"[^A-Za-z0-9]+")
-
-
-def metric_name(key: str) -> str:
-    """The Prometheus name of a metrics key: ``torchprof_`` + the key, each run of characters other
-    than letters and digits replaced by ``_``."""
-    return PREFIX + _NON_ALNUM.sub("_", key)
 
 
 def _ledger_key(key: str) -> bool:

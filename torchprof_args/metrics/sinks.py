@@ -20,7 +20,14 @@ from typing import Any, Protocol
 
 from torchprof_args.atomic import write_json_atomically
 from torchprof_args.metrics.config import WandbMode
-from torchprof_args.metrics.runlog import ALIVE_KEY, ALIVE_SECONDS, END_KEY, RunMarker, is_marker, marker_line
+from torchprof_args.shared.metrics_log import (
+    ALIVE_KEY,
+    ALIVE_SECONDS,
+    END_KEY,
+    RunMarker,
+    is_marker,
+    marker_line,
+)
 
 __all__ = ["DictLogger", "JsonlSink", "ScalarWriter", "Sink", "TensorBoardSink", "WandbSink",
            "read_metrics_file"]
@@ -54,7 +61,7 @@ class Sink(Protocol):
 class JsonlSink:
     """One JSON object per logged iteration, appended; each line goes out in one write and is flushed.
 
-    With ``run`` (:mod:`~torchprof_args.metrics.runlog`) the run's lines are marked: a ``"run"``
+    With ``run`` (:mod:`~torchprof_args.shared.metrics_log`) the run's lines are marked: a ``"run"``
     line first, ``"alive"`` lines from a daemon thread after ``alive_seconds`` of silence, a
     ``"run_end"`` line at :meth:`close` (or at interpreter exit, if the writer was never closed).
     """
@@ -191,7 +198,7 @@ class WandbSink:
 def read_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Records of a ``metrics.jsonl`` sorted by iteration (a later record for the same
     iteration, e.g. after a restart, wins; the runs' marker lines are left out:
-    :func:`~torchprof_args.metrics.runlog.read_runs` reads them).  A truncated last line (a crash
+    :func:`~torchprof_args.shared.metrics_log.read_runs` reads them).  A truncated last line (a crash
     mid-write) is skipped; any other bad line is an error naming the file and line."""
     path = Path(path)
     by_iteration: dict[int, dict[str, Any]] = {}

@@ -41,9 +41,9 @@ from torchprof_args.metrics.gather import RankGather, Request
 from torchprof_args.metrics.hardware import DeviceReadings
 from torchprof_args.metrics.health import AllocRetryWatch
 from torchprof_args.metrics.mfu import PeakResolver, flops_value, rate_figures, throughput_figures
-from torchprof_args.metrics.runlog import RunMarker
 from torchprof_args.metrics.sinks import JsonlSink, Sink, TensorBoardSink, WandbSink
 from torchprof_args.naming import METRICS_FILENAME, WANDB_RUN_FILENAME
+from torchprof_args.shared.metrics_log import RunMarker
 
 if TYPE_CHECKING:
     from torchprof_args.metrics.timers import Timers
@@ -128,8 +128,8 @@ class MetricsWriter:
         self.readings = DeviceReadings(hardware=config.gpu_hardware)
         self.peak = PeakResolver(config.peak_tflops, config.peak_dtype)
         self.alloc_retries = AllocRetryWatch(rank=self.rank)
-        #: this process's run in metrics.jsonl (runlog.py): the first interval is measured from here,
-        #: so create the writer right before the loop (after loading a checkpoint)
+        #: this process's run in metrics.jsonl (shared/metrics_log.py): the first interval is measured
+        #: from here, so create the writer right before the loop (after loading a checkpoint)
         self.run = RunMarker.here(start_iteration, self.world_size)
         if self.is_writer:
             self._start_sinks()

@@ -69,7 +69,7 @@ def read_input(path: str, *, skip_first: int = 1) -> RunData:
 
 
 def _from_metrics(data: RunData, path: Path, skip_first: int) -> None:
-    from torchprof_args.metrics.runlog import read_runs
+    from torchprof_args.shared.metrics_log import read_runs
 
     try:
         segments = read_runs(path)

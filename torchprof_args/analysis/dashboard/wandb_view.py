@@ -1,6 +1,6 @@
 """The step-timing dashboard's panel spec as a wandb workspace view (``torchprof dashboard --wandb``).
 
-The same spec as the HTML page (:mod:`~torchprof_args.metrics.dashboard.render`), so both show the
+The same spec as the HTML page (:mod:`~torchprof_args.analysis.dashboard.render`), so both show the
 same panels.  Building the view needs the ``wandb-workspaces`` package and no network; saving it
 (``workspace.save()``) is the network call, made by the command.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchprof_args.metrics.dashboard.render import expand_panels
+from torchprof_args.analysis.dashboard.render import expand_panels
 
 __all__ = ["build_wandb_workspace", "workspace_json"]
 
@@ -21,7 +21,7 @@ def build_wandb_workspace(
     """The ``wandb_workspaces`` Workspace (a saved view) with the spec's panels; no network.
 
     Args:
-        spec: the panel spec (:data:`~torchprof_args.metrics.dashboard.spec.DEFAULT_SPEC`'s shape).
+        spec: the panel spec (:data:`~torchprof_args.analysis.dashboard.spec.DEFAULT_SPEC`'s shape).
         keys: the metric keys of the run (from its metrics.jsonl), so per-timer panels can be laid
             out; ``None`` gives one regex panel per repeated group instead.
         entity, project: where the view is saved.

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from torchprof_args.metrics.prometheus import PER_RANK_SUFFIX, PREFIX, metric_name
+from torchprof_args.shared.prometheus_names import PER_RANK_SUFFIX, PREFIX, metric_name
 
 __all__ = ["grafana_dashboard", "pattern_regex"]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.metrics.trend.change_test import DEFAULT_RULE, MIN_RUNS_FOR_Z, Rule, compare
-from torchprof_args.metrics.trend.series import RunData
+from torchprof_args.analysis.trend.change_test import DEFAULT_RULE, MIN_RUNS_FOR_Z, Rule, compare
+from torchprof_args.analysis.trend.series import RunData
 
 __all__ = ["TREND_VERSION", "format_trend", "render_trend_html", "trend"]
 

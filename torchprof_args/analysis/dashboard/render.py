@@ -5,7 +5,7 @@ drives both renderings, so the HTML page and the wandb workspace show the same p
 time, each timer's min/max across ranks, a rank x iteration heatmap of the straggler scores,
 throughput, memory and the profiler's own figures, all against the training iteration.
 
-The same spec becomes a wandb workspace view in :mod:`~torchprof_args.metrics.dashboard.wandb_view`
+The same spec becomes a wandb workspace view in :mod:`~torchprof_args.analysis.dashboard.wandb_view`
 (``torchprof dashboard``).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.metrics.dashboard.spec import DEFAULT_SPEC
+from torchprof_args.analysis.dashboard.spec import DEFAULT_SPEC
 from torchprof_args.shared.heatmap import Layout, heatmap_svg
 
 __all__ = [

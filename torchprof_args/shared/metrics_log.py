@@ -1,6 +1,11 @@
-"""Runs in one ``metrics.jsonl``: each process that writes it marks where it starts, that it is alive
-while it writes nothing, and where it ends, so that successive runs appended to one directory (a job
-restarted from a checkpoint) can be told apart and timed (``torchprof goodput``).
+"""``metrics.jsonl``, as the job writes it (``metrics/sinks.py``) and the tools read it (``torchprof
+goodput | trend | dashboard``, the Prometheus sink's goodput window).
+
+One JSON object per line and per log interval: ``iteration``, ``timestamp`` (seconds since the
+epoch), ``metrics`` (key -> number) and, when ranks were gathered, ``per_rank`` (key -> one value
+per rank, null where a rank has none).  Each process that writes the file marks where it starts,
+that it is alive while it writes nothing, and where it ends, so that successive runs appended to one
+directory (a job restarted from a checkpoint) can be told apart and timed.
 
 Three kinds of marker line, each a valid metrics record (``iteration``, ``timestamp``, empty
 ``metrics``) with one more key, so a reader that knows nothing of markers merges them harmlessly:
