@@ -101,7 +101,7 @@ def test_sidecars_give_what_parsing_gives(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sidecar_is_used_only_while_it_matches(tmp_path: Path) -> None:
+def test_a_sidecar_is_used_only_while_it_matches_and_another_version_is_named(tmp_path: Path) -> None:
     trace = tmp_path / "rank00000_h_pid1.pt.trace.json.gz"
     shutil.copy(RANKS_128[0], trace)
     summary = summarize(load_trace(trace), top=None)
@@ -115,13 +115,20 @@ def test_a_sidecar_is_used_only_while_it_matches(tmp_path: Path) -> None:
     assert read_results(trace, (SUMMARY,)) is None
     write_sidecar(trace, {"summary": summary})
     assert read_results(trace, (SUMMARY,)) is not None
-    sidecar_path(trace).write_text(json.dumps({**doc, "version": SIDECAR_VERSION + 1}))
+    # A sidecar of another version (an older torchprof-args's) is passed over: the trace is parsed,
+    # and one line says why
+    sidecar_path(trace).write_text(json.dumps({**doc, "version": SIDECAR_VERSION - 1}))
     assert read_results(trace, (SUMMARY,)) is None
-    sidecar_path(trace).write_text("{truncated")
-    assert read_results(trace, (SUMMARY,)) is None
-    # The command then parses the trace (and says so), and --reparse always does.
     proc = _cli("summary", "--json", str(trace))
     assert proc.returncode == 0 and json.loads(proc.stdout)["rank"] == 0
+    assert proc.stderr.splitlines() == [
+        f"torchprof summary: 1 trace(s) parsed again: their sidecars were written by another version of "
+        f"torchprof-args (sidecar version {SIDECAR_VERSION - 1}, this one reads {SIDECAR_VERSION}); "
+        "`torchprof summary --write-sidecars` rewrites them"]
+    sidecar_path(trace).write_text("{truncated")  # not a sidecar: parsed, nothing to say
+    assert read_results(trace, (SUMMARY,)) is None
+    proc = _cli("summary", "--json", str(trace))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["rank"] == 0 and not proc.stderr
 
 
 def test_shards_cover_every_trace_once(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torchprof_args.analysis.collect.discover import Cycle, choose_cycle, expand, group_by_cycle
 from torchprof_args.analysis.collect.pool import Collected, collect
+from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION
 from torchprof_args.analysis.collect.trace_results import Part
 from torchprof_args.analysis.decode.loader import release_memory_eagerly
 from torchprof_args.analysis.summary import Summary
@@ -43,6 +44,7 @@ def cycle_summaries(inputs: list[str | Path], args: argparse.Namespace, top: int
             cycles.append((cycle, summaries))
     if len(files) > 1 and got.parsed and not got.errors:
         _note_parsing(got, args.command)
+    _note_other_versions(got, args.command)
     return cycles, got
 
 
@@ -71,6 +73,7 @@ def cycle_results(inputs: list[str | Path], args: argparse.Namespace, parts: Seq
                            f"none of the {len(files)} traces could be read ({got.errors[0]})")
     for error in got.errors:
         print(f"torchprof {args.command}: {error}", file=sys.stderr)
+    _note_other_versions(got, args.command)
     return label, got
 
 
@@ -79,3 +82,13 @@ def _note_parsing(got: Collected, command: str) -> None:
     print(f"torchprof {command}: {got.from_sidecars} summaries read from sidecars, {got.parsed} trace(s) "
           f"parsed ({got.parsed_bytes / 1e6:,.0f} MB in {got.parse_seconds:.1f} s); "
           f"`torchprof summary --write-sidecars` keeps them for next time", file=sys.stderr)
+
+
+def _note_other_versions(got: Collected, command: str) -> None:
+    """One line when sidecars of another torchprof-args version were passed over (their traces parsed)."""
+    if got.other_versions:
+        versions = ", ".join(str(v) for v in sorted(got.other_versions))
+        print(f"torchprof {command}: {sum(got.other_versions.values())} trace(s) parsed again: their "
+              f"sidecars were written by another version of torchprof-args (sidecar version {versions}, "
+              f"this one reads {SIDECAR_VERSION}); `torchprof summary --write-sidecars` rewrites them",
+              file=sys.stderr)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.collect.sidecar import stored_parts
+from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, sidecar_version, stored_parts
 from torchprof_args.analysis.collect.trace_results import (
     PARTS,
     SUMMARY,
@@ -49,6 +49,8 @@ class Collected:
     parsed_bytes: int = 0
     sidecars_written: int = 0
     parse_seconds: float = 0.0
+    #: traces parsed because their sidecar is of another version (``SIDECAR_VERSION``), by version.
+    other_versions: dict[int, int] = field(default_factory=dict)
 
     @property
     def summaries(self) -> list[Summary | None]:
@@ -146,13 +148,15 @@ def _from_sidecars(files: list[Path], out: Collected, parts: Sequence[Part[Any]]
                 out.from_sidecars += 1
             else:
                 todo[i] = {}
-            continue
-        stored, complete = read_stored(f, parts, top, reparse)
-        if complete:
-            out.results[i] = TraceResults(f, **stored)
-            out.from_sidecars += 1
         else:
-            todo[i] = stored
+            stored, complete = read_stored(f, parts, top, reparse)
+            if complete:
+                out.results[i] = TraceResults(f, **stored)
+                out.from_sidecars += 1
+            else:
+                todo[i] = stored
+        if i in todo and not reparse and (version := sidecar_version(f)) not in (None, SIDECAR_VERSION):
+            out.other_versions[version] = out.other_versions.get(version, 0) + 1
     return todo
 
 

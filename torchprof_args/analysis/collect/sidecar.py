@@ -22,8 +22,8 @@ import msgspec
 from torchprof_args.atomic import write_bytes_atomically
 from torchprof_args.naming import sidecar_path
 
-__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "Fingerprint", "stored_parts", "trace_fingerprint",
-           "write_sidecar"]
+__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "Fingerprint", "sidecar_version", "stored_parts",
+           "trace_fingerprint", "write_sidecar"]
 
 SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
@@ -81,6 +81,24 @@ def write_sidecar(trace_path: str | os.PathLike[str], parts: Mapping[str, object
 _encode = msgspec.json.Encoder(enc_hook=operator.methodcaller("item"))  # numpy scalars: Python numbers
 _decode_raw = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _decode_fingerprint = msgspec.json.Decoder(Fingerprint)
+
+
+class _Header(msgspec.Struct):
+    format: str
+    version: int
+
+
+_decode_header = msgspec.json.Decoder(_Header)
+
+
+def sidecar_version(trace_path: str | os.PathLike[str]) -> int | None:
+    """The version of the sidecar beside ``trace_path`` (None: none, or not a sidecar): why a
+    sidecar that does not match is not used, when it was written by another version."""
+    try:
+        header = _decode_header.decode(sidecar_path(Path(trace_path)).read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return header.version if header.format == SIDECAR_FORMAT else None
 
 
 def stored_parts(trace_path: str | os.PathLike[str]) -> dict[str, msgspec.Raw] | None:
