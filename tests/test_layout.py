@@ -27,7 +27,9 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
 Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
 ``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
 graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
-``render`` < ``tools``, ``trend``, ``dashboard`` < ``analysis/__init__.py`` (its facade).
+``render`` < ``staged`` (the job's one seam into the analysis: the layers that run in the job,
+``runtime`` to ``frameworks``, import nothing else of ``analysis/`` or ``pyspy/``) < ``tools``,
+``trend``, ``dashboard`` < ``analysis/__init__.py`` (its facade).
 
 Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
 ``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
@@ -109,6 +111,7 @@ ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compositions", ("summary", "diagnose")),
     ("collect", ("collect",)),
     ("render", ("render",)),
+    ("the job's seam", ("staged",)),
     ("tools", ("tools", "trend", "dashboard")),
     ("analysis facade", ("",)),
 )
@@ -119,6 +122,12 @@ CONFIG = f"{PACKAGE}.config"
 
 PACKAGE_LAYERS = Layering(PACKAGE, LAYERS, allowed=(CONFIG, FROM_ARGS))
 ANALYSIS_LAYERING = Layering(ANALYSIS, ANALYSIS_LAYERS)
+
+#: The layers that run in the training job: they reach the tools over its files only through the
+#: analysis's one seam (``analysis/staged.py``: summarise a trace just written).
+JOB_LAYERS = frozenset({"runtime", "metrics", "config", "frameworks"})
+JOB_SEAM = f"{ANALYSIS}.staged"
+OFFLINE_LAYER = "analysis"
 
 #: The dynamic imports whose module is not a string in the call, and why each is safe.
 HIDDEN_IMPORTS = {
@@ -290,6 +299,35 @@ def test_no_import_points_up_the_analysis_layers() -> None:
     arrows = ANALYSIS_LAYERING.back_arrows(import_sites(FILES), PACKAGE)
     assert not arrows, "imports up analysis/'s layers (the order is in tests/test_layout.py's " \
         "docstring):\n" + "\n".join(arrows)
+
+
+def seam_crossings(sites: dict[str, dict[str, set[str | None]]]) -> list[str]:
+    """``a -> b`` for each import from a module of the job (:data:`JOB_LAYERS`) into the tools over
+    its files (``analysis/``, ``pyspy/``) other than :data:`JOB_SEAM`."""
+    found = []
+    for module, deps in sorted(sites.items()):
+        here = PACKAGE_LAYERS.layer(module)
+        if here is None or here[1] not in JOB_LAYERS:
+            continue
+        for dep in sorted(deps):
+            there = PACKAGE_LAYERS.layer(dep)
+            if there is not None and there[1] == OFFLINE_LAYER and dep != JOB_SEAM:
+                found.append(f"{_short(module)} -> {_short(dep)}")
+    return found
+
+
+def test_a_job_import_past_the_seam_is_found() -> None:
+    sites: dict[str, dict[str, set[str | None]]] = {
+        f"{PACKAGE}.runtime.recorder": {JOB_SEAM: {None}, f"{ANALYSIS}.memory.exported": {"f"}},
+        f"{PACKAGE}.commands.mem": {f"{ANALYSIS}.memory.exported": {None}},
+    }
+    assert seam_crossings(sites) == ["runtime.recorder -> analysis.memory.exported"]
+
+
+def test_the_job_reaches_the_analysis_only_through_its_seam() -> None:
+    crossings = seam_crossings(import_sites(FILES))
+    assert not crossings, "the job imports the analysis past analysis/staged.py (add what it needs " \
+        "there, the one seam between the two sides in ARCHITECTURE.md):\n" + "\n".join(crossings)
 
 
 def test_the_package_has_no_import_cycle() -> None:

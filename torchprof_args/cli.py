@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from torchprof_args import _dist
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.config import RunConfig, add_torch_profile_args, configs_from_args
-from torchprof_args.errors import TorchProfileArgsError, TraceError
+from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.log import get_logger
 from torchprof_args.naming import DEFAULT_PROFILE_DIR, PROFILER_LIST_NAME, profiler_list_name
@@ -272,16 +272,10 @@ def write_operator_tables(traces: list[str], path: Path) -> Path:
     Raises:
         TraceError: a trace cannot be read.
     """
-    from torchprof_args.analysis.collect.trace_results import SUMMARY, results_of
-    from torchprof_args.analysis.render.text import format_operator_table
+    from torchprof_args.analysis.staged import summarise_trace
 
-    parts = []
-    for trace in traces:
-        outcome = results_of(trace, (SUMMARY,))
-        if outcome.results is None or outcome.results.summary is None:
-            raise TraceError(str(outcome.error or f"{trace}: no summary"))
-        summary = outcome.results.summary
-        parts.append(f"# {Path(trace).parent.name}/{Path(trace).name}\n{format_operator_table(summary)}")
+    parts = [f"# {Path(trace).parent.name}/{Path(trace).name}\n{summarise_trace(trace).operator_table()}"
+             for trace in traces]
     write_text_atomically(path, "\n".join(parts))
     logger.info("operator tables written to %s", path)
     return path

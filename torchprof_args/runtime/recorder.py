@@ -181,7 +181,7 @@ class Recorder:
         when = self.config.memory_categories
         if when == "off" or (when == "first" and self._categorised):
             return None
-        from torchprof_args.analysis.memory.exported import exporter_companion
+        from torchprof_args.analysis.staged import exporter_companion
 
         return exporter_companion(profiler)
 

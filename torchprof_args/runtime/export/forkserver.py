@@ -50,8 +50,7 @@ _MESSAGE_BYTES = 8192
 #: Modules a worker needs, imported by the server before it says it is ready.
 PRELOAD = (
     "torchprof_args.runtime.export.publisher",
-    "torchprof_args.analysis.collect.trace_results",
-    "torchprof_args.analysis.render.text",
+    "torchprof_args.analysis.staged",
 )
 
 
@@ -114,17 +113,13 @@ def _warm_up() -> None:
     (about 10 ms of each worker's CPU) is paid here, once, and the workers inherit it.  Best effort."""
     import tempfile
 
-    from torchprof_args.analysis.collect.trace_results import SUMMARY, parse_results
-    from torchprof_args.analysis.render.text import format_operator_table
+    from torchprof_args.analysis.staged import summarise_trace
 
     with contextlib.suppress(Exception), tempfile.TemporaryDirectory(prefix="torchprof-warm-up-") as folder:
         trace = os.path.join(folder, "warm-up.pt.trace.json")
         with open(trace, "wb") as handle:
             handle.write(_WARM_UP_TRACE)
-        outcome = parse_results(trace, (SUMMARY,), top=None, write=True, workers=1,
-                                target=Path(folder) / "warm-up.summary.json")
-        if outcome.results is not None and outcome.results.summary is not None:
-            format_operator_table(outcome.results.summary, rows=30)
+        summarise_trace(trace, sidecar=Path(folder) / "warm-up.summary.json").operator_table()
 
 
 def _serve(control: socket.socket, wakeup: int, staging: list[str], output: str) -> None:

@@ -27,7 +27,6 @@ from pathlib import Path
 from types import FrameType
 
 from torchprof_args.atomic import atomic_output
-from torchprof_args.errors import TraceError
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.export.compress import copy_compressed
 from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
@@ -125,27 +124,16 @@ def _write_summary_files(staged: Path, job: PublishJob, published: Path,
     (``summaries/<stem>.operator_table.txt``); returns the operator table's path and the sidecar's
     parts left out (over what is left of the trace's analysis budget, ``--torch-profile-analysis-budget``:
     the summary always fits, the rest is computed from the trace when a command asks)."""
-    from torchprof_args.analysis.collect.trace_results import MEMORY, SUMMARY, parse_results
-    from torchprof_args.analysis.memory.exported import read_exported
-    from torchprof_args.analysis.render.text import format_operator_table
+    from torchprof_args.analysis.staged import summarise_trace
 
-    sidecar = Path(job.sidecar_path) if job.sidecar_path else None
     # a diagnosis that fails must not cost the trace its summary: it is stored as null, and
     # `torchprof diagnose` then parses the trace; the memory part is the exporter's when it wrote one.
-    # One decoding process: decoding processes beside the training processes would only take more of
-    # their cores, caches and memory bandwidth.
-    memory_path = job.memory_path
-    given = {MEMORY.name: lambda trace: read_exported(memory_path, trace)} if memory_path else None
-    outcome = parse_results(staged, (SUMMARY,), top=None, write=sidecar is not None, workers=1,
-                            describes=published, target=sidecar, given=given, budget=job.analysis_deadline())
-    if outcome.results is None or outcome.results.summary is None:
-        raise TraceError(str(outcome.error or f"{staged}: no summary"))
-    if outcome.error:  # the sidecar could not be written
-        raise OSError(str(outcome.error))
-    summary = outcome.results.summary
+    summarised = summarise_trace(staged, published=published,
+                                 sidecar=Path(job.sidecar_path) if job.sidecar_path else None,
+                                 exporter_memory=job.memory_path, budget=job.analysis_deadline())
     with atomic_output(operator_table, "w", fsync=True) as handle:
-        handle.write(format_operator_table(summary, rows=job.operator_table_rows))
-    return operator_table, dict(outcome.left_out)
+        handle.write(summarised.operator_table(rows=job.operator_table_rows))
+    return operator_table, summarised.left_out
 
 
 def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
