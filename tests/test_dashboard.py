@@ -90,15 +90,17 @@ def test_heatmap_panels_draw_the_per_rank_series() -> None:
     """A straggler-score panel per timer with a per-rank series (the one heatmap, tests/test_heatmap.py:
     folding, colours), its scores as given, at the line panels' width; none without the series."""
     from torchprof_args.analysis.dashboard.render import render_html
+    from torchprof_args.shared.metrics_log import MetricsRecord
 
-    records = [{"iteration": i, "metrics": {"stragglers/fwd-score-max": 1.5},
-                "per_rank": {"stragglers/fwd-score": [1.0, 1.5 if i >= 4 else 1.0]}} for i in range(2, 12, 2)]
+    records = [MetricsRecord(i, 100.0 + i, {"stragglers/fwd-score-max": 1.5},
+                             {"stragglers/fwd-score": [1.0, 1.5 if i >= 4 else 1.0]})
+               for i in range(2, 12, 2)]
     page = render_html(records, DEFAULT_SPEC)
     assert page.count('<svg class="panel heatmap"') == 1 and 'width="420"' in page
     assert 'class="title">fwd (x median, per rank)' in page
     assert "<title>rank 1, iteration 4: 1.50x</title>" in page
     assert "2x+ (white: the other ranks' median)" in page
-    bare = [{**record, "per_rank": {}} for record in records]
+    bare = [MetricsRecord(r.iteration, r.timestamp, r.metrics) for r in records]
     assert 'class="panel heatmap"' not in render_html(bare, DEFAULT_SPEC)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.examples import run_doc_example
 
-from torchprof_args.shared.metrics_log import is_marker
+from torchprof_args.shared.metrics_log import read_records
 
 
 def _profiler_steps(path: Path) -> list[int]:
@@ -50,12 +50,11 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
     assert len(published) == 1 and "rank 0]" in published[0], published  # DeepSpeed writes it on rank 0 only
     assert not list(prof.rglob(".partial-*"))
 
-    lines = [json.loads(line) for line in (prof / "metrics.jsonl").read_text().splitlines()]
-    records = [r for r in lines if not is_marker(r)]  # each run's run / run_end lines are not intervals
-    assert [r["iteration"] for r in records][:3] == [2, 4, 6]
+    records = read_records(prof / "metrics.jsonl")  # each run's run / run_end lines are not intervals
+    assert [r.iteration for r in records][:3] == [2, 4, 6]
     for name in ("fwd", "bwd", "bwd_allreduce", "step"):
-        assert records[0]["metrics"][f"deepspeed/{name}-ms"] > 0
-        assert len(records[0]["per_rank"][f"deepspeed/{name}-ms"]) == 2
+        assert records[0].metrics[f"deepspeed/{name}-ms"] > 0
+        assert len(records[0].per_rank[f"deepspeed/{name}-ms"]) == 2
 
     # model FLOPs per optimizer step from DeepSpeed's flops profiler (profile_step 2: the step after
     # 2 finished ones, rank 0): its forward FLOPs per GPU x3 (forward + backward) x 2 micro-batches x
@@ -63,11 +62,11 @@ def test_readme_example_optimizer_steps_timers_flops_report_and_resume(tmp_path)
     value, unit = re.search(r"fwd flops per GPU:\s+([0-9.]+) ?([KMGT]?)", report).groups()
     forward = float(value) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[unit]
     assert "Profile Summary at step 3" in report
-    assert "throughput" not in records[0]["metrics"]  # step 2: not measured yet
+    assert "throughput" not in records[0].metrics  # step 2: not measured yet
     for record in records[1:3]:  # the first run: steps 4, 6
-        metrics = record["metrics"]
+        metrics = record.metrics
         assert metrics["throughput/model-flops-per-iteration"] == pytest.approx(3 * forward * 2 * 2, rel=1e-2)
-        assert record["per_rank"]["throughput/model-flops-per-iteration"][1] is None  # measured on rank 0
+        assert record.per_rank["throughput/model-flops-per-iteration"][1] is None  # measured on rank 0
         assert metrics["throughput"] == pytest.approx(
             metrics["throughput/model-flops-per-iteration"] / metrics["iteration-time"] / 2 / 1e12)
 

@@ -12,7 +12,7 @@ import pytest
 from helpers.paths import REPO
 from helpers.processes import run_torchrun, subprocess_env
 
-from torchprof_args.shared.metrics_log import is_marker
+from torchprof_args.shared.metrics_log import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +52,11 @@ def test_two_rank_training_job_traces_both_ranks(tmp_path):
     _tools_use_the_sidecars(tb, cycles)
     assert "iteration    6/6" in run.stdout
     # Step timers of both ranks reach the metrics file, including the profiler's own step.
-    lines = [json.loads(line) for line in (tb / "metrics.jsonl").read_text().splitlines()]
-    records = [r for r in lines if not is_marker(r)]  # each run's run / run_end lines are not intervals
-    assert [r["iteration"] for r in records] == [2, 4, 6]
+    records = read_records(tb / "metrics.jsonl")  # each run's run / run_end lines are not intervals
+    assert [r.iteration for r in records] == [2, 4, 6]
     for key in ("timers/forward-backward-time", "timers/optimizer-time", "timers/batch-generator-time",
                 "timers/profiler-step-time", "iteration-time", "throughput/tokens-per-sec"):
-        assert all(key in r["metrics"] for r in records), key
+        assert all(key in r.metrics for r in records), key
     html = tmp_path / "timings.html"
     dashboard = subprocess.run([sys.executable, "-m", "torchprof_args", "dashboard", str(tb),
                                 "-o", str(html)], capture_output=True, text=True, env=subprocess_env())

@@ -17,8 +17,8 @@ from torchprof_args import MetricsWriter
 from torchprof_args.console import main as torchprof
 from torchprof_args.metrics.config import MetricsConfig
 from torchprof_args.metrics.goodput import CATEGORIES, build_ledger
-from torchprof_args.metrics.sinks import JsonlSink, read_metrics_file
-from torchprof_args.shared.metrics_log import RunMarker, read_runs
+from torchprof_args.metrics.sinks import JsonlSink
+from torchprof_args.shared.metrics_log import RUN_VERSION, RunMarker, read_records, read_runs
 
 JOB = REPO / "tests" / "jobs" / "operations_job.py"
 
@@ -114,12 +114,36 @@ def test_runs_are_marked_and_old_readers_still_read_the_file(tmp_path: Path) -> 
     segments = read_runs(tmp_path / "metrics.jsonl")
     assert [s.marker.start_iteration for s in segments] == [0, 2]
     assert all(s.end is not None and s.marker.process_start <= s.marker.writer_start for s in segments)
-    assert [[r["iteration"] for r in s.records] for s in segments] == [[1, 2], [3, 4]]
-    assert [r["iteration"] for r in read_metrics_file(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [[r.iteration for r in s.records] for s in segments] == [[1, 2], [3, 4]]
+    assert [r.iteration for r in read_records(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
     # every line, markers included, is a record a reader without markers understands
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         assert isinstance(record["iteration"], int) and isinstance(record["metrics"], dict)
+
+
+def test_a_run_of_a_newer_format_is_refused_in_one_line(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "metrics.jsonl"
+    newer = RunMarker("r1", 10.0, 0, 9.0, 1, "h", 1).record()
+    newer["run"]["version"] = RUN_VERSION + 1
+    path.write_text(json.dumps(newer) + "\n" + _line(2, 12.0, **{"iteration-time": 1.0}) + "\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:1: .*newer than this torchprof-args reads"):
+        read_runs(path)
+    assert torchprof(["goodput", str(tmp_path)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "upgrade torchprof-args" in err[0] and "Traceback" not in err[0]
+
+
+def test_records_are_typed_and_a_line_of_another_shape_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    bad = '{"iteration": "three", "timestamp": 13.0}'
+    path.write_text(_line(2, 12.0, **{"iteration-time": 1}) + "\n" + bad + "\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a metrics record"):
+        read_records(path)
+    path.write_text(_line(2, 12.0, **{"iteration-time": 1}) + "\n")
+    (record,) = read_records(path)
+    assert record.iteration == 2 and record.metrics == {"iteration-time": 1.0} and record.per_rank == {}
 
 
 def test_a_silent_process_says_it_is_alive(tmp_path: Path) -> None:
@@ -144,7 +168,7 @@ def test_lines_from_before_markers_form_one_run(tmp_path: Path) -> None:
         + '{"iteration": 6, "times'
     )  # a truncated last line
     (segment,) = read_runs(path)
-    assert segment.marker is None and [r["iteration"] for r in segment.records] == [2, 4]
+    assert segment.marker is None and [r.iteration for r in segment.records] == [2, 4]
     ledger = build_ledger([segment])
     assert ledger.wall_s == pytest.approx(3.0) and ledger.productive_s == pytest.approx(3.0)
     assert ledger.notes
@@ -263,7 +287,7 @@ def test_goodput_of_a_job_with_known_costs_killed_and_restarted(tmp_path: Path) 
     assert [s.marker.start_iteration for s in segments] == [0, 12] and segments[0].end is None
     ledger = build_ledger(segments)
     lost = ledger.lost_s
-    logged = [[r["iteration"] for r in s.records] for s in segments]
+    logged = [[r.iteration for r in s.records] for s in segments]
 
     # start-up: the 4 s slept, over what each process took to get there without it (the second one's
     # includes its 0.5 s checkpoint load, which the ledger counts as checkpoint time)
@@ -286,7 +310,7 @@ def test_goodput_of_a_job_with_known_costs_killed_and_restarted(tmp_path: Path) 
     assert lost["hang"] == pytest.approx(0.0, abs=0.05)
     # profiling: the flush stalls the runtime measured, all of them; its estimates of the slowdown of the
     # recorded steps and of the steps beside the publisher only as far as the timers leave room
-    final = [s.records[-1]["metrics"] for s in segments]
+    final = [s.records[-1].metrics for s in segments]
     assert ledger.profiling_s["flush"] == pytest.approx(sum(m["profiler/flush_seconds_total"] for m in final))
     assert ledger.profiling_s["flush"] > 0
     assert (

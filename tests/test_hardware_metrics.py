@@ -24,8 +24,8 @@ from torchprof_args.metrics.config import MetricsConfig
 from torchprof_args.metrics.hardware import DeviceReadings, hardware_reason, throttle_text
 from torchprof_args.metrics.health import AllocRetryWatch
 from torchprof_args.metrics.mfu import PeakResolver, flops_value, throughput_figures
-from torchprof_args.metrics.sinks import read_metrics_file
 from torchprof_args.metrics.stragglers import StragglerTracker
+from torchprof_args.shared.metrics_log import read_records
 
 GIB = 2**30
 
@@ -134,8 +134,8 @@ def test_single_process_writer_logs_mfu_allocator_and_gpu_series(tmp_path: Path)
     assert metrics["throughput"] == pytest.approx(4.0) and metrics["mfu"] == pytest.approx(50.0)
     assert metrics["gpu/sm-clock-mhz"] == metrics["gpu/sm-clock-mhz-min"] == 1980.0
     assert metrics["memory/fragmentation-gb"] == 4.0 and metrics["memory/alloc-retries"] == 2.0
-    record, = read_metrics_file(tmp_path / "metrics.jsonl")
-    assert record["per_rank"]["gpu/temperature-c"] == [60.0]
+    record, = read_records(tmp_path / "metrics.jsonl")
+    assert record.per_rank["gpu/temperature-c"] == [60.0]
 
 
 @pytest.mark.slow
@@ -157,13 +157,13 @@ def test_two_ranks_one_collective_reasons_and_allocator_warning(tmp_path: Path) 
         assert entry["stragglers"] and all(w.endswith(reason) for w in entry["stragglers"])
         assert [w.split(":")[0] for w in entry["alloc_warnings"]] == [
             "CUDA allocator retries grew in iterations 1-2", "CUDA allocator retries grew in iterations 4-5"]
-    records = read_metrics_file(tmp_path / "metrics" / "metrics.jsonl")
-    assert [r["per_rank"]["gpu/sm-clock-mhz"] for r in records] == [[1980.0, 1410.0]] * 6
-    assert records[-1]["per_rank"]["memory/alloc-retries"] == [0.0, 9.0]
+    records = read_records(tmp_path / "metrics" / "metrics.jsonl")
+    assert [r.per_rank["gpu/sm-clock-mhz"] for r in records] == [[1980.0, 1410.0]] * 6
+    assert records[-1].per_rank["memory/alloc-retries"] == [0.0, 9.0]
     stderr = result.stderr
     assert stderr.count("[torchprof rank 0] CUDA allocator retries grew") == 2
     assert "[torchprof rank 1] CUDA allocator retries grew" not in stderr
-    assert "thermal slowdown" in stderr and records[0]["metrics"]["mfu"] == pytest.approx(40.0)
+    assert "thermal slowdown" in stderr and records[0].metrics["mfu"] == pytest.approx(40.0)
 
     # the dashboard of the same run: MFU and allocator panels, per-rank heatmaps of clock, power and
     # temperature relative to each interval's median (rank 1's clock: 1410 / 1695 = 0.83x)
@@ -193,8 +193,8 @@ def test_readings_failing_on_one_rank_mid_run_do_not_stop_training(tmp_path: Pat
     for rank, entry in rank_results(tmp_path).items():
         assert [i["collectives"] for i in entry["intervals"]] == [3, 1, 1, 4, 1, 1], rank
         assert entry["intervals"][-1]["metrics"]["gpu/sm-clock-mhz-min"] == 1980.0  # rank 0's only
-    records = read_metrics_file(tmp_path / "metrics" / "metrics.jsonl")
-    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert [r["per_rank"]["gpu/sm-clock-mhz"] for r in records[2:]] == [
+    records = read_records(tmp_path / "metrics" / "metrics.jsonl")
+    assert [r.iteration for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r.per_rank["gpu/sm-clock-mhz"] for r in records[2:]] == [
         [1980.0, 1410.0], [1980.0, None], [1980.0, None], [1980.0, None]]
-    assert records[-1]["per_rank"]["memory/alloc-retries"] == [0.0, None]
+    assert records[-1].per_rank["memory/alloc-retries"] == [0.0, None]

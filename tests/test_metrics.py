@@ -20,7 +20,7 @@ from torchprof_args.metrics.config import (
     wandb_credentials_present,
 )
 from torchprof_args.metrics.flops import transformer_flops_per_iteration
-from torchprof_args.metrics.sinks import read_metrics_file
+from torchprof_args.shared.metrics_log import read_records
 
 TIMER_NAMES = ("batch-generator", "forward-backward", "optimizer")
 
@@ -83,10 +83,10 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) -> None:
-    records = read_metrics_file(two_rank_run / "metrics.jsonl")
-    assert [r["iteration"] for r in records] == [2, 4, 6, 8]
+    records = read_records(two_rank_run / "metrics.jsonl")
+    assert [r.iteration for r in records] == [2, 4, 6, 8]
     for record in records:
-        metrics = record["metrics"]
+        metrics = record.metrics
         for name in TIMER_NAMES:
             assert 0 < metrics[f"timers/{name}-time-min"] <= metrics[f"timers/{name}-time"], name
         assert "timers/not-logged-time" not in metrics  # level 2 timer above --timing-log-level 0
@@ -95,7 +95,7 @@ def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) ->
         assert metrics["throughput"] > 0
         assert metrics["memory/host-max-rss-gb"] > 0
         assert metrics["profiler/trace_mb"] == 2.5 and metrics["profiler/trace_mb-min"] == 1.5
-        per_rank = record["per_rank"]
+        per_rank = record.per_rank
         assert per_rank["profiler/trace_mb"] == [1.5, 2.5]
         assert len(per_rank["timers/forward-backward-time"]) == 2
         # rank 1 sleeps 10 ms longer in batch-generator: the max is rank 1's value
@@ -106,7 +106,7 @@ def test_metrics_jsonl_has_every_interval_with_min_le_max(two_rank_run: Path) ->
             values = per_rank[f"timers/{name}-time"]
             assert (metrics[f"timers/{name}-time-min"], metrics[f"timers/{name}-time"]) == (
                 min(values), max(values))
-    flush = [r["metrics"]["profiler/flush_seconds"] for r in records]
+    flush = [r.metrics["profiler/flush_seconds"] for r in records]
     assert flush == sorted(flush) and flush[-1] == pytest.approx(0.16)
 
 
@@ -117,8 +117,8 @@ def test_slowest_rank_and_straggler_scores_in_metrics_and_heatmap(two_rank_run: 
     heatmap."""
     from torchprof_args.console import main as torchprof
 
-    for record in read_metrics_file(two_rank_run / "metrics.jsonl"):
-        metrics, per_rank = record["metrics"], record["per_rank"]
+    for record in read_records(two_rank_run / "metrics.jsonl"):
+        metrics, per_rank = record.metrics, record.per_rank
         times = per_rank["timers/batch-generator-time"]  # rank 1 sleeps 10 ms longer there (as a rule)
         assert metrics["timers/batch-generator-time-max-rank"] == float(times.index(max(times)))
         # optimizer goes through Megatron-style timers.write: its scalars, but no per-rank series
@@ -151,7 +151,7 @@ def test_tensorboard_events_hold_the_same_series(two_rank_run: Path) -> None:
     for name in TIMER_NAMES:
         assert {f"timers/{name}-time", f"timers/{name}-time-min"} <= tags
     assert {"iteration-time", "throughput/samples-per-sec", "profiler/flush_seconds"} <= tags
-    jsonl = {r["iteration"]: r["metrics"] for r in read_metrics_file(two_rank_run / "metrics.jsonl")}
+    jsonl = {r.iteration: r.metrics for r in read_records(two_rank_run / "metrics.jsonl")}
     for name in TIMER_NAMES:
         highs = events.Scalars(f"timers/{name}-time")
         lows = events.Scalars(f"timers/{name}-time-min")
@@ -165,7 +165,7 @@ def test_tensorboard_events_hold_the_same_series(two_rank_run: Path) -> None:
 def test_wandb_offline_run_holds_the_same_series(two_rank_run: Path) -> None:
     history = _read_wandb_history(two_rank_run)
     assert [row["iteration"] for row in history] == [2, 4, 6, 8]
-    jsonl = {r["iteration"]: r["metrics"] for r in read_metrics_file(two_rank_run / "metrics.jsonl")}
+    jsonl = {r.iteration: r.metrics for r in read_records(two_rank_run / "metrics.jsonl")}
     for row in history:
         for name in TIMER_NAMES:
             assert row[f"timers/{name}-time-min"] <= row[f"timers/{name}-time"]
@@ -197,9 +197,9 @@ def test_wandb_failing_mid_run_warns_once_and_other_sinks_go_on(
     assert writer.sink_names == []
     assert caplog.text.count("wandb metrics stopped") == 1
     assert "wandb metrics stopped at iteration 2" in caplog.text
-    records = read_metrics_file(tmp_path / "run" / "metrics.jsonl")
-    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
-    assert all("timers/step-time" in r["metrics"] for r in records)
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert [r.iteration for r in records] == [1, 2, 3, 4]
+    assert all("timers/step-time" in r.metrics for r in records)
 
 
 def test_wandb_not_installed_warns_and_the_rest_works(
@@ -211,8 +211,8 @@ def test_wandb_not_installed_warns_and_the_rest_works(
     writer.log_step(1, iteration_time=0.5, samples=4)
     writer.close()
     assert "wandb metrics are off" in caplog.text
-    (record,) = read_metrics_file(tmp_path / "run" / "metrics.jsonl")
-    assert record["metrics"]["throughput/samples-per-sec"] == 8.0
+    (record,) = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert record.metrics["throughput/samples-per-sec"] == 8.0
 
 
 def test_add_scalar_and_log_buffer_per_iteration(tmp_path: Path) -> None:
@@ -223,9 +223,9 @@ def test_add_scalar_and_log_buffer_per_iteration(tmp_path: Path) -> None:
     writer.add_scalar("a", 3.0, 20)  # a new iteration flushes the previous one
     writer.log_step(20, iteration_time=1.0)
     writer.close()
-    records = read_metrics_file(tmp_path / "metrics.jsonl")
-    assert records[0]["metrics"] == {"a": 1.0, "b": 2.0}
-    assert records[1]["metrics"]["a"] == 3.0 and records[1]["metrics"]["iteration-time"] == 1.0
+    records = read_records(tmp_path / "metrics.jsonl")
+    assert records[0].metrics == {"a": 1.0, "b": 2.0}
+    assert records[1].metrics["a"] == 3.0 and records[1].metrics["iteration-time"] == 1.0
 
 
 def test_non_writing_rank_has_no_sinks(tmp_path: Path) -> None:

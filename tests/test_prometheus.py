@@ -26,8 +26,7 @@ from torchprof_args.analysis.dashboard.grafana import grafana_dashboard
 from torchprof_args.analysis.dashboard.spec import DEFAULT_SPEC
 from torchprof_args.metrics.config import MetricsConfig, PrometheusConfig
 from torchprof_args.metrics.prometheus import PrometheusSink
-from torchprof_args.metrics.sinks import read_metrics_file
-from torchprof_args.shared.metrics_log import RunMarker
+from torchprof_args.shared.metrics_log import RunMarker, read_records
 from torchprof_args.shared.prometheus_names import metric_name
 
 JOB = REPO / "tests" / "jobs" / "operations_job.py"
@@ -71,11 +70,11 @@ def test_endpoint_serves_every_scalar_and_per_rank_series_of_the_last_record(tmp
         scraped = _scrape(_sink(writer).port)
     finally:
         writer.close()
-    record = read_metrics_file(tmp_path / "run" / "metrics.jsonl")[-1]
-    assert record["iteration"] == 3 and scraped[("torchprof_iteration", ())] == 3
-    for key, value in record["metrics"].items():
+    record = read_records(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert record.iteration == 3 and scraped[("torchprof_iteration", ())] == 3
+    for key, value in record.metrics.items():
         assert scraped[(metric_name(key), ())] == value, key
-    for key, values in record["per_rank"].items():
+    for key, values in record.per_rank.items():
         assert scraped[(metric_name(key) + "_by_rank", (("rank", "0"),))] == values[0], key
     lost = {
         labels[0][1]: v for (name, labels), v in scraped.items() if name == "torchprof_goodput_lost_seconds"
@@ -103,7 +102,7 @@ def test_port_in_use_one_warning_and_the_other_sinks_go_on(tmp_path: Path, logs)
         for iteration in (1, 2):
             writer.log_step(iteration)
         writer.close()
-    assert writer.sink_names == [] and len(read_metrics_file(tmp_path / "run" / "metrics.jsonl")) == 2
+    assert writer.sink_names == [] and len(read_records(tmp_path / "run" / "metrics.jsonl")) == 2
     warnings = logs.at(logging.WARNING)
     assert len(warnings) == 1
     assert f"cannot listen on 127.0.0.1:{port}" in warnings[0] and "--metrics-prometheus-port" in warnings[0]
@@ -251,11 +250,11 @@ def test_real_prometheus_scrapes_a_two_rank_job_through_restart_and_port_taken(t
         job = start_torchrun(JOB, *_job_args(tmp_path, "first", port), cwd=tmp_path / "first")
         _wait_for(tmp_path / "first" / "hold.waiting", job)
         server.wait_for("torchprof_iteration", lambda v: v == 8)
-        record = read_metrics_file(tmp_path / "first" / "metrics" / "metrics.jsonl")[-1]
-        server.wait_for("torchprof_iteration_time", lambda v: v == record["metrics"]["iteration-time"])
-        for key, value in record["metrics"].items():
+        record = read_records(tmp_path / "first" / "metrics" / "metrics.jsonl")[-1]
+        server.wait_for("torchprof_iteration_time", lambda v: v == record.metrics["iteration-time"])
+        for key, value in record.metrics.items():
             assert server.value(metric_name(key)) == pytest.approx(value, rel=1e-12), key
-        for key, values in record["per_rank"].items():
+        for key, values in record.per_rank.items():
             scraped = server.query(metric_name(key) + "_by_rank")
             assert scraped == pytest.approx(
                 {(("rank", str(r)),): v for r, v in enumerate(values) if v is not None}
@@ -317,8 +316,8 @@ def test_real_prometheus_scrapes_a_two_rank_job_through_restart_and_port_taken(t
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if "Prometheus metrics are off" in line]
     assert len(warnings) == 1 and f"cannot listen on 127.0.0.1:{port}" in warnings[0]
-    records = read_metrics_file(tmp_path / "third" / "metrics" / "metrics.jsonl")
-    assert [r["iteration"] for r in records] == [2, 4, 6, 8]
+    records = read_records(tmp_path / "third" / "metrics" / "metrics.jsonl")
+    assert [r.iteration for r in records] == [2, 4, 6, 8]
     assert set(rank_results(tmp_path / "third" / "results")) == {0, 1}
 
 
@@ -331,8 +330,8 @@ def test_operations_guide_prometheus_example(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     scraped = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines() if line.startswith("torchprof_"))
     assert float(scraped["torchprof_iteration"]) == 8.0
-    record = read_metrics_file(tmp_path / "run" / "metrics.jsonl")[-1]
-    assert float(scraped["torchprof_iteration_time"]) == record["metrics"]["iteration-time"]
+    record = read_records(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert float(scraped["torchprof_iteration_time"]) == record.metrics["iteration-time"]
     slow, fast = (
         float(scraped[f'torchprof_timers_batch_generator_time_by_rank{{rank="{r}"}}']) for r in (1, 0)
     )

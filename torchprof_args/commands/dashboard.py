@@ -16,6 +16,7 @@ from typing import Any
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError
+from torchprof_args.shared.metrics_log import MetricsRecord, read_records
 
 __all__ = ["register"]
 
@@ -85,11 +86,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _records(metrics_path: Path) -> list[dict[str, Any]]:
-    from torchprof_args.metrics.sinks import read_metrics_file
-
+def _records(metrics_path: Path) -> list[MetricsRecord]:
     try:
-        return read_metrics_file(metrics_path)
+        return read_records(metrics_path)
     except ValueError as err:
         raise CommandError(str(err)) from None
 
@@ -111,7 +110,7 @@ def _run_info(run_dir: str) -> dict[str, Any]:
 
 
 def _save_wandb_view(args: argparse.Namespace, spec: dict[str, Any],
-                     records: list[dict[str, Any]] | None) -> int:
+                     records: list[MetricsRecord] | None) -> int:
     from torchprof_args.analysis.dashboard.wandb_view import build_wandb_workspace, workspace_json
     from torchprof_args.metrics.config import wandb_credentials_present
 
@@ -123,7 +122,7 @@ def _save_wandb_view(args: argparse.Namespace, spec: dict[str, Any],
     if not entity and not args.dry_run:
         raise CommandError("--wandb needs --entity (the run was logged without one): pass your wandb user "
                            "or team.")
-    keys = sorted({k for r in records for k in r.get("metrics", {})}) if records else None
+    keys = sorted({k for r in records for k in r.metrics}) if records else None
     try:
         workspace = build_wandb_workspace(spec, keys, entity=entity or "ENTITY", project=project,
                                           name=args.view_name)

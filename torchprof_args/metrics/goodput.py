@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchprof_args.shared.metrics_log import RunSegment
+from torchprof_args.shared.metrics_log import MetricsRecord, RunSegment
 
 __all__ = ["CATEGORIES", "LOAD_TIMERS", "TIMER_CATEGORIES", "Ledger", "build_ledger"]
 
@@ -163,12 +163,12 @@ def _segment_pieces(
         previous_time, previous_iteration = marker.writer_start, marker.start_iteration
     else:
         first = records[0]
-        previous_iteration = first["iteration"] - 1
-        previous_time = first["timestamp"] - float(first["metrics"].get("iteration-time", 0.0))
+        previous_iteration = first.iteration - 1
+        previous_time = first.timestamp - float(first.metrics.get("iteration-time", 0.0))
         ledger.notes.append("lines written before runs were marked: no start-up for them")
     resume = following.marker.start_iteration if following is not None and following.marker else None
     pieces: list[_Piece] = []
-    load = _timer_seconds(records[0]["metrics"], LOAD_TIMERS, records[0]["iteration"] - previous_iteration)
+    load = _timer_seconds(records[0].metrics, LOAD_TIMERS, records[0].iteration - previous_iteration)
     if marker is not None and marker.process_start is not None:
         startup = max(0.0, marker.writer_start - marker.process_start)
         in_startup = min(load, startup)
@@ -181,12 +181,12 @@ def _segment_pieces(
             )
         )
     intervals = _intervals(records, previous_time, previous_iteration, timers, load)
-    ledger.windows_skipped += int(records[-1]["metrics"].get("profiler/windows_skipped", 0))
+    ledger.windows_skipped += int(records[-1].metrics.get("profiler/windows_skipped", 0))
     quiet = _quiet_step(intervals)
     pieces += [_interval_piece(interval, quiet, resume) for interval in intervals]
     walls = [interval.end - interval.start for interval in intervals]
     finish = open_end if open_end is not None else segment.finish
-    last = records[-1]["timestamp"]
+    last = records[-1].timestamp
     if finish is not None and finish > last:
         pieces.append(
             _tail(
@@ -219,7 +219,7 @@ class _Interval:
 
 
 def _intervals(
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[MetricsRecord],
     start: float,
     first_iteration: int,
     timers: Mapping[str, Sequence[str]],
@@ -228,7 +228,7 @@ def _intervals(
     totals = dict.fromkeys((*PROFILING_TOTALS.values(), COST_TOTAL), 0.0)
     out = []
     for record in records:
-        end, iteration, metrics = record["timestamp"], record["iteration"], record["metrics"]
+        end, iteration, metrics = record.timestamp, record.iteration, record.metrics
         steps = iteration - first_iteration
         cost = _growth(metrics, COST_TOTAL, totals)
         grown = {name: _growth(metrics, key, totals) for name, key in PROFILING_TOTALS.items()}
@@ -330,7 +330,7 @@ def _run_summary(segment: RunSegment) -> dict[str, Any]:
         "end": segment.finish,
         "closed": segment.end is not None,
         "start_iteration": marker.start_iteration if marker else None,
-        "last_iteration": segment.records[-1]["iteration"] if segment.records else None,
+        "last_iteration": segment.records[-1].iteration if segment.records else None,
     }
 
 

@@ -40,7 +40,7 @@ from torchprof_args.metrics.goodput import (
     TIMER_CATEGORIES,
     build_ledger,
 )
-from torchprof_args.shared.metrics_log import RunMarker, RunSegment
+from torchprof_args.shared.metrics_log import MetricsRecord, RunMarker, RunSegment
 from torchprof_args.shared.prometheus_names import PER_RANK_SUFFIX, PREFIX, metric_name
 
 __all__ = ["PrometheusSink"]
@@ -69,31 +69,26 @@ class _Window:
 
     def __init__(self, run: RunMarker, seconds: float) -> None:
         self.run, self.seconds = run, seconds
-        self.records: list[dict[str, Any]] = []
-        self.floor: dict[str, Any] | None = None
+        self.records: list[MetricsRecord] = []
+        self.floor: MetricsRecord | None = None
 
     def add(self, iteration: int, timestamp: float, metrics: Mapping[str, float]) -> None:
-        self.records.append(
-            {
-                "iteration": iteration,
-                "timestamp": timestamp,
-                "metrics": {k: v for k, v in metrics.items() if _ledger_key(k)},
-            }
-        )
-        old = [r for r in self.records if r["timestamp"] < timestamp - self.seconds]
+        kept = {key: value for key, value in metrics.items() if _ledger_key(key)}
+        self.records.append(MetricsRecord(iteration, timestamp, kept))
+        old = [r for r in self.records if r.timestamp < timestamp - self.seconds]
         if len(old) > max(16, len(self.records) // 2):  # fold in batches: O(1) amortised per record
-            self.floor = old[-1]
+            floor = old[-1]
+            self.floor = MetricsRecord(floor.iteration, floor.timestamp, {})
             self.records = self.records[len(old) :]
             for record in self.records:  # the profiler's totals count from the floor
                 for key in (COST_TOTAL, *PROFILING_TOTALS.values()):
-                    if key in record["metrics"] and key in self.floor["metrics"]:
-                        record["metrics"][key] -= self.floor["metrics"][key]
-            self.floor["metrics"] = {}
+                    if key in record.metrics and key in floor.metrics:
+                        record.metrics[key] -= floor.metrics[key]
 
     def segment(self) -> RunSegment:
         run = self.run
         if self.floor is not None:
-            run = RunMarker(run.id, self.floor["timestamp"], self.floor["iteration"], None, run.world_size)
+            run = RunMarker(run.id, self.floor.timestamp, self.floor.iteration, None, run.world_size)
         return RunSegment(run, list(self.records))
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import threading
 import time
 import weakref
@@ -24,13 +23,12 @@ from torchprof_args.shared.metrics_log import (
     ALIVE_KEY,
     ALIVE_SECONDS,
     END_KEY,
+    MetricsRecord,
     RunMarker,
-    is_marker,
     marker_line,
 )
 
-__all__ = ["DictLogger", "JsonlSink", "ScalarWriter", "Sink", "TensorBoardSink", "WandbSink",
-           "read_metrics_file"]
+__all__ = ["DictLogger", "JsonlSink", "ScalarWriter", "Sink", "TensorBoardSink", "WandbSink"]
 
 
 class ScalarWriter(Protocol):
@@ -95,11 +93,8 @@ class JsonlSink:
             self._last_write = time.time()
 
     def write(self, iteration: int, metrics: Mapping[str, float], per_rank: Mapping[str, list]) -> None:
-        record: dict[str, Any] = {"iteration": iteration, "timestamp": time.time(), "metrics": dict(metrics)}
-        if per_rank:
-            record["per_rank"] = dict(per_rank)
         self._iteration = iteration
-        self._line(record)
+        self._line(MetricsRecord(iteration, time.time(), dict(metrics), dict(per_rank)).to_line())
 
     def alive(self) -> None:
         """Say the process is alive when nothing was written for a while (the daemon thread)."""
@@ -193,33 +188,3 @@ class WandbSink:
     def close(self) -> None:
         if self._owns_run:
             self._run.finish()
-
-
-def read_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` sorted by iteration (a later record for the same
-    iteration, e.g. after a restart, wins; the runs' marker lines are left out:
-    :func:`~torchprof_args.shared.metrics_log.read_runs` reads them).  A truncated last line (a crash
-    mid-write) is skipped; any other bad line is an error naming the file and line."""
-    path = Path(path)
-    by_iteration: dict[int, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.readlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            iteration = int(record["iteration"])
-        except (ValueError, KeyError, TypeError) as err:
-            if number == len(lines) and not line.endswith("\n"):
-                continue
-            raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
-        if is_marker(record):
-            continue
-        previous = by_iteration.get(iteration)
-        if previous is not None:
-            merged = dict(previous.get("metrics", {}))
-            merged.update(record.get("metrics", {}))
-            record["metrics"] = merged
-        by_iteration[iteration] = record
-    return [by_iteration[i] for i in sorted(by_iteration)]

@@ -19,13 +19,14 @@ Three kinds of marker line, each a valid metrics record (``iteration``, ``timest
 * ``"run_end"``: written when the writer closes (or at interpreter exit).
 
 :func:`read_runs` splits a file into :class:`RunSegment` s (lines before any marker, written by an
-older version, form one segment without a marker).
+older version, form one segment without a marker) of typed :class:`MetricsRecord` s;
+:func:`read_records` gives the records alone, one per iteration.  A run marker of a newer format
+than :data:`RUN_VERSION` is refused in one line naming the file and line: upgrade the reader.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 import time
@@ -33,16 +34,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 __all__ = [
     "ALIVE_KEY",
     "ALIVE_SECONDS",
     "END_KEY",
     "MARKER_KEYS",
     "RUN_KEY",
+    "RUN_VERSION",
+    "MetricsRecord",
     "RunMarker",
     "RunSegment",
-    "is_marker",
+    "marker_line",
     "process_start_time",
+    "read_records",
     "read_runs",
 ]
 
@@ -52,8 +58,23 @@ ALIVE_KEY = "alive"
 MARKER_KEYS = (RUN_KEY, END_KEY, ALIVE_KEY)
 #: Seconds without a line after which the writer's thread says the process is alive.
 ALIVE_SECONDS = 30.0
-#: The marker's format version.
+#: The marker's format version: a reader refuses a file whose runs say a higher one.
 RUN_VERSION = 1
+
+
+class MetricsRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One log interval's line: the ``iteration`` it ends at, when it was written (``timestamp``,
+    seconds since the epoch), the figures (``metrics``: key -> number, reduced over ranks) and, when
+    ranks were gathered, ``per_rank`` (key -> one value per rank, None where a rank has none)."""
+
+    iteration: int
+    timestamp: float
+    metrics: dict[str, float]
+    per_rank: dict[str, list[float | None]] = {}
+
+    def to_line(self) -> dict[str, Any]:
+        """The record as the line's JSON object."""
+        return msgspec.to_builtins(self)
 
 
 def process_start_time() -> float | None:
@@ -102,8 +123,8 @@ class RunMarker:
         }
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> RunMarker:
-        doc = record[RUN_KEY]
+    def from_doc(cls, doc: dict[str, Any]) -> RunMarker:
+        """The marker of a ``"run"`` line's object (keys it does not know are left out)."""
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in fields})
 
@@ -118,11 +139,6 @@ def marker_line(key: str, run_id: str, iteration: int, timestamp: float | None =
     }
 
 
-def is_marker(record: dict[str, Any]) -> bool:
-    """A marker line, not a metrics record."""
-    return any(key in record for key in MARKER_KEYS)
-
-
 @dataclasses.dataclass
 class RunSegment:
     """One process's lines: its marker (None for lines written before markers existed), its
@@ -130,7 +146,7 @@ class RunSegment:
     last moment it is known to have been alive."""
 
     marker: RunMarker | None
-    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    records: list[MetricsRecord] = dataclasses.field(default_factory=list)
     end: float | None = None
     last_alive: float | None = None
 
@@ -139,7 +155,7 @@ class RunSegment:
         """The process's start, else its writer's, else its first record's time."""
         if self.marker is not None:
             return self.marker.process_start or self.marker.writer_start
-        return self.records[0]["timestamp"] if self.records else None
+        return self.records[0].timestamp if self.records else None
 
     @property
     def finish(self) -> float | None:
@@ -147,35 +163,84 @@ class RunSegment:
         return self.end if self.end is not None else self.last_alive
 
 
+class _Marker(msgspec.Struct):
+    id: str = ""
+
+
+class _Line(msgspec.Struct):
+    """Any line of the file: a record, or a marker (a record with one more key)."""
+
+    iteration: int
+    timestamp: float
+    metrics: dict[str, float] = {}
+    per_rank: dict[str, list[float | None]] = {}
+    run: dict[str, Any] | None = None
+    run_end: _Marker | None = None
+    alive: _Marker | None = None
+
+
+_decode_line = msgspec.json.Decoder(_Line)
+
+
+def _lines(path: Path) -> list[tuple[int, _Line]]:
+    """The file's lines, numbered and decoded.  A truncated last line (a crash mid-write) is skipped;
+    any other bad line, or a run of a newer format, is a ``ValueError`` naming the file and line."""
+    with open(path, "rb") as handle:
+        raw = handle.readlines()
+    lines = []
+    for number, text in enumerate(raw, start=1):
+        if not text.strip():
+            continue
+        try:
+            line = _decode_line.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            if number == len(raw) and not text.endswith(b"\n"):
+                continue
+            raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
+        version = line.run.get("version", 1) if line.run is not None else 1
+        if not isinstance(version, int) or version > RUN_VERSION:
+            raise ValueError(f"{path}:{number}: a run of metrics.jsonl format {version!r}, newer than this "
+                             f"torchprof-args reads ({RUN_VERSION}): upgrade torchprof-args to read it.")
+        lines.append((number, line))
+    return lines
+
+
+def _record(line: _Line) -> MetricsRecord:
+    return MetricsRecord(line.iteration, line.timestamp, line.metrics, line.per_rank)
+
+
 def read_runs(path: str | os.PathLike[str]) -> list[RunSegment]:
     """The runs of a ``metrics.jsonl`` in file order.  A truncated last line (a crash mid-write) is
     skipped; any other bad line is a ``ValueError`` naming the file and line."""
-    path = Path(path)
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.readlines()
     segments: list[RunSegment] = []
     current: RunSegment | None = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            timestamp = float(record["timestamp"])
-            int(record["iteration"])
-        except (ValueError, KeyError, TypeError) as err:
-            if number == len(lines) and not line.endswith("\n"):
-                continue
-            raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
-        if RUN_KEY in record:
-            current = RunSegment(RunMarker.from_record(record), last_alive=timestamp)
+    for _, line in _lines(Path(path)):
+        if line.run is not None:
+            current = RunSegment(RunMarker.from_doc(line.run), last_alive=line.timestamp)
             segments.append(current)
             continue
         if current is None:
             current = RunSegment(None)
             segments.append(current)
-        current.last_alive = max(current.last_alive or timestamp, timestamp)
-        if END_KEY in record:
-            current.end = timestamp
-        elif ALIVE_KEY not in record:
-            current.records.append(record)
+        current.last_alive = max(current.last_alive or line.timestamp, line.timestamp)
+        if line.run_end is not None:
+            current.end = line.timestamp
+        elif line.alive is None:
+            current.records.append(_record(line))
     return segments
+
+
+def read_records(path: str | os.PathLike[str]) -> list[MetricsRecord]:
+    """The records of a ``metrics.jsonl`` (no markers), one per iteration, in iteration order: a
+    later record of an iteration (a restarted run) wins, its figures merged over the earlier one's.
+    Bad lines as :func:`read_runs`."""
+    by_iteration: dict[int, MetricsRecord] = {}
+    for _, line in _lines(Path(path)):
+        if line.run is not None or line.run_end is not None or line.alive is not None:
+            continue
+        record = _record(line)
+        previous = by_iteration.get(record.iteration)
+        if previous is not None:
+            record = msgspec.structs.replace(record, metrics={**previous.metrics, **record.metrics})
+        by_iteration[record.iteration] = record
+    return [by_iteration[i] for i in sorted(by_iteration)]

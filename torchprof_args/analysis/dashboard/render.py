@@ -24,6 +24,7 @@ from typing import Any
 
 from torchprof_args.analysis.dashboard.spec import DEFAULT_SPEC
 from torchprof_args.shared.heatmap import Layout, heatmap_svg
+from torchprof_args.shared.metrics_log import MetricsRecord
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -330,12 +331,17 @@ svg circle:hover { r: 5; }
 """
 
 
-def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], source: str = "") -> str:
-    """The dashboard page for metrics ``records`` (from :func:`read_metrics_file`)."""
+def _x(record: MetricsRecord, x_key: str) -> float:
+    """The record's value on the x axis: its ``timestamp``, else its ``iteration``."""
+    return record.timestamp if x_key == "timestamp" else record.iteration
+
+
+def render_html(records: Sequence[MetricsRecord], spec: Mapping[str, Any], source: str = "") -> str:
+    """The dashboard page for metrics ``records`` (``shared.metrics_log.read_records``)."""
     x_key = spec.get("x", "iteration")
     keys: set[str] = set()
     for record in records:
-        keys.update(record.get("metrics", {}))
+        keys.update(record.metrics)
     title = spec.get("title", "torchprof step timings")
     parts = [
         "<!DOCTYPE html>",
@@ -345,7 +351,7 @@ def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], s
         f"<h1>{html.escape(title)}</h1>",
     ]
     if records:
-        first, last = records[0][x_key], records[-1][x_key]
+        first, last = _x(records[0], x_key), _x(records[-1], x_key)
         parts.append(
             f'<div class="meta">{html.escape(source)} &middot; {len(records)} log intervals, '
             f"iterations {first}&ndash;{last} &middot; hover a point for its value</div>"
@@ -357,7 +363,7 @@ def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], s
         svgs = []
         for panel in panels:
             if panel.kind == "heatmap" and panel.per_rank:
-                per_rank = [(f"{r[x_key]:g}", r.get("per_rank", {}).get(panel.per_rank)) for r in records]
+                per_rank = [(f"{_x(r, x_key):g}", r.per_rank.get(panel.per_rank)) for r in records]
                 columns = [(x, values) for x, values in per_rank if isinstance(values, list) and values]
                 if columns:
                     svgs.append(heatmap_svg(f"{panel.title} ({panel.unit}, per rank)", columns, _HEATMAP,
@@ -366,11 +372,12 @@ def render_html(records: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], s
                 continue
             series = []
             for key in panel.keys:
-                xs, ys = [], []
+                xs: list[float] = []
+                ys: list[float | None] = []
                 for record in records:
-                    value = record.get("metrics", {}).get(key)
+                    value = record.metrics.get(key)
                     if value is not None:
-                        xs.append(record[x_key])
+                        xs.append(_x(record, x_key))
                         ys.append(value)
                 series.append((xs, ys))
             if any(ys for _, ys in series):

@@ -77,7 +77,7 @@ def _from_metrics(data: RunData, path: Path, skip_first: int) -> None:
         raise TraceError(str(err)) from None
     for segment in segments:
         for record in segment.records[skip_first:]:
-            for key, value in record.get("metrics", {}).items():
+            for key, value in record.metrics.items():
                 if key in _METRIC_KEYS or any(p.match(key) for p in _METRIC_PATTERNS):
                     data.add(key, _UNITS.get(key, "s"), value, key in _HIGHER_IS_BETTER)
 
