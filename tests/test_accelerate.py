@@ -7,7 +7,7 @@ import pytest
 from helpers.examples import run_doc_example
 from helpers.trace_events import count_per_step, load_trace
 
-from torchprof_args.metrics.sinks import read_metrics_file
+from torchprof_args.shared.metrics_log import read_records
 
 pytest.importorskip("accelerate", reason="Accelerate (the huggingface extra) is not installed")
 pytestmark = pytest.mark.slow
@@ -26,9 +26,9 @@ def test_docs_example_steps_on_sync_gradients(tmp_path):
         assert count_per_step(events, lambda name: name.startswith("Optimizer.step#")) == {3: 1, 4: 1}
         assert data["torchprof_args"]["trainer"]["gradient_accumulation_steps"] == 2
         assert data["torchprof_args"]["trainer"]["distributed_type"] == "MULTI_CPU"
-    records = read_metrics_file(tmp_path / "metrics" / "metrics.jsonl")  # the run's markers left out
-    assert [r["iteration"] for r in records] == [2, 4, 6]
-    assert records[1]["metrics"]["timers/forward-backward-time"] > 0
+    records = read_records(tmp_path / "metrics" / "metrics.jsonl")  # the run's markers left out
+    assert [r.iteration for r in records] == [2, 4, 6]
+    assert records[1].metrics["timers/forward-backward-time"] > 0
 
 
 def test_accelerate_s_own_profiler_is_refused(tmp_path):
