@@ -10,7 +10,8 @@ instances depends on what the trace recorded:
   from the CPU records around the kernel's launch (``record_param_comms``, ``nccl:<op>``), found
   through the launch's correlation id.  Algorithm and protocol come from the kernel name.
 * **gloo** (CPU jobs): ``gloo:<op>`` on gloo's worker threads, which run the collective and wait
-  in it; sizes from ``Input Dims`` / ``Input type`` (recorded with ``record_shapes``).
+  in it; sizes from ``Input Dims`` / ``Input type`` (recorded with ``record_shapes``); the kind is
+  the issuing ``c10d::`` operator's (gloo runs FSDP2's reduce-scatter as an all-reduce).
 * **host-side NCCL records only** (GPU activity not recorded): the ``nccl:<op>`` annotations, whose
   start is when the rank issued the collective (durations are then only the enqueue).
 
@@ -321,13 +322,44 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
     return records
 
 
+def _runs_as(kind: str, operator: str) -> str:
+    """The collective gloo runs for a c10d operator of ``kind``: the reduce-scatter of one tensor
+    (``_reduce_scatter_base_``, ``reduce_scatter_tensor_coalesced_``: FSDP2's) is an all-reduce there."""
+    if kind == "reduce_scatter" and ("base" in operator or "tensor" in operator):
+        return "all_reduce"
+    return kind
+
+
+def _issuers(rows: list[dict[str, Any]], issued: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Per row of ``rows`` (gloo's collectives, on its worker threads), the c10d operator that issued
+    it (``issued``: on the training threads), or None.  gloo runs each process group's work in the
+    order it was issued, so the n-th collective gloo runs as a kind is the n-th operator issued as
+    it, once that operator has started (a collective whose operator is before the trace is not
+    matched, and does not shift the others)."""
+    queues: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for operator in sorted(issued, key=lambda r: r["ts"]):
+        queues[_runs_as(canonical_kind(operator["name"]), operator["name"])].append(operator)
+    taken: dict[str, int] = defaultdict(int)
+    found: list[dict[str, Any] | None] = [None] * len(rows)
+    for index in sorted(range(len(rows)), key=lambda i: rows[i]["ts"]):
+        kind = canonical_kind(rows[index]["name"])
+        queue, at = queues.get(kind, []), taken[kind]
+        if at < len(queue) and queue[at]["ts"] <= rows[index]["ts"]:
+            found[index] = queue[at]
+            taken[kind] = at + 1
+    return found
+
+
 def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us: float, step_of: _Steps,
-              world_size: int | None, algorithm: str | None) -> list[CommRecord]:
+              world_size: int | None, algorithm: str | None,
+              issued: list[dict[str, Any]] | None = None) -> list[CommRecord]:
     enclosing = _Enclosing(params)
+    issuers = _issuers(rows, issued) if issued else [None] * len(rows)
     records = []
-    for row in rows:
+    for row, issuer in zip(rows, issuers, strict=True):
         fields = _collective_fields(row, enclosing.around((row["pid"], row["tid"]), row["ts"]))
-        kind = canonical_kind(row["name"])
+        # what the operator asked for (gloo runs FSDP2's reduce-scatter as an all-reduce)
+        kind = canonical_kind(issuer["name"] if issuer is not None else row["name"])
         channel = f"pg {fields['pg_name']}" if fields.get("pg_name") is not None else kind
         step = step_of.at(row["ts"])
         records.append(_record(kind, row, fields, base_us, step, channel, world_size, algorithm))
@@ -357,12 +389,14 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     gloo = [r for r in cpu if r["name"].startswith(("gloo:", "xccl:"))]
     host = [r for r in cpu if r["name"].startswith("nccl:")]
     params = [r for r in cpu if r["name"] == "record_param_comms"]
+    issued = [r for r in cpu if r["name"].startswith("c10d::")]
     base_us = trace.base_time_ns / 1000.0
     step_of = _Steps(trace)
     if kernels:
         source, records = SOURCE_KERNELS, _from_kernels(trace, kernels, host + params, base_us, step_of)
     elif gloo:
-        source, records = SOURCE_GLOO, _from_cpu(gloo, params, base_us, step_of, trace.world_size, "gloo")
+        source, records = SOURCE_GLOO, _from_cpu(gloo, params, base_us, step_of, trace.world_size, "gloo",
+                                                 issued)
     elif host:
         source, records = SOURCE_HOST, _from_cpu(host, params, base_us, step_of, trace.world_size, None)
     else:

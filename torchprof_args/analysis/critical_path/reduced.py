@@ -34,7 +34,7 @@ __all__ = ["MEASURED", "PATHS_FORMAT", "Contributor", "Into", "Piece", "RankPath
            "tables"]
 
 #: the version of :class:`RankPaths` (a sidecar holding another is ignored: the trace is parsed).
-PATHS_FORMAT = 1
+PATHS_FORMAT = 2  # 2: gloo collectives named by their c10d operator (reduce_scatter)
 #: the name of the measured replay's tables.
 MEASURED = "measured"
 #: contributors kept per sink.

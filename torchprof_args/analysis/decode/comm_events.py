@@ -114,9 +114,10 @@ def decode_comm_events(text: Any) -> list[Any]:
 
 def is_comm_name(name: str) -> bool:
     """Whether an event of this name is communication: NCCL kernels and annotations (``nccl``,
-    also RCCL's), gloo's ``gloo:<op>``, ``record_param_comms``."""
+    also RCCL's), gloo's ``gloo:<op>``, ``record_param_comms``, and the ``c10d::`` operators that issue
+    collectives (what a gloo collective was asked as)."""
     head = name[:24].lower()
-    return "nccl" in head or head.startswith(("gloo:", "xccl:", "record_param_comms"))
+    return "nccl" in head or head.startswith(("gloo:", "xccl:", "record_param_comms", "c10d::"))
 
 
 def _text(raw: msgspec.Raw) -> str | None:

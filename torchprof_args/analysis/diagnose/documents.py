@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 #: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-DIAGNOSIS_FORMAT = 4
+DIAGNOSIS_FORMAT = 5  # 5: gloo collectives named by their c10d operator (reduce_scatter)
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
 

@@ -66,10 +66,23 @@ def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
                                    f"{time.monotonic() - started:.1f} s in all (its part of the analysis "
                                    f"budget, --torch-profile-analysis-budget; at most {EXPORT_SECONDS:g} s)")
         except Exception as err:  # noqa: BLE001 - PyTorch's private analysis may fail on any trace
-            found = Exported(error=f"PyTorch's memory categorisation failed in the exporter: "
-                                   f"{type(err).__name__}: {err}")
+            found = Exported(error=f"PyTorch's memory categorisation failed in the exporter "
+                                   f"({type(err).__name__}: {_gist(err)})")
     with contextlib.suppress(OSError), atomic_output(path, "wb") as handle:
         handle.write(msgspec.json.encode(found))
+
+
+#: the longest part of an internal error's message kept in the one line that reports it
+_GIST_CHARS = 100
+
+
+def _gist(err: BaseException) -> str:
+    """The head of ``err``'s message: its first line, before any dump of internals (PyTorch's memory
+    profiler asserts with its whole tensor-version table: ``version mismatch: {id=125: ...}``)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+    for dump in (": {", ": [", ": ("):
+        text = text.split(dump, 1)[0]
+    return text if len(text) <= _GIST_CHARS else text[: _GIST_CHARS - 3] + "..."
 
 
 def exporter_companion(profiler: Any) -> Callable[[str, int, float | None], None]:
