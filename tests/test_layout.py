@@ -49,7 +49,8 @@ import of a module the source does not name (``import_module(name)``) is allowed
 A public name (not ``_private``) is defined in one module of its layer: two meanings of one name,
 or one meaning written twice, are both found.  The names every plugin of a kind defines
 (:data:`PROTOCOL_NAMES`: a diagnose kind's ``analyze``, a command module's ``register``) are the
-exception.  No module has 400 lines or more, no package folder holds more than 20 modules directly.
+exception.  No module has 800 lines or more (a heap alarm, not a size to split at: a module is
+split by concept, never to meet a line count), no package folder holds more than 20 modules directly.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ PROTOCOL_NAMES = frozenset({"KIND", "SCOPE", "THRESHOLD", "REMEDY", "analyze", "
 SCRIPT_FOLDERS = ("benchmarks", "tests", *(f"integrations/{p.name}"
                                            for p in sorted((REPO / "integrations").iterdir()) if p.is_dir()))
 
-MAX_LINES = 400
+MAX_LINES = 800
 MAX_MODULES_PER_FOLDER = 20
 
 
@@ -237,7 +238,7 @@ def _tree(root: Path, files: dict[str, int]) -> Path:
     return root
 
 
-def test_a_module_of_400_lines_and_a_folder_of_21_modules_are_found(tmp_path: Path) -> None:
+def test_a_module_of_800_lines_and_a_folder_of_21_modules_are_found(tmp_path: Path) -> None:
     root = _tree(tmp_path / PACKAGE, {"__init__.py": 1, "ok.py": MAX_LINES - 1, "big.py": MAX_LINES,
                                       **{f"heap/m{i}.py": 1 for i in range(MAX_MODULES_PER_FOLDER + 1)},
                                       **{f"fine/m{i}.py": 1 for i in range(MAX_MODULES_PER_FOLDER)}})
@@ -381,7 +382,7 @@ def test_the_flags_registry_knows_no_feature() -> None:
             assert not outside, f"{_short(module)} imports a feature: {sorted(map(_short, outside))}"
 
 
-def test_modules_stay_under_400_lines() -> None:
+def test_no_module_is_a_heap() -> None:
     long = long_modules(FILES, MAX_LINES, PACKAGE)
     assert not long, f"split these modules by concept: {long}"
 

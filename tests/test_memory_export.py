@@ -96,7 +96,7 @@ def test_a_categorisation_that_fails_in_the_exporter_falls_back_to_the_trace(
     prof = run(tmp_path, *MEMORY_FLAGS)
     part = memory_part(prof)
     assert part.source == "trace" and part.devices
-    assert "failed in the exporter: RuntimeError: injected failure" in part.notes[0]
+    assert "failed in the exporter (RuntimeError: injected failure)" in part.notes[0]
     assert prof.stats["traces_written"] == 1 and prof.stats["publish_failures"] == 0
     assert staging_is_empty(tmp_path)
 

@@ -84,6 +84,9 @@ class CollectiveInstance(TypedDict):
     wait_caused_us: float
     #: each rank's collective type, when they differ (a wrong fallback looks like this).
     kinds_differ: dict[int, str] | None
+    #: a variable-size all-to-all's ``[sent, received]`` bytes per rank (None: the ranks' sizes are
+    #: equal, or not known); ``bytes`` is then the heaviest rank's larger direction.
+    bytes_by_rank: dict[int, list[int]] | None
 
 
 class RankWait(TypedDict):
@@ -112,6 +115,18 @@ class TypeTotal(TypedDict):
     busbw_median_gbps: float | None
 
 
+class RankTraffic(TypedDict):
+    """One rank's bytes in the variable-size all-to-alls of a cycle (MoE token dispatch and combine):
+    sent and received, summed, and their sum against the ranks' mean (the load on the rank's links:
+    in a token dispatch the rank whose experts get the most tokens receives the most, and sends
+    the most back in the combine)."""
+
+    rank: int
+    sent_bytes: int
+    received_bytes: int
+    traffic_vs_mean: float
+
+
 class CollectivesReport(TypedDict):
     """:func:`match_collectives`' result: ``torchprof collectives --json`` (with ``cycle``)."""
 
@@ -127,6 +142,8 @@ class CollectivesReport(TypedDict):
     #: the ``id`` of the instances with the worst skew, worst first.
     worst_skew: list[int]
     by_type: list[TypeTotal]
+    #: per rank, its bytes in the variable-size all-to-alls, the most traffic first (empty: none).
+    all_to_all_by_rank: list[RankTraffic]
     notes: list[str]
     instances: list[CollectiveInstance]
 
@@ -241,14 +258,16 @@ def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], 
     n = described.group_size or (len(described.pg_ranks) if described.pg_ranks else None)
     expected = [r for r in (described.pg_ranks or []) if r in loaded]
     transfer = members[last_rank].dur_us
-    algbw, busbw = _bandwidth(kind, sample.nbytes, transfer, n or world_size or len(members))
+    traffic = _variable_traffic(kind, members)
+    nbytes = max(max(pair) for pair in traffic.values()) if traffic else sample.nbytes
+    algbw, busbw = _bandwidth(kind, nbytes, transfer, n or world_size or len(members))
     return {
         "id": index, "kind": kind, "pg": sample.pg, "pg_desc": sample.pg_desc, "seq": sample.seq,
         "step": sample.step, "channel": sample.channel,
         "order": key[-1] if sample.seq is None and "unmatched" not in key else None,
         "unmatched": "unmatched" in key,
         "ranks": len(members), "missing_ranks": sorted(set(expected) - set(members)),
-        "group_size": n, "group_size_assumed": n is None, "bytes": sample.nbytes,
+        "group_size": n, "group_size_assumed": n is None, "bytes": nbytes,
         "bytes_assumed": any(r.size_assumed for r in members.values()), "dtype": sample.dtype,
         "algorithm": sample.algorithm, "protocol": sample.protocol,
         "first_start_us": first, "skew_us": last - first, "first_rank": first_rank, "last_rank": last_rank,
@@ -259,7 +278,38 @@ def _instance(index: int, key: tuple[Any, ...], members: dict[int, CommRecord], 
         "transfer_us": transfer, "algbw_gbps": algbw, "busbw_gbps": busbw,
         "wait_caused_us": sum(last - s for s in starts.values()),
         "kinds_differ": {rank: r.kind for rank, r in sorted(members.items())} if len(kinds) > 1 else None,
+        "bytes_by_rank": traffic or None,
     }
+
+
+def _variable_traffic(kind: str, members: dict[int, CommRecord]) -> dict[int, list[int]]:
+    """``rank -> [sent, received]`` of an all-to-all whose ranks moved different amounts ({}: the
+    same everywhere, or unknown on a rank)."""
+    if kind != "all_to_all":
+        return {}
+    known: dict[int, list[int]] = {}
+    for rank, record in sorted(members.items()):
+        if record.nbytes is None or record.recv_bytes is None:
+            return {}
+        known[rank] = [record.nbytes, record.recv_bytes]
+    return known if len({v for pair in known.values() for v in pair}) > 1 else {}
+
+
+def _traffic_by_rank(instances: list[CollectiveInstance]) -> list[RankTraffic]:
+    """Each rank's bytes over the variable-size all-to-alls, the most traffic first."""
+    sent: dict[int, int] = defaultdict(int)
+    received: dict[int, int] = defaultdict(int)
+    for inst in instances:
+        for rank, (out, into) in (inst["bytes_by_rank"] or {}).items():
+            sent[rank] += out
+            received[rank] += into
+    if not received:
+        return []
+    mean = statistics.fmean(sent[rank] + received[rank] for rank in received)
+    rows: list[RankTraffic] = [{"rank": rank, "sent_bytes": sent[rank], "received_bytes": received[rank],
+                                "traffic_vs_mean": (sent[rank] + received[rank]) / mean if mean else 0.0}
+                               for rank in received]
+    return sorted(rows, key=lambda r: (-r["traffic_vs_mean"], r["rank"]))
 
 
 def _rank_table(instances: list[CollectiveInstance], ranks: list[int]) -> list[RankWait]:
@@ -367,6 +417,7 @@ def match_collectives(ranks: Sequence[RankComms], top: int = 20,
         "ranks_by_wait_caused": rank_rows,
         "worst_skew": [i["id"] for i in worst],
         "by_type": _by_type(instances),
+        "all_to_all_by_rank": _traffic_by_rank(instances),
         "notes": _notes(ranks, instances, same_streams),
         "instances": instances,
     }

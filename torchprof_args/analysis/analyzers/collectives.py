@@ -125,6 +125,9 @@ class CommRecord:
     protocol: str | None = None
     #: The trace did not say the group's size: the world size was used for the message size.
     size_assumed: bool = False
+    #: An all-to-all's bytes received by this rank (its output; ``nbytes``: what it sent), which
+    #: differ between ranks when the split sizes do (MoE token dispatch); None elsewhere or unknown.
+    recv_bytes: int | None = None
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CommRecord))
@@ -350,6 +353,14 @@ def _issuers(rows: list[dict[str, Any]], issued: list[dict[str, Any]]) -> list[d
     return found
 
 
+def _received_bytes(operator: dict[str, Any], dtype: str | None) -> int | None:
+    """An all-to-all's bytes received: its operator's output tensor (``c10d::alltoall_base_``'s first
+    input), whose rows are what the split sizes gave this rank."""
+    count = _numel(operator.get("input_dims"), 0)
+    elem = dtype_bytes(dtype) or dtype_bytes(_first_type(operator.get("input_type")))
+    return count * elem if count is not None and elem else None
+
+
 def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us: float, step_of: _Steps,
               world_size: int | None, algorithm: str | None,
               issued: list[dict[str, Any]] | None = None) -> list[CommRecord]:
@@ -362,7 +373,10 @@ def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us:
         kind = canonical_kind(issuer["name"] if issuer is not None else row["name"])
         channel = f"pg {fields['pg_name']}" if fields.get("pg_name") is not None else kind
         step = step_of.at(row["ts"])
-        records.append(_record(kind, row, fields, base_us, step, channel, world_size, algorithm))
+        record = _record(kind, row, fields, base_us, step, channel, world_size, algorithm)
+        if kind == "all_to_all" and issuer is not None:
+            record.recv_bytes = _received_bytes(issuer, record.dtype)
+        records.append(record)
     return records
 
 

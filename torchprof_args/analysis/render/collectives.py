@@ -102,9 +102,24 @@ def _types_table(report: CycleCollectives, rows: int) -> list[str]:
     return lines
 
 
+def _traffic_table(report: CycleCollectives, rows: int) -> list[str]:
+    traffic = report.get("all_to_all_by_rank") or []
+    if not traffic:
+        return []
+    count = sum(1 for i in report["instances"] if i["bytes_by_rank"])
+    lines = ["", f"Variable-size all-to-all ({count} instances whose ranks moved different amounts: MoE "
+                 "dispatch and combine), bytes per rank",
+             f"  {'rank':>5} {'sent':>11} {'received':>11} {'sent + received / mean':>23}"]
+    for row in traffic[:rows]:
+        lines.append(f"  {row['rank']:>5} {_size(row['sent_bytes']):>11} {_size(row['received_bytes']):>11} "
+                     f"{row['traffic_vs_mean']:>22.2f}x")
+    return lines
+
+
 def format_collectives(report: CycleCollectives, rows: int = 10) -> str:
     """The text ``torchprof collectives`` prints: how instances were matched, the ranks by the waiting
-    they caused, the worst skews, a table per collective type.
+    they caused, the worst skews, a table per collective type, each rank's bytes in the variable-size
+    all-to-alls.
 
     Args:
         report: :func:`~torchprof_args.analysis.tools.collectives.collectives_report`'s result.
@@ -115,5 +130,6 @@ def format_collectives(report: CycleCollectives, rows: int = 10) -> str:
     """
     lines = _header(report)
     if report["collective_count"]:
-        lines += _ranks_table(report, rows) + _worst_table(report, rows) + _types_table(report, rows)
+        lines += (_ranks_table(report, rows) + _worst_table(report, rows) + _types_table(report, rows)
+                  + _traffic_table(report, rows))
     return "\n".join(lines)
