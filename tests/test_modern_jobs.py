@@ -99,3 +99,17 @@ def test_the_moe_all_to_all_says_what_each_rank_moved(tmp_path: Path,
     heaviest, lightest = report["all_to_all_by_rank"]
     assert heaviest["rank"] == 1 and heaviest["traffic_vs_mean"] > 1.2
     assert heaviest["received_bytes"] > 2 * lightest["received_bytes"]
+
+
+@pytest.mark.slow
+def test_a_functional_collective_s_wait_is_waiting_on_the_path(traced: Callable[[str], Path],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The MoE dispatch and combine wait in ``_c10d_functional::wait_tensor`` until gloo's all-to-all
+    is done: the path goes through the collective, not through the wait as if it were work."""
+    assert torchprof(["critical-path", str(traced("moe")), "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # a wait that found its collective done costs microseconds; one that waited is not work
+    waited = sum(item["ms_per_step"] for item in report["top"]
+                 if "wait_tensor" in item["name"] and item["category"] != "communication")
+    assert waited < 0.5, report["top"]
+    assert any(item["category"] == "communication" for item in report["top"])

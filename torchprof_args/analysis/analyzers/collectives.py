@@ -28,7 +28,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import msgspec
@@ -40,7 +40,8 @@ from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
-__all__ = ["CommRecord", "CompactRecords", "RankComms", "canonical_kind", "dtype_bytes", "rank_collectives"]
+__all__ = ["CommRecord", "CompactRecords", "RankComms", "canonical_kind", "dtype_bytes", "match_issues",
+           "rank_collectives", "run_kind"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -325,32 +326,43 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
     return records
 
 
-def _runs_as(kind: str, operator: str) -> str:
-    """The collective gloo runs for a c10d operator of ``kind``: the reduce-scatter of one tensor
-    (``_reduce_scatter_base_``, ``reduce_scatter_tensor_coalesced_``: FSDP2's) is an all-reduce there."""
+def run_kind(operator: str) -> str:
+    """The collective gloo runs for the c10d operator ``operator``: its own kind, but the reduce-scatter
+    of one tensor (``_reduce_scatter_base_``, ``reduce_scatter_tensor_coalesced_``: FSDP2's) is an
+    all-reduce there."""
+    kind = canonical_kind(operator)
     if kind == "reduce_scatter" and ("base" in operator or "tensor" in operator):
         return "all_reduce"
     return kind
 
 
+def match_issues(issues: Sequence[tuple[Hashable, float]],
+                 runs: Sequence[tuple[Hashable, float]]) -> dict[int, int]:
+    """Which issue each run is: ``run index -> issue index``, where each is ``(key, start)`` and the key
+    says which queue (the process and the collective gloo runs, :func:`run_kind`).  gloo runs a
+    process group's work in the order it was issued, so the n-th run of a key is the n-th issue of
+    it, once that issue has started (a run whose issue is before the trace is not matched, and does
+    not shift the others)."""
+    queues: dict[Hashable, list[int]] = defaultdict(list)
+    for index in sorted(range(len(issues)), key=lambda i: issues[i][1]):
+        queues[issues[index][0]].append(index)
+    taken: dict[Hashable, int] = defaultdict(int)
+    found: dict[int, int] = {}
+    for index in sorted(range(len(runs)), key=lambda i: runs[i][1]):
+        key, start = runs[index]
+        queue, at = queues.get(key, []), taken[key]
+        if at < len(queue) and issues[queue[at]][1] <= start:
+            found[index] = queue[at]
+            taken[key] = at + 1
+    return found
+
+
 def _issuers(rows: list[dict[str, Any]], issued: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """Per row of ``rows`` (gloo's collectives, on its worker threads), the c10d operator that issued
-    it (``issued``: on the training threads), or None.  gloo runs each process group's work in the
-    order it was issued, so the n-th collective gloo runs as a kind is the n-th operator issued as
-    it, once that operator has started (a collective whose operator is before the trace is not
-    matched, and does not shift the others)."""
-    queues: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for operator in sorted(issued, key=lambda r: r["ts"]):
-        queues[_runs_as(canonical_kind(operator["name"]), operator["name"])].append(operator)
-    taken: dict[str, int] = defaultdict(int)
-    found: list[dict[str, Any] | None] = [None] * len(rows)
-    for index in sorted(range(len(rows)), key=lambda i: rows[i]["ts"]):
-        kind = canonical_kind(rows[index]["name"])
-        queue, at = queues.get(kind, []), taken[kind]
-        if at < len(queue) and queue[at]["ts"] <= rows[index]["ts"]:
-            found[index] = queue[at]
-            taken[kind] = at + 1
-    return found
+    it (``issued``: on the training threads), or None (:func:`match_issues`)."""
+    found = match_issues([(run_kind(op["name"]), op["ts"]) for op in issued],
+                         [(canonical_kind(row["name"]), row["ts"]) for row in rows])
+    return [issued[found[i]] if i in found else None for i in range(len(rows))]
 
 
 def _received_bytes(operator: dict[str, Any], dtype: str | None) -> int | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["COLLECTIVE_ISSUE_RE", "COLLECTIVE_RUN_RE", "COPY_RE", "DTOH_RE", "LAUNCH_RE", "LOADER_RE",
-           "SYNC_RE"]
+__all__ = ["COLLECTIVE_ISSUE_RE", "COLLECTIVE_RUN_RE", "COLLECTIVE_WAIT_RE", "COPY_RE", "DTOH_RE",
+           "LAUNCH_RE", "LOADER_RE", "SYNC_RE"]
 
 #: the data loader's spans: torch.profiler's ``enumerate(DataLoader)#...__next__`` annotation, or the
 #: Python frame of ``torch/utils/data/dataloader.py``'s ``__next__`` (``--torch-profile-with-stack``).
@@ -30,3 +30,6 @@ COPY_RE = re.compile(r"^Memcpy (HtoD|DtoH)")
 COLLECTIVE_ISSUE_RE = re.compile(r"^c10d::")
 #: gloo's span that runs a collective (on its worker thread).
 COLLECTIVE_RUN_RE = re.compile(r"^(gloo|xccl):")
+#: an operator that blocks its thread until an issued collective is done: the functional
+#: collectives' wait (``torch.distributed._functional_collectives``: FSDP2, torchtitan, MoE dispatch).
+COLLECTIVE_WAIT_RE = re.compile(r"^_c10d_functional(_autograd)?::wait_tensor$")

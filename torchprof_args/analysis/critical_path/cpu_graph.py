@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.collectives import are_metrics, canonical_kind
+from torchprof_args.analysis.analyzers.collectives import are_metrics, canonical_kind, match_issues, run_kind
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import (
     COLLECTIVE_ISSUE_RE,
     COLLECTIVE_RUN_RE,
+    COLLECTIVE_WAIT_RE,
     LAUNCH_RE,
     LOADER_RE,
     SYNC_RE,
@@ -182,16 +183,23 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     weight[idle | (has & blocking[o])] = 0.0
     bursts = _bursts(trace, cpu)
     issuers = _issuers(trace, cpu)
-    gaps = _gaps(trace, cpu, own, has & (loader[o] | blocking[o] | in_run[o]))
+    waiting = lookup(trace.names, COLLECTIVE_WAIT_RE.search)[trace.name_id[cpu.events]]
+    gaps = _gaps(trace, cpu, own, has & (loader[o] | blocking[o] | in_run[o]), waiting)
     top_level = np.zeros(len(src), dtype=bool)
     removable = _removable_waits(trace, cpu, issuers)
     early: dict[int, int] = {}
-    resumes = gaps & np.isin(dst, cpu.start_node) & (t1 - t0 >= MIN_QUIET_US)  # quiet, then a new event
+    # quiet, then a new event (entering a collective's wait is not the thread resuming from one)
+    resumes = gaps & np.isin(dst, cpu.start_node[~waiting]) & (t1 - t0 >= MIN_QUIET_US)
     waits: list[tuple[int, int, int, bool]] = []  # (chain interval, source node, owner, removable)
+    in_wait = has & waiting[o]  # the thread inside a collective's wait: it waits, however long
+    found = _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps), in_wait)
+    waited_in_op = {int(bursts.first[burst]) for interval, burst in found if in_wait[interval]}
     for interval, run in _early_resumes(trace, cpu, issuers, (t0, t1, on_thread, resumes)):
+        if run in waited_in_op:  # it was awaited in a wait operator: the thread went on meanwhile
+            continue
         early[run] = int(dst[interval])
         waits.append((interval, int(cpu.start_node[run]), int(cpu.events[run]), run in removable))
-    for interval, burst in _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps)):
+    for interval, burst in found:
         first = int(bursts.first[burst])
         if first in early:  # its waiter resumed before gloo's span ended: that is its wait
             continue
@@ -259,23 +267,20 @@ def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],
 def _issuers(trace: Trace, cpu: CpuEvents) -> dict[int, int]:
     """Run span position -> the position of the c10d operator that issued it: per process and
     collective type, the earliest issue not yet taken that started before the run (gloo runs a
-    process group's collectives in order)."""
-    out: dict[int, int] = {}
+    process group's collectives in order: :func:`~..analyzers.collectives.match_issues`)."""
     ts = trace.ts[cpu.events]
-    pid = np.array([trace.threads[int(t)][0] for t in range(len(trace.threads))], dtype=object)
-    runs = np.flatnonzero(cpu.run)
-    issues = np.flatnonzero(cpu.issue)
-    if not len(runs) or not len(issues):
-        return out
-    kind_of = {int(k): canonical_kind(trace.names[trace.name_id[cpu.events[k]]]) for k in np.r_[runs, issues]}
-    pending: dict[tuple[object, str], list[int]] = {}
-    for k in issues[np.argsort(ts[issues], kind="stable")]:
-        pending.setdefault((pid[cpu.thread[k]], kind_of[int(k)]), []).append(int(k))
-    for r in runs[np.argsort(ts[runs], kind="stable")]:
-        queue = pending.get((pid[cpu.thread[r]], kind_of[int(r)]), [])
-        if queue and ts[queue[0]] <= ts[r]:
-            out[int(r)] = queue.pop(0)
-    return out
+    pid = [trace.threads[int(t)][0] for t in range(len(trace.threads))]
+    runs = np.flatnonzero(cpu.run).tolist()
+    issues = np.flatnonzero(cpu.issue).tolist()
+    if not runs or not issues:
+        return {}
+
+    def name(k: int) -> str:
+        return trace.names[trace.name_id[cpu.events[k]]]
+
+    found = match_issues([((pid[cpu.thread[k]], run_kind(name(k))), float(ts[k])) for k in issues],
+                         [((pid[cpu.thread[r]], canonical_kind(name(r))), float(ts[r])) for r in runs])
+    return {runs[r]: issues[k] for r, k in found.items()}
 
 
 def _issue_edges(cpu: CpuEvents, issuers: dict[int, int], edges: EdgeList) -> None:
@@ -325,20 +330,24 @@ def _bursts(trace: Trace, cpu: CpuEvents) -> Bursts:
                   thread=thread[starts], work=~runtime)
 
 
-def _gaps(trace: Trace, cpu: CpuEvents, own: np.ndarray, busy: np.ndarray) -> np.ndarray:
+def _gaps(trace: Trace, cpu: CpuEvents, own: np.ndarray, busy: np.ndarray, waiting: np.ndarray) -> np.ndarray:
     """Per chain interval, whether the thread may be waiting in it: inside no operator, in an
-    annotation or between an operator's children, not in the loader, a blocking call or a run."""
+    annotation, between an operator's children or in a functional collective's wait (``waiting``, per
+    event); not in the loader, a blocking call or a run."""
     children = np.bincount(cpu.parent[cpu.parent >= 0], minlength=len(cpu))
     o = np.maximum(own, 0)
     annotation = lookup(trace.cats, ("user_annotation",))[trace.cat_id[cpu.events]]
-    return ((own < 0) | annotation[o] | (children[o] > 0)) & ~busy
+    return ((own < 0) | annotation[o] | (children[o] > 0) | waiting[o]) & ~busy
 
 
 def _waits(trace: Trace, cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int],
-           intervals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[int, int]]:
+           intervals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+           in_wait: np.ndarray) -> list[tuple[int, int]]:
     """(chain interval, burst) of each gap that waited for a burst on another thread of its process
     (a collective gloo ran, the backward pass the autograd thread ran): the gap began after the
-    burst did (or its collective was issued) and ends right after the burst ended."""
+    burst did (or its collective was issued) and ends right after the burst ended; a gap inside a
+    collective's wait operator (``in_wait``) waited for an issued collective that ended in it,
+    however late the thread was woken on a busy host."""
     t0, t1, thread, gap = intervals
     if not len(bursts.first) or not len(t0):
         return []
@@ -360,6 +369,8 @@ def _waits(trace: Trace, cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int]
             # slowly it was woken on a busy host; for other work the evidence is the timing alone
             share = ISSUED_RESUME_SHARE if issuer is not None else 0.1
             slack = max(RESUME_US, share * (t1[i] - t0[i]))
+            if in_wait[i] and issuer is not None:  # in a wait operator: waiting until it returns
+                slack = t1[i] - t0[i]
             # an issued collective ran after it was issued; other work was woken about when the gap began
             since = (float(trace.ts[cpu.events[issuer]]) if issuer is not None
                      else float(bursts.start[b]) - slack)
