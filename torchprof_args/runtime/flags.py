@@ -106,12 +106,9 @@ PUBLISHER_PRIORITY = Flag("--torch-profile-publisher-priority",
                           "flag existed).",
                           default="idle", choices=("idle", "normal"), metavar="P")
 PUBLISHER_SERVER = Flag("--torch-profile-publisher-server",
-                        "Start one publisher process per traced rank with the profiler, which imports the "
-                        "publisher's code once (Python, numpy, the trace analysis) and forks a worker per "
-                        "trace, at --torch-profile-publisher-priority: the CPU time a flush then costs the "
-                        "steps after it is the trace's compression and summary only, not a fresh Python "
-                        "each time. --no-torch-profile-publisher-server starts a publisher process per trace "
-                        "(as before this flag existed).",
+                        "Deprecated, does nothing (warns once): each traced rank now always has one "
+                        "long-lived publisher process, started with the profiler. Kept so that launch "
+                        "scripts that pass it (or --no-torch-profile-publisher-server) still parse; drop it.",
                         default=True, action=argparse.BooleanOptionalAction)
 PUBLISH_WAIT = Flag("--torch-profile-publish-wait",
                     "Whether the step that writes a trace waits for this rank's publication (export, "
