@@ -186,7 +186,8 @@ def test_a_publisher_killed_while_the_flush_waits_ends_the_wait(tmp_path: Path, 
     assert published(tmp_path) == [] and staged(writer) == [] and writer.stats["publish_failures"] == 1
 
 
-def test_a_publisher_that_does_not_answer_fails_its_trace_at_the_flush_timeout(tmp_path: Path, caplog) -> None:
+def test_a_publisher_that_does_not_answer_fails_its_trace_at_the_flush_timeout(tmp_path: Path,
+                                                                              caplog) -> None:
     """Frozen (SIGSTOP) before the trace reaches it: the trace fails when the flush timeout is up, the
     publisher is stopped, and the next trace goes to a new one."""
     writer = make_writer(tmp_path, "fork", flush_timeout=3.0, publish_wait="never")
@@ -202,8 +203,8 @@ def test_a_publisher_that_does_not_answer_fails_its_trace_at_the_flush_timeout(t
     assert after.outcome is not None and after.outcome.result(60).published
     close(writer)
     assert errors(caplog) == [
-        f"rank 0: trace {frozen.trace_path} was not written: not published within --torch-profile-flush-timeout "
-        "(3 s): its publisher was stopped, the next trace starts a new one"]
+        f"rank 0: trace {frozen.trace_path} was not written: not published within "
+        "--torch-profile-flush-timeout (3 s): its publisher was stopped, the next trace starts a new one"]
     assert not running(pid)
     assert after.trace_path and Path(after.trace_path).is_file() and staged(writer) == []
     assert partials(tmp_path) == []

@@ -44,7 +44,8 @@ def close(writer: TraceWriter) -> None:
 
 
 @pytest.mark.parametrize(("mode", "route"), [("fork", Route.FORKED), ("inline", Route.INLINE)])
-def test_forked_and_inline_traces_go_to_the_publisher_and_their_future_says_how_it_went(tmp_path, mode, route):
+def test_forked_and_inline_traces_go_to_the_publisher_and_their_future_tells_the_outcome(tmp_path, mode,
+                                                                                      route):
     writer = make_writer(tmp_path, mode)
     outcome = writer.submit(export, CYCLE, STEM, steps=2)
     trace_path = str(tmp_path / "out" / CYCLE / f"{STEM}.pt.trace.json")
