@@ -154,9 +154,9 @@ MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
                         "RAM. 0 turns the guard off.",
                         default=2048, type=non_negative_int, metavar="MB")
 MAX_PUBLISHING = Flag("--torch-profile-max-publishing",
-                      "Traces a rank may have being published (a staged file and a gzip process each) when a "
-                      "window would start; when any rank has that many, the window is skipped on every "
-                      "rank (rank 0 says how far behind publishing is). 0: no bound.",
+                      "Traces a rank may have being published (a staged file each, waiting for the rank's "
+                      "publisher) when a window would start; when any rank has that many, the window is "
+                      "skipped on every rank (rank 0 says how far behind publishing is). 0: no bound.",
                       default=2, type=non_negative_int, metavar="N")
 OPERATOR_TABLE = Flag("--torch-profile-operator-table",
                       "Publish with each trace, in its cycle folder's summaries/, its operator table "
