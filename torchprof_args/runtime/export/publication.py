@@ -69,7 +69,7 @@ class Publications:
     """One rank's publications and publisher, on one thread (see the module docstring).
 
     ``on_outcome(publication, status)`` runs on that thread once per trace, before its future is set.
-    Raises ``RuntimeError`` when no thread can start.
+    Raises ``RuntimeError`` when no thread can start, ``OSError`` when no pipe can be made.
     """
 
     def __init__(self, output_dir: Path, staging: StagingArea, config: ExportConfig, rank: int,

@@ -114,7 +114,7 @@ class TraceWriter:
         self.rank = rank
         mode = config.mode if hasattr(os, "fork") else "inline"
         self.planner = planner or ExportPlanner(mode, staging, config.min_free_host_mb << 20)
-        #: ``publish_cpu_seconds``: the last publisher process's CPU time (status.PublishCpu).
+        #: ``publish_cpu_seconds``: the last publication's CPU time, export included (status.PublishCpu).
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
                                         "publish_cpu_seconds": 0.0, "publish_failures": 0,
                                         "publications_waited_for": 0, "publication_waits_timed_out": 0}
@@ -129,7 +129,7 @@ class TraceWriter:
         self._no_publications: str | None = None
         try:
             self.publications = Publications(self.output_dir, staging, config, rank, self._record)
-        except RuntimeError as err:  # "can't start new thread" (a pids limit)
+        except (RuntimeError, OSError) as err:  # "can't start new thread" (a pids limit), no descriptors
             self._no_publications = f"no thread to publish it could start ({err})"
             logger.warning("rank %d: %s; traces will not be published", rank, self._no_publications)
         self._warned_slow_fork = False
