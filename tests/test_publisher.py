@@ -211,23 +211,25 @@ def test_a_publisher_that_does_not_answer_fails_its_trace_at_the_flush_timeout(t
 
 
 @pytest.mark.skipif(not faults.can_limit_forks(), reason="needs a pids cgroup (root) or RLIMIT_NPROC")
-def test_a_trace_no_publisher_can_start_for_is_not_published_in_the_training_process(tmp_path: Path,
+def test_traces_no_publisher_can_start_for_are_not_published_in_the_training_process(tmp_path: Path,
                                                                                     caplog) -> None:
-    """The publisher died and no process can start (EAGAIN): the trace is logged with the rank and the
+    """The publisher died and no process can start (EAGAIN): each trace is logged with the rank and the
     reason and its staged files are removed; publishing never runs on the training thread."""
-    writer = make_writer(tmp_path, "inline", publish_wait="always", publish_wait_timeout=60.0)
+    writer = make_writer(tmp_path, "inline", publish_wait="never")
     pid = publisher()
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: any("the publisher (pid" in e for e in errors(caplog)))
     with faults.ForkLimit():
-        outcome = writer.submit(export, "iter000001-000001", STEM)
-    assert outcome.route is Route.INLINE and outcome.outcome is not None and outcome.outcome.done()
+        outcomes = [writer.submit(export, f"iter00000{i}-00000{i}", STEM) for i in (1, 2)]
+        assert all(o.route is Route.INLINE and o.outcome is not None for o in outcomes)
+        statuses = [o.outcome.result(30) for o in outcomes if o.outcome is not None]
+    assert all(not status.published for status in statuses)
     close(writer)
     assert errors(caplog) == [
         f"rank 0: the publisher (pid {pid}) was killed by SIGKILL; the next trace starts a new one",
-        f"rank 0: trace {outcome.trace_path} was not written: no publisher could be started (Resource "
-        "temporarily unavailable); it is not published in the training process"]
-    assert published(tmp_path) == [] and staged(writer) == [] and writer.stats["publish_failures"] == 1
+        *(f"rank 0: trace {o.trace_path} was not written: no publisher could be started (Resource "
+          "temporarily unavailable); it is not published in the training process" for o in outcomes)]
+    assert published(tmp_path) == [] and staged(writer) == [] and writer.stats["publish_failures"] == 2
 
 
 def test_a_job_outside_the_publisher_s_directories_is_rejected(tmp_path: Path) -> None:

@@ -59,8 +59,10 @@ class Publication:
     job_path: str | None = None
     #: The forked exporter while it runs.
     exporter: Exporter | None = None
-    #: Monotonic, at the hand-over: ``--torch-profile-flush-timeout`` counts from here.
+    #: Monotonic, at the flush; and when the publisher got it (``--torch-profile-flush-timeout`` counts
+    #: from each: for its exporter, and for its publisher).
     started: float = dataclasses.field(default_factory=time.monotonic)
+    handed: float = 0.0
     export_cpu: float = 0.0
     future: Future[PublishStatus] = dataclasses.field(default_factory=Future)
 
@@ -165,7 +167,7 @@ class Publications:
         self._follow_exporters()
         self._feed()
         now, current = time.monotonic(), self._current
-        if current is not None and now >= current.started + self.config.flush_timeout:
+        if current is not None and now >= current.handed + self.config.flush_timeout:
             self._stop_publisher()
             self._current = None
             self._finish(current, PublishStatus(error=(
@@ -183,7 +185,7 @@ class Publications:
         if self._publisher is not None:
             fds.append(self._publisher.output)
         if current is not None:
-            deadlines.append(current.started + self.config.flush_timeout)
+            deadlines.append(current.handed + self.config.flush_timeout)
         timeout = max(0.0, min(deadlines) - now) if deadlines else None
         readable, _, _ = select.select(fds, [], [], timeout)
         if self._wake_read in readable:
@@ -212,19 +214,18 @@ class Publications:
 
     def _feed(self) -> None:
         """Hand the first staged trace to the publisher when it has none (starting one if needed)."""
-        if self._current is not None:
-            return
-        publication = next((p for p in self._waiting if p.exporter is None), None)
-        if publication is None:
-            return
-        self._waiting.remove(publication)
-        error = self._start_publisher() if self._publisher is None else None
-        if self._publisher is None:
-            why = f"no publisher could be started ({error}); it is not published in the training process"
-            self._finish(publication, PublishStatus(error=why))
-            return
-        self._current = publication
-        self._publisher.send(publication.job)
+        while self._current is None:
+            publication = next((p for p in self._waiting if p.exporter is None), None)
+            if publication is None:
+                return
+            self._waiting.remove(publication)
+            error = self._start_publisher() if self._publisher is None else None
+            if self._publisher is None:
+                why = f"no publisher could be started ({error}); it is not published in the training process"
+                self._finish(publication, PublishStatus(error=why))
+                continue
+            self._current, publication.handed = publication, time.monotonic()
+            self._publisher.send(publication.job)
 
     def _read_replies(self) -> None:
         assert self._publisher is not None  # noqa: S101 - called when its output is readable
