@@ -39,6 +39,15 @@ def staged(writer: TraceWriter) -> list[str]:
     return [p.name for p in writer.staging.dirs[0].iterdir() if p.name != LOCK_NAME]
 
 
+def wait_until(condition, seconds: float = 30.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def close(writer: TraceWriter) -> None:
     writer.close(time.monotonic() + 60, "the test's deadline")
 
@@ -72,15 +81,6 @@ def test_a_failed_fork_goes_inline_to_the_same_publisher(tmp_path, caplog):
     close(writer)
     assert "fork failed (Resource temporarily unavailable)" in caplog.text
     assert published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
-
-
-def wait_until(condition, seconds: float = 30.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.mark.slow
