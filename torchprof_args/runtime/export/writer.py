@@ -187,7 +187,8 @@ class TraceWriter:
                extra_files: Sequence[ExtraFile] = (),
                companion: Companion | None = None) -> Submission:
         """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via
-        ``export(path)`` and publish it in the background; returns which way it went.
+        ``export(path)`` and hand it to the rank's publisher; returns which way it went (waits for the
+        publication when ``--torch-profile-publish-wait`` says so).
 
         ``steps``: recorded steps (sizes the next estimate).  ``extra_files`` are published with
         the trace; they must already lie in one of ``staging.dirs``.  Never raises: failures are
