@@ -7,22 +7,20 @@ while the exporter and the publisher run, against unprofiled steps of the same j
 Two real gloo ranks (torchrun), a ``--layers``-layer MLP (its gradients all-reduced in one bucket, as
 DDP does), both ranks traced: ``--windows`` windows per run, each ``--gap`` unprofiled steps
 (``--torch-profile-wait``), warm-up 1, 3 active steps recorded with stacks, shapes and memory; then
-10 more steps.  Seven modes (``--modes``: some of them; ``none`` always runs), interleaved in each
+10 more steps.  Six modes (``--modes``: some of them; ``none`` always runs), interleaved in each
 repeat so that they see the same machine load:
 
   none      the same job without ``--torch-profile``
   inline    ``--torch-profile-export inline --no-torch-profile-gzip --no-torch-profile-operator-table``:
             the training thread writes the trace, uncompressed, and nothing is analysed: what writing
             the trace alone costs (issue 34's yardstick)
-  normal    ``--torch-profile-publisher-priority normal --no-torch-profile-publisher-server
-            --torch-profile-publish-wait never``: the exporter execs a publisher per trace, at the
-            trainer's priority, in the background (before issue 30)
+  normal    ``--torch-profile-publisher-priority normal --torch-profile-publish-wait never``: the rank's
+            publisher (one long-lived process, started with the profiler) at the trainer's priority,
+            in the background
   idle      the same at ``idle`` priority: nice 19, SCHED_IDLE, I/O idle
-  server    idle priority, and the publisher fork server started with the profiler forks a worker per
-            trace (no Python start-up and imports per trace); still ``--torch-profile-publish-wait never``
-  server1   ``server`` with ``--torch-profile-gzip-level 1`` (isal's level 1 where installed: about 4x
+  idle1     ``idle`` with ``--torch-profile-gzip-level 1`` (isal's level 1 where installed: about 4x
             less compression CPU than zlib's level 6, the default, for about 35 % larger traces)
-  defaults  the defaults: ``server`` with ``--torch-profile-publish-wait auto``, which waits for the
+  defaults  the defaults: ``idle`` with ``--torch-profile-publish-wait auto``, which waits for the
             publication at the flush when the node's cores were busy (here: two ranks on two cores)
 
 Per window, rank 0's step times against a baseline: the median of the 15 unprofiled steps just
@@ -37,8 +35,8 @@ recorded steps before the flush; ``done`` = steps after the flush until rank 0's
 finished (``-``: not within the gap); ``cpu`` = the CPU time of rank 0's last publication (export,
 publisher: the status' ``PublishCpu``; 0 when it finished after the run).  Medians over every
 window of every repeat; ``est`` columns: the profiler's own running estimate per window
-(``prof.stats``, what the goodput ledger reads).  The ``server`` runs first wait for the fork server
-to finish starting (its imports at idle priority would otherwise slow the first steps); its CPU
+(``prof.stats``, what the goodput ledger reads).  Every profiled run but ``inline``'s first waits for
+the rank's publisher to finish starting (its imports would otherwise slow the first steps); its CPU
 time is printed: a cost once per run, not per window.  ``net total``: net stall plus net after, the
 window's whole cost.  Targets: (issue 30) the net ``after`` at most 25 % of the net ``stall`` on a
 2-core machine; (issue 34) the defaults' net total at most 1.5x the ``inline`` run's.  The load
@@ -64,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP, ACTIVE = 1, 3
 TAIL = 10  # steps run after the last window's counted ones
 BASELINE_STEPS = 15  # unprofiled steps just before a window's warm-up
-MODES = ("none", "inline", "normal", "idle", "server", "server1", "defaults")
+MODES = ("none", "inline", "normal", "idle", "idle1", "defaults")
 PROFILED = MODES[1:]
 
 
@@ -77,6 +75,27 @@ def _cpu_seconds(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _started_publisher(deadline: float) -> int | None:
+    """This rank's publisher once it has finished starting (its CPU time stopped growing), or None."""
+    pid, spent = None, -1.0
+    while time.monotonic() < deadline:
+        tasks = Path(f"/proc/{os.getpid()}/task").glob("*/children")
+        children = [int(c) for task in tasks for c in task.read_text().split()]
+        found = [c for c in children if b"runtime.export.publisher" in _cmdline(c)]
+        if found and _cpu_seconds(found[0]) == spent:
+            return found[0]
+        pid, spent = (found[0], _cpu_seconds(found[0])) if found else (pid, spent)
+        time.sleep(0.2)
+    return pid
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def flush_steps(args: argparse.Namespace) -> list[int]:
@@ -103,9 +122,7 @@ def profile_flags(args: argparse.Namespace) -> list[str]:
                 "--no-torch-profile-operator-table"]
     priority = "normal" if args.mode == "normal" else "idle"
     flags += ["--torch-profile-publisher-priority", priority, "--torch-profile-publish-wait", "never"]
-    if args.mode in ("normal", "idle"):
-        flags.append("--no-torch-profile-publisher-server")
-    if args.mode == "server1":
+    if args.mode == "idle1":
         flags += ["--torch-profile-gzip-level", "1"]
     return flags
 
@@ -134,12 +151,9 @@ def worker(args: argparse.Namespace) -> None:
     times, publishing = [], []
     with prof:
         writer = prof._writer  # noqa: SLF001 - the benchmark reads the real writer's state
-        publishers = writer.publishers if writer is not None else None
-        server = publishers.server_pid if publishers is not None else None
         waited = time.perf_counter()
-        while publishers and server and not publishers.server_ready() and time.perf_counter() - waited < 99:
-            time.sleep(0.01)  # its start-up (once per run) stays out of the measured steps
-        start_wait, start_cpu = time.perf_counter() - waited, _cpu_seconds(server)
+        publisher = _started_publisher(time.monotonic() + 99) if writer is not None else None
+        start_wait, start_cpu = time.perf_counter() - waited, _cpu_seconds(publisher)
         for iteration in range(1, flush_steps(args)[-1] + args.after + TAIL + 1):
             started = time.perf_counter()
             model(inputs).square().mean().backward()
@@ -155,7 +169,8 @@ def worker(args: argparse.Namespace) -> None:
         stats = prof.stats
     write_json_atomically(
         Path(args.out) / f"rank{rank}.json",
-        {"times": times, "stats": stats, "publishing": publishing, "server_start": [start_wait, start_cpu]},
+        {"times": times, "stats": stats, "publishing": publishing,
+         "publisher_start": [start_wait, start_cpu]},
     )
     dist.barrier()
     dist.destroy_process_group()
@@ -188,7 +203,7 @@ def run_job(mode: str, args: argparse.Namespace) -> dict:
 def window_costs(result: dict, args: argparse.Namespace) -> list[dict[str, float]]:
     """One profiled run's figures per window, seconds (``done``: steps)."""
     times, publishing, stats = result["times"], result["publishing"], result["stats"]
-    start_wait, start_cpu = result["server_start"]
+    start_wait, start_cpu = result["publisher_start"]
     windows = []
     for flush_step in flush_steps(args):
         flush = flush_step - 1  # its index
@@ -204,8 +219,8 @@ def window_costs(result: dict, args: argparse.Namespace) -> list[dict[str, float
             "recorded": sum(extra[first:flush]),
             "done": float(quiet[0] - flush) if quiet else math.inf,
             "cpu": stats.get("publish_cpu_seconds", 0.0),
-            "server_start_cpu": start_cpu,
-            "server_start_wait": start_wait,
+            "publisher_start_cpu": start_cpu,
+            "publisher_start_wait": start_wait,
             "est_stall": stats.get("flush_seconds_total", 0.0) / args.windows,
             "est_after": stats.get("publishing_extra_seconds_total", 0.0) / args.windows,
             "est_recorded": stats.get("recording_extra_seconds_total", 0.0) / args.windows,
@@ -254,12 +269,12 @@ def report(rows: dict[str, list[dict[str, float]]], unprofiled: list[float],
             f"{med['cpu'] * 1000:6.0f}{med['est_stall'] * 1000:11.0f}{med['est_after'] * 1000:11.0f}"
             f"{med['est_recorded'] * 1000:10.0f}"
         )
-    served = [run for mode in ("server", "server1", "defaults") for run in rows.get(mode, [])]
+    served = [run for mode in ("normal", "idle", "idle1", "defaults") for run in rows.get(mode, [])]
     if served:
-        start_cpu = statistics.median(run["server_start_cpu"] for run in served)
-        start_wait = statistics.median(run["server_start_wait"] for run in served)
+        start_cpu = statistics.median(run["publisher_start_cpu"] for run in served)
+        start_wait = statistics.median(run["publisher_start_wait"] for run in served)
         print(
-            f"\nserver: its start-up (imports, once per run, before the first step here: the job waited "
+            f"\npublisher: its start-up (imports, once per run, before the first step here: the job waited "
             f"{start_wait * 1000:.0f} ms for it) took {start_cpu * 1000:.0f} ms of CPU"
         )
     if "inline" in rows and "defaults" in rows:

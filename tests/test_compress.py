@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
+from helpers.publishing import served
 
 from torchprof_args.runtime.export import publisher
 from torchprof_args.runtime.export.compress import ISAL_LEVELS, Compressor, compressor_for, copy_compressed
 from torchprof_args.runtime.export.job import PublishJob
-from torchprof_args.runtime.export.status import read_status
+from torchprof_args.runtime.export.status import PublishStatus
 
 isal = pytest.importorskip("isal.igzip", reason="isal (the analysis extra) is not installed")
 
@@ -80,27 +81,26 @@ def test_a_failed_write_leaves_nothing_under_the_target(raw_trace: Path, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
-def _staged_job(raw_trace: Path, tmp_path: Path, summaries: bool = False) -> tuple[Path, Path, Path]:
+def _staged_job(raw_trace: Path, tmp_path: Path, summaries: bool = False) -> tuple[Path, Path, PublishJob]:
     """A private staging directory holding a copy of ``raw_trace`` and its job (gzip level 1, with
-    the operator table and sidecar when ``summaries``): (staging, output, the job's path)."""
+    the operator table and sidecar when ``summaries``): (staging, output, the job)."""
     staging, output = tmp_path / "staging", tmp_path / "out"
     staging.mkdir(mode=0o700)
     output.mkdir()
     staged = staging / "r.pt.trace.json"
     staged.write_bytes(raw_trace.read_bytes())
-    job_path = staging / "r.job.json"
     summary = output / "summaries"
-    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), gzip_level=1,
-               operator_table_path=str(summary / "r.operator_table.txt") if summaries else None,
-               sidecar_path=str(summary / "r.summary.json") if summaries else None).save(job_path)
-    return staging, output, job_path
+    job = PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), gzip_level=1,
+                     operator_table_path=str(summary / "r.operator_table.txt") if summaries else None,
+                     sidecar_path=str(summary / "r.summary.json") if summaries else None)
+    return staging, output, job
 
 
 _WITHOUT_ISAL = """
-import sys
+import runpy, sys
 sys.modules["isal"] = None  # as if the analysis extra were not installed: `import isal` fails
-from torchprof_args.runtime.export import publisher
-sys.exit(publisher.main(sys.argv[1:]))
+sys.argv[0] = "publisher"
+runpy.run_module("torchprof_args.runtime.export.publisher", run_name="__main__")
 """
 
 
@@ -108,31 +108,22 @@ sys.exit(publisher.main(sys.argv[1:]))
 def test_a_publisher_without_isal_compresses_with_zlib_at_the_level_asked(raw_trace: Path,
                                                                           tmp_path: Path) -> None:
     """A real publisher process where isal cannot be imported: zlib, the same content."""
-    staging, output, job_path = _staged_job(raw_trace, tmp_path)
-    read, write = os.pipe()
-    env = publisher.publisher_env()
-    run = subprocess.run([sys.executable, "-c", _WITHOUT_ISAL, str(job_path), "--staging", str(staging),
-                          "--output", str(output), "--status-fd", str(write)],
-                         env=env, pass_fds=(write,), capture_output=True, text=True, timeout=120)
-    os.close(write)
+    staging, output, job = _staged_job(raw_trace, tmp_path)
+    argv = [sys.executable, "-c", _WITHOUT_ISAL, "--staging", str(staging), "--output", str(output)]
+    run = subprocess.run(argv, env=publisher.publisher_env(), input=job.encode(), capture_output=True,
+                         timeout=120)
     assert run.returncode == 0, run.stderr
-    status = read_status(read)
-    os.close(read)
-    assert status is not None and status.published and status.compressor == "zlib 1"
+    status = msgspec.json.decode(run.stdout.strip(), type=PublishStatus)
+    assert status.published and status.compressor == "zlib 1"
     assert gzip.decompress((output / "r.pt.trace.json.gz").read_bytes()) == raw_trace.read_bytes()
     assert list(staging.iterdir()) == []
 
 
 def test_the_publisher_reports_its_cpu_time_by_phase_and_its_compressor(raw_trace: Path,
                                                                         tmp_path: Path) -> None:
-    staging, output, job_path = _staged_job(raw_trace, tmp_path, summaries=True)
-    read, write = os.pipe()
-    assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output),
-                           "--status-fd", str(write)]) == 0
-    os.close(write)
-    status = read_status(read)
-    os.close(read)
-    assert status is not None and status.published and status.summary_error is None
+    staging, output, job = _staged_job(raw_trace, tmp_path, summaries=True)
+    (status,) = served(staging, output, job)
+    assert status.published and status.summary_error is None
     assert status.compressor == "isal 1" and status.cpu is not None
     cpu = status.cpu
     assert cpu.start > 0 and cpu.trace >= 0 and cpu.summary > 0 and cpu.extra >= 0  # decoding takes CPU

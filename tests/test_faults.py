@@ -58,20 +58,17 @@ def test_refuses_to_start_on_every_rank_when_one_ranks_staging_is_unsafe(tmp_pat
     assert outcome.results == {}
 
 
-@pytest.mark.parametrize("server", [True, False], ids=["fork server", "a publisher per trace"])
-def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path, server):
+def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path):
     """Rank 0 forks, rank 1 exports inline; cycle 1: the export raises after writing half a file;
     cycle 2: the staging tmpfs fills up during the export (Kineto only logs and leaves .tmp);
-    cycle 3: fork (and spawning the publisher, and starting a thread) fails with EAGAIN; cycle 4:
-    normal.  Without root, cycle 2 runs normally (no tmpfs).  In cycle 3 rank 0's trace goes to the
-    fork server started before the limit (its reaper thread runs since cycle 1); rank 1 has no
-    reaper thread yet and cannot start one, so it publishes on the training thread, as both ranks do
-    without the server."""
+    cycle 3: fork (and starting a process or a thread) fails with EAGAIN: rank 0 exports inline, and
+    both ranks' traces go to the publisher and the publications thread started with the writer;
+    cycle 4: normal.  Without root, cycle 2 runs normally (no tmpfs).  The deprecated
+    --no-torch-profile-publisher-server still parses, with one warning per rank."""
     full_staging, fork_limit = faults.can_mount(), faults.can_limit_forks()
     args = ["--torch-profile-ranks", "all", "--rank-export", "1=inline", "--torch-profile-repeat", "4",
-            "--torch-profile-max-publishing", "0"]  # every cycle, however slow the publishers
-    if not server:
-        args.append("--no-torch-profile-publisher-server")
+            "--torch-profile-max-publishing", "0",  # every cycle, however slow the publishers
+            "--no-torch-profile-publisher-server"]
     expected = {3: "RuntimeError: injected export failure", 5: None, 7: None, 9: None}
     for rank in (0, 1):
         args += ["--inject", f"{rank}:1:raise"]
@@ -100,9 +97,9 @@ def test_export_faults_failed_export_full_staging_and_failed_fork(tmp_path, serv
         if full_staging:
             assert "full?" in errors[1]  # the reason names the full staging filesystem
             assert len(one_line(log, f"rank {rank}: trace", "it has less free than the estimated")) == 2
-        if fork_limit and (rank == 1 or not server):
-            assert one_line(log, f"rank {rank}: cannot start a publisher process "
-                                 "(Resource temporarily unavailable)")
+        assert len(one_line(log, "WARNING", f"rank {rank}: --torch-profile-publisher-server is deprecated "
+                                            "and does nothing")) == 1
+        assert not one_line(log, "no publisher could be started")
     if fork_limit:
         assert one_line("\n".join(outcome.logs[0]), "rank 0: fork failed (Resource temporarily unavailable)")
 

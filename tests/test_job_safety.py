@@ -15,10 +15,10 @@ from pathlib import Path
 import msgspec
 import pytest
 from helpers.processes import subprocess_env
+from helpers.publishing import served
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
 from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export import publisher
 from torchprof_args.runtime.export.job import JobRejected, PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
 from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea, sweep_stale
@@ -188,16 +188,10 @@ def test_publisher_publishes_a_valid_job_and_its_extra_files(tmp_path):
     staging, output, staged = make_job(tmp_path)
     extra = staging / "r.et.json"
     extra.write_text('{"nodes": []}')
-    job_path = staging / "r.job.json"
-    PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), operator_table_path=None,
-               extra_files=[[str(extra), str(output / "cycle1" / "r.et.json.gz"), 6]]).save(job_path)
-    assert (job_path.stat().st_mode & 0o777) == 0o600
-    read, write = os.pipe()
-    assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output),
-                           "--status-fd", str(write)]) == 0
-    os.close(write)
-    status = read_status(read)
-    assert status is not None and status.published and status.rank == 0
+    job = PublishJob(str(staged), str(output / "r.pt.trace.json.gz"), operator_table_path=None,
+                     extra_files=[(str(extra), str(output / "cycle1" / "r.et.json.gz"), 6)])
+    (status,) = served(staging, output, job)
+    assert status.published and status.rank == 0
     assert status.extra_files == [str(output / "cycle1" / "r.et.json.gz")] and status.extra_errors == []
     assert status.raw_mb is not None and status.trace_mb is not None
     assert 0 <= (status.trace_seconds or 0) <= status.publish_seconds
@@ -205,7 +199,7 @@ def test_publisher_publishes_a_valid_job_and_its_extra_files(tmp_path):
     assert list(staging.iterdir()) == []
 
 
-@pytest.mark.parametrize("bad", ["staged outside", "trace outside", "traversal", "writable job"])
+@pytest.mark.parametrize("bad", ["staged outside", "trace outside", "traversal", "not a job"])
 def test_publisher_rejects_jobs_reaching_outside_its_directories(tmp_path, bad):
     staging, output, staged = make_job(tmp_path)
     victim = tmp_path / "victim.txt"
@@ -217,19 +211,28 @@ def test_publisher_rejects_jobs_reaching_outside_its_directories(tmp_path, bad):
         job.trace_path = str(victim)
     elif bad == "traversal":
         job.trace_path = str(output / ".." / "victim.txt")
-    job_path = staging / "r.job.json"
-    job.save(job_path)
-    if bad == "writable job":
-        job_path.chmod(0o666)
+    line = b'{"staged_path": 1}\n' if bad == "not a job" else job.encode()
     with pytest.raises(JobRejected):
+        PublishJob.decode(line, [str(staging)], str(output))
+    # then a valid job: one bad line costs that job only
+    valid = PublishJob(str(staged), str(output / "r.pt.trace.json.gz"))
+    (status, after) = served(staging, output, line, valid)
+    assert not status.published and "publisher rejected the job" in status.error
+    assert victim.read_text() == "keep me" and after.published
+    assert [p.name for p in output.iterdir()] == ["r.pt.trace.json.gz"]
+
+
+def test_a_job_file_writable_by_others_is_not_read(tmp_path):
+    """A forked exporter hands its job back in a file in the private staging directory: one that is
+    not a regular file of this user writable only by it is rejected."""
+    staging, output, staged = make_job(tmp_path)
+    job_path = staging / "r.job.json"
+    PublishJob(str(staged), str(output / "r.pt.trace.json.gz")).save(job_path)
+    assert (job_path.stat().st_mode & 0o777) == 0o600
+    assert PublishJob.load(job_path, [str(staging)], str(output)).staged_path == str(staged)
+    job_path.chmod(0o666)
+    with pytest.raises(JobRejected, match="writable only by it"):
         PublishJob.load(job_path, [str(staging)], str(output))
-    read, write = os.pipe()
-    assert publisher.main([str(job_path), "--staging", str(staging), "--output", str(output),
-                           "--status-fd", str(write)]) == 2
-    os.close(write)
-    status = read_status(read)
-    assert status is not None and not status.published and "publisher rejected the job" in status.error
-    assert victim.read_text() == "keep me" and list(output.iterdir()) == []
 
 
 def test_a_job_file_with_a_wrong_field_type_is_rejected(tmp_path):

@@ -133,7 +133,6 @@ OFFLINE_LAYER = "analysis"
 #: The dynamic imports whose module is not a string in the call, and why each is safe.
 HIDDEN_IMPORTS = {
     PACKAGE: "the facade's lazy names: each module is a string in its _LAZY table (an edge)",
-    f"{PACKAGE}.runtime.export.forkserver": "its PRELOAD: each module a string (an edge)",
     f"{PACKAGE}.frameworks.megatron_install": "Megatron-LM's training module, outside the package",
 }
 

@@ -2,8 +2,8 @@
 the CPUs this process may use, or a cgroup v2 CPU quota less the cgroup's own use) and the writer's
 choice from them, on prepared ``/proc`` trees and on this machine's; the flags' checks.
 
-The waits themselves on real processes: tests/test_forkserver.py (a trace published when submit
-returns, a wait ended by its timeout, a worker killed mid-wait), tests/test_faults.py (a real 2-rank
+The waits themselves on real processes: tests/test_publisher.py (a trace published when submit
+returns, a wait ended by its timeout, the publisher killed mid-wait), tests/test_faults.py (a real 2-rank
 job's publisher killed while its flush step waits); the cost on a real job:
 benchmarks/bench_window_cost.py."""
 

@@ -1,6 +1,6 @@
 """What a profiled window costs training, and keeping it small: the exporter and the publisher at the
-lowest CPU and I/O priority (a real fork and exec), back to SCHED_OTHER at exit, and the profiler's
-running account of its own cost."""
+lowest CPU and I/O priority (a real fork, a real publisher process), back to SCHED_OTHER at exit, and
+the profiler's running account of its own cost."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.publishing import served
 
 from torchprof_args.runtime.cost import ProfilingCost
-from torchprof_args.runtime.export import publisher
 from torchprof_args.runtime.export.child import fork_export
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.priority import (
@@ -24,46 +24,48 @@ from torchprof_args.runtime.export.priority import (
     leave_idle_policy,
     lower_to_background,
 )
-from torchprof_args.runtime.export.publisher import publisher_argv
+from torchprof_args.runtime.export.publisher import PublisherProcess
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and ioprio are Linux's")
 
-_REPORT = (
-    "import json, os, sys; from torchprof_args.runtime.export.priority import io_priority; "
-    "json.dump({'nice': os.getpriority(os.PRIO_PROCESS, 0), 'idle': os.sched_getscheduler(0) == "
-    "os.SCHED_IDLE, 'io': io_priority()}, open(sys.argv[1], 'w'))"
-)
-
-
-def _priority() -> dict:
+def _priority(pid: int = 0) -> dict:
     return {
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "idle": os.sched_getscheduler(0) == os.SCHED_IDLE,
-        "io": list(io_priority() or ()),
+        "nice": os.getpriority(os.PRIO_PROCESS, pid),
+        "idle": os.sched_getscheduler(pid) == os.SCHED_IDLE,
+        "io": list(io_priority(pid) or ()),
     }
 
 
-def _forked(tmp_path: Path, background: bool) -> tuple[dict, dict]:
-    """What the forked exporter (before exec) and the program it execs (the publisher's place) run at."""
+def _seen(tmp_path: Path, priority: str) -> tuple[dict, dict]:
+    """What the forked exporter and the rank's publisher process run at."""
     job = PublishJob(staged_path=str(tmp_path / "staged.json"), trace_path=str(tmp_path / "out.json.gz"))
 
     def export(path: str) -> None:  # the child: its own priority, as a complete "trace"
         Path(path).write_text(json.dumps(_priority()))
 
-    after_exec = tmp_path / "after_exec.json"
-    argv = [sys.executable, "-c", _REPORT, str(after_exec)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    pid = fork_export(export, job, str(tmp_path / "job.json"), argv, env, keep_fds=(), background=background)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return json.loads(Path(job.staged_path).read_text()), json.loads(after_exec.read_text())
+    exporter = fork_export(export, job, str(tmp_path / "job.json"), background=priority == "idle")
+    ended = exporter.reap(block=True)
+    exporter.close()
+    assert ended is not None and ended[0] == 0
+    process = PublisherProcess.start([str(tmp_path)], str(tmp_path), priority)
+    try:
+        if priority == "idle":  # lowered first thing
+            deadline = time.monotonic() + 30
+            while os.getpriority(os.PRIO_PROCESS, process.pid) != 19 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            time.sleep(0.5)
+        seen = _priority(process.pid)
+    finally:
+        process.close()
+    return json.loads(Path(job.staged_path).read_text()), seen
 
 
 @pytest.mark.slow
 @linux
-def test_the_forked_exporter_and_what_it_execs_run_at_the_lowest_priority(tmp_path: Path) -> None:
+def test_the_forked_exporter_and_the_publisher_run_at_the_lowest_priority(tmp_path: Path) -> None:
     before = _priority()
-    exporter, publisher = _forked(tmp_path, background=True)
+    exporter, publisher = _seen(tmp_path, "idle")
     for seen in (exporter, publisher):
         assert seen["nice"] == 19 and seen["idle"] is True
         assert list(seen["io"]) == [IOPRIO_CLASS_IDLE, 0]
@@ -73,15 +75,13 @@ def test_the_forked_exporter_and_what_it_execs_run_at_the_lowest_priority(tmp_pa
 @pytest.mark.slow
 @linux
 def test_normal_priority_keeps_the_training_process_priority(tmp_path: Path) -> None:
-    exporter, publisher = _forked(tmp_path, background=False)
+    exporter, publisher = _seen(tmp_path, "normal")
     own = _priority()
     assert (
         exporter["nice"] == publisher["nice"] == own["nice"]
         and not exporter["idle"]
         and not publisher["idle"]
     )
-    argv = publisher_argv("job.json", ["s"], "out", None, "normal")
-    assert argv[argv.index("--priority") + 1] == "normal"
 
 
 @linux
@@ -172,12 +172,13 @@ def test_cost_clock_stalls_and_extra_time_over_the_quiet_pace() -> None:
 
 
 def test_the_publisher_run_in_process_leaves_its_caller_s_priority_alone(tmp_path: Path) -> None:
-    """Only ``--priority idle`` (what the writer passes) lowers the process: a publisher run in
-    process (tests, tools) without it must not leave its caller at SCHED_IDLE."""
+    """Only a publisher process started with ``--priority idle`` (what the writer passes) lowers itself:
+    its loop run in process (tests, tools) must not leave its caller at SCHED_IDLE."""
     before = _priority()
     staging, output = tmp_path / "staging", tmp_path / "out"
     staging.mkdir()
     output.mkdir()
-    argv = [str(staging / "missing.job.json"), "--staging", str(staging), "--output", str(output)]
-    assert publisher.main(argv) == 2
+    job = PublishJob(str(staging / "missing.json"), str(output / "r.pt.trace.json.gz"))
+    (status,) = served(staging, output, job)
+    assert status.error and "missing.json" in status.error
     assert _priority() == before

@@ -1,20 +1,19 @@
-"""``TraceWriter.submit``'s outcome: which way a trace went (forked, inline, published in process,
-failed, dropped), with the trace's path, the watched process and the reason."""
+"""``TraceWriter.submit``'s outcome: which way a trace went (forked, inline, failed, dropped), with the
+trace's path, the reason, and the publication's future."""
 
 from __future__ import annotations
 
-import errno
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from helpers import faults
 
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export import writer as writer_module
 from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea
-from torchprof_args.runtime.export.writer import Route, Submission, TraceWriter
+from torchprof_args.runtime.export.writer import Route, TraceWriter
 
 CYCLE, STEM = "iter000001-000002", "rank00000_host_pid1"
 
@@ -24,10 +23,10 @@ def export(path: str) -> None:
         {"traceEvents": [{"name": "ProfilerStep#1", "ph": "X", "ts": 0, "dur": 1}]}))
 
 
-def make_writer(tmp_path: Path, mode: str, server: bool = True) -> TraceWriter:
+def make_writer(tmp_path: Path, mode: str) -> TraceWriter:
     staging = StagingArea(str(tmp_path / "staging"))
     staging.open()
-    config = ExportConfig(mode=mode, gzip_level=None, operator_table_rows=None, publisher_server=server)
+    config = ExportConfig(mode=mode, gzip_level=None, operator_table_rows=None, publish_wait="never")
     return TraceWriter(tmp_path / "out", staging, config, rank=0)
 
 
@@ -40,32 +39,45 @@ def staged(writer: TraceWriter) -> list[str]:
     return [p.name for p in writer.staging.dirs[0].iterdir() if p.name != LOCK_NAME]
 
 
+def wait_until(condition, seconds: float = 30.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def close(writer: TraceWriter) -> None:
     writer.close(time.monotonic() + 60, "the test's deadline")
 
 
-@pytest.mark.parametrize("server", [True, False], ids=["fork server", "a publisher per trace"])
 @pytest.mark.parametrize(("mode", "route"), [("fork", Route.FORKED), ("inline", Route.INLINE)])
-def test_forked_and_inline_traces_are_watched_until_published(tmp_path, mode, route, server):
-    writer = make_writer(tmp_path, mode, server)
+def test_forked_and_inline_traces_go_to_the_publisher_and_their_future_tells_the_outcome(tmp_path, mode,
+                                                                                      route):
+    writer = make_writer(tmp_path, mode)
     outcome = writer.submit(export, CYCLE, STEM, steps=2)
     trace_path = str(tmp_path / "out" / CYCLE / f"{STEM}.pt.trace.json")
-    assert outcome.route is route and outcome.pending and outcome.error is None
-    # inline with the fork server: the reaper thread hands the staged trace to it (no process yet)
-    assert (outcome.pid is None) == (server and mode == "inline")
+    assert outcome.route is route and outcome.error is None and outcome.outcome is not None
     assert outcome.trace_path == trace_path
+    status = outcome.outcome.result(timeout=60)
+    assert status.published and status.trace_path == trace_path and status.rank == 0
+    assert writer.in_flight == 0 and writer.published == [trace_path] and staged(writer) == []
     close(writer)
-    assert writer.published == [trace_path] and published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
+    assert published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
 
 
-def test_a_failed_fork_goes_inline(tmp_path, monkeypatch, caplog):
-    def no_fork(*args, **kwargs):
-        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-
-    monkeypatch.setattr(writer_module, "fork_export", no_fork)
+@pytest.mark.slow
+@pytest.mark.skipif(not faults.can_limit_forks(), reason="needs a pids cgroup (root) or RLIMIT_NPROC")
+def test_a_failed_fork_goes_inline_to_the_same_publisher(tmp_path, caplog):
+    """A real EAGAIN from fork (a pids cgroup at its current count): the trace is exported on the
+    training thread and published by the publisher started with the writer."""
     writer = make_writer(tmp_path, "fork")
-    outcome = writer.submit(export, CYCLE, STEM)
-    assert outcome.route is Route.INLINE and outcome.pending
+    assert wait_until(lambda: bool(faults.publishers_of()))
+    with faults.ForkLimit():
+        outcome = writer.submit(export, CYCLE, STEM)
+        assert outcome.route is Route.INLINE and outcome.outcome is not None
+        assert outcome.outcome.result(timeout=60).published
     close(writer)
     assert "fork failed (Resource temporarily unavailable)" in caplog.text
     assert published(tmp_path) == [f"{CYCLE}/{STEM}.pt.trace.json"]
@@ -94,21 +106,6 @@ def test_a_slow_fork_is_reported_once_with_its_cause(tmp_path, monkeypatch, capl
     assert len(published(tmp_path)) == 2
 
 
-def test_published_in_process_when_no_publisher_can_start(tmp_path, monkeypatch):
-    def no_process(*args, **kwargs):
-        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-
-    monkeypatch.setattr(subprocess, "Popen", no_process)  # nor the fork server
-    writer = make_writer(tmp_path, "inline")
-    outcome = writer.submit(export, CYCLE, STEM)
-    assert outcome == Submission(Route.IN_PROCESS, str(tmp_path / "out" / CYCLE / f"{STEM}.pt.trace.json"))
-    assert not outcome.pending and writer.in_flight == 0
-    # The outcome is recorded at once, as the reaper would have.
-    assert writer.published == [outcome.trace_path] and writer.stats["traces_written"] == 1
-    assert staged(writer) == [], "the job and staged files are removed"
-    close(writer)
-
-
 def test_failed_export_and_a_closed_writer(tmp_path, caplog):
     writer = make_writer(tmp_path, "inline")
 
@@ -117,7 +114,7 @@ def test_failed_export_and_a_closed_writer(tmp_path, caplog):
         raise RuntimeError("injected")
 
     failed = writer.submit(broken, CYCLE, STEM)
-    assert failed.route is Route.FAILED and not failed.pending
+    assert failed.route is Route.FAILED and failed.outcome is None
     assert failed.error == "RuntimeError: injected" and failed.trace_path.endswith(f"{STEM}.pt.trace.json")
     assert writer.stats["publish_failures"] == 1 and "could not export trace" in caplog.text
     assert staged(writer) == []

@@ -5,10 +5,10 @@ keeps off the CPU is not cut short for waiting, and what is bounded is what an a
 node.  :func:`time_limit` raises :class:`TimeLimitExceeded` in the block once it has used its seconds
 of CPU, by ``SIGPROF`` (``ITIMER_PROF``), or optionally once a wall-clock backstop has passed
 (``SIGALRM``, ``ITIMER_REAL``: for a block that could wait rather than work), where this process owns
-those signals: the main thread of a process this package started (the forked exporter, a publisher,
-a fork server's worker), with the signals at their default action.  Anywhere else (a publication on
-a trainer's own thread) it interrupts nothing, and the caller checks :meth:`Deadline.passed` between
-its steps instead.  :class:`TimeLimitExceeded` is a ``BaseException``: ``except Exception`` around
+those signals: the main thread of a process this package started (the forked exporter, the rank's
+publisher), with the signals at their default action.  Anywhere else (another thread, a process
+whose handlers are its own) it interrupts nothing, and the caller checks :meth:`Deadline.passed`
+between its steps instead.  :class:`TimeLimitExceeded` is a ``BaseException``: ``except Exception`` around
 one analysis cannot swallow the limit of all of them.
 """
 

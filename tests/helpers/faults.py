@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PUBLISHER_MODULE = "torchprof_args.runtime.export.publisher"
-SERVER_MODULE = "torchprof_args.runtime.export.forkserver"
 
 
 # -- filesystems -----------------------------------------------------------------------------
@@ -87,16 +86,9 @@ def cmdline(pid: int) -> str:
 
 
 def publishers_of(pid: int | None = None) -> list[int]:
-    """The processes publishing ``pid``'s traces: its children that are publishers (after ``exec``)
-    and the workers of its publisher fork server."""
-    found = []
-    for child in children(pid):
-        line = cmdline(child)
-        if PUBLISHER_MODULE in line:
-            found.append(child)
-        elif SERVER_MODULE in line:
-            found += children(child)
-    return found
+    """The processes publishing ``pid``'s traces: its children running the publisher (one per traced
+    rank; a new one after one died)."""
+    return [child for child in children(pid) if PUBLISHER_MODULE in cmdline(child)]
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -8,7 +8,8 @@ profiling holds up longer than that kills the job unless the pause is fenced.  F
   the export), ``sigterm-in-flush`` (SIGTERM inside torch.profiler's trace-ready callback),
   ``sigterm-in-export`` (SIGTERM inside the export), ``fork-limit`` (fork fails with EAGAIN);
 * ``--kill-publisher RANK``: SIGKILL the rank's publisher once its partial output file appears;
-* ``--stop-publisher RANK:SECONDS``: freeze each publisher of the rank that long (a slow publisher);
+* ``--stop-publisher RANK:SECONDS``: freeze the rank's publisher that long at each trace it starts
+  writing (a slow publisher);
 * ``--at ITER:ACTION`` on rank 0: ``drain`` (wait for earlier publishers), ``fill-output`` /
   ``unfill-output`` / ``remount-ro`` of ``--output-fs``;
 * ``--slow-snapshot RANK:SECONDS``: memory snapshots on RANK whose dump sleeps that long;
@@ -118,10 +119,11 @@ def inject_submit_faults(prof: TorchProfiler, args: argparse.Namespace, rank: in
     writer.submit = submit
 
 
-def watch_publishers(args: argparse.Namespace, rank: int, state: dict) -> None:
-    """Threads that kill or freeze this rank's publishers."""
+def watch_publishers(prof: TorchProfiler, args: argparse.Namespace, rank: int, state: dict) -> None:
+    """Threads that kill or freeze this rank's publisher."""
     stop_seconds = [float(s[0]) for s in per_rank(args.stop_publisher, rank, 2)]
     output = Path(args.torch_profile_dir)
+    staging = list(prof._writer.staging.dirs) if prof._writer is not None else []  # noqa: SLF001
 
     def kill_mid_publish() -> None:
         """Freeze the publisher as soon as it runs, then let it on in 1 ms slices until its hidden
@@ -139,14 +141,16 @@ def watch_publishers(args: argparse.Namespace, rank: int, state: dict) -> None:
         os.kill(pid, signal.SIGKILL)
 
     def freeze() -> None:
-        frozen: set[int] = set()
+        """At each trace staged for the publisher (until it is published), freeze the publisher."""
+        seen: set[str] = set()
         while True:
-            for pid in faults.publishers_of():
-                if pid not in frozen:
-                    frozen.add(pid)
-                    faults.stop_for(pid, stop_seconds[0])
-                    state["frozen"] = state.get("frozen", 0) + 1
-            time.sleep(0.005)
+            for staged in (p for d in staging for p in d.glob("*.pt.trace.json")):
+                if staged.name not in seen:
+                    seen.add(staged.name)
+                    for pid in faults.publishers_of():
+                        faults.stop_for(pid, stop_seconds[0])
+                        state["frozen"] = state.get("frozen", 0) + 1
+            time.sleep(0.002)
 
     if rank in args.kill_publisher:
         threading.Thread(target=kill_mid_publish, daemon=True).start()
@@ -219,7 +223,7 @@ def main() -> int:
     prof._sigterm.hooks.append(lambda: write_json_atomically(  # noqa: SLF001 - the documented hook point
         results / f"sigterm{rank}.json", {"rank": rank, "iteration": prof._iteration, "time": time.time()}))
     inject_submit_faults(prof, args, rank, state)
-    watch_publishers(args, rank, state)
+    watch_publishers(prof, args, rank, state)
     for (seconds,) in per_rank(args.sigterm_in_fence, rank, 2):
         threading.Thread(target=sigterm_in_fence, args=(prof, float(seconds)), daemon=True).start()
     torch.manual_seed(rank)

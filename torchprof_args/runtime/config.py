@@ -11,8 +11,10 @@ import argparse
 import dataclasses
 from typing import Protocol, TypedDict
 
+from torchprof_args import _dist
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import flag_value, was_given
+from torchprof_args.log import get_logger
 from torchprof_args.naming import (
     DEFAULT_PROFILE_DIR,
     FLIGHT_RECORDER_SUBDIR,
@@ -24,6 +26,8 @@ from torchprof_args.runtime import flags
 from torchprof_args.runtime.flags import PARALLEL_AXES, parallel_selector, profile_dir
 from torchprof_args.runtime.schedule import ProfileSchedule
 from torchprof_args.torch_support import WITH_MODULES_DEPRECATED, torch_at_least
+
+logger = get_logger(__name__)
 
 __all__ = [
     "ExportConfig",
@@ -148,6 +152,17 @@ def _schedule(args: argparse.Namespace) -> ProfileSchedule:
                            skip_first=flag_value(args, flags.SKIP_FIRST), step_start=start, step_end=end)
 
 
+_DEPRECATED_SEEN: set[str] = set()
+
+
+def _deprecated_once(flag: str, why: str) -> None:
+    """Warn once per process that ``flag`` is deprecated and does nothing (``why``)."""
+    if flag not in _DEPRECATED_SEEN:
+        _DEPRECATED_SEEN.add(flag)
+        logger.warning("rank %d: %s is deprecated and does nothing: %s; remove it from the launch "
+                       "command", _dist.rank(), flag, why)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
     """How a stopped trace reaches the output directory (see :mod:`torchprof_args.runtime.export`),
@@ -167,9 +182,6 @@ class ExportConfig:
     #: ``--torch-profile-publisher-priority``: the exporter and publisher at the lowest CPU and I/O
     #: priority ("idle", :mod:`~torchprof_args.runtime.export.priority`) or the trainer's ("normal").
     publisher_priority: str = flags.PUBLISHER_PRIORITY.default
-    #: ``--torch-profile-publisher-server``: a fork server publishes
-    #: (:mod:`~torchprof_args.runtime.export.forkserver`).
-    publisher_server: bool = flags.PUBLISHER_SERVER.default
     #: ``--torch-profile-publish-wait``: the flush step waits for its publication ("auto": when the
     #: node's CPUs were busy, :mod:`~torchprof_args.runtime.export.idle_cpu`), at most
     #: ``publish_wait_timeout`` seconds.
@@ -194,11 +206,13 @@ class ExportConfig:
             min_free_host_mb=flag_value(args, flags.MIN_FREE_HOST_MB),
             max_publishing=flag_value(args, flags.MAX_PUBLISHING),
             publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY),
-            publisher_server=bool(flag_value(args, flags.PUBLISHER_SERVER)),
             publish_wait=flag_value(args, flags.PUBLISH_WAIT),
             publish_wait_timeout=flag_value(args, flags.PUBLISH_WAIT_TIMEOUT),
             analysis_budget=flag_value(args, flags.ANALYSIS_BUDGET),
         )
+        if was_given(args, flags.PUBLISHER_SERVER):
+            _deprecated_once(flags.PUBLISHER_SERVER.option, "each traced rank always has one long-lived "
+                             "publisher process now")
         if config.exit_timeout >= config.flush_timeout:
             raise TorchProfileArgsError(
                 f"--torch-profile-exit-timeout ({config.exit_timeout:g} s) must be shorter than "

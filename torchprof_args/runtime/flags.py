@@ -106,12 +106,9 @@ PUBLISHER_PRIORITY = Flag("--torch-profile-publisher-priority",
                           "flag existed).",
                           default="idle", choices=("idle", "normal"), metavar="P")
 PUBLISHER_SERVER = Flag("--torch-profile-publisher-server",
-                        "Start one publisher process per traced rank with the profiler, which imports the "
-                        "publisher's code once (Python, numpy, the trace analysis) and forks a worker per "
-                        "trace, at --torch-profile-publisher-priority: the CPU time a flush then costs the "
-                        "steps after it is the trace's compression and summary only, not a fresh Python "
-                        "each time. --no-torch-profile-publisher-server starts a publisher process per trace "
-                        "(as before this flag existed).",
+                        "Deprecated, does nothing (warns once): each traced rank now always has one "
+                        "long-lived publisher process, started with the profiler. Kept so that launch "
+                        "scripts that pass it (or --no-torch-profile-publisher-server) still parse; drop it.",
                         default=True, action=argparse.BooleanOptionalAction)
 PUBLISH_WAIT = Flag("--torch-profile-publish-wait",
                     "Whether the step that writes a trace waits for this rank's publication (export, "
@@ -157,9 +154,9 @@ MIN_FREE_HOST_MB = Flag("--torch-profile-min-free-host-mb",
                         "RAM. 0 turns the guard off.",
                         default=2048, type=non_negative_int, metavar="MB")
 MAX_PUBLISHING = Flag("--torch-profile-max-publishing",
-                      "Traces a rank may have being published (a staged file and a gzip process each) when a "
-                      "window would start; when any rank has that many, the window is skipped on every "
-                      "rank (rank 0 says how far behind publishing is). 0: no bound.",
+                      "Traces a rank may have being published (a staged file each, waiting for the rank's "
+                      "publisher) when a window would start; when any rank has that many, the window is "
+                      "skipped on every rank (rank 0 says how far behind publishing is). 0: no bound.",
                       default=2, type=non_negative_int, metavar="N")
 OPERATOR_TABLE = Flag("--torch-profile-operator-table",
                       "Publish with each trace, in its cycle folder's summaries/, its operator table "

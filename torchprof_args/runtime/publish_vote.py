@@ -6,7 +6,7 @@ Two steps before each window every rank posts, asynchronously on the fence group
 running totals) and whether it still flushes a window before that one; every rank collects the same rows
 at the step before the window.  When a rank has ``--torch-profile-max-publishing`` traces in
 flight, that window is skipped on every rank (:meth:`Timeline.skip_window`: nothing recorded, no
-flush, no fence), so a rank never holds more than N staged traces and gzip processes; rank 0
+flush, no fence), so a rank never holds more than N staged traces; rank 0
 warns when skipping begins and says when publishing caught up.  Rank 0 also turns the rows into
 one line: the traces every rank published since the last line (count, size, the slowest
 publisher, failures).  At exit the rows are gathered once more, after the exit fence.

@@ -5,11 +5,11 @@ so a thread cannot hide it.  The training process forks instead; the child (only
 thread exists there) first puts every signal back to its default action (the trainer's SIGTERM
 handler and wakeup fd must not run in it), exports to staging, checks that Kineto really wrote a
 complete file (on ENOSPC it only logs "Failed to write to log file!" and leaves ``<name>.tmp``),
-then ``exec``\\ s the publisher so that no inherited state (locks, sockets, CUDA) lingers, or, when
-the writer has a publisher fork server (:mod:`~torchprof_args.runtime.export.forkserver`), exits: the
-server's worker publishes.  SIGTERM
-is blocked in the parent across the ``fork``, so no handler of the trainer runs in the child.
-The child never returns into the caller's code; errors go to the status pipe.
+saves its job with the export's CPU time and exits: it only exports, so no inherited state (locks,
+sockets, CUDA) is used for long; the rank's publisher (:mod:`~torchprof_args.runtime.export.publication`)
+publishes the staged trace.  SIGTERM is blocked in the parent across the ``fork``, so no handler of
+the trainer runs in the child.  The child never returns into the caller's code; errors go to the
+status pipe.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from torchprof_args.atomic import partial_path
 from torchprof_args.runtime.export.job import EXIT_EXPORT_FAILED, PublishJob
 from torchprof_args.runtime.export.priority import lower_to_background
-from torchprof_args.runtime.export.status import PublishStatus, report_status
+from torchprof_args.runtime.export.status import PublishStatus, read_status, report_status
 
-__all__ = ["Companion", "ExportIncomplete", "check_export", "fork_export", "remove_export_leftovers"]
+__all__ = ["Companion", "ExportIncomplete", "Exporter", "check_export", "fork_export",
+           "remove_export_leftovers"]
 
 #: what the exporter runs after the trace: ``(path, trace bytes, CPU seconds it may take) -> None``.
 Companion = Callable[[str, int, float | None], None]
@@ -72,34 +73,76 @@ def remove_export_leftovers(target: str | os.PathLike[str]) -> None:
             path.unlink()
 
 
-def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, argv: list[str] | None,
-                env: dict[str, str], keep_fds: Sequence[int],
-                companion: Companion | None = None, *,
-                background: bool = True) -> int:
-    """Fork; the child exports ``job`` via ``export(path)`` and ``exec``\\ s ``argv`` (the publisher,
-    told the CPU time the export took with ``--export-cpu``), or with ``argv`` None exits 0.
+@dataclasses.dataclass
+class Exporter:
+    """The training process's handle on a forked exporter: its pid, its status pipe (a failure's
+    :class:`PublishStatus`) and a pidfd (it names this very process even once reaped; None where the
+    platform has none)."""
 
-    ``keep_fds`` (the status pipe, the staging locks) stay open in the child and across ``exec``.
+    pid: int
+    status_fd: int
+    pidfd: int | None = None
+
+    def __post_init__(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            self.pidfd = os.pidfd_open(self.pid)
+
+    def reap(self, *, block: bool = False) -> tuple[int | None, float] | None:
+        """``(exit code, CPU seconds)`` once it ended, None while it runs; the code is None when it was
+        reaped elsewhere (an application that ignores SIGCHLD)."""
+        try:
+            done, status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return None, 0.0
+        if not done:
+            return None
+        return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+
+    def status(self) -> PublishStatus | None:
+        """The failure it reported, once it ended; None when it sent none."""
+        return read_status(self.status_fd)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        for fd in (self.pidfd, self.status_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str,
+                companion: Companion | None = None, *, background: bool = True) -> Exporter:
+    """Fork; the child exports ``job`` via ``export(path)``, saves the job again at ``job_path`` with
+    the export's CPU time (the publisher's budget is a share of it) and exits 0; on failure it reports
+    on its status pipe and exits with ``EXIT_EXPORT_FAILED``.
+
     ``companion(path, trace_bytes, seconds)``, when given, then writes ``job.memory_path`` from the
     profiler's results the child still holds (PyTorch's memory categorisation; it never raises)
-    within its part of the trace's analysis budget.  The child then saves the job again at
-    ``job_path`` with the export's CPU time (the publisher's budget is a share of it) and the
-    companion's.
+    within its part of the trace's analysis budget.
     ``background``: the child lowers itself to the lowest CPU and I/O priority first
-    (:func:`~torchprof_args.runtime.export.priority.lower_to_background`, inherited by the publisher).
-    Returns the child's pid; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
+    (:func:`~torchprof_args.runtime.export.priority.lower_to_background`).
+    Returns the child; raises ``OSError`` (EAGAIN, ENOMEM) when the fork fails.
     """
     staged_tmp = str(partial_path(job.staged_path))
-    status_fd = keep_fds[0] if keep_fds else None
+    status_fd, write_fd = os.pipe()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the child unblocks after its reset
     try:
         pid = os.fork()
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.close(status_fd)
+        os.close(write_fd)
         raise
     if pid:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        return pid
+        os.close(write_fd)
+        return Exporter(pid, status_fd)
     try:
         _reset_signals(mask)
         if background:
@@ -114,17 +157,11 @@ def fork_export(export: Callable[[str], None], job: PublishJob, job_path: str, a
             companion(job.memory_path, os.path.getsize(job.staged_path), exported.categorisation_seconds())
             exported.categorisation_spent = time.process_time() - started
         exported.save(job_path)
-        if argv is None:
-            os._exit(0)  # exported: the fork server's worker publishes
-        argv = [*argv, "--export-cpu", f"{time.process_time():.6f}"]
-        for fd in keep_fds:
-            os.set_inheritable(fd, True)
-        _close_fds_except(keep_fds)
-        os.execve(argv[0], argv, env)
+        os._exit(0)  # exported: the rank's publisher publishes it
     except BaseException as err:  # noqa: BLE001 - report anything, then leave
         with contextlib.suppress(BaseException):
             error = f"export failed in the forked child: {type(err).__name__}: {err}"
-            report_status(status_fd, PublishStatus(trace_path=job.trace_path, rank=job.rank, error=error))
+            report_status(write_fd, PublishStatus(trace_path=job.trace_path, rank=job.rank, error=error))
             remove_export_leftovers(staged_tmp)
     finally:
         os._exit(EXIT_EXPORT_FAILED)
@@ -140,19 +177,3 @@ def _reset_signals(parent_mask: Iterable[int]) -> None:
             if signal.getsignal(signum) not in (signal.SIG_IGN,):
                 signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, parent_mask)
-
-
-def _close_fds_except(keep: Sequence[int]) -> None:
-    low = 3
-    for fd in sorted(keep):
-        if fd >= low:
-            os.closerange(low, fd)
-            low = fd + 1
-    os.closerange(low, _max_fd())
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 65536

@@ -1,18 +1,21 @@
-"""One publish job: what the training process tells a publisher, and the checks before it is trusted.
+"""One publish job: what the training process tells the rank's publisher, and the checks before it is trusted.
 
-The job file lives in the rank's private staging directory (written atomically, mode 0600).  The
-publisher is started with the staging and output directories on its command line and accepts a
-job only if the job file and every staged file lie directly in one of those staging directories
-and every published file lies inside that output directory (symlinks resolved), so a planted or
-edited job cannot make it read or overwrite anything else.
+The training process sends each job as one JSON line on the publisher's stdin; a forked exporter
+hands its job back (with the export's CPU time) in a job file in the rank's private staging directory
+(written atomically, mode 0600), read only if it is a regular file of this user writable by no one
+else.  The publisher is started with the staging and output directories on its command line and
+accepts a job only if every staged file lies directly in one of those staging directories and every
+published file lies inside that output directory (symlinks resolved), so a planted or edited job
+cannot make it read or overwrite anything else.
 
-Outcomes travel back on a pipe (:mod:`~torchprof_args.runtime.export.status`).
+Outcomes travel back as :class:`~torchprof_args.runtime.export.status.PublishStatus` lines.
 
 Import-light (the publisher imports it): no torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import stat
@@ -27,17 +30,13 @@ from torchprof_args.time_limit import Deadline
 
 __all__ = [
     "EXIT_EXPORT_FAILED",
-    "EXIT_PUBLISH_FAILED",
-    "EXIT_REJECTED",
     "MIN_ANALYSIS_SECONDS",
     "JobRejected",
     "PublishJob",
 ]
 
-#: Exit codes of the exporter child / publisher, so the training process can name the reason
-#: even when no status came back.
-EXIT_PUBLISH_FAILED = 1
-EXIT_REJECTED = 2
+#: The forked exporter's exit code when its export failed, so the training process can name the
+#: reason even when no status came back.
 EXIT_EXPORT_FAILED = 3
 #: the least CPU time a trace's analyses are given whatever its export took: the summary, diagnosis
 #: and critical path of a trace of a few MB take ~0.3 s in a warm publisher (a faster export must not
@@ -107,6 +106,20 @@ class PublishJob:
     def save(self, job_path: str | os.PathLike[str]) -> None:
         write_json_atomically(job_path, dataclasses.asdict(self), private=True)
 
+    def encode(self) -> bytes:
+        """The job as one line of JSON (the publisher's input)."""
+        return msgspec.json.encode(self) + b"\n"
+
+    @classmethod
+    def decode(cls, line: bytes, staging_dirs: Iterable[str], output_dir: str) -> PublishJob:
+        """A job line, checked (see the module docstring); raises :class:`JobRejected`."""
+        try:
+            job = msgspec.json.decode(line, type=cls)  # the fields' types checked too
+        except ValueError as err:
+            raise JobRejected(f"job cannot be read: {err}") from None
+        job.check(staging_dirs, output_dir)
+        return job
+
     @classmethod
     def load(cls, job_path: str | os.PathLike[str], staging_dirs: Iterable[str],
              output_dir: str) -> PublishJob:
@@ -116,15 +129,23 @@ class PublishJob:
         try:
             fd = os.open(job_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with open(fd, "rb") as handle:
-                job = msgspec.json.decode(handle.read(), type=cls)  # the fields' types checked too
-        except (OSError, ValueError) as err:
+                data = handle.read()
+        except OSError as err:
             raise JobRejected(f"job file {job_path} cannot be read: {err}") from None
-        for path in job.staged_files():
+        try:
+            return cls.decode(data, staging, output_dir)
+        except JobRejected as err:
+            raise JobRejected(f"job file {job_path}: {err}") from None
+
+    def check(self, staging_dirs: Iterable[str], output_dir: str) -> None:
+        """Raise :class:`JobRejected` unless every staged file lies directly in one of ``staging_dirs``
+        and every published file inside ``output_dir``."""
+        staging = [os.path.realpath(d) for d in staging_dirs]
+        for path in self.staged_files():
             _require_in(path, staging, "staged file", directly=True)
         output = os.path.realpath(output_dir)
-        for path in job.published_files():
+        for path in self.published_files():
             _require_in(path, [output], "published file", directly=False)
-        return job
 
     def staged_files(self) -> list[str]:
         return [self.staged_path, *(staged for staged, _, _ in self.extra_files),
@@ -133,6 +154,12 @@ class PublishJob:
     def published_files(self) -> list[str]:
         files = [self.trace_path, *(target for _, target, _ in self.extra_files)]
         return files + [p for p in (self.operator_table_path, self.sidecar_path) if p]
+
+    def remove_leftovers(self, job_path: str | os.PathLike[str] | None = None) -> None:
+        """Remove the job file and every file the trace's processes may have left behind."""
+        for path in ([Path(job_path)] if job_path else []) + self.leftovers():
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def leftovers(self) -> list[Path]:
         """Every file this job may leave if its processes die: staged files and their hidden partial

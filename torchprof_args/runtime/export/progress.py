@@ -1,6 +1,6 @@
 """One rank's running totals of its publications, read once per window by the publishing vote.
 
-The reaper thread adds each outcome; the training thread reads a fixed-length row of integers
+The publications thread adds each outcome; the training thread reads a fixed-length row of integers
 (:meth:`PublishProgress.row`) that travels to rank 0 in the vote taken before each window
 (:mod:`torchprof_args.runtime.publish_vote`): the backpressure decision and rank 0's one line per
 cycle need nothing else, so no collective is added per trace or per step.

@@ -1,18 +1,20 @@
-"""The publisher: a fresh process that compresses a staged trace into the output directory.
+"""The rank's publisher: one long-lived process that compresses staged traces into the output directory.
 
-Started as ``python -m torchprof_args.runtime.export.publisher JOB.json --staging DIR
---output DIR [--status-fd N]`` (by ``exec`` from the forked exporter, or spawned after an inline
-export).  It accepts the job only if its files lie in the staging and output directories named on
-its command line (:meth:`PublishJob.load <torchprof_args.runtime.export.job.PublishJob.load>`),
-then publishes, each under a hidden temporary name renamed into place:
+Started once per traced rank (:mod:`~torchprof_args.runtime.export.publication`) as ``python -m
+torchprof_args.runtime.export.publisher --staging DIR --output DIR --priority P``, so its interpreter
+and imports (numpy, msgspec, the trace analysis) are paid once, not per trace.  It reads one
+:class:`PublishJob` per line (JSON) on stdin and answers one :class:`PublishStatus` line on stdout,
+one job at a time, until its input ends (the writer closed, or the training process died).  It
+accepts a job only if its files lie in the staging and output directories named on its command
+line (:meth:`PublishJob.check <torchprof_args.runtime.export.job.PublishJob.check>`), then
+publishes, each under a hidden temporary name renamed into place:
 
 1. the trace, gzip-compressed into the (possibly slow, shared) output directory;
 2. its summary sidecar and operator table, parsed once from the staged copy;
 3. ``extra_files``: more files that belong with this trace (an execution trace).
 
-Its outcome goes back to the training process on the status pipe.  SIGTERM unwinds it, so its
-partial files are removed; what a SIGKILL leaves, the training process removes.  Nothing
-half-written is ever left under a name a user would open.
+SIGTERM unwinds it, so its partial files are removed; what a SIGKILL leaves, the training process
+removes.  Nothing half-written is ever left under a name a user would open.
 """
 
 from __future__ import annotations
@@ -20,20 +22,31 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import BinaryIO
+
+import msgspec
 
 from torchprof_args.atomic import atomic_output
 from torchprof_args.log import get_logger
 from torchprof_args.runtime.export.compress import copy_compressed
-from torchprof_args.runtime.export.job import EXIT_PUBLISH_FAILED, EXIT_REJECTED, JobRejected, PublishJob
+from torchprof_args.runtime.export.job import JobRejected, PublishJob
 from torchprof_args.runtime.export.priority import IDLE, NORMAL, PRIORITIES, lower_to_background
-from torchprof_args.runtime.export.status import PublishCpu, PublishStatus, report_status
+from torchprof_args.runtime.export.status import PublishCpu, PublishStatus, ended_how
 
-__all__ = ["PublishJob", "PublishStatus", "publish", "publisher_argv", "publisher_env"]
+__all__ = ["PublishJob", "PublishStatus", "PublisherProcess", "publish", "publisher_argv", "publisher_env",
+           "serve"]
+
+#: Between SIGTERM and SIGKILL for a publisher being stopped.
+_STOP_SECONDS = 2.0
+_STATUS = msgspec.json.Decoder(PublishStatus)
 
 try:
     import resource
@@ -42,7 +55,7 @@ except ImportError:  # pragma: no cover - not Unix: no decoding processes' CPU t
 
 
 def _cpu_seconds() -> float:
-    """This process's CPU time since it was forked (across ``exec``), its ended children's included."""
+    """This process's CPU time, its ended children's included."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN) if resource is not None else None
     return time.process_time() + (children.ru_utime + children.ru_stime if children else 0.0)
 
@@ -142,65 +155,171 @@ def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Publish the job named on the command line; the outcome goes to ``--status-fd``."""
+    """Publish the jobs read on stdin, answering each on stdout (see the module docstring)."""
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     parser = argparse.ArgumentParser(prog="python -m torchprof_args.runtime.export.publisher",
-                                     description="Publish one staged trace (started by TorchProfiler).")
-    parser.add_argument("job")
+                                     description="Publish staged traces, one job per line on stdin "
+                                                 "(started by TorchProfiler).")
     parser.add_argument("--staging", action="append", required=True, help="a staging directory (repeatable)")
     parser.add_argument("--output", required=True, help="the output directory")
-    parser.add_argument("--status-fd", type=int, default=None)
     parser.add_argument("--priority", choices=PRIORITIES, default=NORMAL,
                         help="idle: lower this process to the lowest CPU and I/O priority "
                              "(--torch-profile-publisher-priority); normal (default): leave it as it is")
-    parser.add_argument("--export-cpu", type=float, default=0.0,
-                        help="CPU seconds this process spent exporting before it became the publisher")
     args = parser.parse_args(argv)
     if args.priority == IDLE:
         for skipped in lower_to_background():  # TORCHPROF_LOG_LEVEL=DEBUG shows what this platform lacks
             get_logger(__name__).debug("publisher priority not lowered: %s", skipped)
-    return run_job(args.job, args.staging, args.output, args.status_fd, export_cpu=args.export_cpu)
+    # the summary's imports, once, while training starts rather than at the first trace
+    from torchprof_args.analysis import staged  # noqa: F401
+
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not end up among the replies
+    return serve(sys.stdin.fileno(), replies, args.staging, args.output, parent=os.getppid())
 
 
-def run_job(job_path: str, staging: list[str], output: str, status_fd: int | None, *,
-            export_cpu: float = 0.0) -> int:
-    """Check and publish the job file ``job_path`` (its files within ``staging`` and ``output``), report
-    on ``status_fd``; returns the exit code.  The publisher's ``main``, and a fork server's worker.
+def serve(jobs: int, replies: BinaryIO, staging: list[str], output: str, *, parent: int | None = None) -> int:
+    """Publish each job line read from the descriptor ``jobs`` in turn, one status line on ``replies``
+    each, until its end or until the process ``parent`` (the training process) is gone; returns 0."""
+    mark = 0.0  # this process's CPU time when the last job was answered: the first job's start counts
+    for line in _job_lines(jobs, parent):
+        if line.strip():
+            status = run_job(line, staging, output, start_cpu=_cpu_seconds() - mark)
+            replies.write(msgspec.json.encode(status) + b"\n")
+            replies.flush()
+            mark = _cpu_seconds()
+    return 0
 
-    ``export_cpu``: CPU seconds this process spent exporting the trace first (the forked exporter
-    that ``exec``'d this publisher), kept apart in the status.
+
+def _job_lines(fd: int, parent: int | None) -> Iterator[bytes]:
+    """The lines read from ``fd`` until its end, or until ``parent`` is not our parent any more (a forked
+    child of the training process may hold our input open after it died)."""
+    buffered = b""
+    while True:
+        if b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            yield line
+            continue
+        readable, _, _ = select.select([fd], [], [], 1.0)
+        if not readable:
+            if parent is not None and os.getppid() != parent:
+                return
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buffered += chunk
+
+
+def run_job(line: bytes, staging: list[str], output: str, *, start_cpu: float = 0.0) -> PublishStatus:
+    """Check and publish one job line (its files within ``staging`` and ``output``); its outcome.
+
+    ``start_cpu``: CPU seconds spent before this job since the last one (the first job: the
+    interpreter and imports), kept apart in the status.
     """
     try:
-        job = PublishJob.load(job_path, staging, output)
+        job = PublishJob.decode(line, staging, output)
     except JobRejected as err:
-        report_status(status_fd, PublishStatus(error=f"publisher rejected the job: {err}"))
         print(f"torchprof publisher: {err}", file=sys.stderr)
-        return EXIT_REJECTED
-    status = PublishStatus(trace_path=job.trace_path, rank=job.rank, error="publisher terminated")
-    try:
-        cpu = PublishCpu(export=export_cpu, start=_cpu_seconds() - export_cpu)
-        status = publish(job, cpu=cpu)
-        get_logger(__name__).debug(
-            "rank %d: publisher of %s: %.3f s CPU: %.3f exporting, %.3f starting (interpreter, imports), "
-            "%.3f the trace (%s), %.3f its summary, %.3f extra files; the export took %.3f s of CPU, the "
-            "exporter's memory categorisation %.3f", job.rank, job.trace_path, cpu.total, cpu.export,
-            cpu.start, cpu.trace, status.compressor, cpu.summary, cpu.extra, job.export_seconds or 0.0,
-            job.categorisation_spent)
-    finally:
-        report_status(status_fd, status)
-        with contextlib.suppress(OSError):
-            os.unlink(job_path)
-    return 0 if status.published else EXIT_PUBLISH_FAILED
+        return PublishStatus(error=f"publisher rejected the job: {err}")
+    cpu = PublishCpu(start=start_cpu)
+    status = publish(job, cpu=cpu)
+    get_logger(__name__).debug(
+        "rank %d: publisher of %s: %.3f s CPU: %.3f starting (the first job: interpreter, imports), "
+        "%.3f the trace (%s), %.3f its summary, %.3f extra files; the export took %.3f s of CPU, the "
+        "exporter's memory categorisation %.3f", job.rank, job.trace_path, cpu.total, cpu.start,
+        cpu.trace, status.compressor, cpu.summary, cpu.extra, job.export_seconds or 0.0,
+        job.categorisation_spent)
+    return status
 
 
-def publisher_argv(job_path: str, staging_dirs: list[str], output_dir: str,
-                   status_fd: int | None, priority: str = IDLE) -> list[str]:
-    """The command line that starts a publisher for ``job_path`` (at ``priority``, see
+def publisher_argv(staging_dirs: list[str], output_dir: str, priority: str = IDLE) -> list[str]:
+    """The command line that starts a rank's publisher (at ``priority``, see
     :mod:`~torchprof_args.runtime.export.priority`)."""
-    argv = [sys.executable, "-m", __name__, job_path, "--output", output_dir, "--priority", priority]
+    argv = [sys.executable, "-m", __name__, "--output", output_dir, "--priority", priority]
     for directory in staging_dirs:
         argv += ["--staging", directory]
-    return argv + (["--status-fd", str(status_fd)] if status_fd is not None else [])
+    return argv
+
+
+class PublisherProcess:
+    """The training process's handle on the rank's publisher (used by the publications thread only)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self._replies = b""
+        assert popen.stdin is not None and popen.stdout is not None  # noqa: S101 - started with pipes
+        self._input, self.output = popen.stdin, popen.stdout.fileno()
+        os.set_blocking(self.output, False)
+
+    @classmethod
+    def start(cls, staging_dirs: list[str], output_dir: str, priority: str,
+              keep_fds: tuple[int, ...] = ()) -> PublisherProcess:
+        """Start a publisher for these directories; raises ``OSError`` when it cannot start.  ``keep_fds``
+        (the staging locks) stay open in it."""
+        popen = subprocess.Popen(publisher_argv(staging_dirs, output_dir, priority), env=publisher_env(),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                 start_new_session=True, pass_fds=keep_fds)
+        return cls(popen)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def send(self, job: PublishJob) -> None:
+        """Give it ``job`` (it reads between jobs); a publisher gone shows as the end of :meth:`replies`."""
+        with contextlib.suppress(OSError):
+            os.write(self._input.fileno(), job.encode())
+
+    def replies(self) -> list[PublishStatus] | None:
+        """The answers readable now (an unreadable one: a status saying so); None once its output ended."""
+        try:
+            data = os.read(self.output, 1 << 16)
+        except BlockingIOError:
+            return []
+        if not data:
+            return None
+        *lines, self._replies = (self._replies + data).split(b"\n")
+        answers = []
+        for line in lines:
+            try:
+                answers.append(_STATUS.decode(line))
+            except msgspec.DecodeError as err:
+                answers.append(PublishStatus(error=f"the publisher's answer cannot be read: {err}"))
+        return answers
+
+    def ended(self) -> str:
+        """Once its output ended: how it ended (``was killed by SIGKILL``)."""
+        self._close_pipes()
+        try:
+            return ended_how(self.popen.wait(timeout=_STOP_SECONDS))
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return "closed its output"
+
+    def stop(self) -> None:
+        """SIGTERM (it removes its partial files), SIGKILL after a moment (a frozen one)."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(OSError):
+                self.popen.send_signal(signum)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=_STOP_SECONDS)
+                break
+        self._close_pipes()
+
+    def close(self) -> None:
+        """Idle: end its input, so it exits (stopped when it does not, e.g. a forked child of the trainer
+        holds its input open)."""
+        self._close_pipes()
+        try:
+            self.popen.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            self.stop()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.popen.stdin, self.popen.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 def publisher_env() -> dict[str, str]:

@@ -1,8 +1,8 @@
-"""The outcome of one publish job, as it travels on the status pipe back to the training process.
+"""The outcome of one publish job, as it travels back to the training process.
 
-The publisher (or the forked exporter, when the export itself failed) writes one
-:class:`PublishStatus` as one JSON line; the reaper reads the last complete one once the process
-has exited.  Outcomes travel on a pipe, not in files: a full staging filesystem cannot eat them.
+The rank's publisher answers each job with one :class:`PublishStatus` JSON line on its stdout; a
+forked exporter whose export failed writes one on its status pipe, read once it has exited.
+Outcomes travel on pipes, not in files: a full staging filesystem cannot eat them.
 
 Import-light (the publisher and the forked child use it): no torch.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 
 import msgspec
 
-__all__ = ["PublishCpu", "PublishStatus", "read_status", "report_status"]
+__all__ = ["PublishCpu", "PublishStatus", "ended_how", "read_status", "report_status"]
 
 #: One write below PIPE_BUF (4096): atomic, never blocks on an unread pipe.
 STATUS_LIMIT = 3500
@@ -32,8 +33,8 @@ class PublishCpu(msgspec.Struct, omit_defaults=True):
 
     #: The forked exporter's serialisation (``fork`` mode).
     export: float = 0.0
-    #: The publisher's start before publishing: its interpreter and imports (a fork server's worker
-    #: starts imported: only the job's checks).
+    #: The publisher's CPU time before this job since its last one: for its first job, its
+    #: interpreter and imports (paid once per publisher).
     start: float = 0.0
     #: Compressing and writing the trace.
     trace: float = 0.0
@@ -142,3 +143,12 @@ def read_status(fd: int) -> PublishStatus | None:
         with contextlib.suppress(msgspec.DecodeError):  # ValidationError is one
             return _DECODER.decode(line)
     return None
+
+
+def ended_how(code: int | None) -> str:
+    """How a process with exit code ``code`` (``os.waitstatus_to_exitcode``'s; None: unknown) ended."""
+    if code is None:
+        return "ended"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"

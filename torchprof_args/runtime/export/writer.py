@@ -1,25 +1,20 @@
-"""The training-process side of the export: hand a stopped trace to a publisher, reap it.
+"""The training-process side of the export: hand a stopped trace to the rank's publisher.
 
 Per trace, :class:`~torchprof_args.runtime.export.plan.ExportPlanner` chooses the staging
 directory and the mode from the memory and space free at that moment.  ``fork``: a child
-(:mod:`~torchprof_args.runtime.export.child`) exports and becomes the publisher (a failed fork:
-inline).  ``inline``: the training thread exports, checks the file, and spawns the publisher (none
-can start: it publishes in-process).  Either records the export's time in the job (the analysis budget).
-
-With the publisher fork server (:mod:`~torchprof_args.runtime.export.forkserver`,
-``--torch-profile-publisher-server``, started with the writer) the forked child only exports, and
-the reaper thread hands the staged trace to a worker of the server (after an inline export too);
-once the server is gone, each trace starts a publisher process again.
+(:mod:`~torchprof_args.runtime.export.child`) exports it to staging and exits.  ``inline`` (asked,
+memory short, or the fork failed): the training thread exports and checks it; that is the only
+fallback.  Either way the staged trace then goes to the rank's publisher, a long-lived process that
+:class:`~torchprof_args.runtime.export.publication.Publications` starts with the writer and feeds
+on its own thread; the export's CPU time goes with the job (the analysis budget).
 
 On a node whose cores were busy since the last flush (``--torch-profile-publish-wait auto``,
 :mod:`~torchprof_args.runtime.export.idle_cpu`), :meth:`TraceWriter.submit` then waits for the publication,
 at most ``--torch-profile-publish-wait-timeout``: a background publication there would only take
 its CPU time from the next steps (docs/design/export-path.md).
 
-A :class:`~torchprof_args.runtime.export.reaper.Reaper` thread waits on the processes, logs each
-outcome with the rank and removes leftovers.  Every failure is logged with the rank and reason,
-leaves nothing behind, and never reaches training; :meth:`TraceWriter.submit` returns which way the
-trace went (:class:`Submission`).
+Every failure is logged with the rank and reason, leaves nothing behind, and never reaches
+training; :meth:`TraceWriter.submit` returns which way the trace went (:class:`Submission`).
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from pathlib import Path
 
 from torchprof_args.atomic import partial_path
@@ -45,15 +41,19 @@ from torchprof_args.naming import (
     trace_stem,
 )
 from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.child import Companion, check_export, fork_export, remove_export_leftovers
+from torchprof_args.runtime.export.child import (
+    Companion,
+    Exporter,
+    check_export,
+    fork_export,
+    remove_export_leftovers,
+)
 from torchprof_args.runtime.export.idle_cpu import IdleCpuProbe, node_was_busy
 from torchprof_args.runtime.export.job import PublishJob
 from torchprof_args.runtime.export.plan import ExportPlanner
-from torchprof_args.runtime.export.priority import IDLE, leave_idle_policy
+from torchprof_args.runtime.export.priority import IDLE
 from torchprof_args.runtime.export.progress import PublishProgress
-from torchprof_args.runtime.export.publisher import publish, publisher_env
-from torchprof_args.runtime.export.publishers import Publishers
-from torchprof_args.runtime.export.reaper import Pending, Reaper, Stage, remove_job_files
+from torchprof_args.runtime.export.publication import Publication, Publications
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.status import PublishStatus
 
@@ -74,17 +74,16 @@ ExtraFile = tuple[str, str, "int | None"]
 class Route(enum.Enum):
     """Which way a submitted trace went."""
 
-    #: A forked child exports it and becomes its publisher (or, with the fork server, hands it to
-    #: the server's worker); the reaper watches those processes.
+    #: A forked child exported it; the rank's publisher publishes it (``Submission.outcome``).
     FORKED = "forked"
-    #: Exported on the training thread (asked, memory short, or the fork failed); the reaper
-    #: watches the publisher process (or hands the trace to the fork server's worker).
+    #: Exported on the training thread (asked, memory short, or the fork failed); the rank's publisher
+    #: publishes it (``Submission.outcome``).
     INLINE = "inline"
-    #: Exported and published on the training thread: no publisher process could start.
-    IN_PROCESS = "published in process"
-    #: Not exported (the writer is closing, or the export failed; logged, nothing left behind).
-    DROPPED = "dropped"
+    #: Not handed to a publisher: the export failed, or the writer's publications thread could not
+    #: start (logged with the rank and reason, nothing left behind).
     FAILED = "failed"
+    #: Not exported: the writer is closing.
+    DROPPED = "dropped"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,22 +93,14 @@ class Submission:
     route: Route
     #: Where the trace is (being) published; None when it was dropped before a job existed.
     trace_path: str | None = None
-    #: FORKED, INLINE: the exporter/publisher process the reaper now watches (None: INLINE, the
-    #: reaper hands the staged trace to the fork server's worker).
-    pid: int | None = None
-    #: FAILED, DROPPED, or IN_PROCESS when publishing failed: why.
+    #: FAILED, DROPPED: why.
     error: str | None = None
-    #: FORKED, INLINE: the reaper follows the trace (its outcome is logged when published).
-    watched: bool = False
-
-    @property
-    def pending(self) -> bool:
-        """The trace is still being published (its outcome is logged when it is)."""
-        return self.watched
+    #: FORKED, INLINE: the publication's outcome, once it is known (published: its ``error`` is None).
+    outcome: futures.Future[PublishStatus] | None = None
 
 
 class TraceWriter:
-    """Hands finished traces to publisher processes and reaps them off the training thread.
+    """Hands finished traces to the rank's publisher (:class:`Publications`, its own thread).
 
     ``staging`` must be open (:meth:`StagingArea.open`); the writer closes it in :meth:`close`.
     """
@@ -123,7 +114,7 @@ class TraceWriter:
         self.rank = rank
         mode = config.mode if hasattr(os, "fork") else "inline"
         self.planner = planner or ExportPlanner(mode, staging, config.min_free_host_mb << 20)
-        #: ``publish_cpu_seconds``: the last publisher process's CPU time (status.PublishCpu).
+        #: ``publish_cpu_seconds``: the last publication's CPU time, export included (status.PublishCpu).
         self.stats: dict[str, float] = {"traces_written": 0, "trace_mb": 0.0, "publish_seconds": 0.0,
                                         "publish_cpu_seconds": 0.0, "publish_failures": 0,
                                         "publications_waited_for": 0, "publication_waits_timed_out": 0}
@@ -131,9 +122,16 @@ class TraceWriter:
         #: Totals for the publishing vote (backpressure, rank 0's line per cycle).
         self.progress = PublishProgress()
         self.accepting = True
-        #: Where a trace's publisher comes from: the fork server, a process per trace, or here.
-        self.publishers = Publishers(self.output_dir, staging, config, rank)
-        self._reaper = Reaper(rank, config.flush_timeout, self._on_reaped, hand_off=self.publishers.hand_off)
+        #: Traces handed to the publisher whose outcome is not known yet (pruned when read).
+        self._outcomes: list[futures.Future[PublishStatus]] = []
+        #: The rank's publisher and every publication, on their own thread (None: it could not start).
+        self.publications: Publications | None = None
+        self._no_publications: str | None = None
+        try:
+            self.publications = Publications(self.output_dir, staging, config, rank, self._record)
+        except (RuntimeError, OSError) as err:  # "can't start new thread" (a pids limit), no descriptors
+            self._no_publications = f"no thread to publish it could start ({err})"
+            logger.warning("rank %d: %s; traces will not be published", rank, self._no_publications)
         self._warned_slow_fork = False
         #: ``--torch-profile-publish-wait auto``: the node's idle cores since the last flush.
         self._idle_cpu = (idle_cpu or IdleCpuProbe()) if config.publish_wait == "auto" else None
@@ -142,8 +140,9 @@ class TraceWriter:
 
     @property
     def in_flight(self) -> int:
-        return self._reaper.in_flight
-
+        """Traces handed over and not published (or failed) yet."""
+        self._outcomes = [outcome for outcome in self._outcomes if not outcome.done()]
+        return len(self._outcomes)
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -188,7 +187,8 @@ class TraceWriter:
                extra_files: Sequence[ExtraFile] = (),
                companion: Companion | None = None) -> Submission:
         """Export a stopped profiler's trace of ``cycle`` (``naming.cycle_dir_name``) via
-        ``export(path)`` and publish it in the background; returns which way it went.
+        ``export(path)`` and hand it to the rank's publisher; returns which way it went (waits for the
+        publication when ``--torch-profile-publish-wait`` says so).
 
         ``steps``: recorded steps (sizes the next estimate).  ``extra_files`` are published with
         the trace; they must already lie in one of ``staging.dirs``.  Never raises: failures are
@@ -198,42 +198,41 @@ class TraceWriter:
         if not self.accepting:
             logger.warning("rank %d: trace %s dropped: the process is shutting down", self.rank, name)
             return Submission(Route.DROPPED, error="the process is shutting down")
+        if self.publications is None:
+            logger.error("rank %d: trace %s was not written: %s", self.rank, name, self._no_publications)
+            self._count_failure()
+            return Submission(Route.FAILED, error=self._no_publications)
         plan = self.planner.plan(steps)
         if plan.note:
             logger.warning("rank %d: trace %s: %s", self.rank, name, plan.note)
         job, job_path = self._job_file(plan.staging, cycle, stem, extra_files,
                                        memory=companion is not None and plan.mode == "fork")
         try:
-            job.save(job_path)
-            pending = self._fork(export, job, job_path, steps, companion) if plan.mode == "fork" else None
-            if pending is None and plan.mode == "fork":  # the fork failed: inline, on disk
-                remove_job_files(job, job_path)
-                plan = self.planner.fallback(steps)
-                job, job_path = self._job_file(plan.staging, cycle, stem, extra_files)
+            forked = None
+            if plan.mode == "fork":
                 job.save(job_path)
-            route = Route.FORKED if pending is not None else Route.INLINE
-            if pending is None:
+                forked = self._fork(export, job, job_path, companion)
+                if forked is None:  # the fork failed: inline, on disk
+                    job.remove_leftovers(job_path)
+                    plan = self.planner.fallback(steps)
+                    job, job_path = self._job_file(plan.staging, cycle, stem, extra_files)
+            if forked is not None:
+                route, outcome = Route.FORKED, self.publications.forked(job, job_path, steps, forked)
+            else:
                 job = self._export_inline(export, job)
-                job.save(job_path)
-                if self.publishers.serving and self._reaper.start():  # its thread hands it to the server
-                    pending = Pending(None, job, job_path, steps, None, stage=Stage.STAGED)
-                else:
-                    pending = self._spawn_publisher(job, job_path, steps)
-                if pending is None:
-                    return self._publish_here(job, job_path, steps)
+                route, outcome = Route.INLINE, self.publications.staged(job, steps)
         except Exception as err:
-            remove_job_files(job, job_path)
+            job.remove_leftovers(job_path)
             self._count_failure(job.trace_path)
             logger.error("rank %d: could not export trace %s: %s: %s; training continues",
                          self.rank, name, type(err).__name__, err)
             return Submission(Route.FAILED, job.trace_path, error=f"{type(err).__name__}: {err}")
-        self._reaper.watch(pending)
-        pid = pending.pid  # the process it was handed to (a fork server's worker takes it later)
+        self._outcomes.append(outcome)
         if self._waits(name):
-            self._wait(pending, name)
+            self._wait(outcome, name)
         if self._idle_cpu is not None:
             self._idle_cpu.mark()  # the next window's stretch starts once this flush is done
-        return Submission(route, job.trace_path, pid=pid, watched=True)
+        return Submission(route, job.trace_path, outcome=outcome)
 
     def _waits(self, name: str) -> bool:
         """Whether this flush waits for its publication (``--torch-profile-publish-wait``)."""
@@ -241,10 +240,10 @@ class TraceWriter:
             return self.config.publish_wait == "always"
         return self._idle_cpu is not None and node_was_busy(self._idle_cpu, self.rank, name)
 
-    def _wait(self, pending: Pending, name: str) -> None:
-        """Hold the training thread until ``pending`` is published, or the wait's timeout."""
+    def _wait(self, outcome: futures.Future[PublishStatus], name: str) -> None:
+        """Hold the training thread until the trace is published (or failed), or the wait's timeout."""
         timeout = self.config.publish_wait_timeout
-        if self._reaper.wait_for(pending, time.monotonic() + timeout):
+        if futures.wait([outcome], timeout).done:
             self.stats["publications_waited_for"] += 1
             return
         self.stats["publication_waits_timed_out"] += 1
@@ -258,29 +257,18 @@ class TraceWriter:
         return job, str(staging / f"{cycle}_{stem}.job.json")
 
     def _fork(self, export: Callable[[str], None], job: PublishJob, job_path: str,
-              steps: int, companion: Companion | None = None) -> Pending | None:
-        """Fork the exporter; None when the fork itself fails (logged; the caller goes inline).
-
-        With the fork server, the child exits once the trace is staged (then the reaper hands it
-        to a worker of the server); else it ``exec``\\ s the publisher."""
-        read_fd, write_fd = os.pipe()
-        serving = self.publishers.serving
-        argv = None if serving else self.publishers.argv(job_path, write_fd)
+              companion: Companion | None = None) -> Exporter | None:
+        """Fork the exporter; None when the fork itself fails (logged; the caller goes inline)."""
         started = time.monotonic()
         try:
-            pid = fork_export(export, job, job_path, argv, publisher_env(),
-                              keep_fds=(write_fd, *self.staging.lock_fds), companion=companion,
-                              background=self.config.publisher_priority == IDLE)
-            self._note_fork_time(time.monotonic() - started)
+            exporter = fork_export(export, job, job_path, companion=companion,
+                                   background=self.config.publisher_priority == IDLE)
         except OSError as err:
-            os.close(read_fd)
             logger.warning("rank %d: fork failed (%s); exporting %s inline on the training thread instead",
                            self.rank, err.strerror or err, Path(job.trace_path).name)
             return None
-        finally:
-            os.close(write_fd)
-        return Pending(pid, job, job_path, steps, read_fd,
-                       stage=Stage.EXPORTING if serving else Stage.PUBLISHING)
+        self._note_fork_time(time.monotonic() - started)
+        return exporter
 
     def _note_fork_time(self, seconds: float) -> None:
         """Warn once when ``fork()`` itself held the training thread for long (see SLOW_FORK_S)."""
@@ -309,38 +297,17 @@ class TraceWriter:
             raise
         return dataclasses.replace(job, export_seconds=time.thread_time() - started)
 
-    def _spawn_publisher(self, job: PublishJob, job_path: str, steps: int) -> Pending | None:
-        """Start the publisher of an exported trace; None when no process can start (logged)."""
-        started = self.publishers.start_process(job, job_path, "on the training thread")
-        if started is None:
-            return None
-        popen, read_fd = started
-        return Pending(popen.pid, job, job_path, steps, read_fd, popen=popen)
-
-    def _publish_here(self, job: PublishJob, job_path: str, steps: int) -> Submission:
-        """Publish on the training thread (no process could start) and record the outcome now."""
-        started = time.monotonic()
-        status = publish(job)
-        remove_job_files(job, job_path)
-        self._record(job, steps, started, status)
-        return Submission(Route.IN_PROCESS, job.trace_path, error=status.error)
-
     # -- outcomes --------------------------------------------------------------------------
 
     def _count_failure(self, trace_path: str | None = None) -> None:
         self.stats["publish_failures"] += 1
         self.progress.add(trace_path or "", ok=False)
 
-    def _on_reaped(self, pending: Pending, status: PublishStatus) -> None:
-        """The reaper's callback (on its thread) when a publisher process ended."""
-        self._record(pending.job, pending.steps, pending.started, status)
-
-    def _record(self, job: PublishJob, steps: int, started: float, status: PublishStatus) -> None:
-        """Learn the trace's size, count and log the outcome of ``job`` (``started``: monotonic,
-        when it was handed over)."""
-        trace_path = job.trace_path
+    def _record(self, publication: Publication, status: PublishStatus) -> None:
+        """On the publications thread, once per trace: learn its size, count and log its outcome."""
+        trace_path = publication.job.trace_path
         if status.raw_mb is not None:
-            self.planner.learn(status.raw_mb * 1e6, steps)
+            self.planner.learn(status.raw_mb * 1e6, publication.steps)
         if status.error is not None:
             self._count_failure(trace_path)
             logger.error("rank %d: trace %s was not written: %s", self.rank, trace_path, status.error)
@@ -351,7 +318,7 @@ class TraceWriter:
         if status.cpu is not None:
             self.stats["publish_cpu_seconds"] = status.cpu.total
         self.published.append(trace_path)
-        seconds = time.monotonic() - started
+        seconds = time.monotonic() - publication.started
         self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds)
         # DEBUG: at 512 ranks, rank 0's one line per cycle says it (runtime/publish_vote.py)
         logger.debug("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
@@ -371,29 +338,29 @@ class TraceWriter:
         """Stop accepting traces, wait for pending ones until ``deadline`` (monotonic, or a callable
         asked again while waiting), stop the rest (their partial files removed), remove staging."""
         self.accepting = False
-        count = self.in_flight
-        if self.config.publisher_priority == IDLE:  # training is over: nothing to yield the CPU to
-            self.publishers.leave_idle_policy()
-            for pending in self._reaper.pending():
-                if pending.pid is not None:
-                    leave_idle_policy(pending.pid)
+        publications = self.publications
+        if publications is not None and self.config.publisher_priority == IDLE:
+            publications.leave_idle_policy()  # training is over: nothing to yield the CPU to
         current = deadline if callable(deadline) else (lambda: deadline)
-        if count and current() > time.monotonic():
+        if self.in_flight and current() > time.monotonic():
             level = logging.INFO if self.rank == 0 else logging.DEBUG  # one line, not one per rank
             logger.log(level, "rank %d: waiting up to %.0f s for %d trace(s) to be published", self.rank,
-                       current() - time.monotonic(), count)
-        if not self._reaper.wait_all(current):
-            logger.error("rank %d: %d trace(s) not published within %s; stopping them", self.rank,
-                         self.in_flight, why)
-            self._reaper.stop_all()
-        self._reaper.close()
-        self.publishers.close()
+                       current() - time.monotonic(), self.in_flight)
+        while self.in_flight and (left := current() - time.monotonic()) > 0:
+            futures.wait(self._outcomes, min(left, 0.1), return_when=futures.FIRST_COMPLETED)
+        if publications is not None:
+            if self.in_flight:
+                logger.error("rank %d: %d trace(s) not published within %s; stopping them", self.rank,
+                             self.in_flight, why)
+                publications.stop_all(why)
+            publications.close()
         self.staging.close()
 
     def abandon(self) -> None:
         """From a watchdog thread while the training thread is stuck: stop every process now and
         remove their files and the staging directories."""
         self.accepting = False
-        self._reaper.stop_all()
-        self.publishers.kill()
+        if self.publications is not None:
+            self.publications.stop_all("--torch-profile-term-grace")
+            self.publications.close()
         self.staging.close()
