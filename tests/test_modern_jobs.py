@@ -113,3 +113,21 @@ def test_a_functional_collective_s_wait_is_waiting_on_the_path(traced: Callable[
                  if "wait_tensor" in item["name"] and item["category"] != "communication")
     assert waited < 0.5, report["top"]
     assert any(item["category"] == "communication" for item in report["top"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["fsdp2", "fsdp2-compiled"])
+def test_fsdp2_s_shards_and_adamw_state_are_what_each_rank_holds(shape: str, traced: Callable[[str], Path],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Each rank holds its parameters' shards and AdamW's state for them (2x): within 10 % of the
+    job's own count (``to_local()`` of every sharded parameter), whoever categorised the memory."""
+    prof = traced(shape)
+    assert torchprof(["mem", str(prof), "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    truth = rank_results(prof.parent)
+    for row in report["ranks"]:
+        expected = truth[row["rank"]]
+        for category in ("parameter", "optimizer_state"):
+            measured = row["by_category"][category]
+            assert abs(measured - expected[f"{category}_bytes"]) <= 0.1 * expected[f"{category}_bytes"], (
+                row["rank"], category, measured, expected)

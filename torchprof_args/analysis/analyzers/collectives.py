@@ -41,7 +41,7 @@ from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["CommRecord", "CompactRecords", "RankComms", "canonical_kind", "dtype_bytes", "match_issues",
-           "rank_collectives", "run_kind"]
+           "rank_collectives", "run_kind", "tensor_bytes"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -198,6 +198,18 @@ def _numel(dims_text: str | None, index: int | None = None) -> int | None:
         return sum(count(x) for x in node) if isinstance(node, list) else 0
 
     return count(dims) or None
+
+
+def tensor_bytes(dims_text: str | None, types_text: str | None, index: int) -> int | None:
+    """Bytes of an operator's input ``index`` from its ``Input Dims`` / ``Input type`` texts (None:
+    not recorded)."""
+    count = _numel(dims_text, index)
+    try:
+        types = json.loads(types_text) if types_text else []
+    except ValueError:
+        return None
+    elem = dtype_bytes(types[index]) if isinstance(types, list) and len(types) > index else None
+    return count * elem if count is not None and elem else None
 
 
 def _first_type(types_text: str | None) -> str | None:

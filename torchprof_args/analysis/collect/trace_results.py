@@ -119,7 +119,7 @@ DIAGNOSIS = Part("diagnosis", RankDiagnosis, DIAGNOSIS_FORMAT, lambda trace, top
 CRITICAL_PATH = Part("critical_path", RankPaths, PATHS_FORMAT, lambda trace, top, path: rank_paths(trace),
                      comms=True)
 MEMORY = Part("memory", MemoryPart, MEMORY_FORMAT, lambda trace, top, path: trace_memory_part(trace),
-              memory_rows=True)
+              memory_rows=True, comms=True)
 #: every part, in the sidecar's key order (a sidecar holds them all).
 PARTS: tuple[Part[Any], ...] = (SUMMARY, DIAGNOSIS, CRITICAL_PATH, MEMORY)
 

@@ -28,7 +28,7 @@ PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(M
 #: the phases of a training step.
 PHASES = ("forward", "backward", "after_backward", "optimizer", "zero_grad", "other")
 #: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
-MEMORY_FORMAT = 1
+MEMORY_FORMAT = 2  # 2: FSDP2 parameters sized by their shards
 
 
 def human_bytes(n: float | None) -> str:

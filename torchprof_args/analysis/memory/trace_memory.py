@@ -14,7 +14,8 @@ categorised by where they were made and how long they lived:
 
 Memory allocated before the window and held through it has no event of its own, only the
 allocator's total: its split is **inferred** (and the part's notes say so): parameters as the bytes
-of one step's gradients (every parameter trains, gradients in its dtype), optimizer state as the
+of one step's gradients (every parameter trains, gradients in its dtype) or, under FSDP2
+(``fully_shard``), as the rank's shards (what FSDP2 all-gathers in a step's forward), optimizer state as the
 optimizer's usual multiple of them (Adam: 2, from the ``Optimizer.step#Adam.step`` annotation),
 the rest ``other``.  Memory freed in ``zero_grad`` that was allocated before the window is
 gradients.
@@ -28,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.collectives import tensor_bytes
 from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.analyzers.select import lookup
+from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
 from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
@@ -52,6 +55,10 @@ OPTIMIZER_STATE_MULTIPLE = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAd
 _OP_CATS = ("cpu_op", "user_annotation")
 _BACKWARD = ("autograd::engine::evaluate_function",)
 _ACCUMULATE = ("torch::autograd::AccumulateGrad",)
+#: FSDP2's annotation at each parameter group's backward: a step's first is where its forward ended.
+_FSDP_PRE_BACKWARD = "FSDP::pre_backward"
+#: the operator FSDP2 all-gathers a group's shards with: its input (the second) is the rank's shard.
+_ALLGATHER_BASE = "c10d::_allgather_base_"
 
 
 def device_label(code: int) -> str:
@@ -257,6 +264,11 @@ def _split_held(trace: Trace, held: int | None, table: list[tuple[float, float, 
     optimizer = _optimizer_name(trace)
     made_state = sum(size for start, end, size, cat, _ in table if cat == OPTIMIZER_STATE)
     multiple = OPTIMIZER_STATE_MULTIPLE.get(optimizer or "")
+    shards = _fsdp_shard_bytes(trace, steps)
+    sized_by = (f"the rank's FSDP2 shards, as its forward all-gathers them ({shards / 2**20:.1f} MiB)"
+                if shards else f"the bytes of one step's gradients ({grad_bytes / 2**20:.1f} MiB, every "
+                               "parameter training)")
+    grad_bytes = shards or grad_bytes
     parameters = grad_bytes if held is None else min(grad_bytes, held)
     rest = None if held is None else held - parameters
     guess = None if multiple is None else max(0, multiple * parameters - made_state)
@@ -265,13 +277,34 @@ def _split_held(trace: Trace, held: int | None, table: list[tuple[float, float, 
            if multiple is not None else
            f"optimizer state {'as the rest of the memory held' if held else 'unknown'} (optimizer "
            f"{optimizer or 'not recorded'})")
-    notes.append(f"parameters inferred as the bytes of one step's gradients ({parameters / 2**20:.1f} MiB, "
-                 f"every parameter training); {how}")
+    notes.append(f"parameters inferred as {sized_by}; {how}")
     if held is None:
         notes.append("the CPU allocator's totals count only what was allocated while recording: memory held "
                      "before the window is inferred, not measured")
         return [(PARAMETER, parameters), (OPTIMIZER_STATE, state)]
     return [(PARAMETER, parameters), (OPTIMIZER_STATE, state), (OTHER, (rest or 0) - state)]
+
+
+def _fsdp_shard_bytes(trace: Trace, steps: list[tuple[str, float, float]]) -> int | None:
+    """The parameter bytes a rank holds under FSDP2 (``fully_shard``): its shards, which FSDP2
+    all-gathers once per parameter group in a step's forward (the inputs of the step's
+    ``c10d::_allgather_base_`` before its first ``FSDP::pre_backward``; in the all-gather's dtype).
+    None: no FSDP2 step in the trace, or shapes (``record_shapes``) not recorded."""
+    if trace.comms is None or not any(name.startswith(_FSDP_PRE_BACKWARD) for name in trace.names):
+        return None
+    backward = lookup(trace.names, lambda name: name.startswith(_FSDP_PRE_BACKWARD))[trace.name_id]
+    starts = np.sort(trace.ts[backward])
+    ts, name, dims, types = (COMM_FIELDS.index(f) for f in ("ts", "name", "input_dims", "input_type"))
+    gathers = [(row[ts], tensor_bytes(row[dims], row[types], 1)) for row in trace.comms
+               if row[name] == _ALLGATHER_BASE]
+    for _, start, end in steps:
+        first = int(np.searchsorted(starts, start))
+        if first == len(starts) or starts[first] > end:
+            continue
+        forward = [size for at, size in gathers if start <= at < starts[first]]
+        if forward and None not in forward:
+            return sum(size for size in forward if size is not None)
+    return None
 
 
 def _optimizer_name(trace: Trace) -> str | None:
