@@ -13,6 +13,7 @@ from helpers.paths import DATA
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.diagnose.job_findings import diagnose
+from torchprof_args.analysis.diagnose.kinds.low_mfu import step_flops
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis
 from torchprof_args.analysis.jsonout import finite
 from torchprof_args.console import main as torchprof
@@ -62,3 +63,20 @@ def test_fp8_peak_halves_the_mfu_through_the_command(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad:
         torchprof(["diagnose", str(path), "--peak-tflops", "-3"])
     assert bad.value.code == 2 and "--peak-tflops: must be > 0" in capsys.readouterr().err
+
+
+def test_a_cpu_job_s_mfu_is_judged_against_the_peak_given() -> None:
+    """A CPU trace (no GPU kernels) with its FLOPs: without a peak, the gap names --peak-tflops (not
+    the GPU activity flag: no use on a CPU job); with one, its MFU is FLOPs per step over the peak."""
+    trace = load_trace(DATA / "cpu_2rank_manual_dp_rank0.json.gz", comms=True, flops=True)
+    rank_doc = rank_diagnosis(trace)
+    plain = finite(diagnose([rank_doc], trace.path))
+    (gap,) = [g for g in plain["gaps"] if g["kind"] == "low_mfu"]
+    assert gap["flag"] == "--peak-tflops" and "CPU job" in gap["reason"]
+    ctx = context(trace)
+    flops = step_flops(trace)
+    assert flops
+    peak = flops / ctx.n_steps / (ctx.step_us / 1e6) / 1e12 / 0.02  # a peak the job uses 2 % of
+    finding = _low_mfu(finite(diagnose([rank_doc], trace.path, peak_tflops=peak)))
+    assert finding is not None and finding["evidence"]["device"] == "CPU"
+    assert finding["evidence"]["mfu"] == pytest.approx(0.02, rel=0.01)

@@ -165,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--priority", choices=PRIORITIES, default=NORMAL,
                         help="idle: lower this process to the lowest CPU and I/O priority "
                              "(--torch-profile-publisher-priority); normal (default): leave it as it is")
+    parser.add_argument("--parent", type=int, default=None,
+                        help="the training process: the publisher ends when it is gone (default: the "
+                             "parent at start)")
     args = parser.parse_args(argv)
+    # the trainer's pid as it started us, not as found after our imports: it may have died meanwhile
+    parent = args.parent if args.parent is not None else os.getppid()
     if args.priority == IDLE:
         for skipped in lower_to_background():  # TORCHPROF_LOG_LEVEL=DEBUG shows what this platform lacks
             get_logger(__name__).debug("publisher priority not lowered: %s", skipped)
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not end up among the replies
-    return serve(sys.stdin.fileno(), replies, args.staging, args.output, parent=os.getppid())
+    return serve(sys.stdin.fileno(), replies, args.staging, args.output, parent=parent)
 
 
 def serve(jobs: int, replies: BinaryIO, staging: list[str], output: str, *, parent: int | None = None) -> int:
@@ -235,7 +240,8 @@ def run_job(line: bytes, staging: list[str], output: str, *, start_cpu: float = 
 def publisher_argv(staging_dirs: list[str], output_dir: str, priority: str = IDLE) -> list[str]:
     """The command line that starts a rank's publisher (at ``priority``, see
     :mod:`~torchprof_args.runtime.export.priority`)."""
-    argv = [sys.executable, "-m", __name__, "--output", output_dir, "--priority", priority]
+    argv = [sys.executable, "-m", __name__, "--output", output_dir, "--priority", priority,
+            "--parent", str(os.getpid())]
     for directory in staging_dirs:
         argv += ["--staging", directory]
     return argv

@@ -29,7 +29,7 @@ from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tflops as table_peak
 
-__all__ = ["FLOPS_FLAG", "KIND", "KNOWN_SHARE", "SCOPE", "TARGET_MFU", "THRESHOLD", "analyze",
+__all__ = ["CPU_DEVICE", "FLOPS_FLAG", "KIND", "KNOWN_SHARE", "SCOPE", "TARGET_MFU", "THRESHOLD", "analyze",
            "compute_accounted", "device_name", "judge", "mfu_inputs", "step_flops"]
 
 KIND = "low_mfu"
@@ -46,6 +46,10 @@ KNOWN_SHARE = 0.9
 FLOPS_FLAG = "--torch-profile-record-shapes"
 REMEDY = ("raise the arithmetic intensity: bf16/fp8, larger micro-batches, fused kernels (FlashAttention, "
           "torch.compile), fewer recomputations; fix the larger findings above first")
+
+
+#: the device of a trace without GPU kernels: its MFU is the CPU's, against ``--peak-tflops`` only.
+CPU_DEVICE = "CPU"
 
 
 def device_name(trace: Trace) -> str | None:
@@ -93,18 +97,19 @@ def mfu_inputs(trace: Trace) -> MfuInputs | Gap:
     """What MFU needs from one rank's trace, kept in the sidecar so ``diagnose`` judges
     it (once, against the peak asked for) without the trace; a Gap when the trace cannot give it."""
     ctx = context(trace)
-    if not ctx.has_gpu:
-        return Gap(KIND, "the trace has no GPU kernels, so there is no GPU peak to compare with",
-                   "--torch-profile-activities cpu cuda")
     if trace.flops is None:
         return Gap(KIND, "the trace was loaded without its FLOP counts (load_trace(..., flops=True))")
     total = step_flops(trace)
     if total is None:
         return Gap(KIND, "the trace has no operator shapes to count FLOPs from", FLOPS_FLAG)
+    evidence = {**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)}
+    per_step = total / ctx.n_steps
+    if not ctx.has_gpu:  # a CPU job: judged against the peak --peak-tflops gives
+        return MfuInputs(rank=trace.rank or 0, flops_per_step=per_step, step_ms=ctx.step_us / 1000.0,
+                         device=CPU_DEVICE, step_evidence=evidence)
     compute_us, accounted_us = compute_accounted(trace)
-    return MfuInputs(rank=trace.rank or 0, flops_per_step=total / ctx.n_steps, step_ms=ctx.step_us / 1000.0,
-                     device=device_name(trace),
-                     step_evidence={**ctx.evidence(), "perfetto_ts_us": round(ctx.longest_step_ts, 3)},
+    return MfuInputs(rank=trace.rank or 0, flops_per_step=per_step, step_ms=ctx.step_us / 1000.0,
+                     device=device_name(trace), step_evidence=evidence,
                      compute_ms=ctx.ms(compute_us), accounted_ms=ctx.ms(accounted_us))
 
 
@@ -123,7 +128,10 @@ def judge(inputs: MfuInputs, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding
         The finding; a gap when the peak is unknown; None at an MFU above :data:`THRESHOLD`'s.
     """
     name, dtype = inputs.device, kind_ctx.peak.dtype
-    peak = kind_ctx.peak.tflops or (table_peak(name, dtype) if name else None)
+    peak = kind_ctx.peak.tflops or (table_peak(name, dtype) if name and name != CPU_DEVICE else None)
+    if not peak and name == CPU_DEVICE:
+        return Gap(KIND, "a CPU job (no GPU kernels in the trace): a CPU's peak is not in the table; give it "
+                         "(all the rank's cores, in the dtype it computes in) to judge MFU", "--peak-tflops")
     if not peak:
         return Gap(KIND, f"the {dtype} peak of device {name!r} is not in the table", "--peak-tflops")
     flops, step_ms = inputs.flops_per_step, inputs.step_ms
