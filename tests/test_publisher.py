@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import faults
 from helpers.paths import DATA
+from helpers.processes import wait_until
 
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export.job import PublishJob
@@ -44,14 +45,6 @@ def export_large(path: str) -> None:
     trace["traceEvents"] = trace["traceEvents"] * 10
     Path(path).write_text(json.dumps(trace))
 
-
-def wait_until(condition, seconds: float = 30.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def publisher() -> int:

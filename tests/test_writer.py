@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import faults
+from helpers.processes import wait_until
 
 from torchprof_args.runtime.config import ExportConfig
 from torchprof_args.runtime.export import writer as writer_module
@@ -38,14 +39,6 @@ def published(tmp_path: Path) -> list[str]:
 def staged(writer: TraceWriter) -> list[str]:
     return [p.name for p in writer.staging.dirs[0].iterdir() if p.name != LOCK_NAME]
 
-
-def wait_until(condition, seconds: float = 30.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def close(writer: TraceWriter) -> None:

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from helpers.paths import REPO
@@ -93,3 +95,13 @@ def kill_job(launcher: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait()
+
+
+def wait_until(condition: Callable[[], object], seconds: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``seconds`` have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
