@@ -146,6 +146,17 @@ def test_records_are_typed_and_a_line_of_another_shape_is_named(tmp_path: Path) 
     assert record.iteration == 2 and record.metrics == {"iteration-time": 1.0} and record.per_rank == {}
 
 
+def test_numpy_figures_are_written_and_read_back(tmp_path: Path) -> None:
+    """Figures computed with numpy (float64, a float subclass) are written as before and read typed."""
+    import numpy as np
+
+    sink = JsonlSink(tmp_path / "metrics.jsonl", RunMarker.here(0, 2))
+    sink.write(2, {"mfu": np.float64(0.25)}, {"gpu/sm-clock-mhz": [np.float64(1980.0), None]})
+    sink.close()
+    (record,) = read_records(tmp_path / "metrics.jsonl")
+    assert record.metrics == {"mfu": 0.25} and record.per_rank == {"gpu/sm-clock-mhz": [1980.0, None]}
+
+
 def test_a_silent_process_says_it_is_alive(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path / "metrics.jsonl", RunMarker.here(5, 1), alive_seconds=0.05)
     time.sleep(0.3)

@@ -73,8 +73,13 @@ class MetricsRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     per_rank: dict[str, list[float | None]] = {}
 
     def to_line(self) -> dict[str, Any]:
-        """The record as the line's JSON object."""
-        return msgspec.to_builtins(self)
+        """The record as the line's JSON object (the values as given: a float subclass such as
+        numpy's float64 stays one for ``json``)."""
+        line: dict[str, Any] = {"iteration": self.iteration, "timestamp": self.timestamp,
+                                "metrics": dict(self.metrics)}
+        if self.per_rank:
+            line["per_rank"] = {key: list(values) for key, values in self.per_rank.items()}
+        return line
 
 
 def process_start_time() -> float | None:
