@@ -25,7 +25,15 @@ from torchprof_args.analysis.analyzers.collective_match import (
     bus_factor,
     match_collectives,
 )
-from torchprof_args.analysis.analyzers.collectives import CommRecord, RankComms, canonical_kind, dtype_bytes
+from torchprof_args.analysis.analyzers.collectives import (
+    CommRecord,
+    RankComms,
+    backend_of,
+    canonical_kind,
+    dtype_bytes,
+    match_issues,
+    run_kind,
+)
 from torchprof_args.analysis.collect.pool import collect
 from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
 from torchprof_args.analysis.decode.loader import load_trace
@@ -137,6 +145,18 @@ def test_matching_by_sequence_number_and_alignment_of_a_missing_record() -> None
     assert compared == [("all_reduce", 2, 1.0), ("all_gather", 1, 0.0), ("all_reduce", 2, 30.0)]
     cpu = [RankComms(r, f"r{r}", "gloo", [_record("barrier", r, channel="barrier")], 2, []) for r in range(2)]
     assert match_collectives(cpu)["matched_by"] == MATCH_KIND_ORDER
+
+
+def test_a_run_is_matched_to_the_operator_that_issued_it() -> None:
+    """gloo runs FSDP2's one-tensor reduce-scatter as an all-reduce (another backend as itself); the
+    n-th run of a kind is the n-th issue of it once that has started, a run before any is unmatched."""
+    assert run_kind("c10d::_reduce_scatter_base_") == "all_reduce" == run_kind("c10d::allreduce_")
+    assert run_kind("c10d::_reduce_scatter_base_", "xccl") == "reduce_scatter"
+    assert run_kind("c10d::reduce_scatter_") == "reduce_scatter"
+    assert backend_of(["gloo:all_reduce", "gloo:all_gather", "xccl:all_reduce"]) == "gloo"
+    issues = [("all_reduce", 10.0), ("all_gather", 11.0), ("all_reduce", 12.0)]
+    runs = [("all_reduce", 5.0), ("all_reduce", 10.5), ("all_gather", 11.5), ("all_reduce", 13.0)]
+    assert match_issues(issues, runs) == {1: 0, 2: 1, 3: 2}
 
 
 def test_bus_bandwidth_factors_are_nccl_tests() -> None:

@@ -112,7 +112,6 @@ def test_a_functional_collective_s_wait_is_waiting_on_the_path(traced: Callable[
     waited = sum(item["ms_per_step"] for item in report["top"]
                  if "wait_tensor" in item["name"] and item["category"] != "communication")
     assert waited < 0.5, report["top"]
-    assert any(item["category"] == "communication" for item in report["top"])
 
 
 @pytest.mark.slow

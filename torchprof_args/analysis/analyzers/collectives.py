@@ -27,7 +27,7 @@ import functools
 import json
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -41,7 +41,7 @@ from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["CommRecord", "CompactRecords", "RankComms", "canonical_kind", "dtype_bytes", "match_issues",
-           "rank_collectives", "run_kind", "tensor_bytes"]
+           "backend_of", "rank_collectives", "run_kind", "tensor_bytes"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -338,14 +338,20 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
     return records
 
 
-def run_kind(operator: str) -> str:
-    """The collective gloo runs for the c10d operator ``operator``: its own kind, but the reduce-scatter
-    of one tensor (``_reduce_scatter_base_``, ``reduce_scatter_tensor_coalesced_``: FSDP2's) is an
-    all-reduce there."""
+def run_kind(operator: str, backend: str = "gloo") -> str:
+    """The collective ``backend`` runs for the c10d operator ``operator``: its own kind, but gloo runs
+    the reduce-scatter of one tensor (``_reduce_scatter_base_``, ``reduce_scatter_tensor_coalesced_``:
+    FSDP2's) as an all-reduce."""
     kind = canonical_kind(operator)
-    if kind == "reduce_scatter" and ("base" in operator or "tensor" in operator):
+    if backend == "gloo" and kind == "reduce_scatter" and ("base" in operator or "tensor" in operator):
         return "all_reduce"
     return kind
+
+
+def backend_of(runs: Sequence[str]) -> str:
+    """The backend that ran these collectives (``gloo:all_reduce`` -> ``gloo``), the most common one."""
+    found = Counter(name.split(":", 1)[0] for name in runs)
+    return found.most_common(1)[0][0] if found else "gloo"
 
 
 def match_issues(issues: Sequence[tuple[Hashable, float]],
@@ -372,7 +378,8 @@ def match_issues(issues: Sequence[tuple[Hashable, float]],
 def _issuers(rows: list[dict[str, Any]], issued: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """Per row of ``rows`` (gloo's collectives, on its worker threads), the c10d operator that issued
     it (``issued``: on the training threads), or None (:func:`match_issues`)."""
-    found = match_issues([(run_kind(op["name"]), op["ts"]) for op in issued],
+    backend = backend_of([row["name"] for row in rows])
+    found = match_issues([(run_kind(op["name"], backend), op["ts"]) for op in issued],
                          [(canonical_kind(row["name"]), row["ts"]) for row in rows])
     return [issued[found[i]] if i in found else None for i in range(len(rows))]
 

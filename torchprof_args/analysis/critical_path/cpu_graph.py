@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.collectives import are_metrics, canonical_kind, match_issues, run_kind
+from torchprof_args.analysis.analyzers.collectives import (
+    are_metrics,
+    backend_of,
+    canonical_kind,
+    match_issues,
+    run_kind,
+)
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import (
     COLLECTIVE_ISSUE_RE,
@@ -278,7 +284,8 @@ def _issuers(trace: Trace, cpu: CpuEvents) -> dict[int, int]:
     def name(k: int) -> str:
         return trace.names[trace.name_id[cpu.events[k]]]
 
-    found = match_issues([((pid[cpu.thread[k]], run_kind(name(k))), float(ts[k])) for k in issues],
+    backend = backend_of([name(r) for r in runs])
+    found = match_issues([((pid[cpu.thread[k]], run_kind(name(k), backend)), float(ts[k])) for k in issues],
                          [((pid[cpu.thread[r]], canonical_kind(name(r))), float(ts[r])) for r in runs])
     return {runs[r]: issues[k] for r, k in found.items()}
 
