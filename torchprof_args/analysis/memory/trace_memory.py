@@ -268,8 +268,8 @@ def _split_held(trace: Trace, held: int | None, table: list[tuple[float, float, 
     sized_by = (f"the rank's FSDP2 shards, as its forward all-gathers them ({shards / 2**20:.1f} MiB)"
                 if shards else f"the bytes of one step's gradients ({grad_bytes / 2**20:.1f} MiB, every "
                                "parameter training)")
-    grad_bytes = shards or grad_bytes
-    parameters = grad_bytes if held is None else min(grad_bytes, held)
+    measured = shards or grad_bytes
+    parameters = measured if held is None else min(measured, held)
     rest = None if held is None else held - parameters
     guess = None if multiple is None else max(0, multiple * parameters - made_state)
     state = (guess or 0) if rest is None else rest if guess is None else min(rest, guess)
