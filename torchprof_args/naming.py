@@ -41,6 +41,7 @@ __all__ = [
     "companion_relpath",
     "rank_from_file_name",
     "safe_token",
+    "host_from_file_name",
     "short_hostname",
     "sidecar_path",
     "stacks_file_name",
@@ -92,6 +93,7 @@ METRICS_FILENAME = "metrics.jsonl"
 WANDB_RUN_FILENAME = "wandb_run.json"
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_HOST_IN_NAME = re.compile(r"^rank\d+_(.+)_pid\d+")
 _CYCLE_DIR = re.compile(r"^iter(\d+)-(\d+)$")
 #: a cycle stated in a file name of the flat layout (``..._iter000003-000004.pt.trace.json.gz``).
 _CYCLE_IN_NAME = re.compile(r"_iter(\d+)-(\d+)(?=[._]|$)")
@@ -187,6 +189,12 @@ def rank_from_file_name(name: str) -> int | None:
     """The rank a file name states (``rank00003_...``, ``rank_3.json``), or None."""
     match = _RANK_IN_NAME.search(name)
     return int(match.group(1)) if match else None
+
+
+def host_from_file_name(name: str) -> str | None:
+    """The host a trace's file name states (``rank00003_node17_pid4242...``: ``node17``), or None."""
+    match = _HOST_IN_NAME.match(name)
+    return match.group(1) if match else None
 
 
 def profiler_list_name(rank: int) -> str:

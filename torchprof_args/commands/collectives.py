@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from torchprof_args.commands.common import Subparsers
+from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.errors import ExitStatus
 
 __all__ = ["register"]
@@ -30,7 +30,8 @@ def _run(args: argparse.Namespace) -> int:
     from torchprof_args.commands.cycles import cycle_results
 
     cycle_text, got = cycle_results(args.traces, args, (DIAGNOSIS,))
-    report = collectives_report(got.results, cycle_text, top=max(args.top, args.rows))
+    report = collectives_report(got.results, cycle_text, top=max(args.top, args.rows),
+                                align_clocks=args.align_clocks)
     print(json.dumps(finite(report)) if args.json else format_collectives(report, rows=args.rows))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
@@ -48,6 +49,7 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--rows", type=int, default=10, help="rows per table in the text output (default 10)")
     p.add_argument("--top", type=int, default=20, help="worst-skew instances listed in --json (default 20)")
     p.add_argument("--reparse", action="store_true", help="parse the traces even where a sidecar matches")
+    add_clock_option(p)
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
-__all__ = ["INPUTS_HELP", "Subparsers", "top_count"]
+__all__ = ["INPUTS_HELP", "Subparsers", "add_clock_option", "top_count"]
 
 
 class Subparsers(Protocol):
@@ -20,6 +20,14 @@ class Subparsers(Protocol):
         ...
 
 INPUTS_HELP = "trace files (.json/.json.gz), cycle folders or run folders"
+
+
+def add_clock_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-align-clocks``: the one switch of every command that compares ranks' times."""
+    parser.add_argument("--no-align-clocks", dest="align_clocks", action="store_false",
+                        help="compare the ranks' times as written: on several hosts their clocks are "
+                             "otherwise aligned at the collectives they share (the offsets are still "
+                             "estimated and said)")
 
 
 def top_count(text: str) -> int | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from torchprof_args.commands.common import Subparsers
+from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.errors import CommandError, ExitStatus
 
 __all__ = ["register"]
@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     cycle_text, got = cycle_results([args.path], args, (CRITICAL_PATH,))
-    doc = critical_path(got.paths, args.path, cycle_text, questions)
+    doc = critical_path(got.paths, args.path, cycle_text, questions, align_clocks=args.align_clocks)
     if not doc.steps:
         raise CommandError(f"{args.path}: the traces have no events to build a path from")
     out = finite(doc)
@@ -62,6 +62,7 @@ def register(subparsers: Subparsers) -> None:
                    help="one JSON object: version, path, ranks, step_ms, steps, top, what_if, notes")
     p.add_argument("--rows", type=int, default=5, help="operators and kernels listed in the text (default 5)")
     p.add_argument("--reparse", action="store_true", help="parse the traces even where a sidecar matches")
+    add_clock_option(p)
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

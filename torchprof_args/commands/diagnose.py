@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from torchprof_args.commands.common import Subparsers
+from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import ExitStatus
 from torchprof_args.flags.types import positive_float
@@ -39,7 +39,8 @@ def _run(args: argparse.Namespace) -> int:
     graphs = [r.critical_path for r in done if r.critical_path is not None]
     doc = diagnose([r.diagnosis for r in done if r.diagnosis is not None], args.path, cycle_text,
                    peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
-                   paths=graphs if len(graphs) == len(done) else None, memory=[m for _, m in got.memory])
+                   paths=graphs if len(graphs) == len(done) else None, memory=[m for _, m in got.memory],
+                   align_clocks=args.align_clocks)
     print(json.dumps(finite(doc)) if args.json else format_diagnosis(doc))
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
@@ -55,6 +56,7 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object: version, path, ranks, step_ms, findings (sorted by saving), gaps")
     p.add_argument("--reparse", action="store_true", help="parse the traces even where a sidecar matches")
+    add_clock_option(p)
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--peak-tflops", type=positive_float, default=None, metavar="TFLOPS",

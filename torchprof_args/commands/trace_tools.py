@@ -13,7 +13,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands import summary as summary_command
-from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
+from torchprof_args.commands.common import INPUTS_HELP, Subparsers, add_clock_option, top_count
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_int
 
@@ -121,9 +121,12 @@ def _merge(args: argparse.Namespace) -> int:
         labels = ", ".join(c.label for c in cycles[:4]) + (" ..." if len(cycles) > 4 else "")
         raise CommandError(f"the input holds {len(cycles)} profiled cycles ({labels}); merge one cycle "
                            "folder at a time")
-    result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress)
+    result = merge_traces(cycles[0].files, args.output, progress=not args.no_progress,
+                          align_clocks=args.align_clocks)
     events = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(result["ranks"].items()))
     print(f"wrote {result['output']} ({events} events)")
+    if result["clock"] is not None and (clock := result["clock"].line()):
+        print(clock)
     return 0
 
 
@@ -186,8 +189,10 @@ def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "merge", parents=[common],
         help="merge one cycle's rank traces into one timeline with 'rank N' tracks",
         description="Merge the traces of one cycle (a cycle folder, a run folder with one cycle, or files), "
-        "aligning clocks with baseTimeNanoseconds.",
+        "aligning clocks with baseTimeNanoseconds and, on several hosts, with each host's clock offset "
+        "estimated at the collectives the ranks share (from the sidecars, else the traces parsed).",
     )
     p.add_argument("inputs", nargs="+", metavar="TRACE_OR_DIR", help=INPUTS_HELP + " (one cycle)")
     p.add_argument("-o", "--output", required=True, help="merged trace (.json or .json.gz)")
+    add_clock_option(p)
     p.set_defaults(func=_merge)

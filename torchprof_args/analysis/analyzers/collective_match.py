@@ -29,11 +29,13 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CommRecord, RankComms
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
+from torchprof_args.analysis.analyzers.collectives import GPU_CHANNEL, P2P_KINDS, CommRecord, RankComms
 
 __all__ = [
     "MATCH_KIND_ORDER", "MATCH_PG_ORDER", "MATCH_SEQ", "MATCH_STREAM_ORDER", "CollectiveInstance",
-    "CollectivesReport", "CycleCollectives", "RankWait", "TypeTotal", "bus_factor", "match_collectives",
+    "SAME_SIZE_KINDS", "CollectivesReport", "CycleCollectives", "RankWait", "TypeTotal", "bus_factor",
+    "match_collectives",
 ]
 
 MATCH_SEQ = "process group and sequence number"
@@ -150,9 +152,11 @@ class CollectivesReport(TypedDict):
 
 class CycleCollectives(CollectivesReport):
     """The report of one cycle's traces (``torchprof collectives --json``), with which cycle it is
-    (``iterations A-B``; None for files outside a cycle folder)."""
+    (``iterations A-B``; None for files outside a cycle folder) and the hosts' clocks (every time
+    on the first rank's host's clock when aligned)."""
 
     cycle: str | None
+    clock: ClockAlignment
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -172,7 +176,7 @@ def _mode(ranks: Sequence[RankComms]) -> str:
         return MATCH_SEQ
     if records and all(r.pg is not None for r in records):
         return MATCH_PG_ORDER
-    if records and all(r.channel.startswith("stream ") for r in records):
+    if records and all(r.channel.startswith(GPU_CHANNEL) for r in records):
         return MATCH_STREAM_ORDER
     return MATCH_KIND_ORDER
 
@@ -190,11 +194,11 @@ def _stream_names(ranks: Sequence[RankComms]) -> tuple[dict[int, dict[str, str]]
 
 
 #: Collectives whose message size is the same on every rank: part of their signature when aligning.
-_SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier"})
+SAME_SIZE_KINDS = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier"})
 
 
 def _signature(record: CommRecord) -> tuple[str, int | None]:
-    return record.kind, record.nbytes if record.kind in _SAME_SIZE else None
+    return record.kind, record.nbytes if record.kind in SAME_SIZE_KINDS else None
 
 
 def _channel(record: CommRecord, mode: str, streams: dict[str, str]) -> tuple[Any, ...]:

@@ -34,14 +34,15 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.select import member
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 
-__all__ = ["CommRecord", "CompactRecords", "RankComms", "canonical_kind", "dtype_bytes", "match_issues",
-           "backend_of", "rank_collectives", "run_kind", "tensor_bytes"]
+__all__ = ["GPU_CHANNEL", "CommRecord", "CompactRecords", "RankComms", "backend_of", "canonical_kind",
+           "dtype_bytes", "match_issues", "rank_collectives", "run_kind", "tensor_bytes"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -49,6 +50,8 @@ SOURCE_HOST = ("host-side nccl:<op> records only (no GPU activity in the trace: 
                "issued it)")
 
 P2P_KINDS = frozenset({"send", "recv", "send_recv"})
+#: how the channel of a record on a GPU stream starts (``stream 7``: an NCCL kernel's).
+GPU_CHANNEL = "stream "
 
 _KINDS = {
     "allreduce": "all_reduce", "allgather": "all_gather", "allgatherbase": "all_gather",
@@ -161,6 +164,8 @@ class RankComms:
     records: list[CommRecord]
     world_size: int | None
     pg_config: list[dict[str, Any]]
+    #: the host it ran on (None: its trace does not say): ranks on one host share a clock.
+    host: str | None = None
 
 
 def _int(value: Any) -> int | None:
@@ -333,7 +338,7 @@ def _from_kernels(trace: Trace, kernels: list[dict[str, Any]], cpu: list[dict[st
         elif fields.get("annotation"):
             kind = canonical_kind(fields["annotation"])  # e.g. all_to_all run as SendRecv kernels
         step = step_of.at(launch[0] if launch else row["ts"])
-        records.append(_record(kind or "unknown", row, fields, base_us, step, f"stream {row['stream']}",
+        records.append(_record(kind or "unknown", row, fields, base_us, step, f"{GPU_CHANNEL}{row['stream']}",
                                trace.world_size, algorithm, protocol))
     return records
 
@@ -453,4 +458,5 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
         pg_config = []
     found_rank = rank if rank is not None else trace.rank
     return RankComms(rank=found_rank if found_rank is not None else -1, file=str(trace.path), source=source,
-                     records=records, world_size=trace.world_size, pg_config=pg_config)
+                     records=records, world_size=trace.world_size, pg_config=pg_config,
+                     host=origin(trace).host)

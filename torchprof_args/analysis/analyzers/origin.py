@@ -5,6 +5,7 @@ Sources, first that answers:
 
 * the ``torchprof_args`` metadata this package stores in every trace it writes (``host``,
   ``iterations``, and ``parallel`` when megatron-core's parallel state was initialised);
+* Kineto's ``host_name`` (recent torch writes it);
 * Kineto's ``distributedInfo.pg_config``: the process groups this rank belongs to, with the
   descriptions megatron-core gives them (``TENSOR_MODEL_PARALLEL_GROUP``...): a rank's coordinate
   on an axis is its position in that group's rank list;
@@ -13,13 +14,12 @@ Sources, first that answers:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
 
 from torchprof_args.analysis.trace import Trace
-from torchprof_args.naming import cycle_of_name
+from torchprof_args.naming import cycle_of_name, host_from_file_name
 
 __all__ = ["PARALLEL_AXES", "Origin", "origin", "parallel_from_pg_config"]
 
@@ -31,9 +31,6 @@ PARALLEL_AXES = {
     "cp": ("CONTEXT_PARALLEL_GROUP",),
     "ep": ("EXPERT_MODEL_PARALLEL_GROUP",),
 }
-_HOST_IN_NAME = re.compile(r"^rank\d+_(.+)_pid\d+")
-
-
 class Origin(msgspec.Struct, frozen=True):
     """Who wrote a trace (each None when nothing says).
 
@@ -70,10 +67,8 @@ def origin(trace: Trace) -> Origin:
     """Who wrote ``trace``, from the first source that says (the module's docstring lists them)."""
     ours = trace.metadata.get("torchprof_args")
     ours = ours if isinstance(ours, dict) else {}
-    host = ours.get("host") if isinstance(ours.get("host"), str) else None
-    if host is None:
-        match = _HOST_IN_NAME.match(trace.path.name)
-        host = match.group(1) if match else None
+    host = next((h for h in (ours.get("host"), trace.metadata.get("host_name")) if isinstance(h, str) and h),
+                None) or host_from_file_name(trace.path.name)
     iterations = ours.get("iterations")
     if not (isinstance(iterations, list) and len(iterations) == 2
             and all(isinstance(i, int) for i in iterations)):

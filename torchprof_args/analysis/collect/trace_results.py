@@ -32,7 +32,7 @@ from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.summary import Summary, summarize, truncate
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
-from torchprof_args.naming import rank_from_file_name
+from torchprof_args.naming import host_from_file_name, rank_from_file_name
 from torchprof_args.time_limit import Deadline, TimeLimitExceeded, time_limit
 
 __all__ = [
@@ -64,10 +64,13 @@ class TraceResults:
 
 
 def _with_rank(value: Any, top: int | None, path: Path) -> Any:
-    """A rank's part as callers get it: its rank from the file name when the trace does not state it."""
-    if value.rank is not None:
-        return value
-    return msgspec.structs.replace(value, rank=rank_from_file_name(path.name))
+    """A rank's part as callers get it: its rank (and host, for a part that keeps one) from the file
+    name when the trace does not state it."""
+    if value.rank is None:
+        value = msgspec.structs.replace(value, rank=rank_from_file_name(path.name))
+    if "host" in value.__struct_fields__ and value.host is None:
+        value = msgspec.structs.replace(value, host=host_from_file_name(path.name))
+    return value
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, aligned_comms
+from torchprof_args.analysis.analyzers.clocks import align_clocks
 from torchprof_args.analysis.analyzers.collective_match import CollectiveInstance, match_collectives
-from torchprof_args.analysis.analyzers.collectives import CommRecord, RankComms
+from torchprof_args.analysis.analyzers.collectives import CommRecord, CompactRecords, RankComms
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, step_of_label
-from torchprof_args.analysis.critical_path.reduced import MEASURED, Into, RankPaths
+from torchprof_args.analysis.critical_path.reduced import MEASURED, Into, PathStep, RankPaths
 
-__all__ = ["CycleGraph", "Replayed", "Scenario", "cycle_graph"]
+__all__ = ["CycleGraph", "Replayed", "Scenario", "clocks_of_paths", "cycle_graph"]
 
 W, A, E, T, J = "W", "A", "E", "T", "J"
 #: among nodes at the same measured time, the order they are replayed in (what they depend on first).
@@ -69,6 +71,8 @@ class CycleGraph:
     #: completions joined to their collective's last arrival, and those left out (clocks disagree).
     joins: int = 0
     dropped_joins: int = 0
+    #: the hosts' clocks (every time above on the reference host's when aligned).
+    clock: ClockAlignment | None = None
 
     @property
     def joined_reliably(self) -> bool:
@@ -182,18 +186,48 @@ def _rank_of(part: RankPaths, position: int, rank_of: Callable[[RankPaths, int],
     return part.rank if isinstance(part.rank, int) else position
 
 
-def cycle_graph(parts: Sequence[RankPaths],
-                rank_of: Callable[[RankPaths, int], int] | None = None) -> CycleGraph:
+def _comms(rank: int, part: RankPaths) -> RankComms:
+    return RankComms(rank=rank, file="", source=None, records=part.collectives.records(),
+                     world_size=part.world_size, pg_config=[], host=part.host)
+
+
+def clocks_of_paths(parts: Sequence[RankPaths], rank_of: Callable[[RankPaths, int], int] | None = None,
+                    apply: bool = True) -> ClockAlignment:
+    """The hosts' clocks of one cycle, from its ranks' reduced graphs (their collective records)."""
+    return align_clocks([_comms(_rank_of(p, i, rank_of), p) for i, p in enumerate(parts)], apply=apply)
+
+
+def _on_reference_clock(rank: int, part: RankPaths, clock: ClockAlignment) -> RankPaths:
+    """``part`` with every time on the reference host's clock."""
+    if not clock.aligned or clock.host_of(rank) is None:
+        return part
+
+    def moved(t: float) -> float:
+        return t + clock.offset_us(rank, t)
+
+    return msgspec.structs.replace(
+        part, window_us=moved(part.window_us),
+        steps=[PathStep(s.name, moved(s.start_us), moved(s.end_us)) for s in part.steps],
+        collectives=CompactRecords.of(aligned_comms(_comms(rank, part), clock).records),
+        completion_us=[None if t is None else moved(t) for t in part.completion_us])
+
+
+def cycle_graph(parts: Sequence[RankPaths], rank_of: Callable[[RankPaths, int], int] | None = None,
+                clock: ClockAlignment | None = None) -> CycleGraph:
     """The cycle's graph from its ranks' reduced graphs.
 
     Args:
         parts: one per rank.
         rank_of: the rank of a part (default: its own, else its position).
+        clock: the hosts' clocks (:func:`clocks_of_paths`, or ``diagnose``'s); None: estimated here.
 
     Returns:
         The :class:`CycleGraph`, its notes saying what it could not join.
     """
-    graph = CycleGraph({_rank_of(p, i, rank_of): p for i, p in enumerate(parts)})
+    ranked = {_rank_of(p, i, rank_of): p for i, p in enumerate(parts)}
+    order = list(ranked)
+    clock = clock if clock is not None else clocks_of_paths(list(ranked.values()), lambda p, i: order[i])
+    graph = CycleGraph({rank: _on_reference_clock(rank, p, clock) for rank, p in ranked.items()}, clock=clock)
     records: dict[int, list[CommRecord]] = {}
     for rank, part in sorted(graph.parts.items()):
         records[rank] = part.collectives.records()
@@ -226,7 +260,8 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
         return
     positions = {r: {id(rec): i for i, rec in enumerate(records[r])} for r in with_records}
     comms = [RankComms(rank=r, file="", source=None, records=records[r],
-                       world_size=graph.parts[r].world_size, pg_config=[]) for r in with_records]
+                       world_size=graph.parts[r].world_size, pg_config=[], host=graph.parts[r].host)
+             for r in with_records]
     members: dict[int, dict[int, CommRecord]] = {}
     match = match_collectives(comms, top=0, members=members)
     graph.instances = match["instances"]

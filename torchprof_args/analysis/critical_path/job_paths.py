@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from torchprof_args.analysis.critical_path.cycle import cycle_graph
+from torchprof_args.analysis.critical_path.cycle import clocks_of_paths, cycle_graph
 from torchprof_args.analysis.critical_path.path import (
     PATH_VERSION,
     CriticalPathDoc,
@@ -31,7 +31,8 @@ def _how(what: WhatIf) -> str:
 
 def critical_path(parts: Sequence[RankPaths], path: str, cycle: str | None = None,
                   questions: Sequence[WhatIf] = (),
-                  rank_of: Callable[[RankPaths, int], int] | None = None) -> CriticalPathDoc:
+                  rank_of: Callable[[RankPaths, int], int] | None = None,
+                  align_clocks: bool = True) -> CriticalPathDoc:
     """One cycle's critical path per step, and the what-ifs' answers.
 
     Args:
@@ -40,11 +41,12 @@ def critical_path(parts: Sequence[RankPaths], path: str, cycle: str | None = Non
         cycle: which cycle (``iterations A-B``).
         questions: what-ifs to answer.
         rank_of: the rank of a part (default: its own, else its position).
+        align_clocks: whether the hosts' clocks are aligned (False: estimated and said, not applied).
 
     Returns:
         The :class:`~.path.CriticalPathDoc`.
     """
-    graph = cycle_graph(parts, rank_of)
+    graph = cycle_graph(parts, rank_of, clocks_of_paths(parts, rank_of, apply=align_clocks))
     measured = graph.replay()
     top: dict[tuple[int, str, str, str | None], float] = defaultdict(float)
     notes = list(graph.notes)
@@ -58,4 +60,4 @@ def critical_path(parts: Sequence[RankPaths], path: str, cycle: str | None = Non
     notes = list(dict.fromkeys(notes))
     return CriticalPathDoc(version=PATH_VERSION, path=path, cycle=cycle, ranks=len(graph.parts),
                            step_ms=None if step_ms is None else round(step_ms, 3), steps=steps,
-                           top=top_entries(top, len(steps)), what_if=answers, notes=notes)
+                           top=top_entries(top, len(steps)), what_if=answers, notes=notes, clock=graph.clock)

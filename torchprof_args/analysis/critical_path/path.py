@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.cycle import A, CycleGraph, E, J, Replayed, T
 from torchprof_args.analysis.critical_path.reduced import Piece
@@ -94,6 +95,8 @@ class CriticalPathDoc(msgspec.Struct, frozen=True):
         top: the operators and kernels with the most time on the path, per step.
         what_if: the answers to ``--what-if``.
         notes: what the graph could not use.
+        clock: the hosts' clocks (:class:`~..analyzers.clocks.ClockAlignment`): on several hosts, every
+            time was put on the first rank's host's clock before the ranks were joined.
     """
 
     version: int
@@ -105,6 +108,7 @@ class CriticalPathDoc(msgspec.Struct, frozen=True):
     top: list[TopEntry]
     what_if: list[WhatIfAnswer]
     notes: list[str]
+    clock: ClockAlignment | None = None
 
 
 def _piece(graph: CycleGraph, node: int) -> Piece | None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import call_sites, has_stacks
 from torchprof_args.analysis.analyzers.collectives import CompactRecords
+from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.contract import Contracted, contract
@@ -101,6 +102,7 @@ class RankPaths(msgspec.Struct, frozen=True):
         pieces: per record, the measured path into its arrival (None: not in the graph).
         step_pieces: per step, the measured path into its end.
         notes: what the graph could not use.
+        host: the host the rank ran on (None: neither the trace nor its file name says).
     """
 
     format: int
@@ -115,6 +117,7 @@ class RankPaths(msgspec.Struct, frozen=True):
     pieces: list[Piece | None]
     step_pieces: list[Piece]
     notes: list[str]
+    host: str | None = None
 
 
 def label_time(graph: LocalGraph, label: int) -> float:
@@ -290,7 +293,7 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
         collectives=CompactRecords.of(graph.records),
         completion_us=[float(t[c]) + base if c >= 0 else None for c in graph.completion.tolist()],
         arrivals=all_arrivals, step_ends=all_ends, pieces=pieces, step_pieces=step_pieces,
-        notes=list(graph.notes))
+        notes=list(graph.notes), host=origin(graph.trace).host)
 
 
 def _matters(graph: LocalGraph, change: Change, on_path: np.ndarray) -> bool:

@@ -3,7 +3,8 @@
 The cross-rank kinds (``straggler``, ``collective_skew``) work from what each rank's
 :class:`~.documents.RankDiagnosis` keeps (steps, collective records), never from a trace, so 512
 ranks are diagnosed from their sidecars.  The view matches the ranks' collectives once
-(:func:`~torchprof_args.analysis.analyzers.collective_match.match_collectives`) for both kinds.
+(:func:`~torchprof_args.analysis.analyzers.collective_match.match_collectives`) for both kinds,
+after putting every host's times on one clock (:mod:`~torchprof_args.analysis.analyzers.clocks`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import cast
 import msgspec
 import numpy as np
 
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, aligned_comms
+from torchprof_args.analysis.analyzers.clocks import align_clocks
 from torchprof_args.analysis.analyzers.collective_match import (
     CollectiveInstance,
     CollectivesReport,
     match_collectives,
 )
-from torchprof_args.analysis.analyzers.collectives import P2P_KINDS
+from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CompactRecords
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.memory.categories import MemoryPart
@@ -37,6 +40,22 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
     return total((starts, ends))
 
 
+def align_clocks_of(parts: Sequence[RankDiagnosis], apply: bool = True) -> ClockAlignment:
+    """The hosts' clocks of one cycle's rank parts (each with its rank)."""
+    return align_clocks([p.comms(cast(int, p.rank)) for p in parts], apply=apply)
+
+
+def on_reference_clock(part: RankDiagnosis, clock: ClockAlignment) -> RankDiagnosis:
+    """``part`` with its base time and collective records on the reference host's clock."""
+    rank = cast(int, part.rank)
+    if clock.host_of(rank) is None or not clock.aligned:
+        return part
+    comms = aligned_comms(part.comms(rank), clock)
+    first = part.steps[0].start_us if part.steps else 0.0
+    return msgspec.structs.replace(part, base_us=part.base_us + clock.offset_us(rank, part.base_us + first),
+                                   collectives=CompactRecords.of(comms.records))
+
+
 class CycleRanks:
     """One cycle's rank parts, each with its rank (the part's, else its position), and what the
     cross-rank kinds derive from them, computed once.
@@ -45,12 +64,18 @@ class CycleRanks:
         parts: the ranks' parts, in input order.
         memory: the ranks' memory parts (their sidecars' ``memory``), when read; ``memory_imbalance``
             compares them.
+        align_clocks: whether the hosts' clocks are aligned (:attr:`clock`; False: estimated, not
+            applied).
     """
 
-    def __init__(self, parts: Sequence[RankDiagnosis], memory: Sequence[MemoryPart] = ()) -> None:
+    def __init__(self, parts: Sequence[RankDiagnosis], memory: Sequence[MemoryPart] = (), *,
+                 align_clocks: bool = True) -> None:
         self.memory: tuple[MemoryPart, ...] = tuple(memory)
-        self.parts: tuple[RankDiagnosis, ...] = tuple(
-            p if isinstance(p.rank, int) else msgspec.structs.replace(p, rank=i) for i, p in enumerate(parts))
+        numbered = [p if isinstance(p.rank, int) else msgspec.structs.replace(p, rank=i)
+                    for i, p in enumerate(parts)]
+        #: the hosts' clocks: each part's times are on the reference host's clock when aligned.
+        self.clock: ClockAlignment = align_clocks_of(numbered, align_clocks)
+        self.parts: tuple[RankDiagnosis, ...] = tuple(on_reference_clock(p, self.clock) for p in numbered)
         means = [p.step_mean_us for p in self.parts if p.step_mean_us]
         #: the job's step: the slowest rank's mean step (the pace the job advances at).
         self.step_ms: float | None = max(means) / 1e3 if means else None

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 
@@ -70,6 +71,8 @@ class RankDiagnosis(msgspec.Struct, frozen=True):
         pg_config: the process groups the trace describes.
         collectives: the collective records (``collective_skew``, ``straggler``).
         mfu_inputs: ``low_mfu``'s inputs; None when the trace cannot give them (a gap says why).
+        host: the host the rank ran on (None: neither the trace nor its file name says); the ranks of
+            one host share a clock, the others' are aligned at their collectives.
     """
 
     format: int
@@ -84,12 +87,13 @@ class RankDiagnosis(msgspec.Struct, frozen=True):
     pg_config: list[dict[str, Any]]
     collectives: CompactRecords
     mfu_inputs: MfuInputs | None
+    host: str | None = None
 
     def comms(self, rank: int, file: str = "") -> RankComms:
         """The rank's collectives as :func:`~torchprof_args.analysis.analyzers.collectives.rank_collectives`
         gave them (``torchprof collectives``, the cross-rank kinds)."""
         return RankComms(rank=rank, file=file, source=self.comm_source, records=self.collectives.records(),
-                         world_size=self.world_size, pg_config=self.pg_config)
+                         world_size=self.world_size, pg_config=self.pg_config, host=self.host)
 
 
 class JobGap(msgspec.Struct, frozen=True):
@@ -114,6 +118,8 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
             the cycle's critical path where the graph can answer: each finding's ``saving_basis``).
         gaps: kinds the traces cannot answer, with the ranks.
         notes: what the savings could not use (a rank's graph missing, collectives not joined).
+        clock: the hosts' clocks (:class:`~..analyzers.clocks.ClockAlignment`): on several hosts, every
+            time was put on the first rank's host's clock before the ranks were compared.
     """
 
     version: int
@@ -124,3 +130,4 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
     findings: list[Finding]
     gaps: list[JobGap]
     notes: list[str] = msgspec.field(default_factory=list)
+    clock: ClockAlignment | None = None

@@ -109,7 +109,8 @@ def with_mfu_judged(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
 
 def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None = None, *,
              peak_tflops: float | None = None, dtype: str = "bf16",
-             paths: Sequence[RankPaths] | None = None, memory: Sequence[MemoryPart] = ()) -> JobDiagnosis:
+             paths: Sequence[RankPaths] | None = None, memory: Sequence[MemoryPart] = (),
+             align_clocks: bool = True) -> JobDiagnosis:
     """The job's diagnosis from one cycle's rank parts (``--json``'s schema).
 
     Args:
@@ -121,12 +122,13 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         paths: each rank's reduced graph, in the order of ``parts``: the savings are then the
             critical path's (:mod:`.savings`); None: the per-rank bounds.
         memory: the ranks' memory parts (``memory_imbalance``), when read.
+        align_clocks: whether the hosts' clocks are aligned (False: estimated and said, not applied).
 
     Returns:
         The :class:`JobDiagnosis`: findings by saving (largest first), then the gaps.
     """
     peak = Peak(peak_tflops, dtype)
-    ranks = CycleRanks([with_mfu_judged(p, peak) for p in parts], memory)
+    ranks = CycleRanks([with_mfu_judged(p, peak) for p in parts], memory, align_clocks=align_clocks)
     by_kind: dict[str, list[Finding]] = {}
     for part in ranks.parts:
         for item in part.findings:
@@ -139,7 +141,7 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
     notes: list[str] = []
     if paths is not None and len(paths) == len(ranks.parts):
         numbered = {id(p): ranks.rank_of(ranks.parts[i]) for i, p in enumerate(paths)}
-        graph = cycle_graph(paths, rank_of=lambda p, i: numbered[id(p)])
+        graph = cycle_graph(paths, rank_of=lambda p, i: numbered[id(p)], clock=ranks.clock)
         notes = list(dict.fromkeys(graph.notes))
         if graph.joined_reliably:
             findings = on_the_graph(findings, graph)
@@ -153,4 +155,5 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
                      "(torchprof diagnose --reparse builds it)")
     findings.sort(key=lambda f: (-f.saving_ms_per_step, f.kind))
     return JobDiagnosis(version=FINDINGS_VERSION, path=str(path), cycle=cycle, ranks=len(ranks.parts),
-                        step_ms=ranks.step_ms, findings=findings, gaps=_merged_gaps(ranks), notes=notes)
+                        step_ms=ranks.step_ms, findings=findings, gaps=_merged_gaps(ranks), notes=notes,
+                        clock=ranks.clock)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 
 from torchprof_args.analysis.analyzers.collectives import rank_collectives
+from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
 from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, CompactRecords, RankDiagnosis
@@ -80,6 +81,6 @@ def rank_diagnosis(trace: Trace) -> RankDiagnosis:
         findings=found, gaps=[*gaps, mfu] if isinstance(mfu, Gap) else gaps,
         comm_source=comms.source if comms is not None else None,
         pg_config=comms.pg_config if comms is not None else [],
-        collectives=CompactRecords.of(records),
+        collectives=CompactRecords.of(records), host=origin(trace).host,
         mfu_inputs=None if isinstance(mfu, Gap) else mfu,
     )

@@ -56,8 +56,7 @@ def _header(report: CycleCollectives) -> list[str]:
     lines = [head]
     lines.append(f"  events:     {report['source'] or 'no collectives found'}")
     lines.append(f"  matched by: {report['matched_by']}")
-    lines.append("  clock:      each rank's trace clock (on several hosts, skews below their clock offset "
-                 "are noise)")
+    lines.append(f"  clock:      {report['clock'].text()}")
     lines += [f"  note:       {note}" for note in report["notes"]]
     return lines
 

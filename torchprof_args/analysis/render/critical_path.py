@@ -7,6 +7,10 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import msgspec
+
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
+
 __all__ = ["CATEGORY_COLORS", "format_critical_path", "path_line", "path_section", "path_strip"]
 
 
@@ -43,6 +47,9 @@ def format_critical_path(doc: dict[str, Any], rows: int = 5) -> str:
     head = (f"torchprof critical-path: {doc['ranks']} rank{'s' if doc['ranks'] != 1 else ''}, step "
             f"{_ms(doc['step_ms'])}" + (f", {doc['cycle']}" if doc.get("cycle") else ""))
     lines = [head]
+    clock = msgspec.convert(doc["clock"], ClockAlignment).line() if doc.get("clock") else None
+    if clock:
+        lines.append(f"  {clock}")
     for step in doc["steps"]:
         lines.append("  " + path_line(step))
         if len(step["by_rank"]) > 1:

@@ -83,6 +83,8 @@ def format_diagnosis(doc: JobDiagnosis, max_lines: int = MAX_LINES) -> str:
             f"{_ms(doc.step_ms)}" + (f", {doc.cycle}" if doc.cycle else "")
             + f": {len(findings)} finding{'s' if len(findings) != 1 else ''}")
     lines = [head]
+    if doc.clock is not None and (clock := doc.clock.line()):
+        lines.append(f"  {clock}")
     if not findings:
         lines.append("  nothing above the documented thresholds (docs/guides/diagnose.md)")
     gap_lines = gap_text_lines(gaps)

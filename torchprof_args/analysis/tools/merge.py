@@ -1,20 +1,28 @@
 """Merge per-rank traces into one timeline with readable ``rank N`` process tracks.
 
-Clocks are aligned with each file's ``baseTimeNanoseconds`` (Kineto writes ``ts`` relative to it),
-process ids are remapped so ranks never collide (``rank N: <original name>`` process names,
-sorted by rank), and flow ids are made unique per rank.  Every event of every rank is kept.
+Clocks are aligned with each file's ``baseTimeNanoseconds`` (Kineto writes ``ts`` relative to it)
+and, on several hosts, with each host's offset estimated at the collectives the ranks share
+(:mod:`~torchprof_args.analysis.analyzers.clocks`: from the traces' sidecars, else parsed; the
+offsets are written into the merged trace's ``torchprof_clock``), process ids are remapped so ranks
+never collide (``rank N: <original name>`` process names, sorted by rank), and flow ids are made
+unique per rank.  Every event of every rank is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import msgspec
 
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
+from torchprof_args.analysis.analyzers.clocks import align_clocks
 from torchprof_args.analysis.collect.discover import traces_in
+from torchprof_args.analysis.collect.pool import collect
+from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
 from torchprof_args.analysis.decode.reader import GZIP_ERRORS, TraceStream, is_gzip, open_gzip
 from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.atomic import atomic_output
@@ -61,8 +69,26 @@ def peek(path: Path) -> tuple[int | None, int]:
     return (int(rank.group(1)) if rank else None), (int(base.group(1)) if base else 0)
 
 
+class Merged(TypedDict):
+    """What :func:`merge_traces` wrote: events per rank, the inputs in rank order, the output and the
+    hosts' clocks (None: not aligned, ``align_clocks`` False)."""
+
+    ranks: dict[int, int]
+    files: list[str]
+    output: str
+    clock: ClockAlignment | None
+
+
+def _clock(files: list[Path], ranks: list[int], progress: bool) -> ClockAlignment:
+    """The hosts' clocks of the merged ranks, from their collectives (sidecars, else parsed)."""
+    got = collect(files, parts=(DIAGNOSIS,), progress=progress)
+    comms = [r.diagnosis.comms(rank) for r, rank in zip(got.results, ranks, strict=True)
+             if r is not None and r.diagnosis is not None]
+    return align_clocks(comms)
+
+
 def merge_traces(inputs: str | Path | list[Path], output: str | Path,
-                 progress: bool = False) -> dict[str, Any]:
+                 progress: bool = False, align_clocks: bool = True) -> Merged:
     """Merge per-rank traces into one timeline (``.gz`` output compresses): clocks aligned, process ids
     remapped per rank, flow ids made unique, every event of every rank kept.
 
@@ -70,9 +96,11 @@ def merge_traces(inputs: str | Path | list[Path], output: str | Path,
         inputs: a directory of one cycle's traces, or the trace files.
         output: the merged trace.
         progress: progress bars while reading.
+        align_clocks: whether the hosts' clocks are aligned at their collectives (one host: nothing
+            to align).
 
     Returns:
-        ``{"ranks": {rank: events}, "files": [inputs in rank order], "output": path}``.
+        The :class:`Merged` record.
 
     Raises:
         TraceError: an input cannot be read, or a directory holds no traces.
@@ -83,6 +111,7 @@ def merge_traces(inputs: str | Path | list[Path], output: str | Path,
     order = sorted(range(len(files)), key=lambda i: ranks[i])
     bases = [base for _, base in infos]
     base0 = min(bases)
+    clock = _clock(files, ranks, progress) if align_clocks and len(files) > 1 else None
     output = Path(output)
     counts: dict[int, int] = {}
     first_meta: dict[str, Any] = {}
@@ -90,11 +119,20 @@ def merge_traces(inputs: str | Path | list[Path], output: str | Path,
         fh.write(b'{"schemaVersion": 1, "traceEvents": [\n')
         writer = ArrayWriter(fh)
         for slot, i in enumerate(order):
-            rank = _RankRewriter(ranks[i], slot, len(files), (bases[i] - base0) / 1000.0)
+            rank = _RankRewriter(ranks[i], slot, len(files), (bases[i] - base0) / 1000.0,
+                                 _moved(clock, ranks[i], bases[i] / 1000.0))
             counts[ranks[i]], metadata = rank.copy(files[i], writer, progress)
             first_meta = first_meta or metadata
-        fh.write(b"\n], " + msgspec.json.encode(_tail(first_meta, counts, base0, output))[1:] + b"\n")
-    return {"ranks": counts, "files": [str(files[i]) for i in order], "output": str(output)}
+        fh.write(b"\n], " + msgspec.json.encode(_tail(first_meta, counts, base0, output, clock))[1:] + b"\n")
+    return {"ranks": counts, "files": [str(files[i]) for i in order], "output": str(output), "clock": clock}
+
+
+def _moved(clock: ClockAlignment | None, rank: int, base_us: float) -> Callable[[float], float] | None:
+    """A rank's times (trace-relative us) -> what its host's clock offset adds (None: nothing)."""
+    host = clock.host_of(rank) if clock is not None and clock.aligned else None
+    if host is None or (host.offset_us == 0.0 and host.drift_us_per_s is None):
+        return None
+    return lambda ts: host.offset_at(ts + base_us)
 
 
 def _ranks(files: list[Path], stated: list[int | None]) -> list[int]:
@@ -115,8 +153,10 @@ def _compressed(raw: IO[bytes], output: Path) -> contextlib.AbstractContextManag
     return contextlib.nullcontext(raw)
 
 
-def _tail(first_meta: dict[str, Any], counts: dict[int, int], base0: int, output: Path) -> dict[str, Any]:
-    """The merged trace's top-level fields: the first rank's devices, every merged rank."""
+def _tail(first_meta: dict[str, Any], counts: dict[int, int], base0: int, output: Path,
+          clock: ClockAlignment | None) -> dict[str, Any]:
+    """The merged trace's top-level fields: the first rank's devices, every merged rank, the hosts'
+    clocks."""
     info = _dict_or_empty(first_meta.get("distributedInfo"))
     return {
         "deviceProperties": first_meta.get("deviceProperties", []),
@@ -124,6 +164,7 @@ def _tail(first_meta: dict[str, Any], counts: dict[int, int], base0: int, output
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": base0,
         "traceName": str(output),
+        "torchprof_clock": clock,
     }
 
 
@@ -136,12 +177,14 @@ class _RankRewriter:
     """Rewrites one rank's events for the merged timeline.
 
     Process ids become ``(rank + 1) * 1_000_000 + k`` (unique across ranks, sorted by rank),
-    ``ts`` is shifted by the rank's clock offset, flow ids are made unique (``id * n + slot``),
-    and process names become ``rank N: <name>``.
+    ``ts`` is shifted by the rank's base time and its host's clock offset, flow ids are made unique
+    (``id * n + slot``), and process names become ``rank N: <name>``.
     """
 
-    def __init__(self, rank: int, slot: int, n_ranks: int, shift_us: float) -> None:
+    def __init__(self, rank: int, slot: int, n_ranks: int, shift_us: float,
+                 host_offset: Callable[[float], float] | None = None) -> None:
         self.rank, self.slot, self.n_ranks, self.shift_us = rank, slot, n_ranks, shift_us
+        self.host_offset = host_offset
         self.pids: dict[Any, int] = {}
         self.named: set[int] = set()
 
@@ -168,7 +211,9 @@ class _RankRewriter:
         e["pid"] = self.new_pid(pid)
         if "ts" in e:
             with contextlib.suppress(TypeError, ValueError):
-                e["ts"] = round(float(e["ts"]) + self.shift_us, 3)
+                ts = float(e["ts"])
+                moved = self.host_offset(ts) if self.host_offset is not None else 0.0
+                e["ts"] = round(ts + self.shift_us + moved, 3)
         if isinstance(e.get("id"), int):
             e["id"] = e["id"] * self.n_ranks + self.slot
         if e.get("ph") == "M":

@@ -1,0 +1,101 @@
+"""The hosts' clocks of one cycle, as every cross-rank answer states them: :class:`ClockAlignment`
+(each host's :class:`HostClock`), and :func:`aligned_comms`, a rank's collectives on the reference
+host's clock.  Estimated by :func:`~.clocks.align_clocks` (its docstring says how)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgspec
+
+from torchprof_args.analysis.analyzers.collectives import RankComms
+
+__all__ = ["ClockAlignment", "HostClock", "aligned_comms"]
+
+
+class HostClock(msgspec.Struct, frozen=True):
+    """One host's clock against the reference host's (the first rank's).
+
+    Attributes:
+        host: its name, as its traces give it.
+        ranks: its ranks among those read.
+        offset_us: what is added to its times to put them on the reference's clock (at ``at_us``).
+        uncertainty_us: how far the offset may be off (the spread of its shared collectives' ends).
+        collectives: the collectives it shares with other hosts (what the estimate rests on).
+        bounds_us: the interval causality leaves the offset (``[low, high]``; None: no bound).
+        drift_us_per_s: how fast its clock moves against the reference's, where estimated and
+            larger than the uncertainty over the window (None otherwise).
+        at_us: the time (its own clock, absolute us) the offset holds at, where a drift applies.
+    """
+
+    host: str
+    ranks: list[int]
+    offset_us: float
+    uncertainty_us: float
+    collectives: int
+    bounds_us: list[float] | None = None
+    drift_us_per_s: float | None = None
+    at_us: float = 0.0
+
+    def offset_at(self, t_us: float) -> float:
+        """The offset at time ``t_us`` (its own clock's absolute us)."""
+        if self.drift_us_per_s is None:
+            return self.offset_us
+        return self.offset_us + self.drift_us_per_s * (t_us - self.at_us) / 1e6
+
+
+class ClockAlignment(msgspec.Struct, frozen=True):
+    """The hosts' clocks of one cycle (``--json``'s ``clock``).
+
+    Attributes:
+        hosts: each host's clock, the reference (offset 0) first.
+        aligned: whether the offsets were applied to every time compared across ranks.
+        collectives: the collectives shared by two or more hosts.
+        reason: why nothing was applied (one host, hosts not recorded, too few shared
+            collectives, alignment turned off); None when aligned.
+    """
+
+    hosts: list[HostClock]
+    aligned: bool
+    collectives: int
+    reason: str | None = None
+
+    def host_of(self, rank: int) -> HostClock | None:
+        """The clock of ``rank``'s host (None: not one of the ranks read)."""
+        return next((h for h in self.hosts if rank in h.ranks), None)
+
+    def offset_us(self, rank: int, t_us: float = 0.0) -> float:
+        """What is added to ``rank``'s time ``t_us`` to put it on the reference clock (0 when not
+        aligned)."""
+        clock = self.host_of(rank) if self.aligned else None
+        return clock.offset_at(t_us) if clock is not None else 0.0
+
+    def text(self) -> str:
+        """What was done: ``2 hosts aligned on 96 collectives; host b +50.02 ms (+-0.21)``."""
+        if len(self.hosts) < 2:
+            return self.reason or "one host: one clock"
+        moved = "; ".join(_host_text(h) for h in self.hosts[1:])
+        if self.aligned:
+            return f"{len(self.hosts)} hosts aligned on {self.collectives} collectives; {moved}"
+        estimated = f"; estimated {moved}" if any(h.collectives for h in self.hosts[1:]) else ""
+        return f"{len(self.hosts)} hosts, not aligned ({self.reason}){estimated}"
+
+    def line(self) -> str | None:
+        """``clock: ...`` (:meth:`text`) where the ranks ran on several hosts; None on one."""
+        return f"clock: {self.text()}" if len(self.hosts) > 1 else None
+
+
+def _host_text(clock: HostClock) -> str:
+    text = f"host {clock.host} {clock.offset_us / 1e3:+.2f} ms (+-{clock.uncertainty_us / 1e3:.2f})"
+    if clock.drift_us_per_s is not None:
+        text += f", drifting {clock.drift_us_per_s:+.1f} us/s"
+    return text
+
+
+def aligned_comms(rc: RankComms, clock: ClockAlignment) -> RankComms:
+    """``rc`` with its records' times on the reference clock (itself when nothing moves)."""
+    host = clock.host_of(rc.rank) if clock.aligned else None
+    if host is None or (host.offset_us == 0.0 and host.drift_us_per_s is None):
+        return rc
+    records = [replace(r, start_us=r.start_us + host.offset_at(r.start_us)) for r in rc.records]
+    return replace(rc, records=records)

@@ -1,0 +1,242 @@
+"""One clock per host: each host's clock offset, estimated from the collectives its ranks share
+(:func:`align_clocks`; the result, :class:`~.clock_alignment.ClockAlignment`).
+
+Every cross-rank answer (who arrived last at a collective, the waiting each rank caused, the
+straggler, the critical path's joins) compares times written by different processes.  Ranks on one
+host share its clock; ranks on different hosts do not: NTP keeps wall clocks milliseconds apart at
+worst, hundreds of microseconds at best, the size of the skews measured.
+
+The estimate rests on what a collective is: its ranks leave it together.  An NCCL kernel ends on
+every rank within microseconds of the others (gloo's worker threads, within a little more), while
+the ranks *arrive* whenever they get there.  So per shared collective, each host's ends (the median
+of its ranks') are a reading of one moment on that host's clock, and a host's offset is the value
+that best puts its readings on the others' (alternating medians over every shared collective: a
+robust consensus, where an outlier collective moves nothing).  Arrivals are left as they were: a
+late rank stays late.  Causality bounds the offset: no rank can leave a collective before its last
+rank arrived, which, intersected over every shared collective, gives each host an interval its
+offset must lie in (the classic constraint of parallel-trace tools); an estimate outside it is
+moved to its nearest end.
+
+Each host's uncertainty is the spread of its collectives' readings around the estimate (1.4826 x
+their median absolute deviation), not that spread over sqrt(n): a host whose ranks always end a
+little later than the others' (an NCCL tree's root) is off by that much whatever the count.  On
+the CPU (gloo), where a rank's end is when its own threads got to finish, the ends of one collective
+are known only within its transfer time (the last arrival's duration: its ranks end between that
+arrival and its end), a bias the spread cannot see when one rank is always last (a straggler), so
+the median transfer time is the floor of a CPU collective's uncertainty.
+
+A drift (one clock running faster) is estimated where 16 or more collectives span the window
+(Theil-Sen's slope, scipy) and applied when the change it makes over the window exceeds the
+uncertainty and its 95 % interval excludes zero.
+
+A single host needs none of it; traces that do not say their host are taken as one clock.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, HostClock
+from torchprof_args.analysis.analyzers.collective_match import MATCH_SEQ, SAME_SIZE_KINDS, match_collectives
+from torchprof_args.analysis.analyzers.collectives import GPU_CHANNEL, SOURCE_HOST, CommRecord, RankComms
+
+__all__ = ["align_clocks"]
+
+#: the collectives no rank can leave before every rank arrived (each needs every other's data).
+EVERY_RANK_WAITS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
+#: shared collectives a host needs before its offset is estimated.
+MIN_SHARED = 3
+#: shared collectives, spread over the window, before a drift is estimated.
+MIN_FOR_DRIFT = 16
+#: the median absolute deviation of a normal distribution, as its standard deviation.
+_MAD_TO_SIGMA = 1.4826
+#: the floor of an uncertainty (us): the resolution of the traces' times.
+_RESOLUTION_US = 1.0
+#: the alternating medians stop when no offset moves more than this (us).
+_CONVERGED_US = 1e-3
+
+
+def _hosts(ranks: Sequence[RankComms]) -> dict[str, list[int]]:
+    """Host -> its ranks, the reference host (the lowest rank's) first."""
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for rc in sorted(ranks, key=lambda r: r.rank):
+        by_host[rc.host or "?"].append(rc.rank)
+    return dict(by_host)
+
+
+def _group_median(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """The median of ``values`` per group ``0..n-1`` (NaN for an empty group), without a loop."""
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    counts = np.bincount(g, minlength=n)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    out = np.full(n, np.nan)
+    has = counts > 0
+    lo = starts[has] + (counts[has] - 1) // 2
+    hi = starts[has] + counts[has] // 2
+    out[has] = (v[lo] + v[hi]) / 2.0
+    return out
+
+
+class _Readings:
+    """Per (shared collective, host): its ranks' median end, latest arrival and earliest end; per shared
+    collective, how precisely its ends are known (its transfer time on the CPU, else 0)."""
+
+    def __init__(self, members: dict[int, dict[int, CommRecord]], host_index: dict[int, int]) -> None:
+        inst: list[int] = []
+        host: list[int] = []
+        end: list[float] = []
+        last_arrival: list[float] = []
+        first_end: list[float] = []
+        precision: list[float] = []
+        shared = 0
+        for found in members.values():
+            per_host: dict[int, list[CommRecord]] = defaultdict(list)
+            for rank, record in found.items():
+                per_host[host_index[rank]].append(record)
+            if len(per_host) < 2:
+                continue
+            last = max(found.values(), key=lambda r: r.start_us)
+            on_gpu = all(r.channel.startswith(GPU_CHANNEL) for r in found.values())
+            precision.append(0.0 if on_gpu else last.dur_us)
+            for h, records in per_host.items():
+                ends = sorted(r.start_us + r.dur_us for r in records)
+                inst.append(shared)
+                host.append(h)
+                end.append((ends[(len(ends) - 1) // 2] + ends[len(ends) // 2]) / 2.0)
+                last_arrival.append(max(r.start_us for r in records))
+                first_end.append(ends[0])
+            shared += 1
+        self.shared = shared
+        self.inst = np.array(inst, dtype=np.int64)
+        self.host = np.array(host, dtype=np.int64)
+        self.end = np.array(end, dtype=np.float64)
+        self.last_arrival = np.array(last_arrival, dtype=np.float64)
+        self.first_end = np.array(first_end, dtype=np.float64)
+        self.precision = np.array(precision, dtype=np.float64)
+
+
+def _one_collective(found: dict[int, CommRecord], by_seq: bool) -> bool:
+    """Whether ``found`` is surely one collective on every rank whose ends are one moment: two or
+    more ranks, one type in which every rank needs every other's data (a broadcast's root, a
+    send, may finish before the others arrive), matched by sequence number or of one size
+    everywhere (an all-to-all matched by order may pair different instances: its sizes differ
+    anyway)."""
+    kinds = {r.kind for r in found.values()}
+    if len(found) < 2 or len(kinds) != 1 or not kinds <= EVERY_RANK_WAITS:
+        return False
+    return by_seq or (kinds <= SAME_SIZE_KINDS and len({r.nbytes for r in found.values()}) == 1)
+
+
+def _offsets(r: _Readings, n_hosts: int) -> np.ndarray:
+    """Each host's offset: alternating medians (each collective's moment = the median of its hosts'
+    ends on the reference clock; each host's offset = the median of the moments minus its ends),
+    host 0 held at 0."""
+    offset = np.zeros(n_hosts)
+    for _ in range(50):
+        moment = _group_median(r.inst, r.end + offset[r.host], r.shared)
+        new = _group_median(r.host, moment[r.inst] - r.end, n_hosts)
+        new = np.nan_to_num(new - new[0])
+        moved = float(np.max(np.abs(new - offset)))
+        offset = new
+        if moved < _CONVERGED_US:
+            break
+    return offset
+
+
+def _others(r: _Readings, offset: np.ndarray, h: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For host ``h``'s shared collectives: the other hosts' median end, latest arrival and earliest
+    end (reference clock), and ``h``'s rows."""
+    mine = r.host == h
+    rest = ~mine
+    inst = r.inst[rest]
+    moment = _group_median(inst, r.end[rest] + offset[r.host[rest]], r.shared)
+    latest = np.full(r.shared, -np.inf)
+    np.maximum.at(latest, inst, r.last_arrival[rest] + offset[r.host[rest]])
+    earliest = np.full(r.shared, np.inf)
+    np.minimum.at(earliest, inst, r.first_end[rest] + offset[r.host[rest]])
+    return moment, latest, earliest, mine
+
+
+def _drift(t: np.ndarray, d: np.ndarray, uncertainty: float) -> tuple[float, float, float] | None:
+    """(slope, intercept at the median time, that time) where the readings drift beyond the
+    uncertainty over the window; None otherwise."""
+    if len(t) < MIN_FOR_DRIFT or float(np.ptp(t)) <= 0:
+        return None
+    from scipy.stats import theilslopes
+
+    keep = np.linspace(0, len(t) - 1, min(len(t), 2000)).astype(np.int64)
+    at = float(np.median(t))
+    slope, intercept, low, high = theilslopes(d[keep], t[keep] - at)
+    if low <= 0.0 <= high or abs(slope) * float(np.ptp(t)) <= uncertainty:
+        return None
+    return float(slope), float(intercept), at
+
+
+def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list[int]) -> HostClock:
+    """Host ``h``'s offset checked against causality, its uncertainty and drift."""
+    if h == 0:
+        return HostClock(name, ranks, 0.0, 0.0, int(np.count_nonzero(r.host == 0)))
+    moment, latest, earliest, mine = _others(r, offset, h)
+    inst = r.inst[mine]
+    readings = moment[inst] - r.end[mine]  # each collective's estimate of this host's offset
+    n = len(readings)
+    if n < MIN_SHARED:
+        return HostClock(name, ranks, 0.0, 0.0, n)
+    estimate = float(offset[h])
+    spread = _MAD_TO_SIGMA * float(np.median(np.abs(readings - estimate)))
+    uncertainty = max(spread, float(np.median(r.precision[inst])), _RESOLUTION_US)
+    # no rank of this host leaves before the others' last arrival, nor arrives after they left
+    low = float(np.max(latest[inst] - r.first_end[mine]))
+    high = float(np.min(earliest[inst] - r.last_arrival[mine]))
+    bounds = [low, high] if low <= high else None
+    if bounds is not None:
+        estimate = min(max(estimate, low), high)
+    drift = _drift(r.end[mine], readings, uncertainty)
+    if drift is not None:
+        slope, intercept, at = drift
+        return HostClock(name, ranks, intercept, uncertainty, n, bounds, slope * 1e6, at)
+    return HostClock(name, ranks, estimate, uncertainty, n, bounds)
+
+
+def align_clocks(ranks: Sequence[RankComms], *, apply: bool = True) -> ClockAlignment:
+    """Each host's clock offset in one cycle, from the collectives its ranks share with other hosts.
+
+    Args:
+        ranks: one :class:`RankComms` per rank, each with its ``host`` (None: not recorded).
+        apply: False: estimated and said, not applied (``--no-align-clocks``).
+
+    Returns:
+        The :class:`ClockAlignment`; ``aligned`` False (with its ``reason``) on one host, where the
+        traces do not say their hosts, where a host shares too few collectives, or where the
+        collectives' ends are not recorded (host-side records only).
+    """
+    hosts = _hosts(ranks)
+    names = list(hosts)
+    zero = [HostClock(name, members, 0.0, 0.0, 0) for name, members in hosts.items()]
+    if len(hosts) < 2:
+        return ClockAlignment(zero, aligned=False, collectives=0, reason="one host: one clock")
+    if "?" in hosts:
+        return ClockAlignment(zero, aligned=False, collectives=0,
+                              reason="some traces do not say their host: their clocks are taken as one")
+    if any(rc.source == SOURCE_HOST for rc in ranks):
+        return ClockAlignment(zero, aligned=False, collectives=0,
+                              reason="host-side collective records only: their ends are not recorded")
+    members: dict[int, dict[int, CommRecord]] = {}
+    by_seq = match_collectives(ranks, top=0, members=members)["matched_by"] == MATCH_SEQ
+    host_index = {rank: i for i, name in enumerate(names) for rank in hosts[name]}
+    readings = _Readings({k: v for k, v in members.items() if _one_collective(v, by_seq)}, host_index)
+    offset = _offsets(readings, len(names)) if readings.shared else np.zeros(len(names))
+    clocks = [_host_clock(readings, offset, i, name, hosts[name]) for i, name in enumerate(names)]
+    short = [c.host for c in clocks[1:] if c.collectives < MIN_SHARED]
+    if short:
+        reason = f"host {short[0]} shares fewer than {MIN_SHARED} collectives with the others"
+        return ClockAlignment(clocks, aligned=False, collectives=readings.shared, reason=reason)
+    if not apply:
+        return ClockAlignment(clocks, aligned=False, collectives=readings.shared,
+                              reason="turned off by --no-align-clocks")
+    return ClockAlignment(clocks, aligned=True, collectives=readings.shared)
