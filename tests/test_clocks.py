@@ -180,7 +180,8 @@ def test_a_straggler_on_another_host_is_still_the_straggler(tmp_path, capsys, st
         assert abs(found["ms_per_step"] - straggler["ms_per_step"]) <= tolerance_ms + 1.0, (found, straggler)
         path = run_json(capsys, "critical-path", cycle, *what_if)
         assert not any("precede the last rank's arrival" in n for n in path["notes"]), path["notes"]
-        saving, expected = path["what_if"][0]["saving_ms_per_step"], base_path["what_if"][0]["saving_ms_per_step"]
+        saving = path["what_if"][0]["saving_ms_per_step"]
+        expected = base_path["what_if"][0]["saving_ms_per_step"]
         assert abs(saving - expected) <= tolerance_ms + 1.0, (saving, expected)
         share = _rank_share(path, "1")
         assert abs(share - _rank_share(base_path, "1")) <= tolerance_ms * len(path["steps"]) + 1.0
