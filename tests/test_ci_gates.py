@@ -60,7 +60,6 @@ def test_fail_above_fails_a_three_percent_slower_cycle_and_names_its_steps(
     assert _diff_json(capsys, str(slower), str(base), "--fail-above", "2")[0] == ExitStatus.OK
 
 
-@pytest.mark.slow
 def test_fail_above_names_an_operator_that_costs_the_step_more_than_pct(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -91,7 +90,6 @@ def test_a_bad_pct_is_argparses_one_line(capsys: pytest.CaptureFixture[str], val
     assert err.startswith("usage: torchprof diff") and "Traceback" not in err
 
 
-@pytest.mark.slow
 def test_fail_above_needs_steps_on_base(capsys: pytest.CaptureFixture[str]) -> None:
     trace = str(DATA / "gpu_1rank_alexnet.json.gz")  # a real trace without ProfilerStep#N
     assert torchprof(["diff", trace, trace, "--fail-above", "3", "--no-progress"]) == ExitStatus.CANNOT_RUN
