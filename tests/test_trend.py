@@ -20,10 +20,16 @@ from torchprof_args.analysis.trend.change_test import (
     modified_z,
     u_test_p,
 )
-from torchprof_args.analysis.trend.report import format_trend, render_trend_html, trend
+from torchprof_args.analysis.trend.report import (
+    format_trend,
+    noise_splits,
+    regression_gate,
+    render_trend_html,
+    trend,
+)
 from torchprof_args.analysis.trend.series import RunData, read_input
 from torchprof_args.console import main as torchprof
-from torchprof_args.errors import CommandError
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.shared.metrics_log import RunMarker
 
 
@@ -211,3 +217,95 @@ def test_series_from_traces_step_times_and_findings(tmp_path: Path) -> None:
     doc = trend([cycles["faulty"]], [cycles["clean"]], splits=0)
     assert {s["name"] for s in doc["series"]} >= {"trace/step-ms"} | found
     assert doc["noise_check"] is None  # one baseline run: no splits to check
+
+
+def _gate_failures(runs: list[list[float]] | list[RunData], splits: int) -> int:
+    """How many of the noise check's random splits of ``runs`` (runs that differ only by noise) the
+    gate fails: each split's run against its baseline runs, the report's regressions."""
+    data = [r if isinstance(r, RunData) else _run(Path(f"run{i}"), f"run{i}", r) for i, r in enumerate(runs)]
+    return sum(
+        regression_gate(trend([data[index]], [data[i] for i in others], splits=0)) is not None
+        for index, others in noise_splits(len(data), splits)
+    )
+
+
+def _alike_runs(tmp_path: Path, rng: np.random.Generator) -> tuple[list[list[float]], list[str]]:
+    """Ten runs that differ only by noise, as metrics.jsonl files: their samples and paths."""
+    alike = _runs(rng, 10, 0.02, 0.002)
+    return alike, [str(_metrics_run(tmp_path / f"run{i:02d}", [0.5, *r])) for i, r in enumerate(alike)]
+
+
+def test_fail_on_regression_fails_a_three_percent_slower_run_after_the_report(tmp_path: Path, capsys) -> None:
+    """The CI gate: a run 3 % slower exits with status 3 (REGRESSION) naming the series on one line,
+    after the whole --json report; an improvement passes, and without the flag the exit is 0."""
+    rng = np.random.default_rng(4)
+    _, paths = _alike_runs(tmp_path, rng)
+    slower = str(_metrics_run(tmp_path / "slower", [0.5, *_runs(rng, 1, 0.0206, 0.0)[0]]))
+    argv = ["trend", slower, "--baseline", *paths, "--fail-on-regression", "--json", "--splits", "0"]
+    status = torchprof(argv)
+    assert status == ExitStatus.REGRESSION == 3
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # the report, whole, before the gate's verdict
+    assert {r["series"] for r in doc["regressions"]} == {"iteration-time", "timers/forward-backward-time"}
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("torchprof trend: error: regression beyond the baseline runs' noise")
+    assert "iteration-time +3." in captured.err and "timers/forward-backward-time +3." in captured.err
+    assert "in slower" in captured.err
+    faster = str(_metrics_run(tmp_path / "faster", [0.5, *_runs(rng, 1, 0.0194, 0.0)[0]]))
+    assert torchprof(["trend", faster, "--baseline", *paths, "--fail-on-regression", "--splits", "0"]) == 0
+    assert torchprof(["trend", slower, "--baseline", *paths, "--splits", "0"]) == 0
+    assert "REGRESSION" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_fail_on_regression_passes_noise_and_fails_only_the_noise_checks_splits(tmp_path: Path) -> None:
+    """Each of ten runs alike against the other nine passes the gate (exit 0), and over the noise
+    check's random splits the gate fails exactly the splits the noise check counts (its figure is the
+    gate's false-positive rate): at most 5 %, as the rule's own test asks."""
+    alike, paths = _alike_runs(tmp_path, np.random.default_rng(4))
+    for index, path in enumerate(paths):
+        others = paths[:index] + paths[index + 1 :]
+        assert torchprof(["trend", path, "--baseline", *others, "--fail-on-regression", "--splits", "0"]) == 0
+    baseline = [_run(Path(p), p, r) for p, r in zip(paths, alike, strict=True)]
+    doc = trend([_run(Path("new"), "new", alike[0])], baseline)
+    assert doc["noise_check"]["splits"] == 200
+    assert _gate_failures(alike, 200) == doc["noise_check"]["flagged"] <= 10
+
+
+@pytest.mark.slow
+def test_ci_gate_example_on_real_runs(tmp_path: Path, capsys) -> None:
+    """The operations guide's CI step on real CPU runs: the noise-only run passes, the 3 % slower one
+    exits 3 naming iteration-time after the whole --json report; each of the ten runs passes the gate
+    against the other nine, and the gate fails none of the noise check's 500 random splits."""
+    proc = run_doc_example("trend-ci-gate", tmp_path, timeout=600, TORCHPROF_LOG_LEVEL="WARNING")
+    runs = sorted(str(p) for p in (tmp_path / "runs").glob("run*"))
+    baseline = [read_input(p) for p in runs]
+    levels = np.asarray([np.quantile(run.series["iteration-time"].samples, 0.25) for run in baseline])
+    spread = (levels.max() - levels.min()) / np.median(levels) * 100
+    gate = ["--fail-on-regression", "--splits", "0"]
+    passed = sum(
+        torchprof(["trend", path, "--baseline", *runs[:i], *runs[i + 1 :], *gate]) == 0
+        for i, path in enumerate(runs)
+    )
+    check = trend([read_input(str(tmp_path / "runs" / "slower"))], baseline, splits=500)["noise_check"]
+    failures = _gate_failures(baseline, 500)
+    capsys.readouterr()
+    with capsys.disabled():
+        print(
+            f"\ntrend gate: the ten runs' levels within {spread:.2f} %; {passed} of 10 pass against the "
+            f"other nine; the gate fails {failures} of {check['splits']} random splits (noise check: "
+            f"{check['flagged']}); the 3 % run: exit {proc.returncode}, {proc.stderr.strip()[-200:]}"
+        )
+    if spread > 1.5:  # the host's load shifted whole runs: they are not ten runs alike
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        pytest.skip(
+            f"the ten runs' levels spread over {spread:.1f} % (load {load}): the machine shifted whole "
+            "runs, so they are not alike; rerun on a quieter machine"
+        )
+    assert proc.returncode == ExitStatus.REGRESSION, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("torchprof trend: error: regression beyond the baseline runs' noise")
+    assert "iteration-time +" in line and line.endswith("if the change is meant") and "in slower" in line
+    doc = json.loads((tmp_path / "trend.json").read_text())
+    assert [r["series"] for r in doc["regressions"]] == ["iteration-time"]
+    assert passed == 10 and failures == check["flagged"] == 0

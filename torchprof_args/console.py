@@ -62,6 +62,9 @@ exit status, the same in every command:
        others are reported); a job rejected the request, did not answer in time or stopped
   2    it cannot run as asked: a bad argument or value, a path that does not exist, an input
        that is not what the command reads (one line says what to do: torchprof COMMAND: error: ...)
+  3    a CI gate failed, after the report is printed: trend --fail-on-regression found a
+       regression, diff --fail-above PCT a step or operator slower by more than PCT (the error
+       line names them)
   127  the tool it runs is not installed (nsys --run, pyspy record)
   130  interrupted (Ctrl-C)
   pyspy record and nsys --run otherwise exit with the status of the command they ran."""

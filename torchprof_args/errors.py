@@ -55,6 +55,10 @@ class ExitStatus(enum.IntEnum):
     #: It cannot run as asked: a bad argument or value, a path that does not exist, an input that
     #: is not what the command reads (argparse's own usage errors are 2 too).
     CANNOT_RUN = 2
+    #: A CI gate failed: ``trend --fail-on-regression`` found a regression, ``diff --fail-above PCT``
+    #: a step or an operator slower by more than PCT (the error line names them); the report is
+    #: printed first, as without the gate.
+    REGRESSION = 3
     #: The external tool it runs (nsys, py-spy) is not installed, as a shell says "not found".
     TOOL_MISSING = 127
     #: Interrupted (Ctrl-C).

@@ -16,6 +16,8 @@ from helpers.processes import free_port, subprocess_env
 EXAMPLE = re.compile(r"^<!-- example: ([\w.-]+) -->\s*```bash\n(.*?)```", re.S | re.M)
 #: Any example marker on a line of its own, followed by a bash block or not.
 MARKER = re.compile(r"^<!-- example: (\S*) -->", re.M)
+#: A CI workflow shown in the docs (not run: a GitHub Actions YAML block), checked by the tests.
+CI_WORKFLOW = re.compile(r"^<!-- ci: ([\w.-]+) -->\s*```yaml\n(.*?)```", re.S | re.M)
 
 
 def doc_pages() -> list[Path]:
@@ -39,6 +41,14 @@ def doc_example(name: str) -> str:
     examples = doc_examples()
     assert name in examples, f"neither README.md nor docs/ has an example {name!r}"
     return examples[name][1]
+
+
+def ci_workflow(name: str) -> str:
+    """The YAML block that follows ``<!-- ci: name -->`` in README.md or docs/."""
+    found = [m.group(2) for page in doc_pages()
+             for m in CI_WORKFLOW.finditer(page.read_text(encoding="utf-8")) if m.group(1) == name]
+    assert len(found) == 1, f"README.md and docs/ have {len(found)} CI workflows named {name!r}"
+    return found[0]
 
 
 def run_doc_example(name: str, workdir: Path, *, pythonpath: list[Path] = (), timeout: float = 300,

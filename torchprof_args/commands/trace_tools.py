@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torchprof_args.commands import summary as summary_command
 from torchprof_args.commands.common import INPUTS_HELP, Subparsers, add_clock_option, top_count
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import positive_int
+from torchprof_args.flags.types import positive_float, positive_int
 
 if TYPE_CHECKING:
     from torchprof_args.analysis.critical_path.path import CriticalPathDoc
@@ -72,7 +72,7 @@ def _diff(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.critical_path.compare import compare_paths, format_path_diff
     from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
     from torchprof_args.analysis.jsonout import print_json
-    from torchprof_args.analysis.tools.diff import diff_summaries, format_diff
+    from torchprof_args.analysis.tools.diff import diff_summaries, format_diff, slower_than
     from torchprof_args.commands.cycles import cycle_summaries
 
     sides, diagnoses, paths = [], [], []
@@ -87,12 +87,20 @@ def _diff(args: argparse.Namespace) -> int:
         paths.append(path)
     result, findings = diff_summaries(*sides), diff_findings(*diagnoses)
     path_changes = compare_paths(paths[0], paths[1])
+    slower = None if args.fail_above is None else slower_than(result, args.fail_above)
+    if args.fail_above is not None and slower is None:
+        raise CommandError("--fail-above needs BASE's step time, and BASE has no profiled step "
+                           "(ProfilerStep#N): compare traces recorded with prof.step()")
     if args.json:
         print_json({**result, "findings": findings, "critical_path": path_changes})
     else:
         print(format_diff(result, args.base, args.new, rows=args.rows), end="")
         print("\n".join(format_findings_diff(findings)))
-        print("\n".join(format_path_diff(path_changes)))
+        print("\n".join(format_path_diff(path_changes)), flush=True)
+    if slower:
+        shown = ", ".join(slower[:6]) + (f" and {len(slower) - 6} more" if len(slower) > 6 else "")
+        raise CommandError(f"slower by more than {args.fail_above:g} % (--fail-above): {shown}; find why in "
+                           "the diff above", ExitStatus.REGRESSION)
     return 0
 
 
@@ -170,6 +178,10 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
                    help="rows per table in the text output (default 15)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="processes that parse traces (default: the CPUs)")
+    p.add_argument("--fail-above", type=positive_float, default=None, metavar="PCT",
+                   help="a CI gate: after the diff, exit with status 3 naming each step figure (mean over "
+                   "ranks, slowest rank's) slower by more than PCT percent, and each operator or kernel "
+                   "whose added time per step is more than PCT percent of BASE's mean step")
     p.set_defaults(func=_diff)
 
 

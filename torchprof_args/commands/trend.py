@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from torchprof_args.commands.common import Subparsers
-from torchprof_args.errors import CommandError
+from torchprof_args.errors import CommandError, ExitStatus
 
 __all__ = ["register"]
 
@@ -44,6 +44,12 @@ def register(subparsers: Subparsers) -> None:
         "--baseline", nargs="+", metavar="DIR", help="the baseline runs (default: every DIR but the last)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="a CI gate: after the report, exit with status 3 naming each series the report calls a "
+        "regression (improvements pass)",
+    )
     parser.add_argument("--html", metavar="HTML", help="also write the series as a self-contained HTML page")
     parser.add_argument(
         "--series",
@@ -93,7 +99,7 @@ def register(subparsers: Subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.trend.change_test import Rule
-    from torchprof_args.analysis.trend.report import format_trend, render_trend_html, trend
+    from torchprof_args.analysis.trend.report import format_trend, regression_gate, render_trend_html, trend
     from torchprof_args.analysis.trend.series import read_input
     from torchprof_args.atomic import write_text_atomically
 
@@ -125,5 +131,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.html:
         write_text_atomically(Path(args.html), render_trend_html(doc))
-    print(json.dumps(doc, indent=2) if args.json else format_trend(doc))
+    print(json.dumps(doc, indent=2) if args.json else format_trend(doc), flush=True)
+    failed = regression_gate(doc) if args.fail_on_regression else None
+    if failed:
+        raise CommandError(failed, ExitStatus.REGRESSION)
     return 0

@@ -23,13 +23,15 @@ import numpy as np
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import Summary
 
-__all__ = ["OPERATOR_CHANGE_PCT", "Metric", "NameChange", "SideFigures", "SummaryDiff", "aggregate",
-           "diff_summaries", "format_diff"]
+__all__ = ["OPERATOR_CHANGE_PCT", "STEP_METRICS", "Metric", "NameChange", "SideFigures", "SummaryDiff",
+           "aggregate", "diff_summaries", "format_diff", "slower_than"]
 
 #: a name whose calls per step are equal on both sides is "changed" when its time per step
 #: moved by more than this (%), else "unchanged".
 OPERATOR_CHANGE_PCT = 1.0
 _KINDS = ("computation", "communication", "memory")
+#: the metrics that are step times: ``--fail-above`` gates on them.
+STEP_METRICS = ("step time (mean over ranks)", "slowest rank's mean step")
 
 
 class SideFigures(TypedDict):
@@ -163,9 +165,8 @@ def _metric(name: str, unit: str, base: float | None, new: float | None) -> Metr
 
 
 def _metrics(base: SideFigures, new: SideFigures) -> list[Metric]:
-    out = [_metric("step time (mean over ranks)", "us", base["step_mean_us"], new["step_mean_us"]),
-           _metric("slowest rank's mean step", "us", base["slowest_step_mean_us"],
-                   new["slowest_step_mean_us"]),
+    out = [_metric(STEP_METRICS[0], "us", base["step_mean_us"], new["step_mean_us"]),
+           _metric(STEP_METRICS[1], "us", base["slowest_step_mean_us"], new["slowest_step_mean_us"]),
            _metric("GPU idle", "%", base["idle_pct"], new["idle_pct"]),
            _metric("GPU compute", "%", base["compute_pct"], new["compute_pct"]),
            _metric("comm/comp overlap", "%", base["comm_comp_overlap_pct"], new["comm_comp_overlap_pct"])]
@@ -221,6 +222,32 @@ def diff_summaries(base: list[Summary], new: list[Summary]) -> SummaryDiff:
         "kernels": _compare(a["kernels"], b["kernels"]),
         "operators": _compare(a["cpu"], b["cpu"]),
     }
+
+
+def slower_than(result: SummaryDiff, pct: float) -> list[str] | None:
+    """``torchprof diff --fail-above PCT``'s reading of the diff: what got slower by more than ``pct``
+    percent (the step figures, then operators and kernels, largest first), each as ``name +x.x %``;
+    None when BASE has no step time to measure by.
+
+    A step figure (:data:`STEP_METRICS`) fails when its ``delta_pct`` is above ``pct``; an operator or
+    kernel (added or changed) when the time per rank-step it gained (``delta_us``) is above ``pct``
+    percent of BASE's mean step (what it costs each step; its own percentage would flag every 2 us
+    operator that took 3 us).
+    """
+    step_us = result["base"]["step_mean_us"]
+    if not step_us:
+        return None
+    steps = [f"{m['name']} +{m['delta_pct']:.1f} %" for m in result["metrics"]
+             if m["name"] in STEP_METRICS and m["delta_pct"] is not None and m["delta_pct"] > pct]
+    names = [(100.0 * r["delta_us"] / step_us, f"{what} {_short(r['name'])}")
+             for what, rows in (("kernel", result["kernels"]), ("operator", result["operators"]))
+             for r in rows if r["status"] in ("added", "changed") and 100.0 * r["delta_us"] / step_us > pct]
+    names.sort(key=lambda item: -item[0])
+    return steps + [f"{name} +{share:.1f} % of the step" for share, name in names]
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
 
 
 def _figures(side: Side) -> SideFigures:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ import numpy as np
 from torchprof_args.analysis.trend.change_test import DEFAULT_RULE, MIN_RUNS_FOR_Z, Rule, compare
 from torchprof_args.analysis.trend.series import RunData
 
-__all__ = ["TREND_VERSION", "format_trend", "render_trend_html", "trend"]
+__all__ = ["TREND_VERSION", "format_trend", "noise_splits", "regression_gate", "render_trend_html", "trend"]
 
 TREND_VERSION = 1
 
@@ -133,13 +133,9 @@ def _noise_check(
     least three others, every series): how often a run that is only noise gets a regression."""
     if len(baseline) < MIN_RUNS_FOR_Z + 1 or splits <= 0:
         return None
-    rng = random.Random(seed)
     flagged = 0
-    for _ in range(splits):
-        order = list(range(len(baseline)))
-        rng.shuffle(order)
-        candidate, rest = baseline[order[0]], [baseline[i] for i in order[1:]]
-        rest = rest[: rng.randint(MIN_RUNS_FOR_Z, len(rest))]
+    for index, others in noise_splits(len(baseline), splits, seed):
+        candidate, rest = baseline[index], [baseline[i] for i in others]
         for name in names:
             own = candidate.series.get(name)
             runs = [r.series[name].samples for r in rest if name in r.series and r.series[name].samples]
@@ -152,6 +148,16 @@ def _noise_check(
                 flagged += 1
                 break
     return {"splits": splits, "flagged": flagged, "false_positive_rate": flagged / splits}
+
+
+def noise_splits(runs: int, splits: int, seed: int = 0) -> Iterator[tuple[int, list[int]]]:
+    """The noise check's random splits of ``runs`` baseline runs: (a run, a random subset of at least
+    :data:`MIN_RUNS_FOR_Z` of the others), by index; the same for the same seed."""
+    rng = random.Random(seed)
+    for _ in range(splits):
+        order = list(range(runs))
+        rng.shuffle(order)
+        yield order[0], order[1 : 1 + rng.randint(MIN_RUNS_FOR_Z, runs - 1)]
 
 
 def _ordinal(fraction: float) -> str:
@@ -204,15 +210,7 @@ def format_trend(doc: dict[str, Any]) -> str:
                 )
     lines.append("")
     if doc["regressions"]:
-        lines.append(
-            "regressions: "
-            + "; ".join(
-                f"{r['series']} {r['change_pct']:+.1f} % in {r['label']}"
-                if r["change_pct"] is not None
-                else f"{r['series']} (new) in {r['label']}"
-                for r in doc["regressions"]
-            )
-        )
+        lines.append("regressions: " + _regressions_text(doc["regressions"]))
     else:
         lines.append("regressions: none")
     check = doc["noise_check"]
@@ -224,6 +222,28 @@ def format_trend(doc: dict[str, Any]) -> str:
             f"the baseline runs (false-positive rate {check['false_positive_rate']:.1%})"
         )
     return "\n".join(lines)
+
+
+def _regressions_text(regressions: Sequence[dict[str, Any]]) -> str:
+    return "; ".join(
+        f"{r['series']} {r['change_pct']:+.1f} % in {r['label']}"
+        if r["change_pct"] is not None
+        else f"{r['series']} (new) in {r['label']}"
+        for r in regressions
+    )
+
+
+def regression_gate(doc: dict[str, Any]) -> str | None:
+    """``--fail-on-regression``'s verdict on the report: None without regressions, else the error
+    line naming each series the report calls a regression (its verdict: no second rule), its change
+    and the run; the noise check's false-positive rate is the gate's on this baseline."""
+    if not doc["regressions"]:
+        return None
+    return (
+        f"regression beyond the baseline runs' noise (--fail-on-regression): "
+        f"{_regressions_text(doc['regressions'])}; find its cause in the report above, or make the run "
+        "a baseline run if the change is meant"
+    )
 
 
 def render_trend_html(doc: dict[str, Any]) -> str:
