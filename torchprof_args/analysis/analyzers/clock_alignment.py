@@ -74,7 +74,7 @@ class ClockAlignment(msgspec.Struct, frozen=True):
         """What was done: ``2 hosts aligned on 96 collectives; host b +50.02 ms (+-0.21)``."""
         if len(self.hosts) < 2:
             return self.reason or "one host: one clock"
-        moved = "; ".join(_host_text(h) for h in self.hosts[1:])
+        moved = _moved_text(self.hosts[1:])
         if self.aligned:
             return f"{len(self.hosts)} hosts aligned on {self.collectives} collectives; {moved}"
         estimated = f"; estimated {moved}" if any(h.collectives for h in self.hosts[1:]) else ""
@@ -83,6 +83,22 @@ class ClockAlignment(msgspec.Struct, frozen=True):
     def line(self) -> str | None:
         """``clock: ...`` (:meth:`text`) where the ranks ran on several hosts; None on one."""
         return f"clock: {self.text()}" if len(self.hosts) > 1 else None
+
+
+#: hosts named one by one in :meth:`ClockAlignment.text`, the furthest off first; the rest in one clause.
+NAMED_HOSTS = 3
+
+
+def _moved_text(hosts: list[HostClock]) -> str:
+    """The hosts' offsets: each one for a few hosts, else the furthest off and the range of the rest."""
+    ranked = sorted(hosts, key=lambda h: -abs(h.offset_us))
+    named = "; ".join(_host_text(h) for h in ranked[:NAMED_HOSTS])
+    rest = ranked[NAMED_HOSTS:]
+    if not rest:
+        return named
+    worst = max(h.uncertainty_us for h in rest)
+    return (f"{named}; {len(rest)} other hosts within {max(abs(h.offset_us) for h in rest) / 1e3:.2f} ms "
+            f"(+-{worst / 1e3:.2f} at most)")
 
 
 def _host_text(clock: HostClock) -> str:

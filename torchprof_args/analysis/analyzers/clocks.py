@@ -19,11 +19,14 @@ moved to its nearest end.
 
 Each host's uncertainty is the spread of its collectives' readings around the estimate (1.4826 x
 their median absolute deviation), not that spread over sqrt(n): a host whose ranks always end a
-little later than the others' (an NCCL tree's root) is off by that much whatever the count.  On
-the CPU (gloo), where a rank's end is when its own threads got to finish, the ends of one collective
-are known only within its transfer time (the last arrival's duration: its ranks end between that
-arrival and its end), a bias the spread cannot see when one rank is always last (a straggler), so
-the median transfer time is the floor of a CPU collective's uncertainty.
+little later than the others' (an NCCL tree's root) is off by that much whatever the count.  Nor
+can the spread see a bias that comes with a host's role: on the CPU (gloo) the rank that arrived
+last ends a little later (or earlier) than those that waited for it.  Where a host was sometimes
+last and sometimes not, half the difference between the two groups' readings bounds that bias from
+below; where it always was (a straggler) or never was, the bias cannot be told from the offset, and
+on the CPU, where the ends of one collective are known only within its transfer time (the last
+arrival's duration: every rank ends between that arrival and about its end), the median transfer
+time stands for it.
 
 A drift (one clock running faster) is estimated where 16 or more collectives span the window
 (Theil-Sen's slope, scipy) and applied when the change it makes over the window exceeds the
@@ -91,6 +94,7 @@ class _Readings:
         end: list[float] = []
         last_arrival: list[float] = []
         first_end: list[float] = []
+        holds_last: list[bool] = []
         precision: list[float] = []
         shared = 0
         for found in members.values():
@@ -99,7 +103,8 @@ class _Readings:
                 per_host[host_index[rank]].append(record)
             if len(per_host) < 2:
                 continue
-            last = max(found.values(), key=lambda r: r.start_us)
+            last_rank = max(found, key=lambda rank: found[rank].start_us)
+            last = found[last_rank]
             on_gpu = all(r.channel.startswith(GPU_CHANNEL) for r in found.values())
             precision.append(0.0 if on_gpu else last.dur_us)
             for h, records in per_host.items():
@@ -109,6 +114,7 @@ class _Readings:
                 end.append((ends[(len(ends) - 1) // 2] + ends[len(ends) // 2]) / 2.0)
                 last_arrival.append(max(r.start_us for r in records))
                 first_end.append(ends[0])
+                holds_last.append(host_index[last_rank] == h)
             shared += 1
         self.shared = shared
         self.inst = np.array(inst, dtype=np.int64)
@@ -117,6 +123,7 @@ class _Readings:
         self.last_arrival = np.array(last_arrival, dtype=np.float64)
         self.first_end = np.array(first_end, dtype=np.float64)
         self.precision = np.array(precision, dtype=np.float64)
+        self.holds_last = np.array(holds_last, dtype=bool)
 
 
 def _one_collective(found: dict[int, CommRecord], by_seq: bool) -> bool:
@@ -177,6 +184,14 @@ def _drift(t: np.ndarray, d: np.ndarray, uncertainty: float) -> tuple[float, flo
     return float(slope), float(intercept), at
 
 
+def _role_bias(readings: np.ndarray, last: np.ndarray, precision: np.ndarray) -> float:
+    """How far a host's role in its collectives (arriving last, or waiting) may bias its readings
+    (the module's docstring says how)."""
+    if last.any() and not last.all():
+        return abs(float(np.median(readings[last])) - float(np.median(readings[~last]))) / 2.0
+    return float(np.median(precision))
+
+
 def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list[int]) -> HostClock:
     """Host ``h``'s offset checked against causality, its uncertainty and drift."""
     if h == 0:
@@ -189,7 +204,7 @@ def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list
         return HostClock(name, ranks, 0.0, 0.0, n)
     estimate = float(offset[h])
     spread = _MAD_TO_SIGMA * float(np.median(np.abs(readings - estimate)))
-    uncertainty = max(spread, float(np.median(r.precision[inst])), _RESOLUTION_US)
+    uncertainty = max(spread, _role_bias(readings, r.holds_last[mine], r.precision[inst]), _RESOLUTION_US)
     # no rank of this host leaves before the others' last arrival, nor arrives after they left
     low = float(np.max(latest[inst] - r.first_end[mine]))
     high = float(np.min(earliest[inst] - r.last_arrival[mine]))
