@@ -1,6 +1,6 @@
 """The collectives of profiling at 32 ranks: gloo on CPU, a tiny model, the cores oversubscribed.
 
-    python benchmarks/bench_world.py [--world 32] [--tp 2] [--pp 2] [--json FILE]
+    python benchmarks/bench_world.py [--world 32] [--tp 2] [--pp 2] [--hosts 4] [--json FILE]
 
 Job 1 (``--world`` ranks, torchrun): megatron-core's ``parallel_state`` at TP x PP x DP
 (``--tp``, ``--pp``, DP the rest: TP 2 x PP 2 x DP 8 at 32 ranks) and ``--torch-profile-parallel-ranks
@@ -14,6 +14,14 @@ alone logs the publishing line.
 Job 2 (``--world`` ranks, ``tests/jobs/comm_job.py``): rank ``world // 2 + 1`` skips an all-reduce
 (the README's hang example at scale); every rank dumps its flight recorder and ``torchprof hang``
 names the skipping rank.
+
+Job 3 (``--hosts H`` > 1; ``--world`` ranks, ``tests/jobs/comm_job.py``, every rank traced, rank
+``world - 1`` 40 ms late at one all-reduce): the cycle rewritten as if the ranks ran on H hosts
+(contiguous blocks of ranks; ``tests/helpers/hosts.py``: another boot time each, wall clocks set
+apart at random by up to +-100 ms, seeded); ``torchprof collectives --json`` of both.  Checked: each
+host's estimated offset is the injected one within its stated uncertainty (a row per host:
+injected, estimated, uncertainty), and the rank that caused the most waiting and every matched
+collective's last rank (where its skew exceeds twice the uncertainty) are the one-host cycle's.
 
 Prints one row per check (seconds, result).  Output under benchmarks/out/world<N>/ (git-ignored).
 Needs megatron-core (``pip install megatron-core``); only job 2 runs without it.
@@ -171,6 +179,63 @@ def check_job2(out: Path, world: int, env: dict[str, str], timeout: float,
     }, seconds
 
 
+def check_job3(out: Path, world: int, hosts: int, env: dict[str, str], timeout: float
+               ) -> tuple[dict, float, list[str]]:
+    """Job 3: the hosts' clocks estimated against the injected offsets (the module's docstring)."""
+    import random
+
+    from helpers.hosts import simulate_hosts
+
+    run_dir = out / "hosts"
+    run_dir.mkdir(parents=True)
+    job = ["--result-dir", str(run_dir), "--iters", "8", "--slow-rank", str(world - 1),
+           "--slow-iteration", "4", "--slow-seconds", "0.04",
+           "--torch-profile", "--torch-profile-ranks", "all",
+           "--torch-profile-skip-first", "1", "--torch-profile-warmup", "1", "--torch-profile-active", "5",
+           "--torch-profile-dir", str(run_dir / "prof")]
+    code, output, seconds = _torchrun(world, COMM_JOB, *job, env=env, timeout=timeout)
+    traces = sorted((run_dir / "prof").glob("iter*/*.pt.trace.json.gz"))
+    if code != 0 or len(traces) != world:
+        return {"job 3 traced every rank": (False, f"exit {code}, {len(traces)} traces: {output[-800:]}")}, \
+            seconds, []
+    rng = random.Random(36)
+    per_host = -(-world // hosts)
+    injected = {f"h{k}": rng.uniform(-100_000.0, 100_000.0) for k in range(1, hosts)}
+    clocks = {rank: (f"h{rank // per_host}", injected[f"h{rank // per_host}"])
+              for rank in range(per_host, world)}
+    moved = simulate_hosts(traces, run_dir / "moved", clocks)
+
+    def report(cycle: Path) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "torchprof_args", "collectives", str(cycle), "--json",
+                               "--no-progress"], capture_output=True, text=True, env=env, timeout=timeout)
+        return json.loads(proc.stdout)
+
+    one, many = report(traces[0].parent), report(moved[0].parent)
+    rows, within = [], []
+    for clock in many["clock"]["hosts"][1:]:
+        truth = -injected[clock["host"]]
+        ok = abs(clock["offset_us"] - truth) <= clock["uncertainty_us"]
+        within.append(ok)
+        rows.append(f"    host {clock['host']} (ranks {clock['ranks'][0]}-{clock['ranks'][-1]}): injected "
+                    f"{truth / 1e3:+9.3f} ms, estimated {clock['offset_us'] / 1e3:+9.3f} ms "
+                    f"(+-{clock['uncertainty_us'] / 1e3:.3f}) on {clock['collectives']} collectives")
+    worst = max(h["uncertainty_us"] for h in many["clock"]["hosts"])
+    before = {i["id"]: i for i in one["instances"] if i["ranks"] > 1}
+    after = {i["id"]: i for i in many["instances"] if i["ranks"] > 1}
+    same_last = [i for i in before if i in after and before[i]["skew_us"] > 2 * worst
+                 and before[i]["last_rank"] == after[i]["last_rank"]]
+    judged = [i for i in before if before[i]["skew_us"] > 2 * worst]
+    top = one["ranks_by_wait_caused"][0]["rank"], many["ranks_by_wait_caused"][0]["rank"]
+    return {
+        f"clock: {hosts - 1} hosts' offsets within their uncertainty": (
+            bool(within) and all(within), f"{sum(within)} of {len(within)}; {many['clock']['collectives']} "
+                                          "shared collectives"),
+        "clock: the same rank caused the most waiting": (top[0] == top[1], f"rank {top[0]} / rank {top[1]}"),
+        "clock: every clear skew keeps its last rank": (len(same_last) == len(judged),
+                                                        f"{len(same_last)} of {len(judged)}"),
+    }, seconds, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,6 +247,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--pg-timeout", type=float, default=60.0,
                         help="job 2's gloo timeout: how long the other ranks wait for the skipping one")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="job 3: the cycle rewritten as if on this many hosts (clocks apart at random)")
+    parser.add_argument("--skip-jobs", default="", help="comma-separated jobs not to run (1, 2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out or REPO / "benchmarks" / "out" / f"world{args.world}")
@@ -196,20 +264,28 @@ def main() -> None:
                p for p in (str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)}
     checks: dict[str, tuple[bool, str]] = {}
     seconds: dict[str, float] = {}
-    if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.core"):
-        job = ["--worker", "--out", str(out), "--tp", str(args.tp), "--pp", str(args.pp)]
-        _, output, seconds["job 1"] = _torchrun(args.world, Path(__file__), *job, env=env,
-                                                timeout=args.timeout)
-        checks.update(check_job1(out, args.world, output))
-    else:
-        checks["megatron-core installed"] = (False, "pip install megatron-core for job 1")
-    job2, seconds["job 2"] = check_job2(out, args.world, env, args.timeout, args.pg_timeout)
-    checks.update(job2)
+    skip = set(args.skip_jobs.split(",")) - {""}
+    if "1" not in skip:
+        if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.core"):
+            job = ["--worker", "--out", str(out), "--tp", str(args.tp), "--pp", str(args.pp)]
+            _, output, seconds["job 1"] = _torchrun(args.world, Path(__file__), *job, env=env,
+                                                    timeout=args.timeout)
+            checks.update(check_job1(out, args.world, output))
+        else:
+            checks["megatron-core installed"] = (False, "pip install megatron-core for job 1")
+    if "2" not in skip:
+        job2, seconds["job 2"] = check_job2(out, args.world, env, args.timeout, args.pg_timeout)
+        checks.update(job2)
+    rows: list[str] = []
+    if args.hosts > 1:
+        job3, seconds["job 3"], rows = check_job3(out, args.world, args.hosts, env, args.timeout)
+        checks.update(job3)
     print(f"bench_world: {args.world} gloo ranks on {os.cpu_count()} CPU cores (TP {args.tp} x PP {args.pp} "
           f"x DP {args.world // (args.tp * args.pp)}); job 1 {seconds.get('job 1', 0):.0f} s, "
-          f"job 2 (hang) {seconds['job 2']:.0f} s")
+          f"job 2 (hang) {seconds.get('job 2', 0):.0f} s, job 3 (hosts) {seconds.get('job 3', 0):.0f} s")
     for name, (ok, detail) in checks.items():
         print(f"  {'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    print("\n".join(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"world": args.world, "seconds": seconds,
                                                "checks": {k: list(v) for k, v in checks.items()}}, indent=1))

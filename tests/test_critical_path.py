@@ -181,7 +181,8 @@ def test_json_is_the_documented_schema(capsys) -> None:
     argv = ["critical-path", str(SMALL), "--json", "--no-progress", "--what-if", "no data loader"]
     assert torchprof(argv) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc) == ["version", "path", "cycle", "ranks", "step_ms", "steps", "top", "what_if", "notes"]
+    assert list(doc) == ["version", "path", "cycle", "ranks", "step_ms", "steps", "top", "what_if", "notes",
+                         "clock"]
     assert doc["version"] == 1
     step = doc["steps"][0]
     assert list(step) == ["step", "rank", "step_ms", "path_ms", "difference_ms", "by_rank", "by_category",
