@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # helpers.hosts (job 3)
 COMM_JOB = REPO / "tests" / "jobs" / "comm_job.py"
 SELECTOR = ["pp=1", "dp=0-1"]
 ITERS = 12
