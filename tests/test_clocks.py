@@ -249,3 +249,19 @@ def test_the_guides_several_hosts_example(tmp_path):
     assert "2 hosts aligned on 4 collectives; host node2 -49.9" in proc.stdout
     assert "      1      7/8               0.356 s" in proc.stdout
     assert (tmp_path / "merged.json.gz").is_file()
+
+
+def test_every_command_says_what_it_did_in_one_line(tmp_path, capsys):
+    """diagnose, critical-path, report (its diagnosis) and merge print the clock line on two hosts."""
+    moved = simulate_hosts(one_cycle(tmp_path, GPU_RANKS), tmp_path / "two_hosts", {1: ("hostb", -7_000.0)})
+    cycle = str(moved[0].parent)
+    report, merged = str(tmp_path / "r.html"), str(tmp_path / "m.json")
+    for argv in (["diagnose", cycle], ["critical-path", cycle], ["report", cycle, "-o", report],
+                 ["merge", cycle, "-o", merged]):
+        capsys.readouterr()
+        assert torchprof([*argv, "--no-progress"]) == 0, argv
+        out = capsys.readouterr().out
+        text = (tmp_path / "r.html").read_text() if argv[0] == "report" else out
+        said = "clock: 2 hosts aligned on 4 collectives; host hostb +7.0"
+        lines = [line for line in text.splitlines() if said in line]
+        assert len(lines) == 1, (argv, out[-2000:])

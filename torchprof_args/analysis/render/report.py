@@ -148,6 +148,8 @@ def _findings(doc: JobDiagnosis | None) -> str:
              ", ".join(str(r) for r in f.ranks[:16]) + (" ..." if len(f.ranks) > 16 else ""),
              f.summary, f.remedy] for i, f in enumerate(doc.findings, 1)]
     parts = ["<h3>What to fix (torchprof diagnose)</h3>"]
+    if doc.clock is not None and (clock := doc.clock.line()):
+        parts.append(f"<p>{html.escape(clock)}</p>")
     headers = ["#", "kind", "saves / step", "of the step", "ranks", "finding", "remedy"]
     parts.append(_table(headers, rows, {0, 2, 3}) if rows
                  else "<p>No finding above the documented thresholds.</p>")
