@@ -132,6 +132,19 @@ def test_output_faults_killed_publisher_full_and_read_only_output(tmp_path, wait
     assert waits == (3 if wait == "always" else 0), stats
 
 
+def test_a_trace_published_without_its_summary_sidecar_is_counted_at_exit(tmp_path):
+    """The publisher publishes the trace but cannot write its sidecar: the rank warns with the reason,
+    and rank 0's exit line counts it (it used to say ``none failed``)."""
+    outcome = run(FAULT["summary sidecar unwritable"], tmp_path)
+    assert_clean(outcome)
+    assert [t.parent.name for t in outcome.traces] == ["iter000003-000003"]
+    log = "\n".join(outcome.logs[0])
+    assert len(one_line(log, "WARNING", "rank 0: summary error for", "iter000003-000003")) == 1, log
+    exit_line = one_line(log, "WARNING", "rank 0: at exit: 1 trace(s) published")
+    assert len(exit_line) == 1 and ("none failed; 1 published without their summary sidecar (rank(s) 0: see "
+                                    "their warnings; the tools parse those traces)") in exit_line[0], log
+
+
 def test_sigterm_mid_flush_is_acted_on_at_the_end_of_the_flush_and_delivered(tmp_path):
     """Rank 0 (fork) gets SIGTERM inside torch.profiler's trace-ready callback, rank 1 (inline)
     inside its export: no crash, publishers finished or stopped, SIGTERM delivered."""

@@ -246,18 +246,22 @@ def test_back_to_back_windows_count_the_flush_still_due():
 
 def test_rank_0_reports_each_cycle_in_one_line(logs):
     vote = PublishingVote(2, Fence(60.0, rank=0), rank=0)
-    # rows: in_flight, published, kbytes, failed, slowest_ms, cycle_first, cycle_last
-    vote.report([[0, 1, 1500, 0, 800, 4, 5], [1, 1, 1300, 0, 2300, 4, 5], [0, 0, 0, 1, 0, 0, 0]])
-    vote.report([[0, 2, 3000, 0, 700, 8, 9], [0, 2, 2600, 0, 900, 8, 9], [0, 0, 0, 1, 0, 0, 0]])
-    vote.report([[0, 2, 3000, 0, 0, 8, 9], [0, 2, 2600, 0, 0, 8, 9], [0, 0, 0, 1, 0, 0, 0]])  # nothing new
+    # rows: in_flight, published, kbytes, failed, slowest_ms, cycle_first, cycle_last, summary_failed
+    vote.report([[0, 1, 1500, 0, 800, 4, 5, 0], [1, 1, 1300, 0, 2300, 4, 5, 0], [0, 0, 0, 1, 0, 0, 0, 0]])
+    vote.report([[0, 2, 3000, 0, 700, 8, 9, 0], [0, 2, 2600, 0, 900, 8, 9, 0], [0, 0, 0, 1, 0, 0, 0, 0]])
+    vote.report([[0, 2, 3000, 0, 0, 8, 9, 0], [0, 2, 2600, 0, 0, 8, 9, 0], [0, 0, 0, 1, 0, 0, 0, 0]])  # same
+    vote.report([[0, 3, 4500, 0, 600, 10, 11, 1], [0, 3, 3900, 0, 500, 10, 11, 0], [0, 0, 0, 1, 0, 0, 0, 0]])
     assert [(r.levelname, r.getMessage().split("] ", 1)[1]) for r in logs.records] == [
         ("WARNING", "rank 0: 2 trace(s) published up to iter000004-000005 (2.8 MB), slowest publisher rank 1 "
                     "(2.3 s), 1 failed (rank(s) 2: see their errors); 1 in flight"),
         ("INFO", "rank 0: 2 trace(s) published up to iter000008-000009 (2.8 MB), slowest publisher rank 1 "
-                 "(0.9 s), none failed")]
+                 "(0.9 s), none failed"),
+        ("WARNING", "rank 0: 2 trace(s) published up to iter000010-000011 (2.8 MB), slowest publisher rank 0 "
+                    "(0.6 s), none failed; 1 published without their summary sidecar (rank(s) 0: see their "
+                    "warnings; the tools parse those traces)")]
     quiet = PublishingVote(2, Fence(60.0, rank=1), rank=1)
-    quiet.report([[0, 1, 1500, 0, 800, 4, 5], [1, 1, 1300, 1, 2300, 4, 5]])
-    assert len(logs.records) == 2  # other ranks never log the cycle line
+    quiet.report([[0, 1, 1500, 0, 800, 4, 5, 0], [1, 1, 1300, 1, 2300, 4, 5, 0]])
+    assert len(logs.records) == 3  # other ranks never log the cycle line
 
 
 def test_rank_0_warns_once_per_streak_of_skipped_windows(logs):

@@ -173,6 +173,14 @@ def read_only_output(paths: dict[str, Path]) -> None:
     paths["out"].chmod(0o555)
 
 
+def summaries_unwritable(paths: dict[str, Path]) -> None:
+    """The cycle's ``summaries`` a file, not a folder: the trace can be published, its summary sidecar
+    and operator table cannot (the first cycle of a 4-iteration job: ``iter000003-000003``)."""
+    cycle = paths["out"] / "iter000003-000003"
+    cycle.mkdir(parents=True, exist_ok=True)
+    (cycle / "summaries").write_text("not a folder")
+
+
 #: One scenario per fault (benchmarks/bench_faults.py prints a row for each).
 FAULTS = [
     Scenario("output dir unwritable from the start", [],
@@ -212,6 +220,8 @@ FAULTS = [
               "--torch-profile-skip-first", "10"]),
     Scenario("slow publisher at exit (PG timeout 2 s)",
              ["--pg-timeout", "2", "--stop-publisher", "0:5", "--collective-after-exit"], iters=3),
+    Scenario("summary sidecar unwritable", ["--torch-profile-operator-table"], iters=4,
+             prepare=summaries_unwritable),
     Scenario("low host memory ends a window early",
              ["--torch-profile-active", "4", "--torch-profile-ranks", "all",
               "--torch-profile-min-free-host-mb", "100000000"]),

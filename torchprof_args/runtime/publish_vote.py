@@ -131,13 +131,21 @@ class PublishingVote:
         in_flight = _total(rows, "in_flight")
         failures = "none failed"
         if failed_ranks:
-            named = ", ".join(map(str, failed_ranks[:8])) + (" ..." if len(failed_ranks) > 8 else "")
-            failures = f"{_total(new, 'failed')} failed (rank(s) {named}: see their errors)"
-        log = logger.warning if failed_ranks else logger.info
+            failures = f"{_total(new, 'failed')} failed (rank(s) {_named(failed_ranks)}: see their errors)"
+        no_summary = [rank for rank, row in enumerate(new) if row[_FIELD["summary_failed"]] > 0]
+        if no_summary:
+            failures += (f"; {_total(new, 'summary_failed')} published without their summary sidecar "
+                         f"(rank(s) {_named(no_summary)}: see their warnings; the tools parse those traces)")
+        log = logger.warning if failed_ranks or no_summary else logger.info
         log("rank 0: %s%d trace(s) published up to %s (%.1f MB), slowest publisher rank %d (%.1f s), %s%s",
             "at exit: " if final else "", published, cycle_dir_name(*cycle), _total(new, "kbytes") / 1000,
             slowest, rows[slowest][_FIELD["slowest_ms"]] / 1000, failures,
             f"; {in_flight} in flight" if in_flight and not final else "")
+
+
+def _named(ranks: list[int]) -> str:
+    """At most 8 ranks, then ``...``."""
+    return ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
 
 
 def _total(rows: list[list[int]], field: str) -> int:

@@ -15,29 +15,35 @@ from torchprof_args.naming import cycle_of_name
 __all__ = ["ROW_FIELDS", "PublishProgress"]
 
 #: The row's fields, in order (integers >= 0: the vote is an all-reduce MAX of per-rank rows).
-ROW_FIELDS = ("in_flight", "published", "kbytes", "failed", "slowest_ms", "cycle_first", "cycle_last")
+ROW_FIELDS = ("in_flight", "published", "kbytes", "failed", "slowest_ms", "cycle_first", "cycle_last",
+              "summary_failed")
 
 
 class PublishProgress:
-    """Totals since the start (published, kilobytes, failed), the slowest publication since the last
-    row, and the last cycle a trace of this rank was published for."""
+    """Totals since the start (published, kilobytes, failed, published without their summary sidecar),
+    the slowest publication since the last row, and the last cycle a trace of this rank was published
+    for."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.published = 0
         self.kbytes = 0
         self.failed = 0
+        self.summary_failed = 0
         self._slowest_ms = 0
         self._cycle = (0, 0)
 
-    def add(self, trace_path: str, *, ok: bool, megabytes: float = 0.0, seconds: float = 0.0) -> None:
-        """Count one outcome (``trace_path``'s cycle folder names its iterations)."""
+    def add(self, trace_path: str, *, ok: bool, megabytes: float = 0.0, seconds: float = 0.0,
+            summary_failed: bool = False) -> None:
+        """Count one outcome (``trace_path``'s cycle folder names its iterations; ``summary_failed``: the
+        trace is published, its summary sidecar is not)."""
         cycle = cycle_of_name(_folder(trace_path), folder=True)
         with self._lock:
             if not ok:
                 self.failed += 1
                 return
             self.published += 1
+            self.summary_failed += summary_failed
             self.kbytes += int(megabytes * 1000)
             self._slowest_ms = max(self._slowest_ms, int(seconds * 1000))
             if cycle is not None:
@@ -47,7 +53,8 @@ class PublishProgress:
         """This rank's row of :data:`ROW_FIELDS`; starts the next slowest-publication period."""
         with self._lock:
             slowest, self._slowest_ms = self._slowest_ms, 0
-            return [in_flight, self.published, self.kbytes, self.failed, slowest, *self._cycle]
+            return [in_flight, self.published, self.kbytes, self.failed, slowest, *self._cycle,
+                    self.summary_failed]
 
 
 def _folder(trace_path: str) -> str:

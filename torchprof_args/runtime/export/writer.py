@@ -319,7 +319,8 @@ class TraceWriter:
             self.stats["publish_cpu_seconds"] = status.cpu.total
         self.published.append(trace_path)
         seconds = time.monotonic() - publication.started
-        self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds)
+        self.progress.add(trace_path, ok=True, megabytes=trace_mb, seconds=seconds,
+                          summary_failed=status.summary_error is not None)
         # DEBUG: at 512 ranks, rank 0's one line per cycle says it (runtime/publish_vote.py)
         logger.debug("rank %d: trace written to %s (%.1f MB, %.1f s after the flush)", self.rank,
                      trace_path, trace_mb, seconds)
