@@ -10,6 +10,7 @@ from torchprof_args.commands.trigger import wait_for_traces
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.ondemand.controller import OnDemandController
 from torchprof_args.ondemand.window import OnDemandWindow
+from torchprof_args.runtime.export.progress import ROW_FIELDS
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.publish_vote import PublishingVote
 from torchprof_args.runtime.schedule import ProfileSchedule
@@ -25,7 +26,7 @@ def test_the_vote_skips_an_on_demand_window_and_says_why():
     line.vote_ahead = True
     line.window = OnDemandWindow("req1", 10, warmup_start=11, start=12, end=14, ranks=None)
     vote = PublishingVote(2, Fence(60.0, rank=0), rank=0)
-    vote.post(9, line, lambda: [2, 0, 0, 0, 0, 0, 0])
+    vote.post(9, line, lambda: [2] + [0] * (len(ROW_FIELDS) - 1))
     reason = vote.decide(10, line)
     assert reason == BEHIND
     assert line.skipped == (11, 13) and line.window.warmup_start <= 11 < line.window.end

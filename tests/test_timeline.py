@@ -13,6 +13,7 @@ import pytest
 from helpers.processes import subprocess_env
 
 from torchprof_args.ondemand.window import OnDemandWindow
+from torchprof_args.runtime.export.progress import ROW_FIELDS
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.publish_vote import PublishingVote
 from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
@@ -210,7 +211,7 @@ def publishing(line: Timeline, limit: int, in_flight: Callable[[int], int]) -> C
 
     def agree(iteration: int) -> None:
         vote.decide(iteration, line)
-        vote.post(iteration, line, lambda: [in_flight(iteration), 0, 0, 0, 0, 0, 0])
+        vote.post(iteration, line, lambda: [in_flight(iteration)] + [0] * (len(ROW_FIELDS) - 1))
     return agree
 
 

@@ -8,6 +8,8 @@ from torchprof_args.flags.registry import (
     Flag,
     FlagGroup,
     add_flag_groups,
+    config_field,
+    config_values,
     flag_value,
     register_group,
     registered_groups,
@@ -15,5 +17,6 @@ from torchprof_args.flags.registry import (
 )
 
 __all__ = [
-    "Flag", "FlagGroup", "add_flag_groups", "flag_value", "register_group", "registered_groups", "was_given",
+    "Flag", "FlagGroup", "add_flag_groups", "config_field", "config_values", "flag_value", "register_group",
+    "registered_groups", "was_given",
 ]

@@ -25,6 +25,8 @@ __all__ = [
     "Flag",
     "FlagGroup",
     "add_flag_groups",
+    "config_field",
+    "config_values",
     "flag_value",
     "register_group",
     "registered_groups",
@@ -200,3 +202,35 @@ def _tracking_action(action: ActionName | type[argparse.Action] | None) -> type[
         tracking = type(f"Tracking{base.__name__.lstrip('_')}", (base,), {"__call__": __call__})
         _TRACKING[base] = tracking
     return tracking
+
+
+#: Where :func:`config_field` keeps a config field's flag (the field's metadata).
+_FLAG_KEY = "torchprof_flag"
+
+
+def config_field(flag: Flag) -> Any:
+    """A field of a feature's frozen config that holds ``flag``'s value as it is: its default the
+    flag's, its value read by :func:`config_values`.  So each such option is bound to its config once
+    (a field whose value combines flags, or is checked against another, stays written out in the
+    config's ``from_namespace``)."""
+    return dataclasses.field(default=flag.default, metadata={_FLAG_KEY: flag})
+
+
+def config_values(config: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The value in ``args`` of every :func:`config_field` of the dataclass ``config``, by field name
+    (:func:`flag_value`; a ``bool`` field gets a bool).
+
+    Args:
+        config: a dataclass whose fields include :func:`config_field` ones.
+        args: the parsed namespace.
+
+    Returns:
+        ``{field name: value}``, the keyword arguments for those fields.
+    """
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(config):
+        flag = field.metadata.get(_FLAG_KEY)
+        if flag is not None:
+            value = flag_value(args, flag)
+            values[field.name] = bool(value) if field.type in ("bool", bool) else value
+    return values

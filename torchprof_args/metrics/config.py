@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from torchprof_args.errors import TorchProfileArgsError
-from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
+from torchprof_args.flags import Flag, FlagGroup, config_field, config_values, flag_value, register_group
 from torchprof_args.flags.types import Number, non_negative_int, positive_float, positive_int
 from torchprof_args.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
 from torchprof_args.naming import DEFAULT_PROFILE_DIR
@@ -163,22 +163,19 @@ def wandb_mode(config: WandbConfig) -> WandbMode:
 class TimersConfig:
     """How :class:`~torchprof_args.metrics.timers.Timers` measure (Megatron's flags plus ours)."""
 
-    log_level: int = LOG_LEVEL.default
-    log_option: str = LOG_OPTION.default
-    synchronize: bool = SYNCHRONIZE.default
+    log_level: int = config_field(LOG_LEVEL)
+    log_option: str = config_field(LOG_OPTION)
+    synchronize: bool = config_field(SYNCHRONIZE)
     #: Timers are NVTX ranges too (``--torch-profile-nsys``).
     nvtx: bool = False
     #: ``--straggler-threshold`` (0: no warning), ``--straggler-intervals``, ``--straggler-timers``.
-    straggler_threshold: float = STRAGGLER_THRESHOLD.default
-    straggler_intervals: int = STRAGGLER_INTERVALS.default
+    straggler_threshold: float = config_field(STRAGGLER_THRESHOLD)
+    straggler_intervals: int = config_field(STRAGGLER_INTERVALS)
     straggler_timers: tuple[str, ...] = tuple(STRAGGLER_TIMERS.default)
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace, *, nvtx: bool) -> TimersConfig:
-        return cls(log_level=flag_value(args, LOG_LEVEL), log_option=flag_value(args, LOG_OPTION),
-                   synchronize=bool(flag_value(args, SYNCHRONIZE)), nvtx=nvtx,
-                   straggler_threshold=flag_value(args, STRAGGLER_THRESHOLD),
-                   straggler_intervals=flag_value(args, STRAGGLER_INTERVALS),
+        return cls(**config_values(cls, args), nvtx=nvtx,
                    straggler_timers=tuple(flag_value(args, STRAGGLER_TIMERS)))
 
 
@@ -195,9 +192,9 @@ class WandbConfig:
 class PrometheusConfig:
     """The Prometheus endpoint (``--metrics-sinks prometheus``): where it listens, the goodput window."""
 
-    port: int = PROMETHEUS_PORT.default
-    addr: str = PROMETHEUS_ADDR.default
-    goodput_window: float = GOODPUT_WINDOW.default
+    port: int = config_field(PROMETHEUS_PORT)
+    addr: str = config_field(PROMETHEUS_ADDR)
+    goodput_window: float = config_field(GOODPUT_WINDOW)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,17 +208,17 @@ class MetricsConfig:
 
     metrics_dir: str = DEFAULT_PROFILE_DIR
     sinks: tuple[str, ...] = DEFAULT_SINKS
-    metrics_rank: int | None = METRICS_RANK.default  # None: the last rank
+    metrics_rank: int | None = config_field(METRICS_RANK)  # None: the last rank
     wandb: WandbConfig = WandbConfig()
     prometheus: PrometheusConfig = PrometheusConfig()
-    log_interval: int = LOG_INTERVAL.default
+    log_interval: int = config_field(LOG_INTERVAL)
     samples_per_iteration: float | None = None
     tokens_per_iteration: float | None = None
     #: a number, or (Python API) a callable of the iteration
-    flops_per_iteration: float | Callable[[int], float] | None = FLOPS_PER_ITERATION.default
+    flops_per_iteration: float | Callable[[int], float] | None = config_field(FLOPS_PER_ITERATION)
     #: ``--metrics-peak-tflops`` (None: from the device table), ``--metrics-peak-dtype``
-    peak_tflops: float | None = PEAK_TFLOPS.default
-    peak_dtype: str = PEAK_DTYPE.default
+    peak_tflops: float | None = config_field(PEAK_TFLOPS)
+    peak_dtype: str = config_field(PEAK_DTYPE)
     #: ``--metrics-gpu-hardware``: NVML readings per rank (False: off)
     gpu_hardware: bool = True
     run_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
@@ -230,7 +227,8 @@ class MetricsConfig:
     def from_namespace(
         cls, args: argparse.Namespace, *, profile_dir: str, world_size: int | None
     ) -> MetricsConfig:
-        metrics_rank = flag_value(args, METRICS_RANK)
+        values = config_values(cls, args)
+        metrics_rank = values["metrics_rank"]
         if metrics_rank is not None and world_size is not None and metrics_rank >= world_size:
             raise TorchProfileArgsError(
                 f"--metrics-rank {metrics_rank} is outside the world size {world_size} "
@@ -238,20 +236,16 @@ class MetricsConfig:
         sinks = tuple(flag_value(args, METRICS_SINKS))
         wandb = _wandb_config(args, sinks)
         batch, seq_length = getattr(args, "global_batch_size", None), getattr(args, "seq_length", None)
-        return cls(metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks,
-                   metrics_rank=metrics_rank, wandb=wandb, prometheus=_prometheus_config(args),
-                   log_interval=flag_value(args, LOG_INTERVAL),
+        return cls(**values, metrics_dir=flag_value(args, METRICS_DIR) or profile_dir, sinks=sinks,
+                   wandb=wandb, prometheus=_prometheus_config(args),
                    samples_per_iteration=batch or None,
                    tokens_per_iteration=batch * seq_length if batch and seq_length else None,
-                   flops_per_iteration=flag_value(args, FLOPS_PER_ITERATION),
-                   peak_tflops=flag_value(args, PEAK_TFLOPS), peak_dtype=flag_value(args, PEAK_DTYPE),
                    gpu_hardware=flag_value(args, GPU_HARDWARE) != "off",
                    run_settings=jsonable(vars(args)))
 
 
 def _prometheus_config(args: argparse.Namespace) -> PrometheusConfig:
-    return PrometheusConfig(port=flag_value(args, PROMETHEUS_PORT), addr=flag_value(args, PROMETHEUS_ADDR),
-                            goodput_window=flag_value(args, GOODPUT_WINDOW))
+    return PrometheusConfig(**config_values(PrometheusConfig, args))
 
 
 def _wandb_config(args: argparse.Namespace, sinks: tuple[str, ...]) -> WandbConfig:

@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 from torchprof_args.errors import TorchProfileArgsError
-from torchprof_args.flags import Flag, FlagGroup, flag_value, register_group
+from torchprof_args.flags import Flag, FlagGroup, config_field, config_values, flag_value, register_group
 from torchprof_args.flags.types import positive_float, positive_int
 from torchprof_args.naming import DEFAULT_PROFILE_DIR
 
@@ -57,12 +57,12 @@ class OnDemandConfig:
     publishes like a scheduled one.
     """
 
-    enabled: bool = ON_DEMAND.default
+    enabled: bool = config_field(ON_DEMAND)
     control_dir: str = default_control_dir(DEFAULT_PROFILE_DIR)
     trace_dir: str = DEFAULT_PROFILE_DIR
-    check_seconds: float = CHECK_SECONDS.default
-    interval: int = INTERVAL.default
-    max_iterations: int = MAX_ITERATIONS.default
+    check_seconds: float = config_field(CHECK_SECONDS)
+    interval: int = config_field(INTERVAL)
+    max_iterations: int = config_field(MAX_ITERATIONS)
     #: The trace flags' (``--torch-profile-warmup``, ``--torch-profile-gzip``), which this layer,
     #: below ``runtime/``, cannot import: tests/test_flag_defaults.py keeps them equal.
     warmup: int = 1
@@ -72,11 +72,9 @@ class OnDemandConfig:
     def from_namespace(
         cls, args: argparse.Namespace, *, profile_dir: str, warmup: int, gzip: bool
     ) -> OnDemandConfig:
-        enabled = bool(flag_value(args, ON_DEMAND))
+        values = config_values(cls, args)
         control_dir = flag_value(args, CONTROL_DIR)
-        if control_dir and not enabled:
+        if control_dir and not values["enabled"]:
             raise TorchProfileArgsError("--torch-profile-on-demand-dir needs --torch-profile-on-demand.")
-        return cls(enabled=enabled, control_dir=control_dir or default_control_dir(profile_dir),
-                   trace_dir=profile_dir, check_seconds=flag_value(args, CHECK_SECONDS),
-                   interval=flag_value(args, INTERVAL), max_iterations=flag_value(args, MAX_ITERATIONS),
-                   warmup=warmup, gzip=gzip)
+        return cls(**values, control_dir=control_dir or default_control_dir(profile_dir),
+                   trace_dir=profile_dir, warmup=warmup, gzip=gzip)

@@ -13,7 +13,7 @@ from typing import Protocol, TypedDict
 
 from torchprof_args import _dist
 from torchprof_args.errors import TorchProfileArgsError
-from torchprof_args.flags import flag_value, was_given
+from torchprof_args.flags import config_field, config_values, flag_value, was_given
 from torchprof_args.log import get_logger
 from torchprof_args.naming import (
     DEFAULT_PROFILE_DIR,
@@ -58,12 +58,6 @@ class ProfilerOptions(TypedDict):
 ParallelSelectors = tuple[tuple[str, tuple[int, ...]], ...]
 
 
-#: TraceConfig's switches and the flags that set them.
-_OPTION_FLAGS = (("record_shapes", flags.RECORD_SHAPES), ("profile_memory", flags.PROFILE_MEMORY),
-                 ("with_stack", flags.WITH_STACK), ("with_flops", flags.WITH_FLOPS),
-                 ("with_modules", flags.WITH_MODULES), ("execution_trace", flags.EXECUTION_TRACE))
-
-
 @dataclasses.dataclass(frozen=True)
 class TraceConfig:
     """What torch.profiler records, on which ranks, by which schedule, and where traces go.
@@ -72,20 +66,20 @@ class TraceConfig:
     ``parallel_ranks``, when given, replaces ``ranks`` once the ranks' coordinates are known.
     """
 
-    enabled: bool = flags.TORCH_PROFILE.default
+    enabled: bool = config_field(flags.TORCH_PROFILE)
     ranks: tuple[int, ...] | None = tuple(flags.RANKS.default)
     parallel_ranks: ParallelSelectors = ()
     schedule: ProfileSchedule = ProfileSchedule()
     activities: tuple[str, ...] = ()
-    record_shapes: bool = flags.RECORD_SHAPES.default
-    profile_memory: bool = flags.PROFILE_MEMORY.default
-    with_stack: bool = flags.WITH_STACK.default
-    with_flops: bool = flags.WITH_FLOPS.default
-    with_modules: bool = flags.WITH_MODULES.default
-    execution_trace: bool = flags.EXECUTION_TRACE.default
+    record_shapes: bool = config_field(flags.RECORD_SHAPES)
+    profile_memory: bool = config_field(flags.PROFILE_MEMORY)
+    with_stack: bool = config_field(flags.WITH_STACK)
+    with_flops: bool = config_field(flags.WITH_FLOPS)
+    with_modules: bool = config_field(flags.WITH_MODULES)
+    execution_trace: bool = config_field(flags.EXECUTION_TRACE)
     #: ``--torch-profile-memory-categories``: the windows whose exporter runs PyTorch's memory
     #: categorisation ("first" of each rank, "every", "off").
-    memory_categories: str = flags.MEMORY_CATEGORIES.default
+    memory_categories: str = config_field(flags.MEMORY_CATEGORIES)
     output_dir: str = DEFAULT_PROFILE_DIR
     #: ``with_modules`` asked on a torch where it does nothing in eager mode (2.14+): the module
     #: hierarchy is recorded through ``with_stack`` instead (its ``nn.Module`` events).
@@ -106,23 +100,21 @@ class TraceConfig:
         ranks = list(flag_value(args, flags.RANKS))
         if "all" in ranks and len(ranks) > 1:
             raise TorchProfileArgsError("--torch-profile-ranks: give either 'all' or rank numbers, not both.")
-        options = {name: bool(flag_value(args, flag)) for name, flag in _OPTION_FLAGS}
-        categories = flag_value(args, flags.MEMORY_CATEGORIES)
+        values = config_values(cls, args)
+        categories = values["memory_categories"]
         needed = (flags.PROFILE_MEMORY, flags.RECORD_SHAPES, flags.WITH_STACK)
         missing = [flag.option for flag in needed if not flag_value(args, flag)]
         if was_given(args, flags.MEMORY_CATEGORIES) and categories != "off" and missing:
             raise TorchProfileArgsError(f"--torch-profile-memory-categories {categories} needs "
                                         f"{', '.join(missing)}: add them, or drop it.")
         return cls(
-            enabled=bool(flag_value(args, flags.TORCH_PROFILE)),
+            **values,
             ranks=None if "all" in ranks else tuple(sorted(set(ranks))),
             parallel_ranks=tuple(flag_value(args, flags.PARALLEL_RANKS) or ()),
             schedule=_schedule(args),
             activities=tuple(flag_value(args, flags.ACTIVITIES) or ()),
-            **options,
-            memory_categories=categories,
             output_dir=profile_dir(args),
-            modules_via_stack=options["with_modules"] and torch_at_least(WITH_MODULES_DEPRECATED),
+            modules_via_stack=values["with_modules"] and torch_at_least(WITH_MODULES_DEPRECATED),
         )
 
 
@@ -168,47 +160,37 @@ class ExportConfig:
     """How a stopped trace reaches the output directory (see :mod:`torchprof_args.runtime.export`),
     and the job-safety budgets: fence timeout, exit wait, SIGTERM grace, host memory reserve."""
 
-    mode: str = flags.EXPORT.default
-    staging_dir: str | None = flags.STAGING_DIR.default
+    mode: str = config_field(flags.EXPORT)
+    staging_dir: str | None = config_field(flags.STAGING_DIR)
     gzip_level: int | None = flags.GZIP_LEVEL.default  # None: published uncompressed
     #: None: no operator table (nor summary sidecar) per trace
     operator_table_rows: int | None = flags.OPERATOR_TABLE_ROWS.default
-    flush_timeout: float = flags.FLUSH_TIMEOUT.default
-    exit_timeout: float = flags.EXIT_TIMEOUT.default
-    term_grace: float = flags.TERM_GRACE.default
-    min_free_host_mb: int = flags.MIN_FREE_HOST_MB.default
+    flush_timeout: float = config_field(flags.FLUSH_TIMEOUT)
+    exit_timeout: float = config_field(flags.EXIT_TIMEOUT)
+    term_grace: float = config_field(flags.TERM_GRACE)
+    min_free_host_mb: int = config_field(flags.MIN_FREE_HOST_MB)
     #: Publications in flight on a rank at which the next window is skipped on every rank (0: no bound).
-    max_publishing: int = flags.MAX_PUBLISHING.default
+    max_publishing: int = config_field(flags.MAX_PUBLISHING)
     #: ``--torch-profile-publisher-priority``: the exporter and publisher at the lowest CPU and I/O
     #: priority ("idle", :mod:`~torchprof_args.runtime.export.priority`) or the trainer's ("normal").
-    publisher_priority: str = flags.PUBLISHER_PRIORITY.default
+    publisher_priority: str = config_field(flags.PUBLISHER_PRIORITY)
     #: ``--torch-profile-publish-wait``: the flush step waits for its publication ("auto": when the
     #: node's CPUs were busy, :mod:`~torchprof_args.runtime.export.idle_cpu`), at most
     #: ``publish_wait_timeout`` seconds.
-    publish_wait: str = flags.PUBLISH_WAIT.default
-    publish_wait_timeout: float = flags.PUBLISH_WAIT_TIMEOUT.default
+    publish_wait: str = config_field(flags.PUBLISH_WAIT)
+    publish_wait_timeout: float = config_field(flags.PUBLISH_WAIT_TIMEOUT)
     #: ``--torch-profile-analysis-budget``: the analyses published with a trace may take this share
     #: of its export time (:meth:`~torchprof_args.runtime.export.job.PublishJob.analysis_seconds`);
     #: 0: no budget.
-    analysis_budget: float = flags.ANALYSIS_BUDGET.default
+    analysis_budget: float = config_field(flags.ANALYSIS_BUDGET)
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> ExportConfig:
         config = cls(
-            mode=flag_value(args, flags.EXPORT),
-            staging_dir=flag_value(args, flags.STAGING_DIR),
+            **config_values(cls, args),
             gzip_level=flag_value(args, flags.GZIP_LEVEL) if flag_value(args, flags.GZIP) else None,
             operator_table_rows=(flag_value(args, flags.OPERATOR_TABLE_ROWS)
                                  if flag_value(args, flags.OPERATOR_TABLE) else None),
-            flush_timeout=flag_value(args, flags.FLUSH_TIMEOUT),
-            exit_timeout=flag_value(args, flags.EXIT_TIMEOUT),
-            term_grace=flag_value(args, flags.TERM_GRACE),
-            min_free_host_mb=flag_value(args, flags.MIN_FREE_HOST_MB),
-            max_publishing=flag_value(args, flags.MAX_PUBLISHING),
-            publisher_priority=flag_value(args, flags.PUBLISHER_PRIORITY),
-            publish_wait=flag_value(args, flags.PUBLISH_WAIT),
-            publish_wait_timeout=flag_value(args, flags.PUBLISH_WAIT_TIMEOUT),
-            analysis_budget=flag_value(args, flags.ANALYSIS_BUDGET),
         )
         if was_given(args, flags.PUBLISHER_SERVER):
             _deprecated_once(flags.PUBLISHER_SERVER.option, "each traced rank always has one long-lived "
@@ -230,35 +212,32 @@ class ExportConfig:
 class MemorySnapshotConfig:
     """CUDA allocator history and the snapshots dumped from it (on the traced ranks)."""
 
-    enabled: bool = flags.MEMORY_SNAPSHOT.default
-    max_entries: int = flags.MEMORY_MAX_ENTRIES.default
-    stacks: str = flags.MEMORY_STACKS.default
-    interval: int = flags.MEMORY_INTERVAL.default
+    enabled: bool = config_field(flags.MEMORY_SNAPSHOT)
+    max_entries: int = config_field(flags.MEMORY_MAX_ENTRIES)
+    stacks: str = config_field(flags.MEMORY_STACKS)
+    interval: int = config_field(flags.MEMORY_INTERVAL)
     output_dir: str = f"{DEFAULT_PROFILE_DIR}/{MEMORY_SNAPSHOT_SUBDIR}"
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> MemorySnapshotConfig:
-        enabled = bool(flag_value(args, flags.MEMORY_SNAPSHOT))
+        values = config_values(cls, args)
         options = (flags.MEMORY_MAX_ENTRIES, flags.MEMORY_STACKS, flags.MEMORY_INTERVAL)
         given = [flag.option for flag in options if was_given(args, flag)]
-        if given and not enabled:
+        if given and not values["enabled"]:
             raise TorchProfileArgsError(f"{', '.join(given)} only take effect with "
                                         "--torch-profile-memory-snapshot; add it or drop them.")
-        return cls(enabled=enabled, max_entries=flag_value(args, flags.MEMORY_MAX_ENTRIES),
-                   stacks=flag_value(args, flags.MEMORY_STACKS),
-                   interval=flag_value(args, flags.MEMORY_INTERVAL),
-                   output_dir=f"{profile_dir(args)}/{MEMORY_SNAPSHOT_SUBDIR}")
+        return cls(**values, output_dir=f"{profile_dir(args)}/{MEMORY_SNAPSHOT_SUBDIR}")
 
 
 @dataclasses.dataclass(frozen=True)
 class NsysConfig:
     """Nsight Systems capture range around the recorded steps, NVTX ranges for steps and timers."""
 
-    enabled: bool = flags.NSYS.default
+    enabled: bool = config_field(flags.NSYS)
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> NsysConfig:
-        return cls(enabled=bool(flag_value(args, flags.NSYS)))
+        return cls(**config_values(cls, args))
 
 
 @dataclasses.dataclass(frozen=True)
