@@ -130,3 +130,26 @@ def test_fsdp2_s_shards_and_adamw_state_are_what_each_rank_holds(shape: str, tra
             measured = row["by_category"][category]
             assert abs(measured - expected[f"{category}_bytes"]) <= 0.1 * expected[f"{category}_bytes"], (
                 row["rank"], category, measured, expected)
+
+
+@pytest.mark.slow
+def test_summary_shows_fsdp2_s_phases_per_module(job: tuple[str, Path],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """FSDP2's annotations summed per phase: all-gathers and reduce-scatters of the 4 blocks, in a
+    step's order; the MoE job (no fully_shard) has none."""
+    shape, prof = job
+    assert torchprof(["summary", str(prof), "--json", "--no-progress"]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"fsdp"' in line]
+    assert docs
+    for doc in docs:
+        phases = {p["phase"]: p for p in doc["fsdp"]}
+        if shape == "moe":
+            assert phases == {}
+            continue
+        order = [p["phase"] for p in doc["fsdp"]]
+        assert order.index("pre_forward") < order.index("pre_backward") < order.index("post_backward_reduce")
+        for phase in ("all_gather", "post_backward_reduce"):
+            assert set(phases[phase]["modules"]) == {f"blocks.{i}" for i in range(4)}, phases[phase]
+            assert phases[phase]["ms_per_step"] > 0 and phases[phase]["calls"] >= 8
+    assert torchprof(["summary", str(prof), "--no-progress"]) == 0
+    assert ("FSDP2 phases per step" in capsys.readouterr().out) is (shape != "moe")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from torchprof_args.analysis.analyzers.fsdp import FSDP_PHASES
 from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.shared.stragglers import describe
@@ -163,8 +164,21 @@ def format_summary(summary: Summary, rows: int = 10) -> str:
         for op in ops[:rows]:
             time = op.self_cpu_us if by_self else op.cpu_total_us
             lines.append(f"  {fmt_us(time):>12} {op.calls:>7}x {_cut(op.name, 90)}")
+    lines += _fsdp_lines(summary)
     lines += _memory_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def _fsdp_lines(summary: Summary) -> list[str]:
+    """FSDP2's phases per step (nothing for a model that is not ``fully_shard``-ed)."""
+    if not summary.fsdp:
+        return []
+    lines = ["FSDP2 phases per step (nested: pre_forward holds an all-gather it waits for; not additive):"]
+    for p in summary.fsdp:
+        modules = ", ".join(p.modules[:3]) + (" ..." if len(p.modules) > 3 else "")
+        lines.append(f"  {fmt_us(p.ms_per_step * 1e3):>12} {p.calls:>5}x {p.phase:<28} "
+                     f"{FSDP_PHASES.get(p.phase, '')}" + (f" [{modules}]" if modules else ""))
+    return lines
 
 
 def _coords(row: RankRow, axes: list[str]) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 from msgspec.structs import replace
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
+from torchprof_args.analysis.analyzers.fsdp import fsdp_phases
 from torchprof_args.analysis.analyzers.gpu import gpu_view
 from torchprof_args.analysis.analyzers.memory_events import memory_view
 from torchprof_args.analysis.analyzers.origin import origin
@@ -60,6 +61,7 @@ def summarize(trace: Trace, top: int | None = 30) -> Summary:
         top_ops_by_device=top_ops(trace, ops, "device_total", top) if gpu is not None else [],
         memory=memory_view(trace),
         ops_in_steps=step_ops(trace, top),
+        fsdp=fsdp_phases(trace),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from torchprof_args.analysis.analyzers.cpu_ops import CpuThreads, OperatorTotal
+from torchprof_args.analysis.analyzers.fsdp import FsdpPhase
 from torchprof_args.analysis.analyzers.gpu import GpuBreakdown, KernelTotal
 from torchprof_args.analysis.analyzers.memory_events import MemoryPeak
 from torchprof_args.analysis.analyzers.step_ops import StepOps
@@ -46,6 +47,7 @@ class Summary(msgspec.Struct, frozen=True):
             ``top_ops_by_device`` by device time (empty without kernels).
         memory: the ``[memory]`` events' peaks per device (empty without them).
         ops_in_steps: what ran inside the steps, per name (what ``torchprof diff`` compares).
+        fsdp: FSDP2's phases per step, in a step's order (empty: the model is not ``fully_shard``-ed).
     """
 
     file: str
@@ -68,6 +70,7 @@ class Summary(msgspec.Struct, frozen=True):
     top_ops_by_device: list[OperatorTotal]
     memory: list[MemoryPeak]
     ops_in_steps: StepOps
+    fsdp: list[FsdpPhase]
 
 
 _decoder = msgspec.json.Decoder(Summary)
