@@ -1,0 +1,193 @@
+"""``torchprof mcp``: the SDK's own stdio client against the server on a real 2-rank cycle (the tools
+listed, diagnose and critical-path giving the CLI's documents, paths outside the roots refused, the
+resources), and in-process: the roots' refusals, a document cut to the bound, the schemas."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.paths import DATA
+from helpers.processes import subprocess_env
+
+from torchprof_args.console import build_parser
+from torchprof_args.mcp_server.bounded import bound
+from torchprof_args.mcp_server.roots import RootError, Roots
+from torchprof_args.mcp_server.schemas import loosened
+from torchprof_args.mcp_server.server import Options, ToolRunner
+from torchprof_args.mcp_server.tools import TOOLS
+
+#: Every command the server offers as a tool.
+TOOL_NAMES = ["diagnose", "critical-path", "summary", "mem", "collectives", "hang", "trend", "diff", "report"]
+CYCLE = "iter000004-000007"
+WHAT_IF = ["no data loader", "rank 1 like the median"]
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A root with one run of one real 2-rank cycle (gloo DDP traces), a run holding a link out of
+    the root, a run holding a 3 MiB file; a folder outside the root; a cache folder."""
+    base = tmp_path_factory.mktemp("mcp")
+    root, outside, cache = base / "root", base / "outside", base / "cache"
+    cycle = root / "run" / CYCLE
+    cycle.mkdir(parents=True)
+    for rank in (0, 1):
+        shutil.copy(DATA / f"cpu_2rank_ddp_rank{rank}.json.gz",
+                    cycle / f"rank{rank:05d}_vm_pid{rank + 1}.pt.trace.json.gz")
+    outside.mkdir()
+    (outside / "secret.json").write_text("{}")
+    (root / "escape").symlink_to(outside)
+    linked = root / "linked" / CYCLE
+    linked.mkdir(parents=True)
+    (linked / "rank00000_vm_pid1.pt.trace.json.gz").symlink_to(outside / "secret.json")
+    huge = root / "huge" / CYCLE
+    huge.mkdir(parents=True)
+    with open(huge / "rank00000_vm_pid1.pt.trace.json.gz", "wb") as f:
+        f.truncate(3 * 2**20)  # sparse: 3 MiB over a 2 MiB limit, nothing written
+    return {"root": root, "outside": outside, "cache": cache, "run": root / "run", "cycle": cycle}
+
+
+def cli_lines(*argv: str) -> list[Any]:
+    """What ``torchprof ARGV --json`` prints, each line parsed."""
+    done = subprocess.run([sys.executable, "-m", "torchprof_args", *argv, "--json", "--no-progress"],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=300, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def cli_json(*argv: str) -> Any:
+    """What ``torchprof ARGV --json`` prints: one document."""
+    (doc,) = cli_lines(*argv)
+    return doc
+
+
+# -- in process ------------------------------------------------------------------------------------
+
+
+def test_roots_refuse_outside_links_out_and_huge_files(roots: dict[str, Path]) -> None:
+    r = Roots.of([str(roots["root"])], 2 * 2**20)
+    assert r.resolve("run") == str(roots["run"])  # relative: from the first root
+    assert r.resolve(str(roots["cycle"])) == str(roots["cycle"])
+    with pytest.raises(RootError, match=r"is outside the folders this server reads; give a path under"):
+        r.resolve(str(roots["outside"] / "secret.json"))
+    with pytest.raises(RootError, match=r"^run/../../outside is outside the folders this server reads; give"):
+        r.resolve("run/../../outside")
+    with pytest.raises(RootError, match=r"^escape is outside the folders this server reads \(it resolves to "
+                                        r".*/outside\); give a path under"):
+        r.resolve("escape")
+    with pytest.raises(RootError, match=r"^linked/iter000004-000007/rank00000_vm_pid1.pt.trace.json.gz is a "
+                                        r"link to .*secret.json, outside the folders this server reads"):
+        r.resolve("linked")
+    with pytest.raises(RootError, match=r"is 3.0 MiB, over the server's limit of 2 MiB \(--max-file-mb\)"):
+        r.resolve("huge")
+    with pytest.raises(RootError, match="No such file"):
+        r.resolve("nothing")
+
+
+def test_bound_cuts_the_longest_lists_first_and_says_so() -> None:
+    doc = {"version": 1, "findings": [{"kind": f"k{i}", "text": "x" * 50} for i in range(100)],
+           "notes": ["a"]}
+    cut, cuts = bound(json.loads(json.dumps(doc)), 1000)
+    assert len(json.dumps(cut)) <= 1000
+    assert cut["findings"] == doc["findings"][:len(cut["findings"])] and cut["notes"] == ["a"]
+    assert cuts == {"/findings": f"kept {len(cut['findings'])} of 100"}
+    assert bound({"a": [1, 2]}, 100) == ({"a": [1, 2]}, {})
+
+
+def test_schemas_allow_null_numbers_and_short_arrays() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "number"},
+                                               "t": {"type": "array", "minItems": 2, "maxItems": 2}}}
+    assert loosened(schema) == {"type": "object", "properties": {"x": {"type": ["number", "null"]},
+                                                                 "t": {"type": "array"}}}
+    assert [t.name for t in TOOLS] == TOOL_NAMES
+    for tool in TOOLS:
+        assert tool.output()["type"] == "object", tool.name
+
+
+@pytest.mark.slow
+def test_a_cut_document_points_at_the_whole(roots: dict[str, Path]) -> None:
+    options = Options(Roots.of([str(roots["root"])], 2**30), 8 * 1024, str(roots["cache"]))
+    roots["cache"].mkdir(exist_ok=True)
+    runner = ToolRunner(build_parser(), options)
+    doc, texts = runner.call("summary", {"paths": ["run"]})
+    assert doc is not None and len(texts[0]) <= 8 * 1024
+    whole = json.loads(Path(doc["cut"]["full_document"]).read_text())
+    assert doc["cut"]["bytes"] == len(json.dumps(whole)) > 8 * 1024
+    assert doc["cut"]["command"] == f"torchprof summary {roots['run']} --json"
+    assert doc["cut"]["cuts"] and all(v.startswith("kept ") for v in doc["cut"]["cuts"].values())
+    assert whole["lines"] == cli_lines("summary", str(roots["run"]))  # the CLI's --json lines, whole
+    none, said = runner.call("diagnose", {"path": "run", "cycle": "4"})
+    assert none is None and said == ["torchprof diagnose: cycle: '4' is not of type 'integer'"]
+    none, said = runner.call("diagnose", {"path": "run", "bogus": 1})
+    assert none is None and "Additional properties are not allowed ('bogus' was unexpected)" in said[0]
+
+
+# -- the SDK's stdio client against the server -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_sdk_client_gets_the_cli_documents_and_paths_outside_are_refused(roots: dict[str, Path]) -> None:
+    anyio = pytest.importorskip("anyio")
+    pytest.importorskip("mcp", reason="the MCP server is the mcp extra: pip install 'torchprof-args[mcp]'")
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    run = str(roots["run"])
+    expected_diagnose = cli_json("diagnose", run)
+    expected_path = cli_json("critical-path", run, *[x for q in WHAT_IF for x in ("--what-if", q)])
+    params = StdioServerParameters(
+        command=sys.executable, env=subprocess_env(),
+        args=["-m", "torchprof_args", "mcp", "--root", str(roots["root"]), "--cache-dir", str(roots["cache"]),
+              "--max-file-mb", "2"])
+
+    async def session() -> dict[str, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            tools = (await client.list_tools()).tools
+            got: dict[str, Any] = {"tools": tools}
+            # the client checks each result against the tool's output schema
+            got["diagnose"] = await client.call_tool("diagnose", {"path": run})
+            got["critical-path"] = await client.call_tool("critical-path",
+                                                          {"path": "run", "what_if": WHAT_IF})
+            secret = str(roots["outside"] / "secret.json")
+            got["outside"] = await client.call_tool("diagnose", {"path": secret})
+            got["link"] = await client.call_tool("collectives", {"paths": ["linked"]})
+            got["huge"] = await client.call_tool("mem", {"paths": ["huge"]})
+            got["resources"] = (await client.list_resources()).resources
+            cycle_uri = roots["cycle"].as_uri()
+            got["cycle"] = await client.read_resource(cycle_uri)
+            return got
+
+    got = anyio.run(session)
+    assert [t.name for t in got["tools"]] == TOOL_NAMES
+    assert all(t.output_schema and t.input_schema["additionalProperties"] is False for t in got["tools"])
+    for name, expected in (("diagnose", expected_diagnose), ("critical-path", expected_path)):
+        result = got[name]
+        assert not result.is_error, result.content
+        assert result.structured_content == expected  # the CLI's --json, the same document
+        assert json.loads(result.content[0].text) == expected
+    assert expected_diagnose["ranks"] == 2 and len(expected_path["what_if"]) == 2
+    for key, sentence in (("outside", "is outside the folders this server reads"),
+                          ("link", "is a link to "), ("huge", "over the server's limit of 2 MiB")):
+        result = got[key]
+        assert result.is_error and result.structured_content is None, key
+        assert len(result.content) == 1 and sentence in result.content[0].text, result.content[0].text
+        assert "Traceback" not in result.content[0].text
+    uris = {r.uri for r in got["resources"]}
+    assert {roots["run"].as_uri(), roots["cycle"].as_uri()} <= uris
+    listing = json.loads(got["cycle"].contents[0].text)
+    assert listing["kind"] == "cycle" and [t["rank"] for t in listing["traces"]] == [0, 1]
+
+
+def test_the_command_needs_the_roots_to_be_folders(tmp_path: Path) -> None:
+    from torchprof_args.console import main
+
+    assert main(["mcp", "--root", str(tmp_path / "none")]) == 2
+    args = build_parser().parse_args(["mcp", "--root", str(tmp_path)])
+    assert isinstance(args, argparse.Namespace) and args.max_file_mb == 2048 and args.max_result_kb == 48
+    assert os.path.isdir(tmp_path)
