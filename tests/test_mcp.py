@@ -18,7 +18,7 @@ from helpers.paths import DATA
 from helpers.processes import subprocess_env
 
 from torchprof_args.console import build_parser
-from torchprof_args.mcp_server.bounded import bound
+from torchprof_args.mcp_server.bounded import LEAF_KEPT, bound
 from torchprof_args.mcp_server.roots import RootError, Roots
 from torchprof_args.mcp_server.schemas import loosened
 from torchprof_args.mcp_server.server import Options, ToolRunner
@@ -98,6 +98,16 @@ def test_bound_cuts_the_longest_lists_first_and_says_so() -> None:
     assert cut["findings"] == doc["findings"][:len(cut["findings"])] and cut["notes"] == ["a"]
     assert cuts == {"/findings": f"kept {len(cut['findings'])} of 100"}
     assert bound({"a": [1, 2]}, 100) == ({"a": [1, 2]}, {})
+    # records keep their place: their inner lists are cut first, to LEAF_KEPT entries
+    records = {"lines": [{"rank": r, "top": list(range(100))} for r in range(3)]}
+    cut, cuts = bound(json.loads(json.dumps(records)), 200)
+    assert [line["rank"] for line in cut["lines"]] == [0, 1, 2]
+    kept = len(cut["lines"][0]["top"])
+    assert LEAF_KEPT <= kept < 100 and [line["top"] for line in cut["lines"]] == [list(range(kept))] * 3
+    assert cuts == {f"/lines/{r}/top": f"kept {kept} of 100" for r in range(3)}
+    cut, cuts = bound(json.loads(json.dumps(records)), 60)  # then the records themselves
+    assert cut == {"lines": [{"rank": 0, "top": list(range(LEAF_KEPT))}]}
+    assert cuts == {"/lines": "kept 1 of 3", "/lines/0/top": f"kept {LEAF_KEPT} of 100"}
 
 
 def test_schemas_allow_null_numbers_and_short_arrays() -> None:
