@@ -4,9 +4,7 @@ resources), and in-process: the roots' refusals, a document cut to the bound, th
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -168,6 +166,9 @@ def test_the_sdk_client_gets_the_cli_documents_and_paths_outside_are_refused(roo
             got["outside"] = await client.call_tool("diagnose", {"path": secret})
             got["link"] = await client.call_tool("collectives", {"paths": ["linked"]})
             got["huge"] = await client.call_tool("mem", {"paths": ["huge"]})
+            for name, arguments in (("summary", {"paths": ["run"]}), ("mem", {"paths": ["run"]}),
+                                    ("collectives", {"paths": ["run"]}), ("report", {"paths": ["run"]})):
+                got[name] = await client.call_tool(name, arguments)  # checked against their schemas
             got["resources"] = (await client.list_resources()).resources
             cycle_uri = roots["cycle"].as_uri()
             got["cycle"] = await client.read_resource(cycle_uri)
@@ -188,16 +189,28 @@ def test_the_sdk_client_gets_the_cli_documents_and_paths_outside_are_refused(roo
         assert result.is_error and result.structured_content is None, key
         assert len(result.content) == 1 and sentence in result.content[0].text, result.content[0].text
         assert "Traceback" not in result.content[0].text
+    for name in ("summary", "mem", "collectives", "report"):
+        assert not got[name].is_error and got[name].structured_content, got[name].content
+    assert [line["rank"] for line in got["summary"].structured_content["lines"][:2]] == [0, 1]
+    report = Path(got["report"].structured_content["output"])
+    assert report.parent == roots["cache"] and report.read_text().startswith("<!DOCTYPE html>")
     uris = {r.uri for r in got["resources"]}
     assert {roots["run"].as_uri(), roots["cycle"].as_uri()} <= uris
     listing = json.loads(got["cycle"].contents[0].text)
     assert listing["kind"] == "cycle" and [t["rank"] for t in listing["traces"]] == [0, 1]
 
 
-def test_the_command_needs_the_roots_to_be_folders(tmp_path: Path) -> None:
+def test_the_command_refuses_a_root_that_is_no_folder_and_a_cache_under_a_root(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from torchprof_args.console import main
 
     assert main(["mcp", "--root", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == (f"torchprof mcp: error: --root {tmp_path / 'none'}: not a folder; "
+                                       "give the folders the server may read\n")
+    assert main(["mcp", "--root", str(tmp_path), "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert capsys.readouterr().err == (f"torchprof mcp: error: --cache-dir {tmp_path / 'cache'} lies under "
+                                       "a root; the server writes nothing under its roots, give a folder "
+                                       "outside them\n")
+    assert not (tmp_path / "cache").exists()
     args = build_parser().parse_args(["mcp", "--root", str(tmp_path)])
-    assert isinstance(args, argparse.Namespace) and args.max_file_mb == 2048 and args.max_result_kb == 48
-    assert os.path.isdir(tmp_path)
+    assert (args.max_file_mb, args.max_result_kb) == (2048, 48)

@@ -36,13 +36,7 @@ def _default_cache_dir() -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        import mcp  # noqa: F401
-    except ImportError:
-        raise CommandError("the MCP server needs the mcp package: "
-                           "pip install 'torchprof-args[mcp]'") from None
     from torchprof_args.mcp_server.roots import Roots
-    from torchprof_args.mcp_server.server import Options, serve
     from torchprof_args.private_dir import ensure_private_dir
 
     roots = Roots.of(args.root, args.max_file_mb * 2**20)
@@ -50,6 +44,13 @@ def _run(args: argparse.Namespace) -> int:
     if roots.holds(cache):
         raise CommandError(f"--cache-dir {cache} lies under a root; the server writes nothing under its "
                            "roots, give a folder outside them")
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise CommandError("the MCP server needs the mcp package: "
+                           "pip install 'torchprof-args[mcp]'") from None
+    from torchprof_args.mcp_server.server import Options, serve
+
     ensure_private_dir(cache, "--cache-dir", CommandError)
     return serve(args.command_line, Options(roots, args.max_result_kb * 1024, cache))
 
