@@ -12,15 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.paths import DATA
-from helpers.processes import subprocess_env
+from helpers.paths import DATA, JOBS
+from helpers.processes import rank_results, run_torchrun, subprocess_env
 
-from torchprof_args.console import build_parser
-from torchprof_args.mcp_server.bounded import LEAF_KEPT, bound
-from torchprof_args.mcp_server.roots import RootError, Roots
-from torchprof_args.mcp_server.schemas import loosened
-from torchprof_args.mcp_server.server import Options, ToolRunner
-from torchprof_args.mcp_server.tools import TOOLS
+pytest.importorskip("mcp", reason="torchprof mcp is the mcp extra: pip install 'torchprof-args[mcp]' "
+                    "(make setup installs it)")
+
+from torchprof_args.console import build_parser  # noqa: E402
+from torchprof_args.mcp_server.bounded import LEAF_KEPT, bound  # noqa: E402
+from torchprof_args.mcp_server.roots import RootError, Roots  # noqa: E402
+from torchprof_args.mcp_server.schemas import loosened  # noqa: E402
+from torchprof_args.mcp_server.server import Options, ToolRunner  # noqa: E402
+from torchprof_args.mcp_server.tools import TOOLS  # noqa: E402
 
 #: Every command the server offers as a tool.
 TOOL_NAMES = ["diagnose", "critical-path", "summary", "mem", "collectives", "hang", "trend", "diff", "report"]
@@ -141,8 +144,7 @@ def test_a_cut_document_points_at_the_whole(roots: dict[str, Path]) -> None:
 
 @pytest.mark.slow
 def test_the_sdk_client_gets_the_cli_documents_and_paths_outside_are_refused(roots: dict[str, Path]) -> None:
-    anyio = pytest.importorskip("anyio")
-    pytest.importorskip("mcp", reason="the MCP server is the mcp extra: pip install 'torchprof-args[mcp]'")
+    import anyio
     from mcp import ClientSession, StdioServerParameters, stdio_client
 
     run = str(roots["run"])
@@ -198,6 +200,39 @@ def test_the_sdk_client_gets_the_cli_documents_and_paths_outside_are_refused(roo
     assert {roots["run"].as_uri(), roots["cycle"].as_uri()} <= uris
     listing = json.loads(got["cycle"].contents[0].text)
     assert listing["kind"] == "cycle" and [t["rank"] for t in listing["traces"]] == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_cycle_a_real_job_published_is_read_from_its_sidecars_as_by_the_cli(tmp_path: Path) -> None:
+    """tests/jobs/diagnose_job.py on 2 gloo ranks, rank 1 slower by 20 ms a step: the published cycle
+    (traces and sidecars) through the SDK's client, against the CLI."""
+    import anyio
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    job = tmp_path / "job"
+    job.mkdir()
+    proc = run_torchrun(JOBS / "diagnose_job.py", "--result-dir", str(job), "--slow-rank", "1",
+                        "--slow-ms", "20", "--torch-profile", "--torch-profile-dir", "prof",
+                        "--torch-profile-ranks", "all", "--torch-profile-skip-first", "1",
+                        "--torch-profile-warmup", "1", "--torch-profile-active", "3", cwd=job)
+    assert proc.returncode == 0 and {r["ended"] for r in rank_results(job).values()} == {"done"}, proc.stderr
+    prof = job / "prof"
+    assert len(list(prof.glob("*/summaries/*.summary.json"))) == 2  # published with their sidecars
+    expected = cli_json("diagnose", str(prof)), cli_json("critical-path", str(prof), "--what-if", WHAT_IF[1])
+    params = StdioServerParameters(command=sys.executable, env=subprocess_env(),
+                                   args=["-m", "torchprof_args", "mcp", "--root", str(job),
+                                         "--cache-dir", str(tmp_path / "cache")])
+
+    async def session() -> tuple[Any, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            return (await client.call_tool("diagnose", {"path": "prof"}),
+                    await client.call_tool("critical-path", {"path": "prof", "what_if": [WHAT_IF[1]]}))
+
+    diagnosis, path = anyio.run(session)
+    assert (diagnosis.structured_content, path.structured_content) == expected
+    assert diagnosis.structured_content["findings"][0]["kind"] == "straggler"
+    assert len(diagnosis.content) == 1  # nothing said on stderr: the sidecars were read
 
 
 def test_the_command_refuses_a_root_that_is_no_folder_and_a_cache_under_a_root(
