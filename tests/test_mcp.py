@@ -176,7 +176,12 @@ def test_the_sdk_client_gets_the_cli_documents_and_paths_outside_are_refused(roo
             got["cycle"] = await client.read_resource(cycle_uri)
             return got
 
+    def tree() -> list[tuple[str, int]]:
+        return sorted((str(f), f.lstat().st_mtime_ns) for f in roots["root"].rglob("*"))
+
+    before = tree()
     got = anyio.run(session)
+    assert tree() == before  # read-only: nothing written under the root (no sidecar, the report elsewhere)
     assert [t.name for t in got["tools"]] == TOOL_NAMES
     assert all(t.output_schema and t.input_schema["additionalProperties"] is False for t in got["tools"])
     for name, expected in (("diagnose", expected_diagnose), ("critical-path", expected_path)):
