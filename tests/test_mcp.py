@@ -23,7 +23,7 @@ from torchprof_args.mcp_server.bounded import LEAF_KEPT, bound  # noqa: E402
 from torchprof_args.mcp_server.roots import RootError, Roots  # noqa: E402
 from torchprof_args.mcp_server.schemas import loosened  # noqa: E402
 from torchprof_args.mcp_server.server import Options, ToolRunner  # noqa: E402
-from torchprof_args.mcp_server.tools import TOOLS  # noqa: E402
+from torchprof_args.mcp_server.tools import TOOLS, _digest  # noqa: E402
 
 #: Every command the server offers as a tool.
 TOOL_NAMES = ["diagnose", "critical-path", "summary", "mem", "collectives", "hang", "trend", "diff", "report"]
@@ -119,6 +119,21 @@ def test_schemas_allow_null_numbers_and_short_arrays() -> None:
     assert [t.name for t in TOOLS] == TOOL_NAMES
     for tool in TOOLS:
         assert tool.output()["type"] == "object", tool.name
+
+
+def test_a_call_is_its_command_line_parsed_by_torchprof() -> None:
+    tools = {t.name: t for t in TOOLS}
+    argv = tools["critical-path"].argv({"path": "/r", "what_if": ["--json", "no data loader"], "cycle": 4,
+                                        "align_clocks": False}, "/cache")
+    assert argv == ["critical-path", "/r", "--json", "--cycle=4", "--no-align-clocks", "--what-if=--json",
+                    "--what-if=no data loader"]  # a value is never taken for an option
+    args = build_parser().parse_args(argv)
+    assert (args.what_if, args.cycle, args.align_clocks) == (["--json", "no data loader"], 4, False)
+    argv = tools["trend"].argv({"runs": ["/a", "/b"], "baseline": ["/z"], "series": ["-x"]}, "/cache")
+    args = build_parser().parse_args(argv)
+    assert (args.inputs, args.baseline, args.series, args.json) == (["/a", "/b"], ["/z"], ["-x"], True)
+    report = tools["report"].argv({"paths": ["/r"]}, "/cache")
+    assert report[2:4] == ["-o", f"/cache/report-{_digest(['/r'])}.html"]
 
 
 @pytest.mark.slow

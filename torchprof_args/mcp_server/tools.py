@@ -58,8 +58,8 @@ class Tool:
 
 
 def _options(args: dict[str, Any], flags: dict[str, str]) -> list[str]:
-    """``--flag VALUE`` for each argument given (a list: the flag repeated; a boolean: the flag alone when
-    true, ``no-`` flags when false)."""
+    """``--flag=VALUE`` for each argument given (a list: the flag repeated; a boolean: the flag alone when
+    true, ``no-`` flags when false).  One word each, so that a value cannot pass for an option."""
     out: list[str] = []
     for key, flag in flags.items():
         value = args.get(key)
@@ -70,10 +70,9 @@ def _options(args: dict[str, Any], flags: dict[str, str]) -> list[str]:
                 continue
             out.append(flag)
         elif isinstance(value, list):
-            for item in value:
-                out += [flag, str(item)]
+            out += [f"{flag}={item}" for item in value]
         else:
-            out += [flag, str(value)]
+            out.append(f"{flag}={value}")
     return out
 
 
