@@ -21,6 +21,7 @@ EXTRAS = {
     "torchtitan": ["torchtitan>=0.3; python_version >= '3.11'"],
     "prometheus": ["prometheus-client>=0.17"],  # --metrics-sinks prometheus: the /metrics endpoint
     "trend": ["scipy>=1.10"],  # torchprof trend's change test (scipy.stats.mannwhitneyu)
+    "mcp": ["mcp>=2.3"],  # torchprof mcp: the MCP server over stdio (the SDK's low-level Server, v2 API)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline

@@ -40,6 +40,7 @@ MISSING: dict[str, Callable[[Path, Path], list[str]]] = {
     "trigger --stacks": lambda missing, out: ["trigger", "--stacks", "--job-dir", str(missing)],
     "goodput": lambda missing, out: ["goodput", str(missing)],
     "trend": lambda missing, out: ["trend", str(missing), str(missing)],
+    "mcp": lambda missing, out: ["mcp", "--root", str(missing)],
 }
 #: Commands that read no input path: ``flags`` prints (or writes) the reference, ``nsys`` a command line.
 NO_INPUT_PATH = {"flags", "nsys"}

@@ -21,7 +21,8 @@ one, never from a higher one (a *back-arrow*); within a layer, no cycle:
  8. config      ``config.py``: THE boundary, ``argparse.Namespace`` in, frozen configs out
  9. frameworks  ``frameworks/``, ``megatron.py``, ``deepspeed.py``, ``huggingface.py``, ``accelerate.py``,
                ``lightning.py``, ``torchtitan.py``, ``cli.py``: the entry points
-10. commands    ``commands/``, ``console.py``, ``__main__.py``: the ``torchprof`` command
+10. commands    ``commands/``, ``mcp_server/``, ``console.py``, ``__main__.py``: the ``torchprof`` command and
+                its MCP server (the commands as tools)
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
 Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
@@ -98,7 +99,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config", ("config",)),
     ("frameworks", ("frameworks", "megatron", "deepspeed", "huggingface", "accelerate", "lightning",
                     "torchtitan", "cli")),
-    ("commands", ("commands", "console", "__main__")),
+    ("commands", ("commands", "mcp_server", "console", "__main__")),
     ("facade", ("",)),
 )
 

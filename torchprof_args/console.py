@@ -27,6 +27,7 @@ from torchprof_args.commands import (
     flags,
     goodput,
     hang,
+    mcp,
     mem,
     nsys,
     pyspy,
@@ -50,7 +51,7 @@ class CommandModule(Protocol):
 #: deepspeed or megatron at import time), so that every ``torchprof`` invocation starts fast.
 COMMAND_MODULES: tuple[CommandModule, ...] = (
     flags, trace_tools, mem, collectives, hang, diagnose, critical_path, pyspy, nsys, dashboard, goodput,
-    trend, trigger,
+    trend, trigger, mcp,
 )
 
 #: The exit-status convention of every command (:class:`~torchprof_args.errors.ExitStatus`), as

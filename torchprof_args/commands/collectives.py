@@ -15,25 +15,47 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.errors import ExitStatus
 
+if TYPE_CHECKING:
+    from torchprof_args.analysis.analyzers.collective_match import CycleCollectives
+
 __all__ = ["register"]
 
 
-def _run(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> tuple[CycleCollectives, int]:
+    """The cycle's collectives matched and the exit status (some traces unreadable: PARTLY_FAILED)."""
     from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
-    from torchprof_args.analysis.jsonout import finite
-    from torchprof_args.analysis.render.collectives import format_collectives
     from torchprof_args.analysis.tools.collectives import collectives_report
     from torchprof_args.commands.cycles import cycle_results
 
     cycle_text, got = cycle_results(args.traces, args, (DIAGNOSIS,))
     report = collectives_report(got.results, cycle_text, top=max(args.top, args.rows),
                                 align_clocks=args.align_clocks)
-    print(json.dumps(finite(report)) if args.json else format_collectives(report, rows=args.rows))
-    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+    return report, ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+
+
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s document (plain JSON values) and the exit status: what ``torchprof mcp`` returns."""
+    from torchprof_args.analysis.jsonout import finite
+
+    report, status = _report(args)
+    return finite(report), status
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.render.collectives import format_collectives
+
+    if args.json:
+        out, status = _document(args)
+        print(json.dumps(out))
+        return status
+    report, status = _report(args)
+    print(format_collectives(report, rows=args.rows))
+    return status
 
 
 def register(subparsers: Subparsers) -> None:
@@ -53,4 +75,4 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, document=_document)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.errors import CommandError, ExitStatus
@@ -26,12 +27,12 @@ from torchprof_args.errors import CommandError, ExitStatus
 __all__ = ["register"]
 
 
-def _run(args: argparse.Namespace) -> int:
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s document (plain JSON values) and the exit status: what ``torchprof mcp`` returns."""
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH
     from torchprof_args.analysis.critical_path.job_paths import critical_path
     from torchprof_args.analysis.critical_path.whatif import parse_what_if
     from torchprof_args.analysis.jsonout import finite
-    from torchprof_args.analysis.render.critical_path import format_critical_path
     from torchprof_args.commands.cycles import cycle_results
 
     try:
@@ -42,9 +43,15 @@ def _run(args: argparse.Namespace) -> int:
     doc = critical_path(got.paths, args.path, cycle_text, questions, align_clocks=args.align_clocks)
     if not doc.steps:
         raise CommandError(f"{args.path}: the traces have no events to build a path from")
-    out = finite(doc)
+    return finite(doc), ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.render.critical_path import format_critical_path
+
+    out, status = _document(args)
     print(json.dumps(out) if args.json else format_critical_path(out, rows=args.rows))
-    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+    return status
 
 
 def register(subparsers: Subparsers) -> None:
@@ -66,4 +73,4 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, document=_document)

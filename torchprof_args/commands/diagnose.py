@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import ExitStatus
 from torchprof_args.flags.types import positive_float
 
+if TYPE_CHECKING:
+    from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+
 __all__ = ["register"]
 
 
-def _run(args: argparse.Namespace) -> int:
+def _diagnosis(args: argparse.Namespace) -> tuple[JobDiagnosis, int]:
+    """The cycle's diagnosis and the exit status (some traces unreadable: PARTLY_FAILED)."""
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY
     from torchprof_args.analysis.diagnose.job_findings import diagnose
-    from torchprof_args.analysis.jsonout import finite
-    from torchprof_args.analysis.render.diagnosis import format_diagnosis
     from torchprof_args.commands.cycles import cycle_results
 
     # memory_imbalance compares the memory parts the sidecars keep (`torchprof mem` parses for them)
@@ -41,8 +44,27 @@ def _run(args: argparse.Namespace) -> int:
                    peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
                    paths=graphs if len(graphs) == len(done) else None, memory=[m for _, m in got.memory],
                    align_clocks=args.align_clocks)
-    print(json.dumps(finite(doc)) if args.json else format_diagnosis(doc))
-    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+    return doc, ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+
+
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s document (plain JSON values) and the exit status: what ``torchprof mcp`` returns."""
+    from torchprof_args.analysis.jsonout import finite
+
+    doc, status = _diagnosis(args)
+    return finite(doc), status
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.render.diagnosis import format_diagnosis
+
+    if args.json:
+        out, status = _document(args)
+        print(json.dumps(out))
+        return status
+    doc, status = _diagnosis(args)
+    print(format_diagnosis(doc))
+    return status
 
 
 def register(subparsers: Subparsers) -> None:
@@ -65,5 +87,5 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--peak-dtype", choices=DTYPES, default="bf16",
                    help="which of the table's peaks low_mfu compares with (default: bf16)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, document=_document)
 

@@ -17,21 +17,29 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from torchprof_args.commands.common import Subparsers
 
 __all__ = ["register"]
 
 
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s document (plain JSON values: what is not JSON as its text) and the exit status:
+    what ``torchprof mcp`` returns."""
+    from torchprof_args.analysis.tools.hang import analyse_dumps
+
+    return json.loads(json.dumps(analyse_dumps(args.directory), default=str)), 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from torchprof_args.analysis.render.hang import format_hang
     from torchprof_args.analysis.tools.hang import analyse_dumps
 
-    report = analyse_dumps(args.directory)
     if args.json:
-        print(json.dumps(report, default=str))
+        print(json.dumps(_document(args)[0]))
     else:
-        print(format_hang(report, not args.brief), end="")
+        print(format_hang(analyse_dumps(args.directory), not args.brief), end="")
     return 0
 
 
@@ -44,4 +52,4 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("directory", metavar="DIR", help="the run's --torch-profile-dir, or its flight_recorder/")
     p.add_argument("--json", action="store_true", help="the whole result as one JSON object")
     p.add_argument("--brief", action="store_true", help="leave out PyTorch's analyzer output")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, document=_document)

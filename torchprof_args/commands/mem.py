@@ -70,16 +70,16 @@ def _traces(inputs: list[str | Path],
     return got.memory, label, got.errors
 
 
-def _run(args: argparse.Namespace) -> int:
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s document (plain JSON values) and the exit status: what ``torchprof mcp`` returns."""
     import msgspec
 
     from torchprof_args.analysis.collect.trace_results import Failure, TraceFailure
     from torchprof_args.analysis.decode.loader import release_memory_eagerly
-    from torchprof_args.analysis.jsonout import finite, print_json
+    from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.memory.allocator import allocator_view
     from torchprof_args.analysis.memory.report import memory_report
     from torchprof_args.analysis.memory.snapshot import load_snapshot, summarize_snapshot
-    from torchprof_args.analysis.render.memory import format_memory_report
 
     release_memory_eagerly()
     snapshot_paths, others = _split_inputs(args.paths)
@@ -99,12 +99,19 @@ def _run(args: argparse.Namespace) -> int:
     for error in errors:
         print(f"torchprof mem: {error}", file=sys.stderr)
     report = memory_report(" ".join(args.paths), label, parts, snapshots, errors, allocator)
-    doc = finite(msgspec.to_builtins(report))
+    return finite(msgspec.to_builtins(report)), ExitStatus.PARTLY_FAILED if errors else ExitStatus.OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.jsonout import print_json
+    from torchprof_args.analysis.render.memory import format_memory_report
+
+    doc, status = _document(args)
     if args.json:
         print_json(doc)
     else:
         print(format_memory_report(doc, rows=args.top), end="")
-    return ExitStatus.PARTLY_FAILED if errors else ExitStatus.OK
+    return status
 
 
 def register(subparsers: Subparsers) -> None:
@@ -122,4 +129,4 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--reparse", action="store_true", help="parse the traces even where a sidecar matches")
     p.add_argument("--workers", type=positive_int, default=None, help="processes that parse traces")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, document=_document)

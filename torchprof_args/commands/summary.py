@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
 from torchprof_args.errors import CommandError, ExitStatus
@@ -57,28 +57,47 @@ def _write_sidecars(args: argparse.Namespace) -> int:
     return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
-def _summary(args: argparse.Namespace) -> int:
-    from torchprof_args.analysis.jsonout import finite
+def _cycles(args: argparse.Namespace) -> tuple[list[tuple[str, list[Summary], CrossRankView | None]], int]:
+    """Per cycle: its label, its summaries and its cross-rank view (None for one trace); the exit status."""
     from torchprof_args.analysis.summary import cross_rank
     from torchprof_args.commands.cycles import cycle_summaries
 
+    cycles, got = cycle_summaries(args.traces, args, args.top)
+    many = len(got.summaries) > 1 or any(Path(t).is_dir() for t in args.traces)
+    found = [(cycle.label, summaries, cross_rank(summaries, k=args.slowest) if many else None)
+             for cycle, summaries in cycles]
+    return found, ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+
+
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s lines as one document, ``{"lines": [...]}`` (each line's object, in order), and the
+    exit status: what ``torchprof mcp`` returns."""
+    from torchprof_args.analysis.jsonout import finite
+
+    found, status = _cycles(args)
+    lines: list[Any] = []
+    for label, summaries, view in found:
+        lines += [finite(s) for s in summaries]
+        if view is not None:
+            lines.append({"cross_rank": finite(view), "cycle": label})
+    return {"lines": lines}, status
+
+
+def _summary(args: argparse.Namespace) -> int:
     if args.shard and not args.write_sidecars:
         raise CommandError("--shard splits the work of --write-sidecars between tasks; add --write-sidecars")
     if args.write_sidecars:
         return _write_sidecars(args)
-    cycles, got = cycle_summaries(args.traces, args, args.top)
-    many = len(got.summaries) > 1 or any(Path(t).is_dir() for t in args.traces)
-    for cycle, summaries in cycles:
-        view = cross_rank(summaries, k=args.slowest) if many else None
-        if args.json:
-            for s in summaries:
-                print(json.dumps(finite(s)))
-            if view is not None:
-                print(json.dumps({"cross_rank": finite(view), "cycle": cycle.label}))
-        else:
-            _print_text(args, summaries, view, cycle.label)
+    if args.json:
+        doc, status = _document(args)
+        for line in doc["lines"]:
+            print(json.dumps(line))
+        return status
+    found, status = _cycles(args)
+    for label, summaries, view in found:
+        _print_text(args, summaries, view, label)
         sys.stdout.flush()
-    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+    return status
 
 
 def _print_text(args: argparse.Namespace, summaries: list[Summary], view: CrossRankView | None,
@@ -129,4 +148,4 @@ def register(subparsers: Subparsers, parents: list[argparse.ArgumentParser]) -> 
     p.add_argument("--shard", metavar="K/N", default=None,
                    help="with --write-sidecars: only the K-th of N stable shares of the traces (0 <= K < N); "
                    "'auto' reads SLURM_PROCID/SLURM_NTASKS, else RANK/WORLD_SIZE")
-    p.set_defaults(func=_summary)
+    p.set_defaults(func=_summary, document=_document)

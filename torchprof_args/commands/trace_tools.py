@@ -18,11 +18,16 @@ from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float, positive_int
 
 if TYPE_CHECKING:
+    from torchprof_args.analysis.critical_path.compare import PathChange
     from torchprof_args.analysis.critical_path.path import CriticalPathDoc
+    from torchprof_args.analysis.diagnose.changes import FindingChange
     from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+    from torchprof_args.analysis.tools.diff import SummaryDiff
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report_document(args: argparse.Namespace) -> tuple[Any, int]:
+    """Write the report; what was written (``output``, ``bytes``, ``traces``, ``cycles``) and the exit
+    status: what ``torchprof mcp`` returns."""
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.render.report import write_report
     from torchprof_args.analysis.summary import cross_rank
@@ -33,9 +38,16 @@ def _report(args: argparse.Namespace) -> int:
     out = write_report([(c.label, s, cross_rank(s, k=args.slowest)) for c, s in cycles], args.output,
                        findings=[job for job, _, _ in found], paths=[finite(p) for _, p, _ in found],
                        memory=[memory for _, _, memory in found])
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {sum(len(s) for _, s in cycles)} trace(s), "
-          f"{len(cycles)} cycle(s))")
-    return ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+    doc = {"output": str(out), "bytes": out.stat().st_size, "traces": sum(len(s) for _, s in cycles),
+           "cycles": len(cycles)}
+    return doc, ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    doc, status = _report_document(args)
+    print(f"wrote {doc['output']} ({doc['bytes'] / 1e6:.2f} MB, {doc['traces']} trace(s), "
+          f"{doc['cycles']} cycle(s))")
+    return status
 
 
 def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, with_memory: bool = False
@@ -67,26 +79,51 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, wi
     return job, critical_path(graphs, label or "", label) if whole and graphs else None, memory_doc
 
 
-def _diff(args: argparse.Namespace) -> int:
+def _compared(args: argparse.Namespace
+              ) -> tuple[SummaryDiff, list[FindingChange], PathChange | None] | None:
+    """BASE and NEW compared: the summaries' diff, the findings' and the critical paths' changes; None
+    when traces of a side could not be read (each said on stderr)."""
     from torchprof_args.analysis.collect.discover import choose_cycle, expand
-    from torchprof_args.analysis.critical_path.compare import compare_paths, format_path_diff
-    from torchprof_args.analysis.diagnose.changes import diff_findings, format_findings_diff
-    from torchprof_args.analysis.jsonout import print_json
-    from torchprof_args.analysis.tools.diff import diff_summaries, format_diff, slower_than
+    from torchprof_args.analysis.critical_path.compare import compare_paths
+    from torchprof_args.analysis.diagnose.changes import diff_findings
+    from torchprof_args.analysis.tools.diff import diff_summaries
     from torchprof_args.commands.cycles import cycle_summaries
 
     sides, diagnoses, paths = [], [], []
     for side in (args.base, args.new):
         cycles, got = cycle_summaries([side], args, None)
         if got.errors:
-            return ExitStatus.PARTLY_FAILED
+            return None
         sides.append([s for _, summaries in cycles for s in summaries])
         files, label = choose_cycle(expand([side]), None)
         found, path, _ = _diagnosis(files, args, label or side)
         diagnoses.append(found)
         paths.append(path)
-    result, findings = diff_summaries(*sides), diff_findings(*diagnoses)
-    path_changes = compare_paths(paths[0], paths[1])
+    return diff_summaries(*sides), diff_findings(*diagnoses), compare_paths(paths[0], paths[1])
+
+
+def _diff_document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``diff --json``'s document (plain JSON values) and the exit status: what ``torchprof mcp`` returns."""
+    from torchprof_args.analysis.jsonout import finite
+
+    compared = _compared(args)
+    if compared is None:
+        raise CommandError("traces of BASE or NEW could not be read; diff compares whole sides",
+                           ExitStatus.PARTLY_FAILED)
+    result, findings, path_changes = compared
+    return finite({**result, "findings": findings, "critical_path": path_changes}), ExitStatus.OK
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.critical_path.compare import format_path_diff
+    from torchprof_args.analysis.diagnose.changes import format_findings_diff
+    from torchprof_args.analysis.jsonout import print_json
+    from torchprof_args.analysis.tools.diff import format_diff, slower_than
+
+    compared = _compared(args)
+    if compared is None:
+        return ExitStatus.PARTLY_FAILED
+    result, findings, path_changes = compared
     slower = None if args.fail_above is None else slower_than(result, args.fail_above)
     if args.fail_above is not None and slower is None:
         raise CommandError("--fail-above needs BASE's step time, and BASE has no profiled step "
@@ -162,7 +199,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
     p.add_argument("--slowest", type=positive_int, default=5,
                    help="slowest ranks listed when none is a straggler")
-    p.set_defaults(func=_report)
+    p.set_defaults(func=_report, document=_report_document)
 
     p = subparsers.add_parser(
         "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
@@ -182,7 +219,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
                    help="a CI gate: after the diff, exit with status 3 naming each step figure (mean over "
                    "ranks, slowest rank's) slower by more than PCT percent, and each operator or kernel "
                    "whose added time per step is more than PCT percent of BASE's mean step")
-    p.set_defaults(func=_diff)
+    p.set_defaults(func=_diff, document=_diff_document)
 
 
 def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
@@ -94,14 +95,14 @@ def register(subparsers: Subparsers) -> None:
         metavar="N",
         help="random splits of the baseline for the noise check (0: none; default 200)",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, document=_document)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _document(args: argparse.Namespace) -> tuple[Any, int]:
+    """``--json``'s document and the exit status: what ``torchprof mcp`` returns."""
     from torchprof_args.analysis.trend.change_test import Rule
-    from torchprof_args.analysis.trend.report import format_trend, regression_gate, render_trend_html, trend
+    from torchprof_args.analysis.trend.report import trend
     from torchprof_args.analysis.trend.series import read_input
-    from torchprof_args.atomic import write_text_atomically
 
     if args.baseline:
         baseline_paths, input_paths = args.baseline, args.inputs
@@ -129,6 +130,14 @@ def _run(args: argparse.Namespace) -> int:
             "the runs share no series to compare (check --series and that the baseline runs logged "
             "the same keys)"
         )
+    return doc, ExitStatus.OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.trend.report import format_trend, regression_gate, render_trend_html
+    from torchprof_args.atomic import write_text_atomically
+
+    doc, _ = _document(args)
     if args.html:
         write_text_atomically(Path(args.html), render_trend_html(doc))
     print(json.dumps(doc, indent=2) if args.json else format_trend(doc), flush=True)
