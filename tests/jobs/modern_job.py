@@ -9,7 +9,9 @@ dim 0 split evenly), AdamW's state ``2 P / world``.
 (torchtitan's order).
 
 ``--shape moe``: a 2-layer Mixture-of-Experts model, expert parallel: 4 experts, 2 per rank, top-1,
-the router biased so that ``--hot-share`` of the tokens go to rank 1's experts; tokens travel to
+the router biased so that ``--hot-share`` of the tokens go to rank 1's experts (``--balanced``: every
+expert gets the same share of every rank's tokens, the re-run an aux-loss-balanced router would
+give); tokens travel to
 their expert's rank by ``all_to_all_single_autograd`` (dispatch) and back (combine), with
 variable split sizes; the dense parts' gradients are all-reduced by hand.
 
@@ -58,19 +60,23 @@ class ExpertParallelMoE(nn.Module):
     all-to-all with the split sizes the router gives."""
 
     def __init__(self, dim: int, experts: int, hot_share: float, rank: int, world: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, balanced: bool = False) -> None:
         super().__init__()
         self.rank, self.world, self.experts = rank, world, experts
         self._generator = generator
         self.local = experts // world
         self.router = nn.Linear(dim, experts)
         self.hot_share = hot_share
+        self.balanced = balanced
         self.expert_weights = nn.ParameterList(
             nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(self.local))
 
     def route(self, x: torch.Tensor) -> torch.Tensor:
         """The expert of each token: the router's choice, biased so that ``hot_share`` of the tokens go
-        to the last rank's experts (a router that learned an imbalance)."""
+        to the last rank's experts (a router that learned an imbalance); balanced: token ``i`` to expert
+        ``i mod experts``, every expert the same share."""
+        if self.balanced:
+            return torch.arange(x.shape[0]) % self.experts
         choice = self.router(x).argmax(dim=-1)
         hot = torch.rand(x.shape[0], generator=self._generator) < self.hot_share
         last_rank_first_expert = (self.world - 1) * self.local
@@ -109,10 +115,11 @@ class ExpertParallelMoE(nn.Module):
 
 
 class MoEModel(nn.Module):
-    def __init__(self, dim: int, layers: int, experts: int, hot_share: float, rank: int, world: int) -> None:
+    def __init__(self, dim: int, layers: int, experts: int, hot_share: float, rank: int, world: int,
+                 balanced: bool = False) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own tokens' routes
-        self.moes = nn.ModuleList(ExpertParallelMoE(dim, experts, hot_share, rank, world, generator)
+        self.moes = nn.ModuleList(ExpertParallelMoE(dim, experts, hot_share, rank, world, generator, balanced)
                                   for _ in range(layers))
         self.head = nn.Linear(dim, dim)
 
@@ -133,6 +140,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256, help="tokens per rank and step")
     parser.add_argument("--hot-share", type=float, default=0.8)
+    parser.add_argument("--balanced", action="store_true",
+                        help="MoE: every expert the same share of the tokens (the balanced router's re-run)")
     parser.add_argument("--result-dir", required=True)
     add_torch_profile_args(parser)
     args = parser.parse_args()
@@ -142,7 +151,7 @@ def main() -> int:
     received_tokens: list[int] = []
     result: dict[str, object] = {"rank": rank, "shape": args.shape}
     if args.shape == "moe":
-        model: nn.Module = MoEModel(args.dim, 2, 4, args.hot_share, rank, world)
+        model: nn.Module = MoEModel(args.dim, 2, 4, args.hot_share, rank, world, args.balanced)
         dense = [p for name, p in model.named_parameters() if "expert_weights" not in name]
     else:
         from torch.distributed.fsdp import fully_shard

@@ -49,9 +49,10 @@ def _scenario(graph: CycleGraph, finding: Finding,
         return Scenario(), Scenario(into=mean_into(graph))
     if finding.kind == "collective_skew":
         slow = next((f for f in found if f.kind == "straggler"), None)
+        # the overloaded experts balanced on both sides (the rest of the ranks' work like the median after)
         moved = mean_into(graph) if any(f.kind == "expert_imbalance" for f in found) else {}
         base = Scenario(into={**moved, **(median_into(graph, list(slow.ranks)) if slow is not None else {})})
-        return base, Scenario(into=median_into(graph, graph.ranks))
+        return base, Scenario(into={**median_into(graph, graph.ranks), **moved})
     return None
 
 
