@@ -155,13 +155,10 @@ def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
     """Rank 1's experts get most tokens: ``critical-path`` runs through rank 1, ``diagnose``'s top
     finding is ``expert_imbalance`` naming it, saved on the critical path, with the job's own token
     counts as evidence; the straggler rule leaves rank 1 to it; the what-if ``experts balanced``
-    predicts the same saving, under the deletion of rank 1's extra work."""
+    predicts the same saving, the expert work's total kept."""
     prof = traced("moe", *HEAVY_MOE)
     report = _diagnosis(prof, capsys)
-    # the top finding names rank 1 first; on a shared 2-core machine gloo's late arrivals behind the
-    # heavy rank's transfers can put collective_skew (ranks 1, 0) above it, never a straggler
-    assert report["findings"][0]["ranks"][0] == 1, report["findings"]
-    top = next(f for f in report["findings"] if f["kind"] != "collective_skew")
+    top = report["findings"][0]
     assert top["kind"] == "expert_imbalance" and top["ranks"] == [1], [
         (f["kind"], f["ranks"], f["saving_ms_per_step"], f["evidence"]) for f in report["findings"]]
     assert top["saving_basis"] == "critical path" and top["saving_ms_per_step"] > 1.0, top
@@ -180,12 +177,12 @@ def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
                                                          rel=0.01)
     assert evidence["imbalance_factor"] > 1.5
     assert not any(f["kind"] == "straggler" and 1 in f["ranks"] for f in report["findings"])
-    assert torchprof(["critical-path", str(prof), "--json", "--no-progress", "--what-if", "experts balanced",
-                      "--what-if", "rank 1 like the median"]) == 0
+    assert torchprof(["critical-path", str(prof), "--json", "--no-progress",
+                      "--what-if", "experts balanced"]) == 0
     paths = json.loads(capsys.readouterr().out)
     on_rank = [sum(step["by_rank"].get(rank, 0.0) for step in paths["steps"]) for rank in ("0", "1")]
     assert on_rank[1] > on_rank[0], paths["steps"]
-    balanced, deleted = paths["what_if"]
+    (balanced,) = paths["what_if"]
     # balanced: the expert work (the stretches into each combine) moved to the ranks' mean, its total kept
     stored = [read_results(p, [CRITICAL_PATH]) for p in sorted(cycle.glob("*.pt.trace.json.gz"))]
     graph = cycle_graph([r.critical_path for r in stored if r is not None and r.critical_path is not None])
@@ -197,7 +194,6 @@ def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
     # the same replay (the finding's saving never over its bound)
     assert min(balanced["saving_ms_per_step"], top["bound_ms_per_step"]) == pytest.approx(
         top["saving_ms_per_step"], abs=0.01)
-    assert balanced["saving_ms_per_step"] < deleted["saving_ms_per_step"], paths["what_if"]
 
 
 @pytest.mark.slow

@@ -362,24 +362,42 @@ def expert_work_per_step(graph: CycleGraph, scenario: Scenario | None = None) ->
 def mean_into(graph: CycleGraph) -> dict[tuple[int, str, int], Into]:
     """Every rank's expert work (:func:`expert_work_per_step`) scaled to the ranks' mean: the heavy
     ranks' down to it, the light ranks' up to it, the total kept (a balanced MoE router moves the
-    heavy ranks' tokens to the light ranks' experts: the work moves, it is not removed).  Empty (the
-    measured replay) without variable-size all-to-alls."""
+    heavy ranks' tokens to the light ranks' experts: the work moves, it is not removed).  Each expert
+    stretch changes by its share, and so does every path of the rank that runs through it (from a
+    label at or before the stretch's start to a sink after it: an asynchronous collective issued
+    after the experts, the step's end).  Empty (the measured replay) without variable-size
+    all-to-alls."""
     work = expert_work_per_step(graph)
     if not graph.expert_arrivals or not work:
         return {}
     mean = statistics.fmean(work.values())
-    keep = {rank: mean / mine for rank, mine in work.items() if mine > 0}
-    out: dict[tuple[int, str, int], Into] = {}
     base = Scenario()
+    # per rank, each expert stretch: (its start label's time, its arrival's time, how much it changes)
+    stretches: dict[int, list[tuple[float, float, float]]] = {r: [] for r in work}
     for v, kind in enumerate(graph.kind):
         rank = graph.rank[v]
-        if (kind != A or rank not in keep or (rank, graph.index[v]) not in graph.expert_arrivals
-                or (into := graph.into(v, base)) is None):
+        if kind != A or (rank, graph.index[v]) not in graph.expert_arrivals or work.get(rank, 0.0) <= 0:
             continue
-        # the stretch since the last completion (w1) is the expert work; a longer path into the same
-        # arrival ends with it too: both change by the same time
-        delta = into.w1 * (keep[rank] - 1)
-        out[(rank, A, graph.index[v])] = msgspec.structs.replace(
-            into, d1=into.d1 + delta, w1=into.w1 + delta,
-            d2=max(into.d2 + delta, into.d2 - into.w2), w2=max(into.w2 + delta, 0.0))
+        into = graph.into(v, base)
+        start = None if into is None else graph.label_node(rank, into.label1)
+        if into is not None and start is not None:
+            delta = into.w1 * (mean / work[rank] - 1)
+            stretches[rank].append((graph.measured[start], graph.measured[v], delta))
+    out: dict[tuple[int, str, int], Into] = {}
+    for v, kind in enumerate(graph.kind):
+        rank = graph.rank[v]
+        if kind not in (A, T) or not stretches.get(rank) or (into := graph.into(v, base)) is None:
+            continue
+        # a path from a label at or before an expert stretch's start to a sink after it holds the stretch
+        # (the rank's thread runs it on the way): it changes by what the stretch changes
+        shifted = []
+        for label, d, w in ((into.label1, into.d1, into.w1), (into.label2, into.d2, into.w2)):
+            node = graph.label_node(rank, label) if label != NONE else None
+            covered = 0.0 if node is None else sum(
+                delta for begin, end, delta in stretches[rank]
+                if graph.measured[node] <= begin and end <= graph.measured[v])
+            shifted.append((max(d + covered, d - w), max(w + covered, 0.0)))
+        if shifted[0][0] != into.d1 or shifted[1][0] != into.d2:
+            out[(rank, kind, graph.index[v])] = msgspec.structs.replace(
+                into, d1=shifted[0][0], w1=shifted[0][1], d2=shifted[1][0], w2=shifted[1][1])
     return out
