@@ -7,13 +7,19 @@ Runs real multi-rank CPU jobs (``tests/jobs/diagnose_job.py``: a DDP MLP on gloo
 ``torchrun``), each with problems that can be switched off: a data loader that sleeps, a slow rank
 (a stalled host or extra matrix products), a host synchronisation in the step, and pairs of
 problems on different ranks (where removing one saves only part and removing the other saves
-nothing).  For each case: the job with its problems, then once per problem the job without it;
-each ``--repeat`` times.  ``torchprof diagnose --json`` of each run gives the step (the slowest
-rank's mean step, from its traces) and, for the runs with the problems, each finding's predicted
+nothing); and an expert-parallel MoE (``tests/jobs/modern_job.py --shape moe``) whose router sends
+80 % of the tokens to rank 1's experts, re-run with a balanced router (``--balanced``): its
+``expert_imbalance`` saving moves the expert work to the mean rank, it does not delete it (the
+experts take 20 us per token beside their matrix products, as a device's kernels would: on a
+2-core machine two ranks computing at once share the cores, so a CPU-bound balanced re-run is
+slower, not faster).  For each
+case: the job with its problems, then once per problem the job without it; each ``--repeat`` times.
+``torchprof diagnose --json`` of each run gives the step (the slowest rank's mean step, from its
+traces) and, for the runs with the problems, each finding's predicted
 saving (on the critical path) and its per-rank bound.  Printed per finding: the predicted saving,
 the bound, the realised saving (the median step with the problems minus the median step without
 the finding's cause, with the spread of the runs) and the error; target: every case within 15 %
-of the realised saving or 3 ms.
+of the realised saving or 3 ms (the MoE case: 20 % or 5 ms, issue 35's).
 
 The machine's load average is printed before and after: on a shared machine the realised savings
 are noisy (the spread says how much).  ``--quick``: one run each, the two-rank cases only.  Writes
@@ -37,6 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 JOB = REPO / "tests" / "jobs" / "diagnose_job.py"
+MOE_JOB = REPO / "tests" / "jobs" / "modern_job.py"
 PROFILE = ("--torch-profile", "--torch-profile-dir", "prof", "--torch-profile-ranks", "all",
            "--torch-profile-skip-first", "3", "--torch-profile-warmup", "1", "--torch-profile-active", "6")
 ITERS = ("--iters", "12")
@@ -57,6 +64,9 @@ class Case:
     ranks: int = 2
     what_ifs: dict[str, str] = field(default_factory=dict)
     removed: dict[str, list[str]] = field(default_factory=dict)
+    job: Path = JOB
+    flags: tuple[str, ...] = ()
+    target: tuple[float, float] = (TARGET_SHARE, TARGET_MS)
 
     def problem(self, kind: str, ranks: list[int]) -> str | None:
         """The problem behind a finding of ``kind`` on ``ranks``."""
@@ -90,6 +100,12 @@ CASES = [
     Case("4 ranks: loader 30 ms on all + rank 3 stalls 30 ms",
          {"loader": ["--loader-sleep-ms", "30"], "slow": ["--slow-rank", "3", "--slow-ms", "30"]},
          {"dataloader_stall": "loader", "straggler": {3: "slow"}}, ranks=4),
+    Case("MoE: 80 % of the tokens to rank 1's experts (re-run: a balanced router)",
+         {"router": ["--hot-share", "0.8"]}, {"expert_imbalance": "router"},
+         what_ifs={"experts balanced": "router"}, removed={"router": ["--balanced"]}, job=MOE_JOB,
+         flags=("--shape", "moe", "--batch", "1024", "--expert-us-per-token", "20",
+                "--torch-profile-record-shapes"),
+         target=(0.20, 5.0)),
 ]
 
 
@@ -109,8 +125,8 @@ def _run(case: Case, args: list[str], scratch: Path, what_ifs: list[str] | None 
            "OMP_NUM_THREADS": "1", "TMPDIR": str(folder)}
     port = 29500 + (os.getpid() + int(time.time() * 1000)) % 20000
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={case.ranks}",
-           "--master_addr=127.0.0.1", f"--master_port={port}", str(JOB), "--result-dir", str(folder),
-           *ITERS, *args, *PROFILE]
+           "--master_addr=127.0.0.1", f"--master_port={port}", str(case.job), "--result-dir",
+           str(folder), *ITERS, *case.flags, *args, *PROFILE]
     proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{case.name}: the job failed:\n{proc.stderr[-3000:]}")
@@ -132,11 +148,12 @@ def _row(case: Case, label: str, ranks: list[int], basis: str, predicted: list[f
     realised = statistics.median(steps) - statistics.median(without)
     guess, bound = statistics.median(predicted), statistics.median(bounds) if bounds else None
     error = guess - realised
-    allowed = max(TARGET_SHARE * abs(realised), TARGET_MS)
+    allowed = max(case.target[0] * abs(realised), case.target[1])
     return {"case": case.name, "kind": label, "ranks": ranks, "basis": basis, "predicted_ms": round(guess, 2),
             "bound_ms": None if bound is None else round(bound, 2), "realised_ms": round(realised, 2),
             "spread_ms": round(_spread(steps) + _spread(without), 2), "error_ms": round(error, 2),
-            "step_ms": round(statistics.median(steps), 2), "within_target": abs(error) <= allowed,
+            "step_ms": round(statistics.median(steps), 2), "steps_ms": [round(x, 1) for x in steps],
+            "steps_without_ms": [round(x, 1) for x in without], "within_target": abs(error) <= allowed,
             "bound_within_target": None if bound is None else abs(bound - realised) <= allowed}
 
 
@@ -217,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     hits = sum(r["within_target"] for r in done)
     bounded = [r for r in done if r["bound_within_target"] is not None]
     bound_hits = sum(r["bound_within_target"] for r in bounded)
-    print(f"\nwithin target (15 % of the realised saving or 3 ms): critical path {hits} of {len(done)}, "
-          f"per-rank bounds {bound_hits} of {len(bounded)}")
+    print(f"\nwithin target (15 % of the realised saving or 3 ms; MoE: 20 % or 5 ms): critical path "
+          f"{hits} of {len(done)}, per-rank bounds {bound_hits} of {len(bounded)}")
     result = {"rows": rows, "repeat": repeat, "load_after": load}
     (out / "whatif.json").write_text(json.dumps(result, indent=1))
     return 0 if hits == len(done) and len(done) == len(rows) else 1

@@ -21,13 +21,13 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, parse_results, read_results
-from torchprof_args.analysis.critical_path.cycle import cycle_graph
+from torchprof_args.analysis.critical_path.cycle import cycle_graph, mean_into
 from torchprof_args.analysis.critical_path.edges import KERNEL
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.job_paths import critical_path
 from torchprof_args.analysis.critical_path.propagate import replay
 from torchprof_args.analysis.critical_path.reduced import rank_paths
-from torchprof_args.analysis.critical_path.whatif import parse_what_if
+from torchprof_args.analysis.critical_path.whatif import parse_what_if, predict
 from torchprof_args.analysis.diagnose.finding import Finding
 from torchprof_args.analysis.diagnose.savings import on_the_graph
 from torchprof_args.console import main as torchprof
@@ -134,6 +134,16 @@ def test_a_straggler_injected_into_one_rank_of_a_real_pair_moves_the_path_onto_i
     assert fixed.saving_ms_per_step > 10 and other.saving_ms_per_step < 3
 
 
+def test_experts_balanced_changes_nothing_without_variable_size_all_to_alls(tmp_path: Path) -> None:
+    """"experts balanced" moves the expert work (the stretches into an MoE combine) to the ranks'
+    mean; a DDP pair has none, whatever its straggler: it saves nothing (tests/test_modern_jobs.py
+    checks it on a real MoE job)."""
+    pair = straggler_pair(tmp_path, 30e3, slow=1, pair=CPU_PAIR)
+    graph = cycle_graph([rank_paths(load_trace(p, comms=True)) for p in pair], rank_of=lambda p, i: i)
+    assert not graph.expert_arrivals and not mean_into(graph)
+    assert predict(graph, parse_what_if("experts balanced"))[1] == 0.0
+    assert predict(graph, parse_what_if("rank 1 like the median"))[1] > 10
+
 
 def test_a_saving_rounded_for_the_document_never_exceeds_its_bound(tmp_path: Path) -> None:
     """CI once printed a straggler saving of 5.288 ms over a bound of 5.2876: the rounding, not the
@@ -209,6 +219,7 @@ def test_what_ifs_are_parsed_or_refused_in_one_line() -> None:
     assert parse_what_if("communication fully overlapped").cause == "exposed_comm"
     assert parse_what_if("ranks 3, 5 like the median").ranks == (3, 5)
     assert parse_what_if("all ranks like the median").median
+    assert parse_what_if("Experts balanced").balanced and parse_what_if("no expert_imbalance").balanced
     faster = parse_what_if("sm90_xmma_gemm 2x faster")
     assert faster.factor == 2 and faster.pattern is not None and faster.pattern.search("sm90_xmma_gemm_bf16")
     with pytest.raises(ValueError, match="not understood"):

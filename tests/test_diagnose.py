@@ -237,10 +237,12 @@ def test_the_kinds_page_documents_the_registry_with_its_thresholds():
 
 
 def test_the_registry_orders_the_kinds_that_read_earlier_findings():
-    """``low_mfu`` saves what the other per-rank kinds leave, ``collective_skew`` what the stragglers
-    do not explain: each must run after those."""
+    """``low_mfu`` saves what the other per-rank kinds leave, ``straggler`` leaves the overloaded
+    experts' ranks to ``expert_imbalance``, ``collective_skew`` what both do not explain: each must run
+    after those."""
     assert [k.KIND for k in PER_RANK][-1] == "low_mfu"
-    assert [k.KIND for k in CROSS_RANK] == ["straggler", "collective_skew", "memory_imbalance"]
+    assert [k.KIND for k in CROSS_RANK] == ["expert_imbalance", "straggler", "collective_skew",
+                                            "memory_imbalance"]
     scopes = [k.SCOPE for k in REGISTRY]
     assert scopes == [Scope.PER_RANK] * len(PER_RANK) + [Scope.CROSS_RANK] * len(CROSS_RANK)
 

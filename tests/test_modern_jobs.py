@@ -2,7 +2,8 @@
 with each block compiled, and an expert-parallel MoE whose tokens travel by all-to-all
 (tests/jobs/modern_job.py).  Every command reads their traces without a traceback; FSDP2's
 reduce-scatter is named as one (gloo runs it as an all-reduce); PyTorch's internal errors reach the
-user as one line."""
+user as one line; the MoE router's imbalance is ``expert_imbalance`` on the overloaded rank, on the
+critical path, and neither a balanced router nor FSDP2 gives one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import rank_results, run_torchrun
 
+from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, read_results
+from torchprof_args.analysis.critical_path.cycle import Scenario, cycle_graph, expert_work_per_step, mean_into
 from torchprof_args.console import main as torchprof
 
 JOB = REPO / "tests" / "jobs" / "modern_job.py"
@@ -24,9 +27,9 @@ TRACE_FLAGS = ("--torch-profile", "--torch-profile-ranks", "all", "--torch-profi
                "--torch-profile-with-stack")
 
 
-def _run(shape: str, folder: Path) -> Path:
+def _run(shape: str, folder: Path, *flags: str) -> Path:
     result = run_torchrun(JOB, "--shape", shape, "--result-dir", str(folder),
-                          "--torch-profile-dir", str(folder / "prof"), *TRACE_FLAGS, timeout=600)
+                          "--torch-profile-dir", str(folder / "prof"), *(flags or TRACE_FLAGS), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(rank_results(folder)) == [0, 1]
     exit_line = [line for line in result.stderr.splitlines() if "at exit:" in line]
@@ -35,20 +38,21 @@ def _run(shape: str, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The traces of a job of each shape, run once for the module."""
-    runs: dict[str, Path] = {}
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """The traces of a job of each shape (with :data:`TRACE_FLAGS`, or the flags given), run once for
+    the module."""
+    runs: dict[tuple[str, ...], Path] = {}
 
-    def of(shape: str) -> Path:
-        if shape not in runs:
-            runs[shape] = _run(shape, tmp_path_factory.mktemp(shape))
-        return runs[shape]
+    def of(shape: str, *flags: str) -> Path:
+        if (shape, *flags) not in runs:
+            runs[(shape, *flags)] = _run(shape, tmp_path_factory.mktemp(shape), *flags)
+        return runs[(shape, *flags)]
 
     return of
 
 
 @pytest.fixture(params=["fsdp2", "fsdp2-compiled", "moe"])
-def job(request: pytest.FixtureRequest, traced: Callable[[str], Path]) -> tuple[str, Path]:
+def job(request: pytest.FixtureRequest, traced: Callable[..., Path]) -> tuple[str, Path]:
     return request.param, traced(request.param)
 
 
@@ -102,7 +106,7 @@ def test_the_moe_all_to_all_says_what_each_rank_moved(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_a_functional_collective_s_wait_is_waiting_on_the_path(traced: Callable[[str], Path],
+def test_a_functional_collective_s_wait_is_waiting_on_the_path(traced: Callable[..., Path],
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """The MoE dispatch and combine wait in ``_c10d_functional::wait_tensor`` until gloo's all-to-all
     is done: the path goes through the collective, not through the wait as if it were work."""
@@ -116,7 +120,7 @@ def test_a_functional_collective_s_wait_is_waiting_on_the_path(traced: Callable[
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["fsdp2", "fsdp2-compiled"])
-def test_fsdp2_s_shards_and_adamw_state_are_what_each_rank_holds(shape: str, traced: Callable[[str], Path],
+def test_fsdp2_s_shards_and_adamw_state_are_what_each_rank_holds(shape: str, traced: Callable[..., Path],
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Each rank holds its parameters' shards and AdamW's state for them (2x): within 10 % of the
     job's own count (``to_local()`` of every sharded parameter), whoever categorised the memory."""
@@ -153,3 +157,71 @@ def test_summary_shows_fsdp2_s_phases_per_module(job: tuple[str, Path],
             assert phases[phase]["ms_per_step"] > 0 and phases[phase]["calls"] >= 8
     assert torchprof(["summary", str(prof), "--no-progress"]) == 0
     assert ("FSDP2 phases per step" in capsys.readouterr().out) is (shape != "moe")
+
+
+#: the MoE job with expert work measurable beside its dense parts (rank 1's experts get ~90 % of the
+#: tokens: 80 % routed there, half of the rest by the router's own choice), 4 steps traced with the
+#: shapes (the all-to-alls' sizes) and nothing that slows the step (memory, stacks).
+HEAVY_MOE = ("--dim", "512", "--batch", "1024", "--iters", "8", "--torch-profile", "--torch-profile-ranks",
+             "all", "--torch-profile-record-shapes", "--torch-profile-skip-first", "2",
+             "--torch-profile-active", "4")
+
+
+def _diagnosis(prof: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    assert torchprof(["diagnose", str(prof), "--json", "--no-progress"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
+        traced: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 1's experts get most tokens: ``critical-path`` runs through rank 1, ``diagnose``'s top
+    finding is ``expert_imbalance`` naming it, saved on the critical path, with the job's own token
+    counts as evidence; the straggler rule leaves rank 1 to it; the what-if ``experts balanced``
+    predicts the same saving, the expert work's total kept."""
+    prof = traced("moe", *HEAVY_MOE)
+    report = _diagnosis(prof, capsys)
+    top = report["findings"][0]
+    assert top["kind"] == "expert_imbalance" and top["ranks"] == [1], [
+        (f["kind"], f["ranks"], f["saving_ms_per_step"], f["evidence"]) for f in report["findings"]]
+    assert top["saving_basis"] == "critical path" and top["saving_ms_per_step"] > 1.0, top
+    assert "Rank 1" in top["summary"] and "--moe-aux-loss-coeff" in top["remedy"]
+    evidence = top["evidence"]
+    tokens = {int(r): v for r, v in evidence["tokens_per_rank"].items()}
+    assert evidence["tokens_measure"].startswith("tokens per dispatch")
+    # the job's count: tokens its experts received per step over its 2 layers, in the traced steps
+    cycle = next(prof.glob("iter*"))
+    first, last = (int(n) for n in cycle.name.removeprefix("iter").split("-"))
+    truth = rank_results(prof.parent)
+    for rank, value in tokens.items():
+        received = truth[rank]["received_tokens_per_step"][first - 1:last]
+        assert value == pytest.approx(sum(received) / len(received) / 2, rel=0.01), (rank, value, received)
+    assert evidence["imbalance_factor"] == pytest.approx(max(tokens.values()) / (sum(tokens.values()) / 2),
+                                                         rel=0.01)
+    assert evidence["imbalance_factor"] > 1.5
+    assert not any(f["kind"] == "straggler" and 1 in f["ranks"] for f in report["findings"])
+    assert torchprof(["critical-path", str(prof), "--json", "--no-progress",
+                      "--what-if", "experts balanced"]) == 0
+    paths = json.loads(capsys.readouterr().out)
+    on_rank = [sum(step["by_rank"].get(rank, 0.0) for step in paths["steps"]) for rank in ("0", "1")]
+    assert on_rank[1] > on_rank[0], paths["steps"]
+    (balanced,) = paths["what_if"]
+    # balanced: the expert work (the stretches into each combine) moved to the ranks' mean, its total kept
+    stored = [read_results(p, [CRITICAL_PATH]) for p in sorted(cycle.glob("*.pt.trace.json.gz"))]
+    graph = cycle_graph([r.critical_path for r in stored if r is not None and r.critical_path is not None])
+    before = expert_work_per_step(graph)
+    after = expert_work_per_step(graph, Scenario(into=mean_into(graph)))
+    assert before[1] > 2 * before[0], before
+    assert sum(after.values()) == pytest.approx(sum(before.values()), rel=1e-6)
+    assert after[0] == pytest.approx(after[1], rel=1e-6), after
+    # the same replay (the finding's saving never over its bound)
+    assert min(balanced["saving_ms_per_step"], top["bound_ms_per_step"]) == pytest.approx(
+        top["saving_ms_per_step"], abs=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [("moe", "--balanced", *HEAVY_MOE), ("fsdp2",)], ids=["balanced", "fsdp2"])
+def test_a_balanced_router_or_a_job_without_experts_has_no_expert_imbalance(
+        job: tuple[str, ...], traced: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    report = _diagnosis(traced(*job), capsys)
+    assert not any(f["kind"] == "expert_imbalance" for f in report["findings"]), report["findings"]

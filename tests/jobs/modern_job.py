@@ -9,7 +9,11 @@ dim 0 split evenly), AdamW's state ``2 P / world``.
 (torchtitan's order).
 
 ``--shape moe``: a 2-layer Mixture-of-Experts model, expert parallel: 4 experts, 2 per rank, top-1,
-the router biased so that ``--hot-share`` of the tokens go to rank 1's experts; tokens travel to
+the router biased so that ``--hot-share`` of the tokens go to rank 1's experts (``--balanced``: every
+expert gets the same share of every rank's tokens, the re-run an aux-loss-balanced router would
+give; ``--expert-us-per-token U``: each rank's experts also take U us per token they received, a
+wait as an accelerator's expert kernels would be, so that two ranks on a small CPU do not share its
+cores for their expert work); tokens travel to
 their expert's rank by ``all_to_all_single_autograd`` (dispatch) and back (combine), with
 variable split sizes; the dense parts' gradients are all-reduced by hand.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -58,19 +63,24 @@ class ExpertParallelMoE(nn.Module):
     all-to-all with the split sizes the router gives."""
 
     def __init__(self, dim: int, experts: int, hot_share: float, rank: int, world: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, balanced: bool = False, us_per_token: float = 0.0) -> None:
         super().__init__()
         self.rank, self.world, self.experts = rank, world, experts
         self._generator = generator
         self.local = experts // world
         self.router = nn.Linear(dim, experts)
         self.hot_share = hot_share
+        self.balanced = balanced
+        self.us_per_token = us_per_token
         self.expert_weights = nn.ParameterList(
             nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(self.local))
 
     def route(self, x: torch.Tensor) -> torch.Tensor:
         """The expert of each token: the router's choice, biased so that ``hot_share`` of the tokens go
-        to the last rank's experts (a router that learned an imbalance)."""
+        to the last rank's experts (a router that learned an imbalance); balanced: token ``i`` to expert
+        ``i mod experts``, every expert the same share."""
+        if self.balanced:
+            return torch.arange(x.shape[0]) % self.experts
         choice = self.router(x).argmax(dim=-1)
         hot = torch.rand(x.shape[0], generator=self._generator) < self.hot_share
         last_rank_first_expert = (self.world - 1) * self.local
@@ -94,6 +104,8 @@ class ExpertParallelMoE(nn.Module):
         for index, weight in enumerate(self.expert_weights):
             mask = received_experts == self.rank * self.local + index
             out[mask] = torch.relu(received[mask] @ weight)
+        if self.us_per_token:  # the experts' kernels on a device: time per token, no CPU core taken
+            time.sleep(received.shape[0] * self.us_per_token / 1e6)
         back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
         combined = torch.empty_like(back)
         combined[order] = back
@@ -109,10 +121,12 @@ class ExpertParallelMoE(nn.Module):
 
 
 class MoEModel(nn.Module):
-    def __init__(self, dim: int, layers: int, experts: int, hot_share: float, rank: int, world: int) -> None:
+    def __init__(self, dim: int, layers: int, experts: int, hot_share: float, rank: int, world: int,
+                 balanced: bool = False, us_per_token: float = 0.0) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own tokens' routes
-        self.moes = nn.ModuleList(ExpertParallelMoE(dim, experts, hot_share, rank, world, generator)
+        self.moes = nn.ModuleList(ExpertParallelMoE(dim, experts, hot_share, rank, world, generator, balanced,
+                                                    us_per_token)
                                   for _ in range(layers))
         self.head = nn.Linear(dim, dim)
 
@@ -133,6 +147,10 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256, help="tokens per rank and step")
     parser.add_argument("--hot-share", type=float, default=0.8)
+    parser.add_argument("--balanced", action="store_true",
+                        help="MoE: every expert the same share of the tokens (the balanced router's re-run)")
+    parser.add_argument("--expert-us-per-token", type=float, default=0.0,
+                        help="MoE: each rank's experts also wait this many us per token received")
     parser.add_argument("--result-dir", required=True)
     add_torch_profile_args(parser)
     args = parser.parse_args()
@@ -142,7 +160,8 @@ def main() -> int:
     received_tokens: list[int] = []
     result: dict[str, object] = {"rank": rank, "shape": args.shape}
     if args.shape == "moe":
-        model: nn.Module = MoEModel(args.dim, 2, 4, args.hot_share, rank, world)
+        model: nn.Module = MoEModel(args.dim, 2, 4, args.hot_share, rank, world, args.balanced,
+                                    args.expert_us_per_token)
         dense = [p for name, p in model.named_parameters() if "expert_weights" not in name]
     else:
         from torch.distributed.fsdp import fully_shard

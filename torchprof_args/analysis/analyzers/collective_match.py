@@ -35,7 +35,7 @@ from torchprof_args.analysis.analyzers.collectives import GPU_CHANNEL, P2P_KINDS
 __all__ = [
     "MATCH_KIND_ORDER", "MATCH_PG_ORDER", "MATCH_SEQ", "MATCH_STREAM_ORDER", "CollectiveInstance",
     "SAME_SIZE_KINDS", "CollectivesReport", "CycleCollectives", "RankWait", "TypeTotal", "bus_factor",
-    "match_collectives",
+    "experts_side", "match_collectives",
 ]
 
 MATCH_SEQ = "process group and sequence number"
@@ -297,6 +297,26 @@ def _variable_traffic(kind: str, members: dict[int, CommRecord]) -> dict[int, li
             return {}
         known[rank] = [record.nbytes, record.recv_bytes]
     return known if len({v for pair in known.values() for v in pair}) > 1 else {}
+
+
+def experts_side(bytes_by_rank: dict[int, list[int]] | None) -> int | None:
+    """Which side of a variable-size all-to-all holds the experts' tokens: 1 (received: a dispatch,
+    every rank sending its own batch, the experts getting what the router gave them) or 0 (sent: a
+    combine, the experts sending their results back); the side whose sizes differ more between ranks
+    (relative to their mean).  None for an all-to-all whose sizes are equal or unknown.
+
+    Args:
+        bytes_by_rank: the instance's ``[sent, received]`` bytes per rank.
+    """
+    if not bytes_by_rank:
+        return None
+
+    def spread(values: list[int]) -> float:
+        mean = statistics.fmean(values)
+        return (max(values) - min(values)) / mean if mean > 0 else 0.0
+
+    pairs = list(bytes_by_rank.values())
+    return 1 if spread([p[1] for p in pairs]) >= spread([p[0] for p in pairs]) else 0
 
 
 def _traffic_by_rank(instances: list[CollectiveInstance]) -> list[RankTraffic]:

@@ -132,6 +132,10 @@ class CommRecord:
     #: An all-to-all's bytes received by this rank (its output; ``nbytes``: what it sent), which
     #: differ between ranks when the split sizes do (MoE token dispatch); None elsewhere or unknown.
     recv_bytes: int | None = None
+    #: An all-to-all's bytes per row of its tensors (a token's hidden state in an MoE dispatch: the
+    #: dimensions after the first times the element size), from the shapes; None where not recorded.
+    #: Rows (tokens) moved: ``nbytes`` or ``recv_bytes`` over it.
+    row_bytes: int | None = None
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CommRecord))
@@ -397,6 +401,20 @@ def _received_bytes(operator: dict[str, Any], dtype: str | None) -> int | None:
     return count * elem if count is not None and elem else None
 
 
+def _row_bytes(operator: dict[str, Any], dtype: str | None) -> int | None:
+    """An all-to-all's bytes per row (dimension 0) of its output tensor: one token's share in an MoE
+    dispatch (None: the shapes were not recorded)."""
+    try:
+        dims = json.loads(operator.get("input_dims") or "null")
+    except ValueError:
+        return None
+    first = dims[0] if isinstance(dims, list) and dims else None
+    if not isinstance(first, list) or not first or not all(isinstance(d, int) for d in first):
+        return None
+    elem = dtype_bytes(dtype) or dtype_bytes(_first_type(operator.get("input_type")))
+    return math.prod(first[1:]) * elem if elem else None
+
+
 def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us: float, step_of: _Steps,
               world_size: int | None, algorithm: str | None,
               issued: list[dict[str, Any]] | None = None) -> list[CommRecord]:
@@ -412,6 +430,7 @@ def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us:
         record = _record(kind, row, fields, base_us, step, channel, world_size, algorithm)
         if kind == "all_to_all" and issuer is not None:
             record.recv_bytes = _received_bytes(issuer, record.dtype)
+            record.row_bytes = _row_bytes(issuer, record.dtype)
         records.append(record)
     return records
 

@@ -22,12 +22,17 @@ import msgspec
 
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, aligned_comms
 from torchprof_args.analysis.analyzers.clocks import align_clocks
-from torchprof_args.analysis.analyzers.collective_match import CollectiveInstance, match_collectives
+from torchprof_args.analysis.analyzers.collective_match import (
+    CollectiveInstance,
+    experts_side,
+    match_collectives,
+)
 from torchprof_args.analysis.analyzers.collectives import CommRecord, CompactRecords, RankComms
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, step_of_label
 from torchprof_args.analysis.critical_path.reduced import MEASURED, Into, PathStep, RankPaths
 
-__all__ = ["CycleGraph", "Replayed", "Scenario", "clocks_of_paths", "cycle_graph"]
+__all__ = ["CycleGraph", "Replayed", "Scenario", "clocks_of_paths", "cycle_graph", "expert_work_per_step",
+           "mean_into", "median_into"]
 
 W, A, E, T, J = "W", "A", "E", "T", "J"
 #: among nodes at the same measured time, the order they are replayed in (what they depend on first).
@@ -73,6 +78,9 @@ class CycleGraph:
     dropped_joins: int = 0
     #: the hosts' clocks (every time above on the reference host's when aligned).
     clock: ClockAlignment | None = None
+    #: the arrivals ``(rank, record index)`` at a variable-size all-to-all whose sent side is the
+    #: experts' (an MoE combine, or a dispatch's gradient): the stretch into each is expert work.
+    expert_arrivals: set[tuple[int, int]] = field(default_factory=set)
 
     @property
     def joined_reliably(self) -> bool:
@@ -273,6 +281,8 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
         if len(nodes) < 2:
             unmatched += len(found) == 1
             continue
+        if experts_side(graph.instances[index]["bytes_by_rank"]) == 0:
+            graph.expert_arrivals.update(arrivals)
         last = max(graph.measured[a] for a, _ in nodes)
         j = graph.add(J, -1, index, last)
         graph.members[j] = [a for a, _ in nodes]
@@ -304,24 +314,90 @@ def work_per_step(graph: CycleGraph, scenario: Scenario | None = None) -> dict[i
     return {r: w / max(len(graph.parts[r].steps), 1) for r, w in out.items()}
 
 
+def _scaled_into(graph: CycleGraph, keep: Mapping[int, float]) -> dict[tuple[int, str, int], Into]:
+    """Each rank of ``keep``'s sinks with its own work scaled by ``keep[rank]`` on every path into
+    every sink (the work, not the waiting)."""
+    out: dict[tuple[int, str, int], Into] = {}
+    base = Scenario()
+    for v, kind in enumerate(graph.kind):
+        rank = graph.rank[v]
+        if rank not in keep or kind not in (A, T) or (into := graph.into(v, base)) is None:
+            continue
+        factor = keep[rank]
+        out[(rank, kind, graph.index[v])] = msgspec.structs.replace(
+            into, d1=into.d1 - into.w1 * (1 - factor), d2=into.d2 - into.w2 * (1 - factor),
+            w1=into.w1 * factor, w2=into.w2 * factor)
+    return out
+
+
 def median_into(graph: CycleGraph, ranks: Sequence[int]) -> dict[tuple[int, str, int], Into]:
     """``ranks``' sinks with their own work cut to the median rank's: each rank's work per step
     (:func:`work_per_step`) scaled to the median of the other ranks' (of all ranks when ``ranks``
     is all of them), on every path into every sink (the work, not the waiting: a rank as fast as
     the median still waits for the slowest)."""
     work = work_per_step(graph)
-    out: dict[tuple[int, str, int], Into] = {}
-    base = Scenario()
+    keep: dict[int, float] = {}
     for rank in ranks:
         others = [w for r, w in work.items() if r not in ranks] or list(work.values())
         mine = work.get(rank, 0.0)
-        if not others or mine <= 0:
+        if others and mine > 0:
+            keep[rank] = min(statistics.median(others) / mine, 1.0)
+    return _scaled_into(graph, keep)
+
+
+def expert_work_per_step(graph: CycleGraph, scenario: Scenario | None = None) -> dict[int, float]:
+    """Each rank's expert work per step (us) in ``scenario`` (default: as measured): its own work on
+    the paths into its arrivals at the experts' side of the variable-size all-to-alls since the last
+    completion (:attr:`CycleGraph.expert_arrivals`: the stretch from the dispatch to the combine,
+    forward and backward)."""
+    base = scenario or Scenario()
+    out: dict[int, float] = {r: 0.0 for r in graph.ranks}
+    for v, kind in enumerate(graph.kind):
+        rank = graph.rank[v]
+        if kind == A and (rank, graph.index[v]) in graph.expert_arrivals and (into := graph.into(v, base)):
+            out[rank] += into.w1
+    return {r: w / max(len(graph.parts[r].steps), 1) for r, w in out.items()}
+
+
+def mean_into(graph: CycleGraph) -> dict[tuple[int, str, int], Into]:
+    """Every rank's expert work (:func:`expert_work_per_step`) scaled to the ranks' mean: the heavy
+    ranks' down to it, the light ranks' up to it, the total kept (a balanced MoE router moves the
+    heavy ranks' tokens to the light ranks' experts: the work moves, it is not removed).  Each expert
+    stretch changes by its share, and so does every path of the rank that runs through it (from a
+    label at or before the stretch's start to a sink after it: an asynchronous collective issued
+    after the experts, the step's end).  Empty (the measured replay) without variable-size
+    all-to-alls."""
+    work = expert_work_per_step(graph)
+    if not graph.expert_arrivals or not work:
+        return {}
+    mean = statistics.fmean(work.values())
+    base = Scenario()
+    # per rank, each expert stretch: (its start label's time, its arrival's time, how much it changes)
+    stretches: dict[int, list[tuple[float, float, float]]] = {r: [] for r in work}
+    for v, kind in enumerate(graph.kind):
+        rank = graph.rank[v]
+        if kind != A or (rank, graph.index[v]) not in graph.expert_arrivals or work.get(rank, 0.0) <= 0:
             continue
-        keep = min(statistics.median(others) / mine, 1.0)
-        for v, kind in enumerate(graph.kind):
-            if graph.rank[v] != rank or kind not in (A, T) or (into := graph.into(v, base)) is None:
-                continue
+        into = graph.into(v, base)
+        start = None if into is None else graph.label_node(rank, into.label1)
+        if into is not None and start is not None:
+            delta = into.w1 * (mean / work[rank] - 1)
+            stretches[rank].append((graph.measured[start], graph.measured[v], delta))
+    out: dict[tuple[int, str, int], Into] = {}
+    for v, kind in enumerate(graph.kind):
+        rank = graph.rank[v]
+        if kind not in (A, T) or not stretches.get(rank) or (into := graph.into(v, base)) is None:
+            continue
+        # a path from a label at or before an expert stretch's start to a sink after it holds the stretch
+        # (the rank's thread runs it on the way): it changes by what the stretch changes
+        shifted = []
+        for label, d, w in ((into.label1, into.d1, into.w1), (into.label2, into.d2, into.w2)):
+            node = graph.label_node(rank, label) if label != NONE else None
+            covered = 0.0 if node is None else sum(
+                delta for begin, end, delta in stretches[rank]
+                if graph.measured[node] <= begin and end <= graph.measured[v])
+            shifted.append((max(d + covered, d - w), max(w + covered, 0.0)))
+        if shifted[0][0] != into.d1 or shifted[1][0] != into.d2:
             out[(rank, kind, graph.index[v])] = msgspec.structs.replace(
-                into, d1=into.d1 - into.w1 * (1 - keep), d2=into.d2 - into.w2 * (1 - keep),
-                w1=into.w1 * keep, w2=into.w2 * keep)
+                into, d1=shifted[0][0], w1=shifted[0][1], d2=shifted[1][0], w2=shifted[1][1])
     return out

@@ -26,6 +26,8 @@ def _how(what: WhatIf) -> str:
         return f"each rank's graph replayed without {what.cause}, then the ranks joined"
     if what.median:
         return "the ranks' time between collectives cut to the median rank's"
+    if what.balanced:
+        return "every rank's expert work scaled to the ranks' mean (moved, not removed)"
     return "the matching operators and kernels on each stretch of the path shortened (from the sidecars)"
 
 

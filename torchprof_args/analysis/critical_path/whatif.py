@@ -8,6 +8,9 @@ The questions ``torchprof critical-path --what-if`` takes (case does not matter)
 * ``communication fully overlapped``: nothing waits for communication (``no exposed_comm``);
 * ``rank R like the median`` (``ranks 3,5 like the median``, ``all ranks like the median``): the
   ranks' time between collectives no longer than the median rank's;
+* ``experts balanced`` (``balanced experts``, ``no expert_imbalance``): every rank's expert work (the
+  stretches into an MoE combine) scaled to the ranks' mean, the heavy ranks' down and the light
+  ranks' up (an MoE router balanced: the work moves, it is not removed);
 * ``PATTERN Nx faster``: operators and kernels whose name matches the regular expression ``N``
   times faster.  From the sidecars this shortens the matching contributors kept for each stretch of
   a rank's path (its top 8): exact for what is on the path, an upper bound on the saving where a
@@ -21,12 +24,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from torchprof_args.analysis.critical_path.cycle import A, CycleGraph, Scenario, T, median_into
+from torchprof_args.analysis.critical_path.cycle import A, CycleGraph, Scenario, T, mean_into, median_into
 from torchprof_args.analysis.critical_path.propagate import NONE
 from torchprof_args.analysis.critical_path.reduced import Into
 from torchprof_args.analysis.critical_path.variants import CAUSES
 
-__all__ = ["ALIASES", "WhatIf", "parse_what_if", "predict", "scenario"]
+__all__ = ["ALIASES", "BALANCED", "WhatIf", "parse_what_if", "predict", "scenario"]
 
 #: what a question may call a cause.
 ALIASES = {
@@ -37,17 +40,22 @@ ALIASES = {
 }
 _FORMS = ("'no data loader' (or host sync, launch gaps, gpu idle, copies, a diagnose kind), "
           "'communication fully overlapped', 'rank 3 like the median', 'all ranks like the median', "
-          "'PATTERN 2x faster'")
+          "'experts balanced', 'PATTERN 2x faster'")
+#: the questions that balance an MoE router (:func:`~.cycle.mean_into`).
+BALANCED = ("experts balanced", "balanced experts", "expert load balanced", "no expert_imbalance",
+            "without expert_imbalance", "no expert imbalance", "without expert imbalance")
 
 
 @dataclass(frozen=True)
 class WhatIf:
-    """One question: remove a cause (``cause``), ranks like the median (``ranks``; empty: all), or
-    names matching ``pattern`` ``factor`` times faster."""
+    """One question: remove a cause (``cause``), ranks like the median (``ranks``; empty: all),
+    every rank's work at the ranks' mean (``balanced``), or names matching ``pattern`` ``factor``
+    times faster."""
 
     spec: str
     cause: str | None = None
     median: bool = False
+    balanced: bool = False
     ranks: tuple[int, ...] = ()
     pattern: re.Pattern[str] | None = field(default=None, compare=False)
     factor: float = 1.0
@@ -63,6 +71,8 @@ def parse_what_if(spec: str) -> WhatIf:
     low = text.lower()
     if re.fullmatch(r"communication (fully )?overlapped", low):
         return WhatIf(text, cause="exposed_comm")
+    if low in BALANCED:
+        return WhatIf(text, balanced=True)
     found = re.fullmatch(r"(?:no|without) (.+)", low)
     if found:
         cause = ALIASES.get(found.group(1), found.group(1).replace(" ", "_"))
@@ -111,6 +121,8 @@ def scenario(graph: CycleGraph, what: WhatIf) -> Scenario:
         return Scenario(tables={rank: what.cause for rank in graph.ranks})
     if what.median:
         return Scenario(into=median_into(graph, list(what.ranks) or graph.ranks))
+    if what.balanced:
+        return Scenario(into=mean_into(graph))
     return Scenario(into=_faster(graph, what))
 
 

@@ -1,6 +1,6 @@
 """One cycle's rank parts, as the cross-rank kinds read them: :class:`CycleRanks`.
 
-The cross-rank kinds (``straggler``, ``collective_skew``) work from what each rank's
+The cross-rank kinds (``expert_imbalance``, ``straggler``, ``collective_skew``) work from what each rank's
 :class:`~.documents.RankDiagnosis` keeps (steps, collective records), never from a trace, so 512
 ranks are diagnosed from their sidecars.  The view matches the ranks' collectives once
 (:func:`~torchprof_args.analysis.analyzers.collective_match.match_collectives`) for both kinds,
@@ -9,6 +9,7 @@ after putting every host's times on one clock (:mod:`~torchprof_args.analysis.an
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from functools import cached_property
@@ -24,7 +25,7 @@ from torchprof_args.analysis.analyzers.collective_match import (
     CollectivesReport,
     match_collectives,
 )
-from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CompactRecords
+from torchprof_args.analysis.analyzers.collectives import P2P_KINDS, CommRecord, CompactRecords
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.memory.categories import MemoryPart
@@ -100,7 +101,14 @@ class CycleRanks:
         """The ranks' collectives matched (``torchprof collectives``' report); None when fewer than
         two ranks have collective records."""
         comms = [p.comms(self.rank_of(p)) for p in self.parts]
-        return match_collectives(comms, top=5) if sum(1 for c in comms if c.records) >= 2 else None
+        if sum(1 for c in comms if c.records) < 2:
+            return None
+        return match_collectives(comms, top=5, members=self.members)
+
+    @cached_property
+    def members(self) -> dict[int, dict[int, CommRecord]]:
+        """Each matched instance's records (instance id -> rank -> record), filled by :attr:`match`."""
+        return {}
 
     @cached_property
     def matched(self) -> list[CollectiveInstance]:
@@ -124,3 +132,22 @@ class CycleRanks:
                 if inst["skew_us"] > offset:
                     per_rank[int(rank)].append((inst["first_start_us"] + offset, last))
         return {rank: union_us(iv) for rank, iv in per_rank.items()}
+
+    @cached_property
+    def work_ms(self) -> dict[int, float]:
+        """Each timed rank's work per step (ms): its mean step minus the time it waited in collectives
+        for the last rank (:attr:`waited_us`); without matched collectives, its own steps' time outside
+        collectives.  ``straggler`` and ``expert_imbalance`` compare it."""
+        waits = self.waited_us
+        out = {}
+        for part in self.parts:
+            if not part.steps:
+                continue
+            rank = self.rank_of(part)
+            if waits is None:
+                us = statistics.fmean(s.work_us for s in part.steps)
+            else:
+                step_us = statistics.fmean(s.dur_us for s in part.steps)
+                us = max(step_us - waits.get(rank, 0.0) / len(part.steps), 0.0)
+            out[rank] = us / 1e3
+        return out

@@ -13,7 +13,8 @@ Every kind is a module of :mod:`.kinds` with one shape (:class:`KindModule`, che
 
 :data:`REGISTRY`'s order is the evaluation order (each kind's context holds the findings of the kinds
 of its scope before it: ``low_mfu`` runs last of the per-rank kinds and saves what the others leave;
-``collective_skew`` runs after ``straggler`` and leaves out what the stragglers explain) and the
+``straggler`` runs after ``expert_imbalance`` and leaves it the ranks whose excess is routed
+tokens; ``collective_skew`` runs after both and leaves out what their extra work explains) and the
 order docs/guides/diagnose-kinds.md lists them in.
 
 To add a kind: write ``kinds/<kind>.py`` with the four names (a test injects the problem into a
@@ -32,6 +33,7 @@ from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.diagnose.kinds import (
     collective_skew,
     dataloader_stall,
+    expert_imbalance,
     exposed_comm,
     gpu_idle,
     host_sync,
@@ -70,7 +72,7 @@ class CrossRankKind(KindModule, Protocol):
 #: every kind, in evaluation and documentation order (per-rank kinds first, then cross-rank ones).
 REGISTRY: tuple[KindModule, ...] = (
     gpu_idle, exposed_comm, pipeline_bubble, launch_bound, host_sync, dataloader_stall, memcpy, low_mfu,
-    straggler, collective_skew, memory_imbalance,
+    expert_imbalance, straggler, collective_skew, memory_imbalance,
 )
 #: every kind's name, in :data:`REGISTRY`'s order.
 KINDS: tuple[str, ...] = tuple(k.KIND for k in REGISTRY)

@@ -12,7 +12,9 @@ extra time per step); the bound stays as ``bound_ms_per_step``:
 * a per-rank cause (``dataloader_stall``, ``host_sync``, ``exposed_comm``, ``launch_bound``,
   ``gpu_idle``, ``memcpy``): every rank's graph replayed without it (:mod:`..critical_path.variants`);
 * ``straggler``: the slow ranks' time between collectives no longer than the median rank's;
-* ``collective_skew``: every rank's, beyond what the stragglers explain;
+* ``expert_imbalance``: every rank's expert work (the stretches into an MoE combine) at the ranks'
+  mean (redistributed, not deleted: the light ranks take on what the heavy ones shed);
+* ``collective_skew``: every rank's, beyond what the stragglers and the expert imbalance explain;
 * ``pipeline_bubble`` and ``low_mfu`` keep their bound (the graph does not model a schedule with
   more micro-batches, nor faster kernels from higher arithmetic intensity): ``saving_basis``
   says so.
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from torchprof_args.analysis.critical_path.cycle import CycleGraph, Scenario, median_into
+from torchprof_args.analysis.critical_path.cycle import CycleGraph, Scenario, mean_into, median_into
 from torchprof_args.analysis.critical_path.variants import CAUSES
 from torchprof_args.analysis.critical_path.whatif import WhatIf, scenario
 from torchprof_args.analysis.diagnose.finding import Finding
@@ -43,10 +45,14 @@ def _scenario(graph: CycleGraph, finding: Finding,
         return Scenario(), scenario(graph, WhatIf(finding.kind, cause=finding.kind))
     if finding.kind == "straggler":
         return Scenario(), Scenario(into=median_into(graph, list(finding.ranks)))
+    if finding.kind == "expert_imbalance":
+        return Scenario(), Scenario(into=mean_into(graph))
     if finding.kind == "collective_skew":
         slow = next((f for f in found if f.kind == "straggler"), None)
-        base = Scenario(into=median_into(graph, list(slow.ranks))) if slow is not None else Scenario()
-        return base, Scenario(into=median_into(graph, graph.ranks))
+        # the overloaded experts balanced on both sides (the rest of the ranks' work like the median after)
+        moved = mean_into(graph) if any(f.kind == "expert_imbalance" for f in found) else {}
+        base = Scenario(into={**moved, **(median_into(graph, list(slow.ranks)) if slow is not None else {})})
+        return base, Scenario(into={**median_into(graph, graph.ranks), **moved})
     return None
 
 

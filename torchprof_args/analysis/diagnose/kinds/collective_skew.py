@@ -12,9 +12,10 @@ It works from each rank's collective records, which the summary sidecar keeps in
 (:class:`~..documents.CompactRecords`), so 512 ranks are matched without reading a trace (the
 matching is :class:`~..cycle.CycleRanks`'s, shared with ``straggler``).  Below :data:`THRESHOLD`
 it reports nothing: the skew of healthy ranks is launch jitter.  It runs after ``straggler`` (the
-registry's order) and leaves out the waiting the stragglers' extra work explains: a straggler's
-lateness *is* that work.  Ranks on different hosts are compared on their own clocks: a skew below
-the hosts' clock offset is noise (the bound says so).
+registry's order) and leaves out the waiting the stragglers' extra work explains (and that of the
+ranks ``expert_imbalance`` names, run before it): a straggler's lateness *is* that work.  Ranks
+on different hosts are compared on their own clocks: a skew below the hosts' clock offset is noise
+(the bound says so).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import msgspec
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks, union_us
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
-from torchprof_args.analysis.diagnose.kinds import straggler
+from torchprof_args.analysis.diagnose.kinds import expert_imbalance, straggler
 
 __all__ = ["KIND", "LATE_SHARE_MIN_PCT", "SCOPE", "THRESHOLD", "analyze"]
 
@@ -57,8 +58,8 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
         The finding; None without matched collectives or below :data:`THRESHOLD`.
     """
     skew = _skew(ranks, kind_ctx.threshold(THRESHOLD))
-    slow = kind_ctx.earlier_of(straggler.KIND)
-    if skew is None or slow is None:
+    slow = [f for kind in (expert_imbalance.KIND, straggler.KIND) if (f := kind_ctx.earlier_of(kind))]
+    if skew is None or not slow:
         return skew
     return _beyond_stragglers(skew, slow, ranks.step_ms, kind_ctx.threshold(THRESHOLD))
 
@@ -109,13 +110,15 @@ def _skew(ranks: CycleRanks, threshold: Threshold) -> Finding | None:
     )
 
 
-def _beyond_stragglers(skew: Finding, slow: Finding, step_ms: float | None,
+def _beyond_stragglers(skew: Finding, slow: list[Finding], step_ms: float | None,
                        threshold: Threshold) -> Finding | None:
-    """The skew left once the stragglers' extra work is taken out (their lateness *is* that work):
-    the waiting each straggler caused, up to its excess, is subtracted; None when nothing is left
-    above the threshold."""
+    """The skew left once the stragglers' extra work (``straggler``'s, and the overloaded ranks' of
+    ``expert_imbalance``) is taken out (their lateness *is* that work): the waiting each slow rank
+    caused, up to its excess, is subtracted; None when nothing is left above the threshold."""
     caused: dict[str, float] = skew.evidence.get("wait_caused_ms_per_step") or {}
-    excess: dict[str, float] = slow.evidence.get("excess_ms_per_step") or {}
+    excess: dict[str, float] = {}
+    for finding in slow:
+        excess.update(finding.evidence.get("excess_ms_per_step") or {})
     explained = sum(min(caused.get(r, 0.0), x) for r, x in excess.items())
     left = skew.ms_per_step - explained
     if not threshold.reached(left, _share(left, step_ms)):

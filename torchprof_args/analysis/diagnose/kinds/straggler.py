@@ -8,13 +8,17 @@ into the summary sidecar, a few numbers per step); :func:`analyze` names the str
 (:mod:`torchprof_args.shared.stragglers`: work at least 1.05x the median of the *other* ranks' and
 2 ms over it, the 2 ms being :data:`THRESHOLD`), each by its excess per step.
 
+A straggler whose experts receive more than their share of the routed tokens (an earlier
+``expert_imbalance`` finding names it: the registry runs that kind first) is left to that finding:
+its excess is the routed tokens' expert work, whose fix moves the work to the other ranks rather than
+removing it; the ranks left out are listed in ``deferred_to_expert_imbalance``.
+
 Bound of the saving: the others wait for the slowest rank at most its excess, so the job saves at
 most the worst straggler's excess per step (less if the collectives' transfer time grows).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,8 +26,9 @@ import numpy as np
 from torchprof_args.analysis.analyzers.collectives import CommRecord
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
-from torchprof_args.analysis.diagnose.documents import RankDiagnosis, StepWork
+from torchprof_args.analysis.diagnose.documents import StepWork
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
+from torchprof_args.analysis.diagnose.kinds import expert_imbalance
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.trace import StepSpan
 from torchprof_args.shared import stragglers as rule
@@ -55,14 +60,6 @@ def step_work(steps: Sequence[StepSpan], records: Sequence[CommRecord],
     return out
 
 
-def _mean_work(part: RankDiagnosis, waited_us: float | None) -> float | None:
-    if not part.steps:
-        return None
-    if waited_us is None:  # no matched collectives: each rank's own collective time
-        return statistics.fmean(s.work_us for s in part.steps)
-    return max(statistics.fmean(s.dur_us for s in part.steps) - waited_us / len(part.steps), 0.0)
-
-
 def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
     """The straggler finding over one cycle's ranks.
 
@@ -77,9 +74,7 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
     Returns:
         The finding; None with fewer than two timed ranks or no straggler.
     """
-    waits = ranks.waited_us
-    work = {ranks.rank_of(p): w / 1e3 for p in ranks.parts  # ms
-            if (w := _mean_work(p, None if waits is None else waits.get(ranks.rank_of(p), 0.0))) is not None}
+    work = ranks.work_ms
     if len(work) < 2:
         return None
     others = dict(zip(work, rule.others_medians(list(work.values())), strict=True))
@@ -88,6 +83,9 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
     min_ms = kind_ctx.threshold(THRESHOLD).min_ms
     slow = sorted((r for r in work if rule.is_straggler(work[r], others[r], ratio, min_ms)),
                   key=lambda r: -excess[r])
+    overloaded = kind_ctx.earlier_of(expert_imbalance.KIND)
+    deferred = [r for r in slow if overloaded is not None and r in overloaded.ranks]
+    slow = [r for r in slow if r not in deferred]
     if not slow:
         return None
     step = ranks.step_ms or max(work.values())
@@ -111,6 +109,7 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
             "work_ms_per_step": {str(r): round(work[r], 3) for r in sorted(work)[:16]},
             "median_work_ms_of_others": round(others_ms, 3),
             "worst_step": worst_step.name,
+            **({"deferred_to_expert_imbalance": deferred} if deferred else {}),
             "perfetto_rank": worst, "perfetto_ts_us": worst_step.start_us,
         },
     )
