@@ -149,7 +149,8 @@ def _headline(inp: BriefInputs) -> list[BriefLine]:
     hosts = len(set(inp.hosts.values()))
     cycle = doc.cycle if doc is not None else None
     step = doc.step_ms if doc is not None else None
-    head = f"{ranks} ranks" + (f" on {hosts} hosts" if hosts > 1 else "") + (f", {cycle}" if cycle else "")
+    head = (f"{ranks} rank{'s' if ranks != 1 else ''}" + (f" on {hosts} hosts" if hosts > 1 else "")
+            + (f", {cycle}" if cycle else ""))
     if step is not None:
         head += f": step {step:.1f} ms (the slowest rank's mean"
         median = view.distributions.step_mean_us.p50 if view is not None else None
