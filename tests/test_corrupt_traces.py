@@ -34,6 +34,7 @@ COMMANDS = {
     "diagnose": lambda out: ["diagnose", "--no-progress"],
     "mem": lambda out: ["mem", "--no-progress"],
     "critical-path": lambda out: ["critical-path", "--no-progress"],
+    "brief": lambda out: ["brief", "--no-progress"],
 }
 
 

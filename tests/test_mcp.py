@@ -26,7 +26,8 @@ from torchprof_args.mcp_server.server import Options, ToolRunner  # noqa: E402
 from torchprof_args.mcp_server.tools import TOOLS, _digest  # noqa: E402
 
 #: Every command the server offers as a tool.
-TOOL_NAMES = ["diagnose", "critical-path", "summary", "mem", "collectives", "hang", "trend", "diff", "report"]
+TOOL_NAMES = ["brief", "diagnose", "critical-path", "summary", "mem", "collectives", "hang", "trend", "diff",
+              "report"]
 CYCLE = "iter000004-000007"
 WHAT_IF = ["no data loader", "rank 1 like the median"]
 

@@ -20,6 +20,7 @@ import sys
 from typing import Protocol
 
 from torchprof_args.commands import (
+    brief,
     collectives,
     critical_path,
     dashboard,
@@ -51,7 +52,7 @@ class CommandModule(Protocol):
 #: deepspeed or megatron at import time), so that every ``torchprof`` invocation starts fast.
 COMMAND_MODULES: tuple[CommandModule, ...] = (
     flags, trace_tools, mem, collectives, hang, diagnose, critical_path, pyspy, nsys, dashboard, goodput,
-    trend, trigger, mcp,
+    trend, trigger, brief, mcp,
 )
 
 #: The exit-status convention of every command (:class:`~torchprof_args.errors.ExitStatus`), as

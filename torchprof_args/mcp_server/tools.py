@@ -106,6 +106,12 @@ def _collectives_schema() -> dict[str, Any]:
                                  "`torchprof collectives --json` (docs/guides/collectives.md)")
 
 
+def _brief_schema() -> dict[str, Any]:
+    from torchprof_args.analysis.tools.brief import Brief
+
+    return schemas.struct_schema(Brief, "`torchprof brief --json` (docs/guides/brief.md)")
+
+
 def _summary_schema() -> dict[str, Any]:
     from torchprof_args.analysis.summary import CrossRankView, Summary
 
@@ -121,6 +127,17 @@ def _object(description: str, keys: dict[str, str]) -> Callable[[], dict[str, An
 
 
 TOOLS: tuple[Tool, ...] = (
+    Tool("brief", "Start here: one profiled cycle (or a run's latest) in at most max_tokens tokens, the most "
+         "important first: the step time and its trend, the top findings with their savings and ranks, the "
+         "odd ranks out, the critical path's top items, the memory peak, a hang's odd rank, what was not "
+         "recorded. The document of `torchprof brief --json`: text, tokens, dropped.",
+         {"path": _PATH, "cycle": _CYCLE, "reparse": _REPARSE, "align_clocks": _ALIGN,
+          "max_tokens": {"type": "integer", "minimum": 1,
+                         "description": "the most tokens the text may take (cl100k_base; default 2000)"}},
+         ("path",), ("path",),
+         lambda a, _: ["brief", a["path"], "--json", *_options(a, {
+             **_CYCLE_FLAGS, **_CLOCK_FLAGS, "max_tokens": "--max-tokens"})],
+         _brief_schema),
     Tool("diagnose", "What to fix in one profiled cycle: findings ranked by the step time each would "
          "save (ms per step, how it was bounded, evidence with trace timestamps, the remedy), then what the "
          "traces cannot tell. The document of `torchprof diagnose --json`.",
