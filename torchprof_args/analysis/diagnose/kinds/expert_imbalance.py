@@ -92,7 +92,11 @@ def routed_tokens(ranks: CycleRanks) -> RoutedTokens | None:
         which = experts_side(pairs) or 0
         records = ranks.members.get(inst["id"], {})
         rows = {r: records[r].row_bytes if r in records else None for r in pairs}
+        if len({size for size in rows.values() if size}) > 1:
+            continue  # rows of different sizes: not one all-to-all (an order-matched pair gone wrong)
         sides.append((inst, {r: p[which] for r, p in pairs.items()}, rows))
+    if not sides:
+        return None
     in_tokens = all(size for _, _, rows in sides for size in rows.values())
     total: dict[int, float] = defaultdict(float)
     heaviest: dict[int, tuple[float, CollectiveInstance]] = {}
