@@ -70,6 +70,14 @@ class ClockAlignment(msgspec.Struct, frozen=True):
         clock = self.host_of(rank) if self.aligned else None
         return clock.offset_at(t_us) if clock is not None else 0.0
 
+    def uncertainty_between_us(self, rank_a: int, rank_b: int) -> float:
+        """How far apart two of ``rank_a``'s and ``rank_b``'s aligned times may be put that were the
+        same moment: 0 on one host (or not aligned), else the sum of the two hosts' uncertainties."""
+        a, b = self.host_of(rank_a), self.host_of(rank_b)
+        if not self.aligned or a is None or b is None or a.host == b.host:
+            return 0.0
+        return a.uncertainty_us + b.uncertainty_us
+
     def text(self) -> str:
         """What was done: ``2 hosts aligned on 96 collectives; host b +50.02 ms (+-0.21)``."""
         if len(self.hosts) < 2:

@@ -273,6 +273,7 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
     members: dict[int, dict[int, CommRecord]] = {}
     match = match_collectives(comms, top=0, members=members)
     graph.instances = match["instances"]
+    clock = graph.clock
     dropped = unmatched = 0
     for index, found in members.items():
         arrivals = [(r, positions[r][id(rec)]) for r, rec in found.items()]
@@ -283,12 +284,16 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
             continue
         if experts_side(graph.instances[index]["bytes_by_rank"]) == 0:
             graph.expert_arrivals.update(arrivals)
-        last = max(graph.measured[a] for a, _ in nodes)
+        last_arrival = max((a for a, _ in nodes), key=lambda a: graph.measured[a])
+        last = graph.measured[last_arrival]
         j = graph.add(J, -1, index, last)
         graph.members[j] = [a for a, _ in nodes]
         for a, e in nodes:
-            if graph.measured[e] >= last:
-                transfer = graph.measured[e] - last
+            # on another host the two times are as far apart as the clocks' stated uncertainty: a
+            # completion that early is joined with no transfer (the replay puts it at the arrival)
+            slack = clock.uncertainty_between_us(graph.rank[e], graph.rank[last_arrival]) if clock else 0.0
+            if graph.measured[e] >= last - slack:
+                transfer = max(graph.measured[e] - last, 0.0)
                 graph.joined[e] = (j, transfer)
                 graph.local[e] = (a, transfer)  # its own arrival plus the transfer, at least
                 graph.joins += 1
@@ -299,8 +304,9 @@ def _join(graph: CycleGraph, records: dict[int, list[CommRecord]]) -> None:
         graph.notes.append(f"{unmatched} collective records have no counterpart on the other ranks: "
                            "their time is taken as measured on their rank")
     if dropped:
-        graph.notes.append(f"{dropped} collective completions precede the last rank's arrival (the hosts' "
-                           "clocks, or the matching of the collectives, disagree): those joins were left out")
+        graph.notes.append(f"{dropped} collective completions precede the last rank's arrival by more than "
+                           "the hosts' clocks' uncertainty (the clocks, or the matching of the collectives, "
+                           "disagree): those joins were left out")
 
 
 def work_per_step(graph: CycleGraph, scenario: Scenario | None = None) -> dict[int, float]:
