@@ -7,6 +7,7 @@ critical path, and neither a balanced router nor FSDP2 gives one."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -225,3 +226,52 @@ def test_a_balanced_router_or_a_job_without_experts_has_no_expert_imbalance(
         job: tuple[str, ...], traced: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
     report = _diagnosis(traced(*job), capsys)
     assert not any(f["kind"] == "expert_imbalance" for f in report["findings"]), report["findings"]
+
+
+def _start_overlapping_runs_swapped(cycle: Path, into: Path) -> int:
+    """Copies of ``cycle``'s traces (without their sidecars) in which two gloo runs on different
+    worker threads, the second issued before the first started, swap their starts: what gloo's two
+    worker threads do on a loaded host (an MoE dispatch and the expert ids issued after it).
+    Returns the pairs swapped."""
+    into.mkdir(parents=True)
+    swapped = 0
+    for path in sorted(cycle.glob("*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        complete = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        runs = sorted((e for e in complete if e["name"].startswith("gloo:")), key=lambda e: e["ts"])
+        issues = sorted((e for e in complete if e["name"].startswith("c10d::")), key=lambda e: e["ts"])
+
+        def issued(run: dict) -> float:
+            """When the operator with the run's tensor issued it (the latest before the run)."""
+            shape = run["args"]["Input Dims"][0]
+            return max(e["ts"] for e in issues if e["ts"] <= run["ts"] and shape in e["args"]["Input Dims"])
+
+        moved: set[int] = set()
+        for first, second in zip(runs, runs[1:]):
+            if (first["tid"] != second["tid"] and first["ts"] + first["dur"] > second["ts"]
+                    and not {id(first), id(second)} & moved and issued(second) < first["ts"]):
+                first["ts"], second["ts"] = second["ts"], first["ts"]
+                moved |= {id(first), id(second)}
+                swapped += 1
+        (into / path.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return swapped
+
+
+@pytest.mark.slow
+def test_runs_gloo_starts_out_of_order_are_matched_as_issued(traced: Callable[..., Path], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """On a loaded host gloo's worker threads start the dispatch and the expert ids issued after it
+    out of order: the runs are tied to their operators by their shapes and matched across ranks in
+    the order issued, so the routed tokens and the finding are those of the traces as recorded."""
+    cycle = next(traced("moe", *HEAVY_MOE).glob("iter*"))
+    swapped = tmp_path / "swapped" / cycle.name
+    assert _start_overlapping_runs_swapped(cycle, swapped) >= 2
+    as_recorded = _diagnosis(cycle, capsys)["findings"][0]
+    reordered = _diagnosis(swapped, capsys)["findings"][0]
+    assert as_recorded["kind"] == reordered["kind"] == "expert_imbalance", reordered
+    for name in ("tokens_per_rank", "all_to_alls"):
+        assert reordered["evidence"][name] == as_recorded["evidence"][name], name
+    assert torchprof(["collectives", str(swapped), "--json", "--no-progress"]) == 0
+    for instance in (i for i in json.loads(capsys.readouterr().out)["instances"] if i["bytes_by_rank"]):
+        pairs = instance["bytes_by_rank"].values()  # each byte sent is received: one all-to-all
+        assert sum(sent for sent, _ in pairs) == sum(received for _, received in pairs), instance

@@ -121,5 +121,7 @@ def aligned_comms(rc: RankComms, clock: ClockAlignment) -> RankComms:
     host = clock.host_of(rc.rank) if clock.aligned else None
     if host is None or (host.offset_us == 0.0 and host.drift_us_per_s is None):
         return rc
-    records = [replace(r, start_us=r.start_us + host.offset_at(r.start_us)) for r in rc.records]
+    records = [replace(r, start_us=r.start_us + host.offset_at(r.start_us),
+                       issued_us=None if r.issued_us is None else r.issued_us + host.offset_at(r.issued_us))
+               for r in rc.records]
     return replace(rc, records=records)

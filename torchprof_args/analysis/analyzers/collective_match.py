@@ -7,7 +7,9 @@ Matching uses the strongest key every trace records:
 3. else (no process group recorded) the order on each NCCL stream within each ProfilerStep (one
    stream per communicator), or, on the CPU, the order of each collective type within each step.
 
-Orders are aligned, not just counted: each rank's sequence is aligned to the longest one on
+An order is the order issued where the trace gives it (gloo: each run's c10d operator on the
+training thread, :attr:`~.collectives.CommRecord.issued_us`; its worker threads may start two queued
+runs out of order), else the order of the starts.  Orders are aligned, not just counted: each rank's sequence is aligned to the longest one on
 (collective type, message size where it must be the same on every rank), so a record one rank
 lacks (a sampled trace) leaves it unmatched instead of shifting everything after it.
 
@@ -225,6 +227,8 @@ def _aligned_keys(ranks: Sequence[RankComms], mode: str, streams: dict[int, dict
             by_channel[_channel(record, mode, streams.get(rc.rank, {}))][rc.rank].append(record)
     out: dict[int, list[tuple[tuple[Any, ...], CommRecord]]] = defaultdict(list)
     for channel, per_rank in by_channel.items():
+        for records in per_rank.values():  # in the order issued, which the runs' starts may swap
+            records.sort(key=lambda r: r.start_us if r.issued_us is None else r.issued_us)
         reference = max(per_rank, key=lambda rank: (len(per_rank[rank]), -rank))
         wanted = [_signature(r) for r in per_rank[reference]]
         for rank, records in per_rank.items():

@@ -136,6 +136,9 @@ class CommRecord:
     #: dimensions after the first times the element size), from the shapes; None where not recorded.
     #: Rows (tokens) moved: ``nbytes`` or ``recv_bytes`` over it.
     row_bytes: int | None = None
+    #: When the training thread issued it (gloo: its c10d operator; None where not known): the order
+    #: of a process group's work, which the runs' starts on gloo's worker threads may swap.
+    issued_us: float | None = None
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CommRecord))
@@ -363,33 +366,70 @@ def backend_of(runs: Sequence[str]) -> str:
     return found.most_common(1)[0][0] if found else "gloo"
 
 
-def match_issues(issues: Sequence[tuple[Hashable, float]],
-                 runs: Sequence[tuple[Hashable, float]]) -> dict[int, int]:
+#: how many of a queue's issues, from its first not yet run, a run may be matched to: gloo's worker
+#: threads (2 by default) run a process group's queue in order but may start two runs out of order.
+ISSUE_WINDOW = 4
+
+
+def match_issues(issues: Sequence[tuple[Hashable, float]], runs: Sequence[tuple[Hashable, float]],
+                 issue_shapes: Sequence[frozenset[str]] | None = None,
+                 run_shapes: Sequence[str | None] | None = None) -> dict[int, int]:
     """Which issue each run is: ``run index -> issue index``, where each is ``(key, start)`` and the key
     says which queue (the process and the collective gloo runs, :func:`run_kind`).  gloo runs a
     process group's work in the order it was issued, so the n-th run of a key is the n-th issue of
     it, once that issue has started (a run whose issue is before the trace is not matched, and does
-    not shift the others)."""
+    not shift the others).  Its worker threads may start two queued runs out of order (an MoE
+    dispatch and the expert ids sent beside it): with shapes (``run_shapes``: a run's tensor shape;
+    ``issue_shapes``: the shapes of its operator's tensors), a run takes the first of the next
+    :data:`ISSUE_WINDOW` issues whose tensors include its own, else the next one."""
     queues: dict[Hashable, list[int]] = defaultdict(list)
     for index in sorted(range(len(issues)), key=lambda i: issues[i][1]):
         queues[issues[index][0]].append(index)
-    taken: dict[Hashable, int] = defaultdict(int)
+    taken: set[int] = set()
+    head: dict[Hashable, int] = defaultdict(int)
     found: dict[int, int] = {}
     for index in sorted(range(len(runs)), key=lambda i: runs[i][1]):
         key, start = runs[index]
-        queue, at = queues.get(key, []), taken[key]
-        if at < len(queue) and issues[queue[at]][1] <= start:
-            found[index] = queue[at]
-            taken[key] = at + 1
+        queue = queues.get(key, [])
+        while head[key] < len(queue) and queue[head[key]] in taken:
+            head[key] += 1
+        window = [i for i in queue[head[key]:head[key] + 2 * ISSUE_WINDOW] if i not in taken][:ISSUE_WINDOW]
+        started = [i for i in window if issues[i][1] <= start]
+        if not started:
+            continue
+        shape = run_shapes[index] if run_shapes is not None else None
+        same = [i for i in started if issue_shapes is not None and shape in issue_shapes[i]]
+        chosen = same[0] if shape is not None and same else started[0]
+        found[index] = chosen
+        taken.add(chosen)
     return found
+
+
+def _run_shape(row: dict[str, Any]) -> str | None:
+    """A run's tensor shape (its first), as text; None where the shapes were not recorded."""
+    shapes = _shapes(row.get("input_dims"))
+    return shapes[0] if shapes else None
+
+
+def _shapes(dims: str | None) -> list[str]:
+    """The non-empty tensor shapes of an event's ``Input Dims`` (recorded JSON), each as text."""
+    try:
+        found = json.loads(dims or "null")
+    except ValueError:
+        return []
+    if not isinstance(found, list):
+        return []
+    return [json.dumps(d) for d in found if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
 
 
 def _issuers(rows: list[dict[str, Any]], issued: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """Per row of ``rows`` (gloo's collectives, on its worker threads), the c10d operator that issued
-    it (``issued``: on the training threads), or None (:func:`match_issues`)."""
+    it (``issued``: on the training threads), or None (:func:`match_issues`, with their shapes)."""
     backend = backend_of([row["name"] for row in rows])
     found = match_issues([(run_kind(op["name"], backend), op["ts"]) for op in issued],
-                         [(canonical_kind(row["name"]), row["ts"]) for row in rows])
+                         [(canonical_kind(row["name"]), row["ts"]) for row in rows],
+                         [frozenset(_shapes(op.get("input_dims"))) for op in issued],
+                         [_run_shape(row) for row in rows])
     return [issued[found[i]] if i in found else None for i in range(len(rows))]
 
 
@@ -428,6 +468,8 @@ def _from_cpu(rows: list[dict[str, Any]], params: list[dict[str, Any]], base_us:
         channel = f"pg {fields['pg_name']}" if fields.get("pg_name") is not None else kind
         step = step_of.at(row["ts"])
         record = _record(kind, row, fields, base_us, step, channel, world_size, algorithm)
+        if issuer is not None:
+            record.issued_us = issuer["ts"] + base_us
         if kind == "all_to_all" and issuer is not None:
             record.recv_bytes = _received_bytes(issuer, record.dtype)
             record.row_bytes = _row_bytes(issuer, record.dtype)
