@@ -8,6 +8,7 @@ critical path, and neither a balanced router nor FSDP2 gives one."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -240,21 +241,21 @@ def _start_overlapping_runs_swapped(cycle: Path, into: Path) -> int:
         complete = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
         runs = sorted((e for e in complete if e["name"].startswith("gloo:")), key=lambda e: e["ts"])
         issues = sorted((e for e in complete if e["name"].startswith("c10d::")), key=lambda e: e["ts"])
-
-        def issued(run: dict) -> float:
-            """When the operator with the run's tensor issued it (the latest before the run)."""
-            shape = run["args"]["Input Dims"][0]
-            return max(e["ts"] for e in issues if e["ts"] <= run["ts"] and shape in e["args"]["Input Dims"])
-
         moved: set[int] = set()
-        for first, second in zip(runs, runs[1:]):
+        for first, second in itertools.pairwise(runs):
             if (first["tid"] != second["tid"] and first["ts"] + first["dur"] > second["ts"]
-                    and not {id(first), id(second)} & moved and issued(second) < first["ts"]):
+                    and not {id(first), id(second)} & moved and _issued(second, issues) < first["ts"]):
                 first["ts"], second["ts"] = second["ts"], first["ts"]
                 moved |= {id(first), id(second)}
                 swapped += 1
         (into / path.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
     return swapped
+
+
+def _issued(run: dict, issues: list[dict]) -> float:
+    """When the operator with ``run``'s tensor issued it (the latest such operator before the run)."""
+    shape = run["args"]["Input Dims"][0]
+    return max(e["ts"] for e in issues if e["ts"] <= run["ts"] and shape in e["args"]["Input Dims"])
 
 
 @pytest.mark.slow

@@ -8,10 +8,11 @@ Matching uses the strongest key every trace records:
    stream per communicator), or, on the CPU, the order of each collective type within each step.
 
 An order is the order issued where the trace gives it (gloo: each run's c10d operator on the
-training thread, :attr:`~.collectives.CommRecord.issued_us`; its worker threads may start two queued
-runs out of order), else the order of the starts.  Orders are aligned, not just counted: each rank's sequence is aligned to the longest one on
-(collective type, message size where it must be the same on every rank), so a record one rank
-lacks (a sampled trace) leaves it unmatched instead of shifting everything after it.
+training thread, :attr:`~.collectives.CommRecord.issued_us`; its worker threads may start two
+queued runs out of order), else the order of the starts.  Orders are aligned, not just counted:
+each rank's sequence is aligned to the longest one on (collective type, message size where it must
+be the same on every rank), so a record one rank lacks (a sampled trace) leaves it unmatched
+instead of shifting everything after it.
 
 The fallbacks are said in the result (``matched_by``), and an instance whose ranks recorded
 different collective types is counted in the notes: that is what a wrong fallback looks like.
