@@ -242,7 +242,7 @@ def test_the_registry_orders_the_kinds_that_read_earlier_findings():
     after those."""
     assert [k.KIND for k in PER_RANK][-1] == "low_mfu"
     assert [k.KIND for k in CROSS_RANK] == ["expert_imbalance", "straggler", "collective_skew",
-                                            "memory_imbalance"]
+                                            "memory_imbalance", "mfu_disagreement"]
     scopes = [k.SCOPE for k in REGISTRY]
     assert scopes == [Scope.PER_RANK] * len(PER_RANK) + [Scope.CROSS_RANK] * len(CROSS_RANK)
 

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.device_peaks import DTYPES
-from torchprof_args.errors import ExitStatus
+from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float
+from torchprof_args.naming import METRICS_FILENAME
 
 if TYPE_CHECKING:
     from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+    from torchprof_args.analysis.diagnose.step_timers import FormulaFlops
 
 __all__ = ["register"]
 
@@ -43,8 +46,27 @@ def _diagnosis(args: argparse.Namespace) -> tuple[JobDiagnosis, int]:
     doc = diagnose([r.diagnosis for r in done if r.diagnosis is not None], args.path, cycle_text,
                    peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
                    paths=graphs if len(graphs) == len(done) else None, memory=[m for _, m in got.memory],
-                   align_clocks=args.align_clocks)
+                   align_clocks=args.align_clocks, formula=_formula(args, [r.path for r in done]))
     return doc, ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
+
+
+def _formula(args: argparse.Namespace, traces: list[Path]) -> FormulaFlops | None:
+    """The step timers' FLOPs (``mfu_disagreement``): from ``--metrics``, else the ``metrics.jsonl``
+    beside the traces; None where there is none or it logs no ``throughput``."""
+    from torchprof_args.analysis.diagnose.step_timers import find_metrics, formula_flops
+
+    path = Path(args.metrics) if args.metrics else find_metrics(traces, within=args.roots)
+    if path is not None and path.is_dir():
+        path = path / METRICS_FILENAME
+    if path is None or (not args.metrics and not path.is_file()):
+        return None
+    try:
+        return formula_flops(path, traces)
+    except OSError as err:
+        raise CommandError(f"--metrics {args.metrics}: {err.strerror or err}: give a run's metrics.jsonl "
+                           "(or its --metrics-dir)") from None
+    except ValueError as err:
+        raise CommandError(f"{path}: not a readable metrics.jsonl ({err})") from None
 
 
 def _document(args: argparse.Namespace) -> tuple[Any, int]:
@@ -86,6 +108,11 @@ def register(subparsers: Subparsers) -> None:
                         "trace's device name)")
     p.add_argument("--peak-dtype", choices=DTYPES, default="bf16",
                    help="which of the table's peaks low_mfu compares with (default: bf16)")
+    p.add_argument("--metrics", default=None, metavar="FILE",
+                   help="the run's metrics.jsonl (or its --metrics-dir), whose step timers' FLOPs "
+                        "mfu_disagreement compares with the traces' (default: one beside the traces, in "
+                        "the cycle folder or up to two folders above)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run, document=_document)
+    # roots: the folders a metrics.jsonl found beside the traces must lie in (torchprof mcp's; None: any)
+    p.set_defaults(func=_run, document=_document, roots=None)
 

@@ -79,6 +79,7 @@ class ToolRunner:
             argv = self.argv(tool, arguments)
             args = self._parse(argv)
             args.no_progress = True
+            args.roots = self.options.roots.dirs  # what a command finds beside its inputs stays inside
             with contextlib.redirect_stderr(said):
                 doc, status = args.document(args)
         except (CommandError, TorchProfileArgsError) as err:

@@ -30,6 +30,7 @@ from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK
 from torchprof_args.analysis.diagnose.savings import on_the_graph
+from torchprof_args.analysis.diagnose.step_timers import FormulaFlops
 from torchprof_args.analysis.memory.categories import MemoryPart
 
 __all__ = ["diagnose", "merge_kind"]
@@ -65,10 +66,10 @@ def merge_kind(findings: Sequence[Finding], n_ranks: int, step_ms: float | None)
     )
 
 
-def _cross_rank(ranks: CycleRanks) -> list[Finding]:
+def _cross_rank(ranks: CycleRanks, formula: FormulaFlops | None) -> list[Finding]:
     """The registry's cross-rank kinds in order, each told the findings before it."""
     found: list[Finding] = []
-    kind_ctx = KindContext()
+    kind_ctx = KindContext(formula=formula)
     for kind in CROSS_RANK:
         result = kind.analyze(ranks, kind_ctx.after(found))
         if isinstance(result, Finding):
@@ -110,7 +111,7 @@ def with_mfu_judged(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
 def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None = None, *,
              peak_tflops: float | None = None, dtype: str = "bf16",
              paths: Sequence[RankPaths] | None = None, memory: Sequence[MemoryPart] = (),
-             align_clocks: bool = True) -> JobDiagnosis:
+             align_clocks: bool = True, formula: FormulaFlops | None = None) -> JobDiagnosis:
     """The job's diagnosis from one cycle's rank parts (``--json``'s schema).
 
     Args:
@@ -123,6 +124,7 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
             critical path's (:mod:`.savings`); None: the per-rank bounds.
         memory: the ranks' memory parts (``memory_imbalance``), when read.
         align_clocks: whether the hosts' clocks are aligned (False: estimated and said, not applied).
+        formula: the step timers' FLOPs per GPU and iteration (``mfu_disagreement``), where logged.
 
     Returns:
         The :class:`JobDiagnosis`: findings by saving (largest first), then the gaps.
@@ -137,7 +139,7 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
             finding = msgspec.structs.replace(item, ranks=(ranks.rank_of(part),))
             by_kind.setdefault(finding.kind, []).append(finding)
     findings = [merge_kind(group, len(ranks.parts), ranks.step_ms) for group in by_kind.values()]
-    findings += _cross_rank(ranks)
+    findings += _cross_rank(ranks, formula)
     notes: list[str] = []
     if paths is not None and len(paths) == len(ranks.parts):
         numbered = {id(p): ranks.rank_of(ranks.parts[i]) for i, p in enumerate(paths)}

@@ -41,6 +41,7 @@ from torchprof_args.analysis.diagnose.kinds import (
     low_mfu,
     memcpy,
     memory_imbalance,
+    mfu_disagreement,
     pipeline_bubble,
     straggler,
 )
@@ -72,7 +73,7 @@ class CrossRankKind(KindModule, Protocol):
 #: every kind, in evaluation and documentation order (per-rank kinds first, then cross-rank ones).
 REGISTRY: tuple[KindModule, ...] = (
     gpu_idle, exposed_comm, pipeline_bubble, launch_bound, host_sync, dataloader_stall, memcpy, low_mfu,
-    expert_imbalance, straggler, collective_skew, memory_imbalance,
+    expert_imbalance, straggler, collective_skew, memory_imbalance, mfu_disagreement,
 )
 #: every kind's name, in :data:`REGISTRY`'s order.
 KINDS: tuple[str, ...] = tuple(k.KIND for k in REGISTRY)
