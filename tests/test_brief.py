@@ -166,7 +166,7 @@ def test_every_budget_is_kept_on_the_512_rank_cycle(bench_cycle: Path, cl100k: T
     from torchprof_args.commands.brief import _inputs
 
     args = argparse.Namespace(path=str(bench_cycle), cycle=None, reparse=False, workers=None,
-                              no_progress=True, align_clocks=True, command="brief")
+                              no_progress=True, align_clocks=True, command="brief", roots=None)
     inp, _ = _inputs(args)
     for budget in (1, 10, 40, 80, 150, 300, 600, 2000):
         got = brief(inp, budget)

@@ -77,6 +77,7 @@ def _inputs(args: argparse.Namespace) -> tuple[BriefInputs, int]:
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY, SUMMARY
     from torchprof_args.analysis.critical_path.job_paths import critical_path
     from torchprof_args.analysis.diagnose.job_findings import diagnose
+    from torchprof_args.analysis.diagnose.step_timers import formula_beside
     from torchprof_args.analysis.memory.report import memory_report
     from torchprof_args.analysis.summary.cross_rank import cross_rank
     from torchprof_args.analysis.tools.brief import BriefInputs
@@ -94,7 +95,8 @@ def _inputs(args: argparse.Namespace) -> tuple[BriefInputs, int]:
                          progress=False).memory
     diagnosis = diagnose(ranks, args.path, cycle_text,
                          paths=graphs if graphs and len(graphs) == len(done) else None,
-                         memory=[m for _, m in memory], align_clocks=args.align_clocks)
+                         memory=[m for _, m in memory], align_clocks=args.align_clocks,
+                         formula=formula_beside([r.path for r in done], args.roots))
     summaries = [r.summary for r in got.results if r is not None and r.summary is not None]
     view = cross_rank(summaries) if len(summaries) > 1 else None
     critical = (critical_path(graphs, args.path, cycle_text, align_clocks=args.align_clocks)
@@ -157,4 +159,4 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run, document=_document)
+    p.set_defaults(func=_run, document=_document, roots=None)  # roots: as diagnose's

@@ -53,13 +53,13 @@ def _diagnosis(args: argparse.Namespace) -> tuple[JobDiagnosis, int]:
 def _formula(args: argparse.Namespace, traces: list[Path]) -> FormulaFlops | None:
     """The step timers' FLOPs (``mfu_disagreement``): from ``--metrics``, else the ``metrics.jsonl``
     beside the traces; None where there is none or it logs no ``throughput``."""
-    from torchprof_args.analysis.diagnose.step_timers import find_metrics, formula_flops
+    from torchprof_args.analysis.diagnose.step_timers import formula_beside, formula_flops
 
-    path = Path(args.metrics) if args.metrics else find_metrics(traces, within=args.roots)
-    if path is not None and path.is_dir():
+    if not args.metrics:
+        return formula_beside(traces, args.roots)
+    path = Path(args.metrics)
+    if path.is_dir():
         path = path / METRICS_FILENAME
-    if path is None or (not args.metrics and not path.is_file()):
-        return None
     try:
         return formula_flops(path, traces)
     except OSError as err:

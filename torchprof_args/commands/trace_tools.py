@@ -61,6 +61,7 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, wi
     from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, DIAGNOSIS, MEMORY
     from torchprof_args.analysis.critical_path.job_paths import critical_path
     from torchprof_args.analysis.diagnose.job_findings import diagnose
+    from torchprof_args.analysis.diagnose.step_timers import formula_beside
     from torchprof_args.analysis.jsonout import finite
     from torchprof_args.analysis.memory.report import memory_report
 
@@ -75,7 +76,8 @@ def _diagnosis(files: list[Any], args: argparse.Namespace, label: str | None, wi
     graphs = [r.critical_path for r in done if r.critical_path is not None]
     whole = len(graphs) == len(done)
     job = diagnose([r.diagnosis for r in done if r.diagnosis is not None], label or "", label,
-                   paths=graphs if whole else None, memory=[m for _, m in memory])
+                   paths=graphs if whole else None, memory=[m for _, m in memory],
+                   formula=formula_beside([r.path for r in done], args.roots))
     return job, critical_path(graphs, label or "", label) if whole and graphs else None, memory_doc
 
 
@@ -199,7 +201,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
     p.add_argument("--slowest", type=positive_int, default=5,
                    help="slowest ranks listed when none is a straggler")
-    p.set_defaults(func=_report, document=_report_document)
+    p.set_defaults(func=_report, document=_report_document, roots=None)  # roots: as diagnose's
 
     p = subparsers.add_parser(
         "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
@@ -219,7 +221,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
                    help="a CI gate: after the diff, exit with status 3 naming each step figure (mean over "
                    "ranks, slowest rank's) slower by more than PCT percent, and each operator or kernel "
                    "whose added time per step is more than PCT percent of BASE's mean step")
-    p.set_defaults(func=_diff, document=_diff_document)
+    p.set_defaults(func=_diff, document=_diff_document, roots=None)  # roots: as diagnose's
 
 
 def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torchprof_args.naming import METRICS_FILENAME, cycle_of_name
 
-__all__ = ["FormulaFlops", "find_metrics", "formula_flops"]
+__all__ = ["FormulaFlops", "find_metrics", "formula_beside", "formula_flops"]
 
 #: folders above a trace searched for ``metrics.jsonl``: its cycle folder, the profile folder, the run.
 _LEVELS = 3
@@ -94,3 +94,16 @@ def formula_flops(path: Path, traces: Sequence[Path]) -> FormulaFlops | None:
     mfus = [r.metrics["mfu"] for r in covering if r.metrics.get("mfu")]
     return FormulaFlops(flops_per_gpu=flops, path=str(path), intervals=len(covering),
                         traced=covering is not logged, mfu_percent=statistics.median(mfus) if mfus else None)
+
+
+def formula_beside(traces: Sequence[Path], within: Sequence[str] | None = None) -> FormulaFlops | None:
+    """The step timers' FLOPs from the ``metrics.jsonl`` beside ``traces`` (:func:`find_metrics`),
+    None where there is none or it cannot be read (a best effort: ``diagnose --metrics`` names a
+    file and is told why it cannot be read)."""
+    path = find_metrics(traces, within)
+    if path is None:
+        return None
+    try:
+        return formula_flops(path, traces)
+    except (OSError, ValueError):
+        return None
