@@ -153,18 +153,18 @@ def _moment(allocs: Allocations, replay: _Replay, index: int) -> Moment:
 
 
 def _sites(allocs: Allocations, rows: np.ndarray, top: int = TOP_SITES) -> list[Site]:
-    """The largest call sites among ``rows`` (their bytes, blocks and main category)."""
-    sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0] + [0] * len(MEMORY_CATEGORIES))
+    """The largest call sites among ``rows``, each with its bytes and blocks of one category (a
+    site whose blocks are of several categories, such as the memory held before the window, is one
+    entry per category: every figure is its category's)."""
+    sizes: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
     for row in rows.tolist():
         site = allocs.places[int(allocs.where[row])].site or (
             BEFORE_WINDOW if allocs.start[row] == -np.inf else "<unknown>")
-        entry = sizes[site]
-        size = int(allocs.size[row])
-        entry[0] += size
+        entry = sizes[(site, int(allocs.category[row]))]
+        entry[0] += int(allocs.size[row])
         entry[1] += 1
-        entry[2 + int(allocs.category[row])] += size
     ranked = sorted(sizes.items(), key=lambda kv: -kv[1][0])[:top]
-    return [Site(site, v[0], v[1], MEMORY_CATEGORIES[int(np.argmax(v[2:]))]) for site, v in ranked]
+    return [Site(site, v[0], v[1], MEMORY_CATEGORIES[category]) for (site, category), v in ranked]
 
 
 def _step(allocs: Allocations, replay: _Replay, backward: np.ndarray, name: str, start: float,

@@ -28,7 +28,7 @@ PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(M
 #: the phases of a training step.
 PHASES = ("forward", "backward", "after_backward", "optimizer", "zero_grad", "other")
 #: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
-MEMORY_FORMAT = 2  # 2: FSDP2 parameters sized by their shards
+MEMORY_FORMAT = 3  # 2: FSDP2 parameters sized by their shards; 3: a site per category
 
 
 def human_bytes(n: float | None) -> str:
@@ -85,7 +85,7 @@ class Moment(msgspec.Struct, frozen=True):
 
 
 class Site(msgspec.Struct, frozen=True):
-    """Live bytes allocated at one call site, with their (main) category."""
+    """Live bytes of one category allocated at one call site."""
 
     site: str
     bytes: int

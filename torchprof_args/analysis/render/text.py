@@ -65,6 +65,10 @@ def _memory_lines(summary: Summary) -> list[str]:
             f"  {m.device:<10} {_bytes(m.peak_allocated_bytes):>16} "
             f"{_bytes(m.peak_reserved_bytes):>16} {m.samples:>9}"
         )
+    if any(m.device == "cpu" for m in mem):
+        lines.append("  cpu: what was allocated while recording only (the CPU allocator's totals in a "
+                     "trace); `torchprof mem` adds the memory held from before the window (parameters, "
+                     "optimizer state), so its peak is larger")
     return lines
 
 
