@@ -32,6 +32,13 @@ A drift (one clock running faster) is estimated where 16 or more collectives spa
 (Theil-Sen's slope, scipy) and applied when the change it makes over the window exceeds the
 uncertainty and its 95 % interval excludes zero.
 
+Where a host shares fewer than 3 such collectives (a window of a step or two), the ends of the steps
+every rank recorded, each bounded by a collective every rank waits in, are read with them (basis "step
+boundaries"): one moment, off by how much the ranks' work after that collective differs, measured
+without a clock (each rank's time from that collective's end to its step's end) and a floor of the
+uncertainty; no causality bound.  The estimator takes its readings as :class:`SharedMoment` from
+any source (:func:`clocks_from_moments`): ``torchprof hang`` gives it the flight recorder's records.
+
 A single host needs none of it; traces that do not say their host are taken as one clock.
 """
 
