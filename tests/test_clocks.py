@@ -95,7 +95,8 @@ def test_one_host_is_one_clock(tmp_path, capsys):
     assert doc["clock"] == {"hosts": [{"host": "vm", "ranks": [0, 1], "offset_us": 0.0, "uncertainty_us": 0.0,
                                        "collectives": 0, "bounds_us": None, "drift_us_per_s": None,
                                        "at_us": 0.0}],
-                            "aligned": False, "collectives": 0, "reason": "one host: one clock"}
+                            "aligned": False, "collectives": 0, "reason": "one host: one clock",
+                            "basis": None, "boundaries": 0}
     assert torchprof(["diagnose", str(original[0].parent), "--no-progress"]) == 0
     assert "clock:" not in capsys.readouterr().out
 

@@ -53,12 +53,18 @@ class ClockAlignment(msgspec.Struct, frozen=True):
         collectives: the collectives shared by two or more hosts.
         reason: why nothing was applied (one host, hosts not recorded, too few shared
             collectives, alignment turned off); None when aligned.
+        basis: what the offsets rest on: "collectives" (their ends), "step boundaries" (too few
+            collectives: those and the ends of the steps bounded by one every rank waits in),
+            "flight recorder" (``torchprof hang``: its records); None where nothing was estimated.
+        boundaries: the step ends read besides the collectives ("step boundaries").
     """
 
     hosts: list[HostClock]
     aligned: bool
     collectives: int
     reason: str | None = None
+    basis: str | None = None
+    boundaries: int = 0
 
     def host_of(self, rank: int) -> HostClock | None:
         """The clock of ``rank``'s host (None: not one of the ranks read)."""
@@ -84,9 +90,18 @@ class ClockAlignment(msgspec.Struct, frozen=True):
             return self.reason or "one host: one clock"
         moved = _moved_text(self.hosts[1:])
         if self.aligned:
-            return f"{len(self.hosts)} hosts aligned on {self.collectives} collectives; {moved}"
+            return f"{len(self.hosts)} hosts aligned on {self._readings()}; {moved}"
         estimated = f"; estimated {moved}" if any(h.collectives for h in self.hosts[1:]) else ""
         return f"{len(self.hosts)} hosts, not aligned ({self.reason}){estimated}"
+
+    def _readings(self) -> str:
+        """What the offsets rest on, in words: ``4 collectives``, ``2 collectives and 2 step ends``."""
+        if self.basis == "step boundaries":
+            return (f"{self.collectives} collectives and {self.boundaries} step ends after one "
+                    f"(too few collectives)")
+        if self.basis == "flight recorder":
+            return f"{self.collectives} flight-recorder collectives"
+        return f"{self.collectives} collectives"
 
     def line(self) -> str | None:
         """``clock: ...`` (:meth:`text`) where the ranks ran on several hosts; None on one."""

@@ -32,6 +32,13 @@ A drift (one clock running faster) is estimated where 16 or more collectives spa
 (Theil-Sen's slope, scipy) and applied when the change it makes over the window exceeds the
 uncertainty and its 95 % interval excludes zero.
 
+Where a host shares fewer than 3 such collectives (a window of a step or two), the ends of the steps
+every rank recorded, each bounded by a collective every rank waits in, are read with them (basis "step
+boundaries"): one moment, off by how much the ranks' work after that collective differs, measured
+without a clock (each rank's time from that collective's end to its step's end) and a floor of the
+uncertainty; no causality bound.  The estimator takes its readings as :class:`SharedMoment` from
+any source (:func:`clocks_from_moments`): ``torchprof hang`` gives it the flight recorder's records.
+
 A single host needs none of it; traces that do not say their host are taken as one clock.
 """
 
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,10 +54,16 @@ from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, Ho
 from torchprof_args.analysis.analyzers.collective_match import MATCH_SEQ, SAME_SIZE_KINDS, match_collectives
 from torchprof_args.analysis.analyzers.collectives import GPU_CHANNEL, SOURCE_HOST, CommRecord, RankComms
 
-__all__ = ["align_clocks"]
+__all__ = ["BASIS_COLLECTIVES", "BASIS_FLIGHT_RECORDER", "BASIS_STEPS", "SharedMoment", "align_clocks",
+           "alignment", "clocks_from_moments"]
 
 #: the collectives no rank can leave before every rank arrived (each needs every other's data).
 EVERY_RANK_WAITS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
+#: what an alignment rests on (``ClockAlignment.basis``): the collectives' ends; where too few, those and
+#: the ends of the steps bounded by one; in ``torchprof hang``, the flight recorder's records.
+BASIS_COLLECTIVES = "collectives"
+BASIS_STEPS = "step boundaries"
+BASIS_FLIGHT_RECORDER = "flight recorder"
 #: shared collectives a host needs before its offset is estimated.
 MIN_SHARED = 3
 #: shared collectives, spread over the window, before a drift is estimated.
@@ -84,37 +98,56 @@ def _group_median(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-class _Readings:
-    """Per (shared collective, host): its ranks' median end, latest arrival and earliest end; per shared
-    collective, how precisely its ends are known (its transfer time on the CPU, else 0)."""
+@dataclass(frozen=True)
+class SharedMoment:
+    """One moment several ranks passed together, as each rank's clock read it: a collective's end (no
+    rank leaves before every rank arrived), a step boundary right after one, a flight-recorder record.
 
-    def __init__(self, members: dict[int, dict[int, CommRecord]], host_index: dict[int, int]) -> None:
+    Attributes:
+        ends_us: rank -> when it left (its clock, absolute us): the readings.
+        arrivals_us: rank -> when it arrived, where known: causality's bounds (no rank leaves before the
+            last arrival); empty for a step boundary (no bound, no role).
+        precision_us: how precisely the ends are one moment where their spread cannot show it (the CPU's
+            transfer time; a step boundary's spread of the ranks' work after their last collective).
+    """
+
+    ends_us: dict[int, float]
+    arrivals_us: dict[int, float] = field(default_factory=dict)
+    precision_us: float = 0.0
+
+
+class _Readings:
+    """Per (shared moment, host): its ranks' median end, latest arrival and earliest end; per shared
+    moment, its precision."""
+
+    def __init__(self, moments: Sequence[SharedMoment], host_index: dict[int, int]) -> None:
         inst: list[int] = []
         host: list[int] = []
         end: list[float] = []
         last_arrival: list[float] = []
         first_end: list[float] = []
         holds_last: list[bool] = []
+        ranked: list[bool] = []
         precision: list[float] = []
         shared = 0
-        for found in members.values():
-            per_host: dict[int, list[CommRecord]] = defaultdict(list)
-            for rank, record in found.items():
-                per_host[host_index[rank]].append(record)
+        for moment in moments:
+            per_host: dict[int, list[int]] = defaultdict(list)
+            for rank in moment.ends_us:
+                per_host[host_index[rank]].append(rank)
             if len(per_host) < 2:
                 continue
-            last_rank = max(found, key=lambda rank: found[rank].start_us)
-            last = found[last_rank]
-            on_gpu = all(r.channel.startswith(GPU_CHANNEL) for r in found.values())
-            precision.append(0.0 if on_gpu else last.dur_us)
-            for h, records in per_host.items():
-                ends = sorted(r.start_us + r.dur_us for r in records)
+            arrivals = moment.arrivals_us
+            last_rank = max(arrivals, key=arrivals.__getitem__) if arrivals else None
+            precision.append(moment.precision_us)
+            for h, members in per_host.items():
+                ends = sorted(moment.ends_us[rank] for rank in members)
                 inst.append(shared)
                 host.append(h)
                 end.append((ends[(len(ends) - 1) // 2] + ends[len(ends) // 2]) / 2.0)
-                last_arrival.append(max(r.start_us for r in records))
+                last_arrival.append(max((arrivals[r] for r in members if r in arrivals), default=-np.inf))
                 first_end.append(ends[0])
-                holds_last.append(host_index[last_rank] == h)
+                holds_last.append(last_rank is not None and host_index[last_rank] == h)
+                ranked.append(bool(arrivals))
             shared += 1
         self.shared = shared
         self.inst = np.array(inst, dtype=np.int64)
@@ -124,6 +157,17 @@ class _Readings:
         self.first_end = np.array(first_end, dtype=np.float64)
         self.precision = np.array(precision, dtype=np.float64)
         self.holds_last = np.array(holds_last, dtype=bool)
+        #: the reading has arrivals (a collective): a role, and causality's bounds
+        self.ranked = np.array(ranked, dtype=bool)
+
+
+def _collective_moment(found: dict[int, CommRecord]) -> SharedMoment:
+    """A matched collective's ends and arrivals (its precision: the last arrival's transfer time on the
+    CPU, where the ends are known only within it)."""
+    last = max(found.values(), key=lambda r: r.start_us)
+    on_gpu = all(r.channel.startswith(GPU_CHANNEL) for r in found.values())
+    return SharedMoment({rank: r.start_us + r.dur_us for rank, r in found.items()},
+                        {rank: r.start_us for rank, r in found.items()}, 0.0 if on_gpu else last.dur_us)
 
 
 def _one_collective(found: dict[int, CommRecord], by_seq: bool) -> bool:
@@ -204,11 +248,15 @@ def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list
         return HostClock(name, ranks, 0.0, 0.0, n)
     estimate = float(offset[h])
     spread = _MAD_TO_SIGMA * float(np.median(np.abs(readings - estimate)))
-    uncertainty = max(spread, _role_bias(readings, r.holds_last[mine], r.precision[inst]), _RESOLUTION_US)
+    ranked = r.ranked[mine]
+    role = (_role_bias(readings[ranked], r.holds_last[mine][ranked], r.precision[inst][ranked])
+            if ranked.any() else 0.0)
+    boundary = float(np.median(r.precision[inst][~ranked])) if not ranked.all() else 0.0
+    uncertainty = max(spread, role, boundary, _RESOLUTION_US)
     # no rank of this host leaves before the others' last arrival, nor arrives after they left
     low = float(np.max(latest[inst] - r.first_end[mine]))
     high = float(np.min(earliest[inst] - r.last_arrival[mine]))
-    bounds = [low, high] if low <= high else None
+    bounds = [low, high] if low <= high and np.isfinite(low) and np.isfinite(high) else None
     if bounds is not None:
         estimate = min(max(estimate, low), high)
     drift = _drift(r.end[mine], readings, uncertainty)
@@ -218,20 +266,83 @@ def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list
     return HostClock(name, ranks, estimate, uncertainty, n, bounds)
 
 
-def align_clocks(ranks: Sequence[RankComms], *, apply: bool = True) -> ClockAlignment:
-    """Each host's clock offset in one cycle, from the collectives its ranks share with other hosts.
+def _blocking(record: CommRecord, ranks: set[int]) -> bool:
+    """Whether every rank read waits for every other in ``record`` (a collective of theirs all)."""
+    return (record.kind in EVERY_RANK_WAITS and (record.pg_ranks is None or ranks <= set(record.pg_ranks))
+            and (record.group_size is None or record.group_size >= len(ranks)))
+
+
+def _step_moments(ranks: Sequence[RankComms]) -> list[SharedMoment]:
+    """The ends of the steps every rank recorded, each rank's step bounded by a collective every rank
+    waits in: a reading of one moment within how much the ranks' work after that collective differs
+    (its spread across ranks, clock-free: the boundary's precision)."""
+    members = {rc.rank for rc in ranks}
+    ends: dict[str, dict[int, float]] = defaultdict(dict)
+    after: dict[str, dict[int, float]] = defaultdict(dict)
+    for rc in ranks:
+        for span in rc.steps:
+            end = span["start_us"] + span["dur_us"]
+            # its last such collective (a CPU record may end a little after the thread went on)
+            left = [r.start_us + r.dur_us for r in rc.records
+                    if r.step == span["name"] and _blocking(r, members)]
+            if left:
+                ends[span["name"]][rc.rank] = end
+                after[span["name"]][rc.rank] = end - max(left)
+    return [SharedMoment(ends[name], precision_us=max(after[name].values()) - min(after[name].values()))
+            for name in ends if ends[name].keys() == members]
+
+
+def clocks_from_moments(moments: Sequence[SharedMoment],
+                        hosts: dict[str, list[int]]) -> tuple[list[HostClock], int]:
+    """THE estimator: each host's clock from the moments its ranks shared with other hosts' (the
+    module's docstring says how), and how many moments spanned two or more hosts.
 
     Args:
-        ranks: one :class:`RankComms` per rank, each with its ``host`` (None: not recorded).
+        moments: what was read (collectives' ends, step boundaries, flight-recorder records).
+        hosts: host -> its ranks, the reference host first.
+
+    Returns:
+        Each host's :class:`HostClock` (``collectives``: the moments it shares; under
+        :data:`MIN_SHARED`, offset 0) and the count of shared moments.
+    """
+    names = list(hosts)
+    host_index = {rank: i for i, name in enumerate(names) for rank in hosts[name]}
+    readings = _Readings(moments, host_index)
+    offset = _offsets(readings, len(names)) if readings.shared else np.zeros(len(names))
+    clocks = [_host_clock(readings, offset, i, name, hosts[name]) for i, name in enumerate(names)]
+    return clocks, readings.shared
+
+
+def alignment(clocks: list[HostClock], shared: int, basis: str, *, apply: bool = True,
+              too_few: str = "collectives", boundaries: int = 0) -> ClockAlignment:
+    """The :class:`ClockAlignment` of :func:`clocks_from_moments`' clocks: not aligned (with the reason:
+    a host shares fewer than :data:`MIN_SHARED` ``too_few``) where a host does, or ``apply`` is False."""
+    lacking = [c.host for c in clocks[1:] if c.collectives < MIN_SHARED]
+    if lacking:
+        reason = f"host {lacking[0]} shares fewer than {MIN_SHARED} {too_few} with the others"
+        return ClockAlignment(clocks, aligned=False, collectives=shared, reason=reason, basis=basis,
+                              boundaries=boundaries)
+    if not apply:
+        return ClockAlignment(clocks, aligned=False, collectives=shared, basis=basis, boundaries=boundaries,
+                              reason="turned off by --no-align-clocks")
+    return ClockAlignment(clocks, aligned=True, collectives=shared, basis=basis, boundaries=boundaries)
+
+
+def align_clocks(ranks: Sequence[RankComms], *, apply: bool = True) -> ClockAlignment:
+    """Each host's clock offset in one cycle, from the collectives its ranks share with other hosts;
+    where a host shares fewer than :data:`MIN_SHARED`, from those and the ends of the steps bounded by
+    a collective every rank waits in (``basis`` "step boundaries", a larger uncertainty).
+
+    Args:
+        ranks: one :class:`RankComms` per rank, each with its ``host`` (None: not recorded) and steps.
         apply: False: estimated and said, not applied (``--no-align-clocks``).
 
     Returns:
         The :class:`ClockAlignment`; ``aligned`` False (with its ``reason``) on one host, where the
-        traces do not say their hosts, where a host shares too few collectives, or where the
-        collectives' ends are not recorded (host-side records only).
+        traces do not say their hosts, where a host shares too few collectives and step boundaries, or
+        where the collectives' ends are not recorded (host-side records only).
     """
     hosts = _hosts(ranks)
-    names = list(hosts)
     zero = [HostClock(name, members, 0.0, 0.0, 0) for name, members in hosts.items()]
     if len(hosts) < 2:
         return ClockAlignment(zero, aligned=False, collectives=0, reason="one host: one clock")
@@ -243,15 +354,11 @@ def align_clocks(ranks: Sequence[RankComms], *, apply: bool = True) -> ClockAlig
                               reason="host-side collective records only: their ends are not recorded")
     members: dict[int, dict[int, CommRecord]] = {}
     by_seq = match_collectives(ranks, top=0, members=members)["matched_by"] == MATCH_SEQ
-    host_index = {rank: i for i, name in enumerate(names) for rank in hosts[name]}
-    readings = _Readings({k: v for k, v in members.items() if _one_collective(v, by_seq)}, host_index)
-    offset = _offsets(readings, len(names)) if readings.shared else np.zeros(len(names))
-    clocks = [_host_clock(readings, offset, i, name, hosts[name]) for i, name in enumerate(names)]
-    short = [c.host for c in clocks[1:] if c.collectives < MIN_SHARED]
-    if short:
-        reason = f"host {short[0]} shares fewer than {MIN_SHARED} collectives with the others"
-        return ClockAlignment(clocks, aligned=False, collectives=readings.shared, reason=reason)
-    if not apply:
-        return ClockAlignment(clocks, aligned=False, collectives=readings.shared,
-                              reason="turned off by --no-align-clocks")
-    return ClockAlignment(clocks, aligned=True, collectives=readings.shared)
+    collectives = [_collective_moment(found) for found in members.values() if _one_collective(found, by_seq)]
+    clocks, shared = clocks_from_moments(collectives, hosts)
+    if all(c.collectives >= MIN_SHARED for c in clocks[1:]):
+        return alignment(clocks, shared, BASIS_COLLECTIVES, apply=apply)
+    steps = _step_moments(ranks)
+    clocks, together = clocks_from_moments([*collectives, *steps], hosts)
+    return alignment(clocks, shared, BASIS_STEPS, apply=apply, boundaries=together - shared,
+                     too_few="collectives and step ends after one every rank waits in")

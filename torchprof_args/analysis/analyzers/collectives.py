@@ -38,11 +38,11 @@ from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.select import member
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
-from torchprof_args.analysis.trace import Trace
+from torchprof_args.analysis.trace import StepSpan, Trace
 from torchprof_args.errors import TraceError
 
-__all__ = ["GPU_CHANNEL", "CommRecord", "CompactRecords", "RankComms", "backend_of", "canonical_kind",
-           "dtype_bytes", "match_issues", "rank_collectives", "run_kind", "tensor_bytes"]
+__all__ = ["GPU_CHANNEL", "CommRecord", "CompactRecords", "RankComms", "absolute_steps", "backend_of",
+           "canonical_kind", "dtype_bytes", "match_issues", "rank_collectives", "run_kind", "tensor_bytes"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -173,6 +173,13 @@ class RankComms:
     pg_config: list[dict[str, Any]]
     #: the host it ran on (None: its trace does not say): ranks on one host share a clock.
     host: str | None = None
+    #: its ``ProfilerStep`` spans in absolute us, like the records (the clocks' step-boundary fallback).
+    steps: list[StepSpan] = dataclasses.field(default_factory=list)
+
+
+def absolute_steps(spans: Sequence[StepSpan], base_us: float) -> list[StepSpan]:
+    """``spans`` (trace-relative) in absolute us."""
+    return [StepSpan(name=s["name"], start_us=s["start_us"] + base_us, dur_us=s["dur_us"]) for s in spans]
 
 
 def _int(value: Any) -> int | None:
@@ -520,4 +527,4 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     found_rank = rank if rank is not None else trace.rank
     return RankComms(rank=found_rank if found_rank is not None else -1, file=str(trace.path), source=source,
                      records=records, world_size=trace.world_size, pg_config=pg_config,
-                     host=origin(trace).host)
+                     host=origin(trace).host, steps=absolute_steps(steps(trace), base_us))

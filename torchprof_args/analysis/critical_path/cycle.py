@@ -30,6 +30,7 @@ from torchprof_args.analysis.analyzers.collective_match import (
 from torchprof_args.analysis.analyzers.collectives import CommRecord, CompactRecords, RankComms
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, step_of_label
 from torchprof_args.analysis.critical_path.reduced import MEASURED, Into, PathStep, RankPaths
+from torchprof_args.analysis.trace import StepSpan
 
 __all__ = ["CycleGraph", "Replayed", "Scenario", "clocks_of_paths", "cycle_graph", "expert_work_per_step",
            "mean_into", "median_into"]
@@ -196,7 +197,9 @@ def _rank_of(part: RankPaths, position: int, rank_of: Callable[[RankPaths, int],
 
 def _comms(rank: int, part: RankPaths) -> RankComms:
     return RankComms(rank=rank, file="", source=None, records=part.collectives.records(),
-                     world_size=part.world_size, pg_config=[], host=part.host)
+                     world_size=part.world_size, pg_config=[], host=part.host,
+                     steps=[StepSpan(name=s.name, start_us=s.start_us, dur_us=s.end_us - s.start_us)
+                            for s in part.steps])
 
 
 def clocks_of_paths(parts: Sequence[RankPaths], rank_of: Callable[[RankPaths, int], int] | None = None,

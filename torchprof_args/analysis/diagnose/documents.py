@@ -15,8 +15,9 @@ from typing import Any
 import msgspec
 
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
-from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms
+from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms, absolute_steps
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
+from torchprof_args.analysis.trace import StepSpan
 
 __all__ = [
     "DIAGNOSIS_FORMAT", "FINDINGS_VERSION", "CompactRecords", "JobDiagnosis", "JobGap", "MfuInputs",
@@ -92,8 +93,10 @@ class RankDiagnosis(msgspec.Struct, frozen=True):
     def comms(self, rank: int, file: str = "") -> RankComms:
         """The rank's collectives as :func:`~torchprof_args.analysis.analyzers.collectives.rank_collectives`
         gave them (``torchprof collectives``, the cross-rank kinds)."""
+        spans = [StepSpan(name=s.name, start_us=s.start_us, dur_us=s.dur_us) for s in self.steps]
         return RankComms(rank=rank, file=file, source=self.comm_source, records=self.collectives.records(),
-                         world_size=self.world_size, pg_config=self.pg_config, host=self.host)
+                         world_size=self.world_size, pg_config=self.pg_config, host=self.host,
+                         steps=absolute_steps(spans, self.base_us))
 
 
 class JobGap(msgspec.Struct, frozen=True):

@@ -8,6 +8,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import msgspec
+
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.stacks.where import format_where
 
 __all__ = ["format_hang"]
@@ -74,6 +77,14 @@ def _recorder_lines(recorder: dict[str, Any]) -> list[str]:
         lines.append("every recorded collective was joined by every rank of its group: the hang is not a "
                      "missing collective (look at the ranks' stacks: torchprof pyspy, py-spy dump)")
     lines += [f"note: {note}" for note in recorder["notes"]]
+    clock = msgspec.convert(recorder["clock"], ClockAlignment).line() if recorder.get("clock") else None
+    issued = recorder.get("last_issued_s") or {}
+    if len(issued) > 1:
+        lines += ["", "When each rank issued its last collective (ms before the last rank did; the first "
+                      "to go quiet first)"]
+        lines.append("  " + "  ".join(f"rank {rank}: {seconds * 1e3:+.2f}"
+                                      for rank, seconds in sorted(issued.items(), key=lambda kv: kv[1])))
+    lines += [clock] if clock else []
     lines += ["", "Last collectives per process group (enqueued / completed, by sequence number)"]
     for pg, ranks in recorder["status"].items():
         cells = "  ".join(f"rank {rank}: {s.get('enqueued', '?')}/{s.get('completed', '?')}"

@@ -32,6 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from torchprof_args.analysis.tools.hang_clocks import dump_clocks, last_issued
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import FLIGHT_RECORDER_PREFIXES, FLIGHT_RECORDER_SUBDIR
 from torchprof_args.stacks.where import find_stacks, where_ranks_are
@@ -280,8 +283,10 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
     Returns:
         The answer as plain data (``torchprof hang --json``): ``directory``, ``recorders`` (per
         backend: the collectives some ranks did not join, who waited, each missing rank's last
-        collective, the ranks' status), ``dumped`` (why and when each rank dumped), ``where`` (the
-        ranks grouped by their stacks, None without stacks) and ``stacks_problems``.
+        collective, the ranks' status, when each rank issued its last collective (``last_issued_s``,
+        on one clock: ``clock``, the hosts' clocks aligned at the recorder's records)), ``dumped``
+        (why and when each rank dumped), ``where`` (the ranks grouped by their stacks, None without
+        stacks) and ``stacks_problems``.
 
     Raises:
         TraceError: neither dumps nor stacks there, or dumps PyTorch's analyzer cannot read (without
@@ -315,13 +320,15 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
                 raise
             problems.append(f"the {backend} flight-recorder dumps were not analysed: {err}")
             continue  # the stacks still say where each rank is
+        clock = dump_clocks(dumps, infos)
         report["recorders"].append({
             "backend": backend, "ranks": sorted(dumps), "missing_dumps": missing_dumps,
             "version": str(next(iter(dumps.values())).get("version")), "findings": _findings(db, dumps),
             "matched": sum(1 for c in db.collectives if c.pass_check and not c.missing_ranks),
             "status": _status(dumps), "notes": notes, "pytorch_analyzer": log,
             "last": {rank: _entry_view(dump["entries"][-1])
-                     for rank, dump in dumps.items() if dump["entries"]}})
+                     for rank, dump in dumps.items() if dump["entries"]},
+            "last_issued_s": last_issued(dumps, clock), "clock": msgspec.to_builtins(clock)})
     world = max([info.get("world_size") or 0 for info in infos.values()] or [0])
     report["where"] = where_ranks_are(stacks, report["recorders"], world) if stacks else None
     report["stacks_problems"] = problems
