@@ -28,19 +28,10 @@ from torchprof_args.commands.common import Subparsers
 from torchprof_args.commands.trigger_stacks import run_stacks
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float, positive_int, rank_token
-from torchprof_args.ondemand.protocol import (
-    ANSWERS,
-    REQUESTS,
-    make_request,
-    read_job_file,
-    read_small_json,
-    resolve_control_dir,
-    write_control_file,
-)
+from torchprof_args.ondemand.client import POLL_SECONDS, RequestFailed, submit, wait_for_answer
+from torchprof_args.ondemand.protocol import ANSWERS, read_job_file, read_small_json, resolve_control_dir
 from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered_processes
-from torchprof_args.private_dir import check_private_dir
 
-POLL_SECONDS = 0.2
 PARTLY_FAILED = ExitStatus.PARTLY_FAILED
 
 
@@ -137,55 +128,11 @@ def _check_request(args: argparse.Namespace, job: dict[str, Any], control_dir: P
     return sorted(set(ranks))
 
 
-def submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[str, Path]:
-    """Write one request into ``control_dir`` atomically; returns its id and path."""
-    problem = check_private_dir(control_dir, "control directory")
-    problem = problem or check_private_dir(control_dir / REQUESTS, "control directory")
-    if problem:
-        raise CommandError(problem)
-    request = make_request(iterations, ranks)
-    path = control_dir / REQUESTS / f"{request['id']}.json"
+def _submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[str, Path]:
     try:
-        write_control_file(path, request)
-    except OSError as err:
-        raise CommandError(f"cannot write the request {path}: {err.strerror or err}") from None
-    return request["id"], path
-
-
-def _withdraw(request_path: Path) -> bool:
-    """Remove a request the job has not taken yet; False when it was taken meanwhile."""
-    try:
-        os.unlink(request_path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def wait_for_answer(
-    control_dir: Path, request_id: str, request_path: Path, deadline: float
-) -> dict[str, Any]:
-    answer_path = control_dir / ANSWERS / f"{request_id}.json"
-    grace_given = False
-    while True:
-        if answer_path.exists():
-            try:
-                return read_small_json(answer_path)
-            except (OSError, ValueError) as err:
-                raise CommandError(f"cannot read the answer {answer_path}: {err}", PARTLY_FAILED) from None
-        job = _read_job(control_dir)
-        if job.get("state") == "stopped" and request_path.exists():
-            _withdraw(request_path)
-            raise CommandError("the job stopped before taking the request", PARTLY_FAILED)
-        if time.monotonic() >= deadline:
-            if _withdraw(request_path):
-                raise CommandError(f"no answer within --timeout; the request was withdrawn. The job checks "
-                                   f"about every {job.get('check_seconds', '?')} s: is it still training?",
-                                   PARTLY_FAILED)
-            if grace_given:
-                raise CommandError(f"the job took the request but wrote no answer to {answer_path}; "
-                                   "see rank 0's log", PARTLY_FAILED)
-            grace_given, deadline = True, deadline + 10.0  # taken just now: the answer is on its way
-        time.sleep(POLL_SECONDS)
+        return submit(control_dir, iterations, ranks)
+    except RequestFailed as err:
+        raise CommandError(str(err)) from None
 
 
 def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False,
@@ -221,11 +168,14 @@ def trigger(args: argparse.Namespace) -> int:
     control_dir = _control_dir(args)
     job = _read_job(control_dir)
     ranks = _check_request(args, job, control_dir)
-    request_id, request_path = submit(control_dir, args.iterations, ranks)
+    request_id, request_path = _submit(control_dir, args.iterations, ranks)
     if not args.json:
         print(f"request {request_id} sent to {control_dir}; the job checks about every "
               f"{job.get('check_seconds', '?')} s", flush=True)
-    answer = wait_for_answer(control_dir, request_id, request_path, deadline)
+    try:
+        answer = wait_for_answer(control_dir, request_id, request_path, deadline)
+    except RequestFailed as err:
+        raise CommandError(str(err), PARTLY_FAILED) from None
     if args.json:
         print(json.dumps(answer, indent=1, sort_keys=True), flush=True)
     if answer.get("status") != "accepted":
