@@ -33,22 +33,22 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.debug._frontend import DebugHandler, NavLink, Route, fetch_all
 
-from torchprof_args.naming import DEBUG_SERVER_DUMPS
+from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_FR_FORMAT
 from torchprof_args.ondemand.client import RequestFailed, submit, wait_for_answer
 
 if TYPE_CHECKING:
     from torch.distributed.debug._frontend import HTTPRequestHandler
 
-__all__ = ["BRIEF_TIMEOUT", "DUMP_FORMAT", "KEEP_DUMPS", "BriefPage", "FlightRecorderPage", "TracePage",
+__all__ = ["BRIEF_TIMEOUT", "KEEP_DUMPS", "RECORDERS", "BriefPage", "FlightRecorderPage", "TracePage",
            "pages"]
 
-#: The ``format`` of the flight-recorder dump (``torchprof hang`` reads it), and its version.
-DUMP_FORMAT, DUMP_VERSION = "torchprof-debug-server-fr", 1
 #: Dumps of each kind kept in the dump folder (PyTorch's dumper never removes any).
 KEEP_DUMPS = 5
 #: Seconds one brief may take; the most a trace page waits for rank 0's answer (default, at most).
 BRIEF_TIMEOUT = 120.0
 TRACE_WAIT, TRACE_WAIT_MAX = 60.0, 600.0
+#: Each flight recorder in the dump, by the name ``torchprof hang`` gives it -> its workers' handler.
+RECORDERS = {"gloo": "fr_trace_json", "nccl": "dump_nccl_trace_json"}
 
 _TEXT_TEMPLATE = """
 {% extends "base.html" %}
@@ -188,21 +188,25 @@ class FlightRecorderPage(DebugHandler):
         return self.document().encode()
 
     def document(self) -> str:
-        """Every rank's flight recorder (or why not) at this moment, as the dump's JSON text."""
-        addrs, resps = fetch_all("fr_trace_json", timeout=self.fetch_timeout)
+        """Every rank's flight recorders (or why not) at this moment, as the dump's JSON text: per
+        rank its worker's address, ``recorders`` (``gloo``: the CPU backends' recorder, ``nccl``:
+        NCCL's, where the build serves it) and ``errors`` (recorder -> why it is missing)."""
         ranks: dict[str, dict[str, Any]] = {}
-        for rank, (addr, resp) in enumerate(zip(addrs, resps, strict=True)):
-            entry: dict[str, Any] = {"address": addr.split("/handler/")[0], "dump": None, "error": None}
-            if resp.status_code == 200:
+        for recorder, handler in RECORDERS.items():
+            addrs, resps = fetch_all(handler, timeout=self.fetch_timeout)
+            for rank, (addr, resp) in enumerate(zip(addrs, resps, strict=True)):
+                entry = ranks.setdefault(str(rank), {"address": addr.split("/handler/")[0], "recorders": {},
+                                                     "errors": {}})
+                if resp.status_code != 200:
+                    entry["errors"][recorder] = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                    continue
                 try:
-                    entry["dump"] = json.loads(resp.text)
+                    entry["recorders"][recorder] = json.loads(resp.text)
                 except ValueError as err:
-                    entry["error"] = f"not JSON ({err})"
-            else:
-                entry["error"] = f"HTTP {resp.status_code}: {resp.text[:300]}"
-            ranks[str(rank)] = entry
-        return json.dumps({"format": DUMP_FORMAT, "version": DUMP_VERSION, "time": time.time(),
-                           "world_size": len(addrs), "ranks": ranks})
+                    entry["errors"][recorder] = f"not JSON ({err})"
+        format_name, version = DEBUG_SERVER_FR_FORMAT
+        return json.dumps({"format": format_name, "version": version, "time": time.time(),
+                           "world_size": len(ranks), "ranks": ranks})
 
     def dump(self) -> str | None:
         if self.dump_dir is not None:
