@@ -28,6 +28,8 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Sequence
+from types import ModuleType
 
 from torchprof_args.log import get_logger
 from torchprof_args.naming import DEBUG_SERVER_DUMPS
@@ -50,23 +52,29 @@ _FORKING_FRONTEND = threading.Event()
 _HOOKED = False
 
 
-def unavailable() -> str | None:
-    """Why PyTorch's debug server cannot start in this process (one sentence), None when it can."""
-    try:
-        import torch.distributed.debug as debug
-    except ImportError:
-        debug = None  # type: ignore[assignment]
-    start = getattr(debug, "start_debug_server", None)
+def unavailable(packages: Sequence[str] = PACKAGES, module: ModuleType | None = None) -> str | None:
+    """Why PyTorch's debug server cannot start in this process (one sentence), None when it can.
+
+    Args:
+        packages: what it imports; ``module``: ``torch.distributed.debug`` (default: the installed
+            torch's; another: what an older torch has).
+    """
+    if module is None:
+        try:
+            import torch.distributed.debug as module
+        except ImportError:
+            return needs(FEATURE)
+    start = getattr(module, "start_debug_server", None)
     if start is None or not {"handlers", "dump_dir"} <= set(inspect.signature(start).parameters):
         return needs(FEATURE)
-    missing = [name for name in PACKAGES if importlib.util.find_spec(name) is None]
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
         return (f"{FEATURE}: PyTorch's debug server needs {', '.join(missing)}, not installed: pip install "
                 "'torchprof-args[debugserver]'")
     unset = [name for name in ENVIRONMENT if name not in os.environ]
     if unset:
         return (f"{FEATURE}: PyTorch's debug server finds the ranks through {', '.join(ENVIRONMENT)}, and "
-                f"{', '.join(unset)} is not set: launch with torchrun (or set them as it does)")
+                f"{', '.join(unset)} not set: launch with torchrun (or set them as it does)")
     return None
 
 
