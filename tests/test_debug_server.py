@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.examples import run_doc_example
 from helpers.logs import LogRecords
 from helpers.paths import REPO
 from helpers.processes import free_port, kill_job, rank_results, run_torchrun, start_torchrun, wait_until
@@ -213,3 +214,14 @@ def test_trigger_through_a_server_that_is_not_there_is_one_line() -> None:
     assert done.stderr.count("\n") == 1 and f"--debug-server 127.0.0.1:{port}: no answer" in done.stderr
     with pytest.raises(urllib.error.URLError):
         page(port, "/", timeout=5.0)
+
+
+@pytest.mark.slow
+def test_docs_example_a_job_that_still_hangs(tmp_path: Path) -> None:
+    """docs/guides/hang-forensics.md's example, verbatim: the frontend shows both ranks' stacks
+    while the job hangs, and `torchprof hang` on the server's dumps names rank 1."""
+    done = run_doc_example("debug-server", tmp_path, timeout=900, DEBUG_PORT=str(free_port()))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "<h2>Rank 0: http://" in done.stdout and "<h2>Rank 1: http://" in done.stdout, done.stdout
+    assert "torchprof hang: prof/debug_server" in done.stdout, done.stdout
+    assert "rank 1 did not join gloo:all_reduce #2" in done.stdout, done.stdout
