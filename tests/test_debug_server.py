@@ -25,7 +25,7 @@ from torchprof_args.analysis.tools.hang import analyse_dumps
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.naming import DEBUG_SERVER_DUMPS
 from torchprof_args.runtime.config import DebugServerConfig
-from torchprof_args.runtime.debug_server import DebugServer, unavailable
+from torchprof_args.runtime.debug_server.server import DebugServer, unavailable
 from torchprof_args.torch_support import needs
 
 JOB = REPO / "tests" / "jobs" / "stacks_job.py"

@@ -1,6 +1,6 @@
 """The requesting side of an on-demand trace: write a request into a job's control directory, wait
 for rank 0's answer.  ``torchprof trigger`` and the debug server's trace page
-(:mod:`torchprof_args.runtime.debug_pages`) both ask through it: one path to a trace on request.
+(``runtime/debug_server/pages.py``) both ask through it: one path to a trace on request.
 
 Import-light (standard library only).
 """

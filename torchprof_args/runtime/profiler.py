@@ -30,7 +30,7 @@ from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.agreements import StepAgreements
 from torchprof_args.runtime.config import ProfiledRun, ProfilerConfig
 from torchprof_args.runtime.cost import ProfilingCost
-from torchprof_args.runtime.debug_server import DebugServer
+from torchprof_args.runtime.debug_server.server import DebugServer
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder

@@ -1,5 +1,5 @@
 """PyTorch's distributed debug server (``--torch-profile-debug-server``), started and stopped with
-the profiler, with this package's pages (:mod:`torchprof_args.runtime.debug_pages`) beside PyTorch's.
+the profiler, with this package's pages (:mod:`.pages`) beside PyTorch's.
 
 ``torch.distributed.debug.start_debug_server`` starts a worker server on every rank (an HTTP
 server in C++, on an ephemeral port of every interface, advertised in the launcher's TCPStore) and,
@@ -136,7 +136,7 @@ class DebugServer:
         dump_dir = config.dump_dir if config.dump_interval > 0 else None
         kwargs = {}
         if self.rank == 0:
-            from torchprof_args.runtime.debug_pages import pages
+            from torchprof_args.runtime.debug_server.pages import pages
 
             kwargs = {"handlers": pages(control_dir=config.control_dir, profile_dir=config.profile_dir,
                                         dump_dir=dump_dir),

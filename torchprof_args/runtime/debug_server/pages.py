@@ -1,5 +1,5 @@
 """This package's pages on PyTorch's debug server, registered beside PyTorch's own
-(:mod:`torchprof_args.runtime.debug_server` starts it).
+(:mod:`torchprof_args.runtime.debug_server.server` starts it).
 
 They run in the frontend's process, forked from rank 0 (never in a training process):
 
@@ -16,7 +16,7 @@ They run in the frontend's process, forked from rank 0 (never in a training proc
 
 Every rank's Python stacks are PyTorch's own page (``/stacks``) and dump: not repeated here.
 Importing this module imports PyTorch's frontend (jinja2): only after the checks of
-:func:`torchprof_args.runtime.debug_server.unavailable`.
+:func:`torchprof_args.runtime.debug_server.server.unavailable`.
 """
 
 from __future__ import annotations
