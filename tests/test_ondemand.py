@@ -22,8 +22,7 @@ from helpers.processes import subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args
-from torchprof_args.commands.trigger import submit
-from torchprof_args.errors import CommandError
+from torchprof_args.ondemand.client import RequestFailed, submit
 from torchprof_args.ondemand.protocol import MAX_REQUEST_BYTES, RequestRejected, make_request, parse_request
 from torchprof_args.ondemand.registry import find_control_dir_by_pid, registry_dir
 from torchprof_args.private_dir import check_private_dir
@@ -211,7 +210,7 @@ def test_unsafe_control_dir_is_refused(tmp_path, problem):
         prof.start()  # the collective set-up, before training
     assert check_private_dir(given) is not None
     (real / "requests").mkdir(exist_ok=True)
-    with pytest.raises(CommandError, match=words):
+    with pytest.raises(RequestFailed, match=words):
         submit(given, 1, [0])
 
 

@@ -138,7 +138,9 @@ def test_hang_on_a_folder_without_dumps_or_stacks_says_what_to_run(tmp_path: Pat
     with pytest.raises(TraceError, match="--torch-profile-stacks"):
         analyse_dumps(tmp_path)
     assert torchprof(["hang", str(tmp_path)]) == 2
-    assert "run with --torch-profile-flight-recorder N or --torch-profile-stacks" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert ("run with --torch-profile-flight-recorder N, --torch-profile-stacks or "
+            "--torch-profile-debug-server") in said
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:

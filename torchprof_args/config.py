@@ -21,6 +21,7 @@ from torchprof_args.flags.table import flag_table_markdown
 from torchprof_args.metrics.config import MetricsConfig, TimersConfig
 from torchprof_args.ondemand.config import OnDemandConfig
 from torchprof_args.runtime.config import (
+    DebugServerConfig,
     ExportConfig,
     FlightRecorderConfig,
     MemorySnapshotConfig,
@@ -97,7 +98,8 @@ def configs_from_args(args: argparse.Namespace, world_size: int | None = None) -
                                               gzip=export.gzip_level is not None)
     profiler = ProfilerConfig(trace=trace, export=export, memory=MemorySnapshotConfig.from_namespace(args),
                               nsys=NsysConfig.from_namespace(args), on_demand=on_demand,
-                              flight_recorder=FlightRecorderConfig.from_namespace(args))
+                              flight_recorder=FlightRecorderConfig.from_namespace(args),
+                              debug_server=DebugServerConfig.from_namespace(args, on_demand=on_demand))
     run = RunConfig(
         profiler=profiler,
         timers=TimersConfig.from_namespace(args, nvtx=profiler.nsys.enabled),
@@ -131,6 +133,8 @@ def _check_environment(profiler: ProfilerConfig, world_size: int | None) -> None
         check_writable_dir(profiler.on_demand.trace_dir, "--torch-profile-dir")
     if profiler.flight_recorder.active:
         check_writable_dir(profiler.flight_recorder.output_dir, "--torch-profile-dir")
+    if profiler.debug_server.enabled and profiler.debug_server.dump_interval:
+        check_writable_dir(profiler.debug_server.dump_dir, "--torch-profile-dir")
     if not profiler.follows_schedule:
         return
     ranks = profiler.trace.ranks

@@ -25,6 +25,8 @@ FEATURES: dict[str, tuple[tuple[int, int], str]] = {
         MIN_TORCH, "torch.profiler, gloo process groups"),
     "--torch-profile-flight-recorder (gloo dumps)": ((2, 8), "torch._C._distributed_c10d._dump_fr_trace"),
     "torchprof hang": ((2, 10), "torch.distributed.flight_recorder (PyTorch's analyzer)"),
+    "--torch-profile-debug-server": ((2, 13), "torch.distributed.debug.start_debug_server with handlers and "
+                                              "periodic dumps"),
 }
 
 

@@ -8,6 +8,8 @@ then ``prof.step(iteration)``.
 * ``--pipe-rank R --at-iteration I``: rank R blocks in ``os.read`` on a pipe nobody writes (a C call),
   before iteration I's all-reduce.
 The others wait in that all-reduce (until ``--pg-timeout``).
+* ``--stop-file PATH``: every rank leaves the loop at the first iteration that finds PATH (at most
+  ``--iters``): a job that trains until the test is done with it.
 
 Each rank writes ``--result-dir/rank<R>.pid`` when it starts, ``stuck<R>`` when it gets stuck, and
 ``rank<R>.json`` with how it ended and its step times.
@@ -42,6 +44,13 @@ def read_from_pipe_nobody_writes() -> bytes:
     return os.read(read_end, 1)
 
 
+def stop_agreed(path: str) -> bool:
+    """Whether rank 0 sees ``path``, agreed by every rank (so that all leave at the same iteration)."""
+    seen = torch.tensor([float(dist.get_rank() == 0 and os.path.exists(path))])
+    dist.broadcast(seen, src=0)
+    return bool(seen.item())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=5)
@@ -52,6 +61,7 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--size", type=int, default=128, help="matrix size of each step's product")
     parser.add_argument("--result-dir", required=True)
+    parser.add_argument("--stop-file", default=None)
     add_torch_profile_args(parser)
     args = parser.parse_args()  # before the process group: --torch-profile-flight-recorder acts here
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
@@ -63,6 +73,8 @@ def main() -> int:
     try:
         with TorchProfiler.from_args(args) as prof:
             for iteration in range(1, args.iters + 1):
+                if args.stop_file and stop_agreed(args.stop_file):
+                    break
                 started = time.perf_counter()
                 weights = torch.tanh(weights @ weights)
                 if iteration == args.at_iteration and rank in (args.spin_rank, args.pipe_rank):

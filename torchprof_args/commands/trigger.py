@@ -7,6 +7,11 @@ check iteration), prints the accepted window and the trace paths, and with ``--w
 those traces are published.  Works from any node that sees the control directory (``--job-dir``),
 or on the job's node by process id (``--pid``: a rank, or its launcher such as torchrun).
 
+With ``--debug-server HOST:PORT`` the same request goes through the job's
+``--torch-profile-debug-server`` (its ``/torchprof_trace`` page, on rank 0's node, which writes it into
+the control directory): for a machine that does not see the job's files.  The control directory
+stays the default channel: private to the job's user, where the debug server has no authentication.
+
 With ``--stacks`` every rank writes its Python stacks (``--native``: py-spy's native frames too)
 into ``<profile dir>/stacks/answers/<id>/``; the command prints where, and the ranks grouped by
 where they are, the odd group first (:mod:`torchprof_args.commands.trigger_stacks`).
@@ -28,19 +33,10 @@ from torchprof_args.commands.common import Subparsers
 from torchprof_args.commands.trigger_stacks import run_stacks
 from torchprof_args.errors import CommandError, ExitStatus
 from torchprof_args.flags.types import positive_float, positive_int, rank_token
-from torchprof_args.ondemand.protocol import (
-    ANSWERS,
-    REQUESTS,
-    make_request,
-    read_job_file,
-    read_small_json,
-    resolve_control_dir,
-    write_control_file,
-)
+from torchprof_args.ondemand.client import POLL_SECONDS, RequestFailed, submit, wait_for_answer
+from torchprof_args.ondemand.protocol import ANSWERS, read_job_file, read_small_json, resolve_control_dir
 from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered_processes
-from torchprof_args.private_dir import check_private_dir
 
-POLL_SECONDS = 0.2
 PARTLY_FAILED = ExitStatus.PARTLY_FAILED
 
 
@@ -57,6 +53,10 @@ def register(subparsers: Subparsers) -> None:
                        help="a rank's process id, or its launcher's (torchrun, srun), on this node")
     where.add_argument("--list", action="store_true",
                        help="list the on-demand jobs of your user on this node")
+    where.add_argument("--debug-server", type=_host_port, metavar="HOST:PORT",
+                       help="ask through the job's --torch-profile-debug-server (its frontend on rank 0's "
+                            "node, trusted networks only) instead of its control directory: from a machine "
+                            "that does not see the job's files (--wait needs the trace paths visible here)")
     parser.add_argument("--iterations", type=positive_int, default=3, metavar="N",
                         help="iterations to trace (default 3; the job caps it with "
                              "--torch-profile-on-demand-max-iterations)")
@@ -82,8 +82,48 @@ def _run(args: argparse.Namespace) -> int:
     if args.native and not args.stacks:
         raise CommandError("--native needs --stacks")
     if args.stacks:
+        if args.debug_server:
+            raise CommandError("--stacks with --debug-server: the debug server's /stacks page shows "
+                               "every rank's stacks (curl http://HOST:PORT/stacks); --stacks asks through "
+                               "--job-dir or --pid")
         return run_stacks(args)
     return trigger(args)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. node17:25999), got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _ask_debug_server(address: tuple[str, int], iterations: int, ranks: list[int] | str,
+                      timeout: float) -> dict[str, Any]:
+    """Rank 0's answer to a trace request through the debug server's ``/torchprof_trace`` page."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    host, port = address
+    query = urllib.parse.urlencode({"iterations": iterations, "timeout": f"{timeout:g}",
+                                    "ranks": ranks if isinstance(ranks, str) else ",".join(map(str, ranks))})
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/torchprof_trace?{query}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout + 30.0) as response:
+            answer = json.loads(response.read(1 << 20))
+    except urllib.error.HTTPError as err:
+        missing = "; the job's torchprof-args has no such page" if err.code == 404 else ""
+        raise CommandError(f"--debug-server {host}:{port} answered HTTP {err.code}{missing}",
+                           PARTLY_FAILED) from None
+    except (OSError, ValueError) as err:
+        raise CommandError(f"--debug-server {host}:{port}: no answer ({err}); is the job running with "
+                           "--torch-profile-debug-server on that port?", PARTLY_FAILED) from None
+    if not isinstance(answer, dict):
+        raise CommandError(f"--debug-server {host}:{port}: not a trace answer", PARTLY_FAILED)
+    if answer.get("status") == "failed":
+        raise CommandError(str(answer.get("reason")), PARTLY_FAILED)
+    return answer
 
 
 def _list_jobs() -> int:
@@ -137,55 +177,11 @@ def _check_request(args: argparse.Namespace, job: dict[str, Any], control_dir: P
     return sorted(set(ranks))
 
 
-def submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[str, Path]:
-    """Write one request into ``control_dir`` atomically; returns its id and path."""
-    problem = check_private_dir(control_dir, "control directory")
-    problem = problem or check_private_dir(control_dir / REQUESTS, "control directory")
-    if problem:
-        raise CommandError(problem)
-    request = make_request(iterations, ranks)
-    path = control_dir / REQUESTS / f"{request['id']}.json"
+def _submit(control_dir: Path, iterations: int, ranks: list[int] | str) -> tuple[str, Path]:
     try:
-        write_control_file(path, request)
-    except OSError as err:
-        raise CommandError(f"cannot write the request {path}: {err.strerror or err}") from None
-    return request["id"], path
-
-
-def _withdraw(request_path: Path) -> bool:
-    """Remove a request the job has not taken yet; False when it was taken meanwhile."""
-    try:
-        os.unlink(request_path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def wait_for_answer(
-    control_dir: Path, request_id: str, request_path: Path, deadline: float
-) -> dict[str, Any]:
-    answer_path = control_dir / ANSWERS / f"{request_id}.json"
-    grace_given = False
-    while True:
-        if answer_path.exists():
-            try:
-                return read_small_json(answer_path)
-            except (OSError, ValueError) as err:
-                raise CommandError(f"cannot read the answer {answer_path}: {err}", PARTLY_FAILED) from None
-        job = _read_job(control_dir)
-        if job.get("state") == "stopped" and request_path.exists():
-            _withdraw(request_path)
-            raise CommandError("the job stopped before taking the request", PARTLY_FAILED)
-        if time.monotonic() >= deadline:
-            if _withdraw(request_path):
-                raise CommandError(f"no answer within --timeout; the request was withdrawn. The job checks "
-                                   f"about every {job.get('check_seconds', '?')} s: is it still training?",
-                                   PARTLY_FAILED)
-            if grace_given:
-                raise CommandError(f"the job took the request but wrote no answer to {answer_path}; "
-                                   "see rank 0's log", PARTLY_FAILED)
-            grace_given, deadline = True, deadline + 10.0  # taken just now: the answer is on its way
-        time.sleep(POLL_SECONDS)
+        return submit(control_dir, iterations, ranks)
+    except RequestFailed as err:
+        raise CommandError(str(err)) from None
 
 
 def wait_for_traces(paths: list[str], deadline: float, quiet: bool = False,
@@ -217,15 +213,27 @@ def _answer_status(answer_path: Path) -> str | None:
 
 def trigger(args: argparse.Namespace) -> int:
     """Submit, print the answer, and optionally wait for the traces; returns the exit code."""
-    deadline = time.monotonic() + (args.timeout if args.timeout is not None else 600.0)
-    control_dir = _control_dir(args)
-    job = _read_job(control_dir)
-    ranks = _check_request(args, job, control_dir)
-    request_id, request_path = submit(control_dir, args.iterations, ranks)
-    if not args.json:
-        print(f"request {request_id} sent to {control_dir}; the job checks about every "
-              f"{job.get('check_seconds', '?')} s", flush=True)
-    answer = wait_for_answer(control_dir, request_id, request_path, deadline)
+    timeout = args.timeout if args.timeout is not None else 600.0
+    deadline = time.monotonic() + timeout
+    answer_path: Path | None = None
+    if args.debug_server:
+        ranks: list[int] | str = "all" if "all" in args.ranks else sorted(set(args.ranks))
+        if not args.json:
+            print(f"asking {args.debug_server[0]}:{args.debug_server[1]} for a trace", flush=True)
+        answer = _ask_debug_server(args.debug_server, args.iterations, ranks, timeout)
+    else:
+        control_dir = _control_dir(args)
+        job = _read_job(control_dir)
+        ranks = _check_request(args, job, control_dir)
+        request_id, request_path = _submit(control_dir, args.iterations, ranks)
+        if not args.json:
+            print(f"request {request_id} sent to {control_dir}; the job checks about every "
+                  f"{job.get('check_seconds', '?')} s", flush=True)
+        try:
+            answer = wait_for_answer(control_dir, request_id, request_path, deadline)
+        except RequestFailed as err:
+            raise CommandError(str(err), PARTLY_FAILED) from None
+        answer_path = control_dir / ANSWERS / f"{request_id}.json"
     if args.json:
         print(json.dumps(answer, indent=1, sort_keys=True), flush=True)
     if answer.get("status") != "accepted":
@@ -240,9 +248,8 @@ def trigger(args: argparse.Namespace) -> int:
             print(f"  {path}", flush=True)
     if not args.wait:
         return 0
-    answer_path = control_dir / ANSWERS / f"{request_id}.json"
     missing = wait_for_traces(traces, deadline, quiet=args.json, answer_path=answer_path)
-    if missing and _answer_status(answer_path) == "skipped":
+    if missing and answer_path is not None and _answer_status(answer_path) == "skipped":
         reason = read_small_json(answer_path).get("reason", "no reason given")
         raise CommandError(f"skipped: {reason}", PARTLY_FAILED)
     if missing:

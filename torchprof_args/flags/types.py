@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Number", "gzip_level", "non_negative_float", "non_negative_int", "positive_float", "positive_int",
-           "rank_token"]
+__all__ = ["Number", "gzip_level", "non_negative_float", "non_negative_int", "port_number", "positive_float",
+           "positive_int", "rank_token"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,8 @@ positive_int = Number(int, ">= 1", lambda n: n >= 1)
 positive_float = Number(float, "> 0", lambda n: n > 0)
 non_negative_float = Number(float, ">= 0", lambda n: n >= 0)
 gzip_level = Number(int, "between 1 and 9", lambda n: 1 <= n <= 9)
+#: A TCP port to listen on, 1..65535.
+port_number = Number(int, "between 1 and 65535", lambda n: 1 <= n <= 65535)
 _RANK = Number(int, ">= 0 or 'all'", lambda n: n >= 0)
 
 

@@ -16,6 +16,7 @@ from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.flags import config_field, config_values, flag_value, was_given
 from torchprof_args.log import get_logger
 from torchprof_args.naming import (
+    DEBUG_SERVER_SUBDIR,
     DEFAULT_PROFILE_DIR,
     FLIGHT_RECORDER_SUBDIR,
     MEMORY_SNAPSHOT_SUBDIR,
@@ -30,6 +31,7 @@ from torchprof_args.torch_support import WITH_MODULES_DEPRECATED, torch_at_least
 logger = get_logger(__name__)
 
 __all__ = [
+    "DebugServerConfig",
     "ExportConfig",
     "FlightRecorderConfig",
     "MemorySnapshotConfig",
@@ -278,6 +280,32 @@ class FlightRecorderConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DebugServerConfig:
+    """PyTorch's debug server (``--torch-profile-debug-server``): the frontend's port on rank 0, where
+    and how often it dumps (``dump_interval`` 0: never), and what this package's pages drive (the
+    on-demand control directory, None without ``--torch-profile-on-demand``; the profile directory,
+    whose latest cycle the brief page reads)."""
+
+    enabled: bool = config_field(flags.DEBUG_SERVER)
+    port: int = config_field(flags.DEBUG_SERVER_PORT)
+    dump_interval: float = config_field(flags.DEBUG_SERVER_DUMP_INTERVAL)
+    dump_dir: str = f"{DEFAULT_PROFILE_DIR}/{DEBUG_SERVER_SUBDIR}"
+    profile_dir: str = DEFAULT_PROFILE_DIR
+    control_dir: str | None = None
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, *, on_demand: OnDemandConfig) -> DebugServerConfig:
+        values = config_values(cls, args)
+        if not values["enabled"]:
+            for flag in (flags.DEBUG_SERVER_PORT, flags.DEBUG_SERVER_DUMP_INTERVAL):
+                if was_given(args, flag):
+                    raise TorchProfileArgsError(f"{flag.option} needs --torch-profile-debug-server.")
+        directory = profile_dir(args)
+        return cls(**values, dump_dir=f"{directory}/{DEBUG_SERVER_SUBDIR}", profile_dir=directory,
+                   control_dir=on_demand.control_dir if on_demand.enabled else None)
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfilerConfig:
     """Everything :class:`~torchprof_args.runtime.profiler.TorchProfiler` follows."""
 
@@ -287,6 +315,7 @@ class ProfilerConfig:
     nsys: NsysConfig = NsysConfig()
     on_demand: OnDemandConfig = OnDemandConfig()
     flight_recorder: FlightRecorderConfig = FlightRecorderConfig()
+    debug_server: DebugServerConfig = DebugServerConfig()
 
     @property
     def follows_schedule(self) -> bool:

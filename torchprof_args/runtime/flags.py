@@ -13,6 +13,7 @@ from torchprof_args.flags.types import (
     gzip_level,
     non_negative_float,
     non_negative_int,
+    port_number,
     positive_float,
     positive_int,
     rank_token,
@@ -258,6 +259,36 @@ FLIGHT_RECORDER_FLAGS = register_group(FlagGroup(
                 "(torchprof-args).",
     flags=(FLIGHT_RECORDER, STACKS, STACKS_SERVER),
     order=25,
+))
+
+DEBUG_SERVER = Flag("--torch-profile-debug-server",
+                    "Start PyTorch's distributed debug server (torch.distributed.debug, torch >= 2.13, pip "
+                    "install 'torchprof-args[debugserver]'): a worker on every rank and, on rank 0, a web "
+                    "frontend on --torch-profile-debug-server-port showing every rank's stacks, flight "
+                    "recorder, py-spy and torch.profiler, with this package's pages beside them (an "
+                    "on-demand trace of the next N iterations, the last cycle's brief); its periodic dumps "
+                    "go to <profile dir>/debug_server/ for `torchprof hang`. PyTorch's security note: "
+                    "only for trusted networks, the server is not secure (no authentication; every rank's "
+                    "worker listens on all interfaces) and must not be exposed to the internet; "
+                    "experimental, it may change with any torch release. `torchprof trigger` keeps its "
+                    "private channel by default (--debug-server HOST:PORT goes through this server).",
+                    default=False, action="store_true")
+DEBUG_SERVER_PORT = Flag("--torch-profile-debug-server-port",
+                         "Port of the debug server's web frontend on rank 0's node (PyTorch's default).",
+                         default=25999, type=port_number, metavar="PORT")
+DEBUG_SERVER_DUMP_INTERVAL = Flag("--torch-profile-debug-server-dump-interval",
+                                  "Seconds between the debug server's dumps of every rank's stacks and "
+                                  "flight recorder into <profile dir>/debug_server/ (the newest "
+                                  "few kept; `torchprof hang` reads the newest); 0: no dumps.",
+                                  default=60.0, type=non_negative_float, metavar="S")
+
+DEBUG_SERVER_FLAGS = register_group(FlagGroup(
+    title="PyTorch's debug server",
+    description="PyTorch's own distributed debug server, with this package's pages beside its own; "
+                "combine with --torch-profile-flight-recorder N for every rank's collectives and with "
+                "--torch-profile-on-demand for traces on request (torchprof-args).",
+    flags=(DEBUG_SERVER, DEBUG_SERVER_PORT, DEBUG_SERVER_DUMP_INTERVAL),
+    order=26,
 ))
 
 #: Megatron-core parallel axes a rank can be selected by.

@@ -30,6 +30,7 @@ from torchprof_args.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.runtime.agreements import StepAgreements
 from torchprof_args.runtime.config import ProfiledRun, ProfilerConfig
 from torchprof_args.runtime.cost import ProfilingCost
+from torchprof_args.runtime.debug_server.server import DebugServer
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
 from torchprof_args.runtime.flight_recorder import FlightRecorder
@@ -99,6 +100,8 @@ class TorchProfiler:
                                                            profiling=self.enabled)  # + the stacks server
         if self._flight_recorder is not None:  # hang forensics: dump when the fence fails (and on SIGTERM)
             self._fence.on_failure.append(self._flight_recorder.on_fence_failure)
+        #: PyTorch's debug server (--torch-profile-debug-server), from start() to the end of stop().
+        self._debug_server = DebugServer.from_config(config.debug_server, self.rank)
         self._recorder = Recorder(config.trace, rank=self.rank)
         #: what the job adds to each trace's ``torchprof_args`` metadata (:meth:`add_trace_metadata`).
         self.extra_metadata: dict[str, Any] = {}
@@ -164,6 +167,8 @@ class TorchProfiler:
         :class:`~torchprof_args.TorchProfileArgsError` on every rank if any rank's is unsafe), and
         says once, before training, what cannot work here (memory snapshots or nsys without CUDA).
         """
+        if self._debug_server is not None:  # before any signal handling of ours: its frontend is forked
+            self._debug_server.start()
         if not self.enabled or self._started:
             if self._flight_recorder is not None:
                 self._flight_recorder.arm()
@@ -207,6 +212,8 @@ class TorchProfiler:
         if self._flight_recorder is not None:
             self._flight_recorder.disarm()
         if not self._started:
+            if self._debug_server is not None:
+                self._debug_server.stop()
             return
         self._critical = True
         last, timeout = self._iteration, self.config.export.exit_timeout
@@ -218,6 +225,8 @@ class TorchProfiler:
                 self._publishing.final(progress_row(self._writer))  # rank 0's last line
         finally:
             self._critical = False
+        if self._debug_server is not None:  # last: it shows the ranks while they publish and fence
+            self._debug_server.stop()
         if self._sigterm.pending:
             self._sigterm.deliver()
         else:

@@ -115,8 +115,8 @@ def format_hang(report: dict[str, Any], pytorch_output: bool = True) -> str:
         for rank, info in report["dumped"].items():
             stamp = info.get("time")
             when = datetime.datetime.fromtimestamp(stamp).strftime("%H:%M:%S") if stamp else "?"
-            lines.append(f"  rank {rank} ({info.get('host')}, pid {info.get('pid')}, {when}): "
-                         f"{info.get('reason')}")
+            pid = f", pid {info['pid']}" if info.get("pid") is not None else ""  # none: the debug server's
+            lines.append(f"  rank {rank} ({info.get('host')}{pid}, {when}): {info.get('reason')}")
         lines.append("")
     if pytorch_output:
         for recorder in report["recorders"]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from torchprof_args.analysis.tools.debug_dumps import find_server_dumps
 from torchprof_args.analysis.tools.hang_clocks import dump_clocks, last_issued
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import FLIGHT_RECORDER_PREFIXES, FLIGHT_RECORDER_SUBDIR
@@ -278,7 +279,9 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
     """Every recorder's dumps under a directory through PyTorch's analyzer, and where each rank is.
 
     Args:
-        path: the run's ``--torch-profile-dir`` or its ``flight_recorder/``.
+        path: the run's ``--torch-profile-dir``, its ``flight_recorder/`` or, where neither holds
+            dumps or stacks, its ``debug_server/`` (the debug server's newest periodic dumps,
+            :mod:`~torchprof_args.analysis.tools.debug_dumps`).
 
     Returns:
         The answer as plain data (``torchprof hang --json``): ``directory``, ``recorders`` (per
@@ -294,20 +297,27 @@ def analyse_dumps(path: str | Path) -> dict[str, Any]:
     """
     directory, by_backend, infos = find_dumps(path)
     stacks, problems = find_stacks(directory)
-    if not by_backend and not stacks:
-        names = ", ".join(p + "<rank>" for p in FLIGHT_RECORDER_PREFIXES.values())
-        raise TraceError(f"{directory}: no flight-recorder dumps ({names}) and no stacks "
-                         "(stacks_rank<R>.json); run with --torch-profile-flight-recorder N or "
-                         "--torch-profile-stacks")
+    raw_dumps: dict[str, dict[int, dict[str, Any]]] = {}
+    if not by_backend and not stacks:  # a job that still hangs: its debug server's dumps, if any
+        server = find_server_dumps(path)
+        if server is None:
+            names = ", ".join(p + "<rank>" for p in FLIGHT_RECORDER_PREFIXES.values())
+            raise TraceError(f"{directory}: no flight-recorder dumps ({names}), no stacks "
+                             "(stacks_rank<R>.json) and no debug-server dumps; run with "
+                             "--torch-profile-flight-recorder N, --torch-profile-stacks or "
+                             "--torch-profile-debug-server")
+        directory, raw_dumps, stacks, infos = server.directory, server.recorders, server.stacks, server.infos
+        problems += server.problems
+    for backend, files in by_backend.items():
+        raw_dumps[backend] = {rank: load_dump(file) for rank, file in sorted(files.items())}
     said = ("reason", "host", "pid", "time", "files")
     report: dict[str, Any] = {"directory": str(directory), "recorders": [],
                               "dumped": {rank: {k: info.get(k) for k in said}
                                          for rank, info in sorted(infos.items())}}
     for backend in ("nccl", "gloo"):
-        files = by_backend.get(backend)
-        if not files:
+        raw = raw_dumps.get(backend)
+        if not raw:
             continue
-        raw = {rank: load_dump(file) for rank, file in sorted(files.items())}
         dumps, notes = normalise_dumps(raw, infos)
         members = {r for dump in dumps.values() for config in dump["pg_config"].values()
                    for r in _ranks_of(config["ranks"])}
