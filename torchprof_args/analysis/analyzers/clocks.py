@@ -23,10 +23,13 @@ little later than the others' (an NCCL tree's root) is off by that much whatever
 can the spread see a bias that comes with a host's role: on the CPU (gloo) the rank that arrived
 last ends a little later (or earlier) than those that waited for it.  Where a host was sometimes
 last and sometimes not, half the difference between the two groups' readings bounds that bias from
-below; where it always was (a straggler) or never was, the bias cannot be told from the offset, and
-on the CPU, where the ends of one collective are known only within its transfer time (the last
-arrival's duration: every rank ends between that arrival and about its end), the median transfer
-time stands for it.
+below; where it always was (a straggler) or never was, the bias cannot be told from the offset.
+On the CPU the ends of one collective are known only within its transfer time (the shortest time a
+rank spent in it: the last arrival's, which waited for nobody; every rank ends between that
+arrival and about its end), so the median transfer time is the least uncertainty either way.
+Which host arrived last is read once the offsets are estimated, on the reference clock: on the
+hosts' own clocks an offset larger than the skews would decide it, and the uncertainty stated
+would grow with the offset.
 
 A drift (one clock running faster) is estimated where 16 or more collectives span the window
 (Theil-Sen's slope, scipy) and applied when the change it makes over the window exceeds the
@@ -117,8 +120,8 @@ class SharedMoment:
 
 
 class _Readings:
-    """Per (shared moment, host): its ranks' median end, latest arrival and earliest end; per shared
-    moment, its precision."""
+    """Per (shared moment, host): its ranks' median end, latest arrival and earliest end, and whether
+    it arrived last; per shared moment, its precision."""
 
     def __init__(self, moments: Sequence[SharedMoment], host_index: dict[int, int]) -> None:
         inst: list[int] = []
@@ -126,7 +129,6 @@ class _Readings:
         end: list[float] = []
         last_arrival: list[float] = []
         first_end: list[float] = []
-        holds_last: list[bool] = []
         ranked: list[bool] = []
         precision: list[float] = []
         shared = 0
@@ -137,7 +139,6 @@ class _Readings:
             if len(per_host) < 2:
                 continue
             arrivals = moment.arrivals_us
-            last_rank = max(arrivals, key=arrivals.__getitem__) if arrivals else None
             precision.append(moment.precision_us)
             for h, members in per_host.items():
                 ends = sorted(moment.ends_us[rank] for rank in members)
@@ -146,7 +147,6 @@ class _Readings:
                 end.append((ends[(len(ends) - 1) // 2] + ends[len(ends) // 2]) / 2.0)
                 last_arrival.append(max((arrivals[r] for r in members if r in arrivals), default=-np.inf))
                 first_end.append(ends[0])
-                holds_last.append(last_rank is not None and host_index[last_rank] == h)
                 ranked.append(bool(arrivals))
             shared += 1
         self.shared = shared
@@ -156,18 +156,28 @@ class _Readings:
         self.last_arrival = np.array(last_arrival, dtype=np.float64)
         self.first_end = np.array(first_end, dtype=np.float64)
         self.precision = np.array(precision, dtype=np.float64)
-        self.holds_last = np.array(holds_last, dtype=bool)
         #: the reading has arrivals (a collective): a role, and causality's bounds
         self.ranked = np.array(ranked, dtype=bool)
+        #: whether the host arrived last at the moment (:meth:`relabel`, once the offsets are known)
+        self.holds_last = np.zeros(len(inst), dtype=bool)
+
+    def relabel(self, offset: np.ndarray) -> None:
+        """Which host arrived last at each moment, on the reference clock (``offset`` per host): on
+        the hosts' own clocks an offset larger than the skews decides it, and with it the role bias."""
+        shifted = self.last_arrival + offset[self.host]
+        latest = np.full(self.shared, -np.inf)
+        np.maximum.at(latest, self.inst, shifted)
+        self.holds_last = self.ranked & np.isfinite(shifted) & (shifted == latest[self.inst])
 
 
 def _collective_moment(found: dict[int, CommRecord]) -> SharedMoment:
-    """A matched collective's ends and arrivals (its precision: the last arrival's transfer time on the
-    CPU, where the ends are known only within it)."""
-    last = max(found.values(), key=lambda r: r.start_us)
+    """A matched collective's ends and arrivals (its precision: on the CPU, where the ends are known
+    only within it, its transfer time: the shortest time a rank spent in it, the last arrival's,
+    which waited for nobody; read without comparing clocks)."""
     on_gpu = all(r.channel.startswith(GPU_CHANNEL) for r in found.values())
     return SharedMoment({rank: r.start_us + r.dur_us for rank, r in found.items()},
-                        {rank: r.start_us for rank, r in found.items()}, 0.0 if on_gpu else last.dur_us)
+                        {rank: r.start_us for rank, r in found.items()},
+                        0.0 if on_gpu else min(r.dur_us for r in found.values()))
 
 
 def _one_collective(found: dict[int, CommRecord], by_seq: bool) -> bool:
@@ -230,10 +240,12 @@ def _drift(t: np.ndarray, d: np.ndarray, uncertainty: float) -> tuple[float, flo
 
 def _role_bias(readings: np.ndarray, last: np.ndarray, precision: np.ndarray) -> float:
     """How far a host's role in its collectives (arriving last, or waiting) may bias its readings
-    (the module's docstring says how)."""
+    (the module's docstring says how), and at least how precisely the ends are one moment (on the
+    CPU, the transfer time)."""
+    floor = float(np.median(precision))
     if last.any() and not last.all():
-        return abs(float(np.median(readings[last])) - float(np.median(readings[~last]))) / 2.0
-    return float(np.median(precision))
+        return max(abs(float(np.median(readings[last])) - float(np.median(readings[~last]))) / 2.0, floor)
+    return floor
 
 
 def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list[int]) -> HostClock:
@@ -309,6 +321,7 @@ def clocks_from_moments(moments: Sequence[SharedMoment],
     host_index = {rank: i for i, name in enumerate(names) for rank in hosts[name]}
     readings = _Readings(moments, host_index)
     offset = _offsets(readings, len(names)) if readings.shared else np.zeros(len(names))
+    readings.relabel(offset)
     clocks = [_host_clock(readings, offset, i, name, hosts[name]) for i, name in enumerate(names)]
     return clocks, readings.shared
 
