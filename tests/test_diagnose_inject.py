@@ -344,7 +344,35 @@ def test_exposed_comm_split_by_process_group() -> None:
     assert list(finding.evidence["by_group_ms_per_step"]) == ["dp"]
     assert finding.evidence["by_group_ms_per_step"]["dp"] == pytest.approx(finding.ms_per_step, rel=0.01)
     assert "--overlap-grad-reduce" in finding.remedy
+    assert "fsdp2_ms_per_step" not in finding.evidence and "set_modules" not in finding.remedy
     assert "by_group_ms_per_step" not in exposed_comm.analyze(load_trace(NCCL)).evidence
+
+
+@pytest.mark.slow
+def test_exposed_comm_on_an_fsdp2_job_says_fsdp2_s_remedy(tmp_path: Path) -> None:
+    """The real NCCL trace with an exposed all-gather inside FSDP2's unshard annotation, twice the
+    trace's exposed all-reduces: the remedy is FSDP2's for all-gathers (explicit prefetching,
+    ``reshard_after_forward``), not Megatron's."""
+    base = exposed_comm.analyze(load_trace(NCCL))
+    assert isinstance(base, Finding)
+    doc = load_doc(NCCL)
+    n_steps = context(load_trace(NCCL)).n_steps
+    d = 2 * base.ms_per_step * n_steps * 1000.0
+    t = _first_busy_start(NCCL)[0]
+    corr = new_correlation(doc)
+    pid, tid = cpu_thread(doc)
+    insert_pause(doc, t, d, cause=runtime_call("cudaLaunchKernel", pid, tid, corr))
+    add_event(doc, {"name": "FSDP::pre_forward (blocks.0)", "cat": "user_annotation", "pid": pid, "tid": tid,
+                    "ts": t, "dur": d})
+    add_event(doc, device_event("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                                gpu_stream(doc, "nccl"), corr, t, d))
+    finding = exposed_comm.analyze(load_trace(write_doc(doc, tmp_path), comms=True))
+    assert isinstance(finding, Finding)
+    assert list(finding.evidence["fsdp2_ms_per_step"]) == ["all_gather", "reduce_scatter"]
+    exposed = finding.evidence["fsdp2_ms_per_step"]
+    assert exposed["all_gather"] == pytest.approx(d / 1000.0 / n_steps, rel=0.01)
+    assert finding.remedy == exposed_comm.FSDP2_REMEDY["all_gather"]
+    assert "Megatron" not in finding.remedy
 
 
 @pytest.mark.slow

@@ -8,18 +8,24 @@ critical path, and neither a balanced router nor FSDP2 gives one."""
 from __future__ import annotations
 
 import gzip
+import inspect
 import itertools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers.examples import run_doc_example
-from helpers.paths import REPO
+from helpers.paths import DATA, REPO
 from helpers.processes import rank_results, run_torchrun
 
+from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, read_results
 from torchprof_args.analysis.critical_path.cycle import Scenario, cycle_graph, expert_work_per_step, mean_into
+from torchprof_args.analysis.diagnose.kinds.exposed_comm import FSDP2_REMEDY, fsdp2_exposed
+from torchprof_args.analysis.memory.findings import findings_of
+from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.console import main as torchprof
 
 JOB = REPO / "tests" / "jobs" / "modern_job.py"
@@ -159,6 +165,47 @@ def test_summary_shows_fsdp2_s_phases_per_module(job: tuple[str, Path],
             assert phases[phase]["ms_per_step"] > 0 and phases[phase]["calls"] >= 8
     assert torchprof(["summary", str(prof), "--no-progress"]) == 0
     assert ("FSDP2 phases per step" in capsys.readouterr().out) is (shape != "moe")
+
+
+def test_fsdp2_s_remedies_name_its_own_methods_and_arguments() -> None:
+    """Each FSDP2 remedy names only methods torch's ``FSDPModule`` has and arguments ``fully_shard``
+    takes (the torch the tests run)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    arguments = inspect.signature(fully_shard).parameters
+    for text in FSDP2_REMEDY.values():
+        methods = re.findall(r"\b(set_\w+)\(", text)
+        assert methods and all(hasattr(FSDPModule, m) for m in methods), methods
+        assert all(a in arguments for a in re.findall(r"(\w+)=", text)), text
+    assert "set_modules_to_forward_prefetch" in FSDP2_REMEDY["all_gather"]
+    assert "reshard_after_forward=False" in FSDP2_REMEDY["all_gather"]
+    assert "set_requires_gradient_sync" in FSDP2_REMEDY["reduce_scatter"]
+
+
+@pytest.mark.slow
+def test_fsdp2_gets_fsdp2_s_advice_and_no_advice_to_shard_it(traced: Callable[..., Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The FSDP2 job's ranks are FSDP2's for exposed_comm's remedy (a DDP trace is not); ``mem`` does
+    not advise sharding its optimizer state or gradients (FSDP2 shards them), which the same breakdown
+    would get were the job not FSDP2's."""
+    prof = traced("fsdp2")
+    kernels = ["ncclDevKernel_AllGather_RING_LL", "ncclDevKernel_ReduceScatter_RING_LL"]
+    ddp = load_trace(DATA / "cpu_2rank_ddp_rank0.json.gz")
+    assert fsdp2_exposed(ddp, kernels, [1.0, 3.0]) is None
+    paths = sorted(prof.glob("iter*/*.pt.trace.json.gz"))
+    assert len(paths) == 2
+    for path in paths:
+        trace = load_trace(path, memory_rows=True, comms=True)
+        assert fsdp2_exposed(trace, kernels, [1.0, 3.0]) == {"reduce_scatter": 3.0, "all_gather": 1.0}
+        part = trace_memory_part(trace)
+        assert part.fsdp2 and part.devices
+        unsharded = {f.kind for f in findings_of(part.devices[0], part.rank, 2)}
+        assert "optimizer_sharding" in unsharded, unsharded
+        assert not {f.kind for f in findings_of(part.devices[0], part.rank, 2, fsdp2=True)} & {
+            "optimizer_sharding", "gradient_sharding"}
+    assert torchprof(["mem", str(prof), "--json", "--no-progress"]) == 0
+    kinds = {f["kind"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert kinds and not kinds & {"optimizer_sharding", "gradient_sharding"}, kinds
 
 
 #: the MoE job with expert work measurable beside its dense parts (rank 1's experts get ~90 % of the

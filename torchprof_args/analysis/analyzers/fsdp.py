@@ -21,7 +21,7 @@ import numpy as np
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["FSDP_PHASES", "FsdpPhase", "fsdp_phases"]
+__all__ = ["FSDP_PHASES", "FsdpPhase", "fsdp_phases", "is_fsdp2"]
 
 #: each phase FSDP2 annotates, in the order of a step, and what it is.
 FSDP_PHASES: dict[str, str] = {
@@ -52,6 +52,12 @@ class FsdpPhase(msgspec.Struct, frozen=True, gc=False):
     calls: int
     ms_per_step: float
     modules: list[str]
+
+
+def is_fsdp2(trace: Trace) -> bool:
+    """Whether ``trace``'s model is ``fully_shard``-ed: it has FSDP2's annotations (a scan of the
+    trace's distinct names only, cheap enough for every diagnose kind and every rank)."""
+    return any(name.startswith("FSDP::") and _ANNOTATION.match(name) for name in trace.names)
 
 
 def fsdp_phases(trace: Trace) -> list[FsdpPhase]:

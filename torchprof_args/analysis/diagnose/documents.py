@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-DIAGNOSIS_FORMAT = 6  # 6: an all-to-all's row_bytes (expert_imbalance's tokens); 5: gloo reduce_scatter named
+DIAGNOSIS_FORMAT = 7  # 7: FSDP2 remedies; 6: an all-to-all's row_bytes; 5: gloo reduce_scatter named
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
 

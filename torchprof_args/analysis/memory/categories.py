@@ -28,7 +28,7 @@ PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(M
 #: the phases of a training step.
 PHASES = ("forward", "backward", "after_backward", "optimizer", "zero_grad", "other")
 #: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
-MEMORY_FORMAT = 3  # 2: FSDP2 parameters sized by their shards; 3: a site per category
+MEMORY_FORMAT = 4  # 2: FSDP2 parameters sized by their shards; 3: a site per category; 4: fsdp2
 
 
 def human_bytes(n: float | None) -> str:
@@ -183,6 +183,8 @@ class MemoryPart(msgspec.Struct, frozen=True):
         stage: the rank's pipeline stage (the trace's ``torchprof_args.pipeline`` metadata).
         coordinates: its parallel coordinates (dp, tp, pp, cp, ep), when recorded.
         devices: one breakdown per device with ``[memory]`` events, the busiest first.
+        fsdp2: the model is FSDP2's (``fully_shard``): its parameters, gradients and optimizer state
+            are sharded already.
     """
 
     format: int
@@ -193,3 +195,4 @@ class MemoryPart(msgspec.Struct, frozen=True):
     stage: int | None
     coordinates: dict[str, int] | None
     devices: list[DeviceMemory]
+    fsdp2: bool = False

@@ -8,7 +8,7 @@ A finding is computed from one rank's breakdown at its peak (:class:`~.categorie
   activations held at the peak (each checkpointed block still keeps its input);
 * ``optimizer_sharding`` / ``gradient_sharding``: sharding the optimizer state (ZeRO-1, Megatron's
   distributed optimizer, FSDP) or the gradients too (ZeRO-2, FSDP) over ``N`` data-parallel ranks
-  frees ``1 - 1/N`` of them;
+  frees ``1 - 1/N`` of them (not on an FSDP2 job: they are sharded already);
 * ``fragmentation``: the allocator's reserved but unallocated memory at the peak (CUDA), made usable
   by expandable segments;
 * ``retained_tensor``: a tensor allocated every step and never freed (:class:`~.categories.Retained`),
@@ -78,10 +78,12 @@ def _mib(n: float) -> str:
     return human_bytes(n)
 
 
-def category_remedies(held: ByCategory, data_parallel: int) -> list[tuple[str, int, str]]:
+def category_remedies(held: ByCategory, data_parallel: int,
+                      fsdp2: bool = False) -> list[tuple[str, int, str]]:
     """``(kind, bytes freed, bound)`` of the remedies that act on ``held`` (bytes by category at the
-    moment), over ``data_parallel`` ranks for the sharding ones."""
-    shard = 1 - 1 / data_parallel if data_parallel > 1 else 0.0
+    moment), over ``data_parallel`` ranks for the sharding ones (none under FSDP2, ``fsdp2``: its
+    optimizer state and gradients are sharded already)."""
+    shard = 1 - 1 / data_parallel if data_parallel > 1 and not fsdp2 else 0.0
     out = [
         ("smaller_micro_batch", held.activation // 2, "activations scale with the micro-batch: half of them"),
         ("activation_recomputation", held.activation,
@@ -95,13 +97,14 @@ def category_remedies(held: ByCategory, data_parallel: int) -> list[tuple[str, i
     return out
 
 
-def findings_of(device: DeviceMemory, rank: int | None, data_parallel: int) -> list[MemoryFinding]:
+def findings_of(device: DeviceMemory, rank: int | None, data_parallel: int,
+                fsdp2: bool = False) -> list[MemoryFinding]:
     """The findings of one rank's breakdown, largest saving first (below :data:`MIN_FINDING_BYTES`:
-    none)."""
+    none; no sharding ones on an FSDP2 job, ``fsdp2``)."""
     ranks = [rank] if rank is not None else []
     held = device.by_category
     found = []
-    for kind, freed, bound in category_remedies(held, data_parallel):
+    for kind, freed, bound in category_remedies(held, data_parallel, fsdp2):
         what = {"smaller_micro_batch": "activations", "activation_recomputation": "activations",
                 "optimizer_sharding": "optimizer state", "gradient_sharding": "gradients"}[kind]
         total = {"activations": held.activation, "optimizer state": held.optimizer_state,

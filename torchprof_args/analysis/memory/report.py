@@ -132,7 +132,7 @@ def memory_report(path: str, cycle: str | None, parts: Sequence[tuple[str, Memor
     for _, part in parts:
         if part.devices:
             rank = part.rank
-            findings += findings_of(part.devices[0], rank, dp)
+            findings += findings_of(part.devices[0], rank, dp, part.fsdp2)
             if best is None or part.devices[0].peak_bytes > best[1].devices[0].peak_bytes:
                 best = (rank if rank is not None else -1, part)
     found_outliers = outliers(rows)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.analyzers.collectives import tensor_bytes
+from torchprof_args.analysis.analyzers.fsdp import is_fsdp2
 from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
@@ -69,7 +70,8 @@ def device_label(code: int) -> str:
 
 
 def trace_identity(trace: Trace) -> dict[str, object]:
-    """The rank, world size, pipeline stage and parallel coordinates a trace states."""
+    """The rank, world size, pipeline stage and parallel coordinates a trace states, and whether its
+    model is FSDP2's."""
     found = trace.metadata.get("torchprof_args")
     meta: dict[str, Any] = found if isinstance(found, dict) else {}
     pipeline = meta.get("pipeline")
@@ -79,7 +81,7 @@ def trace_identity(trace: Trace) -> dict[str, object]:
     return {"rank": rank if isinstance(rank, int) else None, "world_size": trace.world_size,
             "stage": stage if isinstance(stage, int) else None,
             "coordinates": {k: v for k, v in coords.items() if isinstance(v, int)} if isinstance(coords, dict)
-            else None}
+            else None, "fsdp2": is_fsdp2(trace)}
 
 
 def trace_memory_part(trace: Trace) -> MemoryPart:

@@ -6,7 +6,10 @@ which no computation kernel runs (HTA's communication/computation overlap,
 :mod:`torchprof_args.analysis.analyzers.overlap`, the other way round).  That part is on the step's
 critical path unless the schedule overlaps it.  When the trace was loaded with its communication fields
 (``load_trace(..., comms=True)``) the exposed time is split by process group: the group's description
-(``Process Group Description``, e.g. Megatron's) names dp / tp / pp / ep.
+(``Process Group Description``, e.g. Megatron's) names dp / tp / pp / ep.  On an FSDP2 job (the trace
+has FSDP2's annotations, :func:`~torchprof_args.analysis.analyzers.fsdp.is_fsdp2`) the data-parallel
+remedy is FSDP2's own, for the collective most exposed: the parameters' all-gathers (unshard) or the
+gradients' reduce-scatters (and all-reduces under HSDP).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.fsdp import is_fsdp2
 from torchprof_args.analysis.analyzers.gpu import COMMUNICATION, kernel_type
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import StepContext, context, top_names
@@ -27,7 +31,7 @@ from torchprof_args.analysis.diagnose.kinds.memcpy import compute_union
 from torchprof_args.analysis.intervals import covered, merge_intervals, minus
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "group_kind"]
+__all__ = ["FSDP2_REMEDY", "KIND", "SCOPE", "THRESHOLD", "analyze", "fsdp2_exposed", "group_kind"]
 
 KIND = "exposed_comm"
 SCOPE = Scope.PER_RANK
@@ -45,6 +49,22 @@ REMEDY = {"dp": "overlap gradient reduction: Megatron --overlap-grad-reduce --ov
           "ep": "overlap expert dispatch: Megatron --moe-shared-expert-overlap / a2a overlap"}
 DEFAULT_REMEDY = ("overlap communication with compute: Megatron --overlap-grad-reduce --overlap-param-gather "
                   "(DDP/FSDP bucketing and prefetch)")
+#: an FSDP2 job's remedy, by its collective most exposed (FSDPModule's methods, fully_shard's arguments).
+FSDP2_REMEDY = {
+    "all_gather": ("issue FSDP2's all-gathers earlier: on each fully_shard-ed block, "
+                   "set_modules_to_forward_prefetch([the next two blocks]) and "
+                   "set_modules_to_backward_prefetch([the previous two]) (the default prefetches one; each "
+                   "more holds one more block's unsharded parameters); fully_shard(last blocks, "
+                   "reshard_after_forward=False) skips their all-gather in backward, at the cost of their "
+                   "unsharded parameters held from forward to backward"),
+    "reduce_scatter": ("reduce-scatter less often and in fewer pieces: with gradient accumulation, "
+                       "model.set_requires_gradient_sync(False) for all but the last micro-batch (the "
+                       "unsharded gradients are held meanwhile); fully_shard([several blocks]) as one group "
+                       "buckets their gradients into one larger reduce-scatter"),
+}
+#: the kernels of each FSDP2 collective (NCCL's / RCCL's names); all-reduces are HSDP's gradients.
+_FSDP2_KERNELS = (("all_gather", re.compile(r"AllGather", re.I)),
+                  ("reduce_scatter", re.compile(r"ReduceScatter|AllReduce", re.I)))
 
 
 def group_kind(desc: str | None) -> str:
@@ -53,6 +73,19 @@ def group_kind(desc: str | None) -> str:
         if desc and pattern.search(desc):
             return kind
     return "unknown"
+
+
+def fsdp2_exposed(trace: Trace, names: list[str], exposed_us: list[float]) -> dict[str, float] | None:
+    """Exposed time (as given) by FSDP2 collective (:data:`FSDP2_REMEDY`'s keys), most first, of the
+    communication kernels ``names``; None when ``trace`` is not an FSDP2 job's."""
+    if not is_fsdp2(trace):
+        return None
+    sums: dict[str, float] = defaultdict(float)
+    for name, us in zip(names, exposed_us, strict=True):
+        what = next((what for what, pattern in _FSDP2_KERNELS if pattern.search(name)), None)
+        if what is not None:
+            sums[what] += us
+    return dict(sorted(sums.items(), key=lambda kv: -kv[1]))
 
 
 def _groups(trace: Trace, idx: np.ndarray) -> list[str] | None:
@@ -95,12 +128,17 @@ def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | 
                                 "communication_ms_per_step": round(ctx.ms(float((end - ts).sum())), 3),
                                 "top_kernels": top_names(trace, idx, exposed, ctx),
                                 "perfetto_ts_us": round(float(ts[worst]), 3)}
-    remedy = DEFAULT_REMEDY
+    remedy, top = DEFAULT_REMEDY, "unknown"
     groups = _groups(trace, idx)
     if groups is not None:
         evidence["by_group_ms_per_step"] = _by_group(groups, exposed, ctx)
         top = next(iter(evidence["by_group_ms_per_step"]), "unknown")
         remedy = REMEDY.get(top, DEFAULT_REMEDY)
+    fsdp2 = fsdp2_exposed(trace, [trace.names[i] for i in trace.name_id[idx].tolist()], exposed.tolist())
+    if fsdp2 is not None and top in ("dp", "unknown"):
+        evidence["fsdp2_ms_per_step"] = {what: round(ctx.ms(us), 3) for what, us in fsdp2.items()}
+        most = next(iter(fsdp2), None)  # None: the kernels do not name their collective
+        remedy = FSDP2_REMEDY[most] if most else "; ".join(FSDP2_REMEDY.values())
     return Finding(
         kind=KIND, ranks=(trace.rank or 0,),
         summary=f"communication not overlapped by compute takes {ms:.1f} ms per step "
