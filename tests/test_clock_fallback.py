@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.hosts import simulate_hosts
+from helpers.hosts import simulate_hosts, straggler_job
 from helpers.paths import DATA, JOBS
-from helpers.processes import rank_results, run_torchrun
+from helpers.processes import run_torchrun
 
 from torchprof_args.analysis.analyzers.clocks import align_clocks
 from torchprof_args.analysis.collect.pool import collect
@@ -24,9 +24,6 @@ from torchprof_args.analysis.collect.trace_results import DIAGNOSIS
 from torchprof_args.console import main as torchprof
 
 OFFSETS_US = [100.0, -100.0, 12_000.0, -12_000.0, 100_000.0, -100_000.0]
-PROFILE = ("--torch-profile", "--torch-profile-dir", "prof", "--torch-profile-ranks", "all",
-           "--torch-profile-skip-first", "1", "--torch-profile-warmup", "1")
-
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str, progress: bool = True) -> dict:
     capsys.readouterr()
@@ -39,13 +36,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str, progress: bool = Tr
 def two_steps(tmp_path_factory) -> list[Path]:
     """A real 2-rank gloo DDP job, rank 1 30 ms slower before each gradient all-reduce, 2 steps traced:
     one all-reduce each, fewer than the 3 shared collectives the primary estimate needs."""
-    tmp = tmp_path_factory.mktemp("two_steps")
-    proc = run_torchrun(JOBS / "diagnose_job.py", "--result-dir", str(tmp), "--iters", "6",
-                        "--slow-rank", "1", "--slow-ms", "30", *PROFILE, "--torch-profile-active", "2",
-                        cwd=tmp)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {r["ended"] for r in rank_results(tmp).values()} == {"done"}
-    return sorted((tmp / "prof").glob("iter*/*.pt.trace.json.gz"))
+    return straggler_job(tmp_path_factory.mktemp("two_steps"), iters=6, active=2)
 
 
 @pytest.mark.slow

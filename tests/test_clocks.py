@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from helpers.examples import run_doc_example
-from helpers.hosts import simulate_hosts
+from helpers.hosts import PROFILE, simulate_hosts, straggler_job
 from helpers.paths import DATA, JOBS
-from helpers.processes import rank_results, run_torchrun
+from helpers.processes import run_torchrun
 
 from torchprof_args.console import main as torchprof
 
@@ -138,20 +138,11 @@ def _kernel_ends(merged: dict) -> dict[str, list[float]]:
     return {rank: sorted(v) for rank, v in out.items()}
 
 
-PROFILE = ("--torch-profile", "--torch-profile-dir", "prof", "--torch-profile-ranks", "all",
-           "--torch-profile-skip-first", "1", "--torch-profile-warmup", "1")
-
 
 @pytest.fixture(scope="module")
 def straggler_cycle(tmp_path_factory) -> list[Path]:
     """A real 2-rank gloo DDP job where rank 1 works 30 ms more before each gradient all-reduce."""
-    tmp = tmp_path_factory.mktemp("straggler")
-    proc = run_torchrun(JOBS / "diagnose_job.py", "--result-dir", str(tmp), "--iters", "10",
-                        "--slow-rank", "1", "--slow-ms", "30", *PROFILE, "--torch-profile-active", "6",
-                        cwd=tmp)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {r["ended"] for r in rank_results(tmp).values()} == {"done"}
-    return sorted((tmp / "prof").glob("iter*/*.pt.trace.json.gz"))
+    return straggler_job(tmp_path_factory.mktemp("straggler"), iters=10, active=6)
 
 
 @pytest.mark.slow

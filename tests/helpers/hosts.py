@@ -107,3 +107,23 @@ def simulate_hosts(traces: list[Path], out_dir: Path, clocks: Mapping[int, tuple
         else:
             out.append(move_to_host(trace, cycle, host_from_file_name(trace.name) or "host0", 0.0, 0.0, rank))
     return out
+
+
+#: the clock tests' profile: every rank traced after a skipped and a warm-up step.
+PROFILE = ("--torch-profile", "--torch-profile-dir", "prof", "--torch-profile-ranks", "all",
+           "--torch-profile-skip-first", "1", "--torch-profile-warmup", "1")
+
+
+def straggler_job(folder: Path, iters: int, active: int) -> list[Path]:
+    """The traces of a real 2-rank gloo DDP job (tests/jobs/diagnose_job.py) whose rank 1 works 30 ms
+    more before each gradient all-reduce, ``active`` steps of ``iters`` traced."""
+    from helpers.paths import JOBS
+    from helpers.processes import rank_results, run_torchrun
+
+    proc = run_torchrun(JOBS / "diagnose_job.py", "--result-dir", str(folder), "--iters", str(iters),
+                        "--slow-rank", "1", "--slow-ms", "30", *PROFILE,
+                        "--torch-profile-active", str(active), cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {r["ended"] for r in rank_results(folder).values()} == {"done"}
+    return sorted((folder / "prof").glob("iter*/*.pt.trace.json.gz"))
+

@@ -90,6 +90,15 @@ def not_utf8(exc: UnicodeDecodeError) -> str:
     return f"not valid UTF-8 text ({exc.reason}); the file is corrupt, re-export or re-record it"
 
 
+def raise_if_not_utf8(exc: msgspec.DecodeError) -> None:
+    """Raise ``exc`` as the :class:`UnicodeDecodeError` it stands for where the text was not UTF-8:
+    msgspec 0.23 and later say so with a ``DecodeError`` (earlier ones raised UnicodeDecodeError),
+    which the reader would otherwise take for a wrong cut (a cut is at ``},``, ASCII: it never
+    splits a character), then for a truncated file."""
+    if "utf-8" in str(exc).lower():
+        raise UnicodeDecodeError("utf-8", b"", 0, 1, str(exc).rstrip(".")) from None
+
+
 def is_gzip(path: str | Path) -> bool:
     """Whether the file starts with the gzip magic bytes (whatever its name says)."""
     with open(path, "rb") as fh:
@@ -321,7 +330,8 @@ class TraceStream:
                 continue
             try:
                 return pos, self._decode(_wrap(buf, pos + 1))
-            except msgspec.DecodeError:
+            except msgspec.DecodeError as exc:
+                raise_if_not_utf8(exc)
                 continue
         return None
 
@@ -344,7 +354,8 @@ class TraceStream:
                 events = b"[" + buf[: match.start() + 1] + b"]"
                 if self.validate:
                     events = self._decode(events)
-            except msgspec.DecodeError:
+            except msgspec.DecodeError as exc:
+                raise_if_not_utf8(exc)
                 continue
             return events, tail
         return None
@@ -362,6 +373,7 @@ class TraceStream:
         try:
             doc = _json_any.decode(data)
         except msgspec.DecodeError as exc:
+            raise_if_not_utf8(exc)
             raise TraceError(f"{self.path}: not valid JSON ({exc})") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
             self._no_events(data[:200])
