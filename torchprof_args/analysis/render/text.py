@@ -68,7 +68,7 @@ def _memory_lines(summary: Summary) -> list[str]:
     if any(m.device == "cpu" for m in mem):
         lines.append("  cpu: what was allocated while recording only (the CPU allocator's totals in a "
                      "trace); `torchprof mem` adds the memory held from before the window (parameters, "
-                     "optimizer state), so its peak is larger")
+                     "optimizer state), so its cpu peak is larger")
     return lines
 
 
