@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         module.register(subparsers)
-    parser.set_defaults(command_line=parser)
+    # roots: the folders a command may read beyond its arguments (a metrics.jsonl found beside the
+    # traces); torchprof mcp sets its roots, None elsewhere: any
+    parser.set_defaults(command_line=parser, roots=None)
     return parser
 
 

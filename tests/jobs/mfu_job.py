@@ -5,8 +5,8 @@
         --torch-profile --torch-profile-dir run/prof --torch-profile-ranks all \\
         --torch-profile-record-shapes --torch-profile-skip-first 3 --torch-profile-active 2
 
-The model's FLOPs are known in closed form (:func:`flops_per_iteration`: the job's, every rank's
-batch through forward and backward), so a test gives the step timers the right formula, or a wrong
+The model's FLOPs are known in closed form (tests/test_mfu_disagreement.py: 6 x batch x the weights'
+multiply-adds, every rank's batch), so a test gives the step timers the right formula, or a wrong
 one, and checks what ``torchprof diagnose`` says of the two MFUs.
 """
 
@@ -23,13 +23,6 @@ from torchprof_args import MetricsWriter, TorchProfiler, add_torch_profile_args,
 #: the layers' widths: 64 -> 1024 -> 1024 -> 64
 WIDTHS = (64, 1024, 1024, 64)
 BATCH = 32
-
-
-def flops_per_iteration(world_size: int) -> float:
-    """The job's model FLOPs of one iteration, as a formula counts them: 6 x batch x the weights'
-    multiply-adds per sample (2 forward, 4 backward), every rank's batch."""
-    weights = sum(a * b for a, b in zip(WIDTHS, WIDTHS[1:], strict=False))
-    return 6.0 * BATCH * weights * world_size
 
 
 def main() -> None:

@@ -159,4 +159,4 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="decoding processes per trace (default: as summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_run, document=_document, roots=None)  # roots: as diagnose's
+    p.set_defaults(func=_run, document=_document)

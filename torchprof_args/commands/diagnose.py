@@ -113,6 +113,5 @@ def register(subparsers: Subparsers) -> None:
                         "mfu_disagreement compares with the traces' (default: one beside the traces, in "
                         "the cycle folder or up to two folders above)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    # roots: the folders a metrics.jsonl found beside the traces must lie in (torchprof mcp's; None: any)
-    p.set_defaults(func=_run, document=_document, roots=None)
+    p.set_defaults(func=_run, document=_document)
 

@@ -201,7 +201,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
     p.add_argument("--top", type=top_count, default=30, help="kernels per top list (default 30)")
     p.add_argument("--slowest", type=positive_int, default=5,
                    help="slowest ranks listed when none is a straggler")
-    p.set_defaults(func=_report, document=_report_document, roots=None)  # roots: as diagnose's
+    p.set_defaults(func=_report, document=_report_document)
 
     p = subparsers.add_parser(
         "diff", parents=parents, help="compare two traces, cycles or runs: what changed and what it costs",
@@ -221,7 +221,7 @@ def _register_report_and_diff(subparsers: Any, parents: list[argparse.ArgumentPa
                    help="a CI gate: after the diff, exit with status 3 naming each step figure (mean over "
                    "ranks, slowest rank's) slower by more than PCT percent, and each operator or kernel "
                    "whose added time per step is more than PCT percent of BASE's mean step")
-    p.set_defaults(func=_diff, document=_diff_document, roots=None)  # roots: as diagnose's
+    p.set_defaults(func=_diff, document=_diff_document)
 
 
 def _register_tools(subparsers: Any, common: argparse.ArgumentParser) -> None:

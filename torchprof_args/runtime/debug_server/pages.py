@@ -21,6 +21,7 @@ Importing this module imports PyTorch's frontend (jinja2): only after the checks
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.debug._frontend import DebugHandler, NavLink, Route, fetch_all
 
+from torchprof_args.flags.types import rank_token
 from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_FR_FORMAT
 from torchprof_args.ondemand.client import RequestFailed, submit, wait_for_answer
 
@@ -115,12 +117,16 @@ class TracePage(DebugHandler):
 
 
 def _ranks(text: str) -> list[int] | str:
-    if text.strip().lower() == "all":
+    """The query's ranks: ``all``, or rank numbers separated by commas (each as ``--ranks`` reads it)."""
+    try:
+        tokens = [rank_token(token) for token in text.replace(" ", ",").split(",") if token]
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(f"ranks {text!r}: {err}") from None
+    if tokens == ["all"]:
         return "all"
-    ranks = sorted({int(token) for token in text.replace(" ", ",").split(",") if token})
-    if not ranks or ranks[0] < 0:
+    if not tokens or "all" in tokens:
         raise ValueError(f"ranks {text!r}")
-    return ranks
+    return sorted({int(token) for token in tokens})
 
 
 class BriefPage(DebugHandler):
