@@ -57,8 +57,8 @@ from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, Ho
 from torchprof_args.analysis.analyzers.collective_match import MATCH_SEQ, SAME_SIZE_KINDS, match_collectives
 from torchprof_args.analysis.analyzers.collectives import GPU_CHANNEL, SOURCE_HOST, CommRecord, RankComms
 
-__all__ = ["BASIS_COLLECTIVES", "BASIS_FLIGHT_RECORDER", "BASIS_STEPS", "SharedMoment", "align_clocks",
-           "alignment", "clocks_from_moments"]
+__all__ = ["BASIS_COLLECTIVES", "BASIS_FLIGHT_RECORDER", "BASIS_STEPS", "UNKNOWN_HOST", "SharedMoment",
+           "align_clocks", "alignment", "clocks_from_moments", "unaligned"]
 
 #: the collectives no rank can leave before every rank arrived (each needs every other's data).
 EVERY_RANK_WAITS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
@@ -67,6 +67,8 @@ EVERY_RANK_WAITS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all
 BASIS_COLLECTIVES = "collectives"
 BASIS_STEPS = "step boundaries"
 BASIS_FLIGHT_RECORDER = "flight recorder"
+#: the host of the ranks whose traces (or dumps) do not say theirs.
+UNKNOWN_HOST = "?"
 #: shared collectives a host needs before its offset is estimated.
 MIN_SHARED = 3
 #: shared collectives, spread over the window, before a drift is estimated.
@@ -83,7 +85,7 @@ def _hosts(ranks: Sequence[RankComms]) -> dict[str, list[int]]:
     """Host -> its ranks, the reference host (the lowest rank's) first."""
     by_host: dict[str, list[int]] = defaultdict(list)
     for rc in sorted(ranks, key=lambda r: r.rank):
-        by_host[rc.host or "?"].append(rc.rank)
+        by_host[rc.host or UNKNOWN_HOST].append(rc.rank)
     return dict(by_host)
 
 
@@ -264,7 +266,10 @@ def _host_clock(r: _Readings, offset: np.ndarray, h: int, name: str, ranks: list
     role = (_role_bias(readings[ranked], r.holds_last[mine][ranked], r.precision[inst][ranked])
             if ranked.any() else 0.0)
     boundary = float(np.median(r.precision[inst][~ranked])) if not ranked.all() else 0.0
-    uncertainty = max(spread, role, boundary, _RESOLUTION_US)
+    # step boundaries beside collectives: the two kinds of reading may disagree by more than either spreads
+    apart = (abs(float(np.median(readings[ranked])) - float(np.median(readings[~ranked])))
+             if ranked.any() and not ranked.all() else 0.0)
+    uncertainty = max(spread, role, boundary, apart, _RESOLUTION_US)
     # no rank of this host leaves before the others' last arrival, nor arrives after they left
     low = float(np.max(latest[inst] - r.first_end[mine]))
     high = float(np.min(earliest[inst] - r.last_arrival[mine]))
@@ -326,6 +331,14 @@ def clocks_from_moments(moments: Sequence[SharedMoment],
     return clocks, readings.shared
 
 
+def unaligned(hosts: dict[str, list[int]], reason: str) -> ClockAlignment:
+    """No alignment, every offset 0: on one host (one clock, said so), else for ``reason`` (hosts
+    named :data:`UNKNOWN_HOST`: some inputs do not say theirs)."""
+    zero = [HostClock(name, members, 0.0, 0.0, 0) for name, members in hosts.items()]
+    return ClockAlignment(zero, aligned=False, collectives=0,
+                          reason="one host: one clock" if len(hosts) < 2 else reason)
+
+
 def alignment(clocks: list[HostClock], shared: int, basis: str, *, apply: bool = True,
               too_few: str = "collectives", boundaries: int = 0) -> ClockAlignment:
     """The :class:`ClockAlignment` of :func:`clocks_from_moments`' clocks: not aligned (with the reason:
@@ -356,15 +369,10 @@ def align_clocks(ranks: Sequence[RankComms], *, apply: bool = True) -> ClockAlig
         where the collectives' ends are not recorded (host-side records only).
     """
     hosts = _hosts(ranks)
-    zero = [HostClock(name, members, 0.0, 0.0, 0) for name, members in hosts.items()]
-    if len(hosts) < 2:
-        return ClockAlignment(zero, aligned=False, collectives=0, reason="one host: one clock")
-    if "?" in hosts:
-        return ClockAlignment(zero, aligned=False, collectives=0,
-                              reason="some traces do not say their host: their clocks are taken as one")
+    if len(hosts) < 2 or UNKNOWN_HOST in hosts:
+        return unaligned(hosts, "some traces do not say their host: their clocks are taken as one")
     if any(rc.source == SOURCE_HOST for rc in ranks):
-        return ClockAlignment(zero, aligned=False, collectives=0,
-                              reason="host-side collective records only: their ends are not recorded")
+        return unaligned(hosts, "host-side collective records only: their ends are not recorded")
     members: dict[int, dict[int, CommRecord]] = {}
     by_seq = match_collectives(ranks, top=0, members=members)["matched_by"] == MATCH_SEQ
     collectives = [_collective_moment(found) for found in members.values() if _one_collective(found, by_seq)]

@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment, HostClock
+from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.analysis.analyzers.clocks import (
     BASIS_FLIGHT_RECORDER,
     EVERY_RANK_WAITS,
+    UNKNOWN_HOST,
     SharedMoment,
     alignment,
     clocks_from_moments,
+    unaligned,
 )
 from torchprof_args.analysis.analyzers.collectives import canonical_kind
 
@@ -88,13 +90,9 @@ def dump_clocks(dumps: dict[int, dict[str, Any]], infos: dict[int, dict[str, Any
     """
     hosts: dict[str, list[int]] = defaultdict(list)
     for rank in sorted(dumps):
-        hosts[str(infos.get(rank, {}).get("host") or "?")].append(rank)
-    zero = [HostClock(name, ranks, 0.0, 0.0, 0) for name, ranks in hosts.items()]
-    if len(hosts) < 2:
-        return ClockAlignment(zero, aligned=False, collectives=0, reason="one host: one clock")
-    if "?" in hosts:
-        reason = "some dumps do not say their host (no dump_info): their clocks taken as one"
-        return ClockAlignment(zero, aligned=False, collectives=0, reason=reason)
+        hosts[str(infos.get(rank, {}).get("host") or UNKNOWN_HOST)].append(rank)
+    if len(hosts) < 2 or UNKNOWN_HOST in hosts:
+        return unaligned(hosts, "some dumps do not say their host (no dump_info): their clocks taken as one")
     clocks, shared = clocks_from_moments(_moments(dumps), dict(hosts))
     return alignment(clocks, shared, BASIS_FLIGHT_RECORDER, too_few="completed flight-recorder collectives")
 
