@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["MEMORY_ROW_COLUMNS", "MemoryRows", "StepSpan", "Trace", "TraceMemo"]
+__all__ = ["MEMORY_ROW_COLUMNS", "KernelCosts", "MemoryRows", "StepSpan", "Trace", "TraceMemo"]
 
 #: the columns of :class:`MemoryRows`: time (us, as in the trace), block address, bytes (negative:
 #: freed), the allocator's totals after the event (-1: not recorded), the device code
@@ -49,6 +49,29 @@ class MemoryRows:
                    if name != "thread"}
         columns["thread"] = np.concatenate(thread_cols)
         return cls(columns, list(threads))
+
+
+@dataclass
+class KernelCosts:
+    """Inductor's estimates for the Triton kernels it launches, which it writes into each launch's
+    ``args`` (``kernel_flop``: FLOPs; ``kernel_num_gb``: GB read and written; -1 where the launch
+    has no such field): the launching events' indices and the two figures."""
+
+    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    flop: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    gb: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    @classmethod
+    def concat(cls, parts: list[tuple[int, KernelCosts]]) -> KernelCosts:
+        """One table from ``(offset of the part's first event, its costs)`` pairs in file order."""
+        parts = [(offset, p) for offset, p in parts if len(p)]
+        if not parts:
+            return cls()
+        return cls(np.concatenate([p.idx + offset for offset, p in parts]),
+                   np.concatenate([p.flop for _, p in parts]), np.concatenate([p.gb for _, p in parts]))
 
 
 class StepSpan(TypedDict):
@@ -128,6 +151,8 @@ class Trace:
     #: every ``[memory]`` event (:class:`MemoryRows`); None when the builder did not keep them
     #: (``load_trace(..., memory_rows=True)`` does).
     memory_rows: MemoryRows | None = field(default=None, repr=False)
+    #: inductor's estimates on its Triton kernels' launches (empty: none, e.g. an eager or CPU job).
+    kernel_costs: KernelCosts = field(default_factory=KernelCosts, repr=False)
     memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)
 
     @property

@@ -64,7 +64,9 @@ MEMORY_CATEGORIES = Flag("--torch-profile-memory-categories",
 WITH_FLOPS = Flag("--torch-profile-with-flops",
                   "Have torch.profiler estimate FLOPs of matrix multiplications and convolutions (in its "
                   "in-process results; the trace file carries none). Records shapes too, from which "
-                  "`torchprof diagnose` computes FLOPs and MFU.",
+                  "`torchprof diagnose` computes FLOPs and MFU, and has inductor (torch.compile) write "
+                  "its Triton kernels' FLOPs and bytes into the trace (its benchmark_kernel setting, "
+                  "from the start of profiling: compile-time cost only).",
                   default=False, action="store_true")
 WITH_MODULES = Flag("--torch-profile-with-modules",
                     "Record the nn.Module hierarchy of operators.",

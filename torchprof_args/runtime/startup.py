@@ -22,6 +22,7 @@ from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
+from torchprof_args.runtime.inductor_costs import write_kernel_costs
 from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
@@ -56,6 +57,8 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
     setup = RankSetup(traced_ranks(trace) if timeline.scheduled else trace.ranks)
     selected = setup.traced_ranks is None or rank in setup.traced_ranks
     timeline.record = trace.enabled and selected
+    if timeline.record and trace.with_flops:
+        write_kernel_costs()  # a compiled model's Triton kernels: their FLOPs and bytes in the trace
     fence.open(world_size)
     if memory is None and config.memory.enabled and selected:
         memory = MemorySnapshotter(config.memory, rank=rank)

@@ -21,7 +21,7 @@ import msgspec
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.naming import cycle_of_name, host_from_file_name
 
-__all__ = ["PARALLEL_AXES", "Origin", "origin", "parallel_from_pg_config"]
+__all__ = ["PARALLEL_AXES", "Origin", "device_name", "origin", "parallel_from_pg_config"]
 
 #: megatron-core's process-group descriptions, per parallel axis (the first that matches wins).
 PARALLEL_AXES = {
@@ -80,3 +80,12 @@ def origin(trace: Trace) -> Origin:
         info = trace.metadata.get("distributedInfo")
         parallel = parallel_from_pg_config(info) if isinstance(info, dict) else None
     return Origin(host=host, iterations=iterations, parallel=parallel)
+
+
+def device_name(trace: Trace) -> str | None:
+    """The trace's GPU name (``deviceProperties``), None when it has none."""
+    props = trace.metadata.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        name = props[0].get("name")
+        return name if isinstance(name, str) else None
+    return None

@@ -51,6 +51,8 @@ class _CommArgs(msgspec.Struct, gc=False, frozen=True):
     stream: int = -1
     correlation: int = -1
     flops: float = 0.0
+    kernel_flop: float = -1.0
+    kernel_num_gb: float = -1.0
     collective: Any = msgspec.field(default=None, name="Collective name")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
@@ -100,7 +102,8 @@ def _tighten_comm(event: LooseEvent) -> Any:
     raw = {key: msgspec.Raw(_encode(args[key])) for key in ("Input Dims", "Input type") if key in args}
     return XComm(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
                  args=_CommArgs(stream=base.args.stream, correlation=base.args.correlation,
-                                flops=base.args.flops,
+                                flops=base.args.flops, kernel_flop=base.args.kernel_flop,
+                                kernel_num_gb=base.args.kernel_num_gb,
                                 input_dims=raw.get("Input Dims", NO_RAW),
                                 input_type=raw.get("Input type", NO_RAW),
                                 **{name: args.get(key) for name, key in _ARG_KEYS.items()}))

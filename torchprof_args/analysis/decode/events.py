@@ -3,8 +3,9 @@
 Speed comes from doing no per-event Python work: events are decoded by ``msgspec`` into small
 structs (a union tagged by ``ph``, so flow and metadata events are skipped without building their
 fields).  Only what the analyses need is decoded: for every complete (``ph: "X"``) event
-(:class:`XEvent`) its name, category, times, process / thread and three ``args`` (stream,
-correlation, flops), and the raw input shapes when FLOPs are asked for (:class:`XShapeEvent`);
+(:class:`XEvent`) its name, category, times, process / thread and a few ``args`` (stream,
+correlation, flops, inductor's kernel estimates), and the raw input shapes when FLOPs are asked for
+(:class:`XShapeEvent`);
 for the ``[memory]`` instant events the allocator's counters.  A batch the typed decoder rejects
 (unusual value types) is decoded loosely and normalised (:func:`tighten`), slower but with the
 same result.  :mod:`.comm_events` decodes wider complete events through the same
@@ -36,6 +37,10 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     correlation: int = -1
     #: the operator's FLOP count (``with_flops``; 0 when absent), kept only when asked (``flops=True``).
     flops: float = 0.0
+    #: what inductor estimates for a Triton kernel it launches, written into the launch's ``args``
+    #: (FLOPs and GB read + written; -1 when absent): :mod:`..analyzers.compiled`.
+    kernel_flop: float = -1.0
+    kernel_num_gb: float = -1.0
 
 
 class _ShapeArgs(_Args, gc=False, frozen=True):
@@ -156,6 +161,10 @@ def _nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
+def _or_minus1(value: float | None) -> float:
+    return -1.0 if value is None else value
+
+
 def _minus1(value: int | None) -> int:
     return -1 if value is None else value
 
@@ -193,7 +202,9 @@ def tighten(event: LooseEvent) -> Any:
             tid=event.tid if isinstance(event.tid, (int, str)) else str(event.tid),
             args=_Args(stream=_minus1(_int(args.get("stream"))),
                        correlation=_minus1(_int(args.get("correlation"))),
-                       flops=_num(args.get("flops")) or 0.0),
+                       flops=_num(args.get("flops")) or 0.0,
+                       kernel_flop=_or_minus1(_num(args.get("kernel_flop"))),
+                       kernel_num_gb=_or_minus1(_num(args.get("kernel_num_gb")))),
         )
     if ph in ("i", "I") and name == "[memory]":
         return _Instant(
@@ -254,4 +265,5 @@ def _tighten_shapes(event: LooseEvent) -> Any:
     dims = msgspec.Raw(_encode(args["Input Dims"])) if "Input Dims" in args else NO_RAW
     return XShapeEvent(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
                        args=_ShapeArgs(stream=base.args.stream, correlation=base.args.correlation,
-                                       flops=base.args.flops, input_dims=dims))
+                                       flops=base.args.flops, kernel_flop=base.args.kernel_flop,
+                                       kernel_num_gb=base.args.kernel_num_gb, input_dims=dims))

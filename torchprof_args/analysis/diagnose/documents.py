@@ -16,6 +16,7 @@ import msgspec
 
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms, absolute_steps
+from torchprof_args.analysis.analyzers.compiled import KernelRoofline
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.trace import StepSpan
 
@@ -53,6 +54,10 @@ class MfuInputs(msgspec.Struct, frozen=True):
     #: FLOP count (what the FLOPs account for).
     compute_ms: float | None = None
     accounted_ms: float | None = None
+    #: of ``flops_per_step``, what inductor wrote into its Triton kernels' launches (``kernel_flop``).
+    inductor_flops_per_step: float = 0.0
+    #: the Triton kernels with the most device time, on the roofline (inductor's estimates).
+    kernels: list[KernelRoofline] = msgspec.field(default_factory=list)
 
 
 class RankDiagnosis(msgspec.Struct, frozen=True):

@@ -10,8 +10,8 @@ from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.shared.stragglers import describe
 
-__all__ = ["fmt_pct", "fmt_us", "format_cross_rank", "format_operator_table", "format_profiler_list",
-           "format_summary"]
+__all__ = ["compiled_lines", "fmt_pct", "fmt_us", "format_cross_rank", "format_operator_table",
+           "format_profiler_list", "format_summary"]
 
 
 def fmt_us(value: float | None) -> str:
@@ -169,8 +169,44 @@ def format_summary(summary: Summary, rows: int = 10) -> str:
             time = op.self_cpu_us if by_self else op.cpu_total_us
             lines.append(f"  {fmt_us(time):>12} {op.calls:>7}x {_cut(op.name, 90)}")
     lines += _fsdp_lines(summary)
+    lines += compiled_lines(summary)
     lines += _memory_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def compiled_lines(summary: Summary, rows: int = 10) -> list[str]:
+    """The compiled regions with the modules they ran for, and the Triton kernels on the roofline
+    (nothing for a trace without compiled code)."""
+    code = summary.compiled
+    if code is None:
+        return []
+    lines = []
+    if code.regions:
+        lines.append("Compiled code per step (torch.compile; what each call ran for: the module around it):")
+        for r in code.regions[:rows]:
+            modules = ", ".join(r.modules[:4]) + (" ..." if len(r.modules) > 4 else "")
+            lines.append(f"  {fmt_us(r.ms_per_step * 1e3):>12} {r.calls:>5}x {_cut(r.name, 70):<70} "
+                         f"[{modules}]")
+    if code.kernels:
+        peaks = (f"{code.device}: {_num(code.peak_tflops, 1)} TFLOP/s bf16, {_num(code.peak_tbps, 2)} TB/s"
+                 if code.device else "no GPU name in the trace")
+        share = code.inductor_flop_share
+        covered = "" if share is None else f"; inductor's FLOPs cover {fmt_pct(100 * share)} of kernel time"
+        lines.append(f"Triton kernels on the roofline (inductor's kernel_flop / kernel_num_gb; "
+                     f"{peaks}{covered}):")
+        lines.append(f"  {'ms/step':>9} {'calls':>6} {'GFLOP':>8} {'GB':>8} {'TFLOP/s':>8} {'TB/s':>6} "
+                     f"{'bound':>7} {'of roof':>7}  kernel [modules]")
+        for k in code.kernels[:rows]:
+            modules = ", ".join(k.modules[:3]) + (" ..." if len(k.modules) > 3 else "")
+            roof = fmt_pct(100 * k.of_roof) if k.of_roof is not None else "-"
+            lines.append(f"  {k.ms_per_step:>9.3f} {k.calls:>6} {_num(k.gflop, 3):>8} {_num(k.gb, 4):>8} "
+                         f"{_num(k.tflops, 1):>8} {_num(k.tbps, 2):>6} {k.bound or '-':>7} {roof:>7}  "
+                         f"{_cut(k.name, 60)} [{modules}]")
+    return lines
 
 
 def _fsdp_lines(summary: Summary) -> list[str]:

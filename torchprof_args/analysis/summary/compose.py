@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 from msgspec.structs import replace
 
+from torchprof_args.analysis.analyzers.compiled import compiled_code
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
 from torchprof_args.analysis.analyzers.fsdp import fsdp_phases
 from torchprof_args.analysis.analyzers.gpu import gpu_view
 from torchprof_args.analysis.analyzers.memory_events import memory_view
-from torchprof_args.analysis.analyzers.origin import origin
+from torchprof_args.analysis.analyzers.origin import device_name, origin
 from torchprof_args.analysis.analyzers.step_ops import step_ops
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.summary.document import StepTime, Summary
@@ -62,6 +63,7 @@ def summarize(trace: Trace, top: int | None = 30) -> Summary:
         memory=memory_view(trace),
         ops_in_steps=step_ops(trace, top),
         fsdp=fsdp_phases(trace),
+        compiled=compiled_code(trace, device_name(trace), top),
     )
 
 
@@ -79,8 +81,11 @@ def truncate(summary: Summary, top: int | None) -> Summary:
         return summary
     top = max(top, 0)
     in_steps = summary.ops_in_steps
+    compiled = summary.compiled
+    if compiled is not None:
+        compiled = replace(compiled, kernels=compiled.kernels[:top])
     return replace(
         summary, top_kernels=summary.top_kernels[:top], top_cpu_ops=summary.top_cpu_ops[:top],
         top_cpu_ops_by_self=summary.top_cpu_ops_by_self[:top],
         top_ops_by_device=summary.top_ops_by_device[:top],
-        ops_in_steps=replace(in_steps, cpu=in_steps.cpu[:top], gpu=in_steps.gpu[:top]))
+        ops_in_steps=replace(in_steps, cpu=in_steps.cpu[:top], gpu=in_steps.gpu[:top]), compiled=compiled)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from torchprof_args.analysis.analyzers.compiled import CompiledCode
 from torchprof_args.analysis.analyzers.cpu_ops import CpuThreads, OperatorTotal
 from torchprof_args.analysis.analyzers.fsdp import FsdpPhase
 from torchprof_args.analysis.analyzers.gpu import GpuBreakdown, KernelTotal
@@ -48,6 +49,8 @@ class Summary(msgspec.Struct, frozen=True):
         memory: the ``[memory]`` events' peaks per device (empty without them).
         ops_in_steps: what ran inside the steps, per name (what ``torchprof diff`` compares).
         fsdp: FSDP2's phases per step, in a step's order (empty: the model is not ``fully_shard``-ed).
+        compiled: the compiled regions and graphs with the modules they ran for, and the Triton
+            kernels on the roofline from inductor's estimates (None: nothing compiled in the trace).
     """
 
     file: str
@@ -71,6 +74,7 @@ class Summary(msgspec.Struct, frozen=True):
     memory: list[MemoryPeak]
     ops_in_steps: StepOps
     fsdp: list[FsdpPhase]
+    compiled: CompiledCode | None = None
 
 
 _decoder = msgspec.json.Decoder(Summary)

@@ -3,8 +3,11 @@
 MFU = the step's FLOPs / (step time x the device's dense peak).  FLOPs are those of the matrix
 products and attention operators, computed from their recorded input shapes
 (``--torch-profile-record-shapes``, which ``--torch-profile-with-flops`` turns on too; torch.profiler
-writes no FLOP counts into the trace itself: :mod:`~torchprof_args.analysis.decode.op_flops`), or the
-``flops`` an operator carries where a writer put them there; the peak comes from the trace's
+writes no FLOP counts into the trace itself: :mod:`~torchprof_args.analysis.decode.op_flops`), the
+``flops`` an operator carries where a writer put them there, and for a compiled model the
+``kernel_flop`` inductor writes into its Triton kernels' launches (``--torch-profile-with-flops``
+has it written: :mod:`~torchprof_args.analysis.analyzers.compiled`; a kernel it gave a count, 0 for
+a pointwise one, has known FLOPs); the peak comes from the trace's
 ``deviceProperties`` name through :mod:`torchprof_args.device_peaks` (bf16 dense by default), or
 the context's :class:`~..context.Peak` for a device the table lacks or another data type.  The
 trace must be loaded with ``load_trace(..., flops=True)`` (the summary does not decode them, so it
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.compiled import kernel_roofline
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
+from torchprof_args.analysis.analyzers.origin import device_name
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.critical_path.cpu_graph import inherit
@@ -30,7 +35,7 @@ from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tflops as table_peak
 
 __all__ = ["CPU_DEVICE", "FLOPS_FLAG", "KIND", "KNOWN_SHARE", "SCOPE", "TARGET_MFU", "THRESHOLD", "analyze",
-           "compute_accounted", "device_name", "judge", "mfu_inputs", "step_flops"]
+           "compute_accounted", "inductor_flops", "judge", "mfu_inputs", "step_flops"]
 
 KIND = "low_mfu"
 SCOPE = Scope.PER_RANK
@@ -42,6 +47,8 @@ TARGET_MFU = 0.40
 #: below this share of the GPU's compute time launched by operators with a FLOP count, the finding
 #: says how much is unaccounted and claims no saving from it.
 KNOWN_SHARE = 0.9
+#: Triton kernels on the roofline in the finding's evidence (the most device time first).
+ROOFLINE_KERNELS = 5
 #: the flag that records what FLOPs are computed from (operator input shapes).
 FLOPS_FLAG = "--torch-profile-record-shapes"
 REMEDY = ("raise the arithmetic intensity: bf16/fp8, larger micro-batches, fused kernels (FlashAttention, "
@@ -50,15 +57,6 @@ REMEDY = ("raise the arithmetic intensity: bf16/fp8, larger micro-batches, fused
 
 #: the device of a trace without GPU kernels: its MFU is the CPU's, against ``--peak-tflops`` only.
 CPU_DEVICE = "CPU"
-
-
-def device_name(trace: Trace) -> str | None:
-    """The trace's GPU name (``deviceProperties``), None when it has none."""
-    props = trace.metadata.get("deviceProperties")
-    if isinstance(props, list) and props and isinstance(props[0], dict):
-        name = props[0].get("name")
-        return name if isinstance(name, str) else None
-    return None
 
 
 def step_flops(trace: Trace) -> float | None:
@@ -79,18 +77,29 @@ def compute_accounted(trace: Trace) -> tuple[float, float]:
     is_comp = lookup(trace.names, lambda n: kernel_type(n) == COMPUTATION)[trace.name_id[ctx.kernels]]
     busy = ctx.k_end - ctx.k_ts
     total = float(busy[is_comp].sum())
-    if trace.flops is None or not len(trace.flops[0]) or not total:
+    if trace.flops is None or not (len(trace.flops[0]) or len(trace.kernel_costs)) or not total:
         return total, 0.0
     tree = cpu_tree(trace)
     position = np.full(len(trace.ts) + 1, -1, dtype=np.int64)
     position[tree["idx"]] = np.arange(len(tree["idx"]), dtype=np.int64)
     counted = np.zeros(len(tree["idx"]), dtype=bool)
-    found = position[trace.flops[0]]
+    costs = trace.kernel_costs
+    found = position[np.r_[trace.flops[0], costs.idx[costs.flop >= 0]]]
     counted[found[found >= 0]] = True
     under = inherit(counted, tree["parent"].astype(np.int64), tree["depth"].astype(np.int64))
     launch = position[np.where(ctx.launch >= 0, ctx.launch, -1)]
     accounted = is_comp & (launch >= 0) & under[np.maximum(launch, 0)]
     return total, float(busy[accounted].sum())
+
+
+def inductor_flops(trace: Trace) -> float:
+    """The FLOPs inductor wrote into its Triton kernels' launches in the steps (``kernel_flop``)."""
+    costs = trace.kernel_costs
+    if not len(costs):
+        return 0.0
+    ctx = context(trace)
+    inside = (trace.ts[costs.idx] >= ctx.start) & (trace.ts[costs.idx] < ctx.end)
+    return float(np.maximum(costs.flop[inside], 0).sum())
 
 
 def mfu_inputs(trace: Trace) -> MfuInputs | Gap:
@@ -110,7 +119,13 @@ def mfu_inputs(trace: Trace) -> MfuInputs | Gap:
     compute_us, accounted_us = compute_accounted(trace)
     return MfuInputs(rank=trace.rank or 0, flops_per_step=per_step, step_ms=ctx.step_us / 1000.0,
                      device=device_name(trace), step_evidence=evidence,
-                     compute_ms=ctx.ms(compute_us), accounted_ms=ctx.ms(accounted_us))
+                     compute_ms=ctx.ms(compute_us), accounted_ms=ctx.ms(accounted_us),
+                     inductor_flops_per_step=inductor_flops(trace) / ctx.n_steps,
+                     kernels=kernel_roofline(trace, device_name(trace))[0][:ROOFLINE_KERNELS])
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def judge(inputs: MfuInputs, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
@@ -148,6 +163,13 @@ def judge(inputs: MfuInputs, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding
     evidence = {**inputs.step_evidence, "mfu": round(mfu, 4), "tflops_per_step": round(flops / 1e12, 3),
                 "achieved_tflops": round(flops / step_ms * 1e3 / 1e12, 2) if step_ms > 0 else None,
                 "peak_tflops": peak, "device": name, "dtype": dtype, "target_mfu": TARGET_MFU}
+    if inputs.inductor_flops_per_step > 0 and flops > 0:
+        evidence["inductor_share_of_flops"] = round(inputs.inductor_flops_per_step / flops, 4)
+    if inputs.kernels:  # where the compiled kernels sit under their roofs (of_roof: 1 = on it)
+        evidence["triton_kernels"] = [
+            {"name": k.name, "ms_per_step": round(k.ms_per_step, 3), "tflops": _round(k.tflops, 2),
+             "tbps": _round(k.tbps, 3), "bound": k.bound, "of_roof": _round(k.of_roof, 3)}
+            for k in inputs.kernels]
     summary = f"model FLOPs use {100 * mfu:.1f} % of the {name or 'GPU'}'s {peak:g} TFLOP/s peak"
     compute, known = inputs.compute_ms, inputs.accounted_ms
     if compute and known is not None and known < KNOWN_SHARE * compute:
