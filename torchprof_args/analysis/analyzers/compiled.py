@@ -8,7 +8,7 @@ cache files (``torchinductor_root/4g/c4gd...py(362): call``).  What ran is told 
 ran: the innermost ``nn.Module: Block_1`` event around each call (``--torch-profile-with-modules``;
 on a torch where that flag records nothing in eager mode, ``--torch-profile-with-stack``), else its
 innermost user frame.  A backward graph runs in the autograd engine, outside every module: it is
-named as such.
+named ``(backward)``.
 
 Inductor writes ``kernel_flop`` and ``kernel_num_gb`` into the ``args`` of each Triton kernel's
 launch when its ``benchmark_kernel`` setting is on (``--torch-profile-with-flops`` turns it on:
@@ -40,11 +40,12 @@ __all__ = ["MODULE_PREFIX", "CompiledCode", "CompiledRegion", "KernelRoofline", 
 MODULE_PREFIX = "nn.Module: "
 _REGION = re.compile(r"^Torch-Compiled Region: \d+/\d+$")
 _GRAPH = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
-_BACKWARD = "CompiledFunctionBackward"
+#: the autograd engine's event around each backward node it runs (``CompiledFunctionBackward``'s too).
+_BACKWARD = "autograd::engine::evaluate_function: "
 #: modules (and call sites) listed per region, the most calls first.
 _MODULES_KEPT = 8
 #: what a compiled call ran in when nothing around it names a module or a user frame.
-BACKWARD = "(backward: the autograd engine)"
+BACKWARD = "(backward)"
 
 
 class CompiledRegion(msgspec.Struct, frozen=True, gc=False):
@@ -55,7 +56,7 @@ class CompiledRegion(msgspec.Struct, frozen=True, gc=False):
         calls: its calls in the steps.
         ms_per_step: its calls' wall time per step (ms; a graph's holds its kernels' launches).
         modules: the innermost module around its calls (``Block_1``), the most calls first; else
-            the innermost user frame; ``(backward: ...)`` for a backward graph.
+            the innermost user frame; ``(backward)`` for a backward graph.
     """
 
     name: str
@@ -142,8 +143,8 @@ def modules_around(trace: Trace, idx: np.ndarray) -> list[str | None]:
 
 
 def _owners(trace: Trace, idx: np.ndarray) -> list[str]:
-    """What each event of ``idx`` ran for: its module, else its user frame, else :data:`BACKWARD`
-    when a ``CompiledFunctionBackward`` encloses it, else ``?``."""
+    """What each event of ``idx`` ran for: its module, else :data:`BACKWARD` when the autograd
+    engine runs it (no module is around a backward), else its user frame, else ``?``."""
     mods = modules_around(trace, idx)
     missing = np.asarray([i for i, m in enumerate(mods) if m is None], dtype=np.int64)
     if len(missing):
@@ -154,10 +155,10 @@ def _owners(trace: Trace, idx: np.ndarray) -> list[str]:
     return [m or "?" for m in mods]
 
 
-def _inside(trace: Trace, idx: np.ndarray, name: str) -> np.ndarray:
-    """Whether an event named ``name`` (the same thread) encloses each event of ``idx``."""
+def _inside(trace: Trace, idx: np.ndarray, prefix: str) -> np.ndarray:
+    """Whether an event named ``prefix...`` (the same thread) encloses each event of ``idx``."""
     out = np.zeros(len(idx), dtype=bool)
-    around = np.flatnonzero(lookup(trace.names, (name,))[trace.name_id])
+    around = np.flatnonzero(lookup(trace.names, lambda n: n.startswith(prefix))[trace.name_id])
     for thread in np.unique(trace.thread_id[idx]).tolist():
         mine = around[trace.thread_id[around] == thread]
         asked = np.flatnonzero(trace.thread_id[idx] == thread)
@@ -249,6 +250,8 @@ def _kernels(trace: Trace, peak_t: float | None,
     if not ctx.has_gpu:
         return [], None
     rows = kernel_launchers(trace, np.where(ctx.launch >= 0, ctx.launch, NO_LAUNCH))
+    is_kernel = lookup(trace.cats, ("kernel", "Kernel"))[trace.cat_id[ctx.kernels]]
+    rows[~is_kernel] = -1  # a memset or copy under a launch is no Triton kernel's
     busy = ctx.k_end - ctx.k_ts
     total = float(busy.sum())
     costs = trace.kernel_costs
