@@ -291,6 +291,8 @@ def compiled_code(trace: Trace, device: str | None, top: int | None = 30) -> Com
         device: its GPU's name (``deviceProperties``), for the roofline's peaks; None without one.
         top: kernels kept (the most device time first); None keeps them all.
     """
+    if not len(trace.kernel_costs) and not any(_REGION.match(n) or _GRAPH.match(n) for n in trace.names):
+        return None  # an eager trace: no step context built for nothing
     ctx = context(trace)
     peak_t = peak_tflops(device) if device else None
     peak_b = peak_tbps(device) if device else None

@@ -4,7 +4,8 @@ One section per profiled cycle, opening with ``torchprof diagnose``'s findings (
 ranked by the step time each would save), then the distributions over ranks, a rank x step heatmap
 of straggler scores (the dashboard's chart, :mod:`torchprof_args.shared.heatmap`), histograms of step
 time, GPU idle and overlap across ranks, the straggler table, the kernel-type breakdown of the mean,
-slowest, median and fastest rank, their top kernels, and every rank's row folded away.  Nothing is
+slowest, median and fastest rank, their top kernels, the slowest rank's compiled code (regions and
+the modules they ran for, Triton kernels on the roofline), and every rank's row folded away.  Nothing is
 drawn once per rank except one heatmap row, so 1,024 ranks read on one screen and the page stays a
 few MB.
 """
@@ -131,6 +132,41 @@ def _top_kernels(view: CrossRankView, by_rank: dict[int, Summary]) -> str:
     return "<div class=row>" + "".join(parts) + "</div>" if parts else ""
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _compiled(view: CrossRankView, by_rank: dict[int, Summary]) -> str:
+    """The slowest rank's compiled regions (the modules each ran for) and its Triton kernels on the
+    roofline (inductor's estimates against the device's peaks)."""
+    picks = _picks(view)[:1]
+    code = by_rank[picks[0][1]].compiled if picks and picks[0][1] in by_rank else None
+    if code is None:
+        return ""
+    parts = [f"<h3>Compiled code, {html.escape(picks[0][0])}</h3>"]
+    if code.regions:
+        parts.append(_table(["compiled region / graph", "calls", "ms / step", "ran for"],
+                            [[r.name, r.calls, f"{r.ms_per_step:,.3f}", ", ".join(r.modules)]
+                             for r in code.regions[:12]], {1, 2}))
+    if code.kernels:
+        device = (f"{code.device}: {_num(code.peak_tflops, 1)} TFLOP/s bf16, {_num(code.peak_tbps, 2)} TB/s"
+                  if code.device else "no GPU name in the trace")
+        parts.append(f"<p>Triton kernels on the roofline (inductor's kernel_flop / kernel_num_gb; "
+                     f"{html.escape(device)}; inductor's FLOPs cover {_pct(code.inductor_flop_share)} % "
+                     f"of the kernel time)</p>")
+        parts.append(_table(
+            ["kernel", "calls", "ms / step", "GFLOP", "GB", "TFLOP/s", "TB/s", "bound", "% of roof",
+             "ran for"],
+            [[k.name[:100], k.calls, f"{k.ms_per_step:,.3f}", _num(k.gflop, 3), _num(k.gb, 4),
+              _num(k.tflops, 1), _num(k.tbps, 2), k.bound or "-", _pct(k.of_roof), ", ".join(k.modules[:4])]
+             for k in code.kernels[:12]], {1, 2, 3, 4, 5, 6, 8}))
+    return "\n".join(parts)
+
+
 def _saving_cell(finding: Finding) -> str:
     """The saving, on the critical path beside its per-rank bound, or the bound alone."""
     bound = finding.bound_ms_per_step
@@ -178,6 +214,7 @@ def _cycle_section(title: str, summaries: list[Summary], view: CrossRankView,
                             fmt_pct),
               "</div>", "<h3>Stragglers</h3>", *_stragglers(view)]
     parts += [memory_section(memory), _breakdown(view, by_rank), _top_kernels(view, by_rank),
+              _compiled(view, by_rank),
               f"<details><summary>All {len(rows)} ranks</summary>",
               _table(_RANK_HEADERS, _rank_rows(rows), _RANK_NUMERIC), "</details>"]
     return "\n".join(p for p in parts if p)
