@@ -191,6 +191,9 @@ def compiled_lines(summary: Summary, rows: int = 10) -> list[str]:
             modules = ", ".join(r.modules[:4]) + (" ..." if len(r.modules) > 4 else "")
             lines.append(f"  {fmt_us(r.ms_per_step * 1e3):>12} {r.calls:>5}x {_cut(r.name, 70):<70} "
                          f"[{modules}]")
+        if any("?" in r.modules for r in code.regions):
+            lines.append("  ?: no module or frame around the call: record with --torch-profile-with-stack "
+                         "and --torch-profile-with-modules")
     if code.kernels:
         peaks = (f"{code.device}: {_num(code.peak_tflops, 1)} TFLOP/s bf16, {_num(code.peak_tbps, 2)} TB/s"
                  if code.device else "no GPU name in the trace")
