@@ -326,30 +326,29 @@ def test_runs_gloo_starts_out_of_order_are_matched_as_issued(traced: Callable[..
 
 
 @pytest.mark.slow
-def test_compiled_regions_name_the_blocks_they_ran_for(traced: Callable[..., Path],
+def test_compiled_regions_name_the_blocks_they_ran_for(tmp_path: Path, traced: Callable[..., Path],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    """Each block ``torch.compile``\\ d: dynamo's ``Torch-Compiled Region: 0/0`` ran block 0 and its
-    recompilation ``0/1`` the three others (one graph shared by 3 blocks), each once a step; their
-    forward graphs ran for the same blocks, their backward graphs in the autograd engine; the eager
-    job has no compiled section."""
-    prof = traced("fsdp2-compiled", *TRACE_FLAGS, "--torch-profile-with-modules")
-    assert torchprof(["summary", str(prof), "--json", "--no-progress"]) == 0
-    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"compiled"' in line]
-    assert len(docs) == 2  # each rank's summary (not the cross-rank view)
-    for doc in docs:
-        steps = len(doc["steps"])
-        regions = {r["name"]: r for r in doc["compiled"]["regions"]}
-        assert sorted(regions["Torch-Compiled Region: 0/0"]["modules"]) == ["Block_0"]
-        assert sorted(regions["Torch-Compiled Region: 0/1"]["modules"]) == ["Block_1", "Block_2", "Block_3"]
-        assert regions["Torch-Compiled Region: 0/0"]["calls"] == steps
-        assert regions["Torch-Compiled Region: 0/1"]["calls"] == 3 * steps
-        graphs = [r for name, r in regions.items() if name.startswith("CompiledFxGraph ")]
-        assert len(graphs) == 4  # forward and backward of each compilation
-        owners = sorted(sorted(g["modules"]) for g in graphs)
-        assert owners == [["(backward)"], ["(backward)"], ["Block_0"], ["Block_1", "Block_2", "Block_3"]]
-        assert doc["compiled"]["kernels"] == []  # CPU: inductor's C++ kernels are not in the trace
-    assert torchprof(["summary", str(prof), "--no-progress"]) == 0
-    assert "Torch-Compiled Region: 0/1" in capsys.readouterr().out
+    """The trace toolkit's compiled example, verbatim: each block ``torch.compile``\\ d, dynamo's
+    ``Torch-Compiled Region: 0/0`` ran block 0 and its recompilation ``0/1`` the three others (one
+    graph shared by 3 blocks), each once a step; their forward graphs ran for the same blocks and
+    their backward graphs for the same blocks' backward (the autograd sequence number ties each
+    ``CompiledFunctionBackward`` to its ``CompiledFunction``); the eager job has no compiled section."""
+    proc = run_doc_example("summary-compiled", tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Torch-Compiled Region: 0/1" in proc.stdout and "[Block_1, Block_2, Block_3]" in proc.stdout
+    assert torchprof(["summary", str(tmp_path / "prof"), "--json", "--no-progress"]) == 0
+    (doc,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"compiled"' in line]
+    steps = len(doc["steps"])
+    regions = {r["name"]: r for r in doc["compiled"]["regions"]}
+    assert sorted(regions["Torch-Compiled Region: 0/0"]["modules"]) == ["Block_0"]
+    assert sorted(regions["Torch-Compiled Region: 0/1"]["modules"]) == ["Block_1", "Block_2", "Block_3"]
+    assert regions["Torch-Compiled Region: 0/0"]["calls"] == steps
+    assert regions["Torch-Compiled Region: 0/1"]["calls"] == 3 * steps
+    graphs = [r for name, r in regions.items() if name.startswith("CompiledFxGraph ")]
+    owners = sorted(sorted(g["modules"]) for g in graphs)  # forward and backward of each compilation
+    assert owners == [["Block_0"], ["Block_0 (backward)"], ["Block_1", "Block_2", "Block_3"],
+                      ["Block_1 (backward)", "Block_2 (backward)", "Block_3 (backward)"]], owners
+    assert doc["compiled"]["kernels"] == []  # CPU: inductor's C++ kernels are not in the trace
     assert torchprof(["summary", str(traced("fsdp2")), "--json", "--no-progress"]) == 0
     eager = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"compiled"' in line]
     assert len(eager) == 2 and all(doc["compiled"] is None for doc in eager)

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["MEMORY_ROW_COLUMNS", "KernelCosts", "MemoryRows", "StepSpan", "Trace", "TraceMemo"]
+__all__ = ["MEMORY_ROW_COLUMNS", "CompiledArgs", "MemoryRows", "StepSpan", "Trace", "TraceMemo"]
 
 #: the columns of :class:`MemoryRows`: time (us, as in the trace), block address, bytes (negative:
 #: freed), the allocator's totals after the event (-1: not recorded), the device code
@@ -52,26 +52,33 @@ class MemoryRows:
 
 
 @dataclass
-class KernelCosts:
-    """Inductor's estimates for the Triton kernels it launches, which it writes into each launch's
-    ``args`` (``kernel_flop``: FLOPs; ``kernel_num_gb``: GB read and written; -1 where the launch
-    has no such field): the launching events' indices and the two figures."""
+class CompiledArgs:
+    """What compiled code's events carry in their ``args``, kept for the few events that have it:
+    inductor's estimates on each Triton kernel launch (``kernel_flop``: FLOPs; ``kernel_num_gb``: GB
+    read and written) and the autograd ``Sequence number`` of each ``CompiledFunction`` and
+    ``CompiledFunctionBackward`` (which ties a backward to its forward).  -1 where absent."""
 
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     flop: np.ndarray = field(default_factory=lambda: np.zeros(0))
     gb: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.idx)
 
+    def take(self, rows: np.ndarray) -> CompiledArgs:
+        """The rows ``rows`` (a mask or indices)."""
+        return CompiledArgs(self.idx[rows], self.flop[rows], self.gb[rows], self.seq[rows])
+
     @classmethod
-    def concat(cls, parts: list[tuple[int, KernelCosts]]) -> KernelCosts:
-        """One table from ``(offset of the part's first event, its costs)`` pairs in file order."""
+    def concat(cls, parts: list[tuple[int, CompiledArgs]]) -> CompiledArgs:
+        """One table from ``(offset of the part's first event, its rows)`` pairs in file order."""
         parts = [(offset, p) for offset, p in parts if len(p)]
         if not parts:
             return cls()
         return cls(np.concatenate([p.idx + offset for offset, p in parts]),
-                   np.concatenate([p.flop for _, p in parts]), np.concatenate([p.gb for _, p in parts]))
+                   np.concatenate([p.flop for _, p in parts]), np.concatenate([p.gb for _, p in parts]),
+                   np.concatenate([p.seq for _, p in parts]))
 
 
 class StepSpan(TypedDict):
@@ -151,8 +158,9 @@ class Trace:
     #: every ``[memory]`` event (:class:`MemoryRows`); None when the builder did not keep them
     #: (``load_trace(..., memory_rows=True)`` does).
     memory_rows: MemoryRows | None = field(default=None, repr=False)
-    #: inductor's estimates on its Triton kernels' launches (empty: none, e.g. an eager or CPU job).
-    kernel_costs: KernelCosts = field(default_factory=KernelCosts, repr=False)
+    #: compiled code's ``args``: inductor's estimates on its Triton kernels' launches, the compiled
+    #: functions' sequence numbers (empty: an eager job).
+    compiled_args: CompiledArgs = field(default_factory=CompiledArgs, repr=False)
     memo: TraceMemo = field(default_factory=TraceMemo, repr=False, compare=False)
 
     @property

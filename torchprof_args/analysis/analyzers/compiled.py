@@ -8,12 +8,13 @@ cache files (``torchinductor_root/4g/c4gd...py(362): call``).  What ran is told 
 ran: the innermost ``nn.Module: Block_1`` event around each call (``--torch-profile-with-modules``;
 on a torch where that flag records nothing in eager mode, ``--torch-profile-with-stack``), else its
 innermost user frame.  A backward graph runs in the autograd engine, outside every module: it is
-named ``(backward)``.
+named by its forward's module (``Block_1 (backward)``: ``CompiledFunctionBackward`` and its
+``CompiledFunction`` share an autograd sequence number), else ``(backward)``.
 
 Inductor writes ``kernel_flop`` and ``kernel_num_gb`` into the ``args`` of each Triton kernel's
 launch when its ``benchmark_kernel`` setting is on (``--torch-profile-with-flops`` turns it on:
 :mod:`torchprof_args.runtime.inductor_costs`); decoded into
-:class:`~torchprof_args.analysis.trace.KernelCosts`, each kernel's device time gives its achieved
+:class:`~torchprof_args.analysis.trace.CompiledArgs`, each kernel's device time gives its achieved
 TFLOP/s and TB/s, compared with the device's peaks (:mod:`torchprof_args.device_peaks`): the roofline.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -41,7 +43,9 @@ MODULE_PREFIX = "nn.Module: "
 _REGION = re.compile(r"^Torch-Compiled Region: \d+/\d+$")
 _GRAPH = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 #: the autograd engine's event around each backward node it runs (``CompiledFunctionBackward``'s too).
-_BACKWARD = "autograd::engine::evaluate_function: "
+_ENGINE = "autograd::engine::evaluate_function: "
+#: a compiled function's forward and backward (autograd nodes with a sequence number each).
+_FORWARD, _BACKWARD_FUNCTION = "CompiledFunction", "CompiledFunctionBackward"
 #: modules (and call sites) listed per region, the most calls first.
 _MODULES_KEPT = 8
 #: what a compiled call ran in when nothing around it names a module or a user frame.
@@ -56,7 +60,7 @@ class CompiledRegion(msgspec.Struct, frozen=True, gc=False):
         calls: its calls in the steps.
         ms_per_step: its calls' wall time per step (ms; a graph's holds its kernels' launches).
         modules: the innermost module around its calls (``Block_1``), the most calls first; else
-            the innermost user frame; ``(backward)`` for a backward graph.
+            the innermost user frame; ``Block_1 (backward)`` for the backward of Block_1's graph.
     """
 
     name: str
@@ -117,55 +121,71 @@ def _module_events(trace: Trace) -> np.ndarray:
     return np.flatnonzero(lookup(trace.names, lambda n: n.startswith(MODULE_PREFIX))[trace.name_id])
 
 
-def modules_around(trace: Trace, idx: np.ndarray) -> list[str | None]:
-    """Per event of ``idx``, the innermost ``nn.Module`` event of its thread around it (its name
-    without the prefix: ``Block_1``); None where none is."""
-    idx = np.asarray(idx, dtype=np.int64)
-    out: list[str | None] = [None] * len(idx)
-    mods = _module_events(trace)
-    if not len(mods) or not len(idx):
+def _around(trace: Trace, idx: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Per event of ``idx``, the innermost event of ``candidates`` (indices, properly nested per
+    thread) on its thread that encloses it; -1 where none does."""
+    out = np.full(len(idx), -1, dtype=np.int64)
+    if not len(candidates) or not len(idx):
         return out
-    m_thread, q_thread = trace.thread_id[mods], trace.thread_id[idx]
+    c_thread, q_thread = trace.thread_id[candidates], trace.thread_id[idx]
     for thread in np.unique(q_thread).tolist():
-        mine = mods[m_thread == thread]
+        mine = candidates[c_thread == thread]
         if not len(mine):
             continue
-        m_end = trace.ts[mine] + trace.dur[mine]
-        nest = Nesting(trace.ts[mine], m_end)
+        c_end = trace.ts[mine] + trace.dur[mine]
+        nest = Nesting(trace.ts[mine], c_end)
         asked = np.flatnonzero(q_thread == thread)
         ends = (trace.ts[idx[asked]] + trace.dur[idx[asked]]).tolist()
         for q, found, end in zip(asked.tolist(), nest.innermost(trace.ts[idx[asked]]).tolist(), ends,
                                  strict=True):
-            around = [m for m in nest.chain(found) if m_end[m] >= end] if found >= 0 else []
+            around = [c for c in nest.chain(found) if c_end[c] >= end] if found >= 0 else []
             if around:
-                out[q] = trace.names[trace.name_id[mine[around[0]]]][len(MODULE_PREFIX):]
+                out[q] = mine[around[0]]
     return out
+
+
+def _named(trace: Trace, wanted: Callable[[str], bool]) -> np.ndarray:
+    return np.flatnonzero(lookup(trace.names, wanted)[trace.name_id])
+
+
+def modules_around(trace: Trace, idx: np.ndarray) -> list[str | None]:
+    """Per event of ``idx``, the innermost ``nn.Module`` event of its thread around it (its name
+    without the prefix: ``Block_1``); None where none is."""
+    modules = _named(trace, lambda n: n.startswith(MODULE_PREFIX))
+    found = _around(trace, np.asarray(idx, dtype=np.int64), modules)
+    return [trace.names[trace.name_id[f]][len(MODULE_PREFIX):] if f >= 0 else None for f in found.tolist()]
+
+
+def _forward_modules(trace: Trace) -> dict[int, str]:
+    """The module around each compiled function's forward (``CompiledFunction``), by its autograd
+    sequence number: what the backward with that number ran for."""
+    args = trace.compiled_args
+    rows = np.flatnonzero(args.seq >= 0)
+    forward = rows[lookup(trace.names, (_FORWARD,))[trace.name_id[args.idx[rows]]]]
+    mods = modules_around(trace, args.idx[forward])
+    return {int(seq): m for seq, m in zip(args.seq[forward].tolist(), mods, strict=True) if m is not None}
 
 
 def _owners(trace: Trace, idx: np.ndarray) -> list[str]:
-    """What each event of ``idx`` ran for: its module, else :data:`BACKWARD` when the autograd
-    engine runs it (no module is around a backward), else its user frame, else ``?``."""
+    """What each event of ``idx`` ran for: its module; in a compiled function's backward, the module
+    of its forward (``Block_1 (backward)``: the autograd sequence number ties them); else
+    :data:`BACKWARD` when the autograd engine runs it (no module is around a backward); else its
+    user frame; else ``?``."""
     mods = modules_around(trace, idx)
     missing = np.asarray([i for i, m in enumerate(mods) if m is None], dtype=np.int64)
-    if len(missing):
-        backward = _inside(trace, idx[missing], _BACKWARD)
-        sites = call_sites(trace, idx[missing])
-        for k, i in enumerate(missing.tolist()):
-            mods[i] = BACKWARD if backward[k] else sites[k] or "?"
+    if not len(missing):
+        return [m or "?" for m in mods]
+    args = trace.compiled_args
+    seq_of = dict(zip(args.idx.tolist(), args.seq.tolist(), strict=True))
+    forward = _forward_modules(trace)
+    compiled_bwd = _around(trace, idx[missing], _named(trace, lambda n: n == _BACKWARD_FUNCTION))
+    engine = _around(trace, idx[missing], _named(trace, lambda n: n.startswith(_ENGINE)))
+    sites = call_sites(trace, idx[missing])
+    for k, i in enumerate(missing.tolist()):
+        of = forward.get(seq_of.get(int(compiled_bwd[k]), -1)) if compiled_bwd[k] >= 0 else None
+        mods[i] = (f"{of} {BACKWARD}" if of else BACKWARD if engine[k] >= 0 or compiled_bwd[k] >= 0
+                   else sites[k] or "?")
     return [m or "?" for m in mods]
-
-
-def _inside(trace: Trace, idx: np.ndarray, prefix: str) -> np.ndarray:
-    """Whether an event named ``prefix...`` (the same thread) encloses each event of ``idx``."""
-    out = np.zeros(len(idx), dtype=bool)
-    around = np.flatnonzero(lookup(trace.names, lambda n: n.startswith(prefix))[trace.name_id])
-    for thread in np.unique(trace.thread_id[idx]).tolist():
-        mine = around[trace.thread_id[around] == thread]
-        asked = np.flatnonzero(trace.thread_id[idx] == thread)
-        if len(mine) and len(asked):
-            nest = Nesting(trace.ts[mine], trace.ts[mine] + trace.dur[mine])
-            out[asked] = nest.inside(trace.ts[idx[asked]])
-    return out
 
 
 def _regions(trace: Trace, start: float, end: float, n_steps: int) -> list[CompiledRegion]:
@@ -195,9 +215,9 @@ def _regions(trace: Trace, start: float, end: float, n_steps: int) -> list[Compi
 
 def kernel_launchers(trace: Trace, launches: np.ndarray) -> np.ndarray:
     """Per runtime launch of ``launches`` (event indices, ``NO_LAUNCH`` for none), the row of
-    ``trace.kernel_costs`` whose event encloses it (inductor's launch of a Triton kernel: its
+    ``trace.compiled_args`` whose event encloses it (inductor's launch of a Triton kernel: its
     parent, or an ancestor a few levels up); -1 where none does."""
-    costs = trace.kernel_costs
+    costs = trace.compiled_args
     out = np.full(len(launches), -1, dtype=np.int64)
     if not len(costs) or not len(launches):
         return out
@@ -205,8 +225,9 @@ def kernel_launchers(trace: Trace, launches: np.ndarray) -> np.ndarray:
     position = np.full(len(trace.ts) + 1, -1, dtype=np.int64)
     position[tree["idx"]] = np.arange(len(tree["idx"]), dtype=np.int64)
     row_at = np.full(len(tree["idx"]) + 1, -1, dtype=np.int64)  # tree position -> costs row
-    found = position[costs.idx]
-    row_at[found[found >= 0]] = np.flatnonzero(found >= 0)
+    launch_rows = np.flatnonzero((costs.flop >= 0) | (costs.gb >= 0))  # not a compiled function's
+    found = position[costs.idx[launch_rows]]
+    row_at[found[found >= 0]] = launch_rows[found >= 0]
     parent = np.r_[tree["parent"].astype(np.int64), -1]
     at = position[np.where(launches >= 0, launches, len(trace.ts))]
     todo = np.flatnonzero(at >= 0)
@@ -254,7 +275,7 @@ def _kernels(trace: Trace, peak_t: float | None,
     rows[~is_kernel] = -1  # a memset or copy under a launch is no Triton kernel's
     busy = ctx.k_end - ctx.k_ts
     total = float(busy.sum())
-    costs = trace.kernel_costs
+    costs = trace.compiled_args
     with_flop = rows >= 0
     with_flop[with_flop] = costs.flop[rows[with_flop]] >= 0
     known = float(busy[with_flop].sum()) / total if total > 0 else None
@@ -291,7 +312,7 @@ def compiled_code(trace: Trace, device: str | None, top: int | None = 30) -> Com
         device: its GPU's name (``deviceProperties``), for the roofline's peaks; None without one.
         top: kernels kept (the most device time first); None keeps them all.
     """
-    if not len(trace.kernel_costs) and not any(_REGION.match(n) or _GRAPH.match(n) for n in trace.names):
+    if not len(trace.compiled_args) and not any(_REGION.match(n) or _GRAPH.match(n) for n in trace.names):
         return None  # an eager trace: no step context built for nothing
     ctx = context(trace)
     peak_t = peak_tflops(device) if device else None

@@ -23,7 +23,7 @@ from torchprof_args.analysis.decode.comm_events import XComm, comm_rows, decode_
 from torchprof_args.analysis.decode.events import INSTANTS, NO_CAT, XEvent, XShapeEvent, decode_plain
 from torchprof_args.analysis.decode.memory_rows import memory_rows_of
 from torchprof_args.analysis.decode.op_flops import FLOP_OPS, shape_flops
-from torchprof_args.analysis.trace import KernelCosts, MemoryRows
+from torchprof_args.analysis.trace import CompiledArgs, MemoryRows
 
 __all__ = ["MEMORY_COLUMNS", "BATCH_COLUMNS", "ColumnBatch", "decode_events", "reduce_batch", "reduce_memory"]
 
@@ -55,8 +55,9 @@ class ColumnBatch:
     flops: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0)))
     #: every ``[memory]`` event (``memory_rows=True`` only).
     memory_rows: MemoryRows = field(default_factory=MemoryRows)
-    #: inductor's estimates on the batch's Triton launches (indices into this part).
-    kernel_costs: KernelCosts = field(default_factory=KernelCosts)
+    #: compiled code's args (inductor's estimates, compiled functions' sequence numbers; indices
+    #: into this part).
+    compiled_args: CompiledArgs = field(default_factory=CompiledArgs)
 
 
 #: the array columns of a :class:`ColumnBatch`, in its field order, with their dtypes.
@@ -129,7 +130,7 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
         stream = np.clip(stream, -1, I32_MAX)  # absurd stream numbers: only >= 0 or -1 matters
     stream = stream.astype(np.int32)
     corr = _int_column(args, _get_corr, n)
-    costs = _kernel_costs(args, key, keys)
+    costs = _compiled_args(args, key, keys)
     counts = _flop_counts(args, key, keys, costs) if flops else None
     del args
     keep = ~(np.isnan(ts) | np.isnan(dur))
@@ -139,37 +140,42 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
         ts, dur, key, stream, corr = ts[keep], dur[keep], key[keep], stream[keep], corr[keep]
         counts = counts[keep] if counts is not None else None
         kept = keep[costs.idx]
-        costs = KernelCosts((np.cumsum(keep) - 1)[costs.idx[kept]], costs.flop[kept], costs.gb[kept])
+        costs = costs.take(kept)
+        costs.idx = (np.cumsum(keep) - 1)[costs.idx]
     part = ColumnBatch(len(events), ts, dur, key, stream, corr, keys, memory, rows, memory_rows=mem_rows,
-                       kernel_costs=costs)
+                       compiled_args=costs)
     if counts is not None:
         where = np.flatnonzero(counts > 0)
         part.flops = (where.astype(np.int64), counts[where])
     return part
 
 
-_get_kernel_costs = attrgetter("kernel_flop", "kernel_num_gb")
+_get_compiled_args = attrgetter("kernel_flop", "kernel_num_gb", "sequence")
+#: the compiled functions whose sequence number is kept (:class:`~.trace.CompiledArgs`).
+_COMPILED_FUNCTIONS = ("CompiledFunction", "CompiledFunctionBackward")
 
 
-def _kernel_costs(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]]) -> KernelCosts:
-    """Inductor's ``kernel_flop`` / ``kernel_num_gb`` of the batch's Triton launches: only events
-    named ``triton*`` (inductor's kernel names) are looked at, so an eager trace costs nothing."""
-    named = [i for i, k in enumerate(keys) if isinstance(k[0], str) and k[0].startswith("triton")]
+def _compiled_args(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]]) -> CompiledArgs:
+    """Compiled code's args in the batch: inductor's ``kernel_flop`` / ``kernel_num_gb`` on events
+    named ``triton*`` (inductor's kernel names), the sequence numbers of the compiled functions.  Only
+    events with those names are looked at, so an eager trace costs nothing."""
+    named = [i for i, k in enumerate(keys)
+             if isinstance(k[0], str) and (k[0].startswith("triton") or k[0] in _COMPILED_FUNCTIONS)]
     if not named:
-        return KernelCosts()
+        return CompiledArgs()
     at = np.flatnonzero(np.isin(key, named))
-    pairs = np.array([_get_kernel_costs(args[i]) for i in at.tolist()], dtype=np.float64).reshape(-1, 2)
-    has = (pairs[:, 0] >= 0) | (pairs[:, 1] >= 0)
-    return KernelCosts(at[has].astype(np.int64), pairs[has, 0], pairs[has, 1])
+    rows = np.array([_get_compiled_args(args[i]) for i in at.tolist()], dtype=np.float64).reshape(-1, 3)
+    has = (rows >= 0).any(axis=1)
+    return CompiledArgs(at[has].astype(np.int64), rows[has, 0], rows[has, 1], rows[has, 2].astype(np.int64))
 
 
 def _flop_counts(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]],
-                 costs: KernelCosts) -> np.ndarray:
-    """Each event's ``args.flops``, else inductor's ``kernel_flop`` (:func:`_kernel_costs`), else for
+                 costs: CompiledArgs) -> np.ndarray:
+    """Each event's ``args.flops``, else inductor's ``kernel_flop`` (:func:`_compiled_args`), else for
     the operators of :data:`FLOP_OPS` the FLOPs of its input shapes (torch.profiler writes no
     ``flops`` into the trace: :mod:`.op_flops`)."""
     counts = np.fromiter(map(_get_flops, args), np.float64, len(args))
-    if len(costs):
+    if len(costs):  # (a compiled function's row has flop -1: it adds 0)
         counts[costs.idx] = np.where(counts[costs.idx] > 0, counts[costs.idx], np.maximum(costs.flop, 0))
     rules = [i for i, k in enumerate(keys) if k[0] in FLOP_OPS and k[1] == "cpu_op"]
     if rules:

@@ -53,6 +53,7 @@ class _CommArgs(msgspec.Struct, gc=False, frozen=True):
     flops: float = 0.0
     kernel_flop: float = -1.0
     kernel_num_gb: float = -1.0
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
     collective: Any = msgspec.field(default=None, name="Collective name")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
@@ -103,7 +104,7 @@ def _tighten_comm(event: LooseEvent) -> Any:
     return XComm(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
                  args=_CommArgs(stream=base.args.stream, correlation=base.args.correlation,
                                 flops=base.args.flops, kernel_flop=base.args.kernel_flop,
-                                kernel_num_gb=base.args.kernel_num_gb,
+                                kernel_num_gb=base.args.kernel_num_gb, sequence=base.args.sequence,
                                 input_dims=raw.get("Input Dims", NO_RAW),
                                 input_type=raw.get("Input type", NO_RAW),
                                 **{name: args.get(key) for name, key in _ARG_KEYS.items()}))

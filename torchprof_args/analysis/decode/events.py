@@ -41,6 +41,8 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     #: (FLOPs and GB read + written; -1 when absent): :mod:`..analyzers.compiled`.
     kernel_flop: float = -1.0
     kernel_num_gb: float = -1.0
+    #: the autograd sequence number (ties a compiled function's backward to its forward; -1: none).
+    sequence: int = msgspec.field(default=-1, name="Sequence number")
 
 
 class _ShapeArgs(_Args, gc=False, frozen=True):
@@ -204,7 +206,8 @@ def tighten(event: LooseEvent) -> Any:
                        correlation=_minus1(_int(args.get("correlation"))),
                        flops=_num(args.get("flops")) or 0.0,
                        kernel_flop=_or_minus1(_num(args.get("kernel_flop"))),
-                       kernel_num_gb=_or_minus1(_num(args.get("kernel_num_gb")))),
+                       kernel_num_gb=_or_minus1(_num(args.get("kernel_num_gb"))),
+                       sequence=_minus1(_int(args.get("Sequence number")))),
         )
     if ph in ("i", "I") and name == "[memory]":
         return _Instant(
@@ -266,4 +269,5 @@ def _tighten_shapes(event: LooseEvent) -> Any:
     return XShapeEvent(name=base.name, cat=base.cat, ts=base.ts, dur=base.dur, pid=base.pid, tid=base.tid,
                        args=_ShapeArgs(stream=base.args.stream, correlation=base.args.correlation,
                                        flops=base.args.flops, kernel_flop=base.args.kernel_flop,
-                                       kernel_num_gb=base.args.kernel_num_gb, input_dims=dims))
+                                       kernel_num_gb=base.args.kernel_num_gb, sequence=base.args.sequence,
+                                       input_dims=dims))

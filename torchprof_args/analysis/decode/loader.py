@@ -31,7 +31,7 @@ from torchprof_args.analysis.decode.columns import (
 )
 from torchprof_args.analysis.decode.events import NO_CAT
 from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream, not_utf8
-from torchprof_args.analysis.trace import KernelCosts, MemoryRows, Trace
+from torchprof_args.analysis.trace import CompiledArgs, MemoryRows, Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["BLOCK_EVENTS", "SEGMENT_BYTES", "load_trace", "release_memory_eagerly"]
@@ -90,7 +90,7 @@ class ColumnStore:
         self.comms: list[tuple[Any, ...]] = []
         self.flops: list[tuple[np.ndarray, np.ndarray]] = []
         self.memory_rows: list[MemoryRows] = []
-        self.kernel_costs: list[tuple[int, KernelCosts]] = []
+        self.compiled_args: list[tuple[int, CompiledArgs]] = []
 
     def add(self, part: ColumnBatch) -> None:
         """Append one batch's columns (parts must come in file order)."""
@@ -102,8 +102,8 @@ class ColumnStore:
             self.memory_rows.append(part.memory_rows)
         if len(part.flops[0]):
             self.flops.append((part.flops[0] + self.total, part.flops[1]))
-        if len(part.kernel_costs):
-            self.kernel_costs.append((self.total, part.kernel_costs))
+        if len(part.compiled_args):
+            self.compiled_args.append((self.total, part.compiled_args))
         keys = self.keys
         part.key = np.array([keys.setdefault(k, len(keys)) for k in part.keys], dtype=np.int32)[part.key]
         if self.dtypes["corr"] == np.int32 and len(part.corr) and (
@@ -157,7 +157,7 @@ class ColumnStore:
         out["comms"] = self.comms
         out["flops"] = (np.concatenate([f[0] for f in self.flops]) if self.flops else np.zeros(0, np.int64),
                         np.concatenate([f[1] for f in self.flops]) if self.flops else np.zeros(0))
-        out["kernel_costs"] = KernelCosts.concat(self.kernel_costs)
+        out["compiled_args"] = CompiledArgs.concat(self.compiled_args)
         out["names"], out["cats"], out["threads"] = list(names), list(cats), list(threads)
         out["name_cat"] = _first_categories(tables["name_id"], tables["cat_id"], len(names))
         return out
@@ -284,7 +284,7 @@ def _to_trace(stream: TraceStream, columns: dict[str, Any], comms: bool = False,
         comms=columns["comms"] if comms else None,
         flops=columns["flops"] if flops else None,
         memory_rows=columns["memory_rows"] if memory_rows else None,
-        kernel_costs=columns["kernel_costs"],
+        compiled_args=columns["compiled_args"],
     )
 
 

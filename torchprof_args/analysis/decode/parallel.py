@@ -143,7 +143,7 @@ def _worker_main(conn: Any, path: str, out_fd: int, comms: bool = False, memory:
             del text
             where, written = _write_columns(out_fd, part, written)
             conn.send(("ok", index, part.n_events, where, part.keys, part.memory, part.comms, part.flops,
-                       part.memory_rows, part.kernel_costs))
+                       part.memory_rows, part.compiled_args))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
         conn.send(("err", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -234,12 +234,12 @@ class Worker:
             raise TraceError(f"a trace decoding worker failed: {msg[1]}")
         if msg[0] == "bad":
             raise WrongCut
-        _, index, n_events, where, keys, memory, comms, flops, memory_rows, kernel_costs = msg
+        _, index, n_events, where, keys, memory, comms, flops, memory_rows, compiled_args = msg
         self.outstanding -= 1
         col = {name: _read_column(self.out_fd, offset, n, dtype)
                for (name, _), (offset, n, dtype) in zip(BATCH_COLUMNS, where, strict=True)}
         return index, ColumnBatch(n_events, col["ts"], col["dur"], col["key"], col["stream"], col["corr"],
-                                  keys, memory, comms, flops, memory_rows, kernel_costs)
+                                  keys, memory, comms, flops, memory_rows, compiled_args)
 
     def close(self) -> None:
         """Stop the feeder and the process (killed if it does not exit within 5 s)."""

@@ -77,13 +77,13 @@ def compute_accounted(trace: Trace) -> tuple[float, float]:
     is_comp = lookup(trace.names, lambda n: kernel_type(n) == COMPUTATION)[trace.name_id[ctx.kernels]]
     busy = ctx.k_end - ctx.k_ts
     total = float(busy[is_comp].sum())
-    if trace.flops is None or not (len(trace.flops[0]) or len(trace.kernel_costs)) or not total:
+    if trace.flops is None or not (len(trace.flops[0]) or len(trace.compiled_args)) or not total:
         return total, 0.0
     tree = cpu_tree(trace)
     position = np.full(len(trace.ts) + 1, -1, dtype=np.int64)
     position[tree["idx"]] = np.arange(len(tree["idx"]), dtype=np.int64)
     counted = np.zeros(len(tree["idx"]), dtype=bool)
-    costs = trace.kernel_costs
+    costs = trace.compiled_args
     found = position[np.r_[trace.flops[0], costs.idx[costs.flop >= 0]]]
     counted[found[found >= 0]] = True
     under = inherit(counted, tree["parent"].astype(np.int64), tree["depth"].astype(np.int64))
@@ -94,7 +94,7 @@ def compute_accounted(trace: Trace) -> tuple[float, float]:
 
 def inductor_flops(trace: Trace) -> float:
     """The FLOPs inductor wrote into its Triton kernels' launches in the steps (``kernel_flop``)."""
-    costs = trace.kernel_costs
+    costs = trace.compiled_args
     if not len(costs):
         return 0.0
     ctx = context(trace)
