@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from helpers.gpu_train import parse_flags
 from helpers.inject import load_doc, step_starts, write_doc
 from helpers.paths import DATA
 
+from torchprof_args import TorchProfiler
 from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.analyzers.compiled import kernel_roofline
 from torchprof_args.analysis.diagnose.context import KindContext
@@ -157,3 +160,26 @@ def test_summary_shows_the_roofline(injected: Injected) -> None:
     assert "Triton kernels on the roofline" in text and "triton_tem_fused_mm_" in text
     assert {m for k in code.kernels for m in k.modules} >= {"(backward)", "Linear_0", "LayerNorm_0"}
     assert summarize(load_trace(H200)).compiled is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_flops", [True, False])
+def test_with_flops_has_inductor_write_its_kernels_estimates(tmp_path: Path, with_flops: bool) -> None:
+    """``--torch-profile-with-flops`` turns inductor's ``benchmark_kernel`` on when profiling starts
+    (what makes it write ``kernel_flop`` / ``kernel_num_gb`` into its Triton launches; the CUDA test
+    reads them back), and a model compiled under it still trains; without the flag it stays off."""
+    import torch._inductor.config as inductor_config
+
+    flags = ["--torch-profile-with-flops"] if with_flops else []
+    with inductor_config.patch(benchmark_kernel=False):
+        prof = TorchProfiler.from_args(parse_flags(
+            "--torch-profile", "--torch-profile-dir", str(tmp_path / "prof"),
+            "--no-torch-profile-operator-table", "--torch-profile-active", "1", *flags))
+        model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()))
+        with prof:
+            assert inductor_config.benchmark_kernel is with_flops
+            for iteration in range(1, 4):
+                model(torch.randn(4, 16)).sum().backward()
+                prof.step(iteration)
+        (published,) = prof.published_traces
+        assert summarize(load_trace(published)).compiled is not None

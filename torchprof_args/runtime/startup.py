@@ -22,7 +22,6 @@ from torchprof_args.runtime.execution_trace import ExecutionTrace
 from torchprof_args.runtime.export.staging import StagingArea
 from torchprof_args.runtime.export.writer import TraceWriter
 from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.inductor_costs import write_kernel_costs
 from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.runtime.nsys import NsysController
 from torchprof_args.runtime.ranks import traced_ranks
@@ -58,7 +57,7 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
     selected = setup.traced_ranks is None or rank in setup.traced_ranks
     timeline.record = trace.enabled and selected
     if timeline.record and trace.with_flops:
-        write_kernel_costs()  # a compiled model's Triton kernels: their FLOPs and bytes in the trace
+        _write_kernel_costs()
     fence.open(world_size)
     if memory is None and config.memory.enabled and selected:
         memory = MemorySnapshotter(config.memory, rank=rank)
@@ -84,6 +83,29 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
                     "through with_stack (with_modules does nothing in eager mode), so with_stack is on "
                     "on every traced rank", torch.__version__)
     return setup
+
+
+def _write_kernel_costs() -> bool:
+    """Have inductor write its Triton kernels' FLOPs and bytes into their launches in the trace
+    (``--torch-profile-with-flops`` on a compiled model); False where this torch has no inductor.
+
+    torch.profiler counts no FLOPs of a kernel inductor generated (its operators are gone), but
+    inductor estimates them itself and writes ``kernel_flop`` and ``kernel_num_gb`` into each kernel
+    launch's ``args`` when its ``benchmark_kernel`` setting was on as the kernel was generated
+    (torch/_inductor/codegen/triton.py; read back by :mod:`torchprof_args.analysis.analyzers.compiled`
+    and ``low_mfu``).  The setting is part of inductor's cache key, so kernels cached without it are
+    generated again; a graph compiled before profiling starts keeps its kernels without the figures.
+    Its cost: the estimate per kernel at compile time and a benchmark harness in each generated
+    module (never run), nothing per launch; inductor prints each compiled module's path on stderr.
+    ``profile_bandwidth``, which writes ``kernel_num_gb`` too, is not used: it synchronises the
+    device around every kernel.
+    """
+    try:
+        import torch._inductor.config as inductor_config
+    except ImportError:
+        return False
+    inductor_config.benchmark_kernel = True
+    return True
 
 
 def _build_writer(setup: RankSetup, config: ProfilerConfig, rank: int) -> str | None:

@@ -12,8 +12,8 @@ named by its forward's module (``Block_1 (backward)``: ``CompiledFunctionBackwar
 ``CompiledFunction`` share an autograd sequence number), else ``(backward)``.
 
 Inductor writes ``kernel_flop`` and ``kernel_num_gb`` into the ``args`` of each Triton kernel's
-launch when its ``benchmark_kernel`` setting is on (``--torch-profile-with-flops`` turns it on:
-:mod:`torchprof_args.runtime.inductor_costs`); decoded into
+launch when its ``benchmark_kernel`` setting is on (``--torch-profile-with-flops`` turns it on when
+profiling starts); decoded into
 :class:`~torchprof_args.analysis.trace.CompiledArgs`, each kernel's device time gives its achieved
 TFLOP/s and TB/s, compared with the device's peaks (:mod:`torchprof_args.device_peaks`): the roofline.
 """
@@ -29,17 +29,16 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import call_sites
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
+from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
 from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import NO_LAUNCH, context
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tbps, peak_tflops
 
-__all__ = ["MODULE_PREFIX", "CompiledCode", "CompiledRegion", "KernelRoofline", "compiled_code",
+__all__ = ["IN_BACKWARD", "CompiledCode", "CompiledRegion", "KernelRoofline", "compiled_code",
            "kernel_launchers", "kernel_roofline", "modules_around"]
 
-#: the name prefix of the ``python_function`` events torch records per module call.
-MODULE_PREFIX = "nn.Module: "
 _REGION = re.compile(r"^Torch-Compiled Region: \d+/\d+$")
 _GRAPH = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 #: the autograd engine's event around each backward node it runs (``CompiledFunctionBackward``'s too).
@@ -49,7 +48,7 @@ _FORWARD, _BACKWARD_FUNCTION = "CompiledFunction", "CompiledFunctionBackward"
 #: modules (and call sites) listed per region, the most calls first.
 _MODULES_KEPT = 8
 #: what a compiled call ran in when nothing around it names a module or a user frame.
-BACKWARD = "(backward)"
+IN_BACKWARD = "(backward)"
 
 
 class CompiledRegion(msgspec.Struct, frozen=True, gc=False):
@@ -169,7 +168,7 @@ def _forward_modules(trace: Trace) -> dict[int, str]:
 def _owners(trace: Trace, idx: np.ndarray) -> list[str]:
     """What each event of ``idx`` ran for: its module; in a compiled function's backward, the module
     of its forward (``Block_1 (backward)``: the autograd sequence number ties them); else
-    :data:`BACKWARD` when the autograd engine runs it (no module is around a backward); else its
+    :data:`IN_BACKWARD` when the autograd engine runs it (no module is around a backward); else its
     user frame; else ``?``."""
     mods = modules_around(trace, idx)
     missing = np.asarray([i for i, m in enumerate(mods) if m is None], dtype=np.int64)
@@ -183,7 +182,7 @@ def _owners(trace: Trace, idx: np.ndarray) -> list[str]:
     sites = call_sites(trace, idx[missing])
     for k, i in enumerate(missing.tolist()):
         of = forward.get(seq_of.get(int(compiled_bwd[k]), -1)) if compiled_bwd[k] >= 0 else None
-        mods[i] = (f"{of} {BACKWARD}" if of else BACKWARD if engine[k] >= 0 or compiled_bwd[k] >= 0
+        mods[i] = (f"{of} {IN_BACKWARD}" if of else IN_BACKWARD if engine[k] >= 0 or compiled_bwd[k] >= 0
                    else sites[k] or "?")
     return [m or "?" for m in mods]
 

@@ -2,7 +2,7 @@
 
 One place for them, below both: a data loader's fetch, a blocking host synchronisation, a
 device-to-host copy, a kernel launch call, a host/device copy on the GPU, the c10d operator that
-issues a collective and gloo's span that runs it.
+issues a collective and gloo's span that runs it, a module's call.
 """
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 
 __all__ = ["COLLECTIVE_ISSUE_RE", "COLLECTIVE_RUN_RE", "COLLECTIVE_WAIT_RE", "COPY_RE", "DTOH_RE",
-           "LAUNCH_RE", "LOADER_RE", "SYNC_RE"]
+           "LAUNCH_RE", "LOADER_RE", "MODULE_PREFIX", "SYNC_RE"]
+
+#: the name prefix of the ``python_function`` event torch records around each module call
+#: (``nn.Module: Block_1``; ``--torch-profile-with-modules``).
+MODULE_PREFIX = "nn.Module: "
 
 #: the data loader's spans: torch.profiler's ``enumerate(DataLoader)#...__next__`` annotation, or the
 #: Python frame of ``torch/utils/data/dataloader.py``'s ``__next__`` (``--torch-profile-with-stack``).

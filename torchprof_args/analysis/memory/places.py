@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
 from torchprof_args.analysis.memory.breakdown import Where
 
 __all__ = ["BACKWARD", "MARKERS", "PhaseClock", "PlaceNamer", "frame_site", "place_from_names", "python_site"]
@@ -21,7 +22,6 @@ _FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.*)$")
 #: files of these libraries are not the job's own code.
 _LIBRARY_PARTS = ("torch/", "/lib/python3", "site-packages/torch", "<", "threading.py", "contextlib.py",
                   "functools.py", "runpy.py", "abc.py", "typing.py")
-MODULE_PREFIX = "nn.Module: "
 
 
 #: the annotations whose time spans say the phase (``record_function`` ranges: in the profiler's
