@@ -2,7 +2,7 @@
 
 import pytest
 
-from torchprof_args.device_peaks import find_device, peak_tflops
+from torchprof_args.device_peaks import find_device, peak_tbps, peak_tflops
 
 
 @pytest.mark.parametrize("name, label, bf16", [
@@ -34,3 +34,14 @@ def test_fp8_and_unknowns():
     assert peak_tflops("NVIDIA GeForce RTX 3090") is None
     with pytest.raises(ValueError, match="unknown data type"):
         peak_tflops("NVIDIA H200", "int4")
+
+
+@pytest.mark.parametrize("name, tbps", [
+    ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H200", 4.8), ("NVIDIA A100-SXM4-80GB", 2.039),
+    ("NVIDIA A100-PCIE-40GB", 1.555), ("AMD Instinct MI300X", 5.3),
+])
+def test_memory_bandwidth(name, tbps):
+    """The roofline's other roof: the datasheets' peak memory bandwidth (TB/s); the 40 GB A100's
+    HBM2 is slower than the 80 GB one's HBM2e."""
+    assert peak_tbps(name) == tbps
+    assert peak_tbps("NVIDIA GeForce RTX 3090") is None
