@@ -123,6 +123,26 @@ def test_inductor_s_flops_give_the_same_mfu_as_the_shapes(injected: Injected) ->
     assert {k["name"] for k in finding.evidence["triton_kernels"]} <= set(injected.flop)
 
 
+def test_triton_kernels_without_inductor_s_flops_ask_for_the_flag(injected: Injected, tmp_path: Path) -> None:
+    """The same compiled trace as recorded without ``--torch-profile-with-flops`` (no ``kernel_flop`` /
+    ``kernel_num_gb`` on the launches): its Triton kernels' time is time without FLOPs, and the
+    finding names the flag that has inductor write them."""
+    doc = load_doc(injected.path)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cpu_op" and e["name"].startswith("triton"):
+            e["args"].pop("kernel_flop")
+            e["args"].pop("kernel_num_gb")
+    trace = load_trace(write_doc(doc, tmp_path, "uncounted.json"), flops=True)
+    assert len(trace.compiled_args) == 0
+    inputs = low_mfu.mfu_inputs(trace)
+    assert not isinstance(inputs, low_mfu.Gap)
+    assert inputs.inductor_flops_per_step == 0.0
+    assert inputs.uncounted_triton_ms == pytest.approx(sum(injected.dur_us.values()) / 1e3 / injected.steps,
+                                                       rel=0.01)
+    finding = low_mfu.judge(inputs, KindContext(thresholds_off=True))
+    assert isinstance(finding, Finding) and "--torch-profile-with-flops" in finding.saving_bound
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_each_kernel_s_roofline_is_its_figures_over_its_time(injected: Injected, workers: int) -> None:
     """Achieved TFLOP/s and TB/s per kernel name are the injected FLOPs and bytes over the kernels'

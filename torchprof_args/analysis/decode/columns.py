@@ -159,12 +159,14 @@ def _compiled_args(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, 
     """Compiled code's args in the batch: inductor's ``kernel_flop`` / ``kernel_num_gb`` on events
     named ``triton*`` (inductor's kernel names), the sequence numbers of the compiled functions.  Only
     events with those names are looked at, so an eager trace costs nothing."""
-    named = [i for i, k in enumerate(keys)
-             if isinstance(k[0], str) and (k[0].startswith("triton") or k[0] in _COMPILED_FUNCTIONS)]
-    if not named:
+    launch = np.array([isinstance(k[0], str) and k[0].startswith("triton") for k in keys] + [False])
+    function = np.array([k[0] in _COMPILED_FUNCTIONS for k in keys] + [False])
+    if not launch.any() and not function.any():
         return CompiledArgs()
-    at = np.flatnonzero(np.isin(key, named))
+    at = np.flatnonzero((launch | function)[key])
     rows = np.array([_get_compiled_args(args[i]) for i in at.tolist()], dtype=np.float64).reshape(-1, 3)
+    rows[~launch[key[at]], :2] = -1  # each name's own fields only
+    rows[~function[key[at]], 2] = -1
     has = (rows >= 0).any(axis=1)
     return CompiledArgs(at[has].astype(np.int64), rows[has, 0], rows[has, 1], rows[has, 2].astype(np.int64))
 

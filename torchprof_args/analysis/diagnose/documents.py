@@ -56,6 +56,9 @@ class MfuInputs(msgspec.Struct, frozen=True):
     accounted_ms: float | None = None
     #: of ``flops_per_step``, what inductor wrote into its Triton kernels' launches (``kernel_flop``).
     inductor_flops_per_step: float = 0.0
+    #: the compute time per step (ms) in Triton kernels inductor wrote no FLOP count for (compiled
+    #: without ``--torch-profile-with-flops``).
+    uncounted_triton_ms: float = 0.0
     #: the Triton kernels with the most device time, on the roofline (inductor's estimates).
     kernels: list[KernelRoofline] = msgspec.field(default_factory=list)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.compiled import kernel_roofline
+from torchprof_args.analysis.analyzers.compiled import kernel_launchers, kernel_roofline
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.analyzers.origin import device_name
@@ -35,7 +35,8 @@ from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tflops as table_peak
 
 __all__ = ["CPU_DEVICE", "FLOPS_FLAG", "KIND", "KNOWN_SHARE", "SCOPE", "TARGET_MFU", "THRESHOLD", "analyze",
-           "compute_accounted", "inductor_flops", "judge", "mfu_inputs", "step_flops"]
+           "compute_accounted", "inductor_flops", "judge", "mfu_inputs", "step_flops",
+           "uncounted_triton_us"]
 
 KIND = "low_mfu"
 SCOPE = Scope.PER_RANK
@@ -49,6 +50,8 @@ TARGET_MFU = 0.40
 KNOWN_SHARE = 0.9
 #: Triton kernels on the roofline in the finding's evidence (the most device time first).
 ROOFLINE_KERNELS = 5
+#: the flag that has inductor write its Triton kernels' FLOPs into the trace.
+WITH_FLOPS_FLAG = "--torch-profile-with-flops"
 #: the flag that records what FLOPs are computed from (operator input shapes).
 FLOPS_FLAG = "--torch-profile-record-shapes"
 REMEDY = ("raise the arithmetic intensity: bf16/fp8, larger micro-batches, fused kernels (FlashAttention, "
@@ -92,6 +95,19 @@ def compute_accounted(trace: Trace) -> tuple[float, float]:
     return total, float(busy[accounted].sum())
 
 
+def uncounted_triton_us(trace: Trace) -> float:
+    """Kernel time (us, over the steps) in Triton kernels whose launch carries no ``kernel_flop``:
+    a compiled model whose kernels inductor generated without ``benchmark_kernel``."""
+    ctx = context(trace)
+    triton = lookup(trace.names, lambda n: n.startswith("triton"))[trace.name_id[ctx.kernels]]
+    if not triton.any():
+        return 0.0
+    rows = kernel_launchers(trace, ctx.launch)
+    counted = rows >= 0
+    counted[counted] = trace.compiled_args.flop[rows[counted]] >= 0
+    return float((ctx.k_end - ctx.k_ts)[triton & ~counted].sum())
+
+
 def inductor_flops(trace: Trace) -> float:
     """The FLOPs inductor wrote into its Triton kernels' launches in the steps (``kernel_flop``)."""
     costs = trace.compiled_args
@@ -121,6 +137,7 @@ def mfu_inputs(trace: Trace) -> MfuInputs | Gap:
                      device=device_name(trace), step_evidence=evidence,
                      compute_ms=ctx.ms(compute_us), accounted_ms=ctx.ms(accounted_us),
                      inductor_flops_per_step=inductor_flops(trace) / ctx.n_steps,
+                     uncounted_triton_ms=ctx.ms(uncounted_triton_us(trace)),
                      kernels=kernel_roofline(trace, device_name(trace))[0][:ROOFLINE_KERNELS])
 
 
@@ -179,6 +196,10 @@ def judge(inputs: MfuInputs, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding
                         unaccounted_compute_ms_per_step=round(compute - known, 3))
         bound += (f"; FLOPs are known for {100 * known / compute:.0f} % of the GPU's compute time only: "
                   f"no saving is claimed from the {compute - known:.1f} ms/step without them")
+        if inputs.uncounted_triton_ms > 0:
+            evidence["uncounted_triton_ms_per_step"] = round(inputs.uncounted_triton_ms, 3)
+            bound += (f" ({inputs.uncounted_triton_ms:.1f} ms/step in compiled Triton kernels: "
+                      f"{WITH_FLOPS_FLAG} has inductor write their FLOPs into the trace)")
         summary = (f"model FLOPs known for {100 * known / compute:.0f} % of the GPU's compute time "
                    f"({compute - known:.1f} ms/step unaccounted) use {100 * mfu:.2f} % of the "
                    f"{name or 'GPU'}'s {peak:g} TFLOP/s peak: MFU is at least that")
