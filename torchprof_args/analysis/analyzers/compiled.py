@@ -32,7 +32,7 @@ from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
 from torchprof_args.analysis.analyzers.nesting import Nesting
 from torchprof_args.analysis.analyzers.select import lookup
-from torchprof_args.analysis.analyzers.stepwise import NO_LAUNCH, context
+from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.device_peaks import peak_tbps, peak_tflops
 
@@ -47,7 +47,7 @@ _ENGINE = "autograd::engine::evaluate_function: "
 _FORWARD, _BACKWARD_FUNCTION = "CompiledFunction", "CompiledFunctionBackward"
 #: modules (and call sites) listed per region, the most calls first.
 _MODULES_KEPT = 8
-#: what a compiled call ran in when nothing around it names a module or a user frame.
+#: what a call in the backward pass ran for when no forward's module is known (the suffix otherwise).
 IN_BACKWARD = "(backward)"
 
 
@@ -74,8 +74,8 @@ class KernelRoofline(msgspec.Struct, frozen=True, gc=False):
     Attributes:
         name: the kernel.
         calls: its launches in the steps; ``ms_per_step``: its device time per step.
-        gflop: inductor's FLOPs per launch (G; None: inductor wrote none); ``gb``: GB read and
-            written per launch (None: none written).
+        gflop: inductor's FLOPs per launch (G, the mean; None: inductor wrote none); ``gb``: GB
+            read and written per launch (the mean; None: none written).
         tflops: achieved TFLOP/s (the FLOPs over the device time); ``tbps``: achieved TB/s.
         bound: ``compute`` or ``memory``: the roof its arithmetic intensity puts it under
             (None: a peak or a figure is missing).
@@ -269,7 +269,7 @@ def _kernels(trace: Trace, peak_t: float | None,
     ctx = context(trace)
     if not ctx.has_gpu:
         return [], None
-    rows = kernel_launchers(trace, np.where(ctx.launch >= 0, ctx.launch, NO_LAUNCH))
+    rows = kernel_launchers(trace, ctx.launch)
     is_kernel = lookup(trace.cats, ("kernel", "Kernel"))[trace.cat_id[ctx.kernels]]
     rows[~is_kernel] = -1  # a memset or copy under a launch is no Triton kernel's
     busy = ctx.k_end - ctx.k_ts
