@@ -26,7 +26,9 @@ __all__ = [
 ]
 
 #: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-DIAGNOSIS_FORMAT = 7  # 7: FSDP2 remedies; 6: an all-to-all's row_bytes; 5: gloo reduce_scatter named
+#: 8: inductor's kernel FLOPs in low_mfu's inputs; 7: FSDP2 remedies; 6: an all-to-all's row_bytes;
+#: 5: gloo reduce_scatter named
+DIAGNOSIS_FORMAT = 8
 #: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
 FINDINGS_VERSION = 1
 
