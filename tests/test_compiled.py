@@ -32,8 +32,9 @@ from torchprof_args.analysis.analyzers.compiled import kernel_roofline
 from torchprof_args.analysis.diagnose.context import KindContext
 from torchprof_args.analysis.diagnose.finding import Finding
 from torchprof_args.analysis.diagnose.kinds import low_mfu
+from torchprof_args.analysis.render.report import render_report
 from torchprof_args.analysis.render.text import format_summary
-from torchprof_args.analysis.summary import summarize
+from torchprof_args.analysis.summary import cross_rank, summarize
 from torchprof_args.device_peaks import peak_tbps, peak_tflops
 
 H200 = DATA / "gpu_1rank_h200_torchprof_clean.json.gz"
@@ -180,6 +181,9 @@ def test_summary_shows_the_roofline(injected: Injected) -> None:
     assert "Triton kernels on the roofline" in text and "triton_tem_fused_mm_" in text
     assert {m for k in code.kernels for m in k.modules} >= {"(backward)", "Linear_0", "LayerNorm_0"}
     assert summarize(load_trace(H200)).compiled is None
+    page = render_report([("cycle", [summary], cross_rank([summary]))])
+    assert "Compiled code, slowest: rank 0" in page and "% of roof" in page
+    assert all(k.name in page for k in code.kernels[:12])
 
 
 @pytest.mark.slow
