@@ -167,6 +167,21 @@ def test_each_kernel_s_roofline_is_its_figures_over_its_time(injected: Injected,
     assert all(k.gflop is not None and math.isfinite(k.gflop) for k in kernels)
 
 
+def test_the_loose_decoder_keeps_the_same_compiled_args(injected: Injected, tmp_path: Path) -> None:
+    """A batch the typed decoder rejects (an operator's ``stream`` that is no number) is decoded
+    loosely: the same compiled args, in one process or two."""
+    doc = load_doc(injected.path)
+    for e in doc["traceEvents"]:  # every batch with a Triton launch
+        if e.get("cat") == "cpu_op" and e["name"].startswith("triton"):
+            e["args"]["stream"] = "not a number"
+    typed = load_trace(injected.path).compiled_args
+    for workers in (1, 2):
+        loose = load_trace(write_doc(doc, tmp_path, "loose.json"), workers=workers).compiled_args
+        for column in ("idx", "flop", "gb", "seq"):
+            assert (getattr(loose, column) == getattr(typed, column)).all(), (workers, column)
+    assert len(typed) and (typed.seq >= 0).sum() == 0  # no compiled function in an eager trace
+
+
 def test_summary_shows_the_roofline(injected: Injected) -> None:
     """``summary`` reads the kernel estimates without the FLOP decoding: its compiled section holds
     every injected kernel against the trace's own device (the H200's peaks), and the text shows it;
