@@ -14,10 +14,10 @@ from helpers.paths import REPO
 from helpers.processes import kill_job, rank_results, run_torchrun, start_torchrun
 
 from torchprof_args import MetricsWriter
+from torchprof_args.capture.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.goodput import CATEGORIES, build_ledger
+from torchprof_args.capture.metrics.sinks import JsonlSink
 from torchprof_args.console import main as torchprof
-from torchprof_args.metrics.config import MetricsConfig
-from torchprof_args.metrics.goodput import CATEGORIES, build_ledger
-from torchprof_args.metrics.sinks import JsonlSink
 from torchprof_args.shared.metrics_log import RUN_VERSION, RunMarker, read_records, read_runs
 
 JOB = REPO / "tests" / "jobs" / "operations_job.py"

@@ -31,11 +31,11 @@ from torchprof_args.analysis.memory.categories import (
 )
 from torchprof_args.analysis.memory.ranks import outliers, rank_rows
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
+from torchprof_args.capture.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.hardware import DeviceReadings
+from torchprof_args.capture.metrics.writer import MetricsWriter
+from torchprof_args.capture.runtime.metadata import megatron_coordinates
 from torchprof_args.console import main
-from torchprof_args.metrics.config import MetricsConfig
-from torchprof_args.metrics.hardware import DeviceReadings
-from torchprof_args.metrics.writer import MetricsWriter
-from torchprof_args.runtime.metadata import megatron_coordinates
 
 GIB = 1 << 30
 

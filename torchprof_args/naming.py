@@ -1,6 +1,6 @@
 """File names shared by the runtime that writes files and the tools that read them.
 
-One module, so that a trace written by :mod:`torchprof_args.runtime` is found by
+One module, so that a trace written by :mod:`torchprof_args.capture.runtime` is found by
 :mod:`torchprof_args.analysis`, ``torchprof trigger`` predicts the right path, and a change of
 layout happens in one place.
 """
@@ -230,5 +230,5 @@ def flight_recorder_info_name(rank: int) -> str:
 
 def stacks_file_name(rank: int) -> str:
     """``stacks_rank<R>.json``: every Python thread's stack of rank R (in ``flight_recorder/`` at a
-    hang, in the request's answer folder on demand; :mod:`torchprof_args.stacks.file_format`)."""
+    hang, in the request's answer folder on demand; :mod:`torchprof_args.shared.stacks_file`)."""
     return f"stacks_rank{rank}.json"

@@ -20,10 +20,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchprof_args.capture.flags.types import positive_float
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import positive_float
 from torchprof_args.naming import METRICS_FILENAME
 
 if TYPE_CHECKING:

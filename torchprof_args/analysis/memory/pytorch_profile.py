@@ -5,7 +5,7 @@
 ``Optimizer.step`` calls, gradients from ``AccumulateGrad``, the rest by data flow) but needs the
 profiler's in-memory results (``profile.profiler.kineto_results``, with ``record_shapes``,
 ``profile_memory`` and ``with_stack``), which no trace file holds.  So it runs where the results
-still are: in the forked exporter (:mod:`torchprof_args.runtime.export.child`), which writes
+still are: in the forked exporter (:mod:`torchprof_args.capture.runtime.export.child`), which writes
 :func:`memory_part`'s result beside the staged trace for the publisher to keep in the sidecar.
 
 **One correction.**  Read as it is, its timeline puts an optimizer step's workspace under

@@ -8,7 +8,7 @@ In ``<profile dir>/debug_server/`` (names in :data:`~torchprof_args.naming.DEBUG
   (:data:`~torchprof_args.naming.DEBUG_SERVER_FR_FORMAT`), the dumps ``torchprof hang`` analyses;
 * ``stacks_<time>.txt``: PyTorch's dump of every rank's Python stacks, faulthandler's text per rank
   (``=== Rank R: <address> ===``, then each thread, innermost frame first), turned here into stacks
-  records (:mod:`torchprof_args.stacks.file_format`) for "where each rank is".  faulthandler names no
+  records (:mod:`torchprof_args.shared.stacks_file`) for "where each rank is".  faulthandler names no
   thread: the main thread is the one whose outermost frame is a module's top level (``<module>``),
   the thread answering the dump ("Current thread") never.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_FR_FORMAT, DEBUG_SERVER_SUBDIR
-from torchprof_args.stacks.file_format import FORMAT as STACKS_FORMAT
-from torchprof_args.stacks.file_format import VERSION as STACKS_VERSION
+from torchprof_args.shared.stacks_file import FORMAT as STACKS_FORMAT
+from torchprof_args.shared.stacks_file import VERSION as STACKS_VERSION
 
 __all__ = ["ServerDumps", "find_server_dumps", "parse_stacks_dump"]
 
