@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORMAT", "VERSION", "frame_text", "load_stacks", "main_frames", "signature", "user_frames"]
+from torchprof_args.shared import formats
 
-FORMAT = "torchprof-stacks"
-VERSION = 1
+__all__ = ["frame_text", "load_stacks", "main_frames", "signature", "user_frames"]
+
 #: Files larger than this are not stacks files (thousands of threads would still fit).
 MAX_BYTES = 16 << 20
 #: Frames of this package (the dump itself, the fence, the profiler's step) say nothing of the hang.
@@ -44,11 +44,11 @@ def load_stacks(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"{path}: cannot read ({err.strerror or err})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not JSON ({err})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a torchprof stacks file (no \"format\": \"{FORMAT}\")")
-    if payload.get("version") != VERSION:
+    if not isinstance(payload, dict) or payload.get("format") != formats.STACKS.name:
+        raise ValueError(f"{path}: not a torchprof stacks file (no \"format\": \"{formats.STACKS.name}\")")
+    if payload.get("version") != formats.STACKS.version:
         raise ValueError(f"{path}: stacks format version {payload.get('version')!r}; this torchprof-args "
-                         f"reads version {VERSION}: use the job's torchprof-args")
+                         f"reads version {formats.STACKS.version}: use the job's torchprof-args")
     if not isinstance(payload.get("rank"), int) or not isinstance(payload.get("threads"), list):
         raise ValueError(f"{path}: a stacks file without a rank or a thread list")
     return payload

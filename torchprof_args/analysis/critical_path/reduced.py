@@ -30,12 +30,11 @@ from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
 from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
 from torchprof_args.analysis.trace import Trace
+from torchprof_args.shared import formats
 
-__all__ = ["MEASURED", "PATHS_FORMAT", "Contributor", "Into", "Piece", "RankPaths", "PathStep", "rank_paths",
+__all__ = ["MEASURED", "Contributor", "Into", "Piece", "RankPaths", "PathStep", "rank_paths",
            "tables"]
 
-#: the version of :class:`RankPaths` (a sidecar holding another is ignored: the trace is parsed).
-PATHS_FORMAT = 2  # 2: gloo collectives named by their c10d operator (reduce_scatter)
 #: the name of the measured replay's tables.
 MEASURED = "measured"
 #: contributors kept per sink.
@@ -89,7 +88,7 @@ class RankPaths(msgspec.Struct, frozen=True):
     """One rank's reduced graph (the sidecar's ``critical_path``).
 
     Attributes:
-        format: :data:`PATHS_FORMAT`.
+        format: ``formats.PATHS.version``.
         rank: the trace's rank (None: the trace does not say; the file name may).
         world_size: the trace's world size, when it says.
         window_us: the window's start (the first step's start), absolute us.
@@ -287,7 +286,7 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
             all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
     t = graph.t
     return RankPaths(
-        format=PATHS_FORMAT, rank=graph.trace.rank, world_size=graph.trace.world_size,
+        format=formats.PATHS.version, rank=graph.trace.rank, world_size=graph.trace.world_size,
         window_us=float(t[graph.window_node]) + base if graph.window_node >= 0 else base,
         steps=[PathStep(s.name, float(t[s.start]) + base, float(t[s.end]) + base) for s in graph.steps],
         collectives=CompactRecords.of(graph.records),

@@ -25,13 +25,14 @@ from torchprof_args.analysis.critical_path.cycle import cycle_graph
 from torchprof_args.analysis.critical_path.reduced import RankPaths
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
-from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, JobDiagnosis, JobGap, RankDiagnosis
+from torchprof_args.analysis.diagnose.documents import JobDiagnosis, JobGap, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK
 from torchprof_args.analysis.diagnose.savings import on_the_graph
 from torchprof_args.analysis.diagnose.step_timers import FormulaFlops
 from torchprof_args.analysis.memory.categories import MemoryPart
+from torchprof_args.shared import formats
 
 __all__ = ["diagnose", "merge_kind"]
 
@@ -156,6 +157,6 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         notes.append("savings are per-rank bounds: the traces' sidecars hold no critical-path graph "
                      "(torchprof diagnose --reparse builds it)")
     findings.sort(key=lambda f: (-f.saving_ms_per_step, f.kind))
-    return JobDiagnosis(version=FINDINGS_VERSION, path=str(path), cycle=cycle, ranks=len(ranks.parts),
+    return JobDiagnosis(version=formats.FINDINGS.version, path=str(path), cycle=cycle, ranks=len(ranks.parts),
                         step_ms=ranks.step_ms, findings=findings, gaps=_merged_gaps(ranks), notes=notes,
                         clock=ranks.clock)

@@ -32,7 +32,6 @@ from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations,
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
     GRADIENT,
-    MEMORY_FORMAT,
     OPTIMIZER_STATE,
     OTHER,
     PARAMETER,
@@ -40,6 +39,7 @@ from torchprof_args.analysis.memory.categories import (
     MemoryPart,
 )
 from torchprof_args.analysis.memory.places import BACKWARD, MARKERS, PhaseClock, PlaceNamer
+from torchprof_args.shared import formats
 
 __all__ = ["PYTORCH_CATEGORY", "memory_part"]
 
@@ -71,8 +71,8 @@ def memory_part(result: Any) -> MemoryPart:
     if rows.corrected:
         notes.append(f"{rows.corrected} allocation(s) made inside Optimizer.step that PyTorch's data-flow "
                      "analysis counts as parameters or activations are counted as the step's temporaries")
-    return MemoryPart(format=MEMORY_FORMAT, source="pytorch", notes=notes, rank=None, world_size=None,
-                      stage=None, coordinates=None, devices=devices)
+    return MemoryPart(format=formats.MEMORY.version, source="pytorch", notes=notes, rank=None,
+                      world_size=None, stage=None, coordinates=None, devices=devices)
 
 
 class _Rows:

@@ -20,7 +20,6 @@ from torchprof_args.capture.ondemand.protocol import (
     ID_PATTERN,
     JOB_FILE,
     PROCESSED,
-    PROTOCOL_VERSION,
     REQUESTS,
     RequestRejected,
     read_request_file,
@@ -31,6 +30,7 @@ from torchprof_args.errors import OnDemandError
 from torchprof_args.log import get_logger
 from torchprof_args.naming import short_hostname, trace_relpath
 from torchprof_args.private_dir import ensure_private_dir
+from torchprof_args.shared import formats
 
 __all__ = ["Identity", "Inbox"]
 
@@ -79,7 +79,7 @@ class Inbox:
 
     def write_job_file(self, state: str) -> None:
         write_control_file(os.path.join(self.control_dir, JOB_FILE), {
-            "version": PROTOCOL_VERSION,
+            "version": formats.ONDEMAND.version,
             "state": state,
             "world_size": self.world_size,
             "check_seconds": self.config.check_seconds,
@@ -193,7 +193,7 @@ class Inbox:
         try:
             write_control_file(
                 os.path.join(self.answers_dir, f"{request_id}.json"),
-                {"version": PROTOCOL_VERSION, "id": request_id, "answered": time.time(), **payload},
+                {"version": formats.ONDEMAND.version, "id": request_id, "answered": time.time(), **payload},
             )
         except OSError as err:
             logger.error("rank 0: cannot write the answer to on-demand request %s: %s", request_id,

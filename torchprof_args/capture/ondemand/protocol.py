@@ -31,12 +31,13 @@ from typing import Any, TypeGuard
 from torchprof_args.atomic import write_json_atomically
 from torchprof_args.capture.ondemand.config import CONTROL_SUBDIR
 from torchprof_args.naming import short_hostname
+from torchprof_args.shared import formats
 
 __all__ = [
     "ANSWERS",
     "JOB_FILE",
     "PROCESSED",
-    "PROTOCOL_VERSION",
+
     "REQUESTS",
     "RequestRejected",
     "StacksRequest",
@@ -52,7 +53,6 @@ __all__ = [
     "write_control_file",
 ]
 
-PROTOCOL_VERSION = 1
 JOB_FILE = "job.json"
 REQUESTS, PROCESSED, ANSWERS = "requests", "processed", "answers"
 #: Request files larger than this are rejected unread.
@@ -143,9 +143,10 @@ def _payload(data: bytes, request_id: str, fields: frozenset[str]) -> dict[str, 
     if unknown:
         raise RequestRejected(f"unknown field(s) {', '.join(map(repr, unknown))[:200]}; known fields are "
                               f"{', '.join(sorted(fields))}")
-    if payload.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+    if payload.get("version", formats.ONDEMAND.version) != formats.ONDEMAND.version:
         raise RequestRejected(f"protocol version {payload.get('version')!r} is not supported "
-                              f"(this job speaks version {PROTOCOL_VERSION}); use the same torchprof-args")
+                              f"(this job speaks version {formats.ONDEMAND.version}); "
+                              "use the same torchprof-args")
     if "id" in payload and payload["id"] != request_id:
         raise RequestRejected("the id field does not match the file name")
     return payload
@@ -191,7 +192,7 @@ def _check_origin(payload: dict[str, Any]) -> None:
 def make_request(iterations: int, ranks: list[int] | str, request_id: str | None = None) -> dict[str, Any]:
     """The JSON payload ``torchprof trigger`` writes."""
     return {
-        "version": PROTOCOL_VERSION,
+        "version": formats.ONDEMAND.version,
         "id": request_id or new_request_id(),
         "iterations": iterations,
         "ranks": ranks,
@@ -250,7 +251,7 @@ class StacksRequest:
 
 def make_stacks_request(native: bool, request_id: str | None = None) -> dict[str, Any]:
     """The JSON payload ``torchprof trigger --stacks`` writes."""
-    return {"version": PROTOCOL_VERSION, "id": request_id or new_request_id(), "kind": "stacks",
+    return {"version": formats.ONDEMAND.version, "id": request_id or new_request_id(), "kind": "stacks",
             "native": native, "created": time.time(),
             "requested_by": {"host": short_hostname(), "pid": os.getpid(), "uid": os.getuid()}}
 

@@ -28,7 +28,7 @@ from typing import Any
 from torchprof_args.atomic import write_json_atomically
 from torchprof_args.log import get_logger
 from torchprof_args.naming import short_hostname, stacks_file_name
-from torchprof_args.shared.stacks_file import FORMAT, VERSION
+from torchprof_args.shared import formats
 
 __all__ = ["StackDumper", "collect_threads", "mark_signal_handler", "native_stacks"]
 
@@ -148,7 +148,8 @@ class StackDumper:
         if exc is not None:
             exception = {"type": type(exc).__name__, "message": str(exc)[:500],
                          "frames": _traceback_frames(exc.__traceback__)}
-        return {"format": FORMAT, "version": VERSION, "rank": self.rank, "host": short_hostname(),
+        return {"format": formats.STACKS.name, "version": formats.STACKS.version, "rank": self.rank,
+                "host": short_hostname(),
                 "pid": os.getpid(), "reason": " ".join(reason.split()), "time": time.time(),
                 "request": request, "threads": collect_threads(), "exception": exception,
                 "native": {"status": "not asked", "detail": "", "text": ""}}

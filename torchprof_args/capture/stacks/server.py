@@ -28,7 +28,6 @@ from torchprof_args.capture.ondemand.protocol import (
     ANSWERS,
     ID_PATTERN,
     JOB_FILE,
-    PROTOCOL_VERSION,
     REQUESTS,
     RequestRejected,
     read_stacks_request,
@@ -39,6 +38,7 @@ from torchprof_args.capture.stacks.dumper import StackDumper
 from torchprof_args.log import get_logger
 from torchprof_args.naming import stacks_file_name
 from torchprof_args.private_dir import ensure_private_dir
+from torchprof_args.shared import formats
 
 __all__ = ["StacksServer"]
 
@@ -102,8 +102,8 @@ class StacksServer:
 
     def _write_job(self, state: str) -> None:
         write_control_file(self.control_dir / JOB_FILE, {
-            "version": PROTOCOL_VERSION, "kind": "stacks", "world_size": self.world_size, "state": state,
-            "poll_seconds": POLL_SECONDS, "pid": os.getpid()})
+            "version": formats.ONDEMAND.version, "kind": "stacks", "world_size": self.world_size,
+            "state": state, "poll_seconds": POLL_SECONDS, "pid": os.getpid()})
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):

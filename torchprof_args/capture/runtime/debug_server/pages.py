@@ -36,7 +36,8 @@ from torch.distributed.debug._frontend import DebugHandler, NavLink, Route, fetc
 
 from torchprof_args.capture.flags.types import rank_token
 from torchprof_args.capture.ondemand.client import RequestFailed, submit, wait_for_answer
-from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_FR_FORMAT
+from torchprof_args.naming import DEBUG_SERVER_DUMPS
+from torchprof_args.shared import formats
 
 if TYPE_CHECKING:
     from torch.distributed.debug._frontend import HTTPRequestHandler
@@ -210,7 +211,7 @@ class FlightRecorderPage(DebugHandler):
                     entry["recorders"][recorder] = json.loads(resp.text)
                 except ValueError as err:
                     entry["errors"][recorder] = f"not JSON ({err})"
-        format_name, version = DEBUG_SERVER_FR_FORMAT
+        format_name, version = formats.DEBUG_SERVER_FR.name, formats.DEBUG_SERVER_FR.version
         return json.dumps({"format": format_name, "version": version, "time": time.time(),
                            "world_size": len(ranks), "ranks": ranks})
 
