@@ -27,7 +27,7 @@ __all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "Fingerprint", "sidecar_version"
 
 SIDECAR_FORMAT = "torchprof-summary"
 #: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
-SIDECAR_VERSION = 3  # 3: the summary's fsdp phases
+SIDECAR_VERSION = 4  # 3: the summary's fsdp phases; 4: its step by FSDP2 phase (fsdp_step)
 #: the sidecar's own keys; every other key is one of the trace's results.
 _HEADER_KEYS = ("format", "version", "trace", "left_out")
 

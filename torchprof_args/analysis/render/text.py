@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchprof_args.analysis.analyzers.fsdp import FSDP_PHASES
+from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, FSDP_PHASES
 from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.shared.stragglers import describe
@@ -177,7 +177,16 @@ def _fsdp_lines(summary: Summary) -> list[str]:
     """FSDP2's phases per step (nothing for a model that is not ``fully_shard``-ed)."""
     if not summary.fsdp:
         return []
-    lines = ["FSDP2 phases per step (nested: pre_forward holds an all-gather it waits for; not additive):"]
+    lines: list[str] = []
+    split = summary.fsdp_step
+    if split is not None:
+        lines.append(f"Step by FSDP2 phase (the innermost annotation open; they add up to the "
+                     f"{fmt_us(split.step_ms * 1e3)} step):")
+        for name, ms in split.by_phase.items():
+            share = 100 * ms / split.step_ms if split.step_ms > 0 else 0.0
+            lines.append(f"  {fmt_us(ms * 1e3):>12} {share:5.1f} %  {name:<15} {FSDP2_STEP_PHASES[name]}")
+    lines += ["FSDP2 annotations per step (nested: pre_forward holds an all-gather it waits for; "
+              "not additive):"]
     for p in summary.fsdp:
         modules = ", ".join(p.modules[:3]) + (" ..." if len(p.modules) > 3 else "")
         lines.append(f"  {fmt_us(p.ms_per_step * 1e3):>12} {p.calls:>5}x {p.phase:<28} "
