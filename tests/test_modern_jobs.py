@@ -11,13 +11,16 @@ import gzip
 import inspect
 import itertools
 import json
+import os
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.examples import run_doc_example
+from helpers.megatron_lm import CPU_HELPER, megatron_lm_trees
 from helpers.paths import DATA, REPO
 from helpers.processes import rank_results, run_torchrun
 
@@ -26,11 +29,13 @@ from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, annotation
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, read_results
 from torchprof_args.analysis.critical_path.cycle import Scenario, cycle_graph, expert_work_per_step, mean_into
+from torchprof_args.analysis.diagnose.expert_tokens import MEGATRON_TPE, expert_tokens_beside
 from torchprof_args.analysis.diagnose.kinds.exposed_comm import FSDP2_REMEDY, fsdp2_exposed
 from torchprof_args.analysis.memory.findings import findings_of
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.console import main as torchprof
+from torchprof_args.naming import cycle_of_name
 
 JOB = REPO / "tests" / "jobs" / "modern_job.py"
 COMMANDS = ("summary", "diagnose", "critical-path", "collectives", "mem")
@@ -379,6 +384,54 @@ def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
     assert min(balanced["saving_ms_per_step"], top["bound_ms_per_step"]) == pytest.approx(
         top["saving_ms_per_step"], abs=0.01)
 
+
+
+def _tpe_tree() -> Path:
+    """A Megatron-LM tree whose training logs tokens per expert (core_v0.19.0 on), else skip."""
+    writers = [(tree, tree / "megatron" / "training" / "activation_logging.py")
+               for _, tree in megatron_lm_trees()]
+    trees = [tree for tree, writer in writers if writer.is_file() and "def save_tpe" in writer.read_text()]
+    if not trees:
+        pytest.skip("no Megatron-LM tree with --save-tokens-per-expert-interval's writer (core_v0.19.0 on): "
+                    "set MEGATRON_LM_PATH")
+    return trees[-1]
+
+
+@pytest.mark.slow
+def test_megatron_s_tokens_per_expert_name_the_hot_expert(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The MoE job's tokens per local expert, written by Megatron-LM's own tokens-per-expert logger
+    beside the traces: read back, each rank's experts add up to the tokens the job counted it received
+    in the traced steps, and to the all-to-alls' per-rank tokens per layer; ``expert_imbalance``
+    names rank 1's busiest expert and the source."""
+    tree = _tpe_tree()
+    prof = tmp_path / "prof"
+    result = run_torchrun(JOB, "--shape", "moe", "--result-dir", str(tmp_path), "--torch-profile-dir",
+                          str(prof), "--megatron-tpe-dir", str(prof), *HEAVY_MOE, timeout=600,
+                          PYTHONPATH=os.pathsep.join(map(str, (CPU_HELPER, tree, REPO, REPO / "tests"))))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    truth = rank_results(tmp_path)
+    traces = sorted(prof.glob("iter*/*.pt.trace.json.gz"))
+    first, last = cycle_of_name(traces[0].parent.name, folder=True) or (0, 0)
+    logged = expert_tokens_beside(traces)
+    assert logged is not None and logged.traced and logged.iterations == list(range(first, last + 1))
+    assert logged.source == MEGATRON_TPE and sorted(logged.per_rank) == [0, 1]
+    for rank, row in logged.per_rank.items():
+        assert len(row) == 2  # 4 experts, 2 per rank
+        steps = truth[rank]["received_tokens_per_step"]
+        assert sum(row) == pytest.approx(statistics.fmean(steps[i - 1] for i in logged.iterations))
+    assert logged.hottest[0] == 1 and logged.imbalance_factor > 1.5, logged
+    doc = _diagnosis(prof, capsys)
+    found = [f for f in doc["findings"] if f["kind"] == "expert_imbalance"]
+    assert found and found[0]["ranks"] == [1], doc["findings"]
+    evidence = found[0]["evidence"]
+    assert evidence["expert_tokens_source"].startswith(MEGATRON_TPE)
+    assert evidence["expert_imbalance_factor"] == pytest.approx(logged.imbalance_factor, abs=1e-3)
+    hot_rank, hot_expert = logged.hottest
+    assert next(iter(evidence["tokens_per_expert"])) == f"rank {hot_rank} expert {hot_expert}"
+    assert f"rank {hot_rank}'s local expert {hot_expert}" in found[0]["summary"]
+    for rank, row in logged.per_rank.items():  # 2 MoE layers: one dispatch each per step
+        assert evidence["tokens_per_rank"][str(rank)] == pytest.approx(sum(row) / 2, rel=0.02)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", [("moe", "--balanced", *HEAVY_MOE), ("fsdp2",)], ids=["balanced", "fsdp2"])
