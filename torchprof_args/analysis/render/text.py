@@ -214,6 +214,22 @@ def _rank_table(rows: list[RankRow], axes: list[str]) -> list[str]:
     return lines
 
 
+def _fsdp_table(rows: list[RankRow]) -> list[str]:
+    """Each rank's mean step by FSDP2 phase (nothing when no rank is ``fully_shard``-ed)."""
+    split = [r for r in rows if r.fsdp_step is not None]
+    if not split:
+        return []
+    names = list(FSDP2_STEP_PHASES)
+    lines = ["  step by FSDP2 phase (ms per step; they add up to the step):",
+             f"    {'rank':>5} " + " ".join(f"{n:>14}" for n in names) + f" {'step':>10}"]
+    for r in split:
+        assert r.fsdp_step is not None
+        by = r.fsdp_step.by_phase
+        lines.append(f"    {r.rank:>5} " + " ".join(f"{by.get(n, 0.0):>14.2f}" for n in names)
+                     + f" {r.fsdp_step.step_ms:>10.2f}")
+    return lines
+
+
 def _distribution_line(label: str, d: Distribution, fmt: Callable[[float | None], str]) -> list[str]:
     if not d.n:
         return []
@@ -260,4 +276,6 @@ def format_cross_rank(view: CrossRankView, title: str = "", all_ranks: bool = Fa
         lines.append(f"  {k} fastest ranks:")
         lines += _rank_table(view.fastest, axes)
         lines.append(f"  ({len(rows) - 2 * k} more; --all-ranks lists every rank)")
+    shown = rows if all_ranks or len(rows) <= 2 * k else [*view.slowest, *view.fastest]
+    lines += _fsdp_table(shown)
     return "\n".join(lines) + "\n"
