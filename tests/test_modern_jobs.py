@@ -211,7 +211,8 @@ def test_the_step_by_fsdp2_phase_adds_up_to_the_step(job: tuple[str, Path],
     job (no fully_shard) has none."""
     shape, prof = job
     assert torchprof(["summary", str(prof), "--json", "--no-progress"]) == 0
-    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"fsdp_step"' in line]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    docs = [doc for doc in lines if "fsdp_step" in doc]  # each rank's summary (not the cross-rank view)
     assert len(docs) == 2
     for doc in docs:
         split = doc["fsdp_step"]
@@ -225,6 +226,16 @@ def test_the_step_by_fsdp2_phase_adds_up_to_the_step(job: tuple[str, Path],
         assert split["by_phase"]["reshard"] > 0 and split["by_phase"]["outside_fsdp"] > 0
         slow = _fsdp2_step_by_brute_force(load_trace(doc["file"]))
         assert split["by_phase"] == pytest.approx(slow, abs=2e-3), (split, slow)
+    assert torchprof(["summary", str(prof), "--no-progress"]) == 0  # every rank's, in the cross-rank view
+    out = capsys.readouterr().out
+    assert ("step by FSDP2 phase (ms per step" in out) is (shape != "moe")
+    if shape != "moe":
+        table = out[out.index("step by FSDP2 phase (ms per step"):].splitlines()[2:4]
+        for line, doc in zip(table, sorted(docs, key=lambda d: d["rank"]), strict=True):
+            figures = [float(x) for x in line.split()]
+            assert figures[0] == doc["rank"]
+            assert figures[-1] == pytest.approx(doc["fsdp_step"]["step_ms"], abs=0.01)
+            assert sum(figures[1:-1]) == pytest.approx(figures[-1], abs=0.03)
 
 
 @pytest.mark.slow
