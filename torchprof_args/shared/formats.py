@@ -39,18 +39,19 @@ class FileFormat:
 
 
 SIDECAR = FileFormat(
-    "torchprof-summary", 3, "<cycle>/summaries/<stem>.summary.json",
+    "torchprof-summary", 4, "<cycle>/summaries/<stem>.summary.json",
     "analysis/collect/sidecar.py (the header: format, version, trace, left_out; one key per part)",
     "ignored: the trace is parsed again; the command's last line counts such sidecars by version",
-    ("3: the summary's FSDP2 phases",))
+    ("4: the summary's step by FSDP2 phase (fsdp_step)", "3: the summary's FSDP2 annotations"))
 DIAGNOSIS = FileFormat(
     "the sidecar's diagnosis part", 7, "the sidecar's `diagnosis` key",
     "analysis/diagnose/documents.py RankDiagnosis", "ignored: the trace is parsed again",
     ("7: FSDP2 remedies", "6: an all-to-all's row_bytes", "5: gloo reduce_scatter named"))
 PATHS = FileFormat(
-    "the sidecar's critical-path part", 2, "the sidecar's `critical_path` key",
+    "the sidecar's critical-path part", 3, "the sidecar's `critical_path` key",
     "analysis/critical_path/reduced.py RankPaths", "ignored: the trace is parsed again",
-    ("2: gloo collectives named by their c10d operator (reduce_scatter)",))
+    ("3: FSDP2 phases (Piece.by_phase, RankPaths.record_phases)",
+     "2: gloo collectives named by their c10d operator (reduce_scatter)"))
 MEMORY = FileFormat(
     "the sidecar's memory part", 4, "the sidecar's `memory` key",
     "analysis/memory/categories.py MemoryPart", "ignored: the trace is parsed again",

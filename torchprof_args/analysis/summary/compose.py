@@ -10,7 +10,7 @@ import numpy as np
 from msgspec.structs import replace
 
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
-from torchprof_args.analysis.analyzers.fsdp import fsdp_phases
+from torchprof_args.analysis.analyzers.fsdp import fsdp_phases, fsdp_step_split
 from torchprof_args.analysis.analyzers.gpu import gpu_view
 from torchprof_args.analysis.analyzers.memory_events import memory_view
 from torchprof_args.analysis.analyzers.origin import origin
@@ -62,6 +62,7 @@ def summarize(trace: Trace, top: int | None = 30) -> Summary:
         memory=memory_view(trace),
         ops_in_steps=step_ops(trace, top),
         fsdp=fsdp_phases(trace),
+        fsdp_step=fsdp_step_split(trace),
     )
 
 
