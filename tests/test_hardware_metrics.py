@@ -23,7 +23,7 @@ from torchprof_args.capture.metrics.config import MetricsConfig
 from torchprof_args.capture.metrics.hardware import DeviceReadings, hardware_reason, throttle_text
 from torchprof_args.capture.metrics.health import AllocRetryWatch
 from torchprof_args.capture.metrics.mfu import PeakResolver, flops_value, throughput_figures
-from torchprof_args.capture.metrics.stragglers import StragglerTracker
+from torchprof_args.capture.metrics.straggler_tracker import StragglerTracker
 from torchprof_args.console import main as torchprof
 from torchprof_args.shared.metrics_log import read_records
 

@@ -27,7 +27,7 @@ from torchprof_args.capture.metrics.gather import RankGather, Request
 from torchprof_args.capture.metrics.hardware import DeviceReadings
 from torchprof_args.capture.metrics.health import AllocRetryWatch
 from torchprof_args.capture.metrics.mfu import PeakResolver, flops_value, throughput_figures
-from torchprof_args.capture.metrics.stragglers import StragglerTracker, straggler_figures
+from torchprof_args.capture.metrics.straggler_tracker import StragglerTracker, straggler_figures
 from torchprof_args.log import get_logger
 
 __all__ = ["MegatronIntervalMetrics", "megatron_flops"]

@@ -23,7 +23,7 @@ from torchprof_args.capture.flags import (
     register_group,
 )
 from torchprof_args.capture.flags.types import Number, non_negative_int, positive_float, positive_int
-from torchprof_args.capture.metrics.stragglers import DEFAULT_STRAGGLER_TIMERS
+from torchprof_args.capture.metrics.straggler_tracker import DEFAULT_STRAGGLER_TIMERS
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.naming import DEFAULT_PROFILE_DIR
 from torchprof_args.shared import stragglers

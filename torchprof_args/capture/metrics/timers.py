@@ -11,14 +11,14 @@ Differences from Megatron's timers, all aimed at production jobs:
   together (:mod:`~torchprof_args.capture.metrics.gather`: the names are agreed once, then only numbers
   travel; no pickling).  Ranks that ask for different names get a clear error naming the
   differing timers instead of a silent hang or garbage.
-* The same readings say which rank is slow (:mod:`~torchprof_args.capture.metrics.stragglers`):
+* The same readings say which rank is slow (:mod:`~torchprof_args.capture.metrics.straggler_tracker`):
   ``timers/<name>-time-max-rank``, a straggler score per rank (time over the other ranks' median)
   and a warning when one rank stays a straggler (:mod:`torchprof_args.shared.stragglers`).
 
 Semantics (log levels 0/1/2 with dummy timers above the level; log options ``max``, ``minmax``,
 ``all``; ``normalizer``; ``reset``; ``barrier``) follow Megatron's.  The readings themselves
 (:class:`TimerSnapshot`) and their Megatron-style report live in
-:mod:`~torchprof_args.capture.metrics.snapshot` and are importable from here too.
+:mod:`~torchprof_args.capture.metrics.timer_snapshot` and are importable from here too.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from torchprof_args import _dist
 from torchprof_args.capture.metrics.config import TimersConfig
 from torchprof_args.capture.metrics.gather import RankGather, Request
 from torchprof_args.capture.metrics.sinks import DictLogger, ScalarWriter
-from torchprof_args.capture.metrics.snapshot import TimerSnapshot, format_snapshot, timer_scalars
-from torchprof_args.capture.metrics.stragglers import (
+from torchprof_args.capture.metrics.straggler_tracker import (
     DEFAULT_STRAGGLER_TIMERS,
     StragglerTracker,
     straggler_figures,
@@ -48,6 +47,7 @@ from torchprof_args.capture.metrics.timer_kinds import (
     Timer,
     group_barrier,
 )
+from torchprof_args.capture.metrics.timer_snapshot import TimerSnapshot, format_snapshot, timer_scalars
 from torchprof_args.errors import TimerError, TimerNamesMismatchError
 from torchprof_args.log import get_logger
 
@@ -258,7 +258,7 @@ class Timers:
                 carried along in the same collective.
 
         Returns:
-            The :class:`~torchprof_args.capture.metrics.snapshot.TimerSnapshot`: every rank's readings
+            The :class:`~torchprof_args.capture.metrics.timer_snapshot.TimerSnapshot`: every rank's readings
             (seconds, NaN where a rank did not run a timer), figures, global ranks and parallel coordinates.
         """
         union = names is None

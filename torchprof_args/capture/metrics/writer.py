@@ -16,7 +16,7 @@ of :mod:`~torchprof_args.capture.metrics.hardware` (max across ranks, ``gpu/<fig
 ``profiler/<figure>`` (max across ranks) with ``profiler/<figure>-min``; with several ranks also
 ``timers/<name>-time-max-rank`` (the slowest rank) and the straggler scores' maximum
 ``stragglers/<name>-score-max`` (and ``-score-max-rank``), whose per-rank values go to
-``metrics.jsonl`` (:mod:`~torchprof_args.capture.metrics.stragglers`).  Every series is plotted against
+``metrics.jsonl`` (:mod:`~torchprof_args.capture.metrics.straggler_tracker`).  Every series is plotted against
 ``iteration``.
 
 This module is import-light: torch, tensorboard and wandb load only when a sink needs them.
