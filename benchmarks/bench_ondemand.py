@@ -32,7 +32,7 @@ os.environ.setdefault("TORCHPROF_LOG_LEVEL", "WARNING")  # no "ready" line per r
 
 from torchprof_args import TorchProfiler, add_torch_profile_args  # noqa: E402
 from torchprof_args.atomic import write_json_atomically  # noqa: E402
-from torchprof_args.ondemand.inbox import MTIME_SETTLE_SECONDS  # noqa: E402
+from torchprof_args.capture.ondemand.inbox import MTIME_SETTLE_SECONDS  # noqa: E402
 
 
 def per_call(loop, calls: int, rounds: int = 3) -> float:

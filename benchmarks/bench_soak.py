@@ -57,7 +57,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from torchprof_args import TorchProfiler, add_torch_profile_args
     from torchprof_args.atomic import write_json_atomically
-    from torchprof_args.ondemand.client import submit
+    from torchprof_args.capture.ondemand.client import submit
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank()

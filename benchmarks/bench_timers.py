@@ -42,9 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchprof_args.metrics.config import MetricsConfig  # noqa: E402
-from torchprof_args.metrics.timers import Timers  # noqa: E402
-from torchprof_args.metrics.writer import MetricsWriter  # noqa: E402
+from torchprof_args.capture.metrics.config import MetricsConfig  # noqa: E402
+from torchprof_args.capture.metrics.timers import Timers  # noqa: E402
+from torchprof_args.capture.metrics.writer import MetricsWriter  # noqa: E402
 
 
 def _best_ns_per_pair(run: Callable[[int], None], pairs: int, repeats: int) -> float:
@@ -261,7 +261,7 @@ class _StandInNvml:
 def _inject_readings(writer: MetricsWriter) -> int:
     """Stand-in readings on this branch's writer; returns how many fields they add (0 on main)."""
     try:
-        from torchprof_args.metrics.hardware import DeviceReadings
+        from torchprof_args.capture.metrics.hardware import DeviceReadings
     except ImportError:
         return 0
     stats = {"allocated_bytes.all.peak": 30 * 2**30, "reserved_bytes.all.peak": 34 * 2**30,

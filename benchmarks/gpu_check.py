@@ -270,7 +270,7 @@ def torchprof_window(work: Workload, directory: Path, active: int) -> tuple[floa
 
 def section_fork(s: Settings, out: Path) -> list[Row]:
     """Best of 3 ``os.fork()`` calls (parent side) with each size of touched host tensor alive."""
-    from torchprof_args.runtime.host_resources import HostMemoryProbe
+    from torchprof_args.capture.runtime.host_resources import HostMemoryProbe
 
     rows = [Row("fork", "os.fork()", "no large tensor", f"{fork_seconds() * 1e3:.1f} ms", "", fork_seconds())]
     for kind in HOST_MEMORY_KINDS if s.device == "cuda" else HOST_MEMORY_KINDS[:1]:
@@ -350,7 +350,7 @@ def fork_seconds(tries: int = 3) -> float:
 
 def section_timers(s: Settings, out: Path) -> list[Row]:
     """Nanoseconds per start/stop pair on an idle device, and per read of 100 pairs."""
-    from torchprof_args.metrics.timers import Timers
+    from torchprof_args.capture.metrics.timers import Timers
 
     kinds = [("host timer", "cpu", False)]
     if s.device == "cuda":
@@ -436,8 +436,8 @@ def section_snapshot(s: Settings, out: Path, args: argparse.Namespace) -> list[R
 
 def snapshot_worker(args: argparse.Namespace) -> int:
     """Record 3 steps' allocator history with ``--stacks``, time one dump; print one JSON line."""
-    from torchprof_args.runtime.config import MemorySnapshotConfig
-    from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
+    from torchprof_args.capture.runtime.config import MemorySnapshotConfig
+    from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 
     s = settings(args)
     with tempfile.TemporaryDirectory(dir=args.out) as scratch:

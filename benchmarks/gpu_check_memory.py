@@ -66,8 +66,8 @@ def _mem_json(path: Path) -> dict[str, Any]:
 
 
 def _snapshotter(directory: str, max_entries: int = 200_000) -> Any:
-    from torchprof_args.runtime.config import MemorySnapshotConfig
-    from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
+    from torchprof_args.capture.runtime.config import MemorySnapshotConfig
+    from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 
     return MemorySnapshotter(
         MemorySnapshotConfig(enabled=True, output_dir=directory, max_entries=max_entries),

@@ -37,7 +37,7 @@ from torchprof_args.analysis.collect.trace_results import (
 from torchprof_args.analysis.critical_path import replay_kernel
 from torchprof_args.analysis.critical_path.graph import local_graph
 from torchprof_args.analysis.critical_path.propagate import replay
-from torchprof_args.runtime.export.job import MIN_ANALYSIS_SECONDS, PublishJob
+from torchprof_args.capture.runtime.export.job import MIN_ANALYSIS_SECONDS, PublishJob
 from torchprof_args.time_limit import Deadline, TimeLimitExceeded, time_limit
 
 TRACE = DATA / "cpu_2rank_manual_dp_rank0.json.gz"

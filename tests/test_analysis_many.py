@@ -20,12 +20,13 @@ from torchprof_args.analysis import Summary, cross_rank, load_trace, summarize
 from torchprof_args.analysis.analyzers.origin import parallel_from_pg_config
 from torchprof_args.analysis.collect.discover import expand, group_by_cycle
 from torchprof_args.analysis.collect.shard import parse_shard, shard_files
-from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, write_sidecar
+from torchprof_args.analysis.collect.sidecar import write_sidecar
 from torchprof_args.analysis.collect.trace_results import SUMMARY, read_results
 from torchprof_args.analysis.render.report import render_report
 from torchprof_args.analysis.render.text import format_cross_rank
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import sidecar_path
+from torchprof_args.shared import formats
 
 GPU_2RANK = DATA / "gpu_2rank_nccl_rank0.json.gz"
 RANKS_128 = sorted(DATA.glob("gpu_128rank_sampled_rank*.json.gz"))
@@ -110,20 +111,21 @@ def test_a_sidecar_is_used_only_while_it_matches_and_another_version_is_named(tm
     assert found is not None and found.summary is not None
     assert found.summary.top_kernels == summarize(load_trace(trace)).top_kernels
     doc = json.loads(sidecar_path(trace).read_text())
-    assert doc["version"] == SIDECAR_VERSION and doc["trace"]["size"] == trace.stat().st_size
+    assert doc["version"] == formats.SIDECAR.version and doc["trace"]["size"] == trace.stat().st_size
     os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))  # rewritten since
     assert read_results(trace, (SUMMARY,)) is None
     write_sidecar(trace, {"summary": summary})
     assert read_results(trace, (SUMMARY,)) is not None
     # A sidecar of another version (an older torchprof-args's) is passed over: the trace is parsed,
     # and one line says why
-    sidecar_path(trace).write_text(json.dumps({**doc, "version": SIDECAR_VERSION - 1}))
+    sidecar_path(trace).write_text(json.dumps({**doc, "version": formats.SIDECAR.version - 1}))
     assert read_results(trace, (SUMMARY,)) is None
     proc = _cli("summary", "--json", str(trace))
     assert proc.returncode == 0 and json.loads(proc.stdout)["rank"] == 0
     assert proc.stderr.splitlines() == [
         f"torchprof summary: 1 trace(s) parsed again: their sidecars were written by another version of "
-        f"torchprof-args (sidecar version {SIDECAR_VERSION - 1}, this one reads {SIDECAR_VERSION}); "
+        f"torchprof-args (sidecar version {formats.SIDECAR.version - 1}, "
+        f"this one reads {formats.SIDECAR.version}); "
         "`torchprof summary --write-sidecars` rewrites them"]
     sidecar_path(trace).write_text("{truncated")  # not a sidecar: parsed, nothing to say
     assert read_results(trace, (SUMMARY,)) is None

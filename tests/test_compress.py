@@ -14,10 +14,15 @@ import msgspec
 import pytest
 from helpers.publishing import served
 
-from torchprof_args.runtime.export import publisher
-from torchprof_args.runtime.export.compress import ISAL_LEVELS, Compressor, compressor_for, copy_compressed
-from torchprof_args.runtime.export.job import PublishJob
-from torchprof_args.runtime.export.status import PublishStatus
+from torchprof_args.capture.runtime.export import publisher
+from torchprof_args.capture.runtime.export.compress import (
+    ISAL_LEVELS,
+    Compressor,
+    compressor_for,
+    copy_compressed,
+)
+from torchprof_args.capture.runtime.export.job import PublishJob
+from torchprof_args.capture.runtime.export.status import PublishStatus
 
 isal = pytest.importorskip("isal.igzip", reason="isal (the analysis extra) is not installed")
 
@@ -100,7 +105,7 @@ _WITHOUT_ISAL = """
 import runpy, sys
 sys.modules["isal"] = None  # as if the analysis extra were not installed: `import isal` fails
 sys.argv[0] = "publisher"
-runpy.run_module("torchprof_args.runtime.export.publisher", run_name="__main__")
+runpy.run_module("torchprof_args.capture.runtime.export.publisher", run_name="__main__")
 """
 
 

@@ -196,7 +196,8 @@ def test_json_is_the_documented_schema(capsys) -> None:
     assert doc["version"] == 1
     step = doc["steps"][0]
     assert list(step) == ["step", "rank", "step_ms", "path_ms", "difference_ms", "by_rank", "by_category",
-                          "segments"]
+                          "segments", "by_phase"]
+    assert step["by_phase"] == {}  # not an FSDP2 trace
     assert list(doc["top"][0]) == ["rank", "name", "category", "ms_per_step", "site"]
     first = doc["top"][0]
     assert first["category"] == "data_loader" and first["site"].startswith("gpu_check_analysis.py")

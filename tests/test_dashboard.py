@@ -15,8 +15,8 @@ from helpers.paths import REPO
 from torchprof_args import MetricsWriter, Timers
 from torchprof_args.analysis.dashboard.render import DEFAULT_SPEC, expand_panels
 from torchprof_args.analysis.dashboard.wandb_view import build_wandb_workspace, workspace_json
+from torchprof_args.capture.metrics.config import MetricsConfig, WandbConfig
 from torchprof_args.console import main as torchprof
-from torchprof_args.metrics.config import MetricsConfig, WandbConfig
 
 # wandb-workspaces still uses pydantic v1-style validators.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -22,10 +22,10 @@ from helpers.paths import REPO
 from helpers.processes import free_port, kill_job, rank_results, run_torchrun, start_torchrun, wait_until
 
 from torchprof_args.analysis.tools.hang import analyse_dumps
+from torchprof_args.capture.runtime.config import DebugServerConfig
+from torchprof_args.capture.runtime.debug_server.server import DebugServer, unavailable
 from torchprof_args.errors import TorchProfileArgsError
 from torchprof_args.naming import DEBUG_SERVER_DUMPS
-from torchprof_args.runtime.config import DebugServerConfig
-from torchprof_args.runtime.debug_server.server import DebugServer, unavailable
 from torchprof_args.torch_support import needs
 
 JOB = REPO / "tests" / "jobs" / "stacks_job.py"
@@ -193,7 +193,7 @@ def test_flags_need_the_server_and_checked_ports() -> None:
     import argparse
 
     from torchprof_args import add_torch_profile_args
-    from torchprof_args.config import configs_from_args
+    from torchprof_args.capture.config import configs_from_args
 
     parser = add_torch_profile_args(argparse.ArgumentParser())
     with pytest.raises(TorchProfileArgsError, match="--torch-profile-debug-server-dump-interval needs "

@@ -14,13 +14,14 @@ from helpers.examples import run_doc_example
 from helpers.paths import DATA, REPO
 
 from torchprof_args.analysis.diagnose.context import Scope
-from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, CompactRecords, RankDiagnosis
+from torchprof_args.analysis.diagnose.documents import CompactRecords, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.job_findings import diagnose, merge_kind
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK, KINDS, PER_RANK, REGISTRY
 from torchprof_args.analysis.jsonout import finite
 from torchprof_args.analysis.render.diagnosis import MAX_LINES, format_diagnosis
 from torchprof_args.console import main as torchprof
+from torchprof_args.shared import formats
 
 FINDING_KEYS = {"kind", "ranks", "ms_per_step", "share_of_step", "saving_ms_per_step", "evidence", "remedy"}
 
@@ -31,7 +32,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
 
 
 def check_schema(doc: dict, ranks: int) -> None:
-    assert doc["version"] == FINDINGS_VERSION and doc["ranks"] == ranks
+    assert doc["version"] == formats.FINDINGS.version and doc["ranks"] == ranks
     assert set(doc) >= {"version", "path", "ranks", "step_ms", "findings"}
     savings = [f["saving_ms_per_step"] for f in doc["findings"]]
     assert savings == sorted(savings, reverse=True)

@@ -14,8 +14,8 @@ from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.decode.loader import load_trace
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds.pipeline_bubble import analyze, theoretical_bubble
-from torchprof_args.frameworks.megatron_loop import pipeline_from_args
-from torchprof_args.runtime.metadata import pipeline_metadata
+from torchprof_args.capture.frameworks.megatron_loop import pipeline_from_args
+from torchprof_args.capture.runtime.metadata import pipeline_metadata
 
 SOURCE = DATA / "gpu_2rank_nccl_rank0.json.gz"
 

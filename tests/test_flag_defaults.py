@@ -10,14 +10,14 @@ import inspect
 
 import pytest
 
-from torchprof_args.config import configs_from_args
-from torchprof_args.flags.types import non_negative_int, positive_float, rank_token
-from torchprof_args.metrics import config as metrics_config
-from torchprof_args.metrics.config import MetricsConfig, TimersConfig, straggler_threshold
-from torchprof_args.ondemand import config as ondemand_config
-from torchprof_args.runtime import config as runtime_config
-from torchprof_args.runtime import schedule
-from torchprof_args.runtime.config import ProfilerConfig
+from torchprof_args.capture.config import configs_from_args
+from torchprof_args.capture.flags.types import non_negative_int, positive_float, rank_token
+from torchprof_args.capture.metrics import config as metrics_config
+from torchprof_args.capture.metrics.config import MetricsConfig, TimersConfig, straggler_threshold
+from torchprof_args.capture.ondemand import config as ondemand_config
+from torchprof_args.capture.runtime import config as runtime_config
+from torchprof_args.capture.runtime import schedule
+from torchprof_args.capture.runtime.config import ProfilerConfig
 
 #: The modules whose dataclasses mirror flags.
 CONFIG_MODULES = (runtime_config, schedule, metrics_config, ondemand_config)

@@ -11,11 +11,11 @@ from helpers.paths import REPO
 from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args, validate_args
-from torchprof_args.config import flag_reference_markdown
-from torchprof_args.flags import Flag, FlagGroup, register_group, was_given
-from torchprof_args.runtime import flags as runtime_flags
-from torchprof_args.runtime.config import profile_dir as resolve_profile_dir
-from torchprof_args.runtime.schedule import ProfileSchedule
+from torchprof_args.capture.config import flag_reference_markdown
+from torchprof_args.capture.flags import Flag, FlagGroup, register_group, was_given
+from torchprof_args.capture.runtime import flags as runtime_flags
+from torchprof_args.capture.runtime.config import profile_dir as resolve_profile_dir
+from torchprof_args.capture.runtime.schedule import ProfileSchedule
 
 
 def parse(*argv: str, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
@@ -268,14 +268,15 @@ def test_import_is_light():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("module", ["torchprof_args.flags", "torchprof_args.runtime.flags",
-                                    "torchprof_args.runtime.config", "torchprof_args.metrics.config",
-                                    "torchprof_args.ondemand.config", "torchprof_args.config",
+@pytest.mark.parametrize("module", ["torchprof_args.capture.flags", "torchprof_args.capture.runtime.flags",
+                                    "torchprof_args.capture.runtime.config",
+                                    "torchprof_args.capture.metrics.config",
+                                    "torchprof_args.capture.ondemand.config", "torchprof_args.capture.config",
                                     "torchprof_args.cli"])
 @pytest.mark.slow
 def test_every_config_module_imports_first_without_a_circle(module):
     """Each module imported first, in a fresh interpreter: a circle would fail on a partial module."""
-    code = f"import {module}, torchprof_args.flags.registry as r; print(len(r.registered_groups()))"
+    code = f"import {module}, torchprof_args.capture.flags.registry as r; print(len(r.registered_groups()))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=subprocess_env())
     assert result.returncode == 0, result.stderr
@@ -285,13 +286,13 @@ def test_the_registry_knows_no_feature():
     """flags/ imports nothing of the package but itself (``flags command`` imports lazily, inside)."""
     import ast
 
-    for path in (REPO / "torchprof_args" / "flags").glob("*.py"):
+    for path in (REPO / "torchprof_args" / "capture" / "flags").glob("*.py"):
         tree = ast.parse(path.read_text())
         top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
         modules = [node.module or "" for node in top_level if isinstance(node, ast.ImportFrom)]
         modules += [alias.name for node in top_level if isinstance(node, ast.Import) for alias in node.names]
         outside = [m for m in modules
-                   if m.startswith("torchprof_args") and not m.startswith("torchprof_args.flags")]
+                   if m.startswith("torchprof_args") and not m.startswith("torchprof_args.capture.flags")]
         assert not outside, f"{path.name} imports {outside}"
 
 

@@ -24,11 +24,11 @@ from helpers.processes import free_port, rank_results, subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
 from torchprof_args.analysis.tools.hang import analyse_dumps, normalise_dumps
-from torchprof_args.config import configs_from_args
+from torchprof_args.capture.config import configs_from_args
+from torchprof_args.capture.ondemand.registry import STACKS_REGISTRY, registry_dir
+from torchprof_args.capture.runtime import flight_recorder, flight_recorder_env
+from torchprof_args.capture.runtime.config import FlightRecorderConfig
 from torchprof_args.console import main as torchprof
-from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
-from torchprof_args.runtime import flight_recorder, flight_recorder_env
-from torchprof_args.runtime.config import FlightRecorderConfig
 from torchprof_args.torch_support import FEATURES, needs, torch_at_least
 
 JOB = REPO / "tests" / "jobs" / "comm_job.py"

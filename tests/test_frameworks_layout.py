@@ -16,7 +16,7 @@ FRAMEWORKS = ("transformers", "accelerate", "trl", "lightning", "pytorch_lightni
 #: The integration modules: frameworks/ and the public entry modules above it.
 ENTRY_MODULES = ("huggingface", "accelerate", "lightning", "torchtitan", "megatron", "deepspeed", "cli")
 #: Modules that may import them: the integrations themselves and the commands layer above.
-ALLOWED_IMPORTERS = ("torchprof_args.frameworks", "torchprof_args.commands", "torchprof_args.console",
+ALLOWED_IMPORTERS = ("torchprof_args.capture.frameworks", "torchprof_args.commands", "torchprof_args.console",
                      *(f"torchprof_args.{name}" for name in ENTRY_MODULES))
 
 
@@ -40,7 +40,8 @@ def _imports(path) -> set[str]:
 
 
 def test_nothing_below_the_framework_layer_imports_an_integration():
-    integrations = ("torchprof_args.frameworks", *(f"torchprof_args.{name}" for name in ENTRY_MODULES))
+    integrations = ("torchprof_args.capture.frameworks",
+                    *(f"torchprof_args.{name}" for name in ENTRY_MODULES))
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")

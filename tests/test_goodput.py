@@ -14,11 +14,12 @@ from helpers.paths import REPO
 from helpers.processes import kill_job, rank_results, run_torchrun, start_torchrun
 
 from torchprof_args import MetricsWriter
+from torchprof_args.capture.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.goodput import CATEGORIES, build_ledger
+from torchprof_args.capture.metrics.sinks import JsonlSink
 from torchprof_args.console import main as torchprof
-from torchprof_args.metrics.config import MetricsConfig
-from torchprof_args.metrics.goodput import CATEGORIES, build_ledger
-from torchprof_args.metrics.sinks import JsonlSink
-from torchprof_args.shared.metrics_log import RUN_VERSION, RunMarker, read_records, read_runs
+from torchprof_args.shared import formats
+from torchprof_args.shared.metrics_log import RunMarker, read_records, read_runs
 
 JOB = REPO / "tests" / "jobs" / "operations_job.py"
 
@@ -126,7 +127,7 @@ def test_a_run_of_a_newer_format_is_refused_in_one_line(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "metrics.jsonl"
     newer = RunMarker("r1", 10.0, 0, 9.0, 1, "h", 1).record()
-    newer["run"]["version"] = RUN_VERSION + 1
+    newer["run"]["version"] = formats.METRICS_RUN.version + 1
     path.write_text(json.dumps(newer) + "\n" + _line(2, 12.0, **{"iteration-time": 1.0}) + "\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl:1: .*newer than this torchprof-args reads"):
         read_runs(path)

@@ -18,13 +18,13 @@ from helpers.paths import REPO
 from helpers.processes import rank_results, run_torchrun
 
 from torchprof_args import MetricsWriter, add_torch_profile_args
-from torchprof_args.config import configs_from_args
+from torchprof_args.capture.config import configs_from_args
+from torchprof_args.capture.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.hardware import DeviceReadings, hardware_reason, throttle_text
+from torchprof_args.capture.metrics.health import AllocRetryWatch
+from torchprof_args.capture.metrics.mfu import PeakResolver, flops_value, throughput_figures
+from torchprof_args.capture.metrics.straggler_tracker import StragglerTracker
 from torchprof_args.console import main as torchprof
-from torchprof_args.metrics.config import MetricsConfig
-from torchprof_args.metrics.hardware import DeviceReadings, hardware_reason, throttle_text
-from torchprof_args.metrics.health import AllocRetryWatch
-from torchprof_args.metrics.mfu import PeakResolver, flops_value, throughput_figures
-from torchprof_args.metrics.stragglers import StragglerTracker
 from torchprof_args.shared.metrics_log import read_records
 
 GIB = 2**30

@@ -23,10 +23,10 @@ pytest.importorskip("transformers", reason="transformers (the huggingface extra)
 from transformers import HfArgumentParser  # noqa: E402
 
 from torchprof_args import TorchProfileArgsError  # noqa: E402
-from torchprof_args.frameworks.flag_fields import host_flags  # noqa: E402
-from torchprof_args.frameworks.huggingface_args import TorchProfileArguments  # noqa: E402
+from torchprof_args.capture.frameworks.flag_fields import host_flags  # noqa: E402
+from torchprof_args.capture.frameworks.huggingface_args import TorchProfileArguments  # noqa: E402
+from torchprof_args.capture.runtime import flags as runtime_flags  # noqa: E402
 from torchprof_args.naming import STACKS_CONTROL_SUBDIR  # noqa: E402
-from torchprof_args.runtime import flags as runtime_flags  # noqa: E402
 
 
 def test_the_fields_are_the_registry_flags_the_trainer_does_not_own():

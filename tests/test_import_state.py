@@ -9,8 +9,8 @@ import pytest
 import torch.profiler
 from helpers.processes import subprocess_env
 
+from torchprof_args.capture.ondemand import dynolog
 from torchprof_args.import_state import ImportState
-from torchprof_args.ondemand import dynolog
 
 SHOW = "import torchprof_args.import_state as s; print(s.AT_FIRST_IMPORT)"
 
@@ -27,7 +27,8 @@ def test_the_state_is_taken_at_the_first_import(before, expected):
     env = subprocess_env()
     env.pop("KINETO_USE_DAEMON", None)
     # set after the first import: the state keeps what it saw then
-    late = ("; import os; os.environ['KINETO_USE_DAEMON'] = '2'; import torchprof_args.ondemand.dynolog; "
+    late = ("; import os; os.environ['KINETO_USE_DAEMON'] = '2'; "
+            "import torchprof_args.capture.ondemand.dynolog; "
             + SHOW)
     out = subprocess.run([sys.executable, "-c", before + SHOW + late], capture_output=True, text=True,
                          env=env, timeout=60, check=True).stdout.splitlines()

@@ -18,12 +18,22 @@ from helpers.processes import subprocess_env
 from helpers.publishing import served
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
-from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.job import JobRejected, PublishJob
-from torchprof_args.runtime.export.plan import ExportPlanner
-from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea, sweep_stale
-from torchprof_args.runtime.export.status import STATUS_LIMIT, PublishStatus, read_status, report_status
-from torchprof_args.runtime.host_resources import HostMemory, HostMemoryProbe, free_disk_bytes, is_ram_backed
+from torchprof_args.capture.runtime.config import ExportConfig
+from torchprof_args.capture.runtime.export.job import JobRejected, PublishJob
+from torchprof_args.capture.runtime.export.plan import ExportPlanner
+from torchprof_args.capture.runtime.export.staging import LOCK_NAME, StagingArea, sweep_stale
+from torchprof_args.capture.runtime.export.status import (
+    STATUS_LIMIT,
+    PublishStatus,
+    read_status,
+    report_status,
+)
+from torchprof_args.capture.runtime.host_resources import (
+    HostMemory,
+    HostMemoryProbe,
+    free_disk_bytes,
+    is_ram_backed,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -354,7 +364,7 @@ def test_forked_exporter_resets_signal_handlers_first(tmp_path):
     """SIGTERM sent to the forked exporter kills it (default action) instead of running the
     trainer's handler there; the trainer reports it and trains on."""
     result = run_job(tmp_path, """
-        import torchprof_args.runtime.export.writer as writer_module
+        import torchprof_args.capture.runtime.export.writer as writer_module
         real_fork_export = writer_module.fork_export
         def fork_export(export, *rest, **kwargs):
             def export_and_die(path):

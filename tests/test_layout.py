@@ -4,40 +4,44 @@ public name defined in two modules of one layer, no module or folder too big, ev
 of one shape.  The checker is :mod:`helpers.layout`.
 
 The layers of ``torchprof_args``, lowest first.  A module imports from its own layer or a lower
-one, never from a higher one (a *back-arrow*); within a layer, no cycle:
+one, never from a higher one (a *back-arrow*); within a layer, no cycle.  The package is two sides
+that meet at files: the offline side ``analysis/`` and the in-job side ``capture/``; the contract
+between them is the foundation:
 
  1. foundation  ``errors``, ``naming``, ``atomic``, ``private_dir``, ``log``, ``_dist``,
                 ``torch_support``, ``device_peaks``, ``import_state``, ``time_limit``, ``shared/`` (what
                 the job and the tools over its files agree on: the straggler rule, its heatmap, the
-                metrics.jsonl records, the Prometheus names): shared by everything, no feature
- 2. flags       ``flags/``: Flag, FlagGroup, the registry, argparse types, the flag table; knows no feature
- 3. ondemand    ``ondemand/``: its flags and config, the request protocol, the agreed window and its
-                wire format, inbox, controller, registry, the dynolog check
- 4. stacks      ``stacks/``: the stacks file, the dumper, the per-rank server, "where is each rank"
- 5. analysis    ``analysis/`` (the trace toolkit, ``trend``, ``dashboard``) and ``pyspy/`` (py-spy
-                profiles): the tools over the job's files
- 6. runtime     ``runtime/``: the training process (profiler, timeline, recorder, export, fence, ...)
- 7. metrics     ``metrics/``: in the job: timers, the rank gather, MFU, the metrics writer and sinks
- 8. config      ``config.py``: THE boundary, ``argparse.Namespace`` in, frozen configs out
- 9. frameworks  ``frameworks/``, ``megatron.py``, ``deepspeed.py``, ``huggingface.py``, ``accelerate.py``,
-               ``lightning.py``, ``torchtitan.py``, ``cli.py``: the entry points
+                metrics.jsonl records, the stacks file, the Prometheus names): shared by everything,
+                no feature
+ 2. analysis    ``analysis/``: the tools over the job's files (the trace toolkit, memory, ``trend``,
+                ``dashboard``, ``pyspy`` reports, "where is each rank" from the stacks files); below
+                every module of ``capture/``, so it imports none of them
+ 3-8. capture   the in-job side, ``capture/``, lowest first: ``flags/`` (Flag, FlagGroup, the registry,
+                argparse types, the flag table; knows no feature), ``ondemand/`` (its flags and config,
+                the request protocol, the agreed window, inbox, controller, registry, the dynolog
+                check), ``stacks/`` (the dumper, the per-rank server), ``runtime/`` (the training
+                process: profiler, timeline, recorder, export, fence, ...), ``metrics/`` (timers, the
+                rank gather, MFU, the metrics writer and sinks), ``config.py`` (THE boundary,
+                ``argparse.Namespace`` in, frozen configs out)
+ 9. frameworks  ``capture/frameworks/``, ``megatron.py``, ``deepspeed.py``, ``huggingface.py``,
+                ``accelerate.py``, ``lightning.py``, ``torchtitan.py``, ``cli.py``: the entry points
 10. commands    ``commands/``, ``mcp_server/``, ``console.py``, ``__main__.py``: the ``torchprof`` command and
-                its MCP server (the commands as tools)
+                its MCP server (the commands as tools), over both sides (``torchprof trigger`` and
+                ``flags`` speak to the job and its options, the others read its files)
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
 Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
 ``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
 graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
-``render`` < ``staged`` (the job's one seam into the analysis: the layers that run in the job,
-``runtime`` to ``frameworks``, import nothing else of ``analysis/`` or ``pyspy/``) < ``tools``,
-``trend``, ``dashboard`` < ``analysis/__init__.py`` (its facade).
+``render`` < ``staged`` (the job's one seam into the analysis: ``capture/`` imports nothing else of
+``analysis/``) < ``tools``, ``trend``, ``dashboard``, ``pyspy`` < ``analysis/__init__.py`` (its facade).
 
 Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
 ``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
 (``analysis/diagnose/registry.py``), and the registry has no other kind.
 
 One documented exception: a components' ``from_args`` class method (``TorchProfiler``, ``Timers``,
-``MetricsWriter``, ``MemorySnapshotter``) imports ``torchprof_args.config`` inside itself, a thin
+``MetricsWriter``, ``MemorySnapshotter``) imports ``torchprof_args.capture.config`` inside itself, a thin
 adapter over ``configs_from_args`` kept for users' own loops; only an import of ``config.py``
 inside a function named ``from_args`` is allowed, nothing else.  Everything else a component needs
 from the flags reaches it as its typed config (``from_config``).
@@ -90,15 +94,15 @@ FILES = module_files(ROOT, PACKAGE)
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "naming", "atomic", "private_dir", "log", "_dist", "torch_support",
                     "device_peaks", "import_state", "time_limit", "shared")),
-    ("flags", ("flags",)),
-    ("ondemand", ("ondemand",)),
-    ("stacks", ("stacks",)),
-    ("analysis", ("analysis", "pyspy")),
-    ("runtime", ("runtime",)),
-    ("metrics", ("metrics",)),
-    ("config", ("config",)),
-    ("frameworks", ("frameworks", "megatron", "deepspeed", "huggingface", "accelerate", "lightning",
-                    "torchtitan", "cli")),
+    ("analysis", ("analysis",)),
+    ("flags", ("capture", "capture.flags")),
+    ("ondemand", ("capture.ondemand",)),
+    ("stacks", ("capture.stacks",)),
+    ("runtime", ("capture.runtime",)),
+    ("metrics", ("capture.metrics",)),
+    ("config", ("capture.config",)),
+    ("frameworks", ("capture.frameworks", "megatron", "deepspeed", "huggingface", "accelerate",
+                    "lightning", "torchtitan", "cli")),
     ("commands", ("commands", "mcp_server", "console", "__main__")),
     ("facade", ("",)),
 )
@@ -114,27 +118,28 @@ ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collect", ("collect",)),
     ("render", ("render",)),
     ("the job's seam", ("staged",)),
-    ("tools", ("tools", "trend", "dashboard")),
+    ("tools", ("tools", "trend", "dashboard", "pyspy")),
     ("analysis facade", ("",)),
 )
 
 #: The one allowed back-arrow: ``config.py`` imported inside a function of this name.
 FROM_ARGS = "from_args"
-CONFIG = f"{PACKAGE}.config"
+CONFIG = f"{PACKAGE}.capture.config"
 
 PACKAGE_LAYERS = Layering(PACKAGE, LAYERS, allowed=(CONFIG, FROM_ARGS))
 ANALYSIS_LAYERING = Layering(ANALYSIS, ANALYSIS_LAYERS)
 
 #: The layers that run in the training job: they reach the tools over its files only through the
 #: analysis's one seam (``analysis/staged.py``: summarise a trace just written).
-JOB_LAYERS = frozenset({"runtime", "metrics", "config", "frameworks"})
+JOB_LAYERS = frozenset({"flags", "ondemand", "stacks", "runtime", "metrics", "config", "frameworks"})
 JOB_SEAM = f"{ANALYSIS}.staged"
 OFFLINE_LAYER = "analysis"
 
 #: The dynamic imports whose module is not a string in the call, and why each is safe.
 HIDDEN_IMPORTS = {
     PACKAGE: "the facade's lazy names: each module is a string in its _LAZY table (an edge)",
-    f"{PACKAGE}.frameworks.megatron_install": "Megatron-LM's training module, outside the package",
+    ANALYSIS: "the analysis facade's lazy names, the same way",
+    f"{PACKAGE}.capture.frameworks.megatron_install": "Megatron-LM's training module, outside the package",
 }
 
 #: Names every plugin of one kind defines: a diagnose kind's shape, a command module's ``register``,
@@ -205,12 +210,13 @@ def test_the_import_graph_sees_every_kind_of_import() -> None:
     assert f"{analysis}.render.svg" in graph[f"{analysis}.render.report"]
     assert f"{analysis}.trace" in graph[f"{analysis}.analyzers.steps"]  # from module import name
     assert f"{analysis}.decode.loader" in graph[analysis]  # the package's own re-exports
-    assert f"{PACKAGE}.config" in graph[f"{PACKAGE}.metrics.timers"]  # inside a function (from_args)
-    assert f"{PACKAGE}.runtime.nsys" in graph[f"{PACKAGE}.metrics.timers"]  # inside a method's branch
-    assert f"{PACKAGE}.config" in graph[PACKAGE]  # the facade's imports
-    assert f"{PACKAGE}.runtime.profiler" in graph[PACKAGE]  # named in the facade's lazy table
+    timers = f"{PACKAGE}.capture.metrics.timers"
+    assert f"{PACKAGE}.capture.config" in graph[timers]  # inside a function (from_args)
+    assert f"{PACKAGE}.capture.runtime.nsys" in graph[timers]  # inside a method's branch
+    assert f"{PACKAGE}.capture.config" in graph[PACKAGE]  # the facade's imports
+    assert f"{PACKAGE}.capture.runtime.profiler" in graph[PACKAGE]  # named in the facade's lazy table
     assert f"{PACKAGE}.commands.diagnose" in graph[f"{PACKAGE}.console"]  # the commands it registers
-    assert PACKAGE not in graph[f"{PACKAGE}.runtime.profiler"]  # the implicit parent import is none
+    assert PACKAGE not in graph[f"{PACKAGE}.capture.runtime.profiler"]  # the implicit parent import is none
 
 
 def test_the_import_graph_sees_type_checking_imports_and_named_modules(tmp_path: Path) -> None:
@@ -247,27 +253,34 @@ def test_a_module_of_800_lines_and_a_folder_of_21_modules_are_found(tmp_path: Pa
 
 
 def test_a_new_back_arrow_and_a_new_cycle_in_the_source_are_found(tmp_path: Path) -> None:
-    root = _tree(tmp_path / PACKAGE, {"__init__.py": 0, "flags/__init__.py": 0, "runtime/__init__.py": 0,
-                                      "runtime/timeline.py": 0})
-    (root / "flags" / "table.py").write_text("def f():\n    from torchprof_args.runtime import timeline\n")
-    (root / "runtime" / "schedule.py").write_text("from . import plan\n")
-    (root / "runtime" / "plan.py").write_text("from torchprof_args.runtime.schedule import x\n")
+    root = _tree(tmp_path / PACKAGE, {"__init__.py": 0, "capture/__init__.py": 0,
+                                      "capture/flags/__init__.py": 0, "capture/runtime/__init__.py": 0,
+                                      "capture/runtime/timeline.py": 0})
+    (root / "capture" / "flags" / "table.py").write_text(
+        "def f():\n    from torchprof_args.capture.runtime import timeline\n")
+    (root / "capture" / "runtime" / "schedule.py").write_text("from . import plan\n")
+    (root / "capture" / "runtime" / "plan.py").write_text(
+        "from torchprof_args.capture.runtime.schedule import x\n")
     files = module_files(root, PACKAGE)
     assert PACKAGE_LAYERS.back_arrows(import_sites(files), PACKAGE) == [
-        "flags.table -> runtime.timeline (layer runtime above flags)"]
+        "capture.flags.table -> capture.runtime.timeline (layer runtime above flags)"]
     assert find_cycles(import_graph(files)) == [
-        [f"{PACKAGE}.runtime.plan", f"{PACKAGE}.runtime.schedule", f"{PACKAGE}.runtime.plan"]]
+        [f"{PACKAGE}.capture.runtime.plan", f"{PACKAGE}.capture.runtime.schedule",
+         f"{PACKAGE}.capture.runtime.plan"]]
 
 
 def test_back_arrows_are_named_with_their_layers() -> None:
     sites: dict[str, dict[str, set[str | None]]] = {
-             f"{PACKAGE}.runtime.x": {f"{PACKAGE}.metrics.y": {None}, f"{PACKAGE}.log": {None}},
-             f"{PACKAGE}.metrics.y": {CONFIG: {FROM_ARGS}},  # the exception
-             f"{PACKAGE}.ondemand.z": {CONFIG: {FROM_ARGS, "helper"}, PACKAGE: {None}}}
+             f"{PACKAGE}.capture.runtime.x": {f"{PACKAGE}.capture.metrics.y": {None},
+                                               f"{PACKAGE}.log": {None}},
+             f"{PACKAGE}.capture.metrics.y": {CONFIG: {FROM_ARGS}},  # the exception
+             f"{PACKAGE}.capture.ondemand.z": {CONFIG: {FROM_ARGS, "helper"}, PACKAGE: {None}},
+             f"{PACKAGE}.analysis.tools.w": {f"{PACKAGE}.capture.stacks.dumper": {None}}}
     assert PACKAGE_LAYERS.back_arrows(sites, PACKAGE) == [
-        "ondemand.z -> torchprof_args (__init__) (layer facade above ondemand)",
-        "ondemand.z -> config (layer config above ondemand)",
-        "runtime.x -> metrics.y (layer metrics above runtime)",
+        "analysis.tools.w -> capture.stacks.dumper (layer stacks above analysis)",
+        "capture.ondemand.z -> torchprof_args (__init__) (layer facade above ondemand)",
+        "capture.ondemand.z -> capture.config (layer config above ondemand)",
+        "capture.runtime.x -> capture.metrics.y (layer metrics above runtime)",
     ]
 
 
@@ -319,10 +332,10 @@ def seam_crossings(sites: dict[str, dict[str, set[str | None]]]) -> list[str]:
 
 def test_a_job_import_past_the_seam_is_found() -> None:
     sites: dict[str, dict[str, set[str | None]]] = {
-        f"{PACKAGE}.runtime.recorder": {JOB_SEAM: {None}, f"{ANALYSIS}.memory.exported": {"f"}},
+        f"{PACKAGE}.capture.runtime.recorder": {JOB_SEAM: {None}, f"{ANALYSIS}.memory.exported": {"f"}},
         f"{PACKAGE}.commands.mem": {f"{ANALYSIS}.memory.exported": {None}},
     }
-    assert seam_crossings(sites) == ["runtime.recorder -> analysis.memory.exported"]
+    assert seam_crossings(sites) == ["capture.runtime.recorder -> analysis.memory.exported"]
 
 
 def test_the_job_reaches_the_analysis_only_through_its_seam() -> None:
@@ -377,8 +390,8 @@ def test_the_flags_registry_knows_no_feature() -> None:
     graph = import_graph(FILES)
     foundation = {m for m in graph if PACKAGE_LAYERS.layer(m) == (0, "foundation")}
     for module, deps in graph.items():
-        if module.startswith(f"{PACKAGE}.flags"):
-            outside = {d for d in deps if not d.startswith(f"{PACKAGE}.flags")} - foundation
+        if module.startswith(f"{PACKAGE}.capture.flags"):
+            outside = {d for d in deps if not d.startswith(f"{PACKAGE}.capture.flags")} - foundation
             assert not outside, f"{_short(module)} imports a feature: {sorted(map(_short, outside))}"
 
 

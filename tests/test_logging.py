@@ -18,7 +18,7 @@ HOST = textwrap.dedent("""
         logging.basicConfig(filename=sys.argv[1], level=logging.INFO,
                             format="HOST %(levelname)s %(name)s | %(message)s")
     logger.info("published %d traces", 2)
-    get_logger("torchprof_args.runtime.fence").warning("rank %d was late", 1)
+    get_logger("torchprof_args.capture.runtime.fence").warning("rank %d was late", 1)
 """)
 
 
@@ -34,7 +34,7 @@ def test_host_that_logs_to_a_file_gets_every_line_with_the_rank(tmp_path: Path) 
     assert result.stderr == ""  # the host owns the lines: nothing printed twice
     lines = log_file.read_text().splitlines()
     assert lines == ["HOST INFO torchprof_args.__main__ | [torchprof rank 3] published 2 traces",
-                     "HOST WARNING torchprof_args.runtime.fence | [torchprof rank 3] rank 1 was late"]
+                     "HOST WARNING torchprof_args.capture.runtime.fence | [torchprof rank 3] rank 1 was late"]
 
 
 def test_without_host_logging_the_package_prints_each_line_once() -> None:
@@ -43,7 +43,8 @@ def test_without_host_logging_the_package_prints_each_line_once() -> None:
     lines = result.stderr.splitlines()
     assert len(lines) == 2
     assert lines[0].endswith("INFO torchprof_args.__main__: [torchprof rank 3] published 2 traces")
-    assert lines[1].endswith("WARNING torchprof_args.runtime.fence: [torchprof rank 3] rank 1 was late")
+    assert lines[1].endswith(
+        "WARNING torchprof_args.capture.runtime.fence: [torchprof rank 3] rank 1 was late")
 
 
 def test_log_level_variable_sets_the_package_verbosity(tmp_path: Path) -> None:
@@ -51,4 +52,4 @@ def test_log_level_variable_sets_the_package_verbosity(tmp_path: Path) -> None:
     result = run_host(str(log_file), TORCHPROF_LOG_LEVEL="WARNING")
     assert result.returncode == 0, result.stderr
     assert log_file.read_text().splitlines() == [
-        "HOST WARNING torchprof_args.runtime.fence | [torchprof rank 3] rank 1 was late"]
+        "HOST WARNING torchprof_args.capture.runtime.fence | [torchprof rank 3] rank 1 was late"]

@@ -25,10 +25,10 @@ from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
 from torchprof_args import megatron as tpm
-from torchprof_args.config import configs_from_args
-from torchprof_args.frameworks.megatron_install import _hook_for as hook_for
-from torchprof_args.runtime import ranks as traced
-from torchprof_args.runtime.config import parallel_selector
+from torchprof_args.capture.config import configs_from_args
+from torchprof_args.capture.frameworks.megatron_install import _hook_for as hook_for
+from torchprof_args.capture.runtime import ranks as traced
+from torchprof_args.capture.runtime.config import parallel_selector
 
 
 def test_megatron_pytorch_profiler_is_refused():
@@ -249,7 +249,7 @@ def test_training_hook_exit_flush_is_timed_and_written_like_a_scheduled_one(tmp_
 def test_megatron_flops_follows_both_signatures_of_num_floating_point_operations():
     """core_v0.16.1: ``(args, batch_size)``; core_v0.19.0 also takes training_log's packed-sequence
     sums, passed through only when training_log got them (the functions' real signatures)."""
-    from torchprof_args.frameworks.megatron_metrics import megatron_flops
+    from torchprof_args.capture.frameworks.megatron_metrics import megatron_flops
 
     calls = []
 

@@ -22,7 +22,6 @@ from torchprof_args.analysis.memory.allocator import allocator_view
 from torchprof_args.analysis.memory.breakdown import Allocations, Where, breakdown
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
-    MEMORY_FORMAT,
     OTHER,
     PARAMETER,
     TEMPORARY,
@@ -31,11 +30,12 @@ from torchprof_args.analysis.memory.categories import (
 )
 from torchprof_args.analysis.memory.ranks import outliers, rank_rows
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
+from torchprof_args.capture.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.hardware import DeviceReadings
+from torchprof_args.capture.metrics.writer import MetricsWriter
+from torchprof_args.capture.runtime.metadata import megatron_coordinates
 from torchprof_args.console import main
-from torchprof_args.metrics.config import MetricsConfig
-from torchprof_args.metrics.hardware import DeviceReadings
-from torchprof_args.metrics.writer import MetricsWriter
-from torchprof_args.runtime.metadata import megatron_coordinates
+from torchprof_args.shared import formats
 
 GIB = 1 << 30
 
@@ -143,7 +143,7 @@ def test_every_real_trace_is_categorised_without_an_error(path: Path) -> None:
     """A gloo worker thread with memory events and no operator (or no backward operator) once
     crashed the trace's categorisation (IndexError), and with it the publisher's memory part."""
     part = trace_memory_part(load_trace(path, memory_rows=True))
-    assert part.format == MEMORY_FORMAT and part.source in ("trace", "none")
+    assert part.format == formats.MEMORY.version and part.source in ("trace", "none")
 
 
 def test_allocator_peaks_of_every_rank_from_metrics_jsonl(

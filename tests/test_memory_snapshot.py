@@ -14,9 +14,9 @@ import torch
 from helpers.cuda import cpu_only
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
+from torchprof_args.capture.runtime.config import MemorySnapshotConfig
+from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter, write_snapshot
 from torchprof_args.naming import memory_snapshot_name as snapshot_file_name
-from torchprof_args.runtime.config import MemorySnapshotConfig
-from torchprof_args.runtime.memory_snapshots import MemorySnapshotter, write_snapshot
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -13,13 +13,13 @@ import pytest
 from helpers.paths import REPO
 
 from torchprof_args import MetricsWriter, Timers, TorchProfileArgsError, add_torch_profile_args, validate_args
-from torchprof_args.metrics.config import (
+from torchprof_args.capture.metrics.config import (
     MetricsConfig,
     WandbConfig,
     default_wandb_mode,
     wandb_credentials_present,
 )
-from torchprof_args.metrics.flops import transformer_flops_per_iteration
+from torchprof_args.capture.metrics.flops import transformer_flops_per_iteration
 from torchprof_args.shared.metrics_log import read_records
 
 TIMER_NAMES = ("batch-generator", "forward-backward", "optimizer")
@@ -296,8 +296,8 @@ def test_transformer_flops_match_the_closed_form() -> None:
 def test_import_is_light() -> None:
     code = (
         "import sys, torchprof_args; "
-        "bad = [m for m in ('torch', 'wandb', 'tensorboard', 'torchprof_args.metrics.writer', "
-        "'torchprof_args.metrics.timers') if m in sys.modules]; "
+        "bad = [m for m in ('torch', 'wandb', 'tensorboard', 'torchprof_args.capture.metrics.writer', "
+        "'torchprof_args.capture.metrics.timers') if m in sys.modules]; "
         "print(bad)"
     )
     env = _child_env(Path("."))

@@ -11,22 +11,31 @@ import gzip
 import inspect
 import itertools
 import json
+import os
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.examples import run_doc_example
+from helpers.megatron_lm import CPU_HELPER, megatron_lm_trees
 from helpers.paths import DATA, REPO
 from helpers.processes import rank_results, run_torchrun
 
 from torchprof_args.analysis import load_trace
+from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, annotation_phases
+from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, read_results
 from torchprof_args.analysis.critical_path.cycle import Scenario, cycle_graph, expert_work_per_step, mean_into
+from torchprof_args.analysis.diagnose.expert_tokens import MEGATRON_TPE, expert_tokens_beside
 from torchprof_args.analysis.diagnose.kinds.exposed_comm import FSDP2_REMEDY, fsdp2_exposed
 from torchprof_args.analysis.memory.findings import findings_of
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
+from torchprof_args.analysis.trace import Trace
 from torchprof_args.console import main as torchprof
+from torchprof_args.naming import cycle_of_name
 
 JOB = REPO / "tests" / "jobs" / "modern_job.py"
 COMMANDS = ("summary", "diagnose", "critical-path", "collectives", "mem")
@@ -164,8 +173,127 @@ def test_summary_shows_fsdp2_s_phases_per_module(job: tuple[str, Path],
             assert set(phases[phase]["modules"]) == {f"blocks.{i}" for i in range(4)}, phases[phase]
             assert phases[phase]["ms_per_step"] > 0 and phases[phase]["calls"] >= 8
     assert torchprof(["summary", str(prof), "--no-progress"]) == 0
-    assert ("FSDP2 phases per step" in capsys.readouterr().out) is (shape != "moe")
+    out = capsys.readouterr().out
+    assert ("FSDP2 annotations per step" in out) is ("Step by FSDP2 phase" in out) is (shape != "moe")
 
+
+def _fsdp2_step_by_brute_force(trace: Trace) -> dict[str, float]:
+    """The trace's mean step by FSDP2 phase (ms) the slow way: at the middle of every stretch between
+    two boundaries of FSDP2's annotations and steps, each thread's innermost open annotation (the
+    latest to start, the shortest), the first phase of FSDP2_STEP_PHASES over the threads."""
+    names = list(FSDP2_STEP_PHASES)
+    code = annotation_phases(trace)
+    rows = [int(r) for r in np.flatnonzero(code[trace.name_id] >= 0)]
+    spans = [(float(trace.ts[r]), float(trace.ts[r] + trace.dur[r]), int(trace.thread_id[r]),
+              int(code[trace.name_id[r]])) for r in rows]
+    step_list = steps(trace)
+    bounds = sorted({t for a, b, _, _ in spans for t in (a, b)}
+                    | {t for s in step_list for t in (s["start_us"], s["start_us"] + s["dur_us"])})
+    found = dict.fromkeys(names, 0.0)
+    for lo, hi in itertools.pairwise(bounds):
+        mid = (lo + hi) / 2
+        if not any(s["start_us"] <= mid <= s["start_us"] + s["dur_us"] for s in step_list):
+            continue
+        innermost: dict[int, tuple[float, float, int]] = {}
+        for a, b, thread, phase in spans:  # the innermost: the latest start, then the earliest end
+            if a <= mid <= b and (a, -b) >= innermost.get(thread, (-np.inf, -np.inf, 0))[:2]:
+                innermost[thread] = (a, -b, phase)
+        phases = [phase for _, _, phase in innermost.values()]
+        found[names[min(phases)] if phases else "outside_fsdp"] += hi - lo
+    return {k: v / len(step_list) / 1e3 for k, v in found.items()}
+
+
+@pytest.mark.slow
+def test_the_step_by_fsdp2_phase_adds_up_to_the_step(job: tuple[str, Path],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``summary``'s step by FSDP2 phase: the phases add up to the mean step, each is what a brute
+    force over the trace's annotations finds, all-gathers and reduce-scatters take time; the MoE
+    job (no fully_shard) has none."""
+    shape, prof = job
+    assert torchprof(["summary", str(prof), "--json", "--no-progress"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    docs = [doc for doc in lines if "fsdp_step" in doc]  # each rank's summary (not the cross-rank view)
+    assert len(docs) == 2
+    for doc in docs:
+        split = doc["fsdp_step"]
+        if shape == "moe":
+            assert split is None
+            continue
+        assert list(split["by_phase"]) == list(FSDP2_STEP_PHASES)
+        assert sum(split["by_phase"].values()) == pytest.approx(split["step_ms"], abs=1e-3)
+        assert split["step_ms"] == pytest.approx(doc["step_mean_us"] / 1e3, abs=1e-3)
+        assert split["by_phase"]["unshard"] > 0 and split["by_phase"]["reduce_scatter"] > 0
+        assert split["by_phase"]["reshard"] > 0 and split["by_phase"]["outside_fsdp"] > 0
+        slow = _fsdp2_step_by_brute_force(load_trace(doc["file"]))
+        assert split["by_phase"] == pytest.approx(slow, abs=2e-3), (split, slow)
+    assert torchprof(["summary", str(prof), "--no-progress"]) == 0  # every rank's, in the cross-rank view
+    out = capsys.readouterr().out
+    assert ("step by FSDP2 phase (ms per step" in out) is (shape != "moe")
+    if shape != "moe":
+        table = out[out.index("step by FSDP2 phase (ms per step"):].splitlines()[2:4]
+        for line, doc in zip(table, sorted(docs, key=lambda d: d["rank"]), strict=True):
+            figures = [float(x) for x in line.split()]
+            assert figures[0] == doc["rank"]
+            assert figures[-1] == pytest.approx(doc["fsdp_step"]["step_ms"], abs=0.01)
+            assert sum(figures[1:-1]) == pytest.approx(figures[-1], abs=0.03)
+
+
+@pytest.mark.slow
+def test_the_critical_path_by_fsdp2_phase_adds_up_to_the_path(job: tuple[str, Path],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Each step's path by FSDP2 phase adds up to the path; every all-gather the ranks ran is in the
+    unshard phase and every reduce-scatter in reduce_scatter (the sidecars' records), and both are
+    on the path; the MoE job's path has no phases."""
+    shape, prof = job
+    assert torchprof(["critical-path", str(prof), "--json", "--no-progress"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["steps"]) == 2
+    for step in doc["steps"]:
+        if shape == "moe":
+            assert step["by_phase"] == {}
+            continue
+        assert sum(step["by_phase"].values()) == pytest.approx(step["path_ms"], abs=0.01), step
+        assert step["by_phase"]["unshard"] > 0 and step["by_phase"]["reduce_scatter"] > 0, step
+    for path in sorted(prof.glob("iter*/*.pt.trace.json.gz")):
+        stored = read_results(path, [CRITICAL_PATH])
+        assert stored is not None and stored.critical_path is not None
+        part = stored.critical_path
+        if shape == "moe":
+            assert part.record_phases == [] and all(p.by_phase == [] for p in part.step_pieces)
+            continue
+        kinds = [r.kind for r in part.collectives.records()]
+        names = list(FSDP2_STEP_PHASES)
+        by_kind = {(kind, names[c]) for kind, c in zip(kinds, part.record_phases, strict=True)}
+        assert by_kind == {("all_gather", "unshard"), ("reduce_scatter", "reduce_scatter")}, by_kind
+        for piece in part.step_pieces:
+            assert sum(piece.by_phase) == pytest.approx(sum(piece.by_category), abs=0.01)
+
+
+
+_UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
+
+
+@pytest.mark.slow
+def test_the_critical_path_guide_s_fsdp2_example(tmp_path: Path) -> None:
+    """The critical-path guide's FSDP2 example, verbatim: the summary's phases add up to the step it
+    names, each step's path by phase to the path, and unshard and reduce_scatter are on it."""
+    proc = run_doc_example("critical-path-fsdp2", tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Step by FSDP2 phase"))
+    step = re.search(r"the ([\d.]+)(ms|us|s) step", lines[head])
+    assert step, lines[head]
+    rows = [re.match(r"\s+([\d.]+)(ms|us|s)\s+[\d.]+ %\s+(\w+)", line) for line in lines[head + 1:head + 6]]
+    phases = {m.group(3): float(m.group(1)) * _UNITS[m.group(2)] for m in rows if m}
+    assert list(phases) == list(FSDP2_STEP_PHASES)
+    assert sum(phases.values()) == pytest.approx(float(step.group(1)) * _UNITS[step.group(2)], abs=0.01)
+    paths = re.findall(r"path ([\d.]+) ms \(difference", proc.stdout)
+    by_phase = re.findall(r"by FSDP2 phase: (.*)", proc.stdout)
+    assert len(paths) == len(by_phase) == 2, proc.stdout
+    for path, shares in zip(paths, by_phase, strict=True):
+        found = {name: float(ms) for name, ms in re.findall(r"([a-z ]+?) ([\d.]+) \(\d+ %\)(?:, |$)", shares)}
+        assert sum(found.values()) == pytest.approx(float(path), abs=0.3), shares
+        assert found["unshard"] > 0 and found["reduce scatter"] > 0, shares
 
 def test_fsdp2_s_remedies_name_its_own_methods_and_arguments() -> None:
     """Each FSDP2 remedy names only methods torch's ``FSDPModule`` has and arguments ``fully_shard``
@@ -267,6 +395,54 @@ def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
     assert min(balanced["saving_ms_per_step"], top["bound_ms_per_step"]) == pytest.approx(
         top["saving_ms_per_step"], abs=0.01)
 
+
+
+def _tpe_tree() -> Path:
+    """A Megatron-LM tree whose training logs tokens per expert (core_v0.19.0 on), else skip."""
+    writers = [(tree, tree / "megatron" / "training" / "activation_logging.py")
+               for _, tree in megatron_lm_trees()]
+    trees = [tree for tree, writer in writers if writer.is_file() and "def save_tpe" in writer.read_text()]
+    if not trees:
+        pytest.skip("no Megatron-LM tree with --save-tokens-per-expert-interval's writer (core_v0.19.0 on): "
+                    "set MEGATRON_LM_PATH")
+    return trees[-1]
+
+
+@pytest.mark.slow
+def test_megatron_s_tokens_per_expert_name_the_hot_expert(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The MoE job's tokens per local expert, written by Megatron-LM's own tokens-per-expert logger
+    beside the traces: read back, each rank's experts add up to the tokens the job counted it received
+    in the traced steps, and to the all-to-alls' per-rank tokens per layer; ``expert_imbalance``
+    names rank 1's busiest expert and the source."""
+    tree = _tpe_tree()
+    prof = tmp_path / "prof"
+    result = run_torchrun(JOB, "--shape", "moe", "--result-dir", str(tmp_path), "--torch-profile-dir",
+                          str(prof), "--megatron-tpe-dir", str(prof), *HEAVY_MOE, timeout=600,
+                          PYTHONPATH=os.pathsep.join(map(str, (CPU_HELPER, tree, REPO, REPO / "tests"))))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    truth = rank_results(tmp_path)
+    traces = sorted(prof.glob("iter*/*.pt.trace.json.gz"))
+    first, last = cycle_of_name(traces[0].parent.name, folder=True) or (0, 0)
+    logged = expert_tokens_beside(traces)
+    assert logged is not None and logged.traced and logged.iterations == list(range(first, last + 1))
+    assert logged.source == MEGATRON_TPE and sorted(logged.per_rank) == [0, 1]
+    for rank, row in logged.per_rank.items():
+        assert len(row) == 2  # 4 experts, 2 per rank
+        steps = truth[rank]["received_tokens_per_step"]
+        assert sum(row) == pytest.approx(statistics.fmean(steps[i - 1] for i in logged.iterations))
+    assert logged.hottest[0] == 1 and logged.imbalance_factor > 1.5, logged
+    doc = _diagnosis(prof, capsys)
+    found = [f for f in doc["findings"] if f["kind"] == "expert_imbalance"]
+    assert found and found[0]["ranks"] == [1], doc["findings"]
+    evidence = found[0]["evidence"]
+    assert evidence["expert_tokens_source"].startswith(MEGATRON_TPE)
+    assert evidence["expert_imbalance_factor"] == pytest.approx(logged.imbalance_factor, abs=1e-3)
+    hot_rank, hot_expert = logged.hottest
+    assert next(iter(evidence["tokens_per_expert"])) == f"rank {hot_rank} expert {hot_expert}"
+    assert f"rank {hot_rank}'s local expert {hot_expert}" in found[0]["summary"]
+    for rank, row in logged.per_rank.items():  # 2 MoE layers: one dispatch each per step
+        assert evidence["tokens_per_rank"][str(rank)] == pytest.approx(sum(row) / 2, rel=0.02)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", [("moe", "--balanced", *HEAVY_MOE), ("fsdp2",)], ids=["balanced", "fsdp2"])

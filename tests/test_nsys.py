@@ -10,8 +10,8 @@ import pytest
 from helpers.cuda import cpu_only
 
 from torchprof_args import add_torch_profile_args, configs_from_args, console
+from torchprof_args.capture.runtime.nsys import NsysController
 from torchprof_args.commands.nsys import nsys_command
-from torchprof_args.runtime.nsys import NsysController
 
 
 @pytest.fixture

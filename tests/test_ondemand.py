@@ -22,9 +22,14 @@ from helpers.processes import subprocess_env
 from test_profiler import profiler_steps, read_trace
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args
-from torchprof_args.ondemand.client import RequestFailed, submit
-from torchprof_args.ondemand.protocol import MAX_REQUEST_BYTES, RequestRejected, make_request, parse_request
-from torchprof_args.ondemand.registry import find_control_dir_by_pid, registry_dir
+from torchprof_args.capture.ondemand.client import RequestFailed, submit
+from torchprof_args.capture.ondemand.protocol import (
+    MAX_REQUEST_BYTES,
+    RequestRejected,
+    make_request,
+    parse_request,
+)
+from torchprof_args.capture.ondemand.registry import find_control_dir_by_pid, registry_dir
 from torchprof_args.private_dir import check_private_dir
 
 
@@ -370,9 +375,9 @@ def test_kineto_use_daemon_set_after_torch_import_is_warned_once(when):
 
 def test_decision_encoding_round_trips():
     """A check's decision travels as one fixed-size asynchronous broadcast."""
-    from torchprof_args.ondemand.window import OnDemandWindow
-    from torchprof_args.ondemand.wire import decode_decision as _decode_decision
-    from torchprof_args.ondemand.wire import encode_decision as _encode_decision
+    from torchprof_args.capture.ondemand.window import OnDemandWindow
+    from torchprof_args.capture.ondemand.wire import decode_decision as _decode_decision
+    from torchprof_args.capture.ondemand.wire import encode_decision as _encode_decision
 
     for window, world in [(OnDemandWindow("req-1.x", 100, 101, 102, 105, (0, 3)), 4),
                           (OnDemandWindow("a" * 100, 5, 6, 7, 8, None), 2), (None, 3)]:
@@ -381,8 +386,8 @@ def test_decision_encoding_round_trips():
 
 def test_checks_are_paced_by_time_not_iterations():
     """Rank 0 spaces checks --torch-profile-on-demand-check-seconds apart from the measured step time."""
-    from torchprof_args.ondemand.config import OnDemandConfig
-    from torchprof_args.ondemand.controller import OnDemandController
+    from torchprof_args.capture.ondemand.config import OnDemandConfig
+    from torchprof_args.capture.ondemand.controller import OnDemandController
 
     config = OnDemandConfig(enabled=True, control_dir="/nonexistent", trace_dir="/tmp", interval=10,
                             check_seconds=0.05)

@@ -6,15 +6,15 @@ import json
 import threading
 import time
 
+from torchprof_args.capture.ondemand.config import OnDemandConfig
+from torchprof_args.capture.ondemand.controller import OnDemandController
+from torchprof_args.capture.ondemand.window import OnDemandWindow
+from torchprof_args.capture.runtime.export.progress import ROW_FIELDS
+from torchprof_args.capture.runtime.fence import Fence
+from torchprof_args.capture.runtime.publish_vote import PublishingVote
+from torchprof_args.capture.runtime.schedule import ProfileSchedule
+from torchprof_args.capture.runtime.timeline import Timeline
 from torchprof_args.commands.trigger import wait_for_traces
-from torchprof_args.ondemand.config import OnDemandConfig
-from torchprof_args.ondemand.controller import OnDemandController
-from torchprof_args.ondemand.window import OnDemandWindow
-from torchprof_args.runtime.export.progress import ROW_FIELDS
-from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.publish_vote import PublishingVote
-from torchprof_args.runtime.schedule import ProfileSchedule
-from torchprof_args.runtime.timeline import Timeline
 
 BEHIND = "publishing is behind: rank 0 has 2 trace(s) in flight (--torch-profile-max-publishing 2)"
 

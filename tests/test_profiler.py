@@ -23,10 +23,10 @@ from torchprof_args import TorchProfiler, add_torch_profile_args
 from torchprof_args.analysis import load_trace, summarize
 from torchprof_args.analysis.collect.trace_results import SUMMARY, read_results
 from torchprof_args.atomic import PARTIAL_PREFIX, partial_path
+from torchprof_args.capture.runtime.config import ExportConfig
+from torchprof_args.capture.runtime.export.staging import StagingArea
+from torchprof_args.capture.runtime.export.writer import Route, TraceWriter
 from torchprof_args.naming import STACKS_CONTROL_SUBDIR, operator_table_path
-from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.staging import StagingArea
-from torchprof_args.runtime.export.writer import Route, TraceWriter
 
 
 def make_args(tmp_path: Path, *argv: str) -> argparse.Namespace:

@@ -15,16 +15,16 @@ from test_memory_snapshot import FakeAllocator
 from test_nsys import CallLog
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args, validate_args
-from torchprof_args.runtime.config import (
+from torchprof_args.capture.runtime.config import (
     ExportConfig,
     MemorySnapshotConfig,
     NsysConfig,
     ProfilerConfig,
     TraceConfig,
 )
-from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
-from torchprof_args.runtime.nsys import NsysController
-from torchprof_args.runtime.schedule import ProfileSchedule
+from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
+from torchprof_args.capture.runtime.nsys import NsysController
+from torchprof_args.capture.runtime.schedule import ProfileSchedule
 
 
 def profiler_config(tmp_path, schedule: ProfileSchedule, *, record: bool = False, operator_table: bool = True,

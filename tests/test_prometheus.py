@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from torchprof_args import MetricsWriter
 from torchprof_args.analysis.dashboard.grafana import grafana_dashboard
 from torchprof_args.analysis.dashboard.spec import DEFAULT_SPEC
-from torchprof_args.metrics.config import MetricsConfig, PrometheusConfig
-from torchprof_args.metrics.prometheus import PrometheusSink
+from torchprof_args.capture.metrics.config import MetricsConfig, PrometheusConfig
+from torchprof_args.capture.metrics.prometheus import PrometheusSink
 from torchprof_args.shared.metrics_log import RunMarker, read_records
 from torchprof_args.shared.prometheus_names import metric_name
 

@@ -20,10 +20,10 @@ import pytest
 from helpers.paths import DATA
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args, configs_from_args
-from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.idle_cpu import IdleCpuProbe
-from torchprof_args.runtime.export.staging import StagingArea
-from torchprof_args.runtime.export.writer import TraceWriter
+from torchprof_args.capture.runtime.config import ExportConfig
+from torchprof_args.capture.runtime.export.idle_cpu import IdleCpuProbe
+from torchprof_args.capture.runtime.export.staging import StagingArea
+from torchprof_args.capture.runtime.export.writer import TraceWriter
 
 CPUS = sorted(os.sched_getaffinity(0))
 REAL_TRACE = gzip.decompress((DATA / "cpu_2rank_gloo_rank0_iter3.json.gz").read_bytes())

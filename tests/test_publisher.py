@@ -22,11 +22,11 @@ from helpers import faults
 from helpers.paths import DATA
 from helpers.processes import wait_until
 
-from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.job import PublishJob
-from torchprof_args.runtime.export.publisher import PublisherProcess, publisher_env
-from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea
-from torchprof_args.runtime.export.writer import Route, TraceWriter
+from torchprof_args.capture.runtime.config import ExportConfig
+from torchprof_args.capture.runtime.export.job import PublishJob
+from torchprof_args.capture.runtime.export.publisher import PublisherProcess, publisher_env
+from torchprof_args.capture.runtime.export.staging import LOCK_NAME, StagingArea
+from torchprof_args.capture.runtime.export.writer import Route, TraceWriter
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")]
 
@@ -247,9 +247,9 @@ def test_a_job_outside_the_publisher_s_directories_is_rejected(tmp_path: Path) -
 _TRAINER = """
 import os, sys, time
 from pathlib import Path
-from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export.staging import StagingArea
-from torchprof_args.runtime.export.writer import TraceWriter
+from torchprof_args.capture.runtime.config import ExportConfig
+from torchprof_args.capture.runtime.export.staging import StagingArea
+from torchprof_args.capture.runtime.export.writer import TraceWriter
 staging = StagingArea(sys.argv[1]); staging.open()
 writer = TraceWriter(sys.argv[2], staging, ExportConfig(), rank=0)
 if sys.argv[3] == "fork" and os.fork() == 0:  # a forked child (a data loader's) holds the publisher's input

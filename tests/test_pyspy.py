@@ -14,7 +14,7 @@ import pytest
 from helpers.paths import REPO
 
 from torchprof_args import console
-from torchprof_args.pyspy.parse import (
+from torchprof_args.analysis.pyspy.parse import (
     NATIVE,
     PROCESS,
     PYTHON,
@@ -25,9 +25,9 @@ from torchprof_args.pyspy.parse import (
     read_profiles,
     shorten_path,
 )
-from torchprof_args.pyspy.record import find_py_spy, output_name
-from torchprof_args.pyspy.report import in_library, report_rows
-from torchprof_args.pyspy.speedscope import SCHEMA, speedscope_document
+from torchprof_args.analysis.pyspy.record import find_py_spy, output_name
+from torchprof_args.analysis.pyspy.report import in_library, report_rows
+from torchprof_args.analysis.pyspy.speedscope import SCHEMA, speedscope_document
 
 TRAIN_SCRIPT = textwrap.dedent(
     """
@@ -144,7 +144,7 @@ def test_record_needs_a_command(capsys) -> None:
 
 
 def test_record_without_py_spy_says_how_to_install(monkeypatch, capsys) -> None:
-    monkeypatch.setattr("torchprof_args.pyspy.record.find_py_spy", lambda: None)
+    monkeypatch.setattr("torchprof_args.analysis.pyspy.record.find_py_spy", lambda: None)
     assert console.main(["pyspy", "record", "--", "python", "x.py"]) == 127
     err = capsys.readouterr().err
     assert "py-spy is not installed" in err and "torchprof-args[pyspy]" in err
@@ -290,8 +290,9 @@ def test_parse_raw_text_with_multiline_process_frames_and_garbage() -> None:
     assert any("not in a py-spy frame format" in note for note in profile.problems())
 
 
-@pytest.mark.parametrize("launcher", ["torchprof_args/pyspy/launcher.py", "torchprof_args/_pyspy_child.py"],
-                         ids=["launcher", "before-the-pyspy-package"])
+@pytest.mark.parametrize("launcher", ["torchprof_args/analysis/pyspy/launcher.py",
+                                      "torchprof_args/pyspy/launcher.py", "torchprof_args/_pyspy_child.py"],
+                         ids=["launcher", "beside-analysis", "before-the-pyspy-package"])
 def test_launcher_frames_are_stripped(launcher: str) -> None:
     text = (
         f'process 1:"/usr/bin/python /x/{launcher} s -- python t.py";'
@@ -310,8 +311,8 @@ def test_launcher_frames_are_stripped(launcher: str) -> None:
 def test_program_seen_before_exec_keeps_its_samples() -> None:
     """py-spy keeps the command line it first read for a pid: a child caught between fork and exec
     (the launcher's preexec_fn) shows the launcher's command line on every later sample."""
-    launcher = 'process 1:"/usr/bin/python /x/torchprof_args/pyspy/launcher.py s -- python t.py";'
-    stale_child = 'process 2:"/usr/bin/python /x/torchprof_args/pyspy/launcher.py s -- python t.py";'
+    launcher = 'process 1:"/usr/bin/python /x/torchprof_args/analysis/pyspy/launcher.py s -- python t.py";'
+    stale_child = 'process 2:"/usr/bin/python /x/torchprof_args/analysis/pyspy/launcher.py s -- python t.py";'
     text = (f"{launcher}{stale_child}step (t.py:3) 7\n"
             f"{launcher}<module> (launcher.py:60);Popen.wait (subprocess.py:1264) 9\n")
     profile = parse_raw_text(text)
@@ -322,8 +323,8 @@ def test_program_seen_before_exec_keeps_its_samples() -> None:
 
 
 def test_record_command_runs_the_launcher_that_the_parser_strips() -> None:
-    from torchprof_args.pyspy.launcher import LAUNCHER_MARKER
-    from torchprof_args.pyspy.record import record_command
+    from torchprof_args.analysis.pyspy.launcher import LAUNCHER_MARKER
+    from torchprof_args.analysis.pyspy.record import record_command
 
     argv = record_command("py-spy", "out.txt", "status", ["python", "t.py"])
     launcher = argv[argv.index("--") + 2]

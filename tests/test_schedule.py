@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from torchprof_args.runtime.schedule import Action, ProfileSchedule
+from torchprof_args.capture.runtime.schedule import Action, ProfileSchedule
 
 COMBOS = list(itertools.product([0, 1, 2], [0, 1, 2], [1, 3], [0, 1, 2], [0, 1, 3]))
 

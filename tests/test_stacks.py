@@ -20,16 +20,16 @@ from helpers.examples import run_doc_example
 from helpers.paths import REPO
 from helpers.processes import rank_results, start_torchrun, subprocess_env
 
+from torchprof_args.analysis.analyzers.where import where_ranks_are
 from torchprof_args.analysis.tools.hang import analyse_dumps
+from torchprof_args.capture.ondemand.protocol import RequestRejected, parse_stacks_request
+from torchprof_args.capture.ondemand.registry import STACKS_REGISTRY, registry_dir
+from torchprof_args.capture.stacks.dumper import StackDumper, collect_threads
+from torchprof_args.capture.stacks.server import StacksServer
 from torchprof_args.commands.trigger_stacks import request_stacks
 from torchprof_args.console import main as torchprof
 from torchprof_args.errors import TraceError
-from torchprof_args.ondemand.protocol import RequestRejected, parse_stacks_request
-from torchprof_args.ondemand.registry import STACKS_REGISTRY, registry_dir
-from torchprof_args.stacks.dumper import StackDumper, collect_threads
-from torchprof_args.stacks.file_format import load_stacks, main_frames
-from torchprof_args.stacks.server import StacksServer
-from torchprof_args.stacks.where import where_ranks_are
+from torchprof_args.shared.stacks_file import load_stacks, main_frames
 
 JOB = REPO / "tests" / "jobs" / "stacks_job.py"
 NPROC = 4
@@ -356,7 +356,7 @@ def test_trigger_stacks_errors_are_one_line(tmp_path: Path, capsys: pytest.Captu
 
 def test_native_frames_unavailable_is_said_once(monkeypatch: pytest.MonkeyPatch, logs) -> None:
     """Where py-spy is missing (or may not attach) the stacks say why, and the log says it once."""
-    from torchprof_args.stacks import dumper as stacks
+    from torchprof_args.capture.stacks import dumper as stacks
 
     monkeypatch.setattr(stacks, "_py_spy", lambda: None)
     monkeypatch.setitem(stacks._NATIVE_STATE, "said", False)
@@ -369,7 +369,7 @@ def test_native_frames_unavailable_is_said_once(monkeypatch: pytest.MonkeyPatch,
 def test_a_thread_in_our_signal_handler_shows_where_the_signal_found_it() -> None:
     """The stacks taken while the main thread runs one of our handlers (a dump in progress) show
     the interrupted frame, not the handler's own work."""
-    from torchprof_args.stacks.dumper import mark_signal_handler
+    from torchprof_args.capture.stacks.dumper import mark_signal_handler
 
     seen: list[list[dict]] = []
 

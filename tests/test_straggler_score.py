@@ -20,9 +20,9 @@ from torchprof_args.analysis.diagnose.finding import Finding
 from torchprof_args.analysis.diagnose.kinds import straggler
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis
 from torchprof_args.analysis.render.text import format_cross_rank
-from torchprof_args.metrics.config import STRAGGLER_THRESHOLD as THRESHOLD_FLAG
-from torchprof_args.metrics.config import TimersConfig
-from torchprof_args.metrics.stragglers import StragglerTracker, straggler_figures
+from torchprof_args.capture.metrics.config import STRAGGLER_THRESHOLD as THRESHOLD_FLAG
+from torchprof_args.capture.metrics.config import TimersConfig
+from torchprof_args.capture.metrics.straggler_tracker import StragglerTracker, straggler_figures
 from torchprof_args.shared.stragglers import (
     STRAGGLER_MIN_MS,
     STRAGGLER_THRESHOLD,

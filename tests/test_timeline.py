@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable
 import pytest
 from helpers.processes import subprocess_env
 
-from torchprof_args.ondemand.window import OnDemandWindow
-from torchprof_args.runtime.export.progress import ROW_FIELDS
-from torchprof_args.runtime.fence import Fence
-from torchprof_args.runtime.publish_vote import PublishingVote
-from torchprof_args.runtime.schedule import RECORDING, Action, ProfileSchedule
-from torchprof_args.runtime.timeline import FENCE_FLUSH, FENCE_SNAPSHOT, StepPlan, Timeline
+from torchprof_args.capture.ondemand.window import OnDemandWindow
+from torchprof_args.capture.runtime.export.progress import ROW_FIELDS
+from torchprof_args.capture.runtime.fence import Fence
+from torchprof_args.capture.runtime.publish_vote import PublishingVote
+from torchprof_args.capture.runtime.schedule import RECORDING, Action, ProfileSchedule
+from torchprof_args.capture.runtime.timeline import FENCE_FLUSH, FENCE_SNAPSHOT, StepPlan, Timeline
 
 NONE, WARMUP, RECORD, SAVE = Action.NONE, Action.WARMUP, Action.RECORD, Action.RECORD_AND_SAVE
 
@@ -196,7 +196,7 @@ def test_nsys_needs_every_step_and_covers_the_scheduled_windows_only():
 
 
 def test_timeline_imports_without_torch():
-    code = ("import sys, torchprof_args.runtime.timeline, torchprof_args.runtime.schedule; "
+    code = ("import sys, torchprof_args.capture.runtime.timeline, torchprof_args.capture.runtime.schedule; "
             "sys.exit('torch' in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, env=subprocess_env(), timeout=60)
 

@@ -17,13 +17,13 @@ from helpers.paths import REPO
 from helpers.processes import rank_results, run_torchrun
 
 from torchprof_args import Timers, add_torch_profile_args, validate_args
+from torchprof_args.capture.metrics.timer_kinds import CudaEventTimer as _CudaEventTimer
+from torchprof_args.capture.metrics.timer_kinds import DummyTimer
+from torchprof_args.capture.metrics.timer_kinds import EventPool as _EventPool
+from torchprof_args.capture.metrics.timer_kinds import SynchronizingTimer as _SynchronizingTimer
+from torchprof_args.capture.metrics.timer_kinds import Timer as _Timer
+from torchprof_args.capture.metrics.timers import TimerSnapshot, format_snapshot
 from torchprof_args.errors import TimerError
-from torchprof_args.metrics.timer_kinds import CudaEventTimer as _CudaEventTimer
-from torchprof_args.metrics.timer_kinds import DummyTimer
-from torchprof_args.metrics.timer_kinds import EventPool as _EventPool
-from torchprof_args.metrics.timer_kinds import SynchronizingTimer as _SynchronizingTimer
-from torchprof_args.metrics.timer_kinds import Timer as _Timer
-from torchprof_args.metrics.timers import TimerSnapshot, format_snapshot
 
 
 def _spin(seconds: float) -> None:
@@ -332,7 +332,7 @@ def test_fixed_size_gather_on_two_ranks_agrees_once_and_names_the_straggler(tmp_
             "straggler: rank 1 forward-backward took 4.00x the median of the other ranks (4.0 ms vs "
             f"1.0 ms; 2 ranks) for {n} log intervals in a row (iterations 1-{n}; --straggler-threshold 1.05)"
             for n in (2, 4)]
-    warned = ("WARNING torchprof_args.metrics.stragglers: [torchprof rank {}] straggler: "
+    warned = ("WARNING torchprof_args.capture.metrics.straggler_tracker: [torchprof rank {}] straggler: "
               "rank 1 forward-backward")
     assert warned.format(0) in result.stderr
     assert warned.format(1) not in result.stderr  # rank 0 only
@@ -366,7 +366,7 @@ parallel_state.destroy_model_parallel(); dist.destroy_process_group()
 def test_straggler_figures_and_warning_on_one_process() -> None:
     """Scores are time over the median of the other ranks; no score for timers fewer than two ranks
     ran; a straggler is also 2 ms over that median."""
-    from torchprof_args.metrics.stragglers import StragglerTracker, straggler_figures
+    from torchprof_args.capture.metrics.straggler_tracker import StragglerTracker, straggler_figures
 
     names = ["forward-backward", "data"]
     times = [[0.10, 0.01], [0.10, math.nan], [0.25, math.nan], [0.12, math.nan]]

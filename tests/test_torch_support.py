@@ -15,8 +15,8 @@ from helpers.paths import REPO
 
 from torchprof_args import add_torch_profile_args, configs_from_args
 from torchprof_args import torch_support as support
+from torchprof_args.capture.runtime import flight_recorder
 from torchprof_args.console import main as torchprof
-from torchprof_args.runtime import flight_recorder
 
 
 def _pretend_torch(monkeypatch: pytest.MonkeyPatch, release: tuple[int, int]) -> None:
@@ -63,7 +63,7 @@ def test_hang_without_pytorchs_analyzer_is_one_line(tmp_path: Path, monkeypatch:
 def test_hang_without_pytorchs_analyzer_still_says_where_each_rank_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """torch 2.9 with the stacks beside the dumps: the stacks answer, the analyzer's absence is a note."""
-    from torchprof_args.stacks.dumper import StackDumper
+    from torchprof_args.capture.stacks.dumper import StackDumper
 
     _pretend_torch(monkeypatch, (2, 9))
     for name in [n for n in sys.modules if n.startswith("torch.distributed.flight_recorder.")]:

@@ -16,7 +16,7 @@ from helpers.titan_assets import make_titan_assets
 
 pytest.importorskip("torchtitan.trainer", reason="torchtitan (the torchtitan extra) is not installed")
 
-from torchprof_args.frameworks.flag_fields import host_flags  # noqa: E402
+from torchprof_args.capture.frameworks.flag_fields import host_flags  # noqa: E402
 from torchprof_args.torchtitan import parse_config, profiled_config_class, run_config  # noqa: E402
 
 pytestmark = pytest.mark.slow  # torchtitan's import takes seconds
@@ -133,7 +133,7 @@ class _Processor:
 def test_the_mixin_runs_the_loop_under_the_profiler_and_feeds_the_metrics_processor(tmp_path):
     from helpers.trace_events import profiler_steps
 
-    from torchprof_args.frameworks.torchtitan_trainer import TorchProfileTrainerMixin
+    from torchprof_args.capture.frameworks.torchtitan_trainer import TorchProfileTrainerMixin
 
     config = parse_config([*DEBUG, "--torch_profile.enable", "--torch_profile.step_start", "3",
                            "--torch_profile.step_end", "5", "--torch_profile.dir", str(tmp_path / "prof"),

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 from helpers.publishing import served
 
-from torchprof_args.runtime.cost import ProfilingCost
-from torchprof_args.runtime.export.child import fork_export
-from torchprof_args.runtime.export.job import PublishJob
-from torchprof_args.runtime.export.priority import (
+from torchprof_args.capture.runtime.cost import ProfilingCost
+from torchprof_args.capture.runtime.export.child import fork_export
+from torchprof_args.capture.runtime.export.job import PublishJob
+from torchprof_args.capture.runtime.export.priority import (
     IOPRIO_CLASS_BE,
     IOPRIO_CLASS_IDLE,
     io_priority,
     leave_idle_policy,
     lower_to_background,
 )
-from torchprof_args.runtime.export.publisher import PublisherProcess
+from torchprof_args.capture.runtime.export.publisher import PublisherProcess
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and ioprio are Linux's")
 

@@ -11,10 +11,10 @@ import pytest
 from helpers import faults
 from helpers.processes import wait_until
 
-from torchprof_args.runtime.config import ExportConfig
-from torchprof_args.runtime.export import writer as writer_module
-from torchprof_args.runtime.export.staging import LOCK_NAME, StagingArea
-from torchprof_args.runtime.export.writer import Route, TraceWriter
+from torchprof_args.capture.runtime.config import ExportConfig
+from torchprof_args.capture.runtime.export import writer as writer_module
+from torchprof_args.capture.runtime.export.staging import LOCK_NAME, StagingArea
+from torchprof_args.capture.runtime.export.writer import Route, TraceWriter
 
 CYCLE, STEM = "iter000001-000002", "rank00000_host_pid1"
 

@@ -14,18 +14,18 @@ import torchprof_args.import_state  # noqa: F401
 import importlib
 from typing import Any
 
-from torchprof_args.config import add_torch_profile_args, configs_from_args, validate_args
+from torchprof_args.capture.config import add_torch_profile_args, configs_from_args, validate_args
 from torchprof_args.errors import TorchProfileArgsError
 
 __version__ = "0.1.0"
 
 #: public name -> module that defines it (loaded lazily).
 _LAZY = {
-    "TorchProfiler": "torchprof_args.runtime.profiler",
-    "ProfileSchedule": "torchprof_args.runtime.schedule",
-    "Timers": "torchprof_args.metrics.timers",
-    "MetricsWriter": "torchprof_args.metrics.writer",
-    "OnDemandController": "torchprof_args.ondemand.controller",
+    "TorchProfiler": "torchprof_args.capture.runtime.profiler",
+    "ProfileSchedule": "torchprof_args.capture.runtime.schedule",
+    "Timers": "torchprof_args.capture.metrics.timers",
+    "MetricsWriter": "torchprof_args.capture.metrics.writer",
+    "OnDemandController": "torchprof_args.capture.ondemand.controller",
 }
 
 __all__ = [

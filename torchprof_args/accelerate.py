@@ -18,7 +18,7 @@ accumulation window), never a micro-batch; every flush waits at the fence.  Step
 from the plain-loop API (``Timers``, ``MetricsWriter``).  Install Accelerate (the ``huggingface`` extra).
 """
 
-from torchprof_args.frameworks.accelerate_loop import accelerate_layout
-from torchprof_args.frameworks.accelerate_loop import accelerate_profiler as profiler
+from torchprof_args.capture.frameworks.accelerate_loop import accelerate_layout
+from torchprof_args.capture.frameworks.accelerate_loop import accelerate_profiler as profiler
 
 __all__ = ["accelerate_layout", "profiler"]

@@ -35,19 +35,19 @@ from typing import TYPE_CHECKING, Any
 
 from torchprof_args import _dist
 from torchprof_args.atomic import write_text_atomically
-from torchprof_args.config import RunConfig, add_torch_profile_args, configs_from_args
+from torchprof_args.capture.config import RunConfig, add_torch_profile_args, configs_from_args
+from torchprof_args.capture.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.errors import TorchProfileArgsError
-from torchprof_args.flags import Flag, FlagGroup, add_flag_groups, flag_value, register_group
 from torchprof_args.log import get_logger
 from torchprof_args.naming import DEFAULT_PROFILE_DIR, PROFILER_LIST_NAME, profiler_list_name
 
 if TYPE_CHECKING:  # loaded on first use: the decorator imports no torch
     from torch.utils.tensorboard import SummaryWriter
 
-    from torchprof_args.frameworks.deepspeed_engine import DeepSpeedProfilerHook
-    from torchprof_args.metrics.sinks import ScalarWriter
-    from torchprof_args.metrics.writer import MetricsWriter
-    from torchprof_args.runtime.profiler import TorchProfiler
+    from torchprof_args.capture.frameworks.deepspeed_engine import DeepSpeedProfilerHook
+    from torchprof_args.capture.metrics.sinks import ScalarWriter
+    from torchprof_args.capture.metrics.writer import MetricsWriter
+    from torchprof_args.capture.runtime.profiler import TorchProfiler
 
 logger = get_logger(__name__)
 
@@ -99,7 +99,8 @@ class Profiling:
 
     Args:
         args: the parsed namespace (the decorator's flags and the full ``--torch-profile-*`` set).
-        run: its checked configs (default: :func:`~torchprof_args.config.configs_from_args` of ``args``).
+        run: its checked configs (default:
+            :func:`~torchprof_args.capture.config.configs_from_args` of ``args``).
     """
 
     def __init__(self, args: argparse.Namespace, run: RunConfig | None = None) -> None:
@@ -124,10 +125,11 @@ class Profiling:
                 Megatron's ``args.iteration``, else 0.
 
         Returns:
-            The started :class:`~torchprof_args.runtime.profiler.TorchProfiler` (the same one on later calls).
+            The started :class:`~torchprof_args.capture.runtime.profiler.TorchProfiler` (the same one
+            on later calls).
         """
         if self.prof is None:
-            from torchprof_args.runtime.profiler import TorchProfiler
+            from torchprof_args.capture.runtime.profiler import TorchProfiler
 
             self.prof = TorchProfiler.from_args(self.args, start_iteration=start_iteration)
             self.prof.start()
@@ -185,7 +187,7 @@ class Profiling:
             metrics: where its step times, TFLOP/s and MFU go (default: none).
 
         Returns:
-            The started :class:`~torchprof_args.frameworks.deepspeed_engine.DeepSpeedProfilerHook`.
+            The started :class:`~torchprof_args.capture.frameworks.deepspeed_engine.DeepSpeedProfilerHook`.
 
         Raises:
             RuntimeError: the profiler already started (attach before the first ``step()``).

@@ -25,7 +25,7 @@ same step.  When the ds_config enables them:
   (TFLOP/s per GPU) and ``mfu`` from it (``--metrics-flops-per-iteration`` takes precedence).
 """
 
-from torchprof_args.frameworks.deepspeed_engine import (
+from torchprof_args.capture.frameworks.deepspeed_engine import (
     FLOPS_REPORT_NAME,
     DeepSpeedProfilerHook,
     attach,

@@ -22,7 +22,10 @@ and adds the step timers, ``iteration-time``, ``throughput`` (TFLOP/s per GPU fr
 (a ``Trainer``) takes the same callback.  Install with the ``huggingface`` extra.
 """
 
-from torchprof_args.frameworks.huggingface_args import TorchProfileArguments, TorchProfileArgumentsBase
-from torchprof_args.frameworks.huggingface_callback import FLUSH_TIMER, TorchProfileCallback
+from torchprof_args.capture.frameworks.huggingface_args import (
+    TorchProfileArguments,
+    TorchProfileArgumentsBase,
+)
+from torchprof_args.capture.frameworks.huggingface_callback import FLUSH_TIMER, TorchProfileCallback
 
 __all__ = ["FLUSH_TIMER", "TorchProfileArguments", "TorchProfileArgumentsBase", "TorchProfileCallback"]

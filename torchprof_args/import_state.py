@@ -1,7 +1,7 @@
 """What the process looked like when ``torchprof_args`` was first imported.
 
 The package's ``__init__`` imports this module before anything else, so the values are those of
-the first ``import torchprof_args...`` in the process.  :mod:`torchprof_args.ondemand.dynolog`
+the first ``import torchprof_args...`` in the process.  :mod:`torchprof_args.capture.ondemand.dynolog`
 reads them when torch's own state cannot say whether ``KINETO_USE_DAEMON`` came too late.
 """
 

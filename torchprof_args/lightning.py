@@ -12,6 +12,6 @@ numbering), every flush waits at the fence, the step timers, ``iteration-time``,
 refused with ``--torch-profile``.  Install with the ``lightning`` extra.
 """
 
-from torchprof_args.frameworks.lightning_callback import FLUSH_TIMER, TorchProfileCallback
+from torchprof_args.capture.frameworks.lightning_callback import FLUSH_TIMER, TorchProfileCallback
 
 __all__ = ["FLUSH_TIMER", "TorchProfileCallback"]

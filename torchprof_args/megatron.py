@@ -25,26 +25,26 @@ Every flush of a trace window, scheduled or at exit, is timed with Megatron's ow
 ``torch-profile-flush-time``) and written, max across ranks, through Megatron's TensorBoard and
 wandb writers.  At every log interval ``install()`` also writes TFLOP/s and MFU from Megatron-LM's
 own ``num_floating_point_operations``, the allocator and GPU readings, and the slowest rank and
-straggler scores of Megatron's own timers (:mod:`torchprof_args.frameworks.megatron_metrics`).
+straggler scores of Megatron's own timers (:mod:`torchprof_args.capture.frameworks.megatron_metrics`).
 ``--torch-profile-parallel-ranks`` selects traced ranks by megatron-core's parallel coordinates
-(:mod:`torchprof_args.runtime.ranks`).
+(:mod:`torchprof_args.capture.runtime.ranks`).
 """
 
-from torchprof_args.errors import MegatronIntegrationError
-from torchprof_args.frameworks.megatron_args import (
+from torchprof_args.capture.frameworks.megatron_args import (
     check_megatron_args,
     check_parsed_args,
     compose_args_providers,
     extra_args_provider,
     profiler_from_args,
 )
-from torchprof_args.frameworks.megatron_install import (
+from torchprof_args.capture.frameworks.megatron_install import (
     install,
     installed,
     pretrain_takes_config_container,
     uninstall,
 )
-from torchprof_args.frameworks.megatron_loop import FLUSH_TIMER, TrainingHook
+from torchprof_args.capture.frameworks.megatron_loop import FLUSH_TIMER, TrainingHook
+from torchprof_args.errors import MegatronIntegrationError
 
 __all__ = [
     "FLUSH_TIMER",

@@ -1,6 +1,6 @@
 """File names shared by the runtime that writes files and the tools that read them.
 
-One module, so that a trace written by :mod:`torchprof_args.runtime` is found by
+One module, so that a trace written by :mod:`torchprof_args.capture.runtime` is found by
 :mod:`torchprof_args.analysis`, ``torchprof trigger`` predicts the right path, and a change of
 layout happens in one place.
 """
@@ -16,7 +16,7 @@ __all__ = [
     "COMPANION_SUBDIRS",
     "CYCLE_DIR_PREFIX",
     "DEBUG_SERVER_DUMPS",
-    "DEBUG_SERVER_FR_FORMAT",
+
     "DEBUG_SERVER_SUBDIR",
     "DEFAULT_PROFILE_DIR",
     "EXECUTION_TRACE_SUFFIX",
@@ -96,10 +96,6 @@ DEBUG_SERVER_SUBDIR = "debug_server"
 #: The dumps ``torchprof hang`` reads there: PyTorch's every rank's stacks (faulthandler's text per
 #: rank) and this package's every rank's flight recorder (JSON, as each rank's worker serves it).
 DEBUG_SERVER_DUMPS = {"stacks": "stacks", "flight_recorder": "torchprof_fr_trace"}
-#: The flight-recorder dump's ``format`` and ``version`` fields: one JSON object, per rank (a string)
-#: its worker's ``address``, ``recorders`` (``gloo``/``nccl`` -> the dump as the worker serves it)
-#: and ``errors`` (recorder -> why it is missing); ``world_size``, ``time``.
-DEBUG_SERVER_FR_FORMAT = ("torchprof-debug-server-fr", 1)
 #: The metrics writer's local record, one JSON object per logged iteration.
 METRICS_FILENAME = "metrics.jsonl"
 #: Written next to metrics.jsonl by the wandb sink: which wandb run holds these metrics.
@@ -230,5 +226,5 @@ def flight_recorder_info_name(rank: int) -> str:
 
 def stacks_file_name(rank: int) -> str:
     """``stacks_rank<R>.json``: every Python thread's stack of rank R (in ``flight_recorder/`` at a
-    hang, in the request's answer folder on demand; :mod:`torchprof_args.stacks.file_format`)."""
+    hang, in the request's answer folder on demand; :mod:`torchprof_args.shared.stacks_file`)."""
     return f"stacks_rank{rank}.json"

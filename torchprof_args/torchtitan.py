@@ -23,9 +23,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from torchprof_args.capture.frameworks.torchtitan_config import SECTION, TorchProfileSection, run_config
+from torchprof_args.capture.frameworks.torchtitan_parse import parse_config, profiled_config_class
 from torchprof_args.errors import TorchProfileArgsError
-from torchprof_args.frameworks.torchtitan_config import SECTION, TorchProfileSection, run_config
-from torchprof_args.frameworks.torchtitan_parse import parse_config, profiled_config_class
 
 __all__ = ["SECTION", "TorchProfileSection", "main", "parse_config", "profiled_config_class", "run_config"]
 

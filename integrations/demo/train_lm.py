@@ -27,7 +27,7 @@ from torchprof_args import (  # noqa: E402
     TorchProfiler,
     add_torch_profile_args,
 )
-from torchprof_args.metrics.flops import transformer_flops_per_iteration  # noqa: E402
+from torchprof_args.capture.metrics.flops import transformer_flops_per_iteration  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

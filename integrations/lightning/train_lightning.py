@@ -19,8 +19,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from torchprof_args import TorchProfileArgsError, add_torch_profile_args
+from torchprof_args.capture.metrics.flops import transformer_flops_per_iteration
 from torchprof_args.lightning import TorchProfileCallback
-from torchprof_args.metrics.flops import transformer_flops_per_iteration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demo"))
 from model import TinyGPT  # noqa: E402

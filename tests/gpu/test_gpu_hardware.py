@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers.cuda import requires_gpus
 
+from torchprof_args.capture.metrics.hardware import DeviceReadings
+from torchprof_args.capture.metrics.mfu import PeakResolver
 from torchprof_args.device_peaks import peak_tflops
-from torchprof_args.metrics.hardware import DeviceReadings
-from torchprof_args.metrics.mfu import PeakResolver
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1), pytest.mark.timeout(120)]
 

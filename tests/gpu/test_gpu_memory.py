@@ -14,8 +14,8 @@ from helpers.gpu_train import Trainer, parse_flags, train
 
 from torchprof_args import TorchProfiler, console
 from torchprof_args.analysis.memory.snapshot import load_snapshot
-from torchprof_args.runtime.config import MemorySnapshotConfig
-from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
+from torchprof_args.capture.runtime.config import MemorySnapshotConfig
+from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1), pytest.mark.timeout(180)]
 

@@ -18,8 +18,8 @@ from helpers.gpu_train import Trainer
 from helpers.processes import subprocess_env
 
 from torchprof_args import console
-from torchprof_args.runtime.config import MemorySnapshotConfig
-from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
+from torchprof_args.capture.runtime.config import MemorySnapshotConfig
+from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1), pytest.mark.timeout(600)]
 MIB = 1 << 20
@@ -109,8 +109,8 @@ def test_a_1b_gpts_oom_is_explained(tmp_path: Path, capsys: pytest.CaptureFixtur
 FRAGMENT = """
 import sys, torch
 sys.path.insert(0, sys.argv[2])
-from torchprof_args.runtime.config import MemorySnapshotConfig
-from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
+from torchprof_args.capture.runtime.config import MemorySnapshotConfig
+from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 snap = MemorySnapshotter(MemorySnapshotConfig(enabled=True, output_dir=sys.argv[1]), rank=0, host="gpu")
 mib = 1 << 20
 with snap.session():

@@ -33,7 +33,7 @@ from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfiler
 from torchprof_args.analysis import load_trace
-from torchprof_args.metrics.timers import Timers
+from torchprof_args.capture.metrics.timers import Timers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1), pytest.mark.timeout(300)]
 

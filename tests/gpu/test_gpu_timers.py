@@ -13,8 +13,8 @@ import torch
 from helpers.cuda import requires_gpus
 from helpers.gpu_train import parse_flags
 
-from torchprof_args.metrics.timer_kinds import CudaEventTimer, SynchronizingTimer
-from torchprof_args.metrics.timers import Timers
+from torchprof_args.capture.metrics.timer_kinds import CudaEventTimer, SynchronizingTimer
+from torchprof_args.capture.metrics.timers import Timers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpus(1), pytest.mark.timeout(120)]
 

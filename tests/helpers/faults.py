@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-PUBLISHER_MODULE = "torchprof_args.runtime.export.publisher"
+PUBLISHER_MODULE = "torchprof_args.capture.runtime.export.publisher"
 
 
 # -- filesystems -----------------------------------------------------------------------------

@@ -146,6 +146,10 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 class Layering:
     """Layers over the modules below ``package``, lowest first: which layer a module is in, by rank.
 
+    A layer's members are dotted names below ``package`` (``"capture.runtime"``); a module is in
+    the layer of the longest member that is it or one of its folders (``""``: the package's own
+    ``__init__`` only).
+
     ``allowed``: the one documented back-arrow, ``(module, function)``: that module imported inside
     a function of that name only.
     """
@@ -158,12 +162,17 @@ class Layering:
         """(rank, name) of ``module``'s layer; None outside ``package``; fails on a module no layer names."""
         if module != self.package and not module.startswith(self.package + "."):
             return None
-        first = module.removeprefix(self.package).lstrip(".").split(".")[0]
+        rest = module.removeprefix(self.package).lstrip(".")
+        found: tuple[int, int, str] | None = None  # (length of the member matched, rank, name)
         for rank, (name, members) in enumerate(self.layers):
-            if first in members:
-                return rank, name
-        raise AssertionError(f"{module} is in no layer: add {first!r} to one in tests/test_layout.py "
-                             "(and to the order in its docstring)")
+            for member in members:
+                matches = rest == member or (member != "" and rest.startswith(member + "."))
+                if matches and (found is None or len(member) > found[0]):
+                    found = len(member), rank, name
+        if found is None:
+            raise AssertionError(f"{module} is in no layer: add {rest.split('.')[0]!r} to one in "
+                                 "tests/test_layout.py (and to the order in its docstring)")
+        return found[1], found[2]
 
     def back_arrows(self, sites: dict[str, dict[str, set[str | None]]], short: str) -> list[str]:
         """``a -> b (layer X above Y)`` for each import from a module up to a higher layer (names

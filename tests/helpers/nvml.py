@@ -12,7 +12,7 @@ class NvmlError(Exception):
 
 
 class StandInNvml:
-    """The subset of ``pynvml`` that :class:`torchprof_args.metrics.hardware.DeviceReadings` calls.
+    """The subset of ``pynvml`` that :class:`torchprof_args.capture.metrics.hardware.DeviceReadings` calls.
 
     ``readings`` maps ``clock``, ``power_mw``, ``temperature``, ``throttle``, ``ecc`` to values;
     a missing key raises like an unsupported field.  ``xids`` XID events are pending.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import msgspec
 
-from torchprof_args.runtime.export import publisher
-from torchprof_args.runtime.export.job import PublishJob
-from torchprof_args.runtime.export.status import PublishStatus
+from torchprof_args.capture.runtime.export import publisher
+from torchprof_args.capture.runtime.export.job import PublishJob
+from torchprof_args.capture.runtime.export.status import PublishStatus
 
 
 def served(staging: Path, output: Path, *jobs: PublishJob | bytes) -> list[PublishStatus]:

@@ -33,7 +33,7 @@ from torchprof_args.atomic import write_json_atomically
 
 def slow_dump_calls(seconds: float) -> None:
     """Every flight-recorder dump call of this process sleeps ``seconds`` first."""
-    from torchprof_args.runtime import flight_recorder
+    from torchprof_args.capture.runtime import flight_recorder
 
     calls = flight_recorder._dump_calls
 

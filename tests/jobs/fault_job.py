@@ -38,8 +38,8 @@ from helpers import faults  # tests/ is on PYTHONPATH (helpers.processes.subproc
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args
 from torchprof_args.atomic import write_json_atomically
-from torchprof_args.config import configs_from_args
-from torchprof_args.runtime.memory_snapshots import MemorySnapshotter
+from torchprof_args.capture.config import configs_from_args
+from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 
 
 def parse() -> argparse.Namespace:

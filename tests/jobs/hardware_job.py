@@ -15,8 +15,8 @@ import torch.distributed as dist
 from helpers.nvml import StandInNvml, memory_stats
 
 from torchprof_args import MetricsWriter, Timers
-from torchprof_args.metrics.config import MetricsConfig
-from torchprof_args.metrics.hardware import DeviceReadings
+from torchprof_args.capture.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.hardware import DeviceReadings
 
 GIB = 2**30
 

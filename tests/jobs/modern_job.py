@@ -19,6 +19,12 @@ variable split sizes; the dense parts' gradients are all-reduced by hand.
 
 Profiled by ``TorchProfiler`` with the flags given; writes ``--result-dir/rank<R>.json`` with the
 analytic sizes and the tokens each rank's experts received.
+
+``--megatron-tpe-dir DIR`` (MoE): each step's tokens per local expert and layer handed to Megatron-LM's
+own tokens-per-expert logger (``megatron.training.activation_logging``, core_v0.19.0 on: the hook
+``--save-tokens-per-expert-interval`` puts on each MoE layer's ``experts.linear_fc1``, which needs
+Transformer Engine's grouped linear, so it is called here), which writes ``DIR/tokens_per_expert/
+rank<R>.jsonl`` as a Megatron-LM run does; Megatron-LM must be importable (``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -101,9 +107,11 @@ class ExpertParallelMoE(nn.Module):
         received = all_to_all_single_autograd(sent, recv_splits, send_splits, group)
         received_experts = self._received_experts(expert[order], send_splits, recv_splits)
         out = torch.zeros_like(received)
+        self.tokens_per_expert = []  # what each local expert received: Megatron's tokens_per_expert
         for index, weight in enumerate(self.expert_weights):
             mask = received_experts == self.rank * self.local + index
             out[mask] = torch.relu(received[mask] @ weight)
+            self.tokens_per_expert.append(int(mask.sum()))
         if self.us_per_token:  # the experts' kernels on a device: time per token, no CPU core taken
             time.sleep(received.shape[0] * self.us_per_token / 1e6)
         back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
@@ -152,6 +160,8 @@ def main() -> int:
     parser.add_argument("--expert-us-per-token", type=float, default=0.0,
                         help="MoE: each rank's experts also wait this many us per token received")
     parser.add_argument("--result-dir", required=True)
+    parser.add_argument("--megatron-tpe-dir", default=None,
+                        help="MoE: tokens per expert by Megatron-LM's own writer, into DIR/tokens_per_expert")
     add_torch_profile_args(parser)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -178,6 +188,13 @@ def main() -> int:
         result.update(parameter_bytes=shard, optimizer_state_bytes=2 * shard, unsharded_parameter_bytes=total)
         dense = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tpe_logger = None
+    if args.megatron_tpe_dir and isinstance(model, MoEModel):
+        from megatron.training.activation_logging import ActivationLogger
+
+        tpe_logger = ActivationLogger(args.megatron_tpe_dir)
+        hooks = [tpe_logger._make_tpe_hook("", f"decoder.layers.{i}.mlp.experts.linear_fc1")
+                 for i in range(len(model.moes))]
     with TorchProfiler.from_args(args) as prof:
         for iteration in range(1, args.iters + 1):
             optimizer.zero_grad()
@@ -185,6 +202,10 @@ def main() -> int:
             if args.shape == "moe":
                 out, tokens = model(x)
                 received_tokens.append(tokens)
+                if tpe_logger is not None:  # as the hook on linear_fc1 gets them: (input, tokens_per_expert)
+                    for hook, moe in zip(hooks, model.moes, strict=True):
+                        hook(None, (x, list(moe.tokens_per_expert)), {}, None)
+                    tpe_logger.save_tpe(iteration)
             else:
                 out = model(x)
             loss = out.square().mean()

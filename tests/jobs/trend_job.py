@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from torchprof_args import MetricsWriter
-from torchprof_args.metrics.config import MetricsConfig
+from torchprof_args.capture.metrics.config import MetricsConfig
 
 
 class Run:

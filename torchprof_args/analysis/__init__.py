@@ -19,19 +19,37 @@ up, a cycle, a module of 400 lines or more):
 7. :mod:`.tools`: diff, split, merge, hang forensics; :mod:`.trend` (runs against a baseline) and
    :mod:`.dashboard` (the step timers' dashboard), from ``metrics.jsonl``.
 
-The ``torchprof`` sub-commands over them are in :mod:`torchprof_args.commands`.  Import-light:
-needs numpy and msgspec, never torch.
+The ``torchprof`` sub-commands over them are in :mod:`torchprof_args.commands`.  The offline side
+of the package (the in-job side is :mod:`torchprof_args.capture`): importing this package imports
+nothing; its public names load on first use.  Needs numpy and msgspec, never torch.
 """
 
 from __future__ import annotations
 
-from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.analysis.render.text import format_operator_table, format_profiler_list, format_summary
-from torchprof_args.analysis.summary import CrossRankView, Summary, cross_rank, summarize
-from torchprof_args.analysis.trace import Trace
-from torchprof_args.errors import TraceError
+import importlib
+from typing import Any
 
-__all__ = [
-    "CrossRankView", "Summary", "Trace", "TraceError", "cross_rank", "format_operator_table",
-    "format_profiler_list", "format_summary", "load_trace", "summarize",
-]
+#: public name -> module that defines it (loaded lazily, like the package's own facade).
+_LAZY = {
+    "load_trace": "torchprof_args.analysis.decode.loader",
+    "Trace": "torchprof_args.analysis.trace",
+    "TraceError": "torchprof_args.errors",
+    "Summary": "torchprof_args.analysis.summary",
+    "CrossRankView": "torchprof_args.analysis.summary",
+    "cross_rank": "torchprof_args.analysis.summary",
+    "summarize": "torchprof_args.analysis.summary",
+    "format_operator_table": "torchprof_args.analysis.render.text",
+    "format_profiler_list": "torchprof_args.analysis.render.text",
+    "format_summary": "torchprof_args.analysis.render.text",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'torchprof_args.analysis' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

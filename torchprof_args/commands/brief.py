@@ -20,9 +20,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchprof_args.capture.flags.types import positive_int
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.errors import ExitStatus
-from torchprof_args.flags.types import positive_int
 
 if TYPE_CHECKING:
     from torchprof_args.analysis.tools.brief import BriefInputs, StepTrend

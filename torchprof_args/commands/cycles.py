@@ -16,11 +16,11 @@ from pathlib import Path
 
 from torchprof_args.analysis.collect.discover import Cycle, choose_cycle, expand, group_by_cycle
 from torchprof_args.analysis.collect.pool import Collected, collect
-from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION
 from torchprof_args.analysis.collect.trace_results import Part
 from torchprof_args.analysis.decode.loader import release_memory_eagerly
 from torchprof_args.analysis.summary import Summary
 from torchprof_args.errors import CommandError
+from torchprof_args.shared import formats
 
 __all__ = ["cycle_results", "cycle_summaries"]
 
@@ -90,5 +90,6 @@ def _note_other_versions(got: Collected, command: str) -> None:
         versions = ", ".join(str(v) for v in sorted(got.other_versions))
         print(f"torchprof {command}: {sum(got.other_versions.values())} trace(s) parsed again: their "
               f"sidecars were written by another version of torchprof-args (sidecar version {versions}, "
-              f"this one reads {SIDECAR_VERSION}); `torchprof summary --write-sidecars` rewrites them",
+              f"this one reads {formats.SIDECAR.version}); "
+              "`torchprof summary --write-sidecars` rewrites them",
               file=sys.stderr)

@@ -112,7 +112,7 @@ def _run_info(run_dir: str) -> dict[str, Any]:
 def _save_wandb_view(args: argparse.Namespace, spec: dict[str, Any],
                      records: list[MetricsRecord] | None) -> int:
     from torchprof_args.analysis.dashboard.wandb_view import build_wandb_workspace, workspace_json
-    from torchprof_args.metrics.config import wandb_credentials_present
+    from torchprof_args.capture.metrics.config import wandb_credentials_present
 
     run_info = _run_info(args.run_dir)
     entity = args.entity or run_info.get("entity")

@@ -20,14 +20,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchprof_args.capture.flags.types import positive_float
 from torchprof_args.commands.common import Subparsers, add_clock_option
 from torchprof_args.device_peaks import DTYPES
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import positive_float
 from torchprof_args.naming import METRICS_FILENAME
 
 if TYPE_CHECKING:
     from torchprof_args.analysis.diagnose.documents import JobDiagnosis
+    from torchprof_args.analysis.diagnose.expert_tokens import ExpertTokens
     from torchprof_args.analysis.diagnose.step_timers import FormulaFlops
 
 __all__ = ["register"]
@@ -46,7 +47,8 @@ def _diagnosis(args: argparse.Namespace) -> tuple[JobDiagnosis, int]:
     doc = diagnose([r.diagnosis for r in done if r.diagnosis is not None], args.path, cycle_text,
                    peak_tflops=args.peak_tflops, dtype=args.peak_dtype,
                    paths=graphs if len(graphs) == len(done) else None, memory=[m for _, m in got.memory],
-                   align_clocks=args.align_clocks, formula=_formula(args, [r.path for r in done]))
+                   align_clocks=args.align_clocks, formula=_formula(args, [r.path for r in done]),
+                   expert_tokens=_expert_tokens(args, [r.path for r in done]))
     return doc, ExitStatus.PARTLY_FAILED if got.errors else ExitStatus.OK
 
 
@@ -67,6 +69,29 @@ def _formula(args: argparse.Namespace, traces: list[Path]) -> FormulaFlops | Non
                            "(or its --metrics-dir)") from None
     except ValueError as err:
         raise CommandError(f"{path}: not a readable metrics.jsonl ({err})") from None
+
+
+def _expert_tokens(args: argparse.Namespace, traces: list[Path]) -> ExpertTokens | None:
+    """The framework's tokens per expert (``expert_imbalance``): from ``--expert-tokens``, else the
+    folder beside the traces; None where there is none."""
+    from torchprof_args.analysis.diagnose.expert_tokens import (
+        TPE_FOLDER,
+        expert_tokens_beside,
+        megatron_expert_tokens,
+    )
+
+    if not args.expert_tokens:
+        return expert_tokens_beside(traces, args.roots)
+    folder = Path(args.expert_tokens)
+    if (folder / TPE_FOLDER).is_dir():
+        folder = folder / TPE_FOLDER
+    try:
+        return megatron_expert_tokens(folder, traces)
+    except OSError as err:
+        raise CommandError(f"--expert-tokens {args.expert_tokens}: {err.strerror or err}: give Megatron-LM's "
+                           "tokens_per_expert folder (or its --save folder)") from None
+    except ValueError as err:
+        raise CommandError(str(err)) from None
 
 
 def _document(args: argparse.Namespace) -> tuple[Any, int]:
@@ -112,6 +137,10 @@ def register(subparsers: Subparsers) -> None:
                    help="the run's metrics.jsonl (or its --metrics-dir), whose step timers' FLOPs "
                         "mfu_disagreement compares with the traces' (default: one beside the traces, in "
                         "the cycle folder or up to two folders above)")
+    p.add_argument("--expert-tokens", default=None, metavar="DIR",
+                   help="Megatron-LM's tokens_per_expert folder (--save-tokens-per-expert-interval; or its "
+                        "--save folder), whose tokens per expert expert_imbalance names (default: one "
+                        "beside the traces, in the cycle folder or up to two folders above)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_run, document=_document)
 

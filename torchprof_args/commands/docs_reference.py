@@ -45,9 +45,9 @@ def _fixed_columns(columns: int = HELP_COLUMNS) -> Iterator[None]:
 
 def flags_page() -> str:
     """``docs/reference/flags.md``."""
-    import torchprof_args.config  # noqa: F401  (registers every feature's flag group)
-    from torchprof_args.flags import registered_groups
-    from torchprof_args.flags.table import flag_table_markdown
+    import torchprof_args.capture.config  # noqa: F401  (registers every feature's flag group)
+    from torchprof_args.capture.flags import registered_groups
+    from torchprof_args.capture.flags.table import flag_table_markdown
 
     intro = [
         "# Flags",
@@ -55,7 +55,7 @@ def flags_page() -> str:
         _GENERATED,
         "",
         "Every flag `add_torch_profile_args(parser)` adds, by group, generated from the flag",
-        "declarations (each feature's `config.py`, registered with `torchprof_args/flags/`).",
+        "declarations (each feature's `config.py`, registered with `torchprof_args/capture/flags/`).",
         "Options a host framework already defines (Megatron-LM's `--tensorboard-dir`,",
         "`--log-interval`, `--wandb-*`, `--timing-log-*`) are reused, never redefined.",
         "`torchprof flags` prints the same as `--help` text, `torchprof flags --markdown` as",

@@ -22,7 +22,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.config import add_torch_profile_args, flag_reference_markdown
+    from torchprof_args.capture.config import add_torch_profile_args, flag_reference_markdown
 
     if args.update_docs:
         from torchprof_args.commands.docs_reference import write_pages

@@ -43,7 +43,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def _timer_categories(pairs: list[str]) -> dict[str, tuple[str, ...]]:
-    from torchprof_args.metrics.goodput import TIMER_CATEGORIES
+    from torchprof_args.capture.metrics.goodput import TIMER_CATEGORIES
 
     categories = {key: tuple(names) for key, names in TIMER_CATEGORIES.items()}
     for pair in pairs:
@@ -72,7 +72,7 @@ def metrics_file(run_dir: str) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from torchprof_args.metrics.goodput import build_ledger, format_ledger
+    from torchprof_args.capture.metrics.goodput import build_ledger, format_ledger
     from torchprof_args.shared.metrics_log import read_runs
 
     path = metrics_file(args.run_dir)

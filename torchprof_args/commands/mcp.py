@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from torchprof_args.capture.flags.types import positive_int
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError
-from torchprof_args.flags.types import positive_int
 
 __all__ = ["register"]
 

@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchprof_args.capture.flags.types import positive_int
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus, TraceError
-from torchprof_args.flags.types import positive_int
 from torchprof_args.naming import METRICS_FILENAME
 
 if TYPE_CHECKING:

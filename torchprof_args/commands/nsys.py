@@ -1,6 +1,6 @@
 """``torchprof nsys -- CMD``: the Nsight Systems command that captures the ``--torch-profile-nsys`` steps.
 
-The training side (:mod:`torchprof_args.runtime.nsys`) calls ``cudaProfilerStart/Stop`` around
+The training side (:mod:`torchprof_args.capture.runtime.nsys`) calls ``cudaProfilerStart/Stop`` around
 the recorded steps; this command prints (or ``--run``\\ s) the ``nsys profile
 --capture-range=cudaProfilerApi --capture-range-end=stop ...`` line that matches it, with
 per-node output names.  Import-light.

@@ -19,13 +19,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from torchprof_args.capture.flags.types import non_negative_int, positive_int
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import non_negative_int, positive_int
-from torchprof_args.pyspy import record
 
 if TYPE_CHECKING:
-    from torchprof_args.pyspy.parse import Profile
+    from torchprof_args.analysis.pyspy.parse import Profile
 
 __all__ = ["register"]
 
@@ -103,6 +102,8 @@ def _add_speedscope(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_record(args: argparse.Namespace) -> int:
+    from torchprof_args.analysis.pyspy import record
+
     command = list(args.profiled)
     if command and command[0] == "--":
         command = command[1:]
@@ -129,7 +130,7 @@ def _run_record(args: argparse.Namespace) -> int:
 
 def _load(files: list[str]) -> Profile:
     """The merged profile of ``files``; :class:`CommandError` naming the first missing or unreadable one."""
-    from torchprof_args.pyspy.parse import read_profiles
+    from torchprof_args.analysis.pyspy.parse import read_profiles
 
     for path in files:
         if not os.path.isfile(path):
@@ -147,7 +148,7 @@ def _load(files: list[str]) -> Profile:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from torchprof_args.pyspy.report import format_report, report_document, report_rows
+    from torchprof_args.analysis.pyspy.report import format_report, report_document, report_rows
 
     profile = _load(args.files)
     rows = report_rows(profile, library=args.library_name,
@@ -161,7 +162,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_speedscope(args: argparse.Namespace) -> int:
-    from torchprof_args.pyspy.speedscope import write_speedscope
+    from torchprof_args.analysis.pyspy.speedscope import write_speedscope
 
     profile = _load(args.files)
     if profile.total_samples == 0:

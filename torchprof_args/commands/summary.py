@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchprof_args.capture.flags.types import positive_int
 from torchprof_args.commands.common import INPUTS_HELP, Subparsers, top_count
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import positive_int
 
 if TYPE_CHECKING:
     from torchprof_args.analysis.summary import CrossRankView, Summary

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from torchprof_args.capture.flags.types import positive_float, positive_int
 from torchprof_args.commands import summary as summary_command
 from torchprof_args.commands.common import INPUTS_HELP, Subparsers, add_clock_option, top_count
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import positive_float, positive_int
 
 if TYPE_CHECKING:
     from torchprof_args.analysis.critical_path.compare import PathChange

@@ -29,13 +29,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchprof_args.capture.flags.types import positive_float, positive_int, rank_token
+from torchprof_args.capture.ondemand.client import POLL_SECONDS, RequestFailed, submit, wait_for_answer
+from torchprof_args.capture.ondemand.protocol import (
+    ANSWERS,
+    read_job_file,
+    read_small_json,
+    resolve_control_dir,
+)
+from torchprof_args.capture.ondemand.registry import find_control_dir_by_pid, registered_processes
 from torchprof_args.commands.common import Subparsers
 from torchprof_args.commands.trigger_stacks import run_stacks
 from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.flags.types import positive_float, positive_int, rank_token
-from torchprof_args.ondemand.client import POLL_SECONDS, RequestFailed, submit, wait_for_answer
-from torchprof_args.ondemand.protocol import ANSWERS, read_job_file, read_small_json, resolve_control_dir
-from torchprof_args.ondemand.registry import find_control_dir_by_pid, registered_processes
 
 PARTLY_FAILED = ExitStatus.PARTLY_FAILED
 

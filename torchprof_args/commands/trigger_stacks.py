@@ -1,9 +1,9 @@
 """``torchprof trigger --stacks``: every rank's Python stacks, now, from a running or hung job.
 
 Writes a stacks request into the job's stacks control directory (``<profile dir>/stacks``, see
-:mod:`torchprof_args.stacks.server`), waits until every rank answered (each rank's server
+:mod:`torchprof_args.capture.stacks.server`), waits until every rank answered (each rank's server
 thread looks once a second) or ``--timeout`` (default 10 s), withdraws the request, and prints
-where the answers are and the merged view (:mod:`torchprof_args.stacks.where`): ranks at
+where the answers are and the merged view (:mod:`torchprof_args.analysis.analyzers.where`): ranks at
 the same frames grouped, the odd group first.
 """
 
@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.errors import CommandError, ExitStatus
-from torchprof_args.naming import STACKS_CONTROL_SUBDIR
-from torchprof_args.ondemand.protocol import (
+from torchprof_args.capture.ondemand.protocol import (
     ANSWERS,
     JOB_FILE,
     REQUESTS,
@@ -27,7 +25,9 @@ from torchprof_args.ondemand.protocol import (
     read_small_json,
     write_control_file,
 )
-from torchprof_args.ondemand.registry import STACKS_REGISTRY, find_control_dir_by_pid
+from torchprof_args.capture.ondemand.registry import STACKS_REGISTRY, find_control_dir_by_pid
+from torchprof_args.errors import CommandError, ExitStatus
+from torchprof_args.naming import STACKS_CONTROL_SUBDIR
 from torchprof_args.private_dir import check_private_dir
 
 __all__ = ["DEFAULT_TIMEOUT", "request_stacks", "run_stacks"]
@@ -118,7 +118,7 @@ def request_stacks(directory: Path, *, native: bool, timeout: float) -> dict[str
 
 def run_stacks(args: argparse.Namespace) -> int:
     """``torchprof trigger --stacks``: returns the exit code (0: every rank answered)."""
-    from torchprof_args.stacks.where import find_stacks, format_where, where_ranks_are
+    from torchprof_args.analysis.analyzers.where import find_stacks, format_where, where_ranks_are
 
     timeout = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT
     outcome = request_stacks(control_dir(args.job_dir, args.pid), native=args.native, timeout=timeout)

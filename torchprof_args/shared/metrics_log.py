@@ -21,7 +21,7 @@ Three kinds of marker line, each a valid metrics record (``iteration``, ``timest
 :func:`read_runs` splits a file into :class:`RunSegment` s (lines before any marker, written by an
 older version, form one segment without a marker) of typed :class:`MetricsRecord` s;
 :func:`read_records` gives the records alone, one per iteration.  A run marker of a newer format
-than :data:`RUN_VERSION` is refused in one line naming the file and line: upgrade the reader.
+than ``formats.METRICS_RUN.version`` is refused in one line naming the file and line: upgrade the reader.
 """
 
 from __future__ import annotations
@@ -36,13 +36,15 @@ from typing import Any
 
 import msgspec
 
+from torchprof_args.shared import formats
+
 __all__ = [
     "ALIVE_KEY",
     "ALIVE_SECONDS",
     "END_KEY",
     "MARKER_KEYS",
     "RUN_KEY",
-    "RUN_VERSION",
+
     "MetricsRecord",
     "RunMarker",
     "RunSegment",
@@ -58,8 +60,6 @@ ALIVE_KEY = "alive"
 MARKER_KEYS = (RUN_KEY, END_KEY, ALIVE_KEY)
 #: Seconds without a line after which the writer's thread says the process is alive.
 ALIVE_SECONDS = 30.0
-#: The marker's format version: a reader refuses a file whose runs say a higher one.
-RUN_VERSION = 1
 
 
 class MetricsRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -124,7 +124,7 @@ class RunMarker:
             "iteration": self.start_iteration,
             "timestamp": self.writer_start,
             "metrics": {},
-            RUN_KEY: {"version": RUN_VERSION, **dataclasses.asdict(self)},
+            RUN_KEY: {"version": formats.METRICS_RUN.version, **dataclasses.asdict(self)},
         }
 
     @classmethod
@@ -203,9 +203,10 @@ def _lines(path: Path) -> list[tuple[int, _Line]]:
                 continue
             raise ValueError(f"{path}:{number}: not a metrics record ({err}).") from None
         version = line.run.get("version", 1) if line.run is not None else 1
-        if not isinstance(version, int) or version > RUN_VERSION:
+        if not isinstance(version, int) or version > formats.METRICS_RUN.version:
             raise ValueError(f"{path}:{number}: a run of metrics.jsonl format {version!r}, newer than this "
-                             f"torchprof-args reads ({RUN_VERSION}): upgrade torchprof-args to read it.")
+                             f"torchprof-args reads ({formats.METRICS_RUN.version}): upgrade torchprof-args "
+                             "to read it.")
         lines.append((number, line))
     return lines
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["COLLECTIVE_ISSUE_RE", "COLLECTIVE_RUN_RE", "COLLECTIVE_WAIT_RE", "COPY_RE", "DTOH_RE",
-           "LAUNCH_RE", "LOADER_RE", "MODULE_PREFIX", "SYNC_RE"]
+           "GRAPH_LAUNCH_RE", "LAUNCH_RE", "LOADER_RE", "MODULE_PREFIX", "SYNC_RE"]
 
 #: the name prefix of the ``python_function`` event torch records around each module call
 #: (``nn.Module: Block_1``; ``--torch-profile-with-modules``).
@@ -28,6 +28,9 @@ DTOH_RE = re.compile(r"DtoH|Device -> (Pageable|Pinned|Host)")
 LAUNCH_RE = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaMemcpyAsync|cudaMemsetAsync|"
                        r"hipLaunchKernel|hipExtLaunchKernel|hipExtModuleLaunchKernel|hipModuleLaunchKernel|"
                        r"hipMemcpyAsync|hipMemsetAsync|hipMemcpyWithStream)$")
+#: a CUDA / HIP graph's replay: one call launches every kernel captured in the graph, and each of
+#: them carries the call's correlation id (so they count for the CPU region around the call).
+GRAPH_LAUNCH_RE = re.compile(r"^(cuda|hip)GraphLaunch(_v\d+)?$")
 #: host/device copies on the GPU.
 COPY_RE = re.compile(r"^Memcpy (HtoD|DtoH)")
 #: the c10d operator that issues a collective (on the thread that calls it).

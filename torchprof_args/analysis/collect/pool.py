@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.analysis.collect.sidecar import SIDECAR_VERSION, sidecar_version, stored_parts
+from torchprof_args.analysis.collect.sidecar import sidecar_version, stored_parts
 from torchprof_args.analysis.collect.trace_results import (
     PARTS,
     SUMMARY,
@@ -34,6 +34,7 @@ from torchprof_args.analysis.decode.reader import ProgressBar
 from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.memory.categories import MemoryPart
 from torchprof_args.analysis.summary import Summary
+from torchprof_args.shared import formats
 
 __all__ = ["Collected", "collect"]
 
@@ -49,7 +50,7 @@ class Collected:
     parsed_bytes: int = 0
     sidecars_written: int = 0
     parse_seconds: float = 0.0
-    #: traces parsed because their sidecar is of another version (``SIDECAR_VERSION``), by version.
+    #: traces parsed because their sidecar is of another version (``formats.SIDECAR.version``), by version.
     other_versions: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -155,7 +156,8 @@ def _from_sidecars(files: list[Path], out: Collected, parts: Sequence[Part[Any]]
                 out.from_sidecars += 1
             else:
                 todo[i] = stored
-        if i in todo and not reparse and (version := sidecar_version(f)) not in (None, SIDECAR_VERSION):
+        version = sidecar_version(f) if i in todo and not reparse else None
+        if version is not None and version != formats.SIDECAR.version:
             out.other_versions[version] = out.other_versions.get(version, 0) + 1
     return todo
 

@@ -21,13 +21,11 @@ import msgspec
 
 from torchprof_args.atomic import write_bytes_atomically
 from torchprof_args.naming import sidecar_path
+from torchprof_args.shared import formats
 
-__all__ = ["SIDECAR_FORMAT", "SIDECAR_VERSION", "Fingerprint", "sidecar_version", "stored_parts",
+__all__ = ["Fingerprint", "sidecar_version", "stored_parts",
            "trace_fingerprint", "write_sidecar"]
 
-SIDECAR_FORMAT = "torchprof-summary"
-#: bumped whenever the summary's content or its numbers change: older sidecars are then ignored.
-SIDECAR_VERSION = 4  # 3: the summary's fsdp phases; 4: its compiled code
 #: the sidecar's own keys; every other key is one of the trace's results.
 _HEADER_KEYS = ("format", "version", "trace", "left_out")
 
@@ -69,7 +67,7 @@ def write_sidecar(trace_path: str | os.PathLike[str], parts: Mapping[str, object
         The sidecar's path.
     """
     trace_path = Path(trace_path)
-    doc = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION,
+    doc = {"format": formats.SIDECAR.name, "version": formats.SIDECAR.version,
            "trace": fingerprint or trace_fingerprint(trace_path), **parts}
     if left_out:
         doc["left_out"] = dict(left_out)
@@ -98,7 +96,7 @@ def sidecar_version(trace_path: str | os.PathLike[str]) -> int | None:
         header = _decode_header.decode(sidecar_path(Path(trace_path)).read_bytes())
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return header.version if header.format == SIDECAR_FORMAT else None
+    return header.version if header.format == formats.SIDECAR.name else None
 
 
 def stored_parts(trace_path: str | os.PathLike[str]) -> dict[str, msgspec.Raw] | None:
@@ -119,8 +117,8 @@ def stored_parts(trace_path: str | os.PathLike[str]) -> dict[str, msgspec.Raw] |
         return None
     try:
         doc = _decode_raw.decode(data)
-        matches = (msgspec.json.decode(doc["format"]) == SIDECAR_FORMAT
-                   and msgspec.json.decode(doc["version"]) == SIDECAR_VERSION
+        matches = (msgspec.json.decode(doc["format"]) == formats.SIDECAR.name
+                   and msgspec.json.decode(doc["version"]) == formats.SIDECAR.version
                    and _decode_fingerprint.decode(doc["trace"]) == fingerprint)
     except (KeyError, msgspec.DecodeError, msgspec.ValidationError):
         return None

@@ -23,16 +23,17 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import msgspec
 
 from torchprof_args.analysis.collect.sidecar import stored_parts, trace_fingerprint, write_sidecar
-from torchprof_args.analysis.critical_path.reduced import PATHS_FORMAT, RankPaths, rank_paths
+from torchprof_args.analysis.critical_path.reduced import RankPaths, rank_paths
 from torchprof_args.analysis.decode.loader import load_trace
-from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, RankDiagnosis
+from torchprof_args.analysis.diagnose.documents import RankDiagnosis
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis
-from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
+from torchprof_args.analysis.memory.categories import MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.summary import Summary, summarize, truncate
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import host_from_file_name, rank_from_file_name
+from torchprof_args.shared import formats
 from torchprof_args.time_limit import Deadline, TimeLimitExceeded, time_limit
 
 __all__ = [
@@ -117,11 +118,11 @@ def _finish_summary(summary: Summary, top: int | None, path: Path) -> Summary:
 SUMMARY = Part("summary", Summary, None,
                lambda trace, top, path: msgspec.structs.replace(summarize(trace, top=top), file=str(path)),
                _finish_summary)
-DIAGNOSIS = Part("diagnosis", RankDiagnosis, DIAGNOSIS_FORMAT, lambda trace, top, path: rank_diagnosis(trace),
-                 comms=True, flops=True)
-CRITICAL_PATH = Part("critical_path", RankPaths, PATHS_FORMAT, lambda trace, top, path: rank_paths(trace),
-                     comms=True)
-MEMORY = Part("memory", MemoryPart, MEMORY_FORMAT, lambda trace, top, path: trace_memory_part(trace),
+DIAGNOSIS = Part("diagnosis", RankDiagnosis, formats.DIAGNOSIS.version,
+                 lambda trace, top, path: rank_diagnosis(trace), comms=True, flops=True)
+CRITICAL_PATH = Part("critical_path", RankPaths, formats.PATHS.version,
+                     lambda trace, top, path: rank_paths(trace), comms=True)
+MEMORY = Part("memory", MemoryPart, formats.MEMORY.version, lambda trace, top, path: trace_memory_part(trace),
               memory_rows=True, comms=True)
 #: every part, in the sidecar's key order (a sidecar holds them all).
 PARTS: tuple[Part[Any], ...] = (SUMMARY, DIAGNOSIS, CRITICAL_PATH, MEMORY)

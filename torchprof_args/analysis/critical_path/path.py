@@ -7,7 +7,8 @@ rank (the rank whose step was longest) to that step's start: within a rank, the 
 reduced graph between two collectives (:class:`~.reduced.Piece`: time by category, top
 contributors); at a collective, the transfer once the last rank arrived, then back on that last
 rank.  Every edge of the graph carries the measured delay of what bound its destination, so the
-path is as long as the step; where it is not (the path reached a rank's first step, which started
+path is as long as the step (its time by category, and on FSDP2's ranks by FSDP2 phase, adds up
+to it); where it is not (the path reached a rank's first step, which started
 after the reference rank's step did) the difference is printed.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import msgspec
 
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
+from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, OUTSIDE_FSDP
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.cycle import A, CycleGraph, E, J, Replayed, T
 from torchprof_args.analysis.critical_path.reduced import Piece
@@ -51,6 +53,9 @@ class StepPath(msgspec.Struct, frozen=True):
         by_rank: the path's time on each rank (ms).
         by_category: the path's time by category (ms, :data:`~.categories.CATEGORIES`).
         segments: the path, rank by rank, in time order.
+        by_phase: on an FSDP2 job, the path's time by FSDP2 phase (ms,
+            :data:`~..analyzers.fsdp.FSDP2_STEP_PHASES`): what each edge is attributed to, by the
+            innermost ``FSDP::`` annotation around it (a transfer: its collective's); empty otherwise.
     """
 
     step: str
@@ -61,6 +66,7 @@ class StepPath(msgspec.Struct, frozen=True):
     by_rank: dict[str, float]
     by_category: dict[str, float]
     segments: list[Segment]
+    by_phase: dict[str, float] = {}
 
 
 class TopEntry(msgspec.Struct, frozen=True):
@@ -117,10 +123,27 @@ def _piece(graph: CycleGraph, node: int) -> Piece | None:
     return part.pieces[index] if graph.kind[node] == A else part.step_pieces[index]
 
 
-def _segment(graph: CycleGraph, node: int, length: float,
-             top: dict[tuple[int, str, str, str | None], float]) -> tuple[dict[str, float], str]:
+_PHASES = tuple(FSDP2_STEP_PHASES)
+
+
+def _phases(graph: CycleGraph, node: int, length: float, piece: Piece | None,
+            scale: float) -> dict[str, float]:
+    """The FSDP2 phases (ms) of the ``length`` ms of the path into ``node`` (empty: its rank is not
+    FSDP2's): a piece's, scaled as its categories are; a transfer, its collective's."""
+    part = graph.parts[graph.rank[node]]
+    if not part.record_phases:
+        return {}
+    if graph.kind[node] == E:
+        return {_PHASES[part.record_phases[graph.index[node]]]: length}
+    if piece is not None and piece.by_phase and scale > 0:
+        return {name: us / 1e3 * scale for name, us in zip(_PHASES, piece.by_phase, strict=True) if us > 0}
+    return {_PHASES[OUTSIDE_FSDP]: length}
+
+
+def _segment(graph: CycleGraph, node: int, length: float, top: dict[tuple[int, str, str, str | None], float]
+             ) -> tuple[dict[str, float], str, dict[str, float]]:
     """The categories (ms) of the ``length`` ms of the path into ``node`` kept in the step, adding
-    its contributors to ``top``; and its main category."""
+    its contributors to ``top``; its main category; and its FSDP2 phases (ms, empty off FSDP2)."""
     kind = graph.kind[node]
     if kind in (A, T):
         piece = _piece(graph, node)
@@ -130,12 +153,13 @@ def _segment(graph: CycleGraph, node: int, length: float,
                 top[(graph.rank[node], c.name, c.category, c.site)] += c.us / 1e3 * scale
             found = {name: us / 1e3 * scale
                      for name, us in zip(cat.CATEGORIES, piece.by_category, strict=True) if us > 0}
-            return found, max(found, key=found.__getitem__)
-        return {cat.CATEGORIES[cat.CPU_ONLY]: length}, cat.CATEGORIES[cat.CPU_ONLY]
+            return found, max(found, key=found.__getitem__), _phases(graph, node, length, piece, scale)
+        name = cat.CATEGORIES[cat.CPU_ONLY]
+        return {name: length}, name, _phases(graph, node, length, None, 0.0)
     if kind == E:
         name = cat.CATEGORIES[cat.COMMUNICATION]
-        return {name: length}, name
-    return {}, cat.CATEGORIES[cat.WAIT_RANK]
+        return {name: length}, name, _phases(graph, node, length, None, 0.0)
+    return {}, cat.CATEGORIES[cat.WAIT_RANK], {}
 
 
 def _moved(graph: CycleGraph, replayed: Replayed, rank: int, step: int) -> float:
@@ -162,6 +186,7 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
         node = graph.nodes[(T, ref, n)]
         by_rank: dict[str, float] = defaultdict(float)
         by_cat: dict[str, float] = defaultdict(float)
+        by_phase: dict[str, float] = defaultdict(float)
         segments = []
         for _ in range(len(graph.kind)):
             pred = replayed.binding[node]
@@ -173,7 +198,7 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
                 break
             t0, t1 = replayed.time[pred], replayed.time[node]
             lo = max(t0, start)
-            found, main = _segment(graph, node, max(t1 - lo, 0.0) / 1e3, top)
+            found, main, phases = _segment(graph, node, max(t1 - lo, 0.0) / 1e3, top)
             if t1 > lo and graph.kind[node] != J:
                 rank = graph.rank[node]
                 by_rank[str(rank)] += (t1 - lo) / 1e3
@@ -181,6 +206,8 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
                                         main))
             for name, ms in found.items():
                 by_cat[name] += ms
+            for name, ms in phases.items():
+                by_phase[name] += ms
             if t0 <= start:
                 break
             node = pred
@@ -191,7 +218,7 @@ def step_paths(graph: CycleGraph, replayed: Replayed, top: dict[tuple[int, str, 
             difference_ms=round(path_ms - step_ms, 3),
             by_rank={k: round(v, 3) for k, v in sorted(by_rank.items())},
             by_category={c: round(by_cat[c], 3) for c in cat.CATEGORIES if by_cat.get(c)},
-            segments=segments[::-1]))
+            segments=segments[::-1], by_phase={p: round(by_phase[p], 3) for p in _PHASES if by_phase.get(p)}))
     return out
 
 

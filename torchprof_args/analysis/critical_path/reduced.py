@@ -9,7 +9,7 @@ computed from their sidecars (:mod:`.cycle`), and the full graph is built only t
 
 For the measured replay each sink also keeps the path that binds it (:class:`Piece`): its time by
 category and its top contributors (operators, kernels, with their Python call site when the trace
-recorded stacks).
+recorded stacks), and on an FSDP2 trace its time by FSDP2 phase (:mod:`.fsdp_edges`).
 """
 
 from __future__ import annotations
@@ -21,21 +21,22 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import call_sites, has_stacks
 from torchprof_args.analysis.analyzers.collectives import CompactRecords
+from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES
 from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.contract import Contracted, contract
 from torchprof_args.analysis.critical_path.edges import WAIT
+from torchprof_args.analysis.critical_path.fsdp_edges import fsdp_tags
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
 from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
 from torchprof_args.analysis.trace import Trace
+from torchprof_args.shared import formats
 
-__all__ = ["MEASURED", "PATHS_FORMAT", "Contributor", "Into", "Piece", "RankPaths", "PathStep", "rank_paths",
+__all__ = ["MEASURED", "Contributor", "Into", "Piece", "RankPaths", "PathStep", "rank_paths",
            "tables"]
 
-#: the version of :class:`RankPaths` (a sidecar holding another is ignored: the trace is parsed).
-PATHS_FORMAT = 2  # 2: gloo collectives named by their c10d operator (reduce_scatter)
 #: the name of the measured replay's tables.
 MEASURED = "measured"
 #: contributors kept per sink.
@@ -57,10 +58,12 @@ class Contributor(msgspec.Struct, frozen=True, array_like=True):
 
 class Piece(msgspec.Struct, frozen=True):
     """The path that binds one sink, from its label: time by category (us, in
-    :data:`~.categories.CATEGORIES` order) and the top contributors."""
+    :data:`~.categories.CATEGORIES` order), the top contributors, and on an FSDP2 trace its time by
+    FSDP2 phase (us, in :data:`~..analyzers.fsdp.FSDP2_STEP_PHASES` order; empty otherwise)."""
 
     by_category: list[float]
     top: list[Contributor]
+    by_phase: list[float] = []
 
 
 class Into(msgspec.Struct, frozen=True, array_like=True):
@@ -89,7 +92,7 @@ class RankPaths(msgspec.Struct, frozen=True):
     """One rank's reduced graph (the sidecar's ``critical_path``).
 
     Attributes:
-        format: :data:`PATHS_FORMAT`.
+        format: ``formats.PATHS.version``.
         rank: the trace's rank (None: the trace does not say; the file name may).
         world_size: the trace's world size, when it says.
         window_us: the window's start (the first step's start), absolute us.
@@ -103,6 +106,8 @@ class RankPaths(msgspec.Struct, frozen=True):
         step_pieces: per step, the measured path into its end.
         notes: what the graph could not use.
         host: the host the rank ran on (None: neither the trace nor its file name says).
+        record_phases: on an FSDP2 trace, per record, the code of its FSDP2 phase (its position in
+            :data:`~..analyzers.fsdp.FSDP2_STEP_PHASES`); empty otherwise.
     """
 
     format: int
@@ -118,6 +123,7 @@ class RankPaths(msgspec.Struct, frozen=True):
     step_pieces: list[Piece]
     notes: list[str]
     host: str | None = None
+    record_phases: list[int] = []
 
 
 def label_time(graph: LocalGraph, label: int) -> float:
@@ -187,11 +193,12 @@ def _expanded(small: Contracted, walks: list[list[int]]) -> tuple[np.ndarray, np
 
 
 def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[int],
-               on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
+               on_path: np.ndarray, phases: np.ndarray | None = None) -> list[tuple[Piece, list[int]]]:
     """Per node of ``nodes``, the binding path into it: its time by category and top contributors (a
     name in a category, :data:`TOP_CONTRIBUTORS` at most, largest first), and for each contributor the
     event of its
-    longest edge (for its call site); the paths' edges marked in ``on_path``.  Paths in batches of
+    longest edge (for its call site); the paths' edges marked in ``on_path``; with ``phases`` (per
+    edge, its FSDP2 phase's code) their time by phase too.  Paths in batches of
     about :data:`BATCH_EDGES` edges (they overlap: together they can be several times the graph),
     each batch one pass of array operations, not a pass per path."""
     walks = _walks(small, run, nodes)
@@ -205,13 +212,14 @@ def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[in
         while hi < len(walks) and edges + sizes[hi] <= BATCH_EDGES:
             edges += sizes[hi]
             hi += 1
-        out += _batch_pieces(graph, small, walks[lo:hi], keys, on_path)
+        out += _batch_pieces(graph, small, walks[lo:hi], keys, on_path, phases)
         lo = hi
     return out
 
 
 def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
-                  keys: tuple[np.ndarray, list[str]], on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
+                  keys: tuple[np.ndarray, list[str]], on_path: np.ndarray,
+                  phases: np.ndarray | None) -> list[tuple[Piece, list[int]]]:
     """:func:`_pieces_of` for one batch of walks."""
     n_cat = len(cat.CATEGORIES)
     path, piece = _expanded(small, walks)
@@ -243,8 +251,13 @@ def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
         found[p][0].append(Contributor(names[pr // n_cat], cat.CATEGORIES[pr % n_cat], round(us, 3)))
         found[p][1].append(int(event_of[g]))
     rows = by_cat.reshape(len(walks), n_cat).tolist()
-    return [(Piece([round(x, 3) for x in row], contributors), events)
-            for row, (contributors, events) in zip(rows, found, strict=True)]
+    by_phase: list[list[float]] = [[] for _ in walks]
+    if phases is not None:
+        n_ph = len(FSDP2_STEP_PHASES)
+        summed = np.bincount(piece * n_ph + phases[path], weights=weight, minlength=len(walks) * n_ph)
+        by_phase = [[round(x, 3) for x in row] for row in summed.reshape(len(walks), n_ph).tolist()]
+    return [(Piece([round(x, 3) for x in row], contributors, phase_row), events)
+            for row, (contributors, events), phase_row in zip(rows, found, by_phase, strict=True)]
 
 
 def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -> Piece:
@@ -253,14 +266,15 @@ def _with_sites(piece: Piece, events: list[int], sites: dict[int, str | None]) -
     return msgspec.structs.replace(piece, top=top)
 
 
-def _pieces(graph: LocalGraph, small: Contracted, run: Replay,
-            on_path: np.ndarray) -> tuple[list[Piece | None], list[Piece]]:
+def _pieces(graph: LocalGraph, small: Contracted, run: Replay, on_path: np.ndarray,
+            phases: np.ndarray | None = None) -> tuple[list[Piece | None], list[Piece]]:
     """The measured paths into every arrival and step end (``run``: the measured replay of the
-    contracted graph), with call sites when recorded (their edges marked in ``on_path``)."""
+    contracted graph), with call sites when recorded (their edges marked in ``on_path``), by FSDP2
+    phase with ``phases``."""
     target = small.graph
     arrivals = target.arrival.tolist()
     nodes = [int(a) for a in arrivals if a >= 0] + [s.end for s in target.steps]
-    made = _pieces_of(graph, small, run, nodes, on_path)
+    made = _pieces_of(graph, small, run, nodes, on_path, phases)
     if has_stacks(graph.trace):
         wanted = sorted({e for _, events in made for e in events if e >= 0})
         sites = dict(zip(wanted, call_sites(graph.trace, np.array(wanted, dtype=np.int64)), strict=True))
@@ -280,20 +294,21 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
     ends = [_into(target, measured, s.end) for s in target.steps]
     all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
     on_path = np.zeros(len(graph.src), dtype=bool)
-    pieces, step_pieces = _pieces(graph, small, measured, on_path)
+    tags = fsdp_tags(graph)
+    pieces, step_pieces = _pieces(graph, small, measured, on_path, tags[0] if tags else None)
     for cause in causes:
         change = cause_change(graph, cause)
         if change is not None and _matters(graph, change, on_path):
             all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
     t = graph.t
     return RankPaths(
-        format=PATHS_FORMAT, rank=graph.trace.rank, world_size=graph.trace.world_size,
+        format=formats.PATHS.version, rank=graph.trace.rank, world_size=graph.trace.world_size,
         window_us=float(t[graph.window_node]) + base if graph.window_node >= 0 else base,
         steps=[PathStep(s.name, float(t[s.start]) + base, float(t[s.end]) + base) for s in graph.steps],
         collectives=CompactRecords.of(graph.records),
         completion_us=[float(t[c]) + base if c >= 0 else None for c in graph.completion.tolist()],
         arrivals=all_arrivals, step_ends=all_ends, pieces=pieces, step_pieces=step_pieces,
-        notes=list(graph.notes), host=origin(graph.trace).host)
+        notes=list(graph.notes), host=origin(graph.trace).host, record_phases=tags[1] if tags else [])
 
 
 def _matters(graph: LocalGraph, change: Change, on_path: np.ndarray) -> bool:

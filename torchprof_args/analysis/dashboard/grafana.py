@@ -2,7 +2,7 @@
 
 Built from the same panel spec as the HTML page and the wandb view (:data:`DEFAULT_SPEC`,
 ``configs/wandb_dashboard.json``): one row per section; a line panel per spec panel, each key as
-the PromQL series ``torchprof_<key>`` (:func:`~torchprof_args.metrics.prometheus.metric_name`); a
+the PromQL series ``torchprof_<key>`` (:func:`~torchprof_args.capture.metrics.prometheus.metric_name`); a
 heatmap panel per heatmap (the per-rank series ``<name>_by_rank``, one row per ``rank``; readings
 marked ``relative`` divided by their median across ranks).  A ``for_each`` panel becomes a
 dashboard variable whose values are the ``{name}`` parts of the scraped metric names (Grafana's

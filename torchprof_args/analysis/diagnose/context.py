@@ -4,8 +4,8 @@ Every kind's ``analyze`` takes its input (one rank's :class:`~torchprof_args.ana
 or one cycle's :class:`~.cycle.CycleRanks`) and a context.  The context carries what a kind may not
 measure itself: the findings of the kinds before it in the registry's order (``low_mfu`` saves only
 what they leave; ``collective_skew`` leaves out what the stragglers explain), the GPU peak the job
-is compared with (``diagnose --peak-tflops`` / ``--peak-dtype``), the step timers' FLOPs, and
-whether thresholds apply.
+is compared with (``diagnose --peak-tflops`` / ``--peak-dtype``), the step timers' FLOPs, the
+framework's tokens per expert, and whether thresholds apply.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from torchprof_args.analysis.diagnose.expert_tokens import ExpertTokens
 from torchprof_args.analysis.diagnose.finding import NO_THRESHOLD, Finding, Threshold
 from torchprof_args.analysis.diagnose.step_timers import FormulaFlops
 
@@ -51,12 +52,14 @@ class KindContext:
         thresholds_off: report every measurement, whatever its size (tests, calibration).
         formula: the step timers' model FLOPs per GPU and iteration, where the run logged them
             (``mfu_disagreement``).
+        expert_tokens: the framework's tokens per expert, where it logged them (``expert_imbalance``).
     """
 
     earlier: tuple[Finding, ...] = ()
     peak: Peak = Peak()
     thresholds_off: bool = False
     formula: FormulaFlops | None = None
+    expert_tokens: ExpertTokens | None = None
 
     def threshold(self, documented: Threshold) -> Threshold:
         """The threshold that applies: the kind's documented one, unless thresholds are off."""

@@ -21,16 +21,10 @@ from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.trace import StepSpan
 
 __all__ = [
-    "DIAGNOSIS_FORMAT", "FINDINGS_VERSION", "CompactRecords", "JobDiagnosis", "JobGap", "MfuInputs",
+ "CompactRecords", "JobDiagnosis", "JobGap", "MfuInputs",
     "RankDiagnosis", "StepWork",
 ]
 
-#: the version of :class:`RankDiagnosis` (a sidecar holding another is ignored: the trace is parsed).
-#: 8: inductor's kernel FLOPs in low_mfu's inputs; 7: FSDP2 remedies; 6: an all-to-all's row_bytes;
-#: 5: gloo reduce_scatter named
-DIAGNOSIS_FORMAT = 8
-#: the ``version`` of ``torchprof diagnose --json``'s schema (bumped on any incompatible change).
-FINDINGS_VERSION = 1
 
 class StepWork(msgspec.Struct, frozen=True):
     """One step of a rank (us, trace-relative): its time in collectives and the rest, its work."""
@@ -69,7 +63,7 @@ class RankDiagnosis(msgspec.Struct, frozen=True):
     """One rank's part of the diagnosis (the sidecar's ``diagnosis``).
 
     Attributes:
-        format: :data:`DIAGNOSIS_FORMAT`.
+        format: ``formats.DIAGNOSIS.version``.
         rank: the trace's rank (None: the trace does not say; the file name may).
         world_size: the trace's world size, when it says.
         base_us: the trace's base time (``baseTimeNanoseconds``) in us.
@@ -122,7 +116,7 @@ class JobDiagnosis(msgspec.Struct, frozen=True):
     """One cycle's diagnosis: ``torchprof diagnose --json`` (docs/guides/diagnose.md's schema).
 
     Attributes:
-        version: :data:`FINDINGS_VERSION`.
+        version: ``formats.FINDINGS.version``.
         path: the path diagnosed, as given.
         cycle: which cycle (``iterations A-B``), or None.
         ranks: how many ranks (traces) were diagnosed.

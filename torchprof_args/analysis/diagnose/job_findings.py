@@ -25,13 +25,15 @@ from torchprof_args.analysis.critical_path.cycle import cycle_graph
 from torchprof_args.analysis.critical_path.reduced import RankPaths
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
-from torchprof_args.analysis.diagnose.documents import FINDINGS_VERSION, JobDiagnosis, JobGap, RankDiagnosis
+from torchprof_args.analysis.diagnose.documents import JobDiagnosis, JobGap, RankDiagnosis
+from torchprof_args.analysis.diagnose.expert_tokens import ExpertTokens
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.registry import CROSS_RANK
 from torchprof_args.analysis.diagnose.savings import on_the_graph
 from torchprof_args.analysis.diagnose.step_timers import FormulaFlops
 from torchprof_args.analysis.memory.categories import MemoryPart
+from torchprof_args.shared import formats
 
 __all__ = ["diagnose", "merge_kind"]
 
@@ -66,10 +68,11 @@ def merge_kind(findings: Sequence[Finding], n_ranks: int, step_ms: float | None)
     )
 
 
-def _cross_rank(ranks: CycleRanks, formula: FormulaFlops | None) -> list[Finding]:
+def _cross_rank(ranks: CycleRanks, formula: FormulaFlops | None,
+                expert_tokens: ExpertTokens | None = None) -> list[Finding]:
     """The registry's cross-rank kinds in order, each told the findings before it."""
     found: list[Finding] = []
-    kind_ctx = KindContext(formula=formula)
+    kind_ctx = KindContext(formula=formula, expert_tokens=expert_tokens)
     for kind in CROSS_RANK:
         result = kind.analyze(ranks, kind_ctx.after(found))
         if isinstance(result, Finding):
@@ -111,7 +114,8 @@ def with_mfu_judged(part: RankDiagnosis, peak: Peak) -> RankDiagnosis:
 def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None = None, *,
              peak_tflops: float | None = None, dtype: str = "bf16",
              paths: Sequence[RankPaths] | None = None, memory: Sequence[MemoryPart] = (),
-             align_clocks: bool = True, formula: FormulaFlops | None = None) -> JobDiagnosis:
+             align_clocks: bool = True, formula: FormulaFlops | None = None,
+             expert_tokens: ExpertTokens | None = None) -> JobDiagnosis:
     """The job's diagnosis from one cycle's rank parts (``--json``'s schema).
 
     Args:
@@ -125,6 +129,7 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         memory: the ranks' memory parts (``memory_imbalance``), when read.
         align_clocks: whether the hosts' clocks are aligned (False: estimated and said, not applied).
         formula: the step timers' FLOPs per GPU and iteration (``mfu_disagreement``), where logged.
+        expert_tokens: the framework's tokens per expert (``expert_imbalance``), where logged.
 
     Returns:
         The :class:`JobDiagnosis`: findings by saving (largest first), then the gaps.
@@ -139,7 +144,7 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
             finding = msgspec.structs.replace(item, ranks=(ranks.rank_of(part),))
             by_kind.setdefault(finding.kind, []).append(finding)
     findings = [merge_kind(group, len(ranks.parts), ranks.step_ms) for group in by_kind.values()]
-    findings += _cross_rank(ranks, formula)
+    findings += _cross_rank(ranks, formula, expert_tokens)
     notes: list[str] = []
     if paths is not None and len(paths) == len(ranks.parts):
         numbered = {id(p): ranks.rank_of(ranks.parts[i]) for i, p in enumerate(paths)}
@@ -156,6 +161,6 @@ def diagnose(parts: Sequence[RankDiagnosis], path: str | Path, cycle: str | None
         notes.append("savings are per-rank bounds: the traces' sidecars hold no critical-path graph "
                      "(torchprof diagnose --reparse builds it)")
     findings.sort(key=lambda f: (-f.saving_ms_per_step, f.kind))
-    return JobDiagnosis(version=FINDINGS_VERSION, path=str(path), cycle=cycle, ranks=len(ranks.parts),
+    return JobDiagnosis(version=formats.FINDINGS.version, path=str(path), cycle=cycle, ranks=len(ranks.parts),
                         step_ms=ranks.step_ms, findings=findings, gaps=_merged_gaps(ranks), notes=notes,
                         clock=ranks.clock)

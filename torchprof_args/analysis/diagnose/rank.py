@@ -16,12 +16,13 @@ from torchprof_args.analysis.analyzers.collectives import rank_collectives
 from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
-from torchprof_args.analysis.diagnose.documents import DIAGNOSIS_FORMAT, CompactRecords, RankDiagnosis
+from torchprof_args.analysis.diagnose.documents import CompactRecords, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
 from torchprof_args.analysis.diagnose.kinds.straggler import step_work
 from torchprof_args.analysis.diagnose.registry import PER_RANK, PerRankKind
 from torchprof_args.analysis.trace import Trace
+from torchprof_args.shared import formats
 
 __all__ = ["rank_diagnosis", "rank_findings"]
 
@@ -76,7 +77,8 @@ def rank_diagnosis(trace: Trace) -> RankDiagnosis:
     base_us = trace.base_time_ns / 1000.0
     work = step_work(steps(trace), records, base_us)
     return RankDiagnosis(
-        format=DIAGNOSIS_FORMAT, rank=trace.rank, world_size=trace.world_size, base_us=base_us, steps=work,
+        format=formats.DIAGNOSIS.version, rank=trace.rank, world_size=trace.world_size, base_us=base_us,
+        steps=work,
         step_mean_us=statistics.fmean(s.dur_us for s in work) if work else None,
         findings=found, gaps=[*gaps, mfu] if isinstance(mfu, Gap) else gaps,
         comm_source=comms.source if comms is not None else None,

@@ -1,7 +1,7 @@
 """The step timers' model FLOPs beside a cycle's traces: what ``mfu_disagreement`` compares the
 traces' counted FLOPs with.
 
-The step timers (:mod:`torchprof_args.metrics`) log, per interval, ``iteration-time`` (seconds per
+The step timers (:mod:`torchprof_args.capture.metrics`) log, per interval, ``iteration-time`` (seconds per
 iteration) and ``throughput`` (TFLOP/s per GPU: the model FLOPs of one iteration, from
 ``--metrics-flops-per-iteration`` or the framework's formula, over the time and the GPUs), so their
 product is the formula's FLOPs per GPU and iteration.  The run's ``metrics.jsonl`` is found beside

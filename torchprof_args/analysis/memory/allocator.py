@@ -1,7 +1,7 @@
 """Every rank's CUDA allocator peaks from ``metrics.jsonl``: the ranks no trace covers.
 
 The metrics writer gathers each rank's allocator readings every log interval in its one all-gather
-(:mod:`torchprof_args.metrics.hardware`: ``memory/max-allocated-gb``, ``memory/max-reserved-gb``,
+(:mod:`torchprof_args.capture.metrics.hardware`: ``memory/max-allocated-gb``, ``memory/max-reserved-gb``,
 ``memory/fragmentation-gb``, ``memory/alloc-retries``, peaks since the job started) and keeps them per
 rank in ``metrics.jsonl``'s ``per_rank``.  :func:`allocator_view` reads the latest record that has
 them: every rank's peak, even where only a few ranks trace, and the ranks over the median (the same

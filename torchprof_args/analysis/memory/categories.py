@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import msgspec
 
 __all__ = [
-    "MEMORY_CATEGORIES", "MEMORY_FORMAT", "PHASES", "ByCategory", "DeviceMemory", "MemoryPart", "Moment",
+    "MEMORY_CATEGORIES", "PHASES", "ByCategory", "DeviceMemory", "MemoryPart", "Moment",
     "Retained", "Site", "StepMemory", "Timeline", "human_bytes",
 ]
 
@@ -27,8 +27,6 @@ MEMORY_CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "
 PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, OTHER = range(len(MEMORY_CATEGORIES))
 #: the phases of a training step.
 PHASES = ("forward", "backward", "after_backward", "optimizer", "zero_grad", "other")
-#: the version of :class:`MemoryPart` (a sidecar holding another is ignored: the trace is parsed).
-MEMORY_FORMAT = 4  # 2: FSDP2 parameters sized by their shards; 3: a site per category; 4: fsdp2
 
 
 def human_bytes(n: float | None) -> str:
@@ -172,7 +170,7 @@ class MemoryPart(msgspec.Struct, frozen=True):
     """A trace's memory breakdown: the sidecar's ``memory`` part.
 
     Attributes:
-        format: :data:`MEMORY_FORMAT`.
+        format: ``formats.MEMORY.version``.
         source: ``pytorch``: PyTorch's own categorisation (``torch.profiler._memory_profiler``),
             computed by the exporter while the profiler's results were in memory, corrected
             (docs/guides/out-of-memory.md); ``trace``: inferred from the trace's ``[memory]`` events,

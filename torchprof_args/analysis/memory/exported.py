@@ -19,10 +19,11 @@ from typing import Any
 
 import msgspec
 
-from torchprof_args.analysis.memory.categories import MEMORY_FORMAT, MemoryPart
+from torchprof_args.analysis.memory.categories import MemoryPart
 from torchprof_args.analysis.memory.trace_memory import trace_identity, trace_memory_part
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.atomic import atomic_output
+from torchprof_args.shared import formats
 from torchprof_args.time_limit import TimeLimitExceeded, time_limit
 
 __all__ = ["EXPORT_SECONDS", "MAX_TRACE_BYTES", "Exported", "exporter_companion", "read_exported",
@@ -110,7 +111,7 @@ def read_exported(path: str | os.PathLike[str], trace: Trace) -> MemoryPart:
         found = _decode.decode(Path(path).read_bytes())
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as err:
         found = Exported(error=f"the exporter's memory categorisation could not be read ({err})")
-    if found.part is not None and found.part.format == MEMORY_FORMAT:
+    if found.part is not None and found.part.format == formats.MEMORY.version:
         return msgspec.structs.replace(found.part, **trace_identity(trace))
     fallback = trace_memory_part(trace)
     return msgspec.structs.replace(fallback, notes=[found.error or "no categorisation", *fallback.notes])

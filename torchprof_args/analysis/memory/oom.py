@@ -73,7 +73,7 @@ class OomExplanation(msgspec.Struct, frozen=True):
 
 
 class _State(Protocol):
-    """The allocator's state at the dump (:class:`~.snapshot.AllocatorState`)."""
+    """The allocator's state at the dump (:class:`~.timer_snapshot.AllocatorState`)."""
 
     @property
     def reserved_bytes(self) -> int: ...

@@ -5,7 +5,7 @@
 ``Optimizer.step`` calls, gradients from ``AccumulateGrad``, the rest by data flow) but needs the
 profiler's in-memory results (``profile.profiler.kineto_results``, with ``record_shapes``,
 ``profile_memory`` and ``with_stack``), which no trace file holds.  So it runs where the results
-still are: in the forked exporter (:mod:`torchprof_args.runtime.export.child`), which writes
+still are: in the forked exporter (:mod:`torchprof_args.capture.runtime.export.child`), which writes
 :func:`memory_part`'s result beside the staged trace for the publisher to keep in the sidecar.
 
 **One correction.**  Read as it is, its timeline puts an optimizer step's workspace under
@@ -32,7 +32,6 @@ from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations,
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
     GRADIENT,
-    MEMORY_FORMAT,
     OPTIMIZER_STATE,
     OTHER,
     PARAMETER,
@@ -40,6 +39,7 @@ from torchprof_args.analysis.memory.categories import (
     MemoryPart,
 )
 from torchprof_args.analysis.memory.places import BACKWARD, MARKERS, PhaseClock, PlaceNamer
+from torchprof_args.shared import formats
 
 __all__ = ["PYTORCH_CATEGORY", "memory_part"]
 
@@ -71,8 +71,8 @@ def memory_part(result: Any) -> MemoryPart:
     if rows.corrected:
         notes.append(f"{rows.corrected} allocation(s) made inside Optimizer.step that PyTorch's data-flow "
                      "analysis counts as parameters or activations are counted as the step's temporaries")
-    return MemoryPart(format=MEMORY_FORMAT, source="pytorch", notes=notes, rank=None, world_size=None,
-                      stage=None, coordinates=None, devices=devices)
+    return MemoryPart(format=formats.MEMORY.version, source="pytorch", notes=notes, rank=None,
+                      world_size=None, stage=None, coordinates=None, devices=devices)
 
 
 class _Rows:

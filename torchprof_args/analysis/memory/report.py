@@ -1,7 +1,7 @@
 """``torchprof mem``'s document: one cycle's memory diagnosis (``--json``, schema version 1).
 
 From each rank's memory part (:class:`~.categories.MemoryPart`, from its sidecar or parsed) and any
-snapshots (:class:`~.snapshot.SnapshotSummary`): the ranks' peaks, the highest peak explained (when,
+snapshots (:class:`~.timer_snapshot.SnapshotSummary`): the ranks' peaks, the highest peak explained (when,
 by category, by site), its step and timeline, the outlier ranks, the OOM explained, and the findings
 ranked by the bytes they would free.  docs/guides/out-of-memory.md documents every field.
 """

@@ -38,7 +38,6 @@ from torchprof_args.analysis.memory.breakdown import BEFORE_WINDOW, Allocations,
 from torchprof_args.analysis.memory.categories import (
     ACTIVATION,
     GRADIENT,
-    MEMORY_FORMAT,
     OPTIMIZER_STATE,
     OTHER,
     PARAMETER,
@@ -47,6 +46,7 @@ from torchprof_args.analysis.memory.categories import (
 )
 from torchprof_args.analysis.memory.places import MARKERS, PhaseClock, place_from_names
 from torchprof_args.analysis.trace import MemoryRows, Trace
+from torchprof_args.shared import formats
 
 __all__ = ["OPTIMIZER_STATE_MULTIPLE", "device_label", "trace_identity", "trace_memory_part"]
 
@@ -88,7 +88,7 @@ def trace_memory_part(trace: Trace) -> MemoryPart:
     """The memory breakdown of a trace loaded with ``memory_rows=True`` (see the module)."""
     rows = trace.memory_rows
     if rows is None or not len(rows):
-        return MemoryPart(format=MEMORY_FORMAT, source="none", notes=[
+        return MemoryPart(format=formats.MEMORY.version, source="none", notes=[
             "the trace has no [memory] events: record them with --torch-profile-profile-memory"],
             devices=[], **trace_identity(trace))  # type: ignore[arg-type]
     context = _Context(trace, rows)
@@ -101,8 +101,8 @@ def trace_memory_part(trace: Trace) -> MemoryPart:
         if found is not None:
             devices.append(found)
     devices.sort(key=lambda d: -d.peak_bytes)
-    return MemoryPart(format=MEMORY_FORMAT, source="trace", notes=list(dict.fromkeys(notes)), devices=devices,
-                      **trace_identity(trace))  # type: ignore[arg-type]
+    return MemoryPart(format=formats.MEMORY.version, source="trace", notes=list(dict.fromkeys(notes)),
+                      devices=devices, **trace_identity(trace))  # type: ignore[arg-type]
 
 
 class _Context:

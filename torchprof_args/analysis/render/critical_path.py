@@ -1,6 +1,6 @@
 """The text of ``torchprof critical-path``: per step, the path's length beside the step's, its time
-by rank and by category; then the operators and kernels with the most time on the path, the
-what-ifs' answers and what the graph could not use."""
+by rank and by category (on an FSDP2 job by FSDP2 phase too); then the operators and kernels with the
+most time on the path, the what-ifs' answers and what the graph could not use."""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def format_critical_path(doc: dict[str, Any], rows: int = 5) -> str:
         lines.append("  " + path_line(step))
         if len(step["by_rank"]) > 1:
             lines.append(f"    by rank: {_shares(step['by_rank'], step['path_ms'], 6)}")
+        if step.get("by_phase"):
+            lines.append(f"    by FSDP2 phase: {_shares(step['by_phase'], step['path_ms'], 5)}")
     if doc["top"]:
         lines.append("on the path, per step:")
         for entry in doc["top"][:rows]:

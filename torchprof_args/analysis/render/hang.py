@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
-from torchprof_args.stacks.where import format_where
+from torchprof_args.analysis.analyzers.where import format_where
 
 __all__ = ["format_hang"]
 

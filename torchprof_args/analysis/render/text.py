@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchprof_args.analysis.analyzers.fsdp import FSDP_PHASES
+from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, FSDP_PHASES
 from torchprof_args.analysis.summary import CrossRankView, Summary
 from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.shared.stragglers import describe
@@ -216,7 +216,16 @@ def _fsdp_lines(summary: Summary) -> list[str]:
     """FSDP2's phases per step (nothing for a model that is not ``fully_shard``-ed)."""
     if not summary.fsdp:
         return []
-    lines = ["FSDP2 phases per step (nested: pre_forward holds an all-gather it waits for; not additive):"]
+    lines: list[str] = []
+    split = summary.fsdp_step
+    if split is not None:
+        lines.append(f"Step by FSDP2 phase (the innermost annotation open; they add up to the "
+                     f"{fmt_us(split.step_ms * 1e3)} step):")
+        for name, ms in split.by_phase.items():
+            share = 100 * ms / split.step_ms if split.step_ms > 0 else 0.0
+            lines.append(f"  {fmt_us(ms * 1e3):>12} {share:5.1f} %  {name:<15} {FSDP2_STEP_PHASES[name]}")
+    lines += ["FSDP2 annotations per step (nested: pre_forward holds an all-gather it waits for; "
+              "not additive):"]
     for p in summary.fsdp:
         modules = ", ".join(p.modules[:3]) + (" ..." if len(p.modules) > 3 else "")
         lines.append(f"  {fmt_us(p.ms_per_step * 1e3):>12} {p.calls:>5}x {p.phase:<28} "
@@ -241,6 +250,22 @@ def _rank_table(rows: list[RankRow], axes: list[str]) -> list[str]:
             + f" {r.steps:>5} {fmt_us(r.step_mean_us):>11} {vs:>8} {fmt_pct(r.idle_pct):>9} "
             f"{fmt_pct(r.comm_comp_overlap_pct):>8}  {r.file.rsplit('/', 1)[-1]}"
         )
+    return lines
+
+
+def _fsdp_table(rows: list[RankRow]) -> list[str]:
+    """Each rank's mean step by FSDP2 phase (nothing when no rank is ``fully_shard``-ed)."""
+    split = [r for r in rows if r.fsdp_step is not None]
+    if not split:
+        return []
+    names = list(FSDP2_STEP_PHASES)
+    lines = ["  step by FSDP2 phase (ms per step; they add up to the step):",
+             f"    {'rank':>5} " + " ".join(f"{n:>14}" for n in names) + f" {'step':>10}"]
+    for r in split:
+        assert r.fsdp_step is not None
+        by = r.fsdp_step.by_phase
+        lines.append(f"    {r.rank:>5} " + " ".join(f"{by.get(n, 0.0):>14.2f}" for n in names)
+                     + f" {r.fsdp_step.step_ms:>10.2f}")
     return lines
 
 
@@ -290,4 +315,6 @@ def format_cross_rank(view: CrossRankView, title: str = "", all_ranks: bool = Fa
         lines.append(f"  {k} fastest ranks:")
         lines += _rank_table(view.fastest, axes)
         lines.append(f"  ({len(rows) - 2 * k} more; --all-ranks lists every rank)")
+    shown = rows if all_ranks or len(rows) <= 2 * k else [*view.slowest, *view.fastest]
+    lines += _fsdp_table(shown)
     return "\n".join(lines) + "\n"

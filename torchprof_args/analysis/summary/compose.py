@@ -11,7 +11,7 @@ from msgspec.structs import replace
 
 from torchprof_args.analysis.analyzers.compiled import compiled_code
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
-from torchprof_args.analysis.analyzers.fsdp import fsdp_phases
+from torchprof_args.analysis.analyzers.fsdp import fsdp_phases, fsdp_step_split
 from torchprof_args.analysis.analyzers.gpu import gpu_view
 from torchprof_args.analysis.analyzers.memory_events import memory_view
 from torchprof_args.analysis.analyzers.origin import device_name, origin
@@ -63,6 +63,7 @@ def summarize(trace: Trace, top: int | None = 30) -> Summary:
         memory=memory_view(trace),
         ops_in_steps=step_ops(trace, top),
         fsdp=fsdp_phases(trace),
+        fsdp_step=fsdp_step_split(trace),
         compiled=compiled_code(trace, device_name(trace), top),
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from torchprof_args.analysis.analyzers.fsdp import FsdpStepSplit
 from torchprof_args.analysis.summary.document import Summary
 from torchprof_args.shared import stragglers as rule
 
@@ -54,6 +55,7 @@ class RankRow(msgspec.Struct, frozen=True):
         steps: how many steps; ``step_us`` each one's time by name; ``step_mean_us`` their mean.
         idle_pct, compute_pct, comm_comp_overlap_pct: its GPU breakdown's (None without kernels).
         straggler_score: its mean step over the other ranks' median (None without steps).
+        fsdp_step: its mean step by FSDP2 phase (None: not ``fully_shard``-ed).
     """
 
     rank: int
@@ -67,6 +69,7 @@ class RankRow(msgspec.Struct, frozen=True):
     compute_pct: float | None
     comm_comp_overlap_pct: float | None
     straggler_score: float | None
+    fsdp_step: FsdpStepSplit | None = None
 
 
 class CrossRankView(msgspec.Struct, frozen=True):
@@ -170,6 +173,7 @@ def _rank_row(index: int, summary: Summary) -> RankRow:
         compute_pct=gpu.compute_pct if gpu is not None else None,
         comm_comp_overlap_pct=gpu.comm_comp_overlap_pct if gpu is not None else None,
         straggler_score=None,
+        fsdp_step=summary.fsdp_step,
     )
 
 

@@ -13,7 +13,7 @@ import msgspec
 
 from torchprof_args.analysis.analyzers.compiled import CompiledCode
 from torchprof_args.analysis.analyzers.cpu_ops import CpuThreads, OperatorTotal
-from torchprof_args.analysis.analyzers.fsdp import FsdpPhase
+from torchprof_args.analysis.analyzers.fsdp import FsdpPhase, FsdpStepSplit
 from torchprof_args.analysis.analyzers.gpu import GpuBreakdown, KernelTotal
 from torchprof_args.analysis.analyzers.memory_events import MemoryPeak
 from torchprof_args.analysis.analyzers.step_ops import StepOps
@@ -49,6 +49,7 @@ class Summary(msgspec.Struct, frozen=True):
         memory: the ``[memory]`` events' peaks per device (empty without them).
         ops_in_steps: what ran inside the steps, per name (what ``torchprof diff`` compares).
         fsdp: FSDP2's phases per step, in a step's order (empty: the model is not ``fully_shard``-ed).
+        fsdp_step: the mean step by FSDP2 phase, additive (None: not ``fully_shard``-ed).
         compiled: the compiled regions and graphs with the modules they ran for, and the Triton
             kernels on the roofline from inductor's estimates (None: nothing compiled in the trace).
     """
@@ -74,6 +75,7 @@ class Summary(msgspec.Struct, frozen=True):
     memory: list[MemoryPeak]
     ops_in_steps: StepOps
     fsdp: list[FsdpPhase]
+    fsdp_step: FsdpStepSplit | None
     compiled: CompiledCode | None = None
 
 

@@ -5,10 +5,10 @@ that still hangs (or was killed without dumping).
 In ``<profile dir>/debug_server/`` (names in :data:`~torchprof_args.naming.DEBUG_SERVER_DUMPS`):
 
 * ``torchprof_fr_trace_<time>.txt``: every rank's flight recorders as one JSON object
-  (:data:`~torchprof_args.naming.DEBUG_SERVER_FR_FORMAT`), the dumps ``torchprof hang`` analyses;
+  (:data:`~torchprof_args.naming.formats.DEBUG_SERVER_FR`), the dumps ``torchprof hang`` analyses;
 * ``stacks_<time>.txt``: PyTorch's dump of every rank's Python stacks, faulthandler's text per rank
   (``=== Rank R: <address> ===``, then each thread, innermost frame first), turned here into stacks
-  records (:mod:`torchprof_args.stacks.file_format`) for "where each rank is".  faulthandler names no
+  records (:mod:`torchprof_args.shared.stacks_file`) for "where each rank is".  faulthandler names no
   thread: the main thread is the one whose outermost frame is a module's top level (``<module>``),
   the thread answering the dump ("Current thread") never.
 
@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_FR_FORMAT, DEBUG_SERVER_SUBDIR
-from torchprof_args.stacks.file_format import FORMAT as STACKS_FORMAT
-from torchprof_args.stacks.file_format import VERSION as STACKS_VERSION
+from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_SUBDIR
+from torchprof_args.shared import formats
 
 __all__ = ["ServerDumps", "find_server_dumps", "parse_stacks_dump"]
 
@@ -66,7 +65,7 @@ def _read(path: Path) -> str:
 def _recorders(path: Path, out: ServerDumps) -> None:
     """The flight-recorder dump at ``path`` into ``out``; ValueError when it is not one, whole."""
     document = json.loads(_read(path))
-    format_name, version = DEBUG_SERVER_FR_FORMAT
+    format_name, version = formats.DEBUG_SERVER_FR.name, formats.DEBUG_SERVER_FR.version
     if not isinstance(document, dict) or document.get("format") != format_name:
         raise ValueError(f"not a torchprof debug-server dump (no \"format\": \"{format_name}\")")
     if document.get("version") != version:
@@ -92,8 +91,9 @@ def parse_stacks_dump(text: str, when: float | None = None) -> dict[int, dict[st
             threads = []
             host = _ADDRESS.sub("", header.group(2))
             records[int(header.group(1))] = {
-                "format": STACKS_FORMAT, "version": STACKS_VERSION, "rank": int(header.group(1)),
-                "host": host, "pid": None, "reason": "PyTorch's debug server's periodic dump", "time": when,
+                "format": formats.STACKS.name, "version": formats.STACKS.version,
+                "rank": int(header.group(1)), "host": host, "pid": None,
+                "reason": "PyTorch's debug server's periodic dump", "time": when,
                 "request": None, "threads": threads, "exception": None,
                 "native": {"status": "not asked", "detail": "", "text": ""}}
             continue

@@ -1,7 +1,7 @@
 """Hang forensics from flight-recorder dumps: PyTorch's own analyzer, then the answer in a few lines.
 
 The dumps (one per rank, ``<prefix><rank>`` in ``<profile dir>/flight_recorder/``, see
-:mod:`torchprof_args.runtime.flight_recorder`) are handed to PyTorch's analyzer
+:mod:`torchprof_args.capture.runtime.flight_recorder`) are handed to PyTorch's analyzer
 (``torch.distributed.flight_recorder``: ``read_dir`` + ``build_db``), which matches every
 collective across ranks and says which ranks did not join which one.  Before that they are read
 without running code (plain-data unpickler) and **normalised** into a temporary directory:
@@ -34,11 +34,11 @@ from typing import Any
 
 import msgspec
 
+from torchprof_args.analysis.analyzers.where import find_stacks, where_ranks_are
 from torchprof_args.analysis.tools.debug_dumps import find_server_dumps
 from torchprof_args.analysis.tools.hang_clocks import dump_clocks, last_issued
 from torchprof_args.errors import TraceError
 from torchprof_args.naming import FLIGHT_RECORDER_PREFIXES, FLIGHT_RECORDER_SUBDIR
-from torchprof_args.stacks.where import find_stacks, where_ranks_are
 from torchprof_args.torch_support import needs
 
 HANG_FEATURE = "torchprof hang"

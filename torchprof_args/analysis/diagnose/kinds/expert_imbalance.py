@@ -10,7 +10,10 @@ tokens** are the rows on its experts' side (bytes over the bytes of one row, a t
 state, which the recorded shapes give), the mean over the cycle's variable all-to-alls: the tokens
 its experts receive per dispatch; where a row's size is not known, the experts' side bytes per step
 stand in (``tokens_measure`` says which).
-The traces do not say which expert of a rank got the tokens: the figures are per rank.
+The traces do not say which expert of a rank got the tokens: the figures are per rank.  Where the
+framework logged its tokens per expert (:mod:`..expert_tokens`: Megatron-LM's
+``--save-tokens-per-expert-interval``), the finding names the busiest expert and gives each expert's
+tokens, the source named (``tokens_per_expert``, ``expert_imbalance_factor``, ``expert_tokens_source``).
 
 ``imbalance_factor`` is the heaviest rank's routed tokens over the ranks' mean.  A finding needs it
 at :data:`IMBALANCE_MIN` or more and the overloaded ranks' work per step
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from torchprof_args.analysis.analyzers.collective_match import CollectiveInstance, experts_side
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
+from torchprof_args.analysis.diagnose.expert_tokens import ExpertTokens
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.shared import stragglers as rule
 
@@ -144,11 +148,16 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
     unit = "tokens per dispatch" if routed.unit == "tokens" else "bytes per step"
     inst = routed.heaviest[worst]
     end_us = inst["first_start_us"] + inst["arrival_offset_us"][worst] + inst["dur_us"][worst]
+    logged, per_expert = kind_ctx.expert_tokens, ""
+    if logged is not None and logged.per_rank:
+        hot_rank, hot_expert = logged.hottest
+        per_expert = (f" Per expert (as the framework logged them): rank {hot_rank}'s local expert "
+                      f"{hot_expert} gets {logged.imbalance_factor:.2f}x the experts' mean.")
     return Finding(
         kind=KIND,
         summary=(f"Rank {worst}'s experts receive {factor:.2f}x the ranks' mean of the routed tokens "
                  f"({tokens[worst]:,.0f} vs {mean_tokens:,.0f} {unit}), so it works {ms:.1f} ms more per "
-                 "step than the mean rank and the others wait for it in the all-to-alls."),
+                 "step than the mean rank and the others wait for it in the all-to-alls." + per_expert),
         ranks=tuple(named), ms_per_step=ms, share_of_step=ms / step if step else 0.0, saving_ms_per_step=ms,
         saving_bound=(f"rank {worst}'s work per step over the mean rank's: balanced, the expert work moves "
                       "to the lighter ranks (it is not removed), so the step shortens at most by that"),
@@ -167,5 +176,18 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
             "over_mean_ms_per_step": {str(r): round(over[r], 3) for r in named[:16]},
             "excess_ms_per_step": {str(r): round(max(work[r] - others[r], 0.0), 3) for r in named[:16]},
             "perfetto_rank": worst, "perfetto_ts_us": end_us - ranks.base_us.get(worst, 0.0),
+            **_per_expert(logged),
         },
     )
+
+
+def _per_expert(logged: ExpertTokens | None) -> dict[str, object]:
+    """The evidence of the framework's tokens per expert (nothing where it logged none)."""
+    if logged is None or not logged.per_rank:
+        return {}
+    ranked = sorted(logged.per_expert().items(), key=lambda kv: -kv[1])[:16]
+    return {"tokens_per_expert": {f"rank {r} expert {e}": round(v, 1) for (r, e), v in ranked},
+            "expert_imbalance_factor": round(logged.imbalance_factor, 3),
+            "expert_tokens_source": f"{logged.source}: {logged.path}, tokens per iteration over "
+                                    f"{'the traced' if logged.traced else 'every logged'} iterations "
+                                    f"{logged.iterations[0]}-{logged.iterations[-1]}"}

@@ -6,7 +6,9 @@ launch end).  The finding measures what that costs: *host-wait* idle time, the G
 whose next kernel was not even launched when the GPU went idle (HTA's idle-time rule, on the
 whole GPU rather than per stream), less the gaps data loading and host synchronisations explain
 (their own kinds).  It fires when that time reaches the threshold and most kernels are shorter
-than their launch call (kernel runtime, not queueing, is the limit otherwise).
+than their launch call (kernel runtime, not queueing, is the limit otherwise).  Where CUDA graphs
+already replay part of the step (kernels launched by ``cudaGraphLaunch``, :func:`graph_replays`),
+the advice is to capture more of it, not to start using them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.event_names import LAUNCH_RE
+from torchprof_args.analysis.analyzers.event_names import GRAPH_LAUNCH_RE, LAUNCH_RE
 from torchprof_args.analysis.analyzers.gpu import hta_kernels
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import (
@@ -33,8 +35,8 @@ from torchprof_args.analysis.intervals import Intervals, merge_intervals, overla
 from torchprof_args.analysis.trace import Trace
 
 __all__ = [
-    "KIND", "LAUNCH_RE", "SCOPE", "SHORT_SHARE", "THRESHOLD", "analyze", "host_wait_gaps", "launch_stats",
-    "unexplained",
+    "GRAPHS_REMEDY", "KIND", "LAUNCH_RE", "SCOPE", "SHORT_SHARE", "THRESHOLD", "analyze", "graph_replays",
+    "host_wait_gaps", "launch_stats", "unexplained",
 ]
 
 KIND = "launch_bound"
@@ -44,8 +46,15 @@ THRESHOLD = Threshold(share_of_step=0.05)
 #: ... and at least this share of the kernels must run shorter than their launch call (else kernel
 #: runtime, not launching, is the limit); off with the thresholds.
 SHORT_SHARE = 0.5
-REMEDY = ("capture the step in CUDA graphs (Megatron --enable-cuda-graph / torch.compile "
-          "mode='reduce-overhead'), fuse small kernels (torch.compile), or raise the micro-batch size")
+REMEDY = ("capture the step in CUDA graphs (Megatron-LM --cuda-graph-impl local or transformer_engine, "
+          "torch.compile mode='reduce-overhead'), fuse small kernels (torch.compile), or raise the "
+          "micro-batch size")
+#: the remedy where CUDA graphs already replay part of the step: the waits are outside them.
+GRAPHS_REMEDY = ("CUDA graphs already replay part of the step; the GPU waits for the kernels launched "
+                 "outside them: capture more of the step (Megatron-LM --cuda-graph-scope, up to "
+                 "full_iteration with --cuda-graph-impl local; torch.compile mode='reduce-overhead' over "
+                 "the whole model), fuse the eager kernels between graphs (torch.compile), or raise the "
+                 "micro-batch size")
 
 
 def launch_stats(trace: Trace) -> dict[str, np.ndarray]:
@@ -93,6 +102,21 @@ def unexplained(trace: Trace, ctx: StepContext, gaps: Intervals) -> float:
     return total(gaps) - overlap(gaps, merge_intervals(starts, ends))
 
 
+def graph_replays(trace: Trace, ctx: StepContext) -> dict[str, Any] | None:
+    """What CUDA graphs replay in the steps: ``graph_launches_per_step`` (``cudaGraphLaunch`` calls),
+    ``kernels_replayed`` (the kernels launched by them, each with its call's correlation id) and
+    ``replayed_gpu_share`` (their share of the kernels' time); None when no kernel was replayed."""
+    launched = ctx.launch >= 0
+    replayed = np.zeros(len(ctx.kernels), dtype=bool)
+    replayed[launched] = lookup(trace.names, GRAPH_LAUNCH_RE.match)[trace.name_id[ctx.launch[launched]]]
+    if not replayed.any():
+        return None
+    busy = ctx.k_end - ctx.k_ts
+    return {"graph_launches_per_step": round(len(np.unique(ctx.launch[replayed])) / ctx.n_steps, 2),
+            "kernels_replayed": int(replayed.sum()), "kernels": len(ctx.kernels),
+            "replayed_gpu_share": round(float(busy[replayed].sum() / max(busy.sum(), 1e-9)), 3)}
+
+
 def _evidence(trace: Trace, ctx: StepContext, stats: dict[str, np.ndarray]) -> dict[str, Any]:
     n = len(stats["correlation"])
     delay = stats["launch_delay"]
@@ -132,13 +156,17 @@ def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | 
     ms = ctx.ms(wait_us)
     after = nxt >= 0
     waits = (gaps[1] - gaps[0])[after]
+    graphs = graph_replays(trace, ctx)
     evidence = {**ctx.evidence(), **_evidence(trace, ctx, stats),
                 "top_kernels_after_wait": top_names(trace, ctx.kernels[nxt[after]], waits, ctx),
-                "perfetto_ts_us": worst_ts(*gaps)}
+                "perfetto_ts_us": worst_ts(*gaps), **({} if graphs is None else {"cuda_graphs": graphs})}
+    in_graphs = "" if graphs is None else (
+        f"; CUDA graphs already replay {100 * graphs['replayed_gpu_share']:.0f} % of the kernels' time")
     return Finding(
         kind=KIND, ranks=(trace.rank or 0,),
         summary=f"the GPU waits {ms:.1f} ms per step ({100 * ctx.share(wait_us):.0f} %) for the CPU to "
-                f"launch kernels; {100 * _short_share(stats):.0f} % of kernels are shorter than their launch",
+                f"launch kernels; {100 * _short_share(stats):.0f} % of kernels are shorter than their launch"
+                + in_graphs,
         ms_per_step=ms, share_of_step=ctx.share(wait_us), saving_ms_per_step=ms,
         saving_bound="host-wait idle time (faster launches or CUDA graphs remove at most this)",
-        remedy=REMEDY, evidence=evidence)
+        remedy=REMEDY if graphs is None else GRAPHS_REMEDY, evidence=evidence)
