@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import math
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import torch
 from helpers.gpu_train import parse_flags
 from helpers.inject import load_doc, step_starts, write_doc
 from helpers.paths import DATA
+from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfiler
 from torchprof_args.analysis import load_trace
@@ -222,3 +225,18 @@ def test_with_flops_has_inductor_write_its_kernels_estimates(tmp_path: Path, wit
                 prof.step(iteration)
         (published,) = prof.published_traces
         assert summarize(load_trace(published)).compiled is not None
+
+
+def test_with_flops_does_not_import_inductor_for_a_job_that_never_compiles() -> None:
+    """In a process where inductor is not loaded yet, the setting is left in its environment
+    variable, read when inductor is imported (by the first ``torch.compile``): an eager job with
+    ``--torch-profile-with-flops`` never pays inductor's import."""
+    code = ("import sys, torch\n"
+            "from torchprof_args.capture.runtime.startup import _write_kernel_costs\n"
+            "_write_kernel_costs()\n"
+            "assert 'torch._inductor.config' not in sys.modules\n"
+            "import torch._inductor.config as config\n"
+            "print(config.benchmark_kernel)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr

@@ -11,6 +11,8 @@ fence at the memory-snapshot interval of any rank that dumps snapshots.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 import torch
 
@@ -85,9 +87,9 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
     return setup
 
 
-def _write_kernel_costs() -> bool:
+def _write_kernel_costs() -> None:
     """Have inductor write its Triton kernels' FLOPs and bytes into their launches in the trace
-    (``--torch-profile-with-flops`` on a compiled model); False where this torch has no inductor.
+    (``--torch-profile-with-flops`` on a compiled model).
 
     torch.profiler counts no FLOPs of a kernel inductor generated (its operators are gone), but
     inductor estimates them itself and writes ``kernel_flop`` and ``kernel_num_gb`` into each kernel
@@ -98,14 +100,15 @@ def _write_kernel_costs() -> bool:
     Its cost: the estimate per kernel at compile time and a benchmark harness in each generated
     module (never run), nothing per launch; inductor prints each compiled module's path on stderr.
     ``profile_bandwidth``, which writes ``kernel_num_gb`` too, is not used: it synchronises the
-    device around every kernel.
+    device around every kernel.  Inductor is not imported for this (about a second, for a job that
+    may never compile): where it is not loaded yet, its environment variable sets the default it
+    reads when it is.
     """
-    try:
-        import torch._inductor.config as inductor_config
-    except ImportError:
-        return False
-    inductor_config.benchmark_kernel = True
-    return True
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.benchmark_kernel = True  # type: ignore[attr-defined]
+    else:
+        os.environ["TORCHINDUCTOR_BENCHMARK_KERNEL"] = "1"
 
 
 def _build_writer(setup: RankSetup, config: ProfilerConfig, rank: int) -> str | None:
