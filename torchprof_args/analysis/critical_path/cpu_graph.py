@@ -44,7 +44,7 @@ from torchprof_args.analysis.analyzers.event_names import (
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
-from torchprof_args.analysis.critical_path.edges import CHAIN, ISSUE, WAIT, WAKE, EdgeList
+from torchprof_args.analysis.critical_path.edges import CHAIN, INDEX, ISSUE, WAIT, WAKE, EdgeList
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["RESUME_US", "CpuEvents", "cpu_edges", "cpu_events"]
@@ -94,10 +94,10 @@ class CpuEvents:
 def cpu_events(trace: Trace, first_node: int = 0) -> CpuEvents:
     """The CPU events of ``trace`` with their nodes (``first_node`` ...) and flags."""
     tree = cpu_tree(trace)
-    events = tree["idx"].astype(np.int64)
+    events = tree["idx"].astype(INDEX)
     n = len(events)
     names = trace.name_id[events]
-    thread = trace.thread_id[events].astype(np.int64)
+    thread = trace.thread_id[events].astype(INDEX)
     step = lookup(trace.names, STEP_RE.match)[names]
     threads_with_steps = thread[step]
     if len(threads_with_steps):
@@ -107,9 +107,9 @@ def cpu_events(trace: Trace, first_node: int = 0) -> CpuEvents:
     else:
         main = -1
     return CpuEvents(
-        events=events, parent=tree["parent"].astype(np.int64), depth=tree["depth"].astype(np.int64),
-        thread=thread, start_node=np.arange(n, dtype=np.int64) + first_node,
-        end_node=np.arange(n, dtype=np.int64) + first_node + n,
+        events=events, parent=tree["parent"].astype(INDEX), depth=tree["depth"].astype(INDEX),
+        thread=thread, start_node=np.arange(first_node, first_node + n, dtype=INDEX),
+        end_node=np.arange(first_node + n, first_node + 2 * n, dtype=INDEX),
         loader=lookup(trace.names, LOADER_RE.search)[names],
         blocking=lookup(trace.names, lambda s: bool(SYNC_RE.match(s) or _SYNC_COPY_RE.match(s)))[names],
         polling=lookup(trace.names, _POLL_RE.match)[names],
@@ -137,21 +137,20 @@ def inherit(flag: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> np.ndarr
 def _boundaries(trace: Trace, cpu: CpuEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every boundary (node, time, owner of the interval after it) in chain order: by thread, time,
     ends before starts (zero-length events' ends after the starts), outer starts first, inner
-    ends first."""
+    ends first.  Nodes, owners and threads are :data:`~.edges.INDEX`."""
+    n = len(cpu)
     ts = trace.ts[cpu.events]
-    dur = np.maximum(trace.dur[cpu.events], 0.0)
-    end = ts + dur
-    zero = dur <= 0
+    end = ts + np.maximum(trace.dur[cpu.events], 0.0)
+    kinds = np.concatenate([np.ones(n, np.int8), np.where(end <= ts, 2, 0).astype(np.int8)])
     times = np.concatenate([ts, end])
-    kinds = np.concatenate([np.ones(len(ts), np.int8), np.where(zero, 2, 0).astype(np.int8)])
-    ties = np.concatenate([-end, -ts])
-    thread = np.concatenate([cpu.thread, cpu.thread])
-    order = np.lexsort((ties, kinds, times, thread))
-    nodes = np.concatenate([cpu.start_node, cpu.end_node])[order]
-    pos = np.concatenate([np.arange(len(ts)), np.arange(len(ts))])[order]
-    is_start = order < len(ts)
+    order = np.lexsort((np.concatenate([-end, -ts]), kinds, times,
+                        np.concatenate([cpu.thread, cpu.thread]))).astype(INDEX)
+    del ts, end, kinds
+    is_start = order < n
+    pos = np.where(is_start, order, order - n)  # the event's position
+    nodes = np.where(is_start, cpu.start_node[pos], cpu.end_node[pos])
     owner = np.where(is_start, pos, cpu.parent[pos])
-    return nodes, times[order], np.stack([owner, thread[order]])
+    return nodes, times[order], np.stack([owner, cpu.thread[pos]])
 
 
 def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
