@@ -182,7 +182,7 @@ def _expanded(small: Contracted, walks: list[list[int]]) -> tuple[np.ndarray, np
     chosen = np.array([e for edges in walks for e in edges], dtype=np.int64)
     first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
     offsets = np.repeat(np.cumsum(counts) - counts, counts)
-    path = small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
+    path = small.member_edges(np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets)
     return path, np.repeat(np.repeat(np.arange(len(walks)), [len(w) for w in walks]), counts)
 
 
