@@ -232,7 +232,10 @@ def _add_records(graph: LocalGraph, early: dict[int, int]) -> None:
     nodes: dict[tuple[float, float], tuple[int, int]] = {}
     if comms.source == SOURCE_KERNELS:
         k = graph.kernels
-        for j, e in enumerate(k.events.tolist()):
+        starts = np.array([r.start_us for r in comms.records], dtype=np.float64)
+        # only the kernels that start when a record does can be one (the rest: no dict entry each)
+        for j in np.flatnonzero(np.isin(trace.ts[k.events] + base, starts)).tolist():
+            e = int(k.events[j])
             key = (float(trace.ts[e]) + base, float(trace.dur[e]))
             nodes[key] = (int(k.start_node[j]), int(k.end_node[j]))
     elif comms.source == SOURCE_GLOO:
