@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from torchprof_args.analysis.critical_path.edges import CHAIN
-from torchprof_args.analysis.critical_path.graph import LocalGraph, StepNodes, topological_order
+from torchprof_args.analysis.critical_path.graph import LocalGraph, StepNodes
 from torchprof_args.analysis.critical_path.propagate import WORK
 
 __all__ = ["Contracted", "contract"]
@@ -118,7 +118,6 @@ def contract(graph: LocalGraph) -> Contracted:
     new_id = np.cumsum(kept) - 1
     src, dst = new_id[graph.src[heads]], new_id[graph.dst[tails]]
     t = graph.t[kept]
-    order = topological_order(t, src, dst)
     ptr = np.zeros(len(t) + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=len(t)), out=ptr[1:])
     m = len(heads)
@@ -128,7 +127,7 @@ def contract(graph: LocalGraph) -> Contracted:
     small = replace(
         graph, t=t, event=graph.event[kept], src=src, dst=dst, weight=np.zeros(m), nominal=np.zeros(m),
         kind=kind, category=graph.category[heads], owner=graph.owner[heads], flag=graph.flag[heads],
-        binding=binding, order=order, in_ptr=ptr, in_edges=np.argsort(dst, kind="stable"),
+        binding=binding, in_ptr=ptr, in_edges=np.argsort(dst, kind="stable"),
         steps=[StepNodes(s.name, int(new_id[s.start]), int(new_id[s.end])) for s in graph.steps],
         window_node=int(new_id[graph.window_node]) if graph.window_node >= 0 else -1,
         arrival=np.where(graph.arrival >= 0, new_id[np.maximum(graph.arrival, 0)], -1),

@@ -173,6 +173,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     src, dst = nodes[:-1][same], nodes[1:][same]
     t0, t1, own = times[:-1][same], times[1:][same], owner[:-1][same]
     on_thread = thread[:-1][same]
+    del same, owner
     loader = inherit(cpu.loader, cpu.parent, cpu.depth)
     blocking = inherit(cpu.blocking, cpu.parent, cpu.depth)
     in_run = inherit(cpu.run, cpu.parent, cpu.depth)
@@ -194,7 +195,11 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     removable = _removable_waits(trace, cpu, issuers)
     early: dict[int, int] = {}
     # quiet, then a new event (entering a collective's wait is not the thread resuming from one)
-    resumes = gaps & np.isin(dst, cpu.start_node[~waiting]) & (t1 - t0 >= MIN_QUIET_US)
+    started = dst - cpu.start_node[0]  # the event whose start a chain interval ends at, if any
+    enters = (started >= 0) & (started < len(cpu))
+    enters[enters] = ~waiting[started[enters]]
+    resumes = gaps & enters & (t1 - t0 >= MIN_QUIET_US)
+    del started, enters
     waits: list[tuple[int, int, int, bool]] = []  # (chain interval, source node, owner, removable)
     in_wait = has & waiting[o]  # the thread inside a collective's wait: it waits, however long
     found = _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps), in_wait)
@@ -214,6 +219,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
         weight[at] = 0.0
         np.logical_or.at(top_level, at, flag)  # an interval may be named twice
         edges.add(wait_src, dst[at], 0.0, WAIT, cat.CPU_ONLY, owner_of, flag)
+    del t0, t1, on_thread, gaps, resumes, in_wait  # what the waits were found from
     edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
     _issue_edges(cpu, issuers, edges)
     _wake_edges(cpu, bursts, issuers, nodes, times, thread, edges)

@@ -50,7 +50,8 @@ class EdgeList:
 
     Every batch is checked against the node times ``t`` as it is added: an edge whose destination
     happened before its source plus its nominal weight (a dependency against the clocks) is left out
-    there, so no uncut copy of all the edges is ever made.  Indices are kept as :data:`INDEX`.
+    there, so no uncut copy of all the edges is ever made.  Indices are kept as :data:`INDEX`.  A
+    batch's arrays may be kept as they are until :meth:`arrays`: the caller does not change them.
     """
 
     def __init__(self, t: np.ndarray) -> None:
@@ -74,14 +75,22 @@ class EdgeList:
         if n == 0:
             return
         w = np.broadcast_to(np.asarray(weight, dtype=np.float64), (n,))
-        ok = np.flatnonzero(self._t[src] + w <= self._t[dst] + CLOCK_EPS_US)
-        if not len(ok):
+        good = self._t[src] + w <= self._t[dst] + CLOCK_EPS_US
+        ok = None if good.all() else np.flatnonzero(good)  # None: all of them (no copy to select them)
+        del good
+        if ok is not None and not len(ok):
             return
-        columns = (np.asarray(src)[ok].astype(INDEX), np.asarray(dst)[ok].astype(INDEX), w[ok],
-                   np.full(len(ok), kind, dtype=np.int8),
-                   np.broadcast_to(np.asarray(category, dtype=np.int8), (n,))[ok],
-                   np.asarray(owner)[ok].astype(INDEX),
-                   np.broadcast_to(np.asarray(flag, dtype=bool), (n,))[ok])
+
+        def kept(values: np.ndarray | float | bool, dtype: type) -> np.ndarray:
+            """The edges' column: the caller's array itself where every edge is kept and its dtype is
+            the column's (concatenated by :meth:`arrays`, not copied here)."""
+            column = np.broadcast_to(np.asarray(values, dtype=dtype), (n,))
+            column = column if ok is None else column[ok]
+            return column.copy() if column.strides == (0,) else column
+
+        columns = (kept(src, INDEX), kept(dst, INDEX), kept(w, np.float64),
+                   np.full(n if ok is None else len(ok), kind, dtype=np.int8),
+                   kept(category, np.int8), kept(owner, INDEX), kept(flag, bool))
         for parts, column in zip(self._parts, columns, strict=True):
             parts.append(column)
 

@@ -16,6 +16,7 @@ where :mod:`.cycle` joins the ranks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,8 @@ from torchprof_args.analysis.trace import Trace
 
 __all__ = ["LocalGraph", "StepNodes", "local_graph", "topological_order"]
 
+#: the binding edges are found for nodes in blocks of about this many incoming edges.
+_BIND_BLOCK = 1 << 18
 #: among edges that tie for binding, the kind preferred (lower first): work, then what was waited for.
 _PRIORITY = {KERNEL: 0, CHAIN: 1, SYNC: 2, WAIT: 2, JOIN: 2, STREAM: 3, INFER: 4, ISSUE: 5, WAKE: 5,
              LAUNCH_EDGE: 6}
@@ -69,8 +72,8 @@ class LocalGraph:
     Node ``v``: ``t[v]`` (trace-relative us), ``event[v]`` (-1: none), ``binding[v]`` (its binding
     edge, -1: a source).  Edge ``e``: ``src``, ``dst``, ``weight`` (the binding edges' with their
     measured delay), ``nominal``, ``kind`` (:mod:`.edges`), ``category`` (:mod:`.categories`),
-    ``owner`` (the event its time is attributed to), ``flag``.  ``order``: the nodes in topological
-    order; ``in_ptr`` / ``in_edges``: each node's incoming edges (CSR).  Node and edge indices are
+    ``owner`` (the event its time is attributed to), ``flag``.  ``order`` (computed when first
+    used): the nodes in topological order; ``in_ptr`` / ``in_edges``: each node's incoming edges (CSR).  Node and edge indices are
     :data:`~.edges.INDEX` (int32), times and weights float64, kinds and categories int8.
     """
 
@@ -86,7 +89,6 @@ class LocalGraph:
     owner: np.ndarray
     flag: np.ndarray
     binding: np.ndarray
-    order: np.ndarray
     in_ptr: np.ndarray
     in_edges: np.ndarray
     cpu: CpuEvents
@@ -100,6 +102,12 @@ class LocalGraph:
     #: completions that are where a waiting thread resumed (a what-if that cuts the wait frees them),
     #: each with the end of gloo's span, which completes with it (its time is measured after it).
     early: dict[int, int] = field(default_factory=dict)
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """The nodes in topological order (:func:`topological_order`), computed when first replayed:
+        a rank's paths replay only its contracted graph (:mod:`.contract`)."""
+        return topological_order(self.t, self.src, self.dst)
 
     @property
     def base_us(self) -> float:
@@ -137,7 +145,7 @@ def local_graph(trace: Trace) -> LocalGraph:
     in_ptr, in_edges = _csr(dst, len(t))
     binding, weight = _bind(t, src, dst, nominal, kind, in_ptr, in_edges)
     graph = LocalGraph(trace, t, event, src, dst, weight, nominal, kind, category, owner, flag, binding,
-                       topological_order(t, src, dst), in_ptr, in_edges, cpu, kernels, [], -1)
+                       in_ptr, in_edges, cpu, kernels, [], -1)
     _add_steps(graph)
     if trace.comms is not None:
         _add_records(graph, {int(cpu.events[run]): node for run, node in early.items()})
@@ -149,31 +157,29 @@ def _bind(t: np.ndarray, src: np.ndarray, dst: np.ndarray, nominal: np.ndarray, 
     """Each node's binding edge (-1: none) and the weights with the binding edges' measured delay.
 
     Per node its edges in index order (``in_edges``, the CSR's); then the latest value, the most
-    work, the preferred kind, the first edge: a maximum per node per key, each key computed in that
-    order when it is needed, not a sort by four keys."""
+    work, the preferred kind, the first edge: a maximum per node per key, not a sort by four keys.
+    Nodes in blocks of about :data:`_BIND_BLOCK` incoming edges (bounds the temporaries)."""
     binding = np.full(len(t), -1, dtype=INDEX)
     weight = nominal.copy()
-    if not len(src):
-        return binding, weight
-    counts = np.diff(in_ptr)
-    starts = in_ptr[:-1][counts > 0]
-    group = np.repeat(np.arange(len(starts), dtype=INDEX), counts[counts > 0])
     table = np.array([_PRIORITY.get(k, 9) for k in range(16)], dtype=np.float64)
-    best = np.ones(len(in_edges), dtype=bool)
-    for key in ("value", "nominal", "priority"):
-        if key == "value":
-            ranked = t[src[in_edges]] + nominal[in_edges]
-        elif key == "nominal":
-            ranked = nominal[in_edges]
-        else:
-            ranked = -table[kind[in_edges]]
-        top = np.maximum.reduceat(np.where(best, ranked, -np.inf), starts)
-        best &= ranked == top[group]
-        del ranked, top
-    kept = np.flatnonzero(best)
-    first = in_edges[kept[np.r_[True, group[kept][1:] != group[kept][:-1]]]]
-    binding[dst[first]] = first
-    weight[first] = t[dst[first]] - t[src[first]]
+    lo = 0
+    while lo < len(t):
+        hi = max(int(np.searchsorted(in_ptr, in_ptr[lo] + _BIND_BLOCK, side="right")) - 1, lo + 1)
+        hi = min(hi, len(t))
+        edges = in_edges[in_ptr[lo]:in_ptr[hi]]
+        if len(edges):
+            counts = np.diff(in_ptr[lo:hi + 1])
+            starts = (in_ptr[lo:hi] - in_ptr[lo])[counts > 0]
+            group = np.repeat(np.arange(len(starts), dtype=INDEX), counts[counts > 0])
+            best = np.ones(len(edges), dtype=bool)
+            for ranked in (t[src[edges]] + nominal[edges], nominal[edges], -table[kind[edges]]):
+                top = np.maximum.reduceat(np.where(best, ranked, -np.inf), starts)
+                best &= ranked == top[group]
+            kept = np.flatnonzero(best)
+            first = edges[kept[np.r_[True, group[kept][1:] != group[kept][:-1]]]]
+            binding[dst[first]] = first
+            weight[first] = t[dst[first]] - t[src[first]]
+        lo = hi
     return binding, weight
 
 
