@@ -84,7 +84,7 @@ class EdgeList:
         def kept(values: np.ndarray | float | bool, dtype: type) -> np.ndarray:
             """The edges' column: the caller's array itself where every edge is kept and its dtype is
             the column's (concatenated by :meth:`arrays`, not copied here)."""
-            column = np.broadcast_to(np.asarray(values, dtype=dtype), (n,))
+            column: np.ndarray = np.broadcast_to(np.asarray(values, dtype=dtype), (n,))
             column = column if ok is None else column[ok]
             return column.copy() if column.strides == (0,) else column
 
