@@ -73,8 +73,9 @@ class LocalGraph:
     edge, -1: a source).  Edge ``e``: ``src``, ``dst``, ``weight`` (the binding edges' with their
     measured delay), ``nominal``, ``kind`` (:mod:`.edges`), ``category`` (:mod:`.categories`),
     ``owner`` (the event its time is attributed to), ``flag``.  ``order`` (computed when first
-    used): the nodes in topological order; ``in_ptr`` / ``in_edges``: each node's incoming edges (CSR).  Node and edge indices are
-    :data:`~.edges.INDEX` (int32), times and weights float64, kinds and categories int8.
+    used): the nodes in topological order; ``in_ptr`` / ``in_edges``: each node's incoming edges
+    (CSR).  Node and edge indices are :data:`~.edges.INDEX` (int32), times and weights float64,
+    kinds and categories int8.
     """
 
     trace: Trace

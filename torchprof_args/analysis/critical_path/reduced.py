@@ -130,11 +130,37 @@ def label_time(graph: LocalGraph, label: int) -> float:
     return float(graph.t[graph.completion[label]])
 
 
-def _into(graph: LocalGraph, run: Replay, node: int) -> Into:
-    l1, t1, w1, l2, t2, w2, _ = run.value(node)
-    d1 = t1 - label_time(graph, l1) if l1 != NONE else 0.0
-    d2 = t2 - label_time(graph, l2) if l2 != NONE else 0.0
-    return Into(int(l1), float(d1), int(l2), float(d2), float(w1), float(w2) if l2 != NONE else 0.0)
+def _label_times(graph: LocalGraph, labels: np.ndarray) -> np.ndarray:
+    """:func:`label_time` of each of ``labels`` (0 for :data:`~.propagate.NONE`)."""
+    out = np.zeros(len(labels))
+    window, step, record = labels == WINDOW, labels <= -3, labels >= 0
+    if window.any():
+        out[window] = graph.t[graph.window_node]
+    if step.any():
+        out[step] = graph.t[np.array([s.end for s in graph.steps], dtype=np.int64)[-3 - labels[step]]]
+    out[record] = graph.t[graph.completion[labels[record]]]
+    return out
+
+
+def _intos(graph: LocalGraph, run: Replay, nodes: Sequence[int]) -> list[Into]:
+    """How each of ``nodes`` (sinks of ``run``) depends on the labels before it, all at once."""
+    at = np.asarray(nodes, dtype=np.int64)
+    l1, t1, w1 = run.label1[at], run.time1[at], run.work1[at]
+    l2, t2, w2 = run.label2[at], run.time2[at], run.work2[at]
+    for k in np.flatnonzero(np.isin(at, np.fromiter(run.sinks, np.int64, len(run.sinks)))).tolist():
+        l1[k], t1[k], w1[k], l2[k], t2[k], w2[k], _ = run.sinks[int(at[k])]  # a step end, as a sink
+    d1 = np.where(l1 != NONE, t1 - _label_times(graph, l1), 0.0)
+    d2 = np.where(l2 != NONE, t2 - _label_times(graph, l2), 0.0)
+    w2 = np.where(l2 != NONE, w2, 0.0)
+    return [Into(*row) for row in zip(l1.tolist(), d1.tolist(), l2.tolist(), d2.tolist(), w1.tolist(),
+                                      w2.tolist(), strict=True)]
+
+
+def _sink_tables(graph: LocalGraph, run: Replay) -> tuple[list[Into | None], list[Into]]:
+    """Every arrival's (None where it has none) and every step end's dependency in ``run``."""
+    arrivals = graph.arrival.tolist()
+    found = iter(_intos(graph, run, [a for a in arrivals if a >= 0]))
+    return [next(found) if a >= 0 else None for a in arrivals], _intos(graph, run, [s.end for s in graph.steps])
 
 
 def tables(graph: LocalGraph, change: Change | None = None,
@@ -147,8 +173,7 @@ def tables(graph: LocalGraph, change: Change | None = None,
         weight, cut = change if change is not None else (graph.weight, np.zeros(len(graph.src), dtype=bool))
         target = small.graph
         run = replay(target, small.weights(weight), small.cuts(cut), small.work(weight, graph))
-    arrivals = [_into(target, run, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
-    return arrivals, [_into(target, run, s.end) for s in target.steps]
+    return _sink_tables(target, run)
 
 
 def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
@@ -276,8 +301,7 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
     small = contract(graph)
     target = small.graph
     measured = replay(target, small.weights(graph.weight), None, small.work(graph.weight, graph))
-    arrivals = [_into(target, measured, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
-    ends = [_into(target, measured, s.end) for s in target.steps]
+    arrivals, ends = _sink_tables(target, measured)
     all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
     on_path = np.zeros(len(graph.src), dtype=bool)
     pieces, step_pieces = _pieces(graph, small, measured, on_path)
