@@ -160,7 +160,8 @@ def _sink_tables(graph: LocalGraph, run: Replay) -> tuple[list[Into | None], lis
     """Every arrival's (None where it has none) and every step end's dependency in ``run``."""
     arrivals = graph.arrival.tolist()
     found = iter(_intos(graph, run, [a for a in arrivals if a >= 0]))
-    return [next(found) if a >= 0 else None for a in arrivals], _intos(graph, run, [s.end for s in graph.steps])
+    ends = _intos(graph, run, [s.end for s in graph.steps])
+    return [next(found) if a >= 0 else None for a in arrivals], ends
 
 
 def tables(graph: LocalGraph, change: Change | None = None,
