@@ -27,6 +27,7 @@ from torchprof_args.analysis.analyzers.stepwise import KERNEL_CATS, RUNTIME_CATS
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.cpu_graph import CpuEvents
 from torchprof_args.analysis.critical_path.edges import INFER, KERNEL, LAUNCH_EDGE, STREAM, SYNC, EdgeList
+from torchprof_args.analysis.critical_path.ranges import last_of_each, range_pairs
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["INFER_WINDOW_US", "Kernels", "gpu_edges", "gpu_events"]
@@ -37,8 +38,6 @@ INFER_SLACK_US = 5.0
 INFER_WINDOW_US = 15.0
 #: a synchronisation returns at most this long after the kernel it waited for (clock jitter).
 SYNC_TOLERANCE_US = 5.0
-#: candidate pairs of inferred waits examined at once (bounds their memory).
-_PAIRS = 1 << 20
 
 
 @dataclass
@@ -164,25 +163,17 @@ def _inferred_edges(trace: Trace, cpu: CpuEvents, kernels: Kernels, ts: np.ndarr
     ends = end[by_end]
     # per late kernel, the kernels that ended in the window before it started (a range of ``ends``);
     # of those on another stream that ended after it was ready, the last to end: candidate pairs in
-    # chunks (the window is short: a few kernels each), the largest position per kernel
+    # chunks (the window is short: a few kernels each), the last per kernel
     hi = np.searchsorted(ends, ts[late], side="right")
     lo = np.searchsorted(ends, ts[late] - INFER_WINDOW_US, side="left")
-    counts = np.maximum(hi - lo, 0)
-    total = np.r_[0, np.cumsum(counts)]
     src, dst = [], []
-    at = 0
-    while at < len(late):
-        stop = max(int(np.searchsorted(total, total[at] + _PAIRS, side="right")) - 1, at + 1)
-        c = counts[at:stop]
-        which = np.repeat(np.arange(at, stop), c)
-        j = np.repeat(lo[at:stop] - (total[at:stop] - total[at]), c) + np.arange(len(which))
+    for which, j in range_pairs(lo, hi):
         i, other = late[which], by_end[j]
         ok = (kernels.stream[other] != kernels.stream[i]) & (ends[j] > ready[i])
         which, j = which[ok], j[ok]
-        last = np.r_[which[1:] != which[:-1], True] if len(which) else np.zeros(0, dtype=bool)
+        last = last_of_each(which)
         src.append(kernels.end_node[by_end[j[last]]])
         dst.append(late[which[last]])
-        at = stop
     found = np.concatenate(dst) if dst else np.zeros(0, np.int64)
     edges.add(np.concatenate(src) if src else np.zeros(0, np.int64), kernels.start_node[found], 0.0, INFER,
               cat.LAUNCH, kernels.events[found])
