@@ -118,8 +118,6 @@ def contract(graph: LocalGraph) -> Contracted:
     new_id = np.cumsum(kept) - 1
     src, dst = new_id[graph.src[heads]], new_id[graph.dst[tails]]
     t = graph.t[kept]
-    ptr = np.zeros(len(t) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=len(t)), out=ptr[1:])
     m = len(heads)
     single = first[1:] - first[:-1] == 1
     kind = np.where(single, graph.kind[heads], CHAIN).astype(np.int8)
@@ -127,7 +125,7 @@ def contract(graph: LocalGraph) -> Contracted:
     small = replace(
         graph, t=t, event=graph.event[kept], src=src, dst=dst, weight=np.zeros(m), nominal=np.zeros(m),
         kind=kind, category=graph.category[heads], owner=graph.owner[heads], flag=graph.flag[heads],
-        binding=binding, in_ptr=ptr, in_edges=np.argsort(dst, kind="stable"),
+        binding=binding,
         steps=[StepNodes(s.name, int(new_id[s.start]), int(new_id[s.end])) for s in graph.steps],
         window_node=int(new_id[graph.window_node]) if graph.window_node >= 0 else -1,
         arrival=np.where(graph.arrival >= 0, new_id[np.maximum(graph.arrival, 0)], -1),

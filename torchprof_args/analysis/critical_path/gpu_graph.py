@@ -26,7 +26,15 @@ from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import KERNEL_CATS, RUNTIME_CATS
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.cpu_graph import CpuEvents
-from torchprof_args.analysis.critical_path.edges import INFER, KERNEL, LAUNCH_EDGE, STREAM, SYNC, EdgeList
+from torchprof_args.analysis.critical_path.edges import (
+    INDEX,
+    INFER,
+    KERNEL,
+    LAUNCH_EDGE,
+    STREAM,
+    SYNC,
+    EdgeList,
+)
 from torchprof_args.analysis.critical_path.ranges import last_of_each, range_pairs
 from torchprof_args.analysis.trace import Trace
 
@@ -66,7 +74,7 @@ def gpu_events(trace: Trace, cpu: CpuEvents, first_node: int) -> Kernels:
     """The kernels of ``trace`` with their nodes (``first_node`` ...) and launches; marks the launch
     calls of device-to-host copies as blocking in ``cpu``."""
     is_kernel = lookup(trace.cats, KERNEL_CATS)[trace.cat_id] & (trace.stream >= 0)
-    events = np.flatnonzero(is_kernel).astype(np.int64)
+    events = np.flatnonzero(is_kernel).astype(INDEX)
     events = events[np.argsort(trace.ts[events], kind="stable")]
     m = len(events)
     names = trace.name_id[events]
@@ -76,9 +84,9 @@ def gpu_events(trace: Trace, cpu: CpuEvents, first_node: int) -> Kernels:
     launch = _launch_positions(trace, cpu, events)
     dtoh = lookup(trace.names, DTOH_RE.search)[names] & (launch >= 0)
     cpu.blocking[launch[dtoh]] = True
-    return Kernels(events, np.arange(m, dtype=np.int64) + first_node,
-                   np.arange(m, dtype=np.int64) + first_node + m, trace.stream[events].astype(np.int64),
-                   category, launch)
+    return Kernels(events, np.arange(first_node, first_node + m, dtype=INDEX),
+                   np.arange(first_node + m, first_node + 2 * m, dtype=INDEX),
+                   trace.stream[events].astype(INDEX), category, launch)
 
 
 def _launch_positions(trace: Trace, cpu: CpuEvents, kernels: np.ndarray) -> np.ndarray:

@@ -73,9 +73,10 @@ class LocalGraph:
     edge, -1: a source).  Edge ``e``: ``src``, ``dst``, ``weight`` (the binding edges' with their
     measured delay), ``nominal``, ``kind`` (:mod:`.edges`), ``category`` (:mod:`.categories`),
     ``owner`` (the event its time is attributed to), ``flag``.  ``order`` (computed when first
-    used): the nodes in topological order; ``in_ptr`` / ``in_edges``: each node's incoming edges
-    (CSR).  Node and edge indices are :data:`~.edges.INDEX` (int32), times and weights float64,
-    kinds and categories int8.
+    used): the nodes in topological order; ``in_ptr`` / ``in_edges`` (also computed when first
+    used, by a replay: the builder's own copy is not kept): each node's incoming edges (CSR).
+    Node and edge indices are :data:`~.edges.INDEX` (int32), times and weights float64, kinds and
+    categories int8.
     """
 
     trace: Trace
@@ -90,8 +91,6 @@ class LocalGraph:
     owner: np.ndarray
     flag: np.ndarray
     binding: np.ndarray
-    in_ptr: np.ndarray
-    in_edges: np.ndarray
     cpu: CpuEvents
     kernels: Kernels
     steps: list[StepNodes]
@@ -109,6 +108,20 @@ class LocalGraph:
         """The nodes in topological order (:func:`topological_order`), computed when first replayed:
         a rank's paths replay only its contracted graph (:mod:`.contract`)."""
         return topological_order(self.t, self.src, self.dst)
+
+    @functools.cached_property
+    def _incoming(self) -> tuple[np.ndarray, np.ndarray]:
+        return _csr(self.dst, len(self.t))
+
+    @property
+    def in_ptr(self) -> np.ndarray:
+        """Node ``v``'s incoming edges are ``in_edges[in_ptr[v]:in_ptr[v + 1]]``."""
+        return self._incoming[0]
+
+    @property
+    def in_edges(self) -> np.ndarray:
+        """The edges by destination, in index order within each (see :attr:`in_ptr`)."""
+        return self._incoming[1]
 
     @property
     def base_us(self) -> float:
@@ -143,10 +156,9 @@ def local_graph(trace: Trace) -> LocalGraph:
     gpu_edges(trace, cpu, kernels, edges)
     src, dst, nominal, kind, category, owner, flag = edges.arrays()
     del edges
-    in_ptr, in_edges = _csr(dst, len(t))
-    binding, weight = _bind(t, src, dst, nominal, kind, in_ptr, in_edges)
+    binding, weight = _bind(t, src, dst, nominal, kind, *_csr(dst, len(t)))
     graph = LocalGraph(trace, t, event, src, dst, weight, nominal, kind, category, owner, flag, binding,
-                       in_ptr, in_edges, cpu, kernels, [], -1)
+                       cpu, kernels, [], -1)
     _add_steps(graph)
     if trace.comms is not None:
         _add_records(graph, {int(cpu.events[run]): node for run, node in early.items()})
