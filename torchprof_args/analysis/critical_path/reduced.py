@@ -25,7 +25,7 @@ from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.contract import Contracted, contract
-from torchprof_args.analysis.critical_path.edges import WAIT
+from torchprof_args.analysis.critical_path.edges import INDEX, WAIT
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
 from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
@@ -43,7 +43,7 @@ TOP_CONTRIBUTORS = 8
 #: a contributor's name for time on a thread inside no operator (Python between operators).
 BETWEEN = "[CPU time between operators]"
 #: the paths' pieces are computed in batches of about this many edges (bounds their memory).
-BATCH_EDGES = 1 << 18
+BATCH_EDGES = 1 << 16
 
 
 class Contributor(msgspec.Struct, frozen=True, array_like=True):
@@ -182,68 +182,89 @@ def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
     operator, and a step annotation's own, under :data:`BETWEEN`), and the names."""
     trace = graph.trace
     names = [BETWEEN if STEP_RE.match(n) else n[:160] for n in trace.names] + [BETWEEN]
-    keys = np.full(len(graph.src), len(trace.names), dtype=np.int64)
+    keys = np.full(len(graph.src), len(trace.names), dtype=INDEX)
     has = graph.owner >= 0
     keys[has] = trace.name_id[graph.owner[has]]
     return keys, names
 
 
-def _walks(small: Contracted, run: Replay, nodes: list[int]) -> list[list[int]]:
+#: below this many walks still going, the rest are followed one edge at a time (a pass of array
+#: operations per edge would cost more than the Python loop).
+_LOCKSTEP_WALKS = 16
+
+
+def _walks(small: Contracted, run: Replay, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """The binding path into each of ``nodes`` (of the contracted graph ``run`` replays): its
-    contracted edges, from the node back to its label."""
-    via, src = run.via.tolist(), small.graph.src.tolist()
-    walks = []
-    for node in nodes:
-        edges = []
-        e = run.value(node)[6]
+    contracted edges, from the node back to its label; all walks concatenated, and each one's length.
+
+    The walks are followed together, one edge of each per pass of array operations, while many are
+    still going; the last few one edge at a time."""
+    via, src = run.via, small.graph.src
+    live = np.arange(len(nodes), dtype=np.int64)
+    at = np.array([run.value(node)[6] for node in nodes], dtype=np.int64)
+    walk_of: list[np.ndarray] = []
+    step: list[np.ndarray] = []
+    while len(live) >= _LOCKSTEP_WALKS:
+        going = at >= 0
+        live, at = live[going], at[going]
+        walk_of.append(live)
+        step.append(at)
+        at = via[src[at]]
+    rest_walk, rest_edge = [], []
+    via_list = via.tolist()
+    for w, e in zip(live.tolist(), at.tolist(), strict=True):
         while e >= 0:
-            edges.append(e)
-            e = via[src[e]]
-        walks.append(edges)
-    return walks
+            rest_walk.append(w)
+            rest_edge.append(e)
+            e = via_list[int(src[e])]
+    walk = np.concatenate([*walk_of, np.array(rest_walk, dtype=np.int64)])
+    edge = np.concatenate([*step, np.array(rest_edge, dtype=np.int64)])
+    order = np.argsort(walk, kind="stable")  # per walk, its edges in the order followed
+    return edge[order], np.bincount(walk, minlength=len(nodes))
 
 
-def _expanded(small: Contracted, walks: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """``walks`` as the full graph's edges, all concatenated, and each edge's walk."""
-    chosen = np.array([e for edges in walks for e in edges], dtype=np.int64)
+def _expanded(small: Contracted, chosen: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walks (``chosen``: their contracted edges concatenated; ``lengths``) as the full graph's edges,
+    all concatenated, and each edge's walk."""
     first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
     offsets = np.repeat(np.cumsum(counts) - counts, counts)
     path = small.member_edges(np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets)
-    return path, np.repeat(np.repeat(np.arange(len(walks)), [len(w) for w in walks]), counts)
+    return path, np.repeat(np.repeat(np.arange(len(lengths)), lengths), counts)
 
 
 def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[int],
                on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
     """Per node of ``nodes``, the binding path into it: its time by category and top contributors (a
     name in a category, :data:`TOP_CONTRIBUTORS` at most, largest first), and for each contributor the
-    event of its
-    longest edge (for its call site); the paths' edges marked in ``on_path``.  Paths in batches of
-    about :data:`BATCH_EDGES` edges (they overlap: together they can be several times the graph),
-    each batch one pass of array operations, not a pass per path."""
-    walks = _walks(small, run, nodes)
+    event of its longest edge (for its call site); the paths' edges marked in ``on_path``.  Paths in
+    batches of about :data:`BATCH_EDGES` edges (they overlap: together they can be several times the
+    graph), each batch one pass of array operations, not a pass per path."""
+    chosen, lengths = _walks(small, run, nodes)
+    bounds = np.r_[0, np.cumsum(lengths)]
     spans = small.starts[1:] - small.starts[:-1]
-    sizes = [int(spans[w].sum()) if w else 0 for w in walks]
+    covered = np.r_[0, np.cumsum(spans[chosen])]
+    sizes = (covered[bounds[1:]] - covered[bounds[:-1]]).tolist()  # full edges per walk
     keys = _name_keys(graph)
     out: list[tuple[Piece, list[int]]] = []
     lo = 0
-    while lo < len(walks):
+    while lo < len(nodes):
         hi, edges = lo + 1, sizes[lo]
-        while hi < len(walks) and edges + sizes[hi] <= BATCH_EDGES:
+        while hi < len(nodes) and edges + sizes[hi] <= BATCH_EDGES:
             edges += sizes[hi]
             hi += 1
-        out += _batch_pieces(graph, small, walks[lo:hi], keys, on_path)
+        out += _batch_pieces(graph, small, chosen[bounds[lo]:bounds[hi]], lengths[lo:hi], keys, on_path)
         lo = hi
     return out
 
 
-def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
+def _batch_pieces(graph: LocalGraph, small: Contracted, chosen: np.ndarray, lengths: np.ndarray,
                   keys: tuple[np.ndarray, list[str]], on_path: np.ndarray) -> list[tuple[Piece, list[int]]]:
     """:func:`_pieces_of` for one batch of walks."""
     n_cat = len(cat.CATEGORIES)
-    path, piece = _expanded(small, walks)
+    path, piece = _expanded(small, chosen, lengths)
     on_path[path] = True
     weight, category = graph.weight[path], graph.category[path].astype(np.int64)
-    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(walks) * n_cat)
+    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(lengths) * n_cat)
     key_of, names = keys
     pair = key_of[path] * n_cat + category  # a contributor: a name in a category
     span = int(pair.max()) + 1 if len(pair) else 1
@@ -263,12 +284,12 @@ def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
     order = np.lexsort((g_pair, -sums, g_piece))  # per piece, largest first (ties: the lower pair)
     rank = np.arange(len(order)) - np.searchsorted(g_piece[order], g_piece[order])
     top = order[(rank < TOP_CONTRIBUTORS) & (sums[order] > 0)]
-    found: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in walks]
+    found: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in range(len(lengths))]
     for g, p, pr, us in zip(top.tolist(), g_piece[top].tolist(), g_pair[top].tolist(), sums[top].tolist(),
                             strict=True):
         found[p][0].append(Contributor(names[pr // n_cat], cat.CATEGORIES[pr % n_cat], round(us, 3)))
         found[p][1].append(int(event_of[g]))
-    rows = by_cat.reshape(len(walks), n_cat).tolist()
+    rows = by_cat.reshape(len(lengths), n_cat).tolist()
     return [(Piece([round(x, 3) for x in row], contributors), events)
             for row, (contributors, events) in zip(rows, found, strict=True)]
 
