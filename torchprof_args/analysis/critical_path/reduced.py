@@ -327,10 +327,12 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
     all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
     on_path = np.zeros(len(graph.src), dtype=bool)
     pieces, step_pieces = _pieces(graph, small, measured, on_path)
+    del measured  # the what-ifs' replays come one at a time, each released before the next
     for cause in causes:
         change = cause_change(graph, cause)
         if change is not None and _matters(graph, change, on_path):
             all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
+        del change
     t = graph.t
     return RankPaths(
         format=PATHS_FORMAT, rank=graph.trace.rank, world_size=graph.trace.world_size,
