@@ -112,6 +112,9 @@ class TraceMemo:
     #: the steps, kernels and GPU idle time the diagnose analyzers share
     #: (:func:`.analyzers.stepwise.context`).
     diagnose: Any = None
+    #: the rank's collectives as its trace names its rank (:func:`.analyzers.collectives.rank_collectives`:
+    #: ``diagnose`` and the critical path both need them; not to be changed by a reader).
+    rank_comms: Any = None
 
     def clear(self) -> None:
         """Forget every table (after a change to the trace's columns)."""

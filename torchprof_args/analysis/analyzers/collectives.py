@@ -29,7 +29,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -493,7 +493,8 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
         rank: overrides the trace's ``distributedInfo.rank`` (for traces that lack it).
 
     Returns:
-        The rank's :class:`RankComms`.
+        The rank's :class:`RankComms` (without ``rank``: computed once per trace, kept in its memo and
+        shared by every caller, which must not change it).
 
     Raises:
         TraceError: the trace was loaded without its communication events.
@@ -501,6 +502,16 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     if trace.comms is None:
         raise TraceError(f"{trace.path}: loaded without communication events; "
                          "use load_trace(..., comms=True)")
+    if rank is None:  # as the trace says: kept in its memo (diagnose and the critical path both read it)
+        if trace.memo.rank_comms is None:
+            trace.memo.rank_comms = _rank_collectives(trace, None)
+        return cast(RankComms, trace.memo.rank_comms)
+    return _rank_collectives(trace, rank)
+
+
+def _rank_collectives(trace: Trace, rank: int | None) -> RankComms:
+    """:func:`rank_collectives`, computed."""
+    assert trace.comms is not None
     rows = [dict(zip(COMM_FIELDS, row, strict=True)) for row in trace.comms]
     kernels = [r for r in rows if r["cat"] == "kernel" and "nccl" in r["name"].lower()]
     cpu = [r for r in rows if r["stream"] == -1]

@@ -44,7 +44,8 @@ from torchprof_args.analysis.analyzers.event_names import (
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
-from torchprof_args.analysis.critical_path.edges import CHAIN, ISSUE, WAIT, WAKE, EdgeList
+from torchprof_args.analysis.critical_path.edges import CHAIN, INDEX, ISSUE, WAIT, WAKE, EdgeList
+from torchprof_args.analysis.critical_path.ranges import first_of_each, range_pairs
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["RESUME_US", "CpuEvents", "cpu_edges", "cpu_events"]
@@ -94,10 +95,10 @@ class CpuEvents:
 def cpu_events(trace: Trace, first_node: int = 0) -> CpuEvents:
     """The CPU events of ``trace`` with their nodes (``first_node`` ...) and flags."""
     tree = cpu_tree(trace)
-    events = tree["idx"].astype(np.int64)
+    events = tree["idx"].astype(INDEX)
     n = len(events)
     names = trace.name_id[events]
-    thread = trace.thread_id[events].astype(np.int64)
+    thread = trace.thread_id[events].astype(INDEX)
     step = lookup(trace.names, STEP_RE.match)[names]
     threads_with_steps = thread[step]
     if len(threads_with_steps):
@@ -107,9 +108,9 @@ def cpu_events(trace: Trace, first_node: int = 0) -> CpuEvents:
     else:
         main = -1
     return CpuEvents(
-        events=events, parent=tree["parent"].astype(np.int64), depth=tree["depth"].astype(np.int64),
-        thread=thread, start_node=np.arange(n, dtype=np.int64) + first_node,
-        end_node=np.arange(n, dtype=np.int64) + first_node + n,
+        events=events, parent=tree["parent"].astype(INDEX), depth=tree["depth"].astype(INDEX),
+        thread=thread, start_node=np.arange(first_node, first_node + n, dtype=INDEX),
+        end_node=np.arange(first_node + n, first_node + 2 * n, dtype=INDEX),
         loader=lookup(trace.names, LOADER_RE.search)[names],
         blocking=lookup(trace.names, lambda s: bool(SYNC_RE.match(s) or _SYNC_COPY_RE.match(s)))[names],
         polling=lookup(trace.names, _POLL_RE.match)[names],
@@ -137,21 +138,20 @@ def inherit(flag: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> np.ndarr
 def _boundaries(trace: Trace, cpu: CpuEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every boundary (node, time, owner of the interval after it) in chain order: by thread, time,
     ends before starts (zero-length events' ends after the starts), outer starts first, inner
-    ends first."""
+    ends first.  Nodes, owners and threads are :data:`~.edges.INDEX`."""
+    n = len(cpu)
     ts = trace.ts[cpu.events]
-    dur = np.maximum(trace.dur[cpu.events], 0.0)
-    end = ts + dur
-    zero = dur <= 0
+    end = ts + np.maximum(trace.dur[cpu.events], 0.0)
+    kinds = np.concatenate([np.ones(n, np.int8), np.where(end <= ts, 2, 0).astype(np.int8)])
     times = np.concatenate([ts, end])
-    kinds = np.concatenate([np.ones(len(ts), np.int8), np.where(zero, 2, 0).astype(np.int8)])
-    ties = np.concatenate([-end, -ts])
-    thread = np.concatenate([cpu.thread, cpu.thread])
-    order = np.lexsort((ties, kinds, times, thread))
-    nodes = np.concatenate([cpu.start_node, cpu.end_node])[order]
-    pos = np.concatenate([np.arange(len(ts)), np.arange(len(ts))])[order]
-    is_start = order < len(ts)
+    order = np.lexsort((np.concatenate([-end, -ts]), kinds, times,
+                        np.concatenate([cpu.thread, cpu.thread]))).astype(INDEX)
+    del ts, end, kinds
+    is_start = order < n
+    pos = np.where(is_start, order, order - n)  # the event's position
+    nodes = np.where(is_start, cpu.start_node[pos], cpu.end_node[pos])
     owner = np.where(is_start, pos, cpu.parent[pos])
-    return nodes, times[order], np.stack([owner, thread[order]])
+    return nodes, times[order], np.stack([owner, cpu.thread[pos]])
 
 
 def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
@@ -174,6 +174,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     src, dst = nodes[:-1][same], nodes[1:][same]
     t0, t1, own = times[:-1][same], times[1:][same], owner[:-1][same]
     on_thread = thread[:-1][same]
+    del same, owner
     loader = inherit(cpu.loader, cpu.parent, cpu.depth)
     blocking = inherit(cpu.blocking, cpu.parent, cpu.depth)
     in_run = inherit(cpu.run, cpu.parent, cpu.depth)
@@ -195,7 +196,11 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
     removable = _removable_waits(trace, cpu, issuers)
     early: dict[int, int] = {}
     # quiet, then a new event (entering a collective's wait is not the thread resuming from one)
-    resumes = gaps & np.isin(dst, cpu.start_node[~waiting]) & (t1 - t0 >= MIN_QUIET_US)
+    started = dst - cpu.start_node[0]  # the event whose start a chain interval ends at, if any
+    enters = (started >= 0) & (started < len(cpu))
+    enters[enters] = ~waiting[started[enters]]
+    resumes = gaps & enters & (t1 - t0 >= MIN_QUIET_US)
+    del started, enters
     waits: list[tuple[int, int, int, bool]] = []  # (chain interval, source node, owner, removable)
     in_wait = has & waiting[o]  # the thread inside a collective's wait: it waits, however long
     found = _waits(trace, cpu, bursts, issuers, (t0, t1, on_thread, gaps), in_wait)
@@ -215,6 +220,7 @@ def cpu_edges(trace: Trace, cpu: CpuEvents, edges: EdgeList) -> dict[int, int]:
         weight[at] = 0.0
         np.logical_or.at(top_level, at, flag)  # an interval may be named twice
         edges.add(wait_src, dst[at], 0.0, WAIT, cat.CPU_ONLY, owner_of, flag)
+    del t0, t1, on_thread, gaps, resumes, in_wait  # what the waits were found from
     edges.add(src, dst, weight, CHAIN, category, np.where(has, cpu.events[o], -1), top_level)
     _issue_edges(cpu, issuers, edges)
     _wake_edges(cpu, bursts, issuers, nodes, times, thread, edges)
@@ -239,7 +245,8 @@ def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],
 
     Chain intervals are grouped by thread, in time order there (``t0``, ``t1`` sorted), so a run's
     candidates (begun after the issue, at most :data:`RESUME_US` after gloo began, ended after it
-    began) are found by binary search: a handful per run, never all of the thread's.
+    began) are a range found by binary search, a thread at a time: a handful per run, never all of
+    the thread's; all runs' candidates are then tested together (:func:`~.ranges.range_pairs`).
     """
     t0, t1, thread, gap = intervals
     if not issuers or not len(t0):
@@ -250,23 +257,21 @@ def _early_resumes(trace: Trace, cpu: CpuEvents, issuers: dict[int, int],
     end = start + trace.dur[cpu.events[runs]]
     since = trace.ts[cpu.events[by]]
     th = cpu.thread[by]
-    lo = np.searchsorted(thread, th, side="left")
-    hi = np.searchsorted(thread, th, side="right")
-    out = []
-    for k in range(len(runs)):
-        a, b = int(lo[k]), int(hi[k])
-        if a == b:
-            continue
-        s = float(start[k])
-        first = a + max(int(np.searchsorted(t0[a:b], since[k], side="left")),
-                        int(np.searchsorted(t1[a:b], s, side="right")))
-        last = a + int(np.searchsorted(t0[a:b], s + RESUME_US, side="right"))
-        if first >= last:
-            continue
-        u0, u1 = t0[first:last], t1[first:last]
-        hit = np.flatnonzero(gap[first:last] & (u1 < end[k]) & (u1 - s >= 0.5 * (u1 - u0)))
-        if len(hit):
-            out.append((first + int(hit[0]), int(runs[k])))
+    first = np.zeros(len(runs), dtype=np.int64)
+    last = np.zeros(len(runs), dtype=np.int64)
+    for one in np.unique(th).tolist():
+        sel = np.flatnonzero(th == one)
+        a, b = int(np.searchsorted(thread, one, side="left")), int(np.searchsorted(thread, one, side="right"))
+        first[sel] = a + np.maximum(np.searchsorted(t0[a:b], since[sel], side="left"),
+                                    np.searchsorted(t1[a:b], start[sel], side="right"))
+        last[sel] = a + np.searchsorted(t0[a:b], start[sel] + RESUME_US, side="right")
+    out: list[tuple[int, int]] = []
+    for k, i in range_pairs(first, last):
+        u0, u1 = t0[i], t1[i]
+        ok = gap[i] & (u1 < end[k]) & (u1 - start[k] >= 0.5 * (u1 - u0))
+        k, i = k[ok], i[ok]
+        lead = first_of_each(k)
+        out += zip(i[lead].tolist(), runs[k[lead]].tolist(), strict=True)
     return out
 
 
@@ -358,37 +363,40 @@ def _waits(trace: Trace, cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int]
     t0, t1, thread, gap = intervals
     if not len(bursts.first) or not len(t0):
         return []
-    pid_of = [trace.threads[int(t)][0] for t in range(len(trace.threads))]
+    pid_of = np.array([trace.threads[int(t)][0] for t in range(len(trace.threads))], dtype=object)
     firsts = np.flatnonzero(np.r_[True, thread[1:] != thread[:-1]])  # intervals are grouped by thread
     bounds = zip(firsts.tolist(), [*firsts[1:].tolist(), len(thread)], strict=True)
-    spans = dict(zip(thread[firsts].tolist(), bounds, strict=True))
-    out = []
-    for b in range(len(bursts.first)):
-        end, own_thread = float(bursts.end[b]), int(bursts.thread[b])
-        issuer = issuers.get(int(bursts.first[b]))
-        for th, (lo, hi) in spans.items():
-            if th == own_thread or pid_of[th] != pid_of[own_thread]:
-                continue
-            i = lo + int(np.searchsorted(t0[lo:hi], end, side="right")) - 1
-            if i < lo or not gap[i] or t1[i] < end:
-                continue
-            # a thread that issued the collective and then went quiet was waiting for it, however
-            # slowly it was woken on a busy host; for other work the evidence is the timing alone
-            share = ISSUED_RESUME_SHARE if issuer is not None else 0.1
-            slack = max(RESUME_US, share * (t1[i] - t0[i]))
-            if in_wait[i] and issuer is not None:  # in a wait operator: waiting until it returns
-                slack = t1[i] - t0[i]
-            # an issued collective ran after it was issued; other work was woken about when the gap began
-            since = (float(trace.ts[cpu.events[issuer]]) if issuer is not None
-                     else float(bursts.start[b]) - slack)
-            # work another thread did for this one began as it went quiet and fills most of its gap
-            began = float(bursts.start[b])
-            covers = issuer is not None or (
-                bursts.work[b] and t1[i] - t0[i] >= MIN_QUIET_US and t0[i] <= began + RESUME_US
-                and end - max(began, t0[i]) >= 0.5 * (t1[i] - t0[i]))
-            if t0[i] >= since and t1[i] - end <= slack and covers:
-                out.append((i, b))
-    return out
+    issuer = np.array([issuers.get(int(f), -1) for f in bursts.first.tolist()], dtype=np.int64)
+    issued = issuer >= 0
+    issued_at = trace.ts[cpu.events[np.maximum(issuer, 0)]]
+    found: list[tuple[np.ndarray, np.ndarray]] = []  # per thread: (burst, interval) of its waits
+    for th, (lo, hi) in zip(thread[firsts].tolist(), bounds, strict=True):
+        b = np.flatnonzero((bursts.thread != th) & (pid_of[bursts.thread] == pid_of[th]))
+        end = bursts.end[b]
+        i = lo + np.searchsorted(t0[lo:hi], end, side="right") - 1
+        valid = i >= lo
+        b, i, end = b[valid], i[valid], end[valid]
+        fits = gap[i] & (t1[i] >= end)
+        b, i, end = b[fits], i[fits], end[fits]
+        u0, u1, by_issue = t0[i], t1[i], issued[b]
+        # a thread that issued the collective and then went quiet was waiting for it, however
+        # slowly it was woken on a busy host; for other work the evidence is the timing alone
+        slack = np.maximum(RESUME_US, np.where(by_issue, ISSUED_RESUME_SHARE, 0.1) * (u1 - u0))
+        slack = np.where(in_wait[i] & by_issue, u1 - u0, slack)  # in a wait operator: until it returns
+        # an issued collective ran after it was issued; other work was woken about when the gap began
+        began = bursts.start[b]
+        since = np.where(by_issue, issued_at[b], began - slack)
+        # work another thread did for this one began as it went quiet and fills most of its gap
+        covers = by_issue | (bursts.work[b] & (u1 - u0 >= MIN_QUIET_US) & (u0 <= began + RESUME_US)
+                             & (end - np.maximum(began, u0) >= 0.5 * (u1 - u0)))
+        ok = (u0 >= since) & (u1 - end <= slack) & covers
+        found.append((b[ok], i[ok]))
+    if not found:
+        return []
+    burst = np.concatenate([b for b, _ in found])
+    interval = np.concatenate([i for _, i in found])
+    order = np.argsort(burst, kind="stable")  # by burst, then the threads' order
+    return list(zip(interval[order].tolist(), burst[order].tolist(), strict=True))
 
 
 def _wake_edges(cpu: CpuEvents, bursts: Bursts, issuers: dict[int, int], nodes: np.ndarray,

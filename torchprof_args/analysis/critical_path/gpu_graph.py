@@ -26,7 +26,16 @@ from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import KERNEL_CATS, RUNTIME_CATS
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.cpu_graph import CpuEvents
-from torchprof_args.analysis.critical_path.edges import INFER, KERNEL, LAUNCH_EDGE, STREAM, SYNC, EdgeList
+from torchprof_args.analysis.critical_path.edges import (
+    INDEX,
+    INFER,
+    KERNEL,
+    LAUNCH_EDGE,
+    STREAM,
+    SYNC,
+    EdgeList,
+)
+from torchprof_args.analysis.critical_path.ranges import last_of_each, range_pairs
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["INFER_WINDOW_US", "Kernels", "gpu_edges", "gpu_events"]
@@ -65,7 +74,7 @@ def gpu_events(trace: Trace, cpu: CpuEvents, first_node: int) -> Kernels:
     """The kernels of ``trace`` with their nodes (``first_node`` ...) and launches; marks the launch
     calls of device-to-host copies as blocking in ``cpu``."""
     is_kernel = lookup(trace.cats, KERNEL_CATS)[trace.cat_id] & (trace.stream >= 0)
-    events = np.flatnonzero(is_kernel).astype(np.int64)
+    events = np.flatnonzero(is_kernel).astype(INDEX)
     events = events[np.argsort(trace.ts[events], kind="stable")]
     m = len(events)
     names = trace.name_id[events]
@@ -75,9 +84,9 @@ def gpu_events(trace: Trace, cpu: CpuEvents, first_node: int) -> Kernels:
     launch = _launch_positions(trace, cpu, events)
     dtoh = lookup(trace.names, DTOH_RE.search)[names] & (launch >= 0)
     cpu.blocking[launch[dtoh]] = True
-    return Kernels(events, np.arange(m, dtype=np.int64) + first_node,
-                   np.arange(m, dtype=np.int64) + first_node + m, trace.stream[events].astype(np.int64),
-                   category, launch)
+    return Kernels(events, np.arange(first_node, first_node + m, dtype=INDEX),
+                   np.arange(first_node + m, first_node + 2 * m, dtype=INDEX),
+                   trace.stream[events].astype(INDEX), category, launch)
 
 
 def _launch_positions(trace: Trace, cpu: CpuEvents, kernels: np.ndarray) -> np.ndarray:
@@ -160,16 +169,19 @@ def _inferred_edges(trace: Trace, cpu: CpuEvents, kernels: Kernels, ts: np.ndarr
         return
     by_end = np.argsort(end, kind="stable")
     ends = end[by_end]
-    src, dst, owner = [], [], []
-    for i in late.tolist():
-        j = int(np.searchsorted(ends, ts[i], side="right")) - 1
-        while j >= 0 and ends[j] >= ts[i] - INFER_WINDOW_US:
-            other = by_end[j]
-            if kernels.stream[other] != kernels.stream[i] and ends[j] > ready[i]:
-                src.append(kernels.end_node[other])
-                dst.append(kernels.start_node[i])
-                owner.append(kernels.events[i])
-                break
-            j -= 1
-    edges.add(np.array(src, np.int64), np.array(dst, np.int64), 0.0, INFER, cat.LAUNCH,
-              np.array(owner, np.int64))
+    # per late kernel, the kernels that ended in the window before it started (a range of ``ends``);
+    # of those on another stream that ended after it was ready, the last to end: candidate pairs in
+    # chunks (the window is short: a few kernels each), the last per kernel
+    hi = np.searchsorted(ends, ts[late], side="right")
+    lo = np.searchsorted(ends, ts[late] - INFER_WINDOW_US, side="left")
+    src, dst = [], []
+    for which, j in range_pairs(lo, hi):
+        i, other = late[which], by_end[j]
+        ok = (kernels.stream[other] != kernels.stream[i]) & (ends[j] > ready[i])
+        which, j = which[ok], j[ok]
+        last = last_of_each(which)
+        src.append(kernels.end_node[by_end[j[last]]])
+        dst.append(late[which[last]])
+    found = np.concatenate(dst) if dst else np.zeros(0, np.int64)
+    edges.add(np.concatenate(src) if src else np.zeros(0, np.int64), kernels.start_node[found], 0.0, INFER,
+              cat.LAUNCH, kernels.events[found])

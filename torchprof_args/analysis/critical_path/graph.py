@@ -16,6 +16,7 @@ where :mod:`.cycle` joins the ranks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.critical_path.cpu_graph import CpuEvents, cpu_edges, cpu_events
 from torchprof_args.analysis.critical_path.edges import (
     CHAIN,
+    INDEX,
     INFER,
     ISSUE,
     JOIN,
@@ -47,10 +49,11 @@ from torchprof_args.analysis.trace import Trace
 
 __all__ = ["LocalGraph", "StepNodes", "local_graph", "topological_order"]
 
+#: the binding edges are found for nodes in blocks of about this many incoming edges.
+_BIND_BLOCK = 1 << 18
 #: among edges that tie for binding, the kind preferred (lower first): work, then what was waited for.
 _PRIORITY = {KERNEL: 0, CHAIN: 1, SYNC: 2, WAIT: 2, JOIN: 2, STREAM: 3, INFER: 4, ISSUE: 5, WAKE: 5,
              LAUNCH_EDGE: 6}
-_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,11 @@ class LocalGraph:
     Node ``v``: ``t[v]`` (trace-relative us), ``event[v]`` (-1: none), ``binding[v]`` (its binding
     edge, -1: a source).  Edge ``e``: ``src``, ``dst``, ``weight`` (the binding edges' with their
     measured delay), ``nominal``, ``kind`` (:mod:`.edges`), ``category`` (:mod:`.categories`),
-    ``owner`` (the event its time is attributed to), ``flag``.  ``order``: the nodes in topological
-    order; ``in_ptr`` / ``in_edges``: each node's incoming edges (CSR).
+    ``owner`` (the event its time is attributed to), ``flag``.  ``order`` (computed when first
+    used): the nodes in topological order; ``in_ptr`` / ``in_edges`` (also computed when first
+    used, by a replay: the builder's own copy is not kept): each node's incoming edges (CSR).
+    Node and edge indices are :data:`~.edges.INDEX` (int32), times and weights float64, kinds and
+    categories int8.
     """
 
     trace: Trace
@@ -85,9 +91,6 @@ class LocalGraph:
     owner: np.ndarray
     flag: np.ndarray
     binding: np.ndarray
-    order: np.ndarray
-    in_ptr: np.ndarray
-    in_edges: np.ndarray
     cpu: CpuEvents
     kernels: Kernels
     steps: list[StepNodes]
@@ -99,6 +102,26 @@ class LocalGraph:
     #: completions that are where a waiting thread resumed (a what-if that cuts the wait frees them),
     #: each with the end of gloo's span, which completes with it (its time is measured after it).
     early: dict[int, int] = field(default_factory=dict)
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """The nodes in topological order (:func:`topological_order`), computed when first replayed:
+        a rank's paths replay only its contracted graph (:mod:`.contract`)."""
+        return topological_order(self.t, self.src, self.dst)
+
+    @functools.cached_property
+    def _incoming(self) -> tuple[np.ndarray, np.ndarray]:
+        return _csr(self.dst, len(self.t))
+
+    @property
+    def in_ptr(self) -> np.ndarray:
+        """Node ``v``'s incoming edges are ``in_edges[in_ptr[v]:in_ptr[v + 1]]``."""
+        return self._incoming[0]
+
+    @property
+    def in_edges(self) -> np.ndarray:
+        """The edges by destination, in index order within each (see :attr:`in_ptr`)."""
+        return self._incoming[1]
 
     @property
     def base_us(self) -> float:
@@ -123,66 +146,67 @@ def local_graph(trace: Trace) -> LocalGraph:
     cpu = cpu_events(trace)
     n = len(cpu)
     kernels = gpu_events(trace, cpu, 2 * n)
-    k_ts = trace.ts[kernels.events]
-    c_ts = trace.ts[cpu.events]
-    t = np.concatenate([c_ts, c_ts + np.maximum(trace.dur[cpu.events], 0.0), k_ts,
-                        k_ts + np.maximum(trace.dur[kernels.events], 0.0)])
+    t = np.concatenate([trace.ts[cpu.events], trace.ts[kernels.events]])  # starts, then ends
+    ends = t + np.maximum(np.concatenate([trace.dur[cpu.events], trace.dur[kernels.events]]), 0.0)
+    t = np.concatenate([t[:n], ends[:n], t[n:], ends[n:]])
+    del ends
     event = np.concatenate([cpu.events, cpu.events, kernels.events, kernels.events])
-    edges = EdgeList()
+    edges = EdgeList(t)  # a dependency against the clocks is left out as it is added
     early = cpu_edges(trace, cpu, edges)
     gpu_edges(trace, cpu, kernels, edges)
     src, dst, nominal, kind, category, owner, flag = edges.arrays()
-    ok = t[src] + nominal <= t[dst] + _EPS  # a dependency against the clocks is left out
-    columns = (src, dst, nominal, kind, category, owner, flag)
-    src, dst, nominal, kind, category, owner, flag = (a[ok] for a in columns)
-    binding, weight = _bind(t, src, dst, nominal, kind)
-    in_ptr, in_edges = _csr(dst, len(t))
+    del edges
+    binding, weight = _bind(t, src, dst, nominal, kind, *_csr(dst, len(t)))
     graph = LocalGraph(trace, t, event, src, dst, weight, nominal, kind, category, owner, flag, binding,
-                       topological_order(t, src, dst), in_ptr, in_edges, cpu, kernels, [], -1)
+                       cpu, kernels, [], -1)
     _add_steps(graph)
     if trace.comms is not None:
         _add_records(graph, {int(cpu.events[run]): node for run, node in early.items()})
     return graph
 
 
-def _bind(t: np.ndarray, src: np.ndarray, dst: np.ndarray, nominal: np.ndarray,
-          kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each node's binding edge (-1: none) and the weights with the binding edges' measured delay."""
-    binding = np.full(len(t), -1, dtype=np.int64)
+def _bind(t: np.ndarray, src: np.ndarray, dst: np.ndarray, nominal: np.ndarray, kind: np.ndarray,
+          in_ptr: np.ndarray, in_edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's binding edge (-1: none) and the weights with the binding edges' measured delay.
+
+    Per node its edges in index order (``in_edges``, the CSR's); then the latest value, the most
+    work, the preferred kind, the first edge: a maximum per node per key, not a sort by four keys.
+    Nodes in blocks of about :data:`_BIND_BLOCK` incoming edges (bounds the temporaries)."""
+    binding = np.full(len(t), -1, dtype=INDEX)
     weight = nominal.copy()
-    if not len(src):
-        return binding, weight
-    value = t[src] + nominal
-    priority = np.array([_PRIORITY.get(k, 9) for k in range(16)], dtype=np.float64)[kind]
-    # per node, its edges in index order; then the latest value, the most work, the preferred kind,
-    # the first edge: one sort and a maximum per node per key, not a sort by four keys
-    by_dst = np.argsort(dst, kind="stable")
-    into = dst[by_dst]
-    starts = np.flatnonzero(np.r_[True, into[1:] != into[:-1]])
-    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(into)]))
-    best = np.ones(len(into), dtype=bool)
-    for key in (value, nominal, -priority):
-        ranked = key[by_dst]
-        top = np.maximum.reduceat(np.where(best, ranked, -np.inf), starts)
-        best &= ranked == top[group]
-    kept = np.flatnonzero(best)
-    first = by_dst[kept[np.r_[True, group[kept][1:] != group[kept][:-1]]]]
-    binding[dst[first]] = first
-    weight[first] = t[dst[first]] - t[src[first]]
+    table = np.array([_PRIORITY.get(k, 9) for k in range(16)], dtype=np.float64)
+    lo = 0
+    while lo < len(t):
+        hi = max(int(np.searchsorted(in_ptr, in_ptr[lo] + _BIND_BLOCK, side="right")) - 1, lo + 1)
+        hi = min(hi, len(t))
+        edges = in_edges[in_ptr[lo]:in_ptr[hi]]
+        if len(edges):
+            counts = np.diff(in_ptr[lo:hi + 1])
+            starts = (in_ptr[lo:hi] - in_ptr[lo])[counts > 0]
+            group = np.repeat(np.arange(len(starts), dtype=INDEX), counts[counts > 0])
+            best = np.ones(len(edges), dtype=bool)
+            for ranked in (t[src[edges]] + nominal[edges], nominal[edges], -table[kind[edges]]):
+                top = np.maximum.reduceat(np.where(best, ranked, -np.inf), starts)
+                best &= ranked == top[group]
+            kept = np.flatnonzero(best)
+            first = edges[kept[np.r_[True, group[kept][1:] != group[kept][:-1]]]]
+            binding[dst[first]] = first
+            weight[first] = t[dst[first]] - t[src[first]]
+        lo = hi
     return binding, weight
 
 
 def _csr(dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(dst, kind="stable")
+    """Each node's incoming edges: ``in_edges[in_ptr[v]:in_ptr[v + 1]]``, in index order."""
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
-    return ptr, order
+    return ptr, np.argsort(dst, kind="stable").astype(INDEX)
 
 
 def topological_order(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """The nodes by time; nodes at the same time as a node they depend on come after it (levels
     over the equal-time edges, found by relaxation)."""
-    level = np.zeros(len(t), dtype=np.int64)
+    level = np.zeros(len(t), dtype=INDEX)
     tie = t[src] == t[dst]
     s, d = src[tie], dst[tie]
     for _ in range(64):
@@ -193,7 +217,7 @@ def topological_order(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.nda
         if not behind.any():
             break
         np.maximum.at(level, d[behind], want[behind])
-    return np.lexsort((level, t))
+    return np.lexsort((level, t)).astype(INDEX)
 
 
 def _add_steps(graph: LocalGraph) -> None:
@@ -227,7 +251,10 @@ def _add_records(graph: LocalGraph, early: dict[int, int]) -> None:
     nodes: dict[tuple[float, float], tuple[int, int]] = {}
     if comms.source == SOURCE_KERNELS:
         k = graph.kernels
-        for j, e in enumerate(k.events.tolist()):
+        starts = np.array([r.start_us for r in comms.records], dtype=np.float64)
+        # only the kernels that start when a record does can be one (the rest: no dict entry each)
+        for j in np.flatnonzero(np.isin(trace.ts[k.events] + base, starts)).tolist():
+            e = int(k.events[j])
             key = (float(trace.ts[e]) + base, float(trace.dur[e]))
             nodes[key] = (int(k.start_node[j]), int(k.end_node[j]))
     elif comms.source == SOURCE_GLOO:

@@ -26,7 +26,7 @@ from torchprof_args.analysis.analyzers.origin import origin
 from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.contract import Contracted, contract
-from torchprof_args.analysis.critical_path.edges import WAIT
+from torchprof_args.analysis.critical_path.edges import INDEX, WAIT
 from torchprof_args.analysis.critical_path.fsdp_edges import fsdp_tags
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
@@ -44,7 +44,7 @@ TOP_CONTRIBUTORS = 8
 #: a contributor's name for time on a thread inside no operator (Python between operators).
 BETWEEN = "[CPU time between operators]"
 #: the paths' pieces are computed in batches of about this many edges (bounds their memory).
-BATCH_EDGES = 1 << 18
+BATCH_EDGES = 1 << 16
 
 
 class Contributor(msgspec.Struct, frozen=True, array_like=True):
@@ -136,11 +136,38 @@ def label_time(graph: LocalGraph, label: int) -> float:
     return float(graph.t[graph.completion[label]])
 
 
-def _into(graph: LocalGraph, run: Replay, node: int) -> Into:
-    l1, t1, w1, l2, t2, w2, _ = run.value(node)
-    d1 = t1 - label_time(graph, l1) if l1 != NONE else 0.0
-    d2 = t2 - label_time(graph, l2) if l2 != NONE else 0.0
-    return Into(int(l1), float(d1), int(l2), float(d2), float(w1), float(w2) if l2 != NONE else 0.0)
+def _label_times(graph: LocalGraph, labels: np.ndarray) -> np.ndarray:
+    """:func:`label_time` of each of ``labels`` (0 for :data:`~.propagate.NONE`)."""
+    out = np.zeros(len(labels))
+    window, step, record = labels == WINDOW, labels <= -3, labels >= 0
+    if window.any():
+        out[window] = graph.t[graph.window_node]
+    if step.any():
+        out[step] = graph.t[np.array([s.end for s in graph.steps], dtype=np.int64)[-3 - labels[step]]]
+    out[record] = graph.t[graph.completion[labels[record]]]
+    return out
+
+
+def _intos(graph: LocalGraph, run: Replay, nodes: Sequence[int]) -> list[Into]:
+    """How each of ``nodes`` (sinks of ``run``) depends on the labels before it, all at once."""
+    at = np.asarray(nodes, dtype=np.int64)
+    l1, t1, w1 = run.label1[at], run.time1[at], run.work1[at]
+    l2, t2, w2 = run.label2[at], run.time2[at], run.work2[at]
+    for k in np.flatnonzero(np.isin(at, np.fromiter(run.sinks, np.int64, len(run.sinks)))).tolist():
+        l1[k], t1[k], w1[k], l2[k], t2[k], w2[k], _ = run.sinks[int(at[k])]  # a step end, as a sink
+    d1 = np.where(l1 != NONE, t1 - _label_times(graph, l1), 0.0)
+    d2 = np.where(l2 != NONE, t2 - _label_times(graph, l2), 0.0)
+    w2 = np.where(l2 != NONE, w2, 0.0)
+    return [Into(*row) for row in zip(l1.tolist(), d1.tolist(), l2.tolist(), d2.tolist(), w1.tolist(),
+                                      w2.tolist(), strict=True)]
+
+
+def _sink_tables(graph: LocalGraph, run: Replay) -> tuple[list[Into | None], list[Into]]:
+    """Every arrival's (None where it has none) and every step end's dependency in ``run``."""
+    arrivals = graph.arrival.tolist()
+    found = iter(_intos(graph, run, [a for a in arrivals if a >= 0]))
+    ends = _intos(graph, run, [s.end for s in graph.steps])
+    return [next(found) if a >= 0 else None for a in arrivals], ends
 
 
 def tables(graph: LocalGraph, change: Change | None = None,
@@ -153,8 +180,7 @@ def tables(graph: LocalGraph, change: Change | None = None,
         weight, cut = change if change is not None else (graph.weight, np.zeros(len(graph.src), dtype=bool))
         target = small.graph
         run = replay(target, small.weights(weight), small.cuts(cut), small.work(weight, graph))
-    arrivals = [_into(target, run, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
-    return arrivals, [_into(target, run, s.end) for s in target.steps]
+    return _sink_tables(target, run)
 
 
 def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
@@ -162,70 +188,92 @@ def _name_keys(graph: LocalGraph) -> tuple[np.ndarray, list[str]]:
     operator, and a step annotation's own, under :data:`BETWEEN`), and the names."""
     trace = graph.trace
     names = [BETWEEN if STEP_RE.match(n) else n[:160] for n in trace.names] + [BETWEEN]
-    keys = np.full(len(graph.src), len(trace.names), dtype=np.int64)
+    keys = np.full(len(graph.src), len(trace.names), dtype=INDEX)
     has = graph.owner >= 0
     keys[has] = trace.name_id[graph.owner[has]]
     return keys, names
 
 
-def _walks(small: Contracted, run: Replay, nodes: list[int]) -> list[list[int]]:
+#: below this many walks still going, the rest are followed one edge at a time (a pass of array
+#: operations per edge would cost more than the Python loop).
+_LOCKSTEP_WALKS = 16
+
+
+def _walks(small: Contracted, run: Replay, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """The binding path into each of ``nodes`` (of the contracted graph ``run`` replays): its
-    contracted edges, from the node back to its label."""
-    via, src = run.via.tolist(), small.graph.src.tolist()
-    walks = []
-    for node in nodes:
-        edges = []
-        e = run.value(node)[6]
+    contracted edges, from the node back to its label; all walks concatenated, and each one's length.
+
+    The walks are followed together, one edge of each per pass of array operations, while many are
+    still going; the last few one edge at a time."""
+    via, src = run.via, small.graph.src
+    live = np.arange(len(nodes), dtype=np.int64)
+    at = np.array([run.value(node)[6] for node in nodes], dtype=np.int64)
+    walk_of: list[np.ndarray] = []
+    step: list[np.ndarray] = []
+    while len(live) >= _LOCKSTEP_WALKS:
+        going = at >= 0
+        live, at = live[going], at[going]
+        walk_of.append(live)
+        step.append(at)
+        at = via[src[at]]
+    rest_walk, rest_edge = [], []
+    via_list = via.tolist()
+    for w, e in zip(live.tolist(), at.tolist(), strict=True):
         while e >= 0:
-            edges.append(e)
-            e = via[src[e]]
-        walks.append(edges)
-    return walks
+            rest_walk.append(w)
+            rest_edge.append(e)
+            e = via_list[int(src[e])]
+    walk = np.concatenate([*walk_of, np.array(rest_walk, dtype=np.int64)])
+    edge = np.concatenate([*step, np.array(rest_edge, dtype=np.int64)])
+    order = np.argsort(walk, kind="stable")  # per walk, its edges in the order followed
+    return edge[order], np.bincount(walk, minlength=len(nodes))
 
 
-def _expanded(small: Contracted, walks: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """``walks`` as the full graph's edges, all concatenated, and each edge's walk."""
-    chosen = np.array([e for edges in walks for e in edges], dtype=np.int64)
+def _expanded(small: Contracted, chosen: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walks (``chosen``: their contracted edges concatenated; ``lengths``) as the full graph's edges,
+    all concatenated, and each edge's walk."""
     first, counts = small.starts[chosen], small.starts[chosen + 1] - small.starts[chosen]
     offsets = np.repeat(np.cumsum(counts) - counts, counts)
-    path = small.members[np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets]
-    return path, np.repeat(np.repeat(np.arange(len(walks)), [len(w) for w in walks]), counts)
+    path = small.member_edges(np.repeat(first, counts) + np.arange(int(counts.sum())) - offsets)
+    return path, np.repeat(np.repeat(np.arange(len(lengths)), lengths), counts)
 
 
 def _pieces_of(graph: LocalGraph, small: Contracted, run: Replay, nodes: list[int],
                on_path: np.ndarray, phases: np.ndarray | None = None) -> list[tuple[Piece, list[int]]]:
     """Per node of ``nodes``, the binding path into it: its time by category and top contributors (a
     name in a category, :data:`TOP_CONTRIBUTORS` at most, largest first), and for each contributor the
-    event of its
-    longest edge (for its call site); the paths' edges marked in ``on_path``; with ``phases`` (per
-    edge, its FSDP2 phase's code) their time by phase too.  Paths in batches of
-    about :data:`BATCH_EDGES` edges (they overlap: together they can be several times the graph),
-    each batch one pass of array operations, not a pass per path."""
-    walks = _walks(small, run, nodes)
+    event of its longest edge (for its call site); the paths' edges marked in ``on_path``; with
+    ``phases`` (per edge, its FSDP2 phase's code) their time by phase too.  Paths in batches of about
+    :data:`BATCH_EDGES` edges (they overlap: together they can be several times the graph), each
+    batch one pass of array operations, not a pass per path."""
+    chosen, lengths = _walks(small, run, nodes)
+    bounds = np.r_[0, np.cumsum(lengths)]
     spans = small.starts[1:] - small.starts[:-1]
-    sizes = [int(spans[w].sum()) if w else 0 for w in walks]
+    covered = np.r_[0, np.cumsum(spans[chosen])]
+    sizes = (covered[bounds[1:]] - covered[bounds[:-1]]).tolist()  # full edges per walk
     keys = _name_keys(graph)
     out: list[tuple[Piece, list[int]]] = []
     lo = 0
-    while lo < len(walks):
+    while lo < len(nodes):
         hi, edges = lo + 1, sizes[lo]
-        while hi < len(walks) and edges + sizes[hi] <= BATCH_EDGES:
+        while hi < len(nodes) and edges + sizes[hi] <= BATCH_EDGES:
             edges += sizes[hi]
             hi += 1
-        out += _batch_pieces(graph, small, walks[lo:hi], keys, on_path, phases)
+        out += _batch_pieces(graph, small, chosen[bounds[lo]:bounds[hi]], lengths[lo:hi], keys, on_path,
+                             phases)
         lo = hi
     return out
 
 
-def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
+def _batch_pieces(graph: LocalGraph, small: Contracted, chosen: np.ndarray, lengths: np.ndarray,
                   keys: tuple[np.ndarray, list[str]], on_path: np.ndarray,
                   phases: np.ndarray | None) -> list[tuple[Piece, list[int]]]:
     """:func:`_pieces_of` for one batch of walks."""
     n_cat = len(cat.CATEGORIES)
-    path, piece = _expanded(small, walks)
+    path, piece = _expanded(small, chosen, lengths)
     on_path[path] = True
     weight, category = graph.weight[path], graph.category[path].astype(np.int64)
-    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(walks) * n_cat)
+    by_cat = np.bincount(piece * n_cat + category, weights=weight, minlength=len(lengths) * n_cat)
     key_of, names = keys
     pair = key_of[path] * n_cat + category  # a contributor: a name in a category
     span = int(pair.max()) + 1 if len(pair) else 1
@@ -245,17 +293,17 @@ def _batch_pieces(graph: LocalGraph, small: Contracted, walks: list[list[int]],
     order = np.lexsort((g_pair, -sums, g_piece))  # per piece, largest first (ties: the lower pair)
     rank = np.arange(len(order)) - np.searchsorted(g_piece[order], g_piece[order])
     top = order[(rank < TOP_CONTRIBUTORS) & (sums[order] > 0)]
-    found: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in walks]
+    found: list[tuple[list[Contributor], list[int]]] = [([], []) for _ in range(len(lengths))]
     for g, p, pr, us in zip(top.tolist(), g_piece[top].tolist(), g_pair[top].tolist(), sums[top].tolist(),
                             strict=True):
         found[p][0].append(Contributor(names[pr // n_cat], cat.CATEGORIES[pr % n_cat], round(us, 3)))
         found[p][1].append(int(event_of[g]))
-    rows = by_cat.reshape(len(walks), n_cat).tolist()
-    by_phase: list[list[float]] = [[] for _ in walks]
+    rows = by_cat.reshape(len(lengths), n_cat).tolist()
+    by_phase: list[list[float]] = [[] for _ in range(len(lengths))]
     if phases is not None:
         n_ph = len(FSDP2_STEP_PHASES)
-        summed = np.bincount(piece * n_ph + phases[path], weights=weight, minlength=len(walks) * n_ph)
-        by_phase = [[round(x, 3) for x in row] for row in summed.reshape(len(walks), n_ph).tolist()]
+        summed = np.bincount(piece * n_ph + phases[path], weights=weight, minlength=len(lengths) * n_ph)
+        by_phase = [[round(x, 3) for x in row] for row in summed.reshape(len(lengths), n_ph).tolist()]
     return [(Piece([round(x, 3) for x in row], contributors, phase_row), events)
             for row, (contributors, events), phase_row in zip(rows, found, by_phase, strict=True)]
 
@@ -290,16 +338,17 @@ def paths_of(graph: LocalGraph, causes: Sequence[str] = tuple(CAUSES)) -> RankPa
     small = contract(graph)
     target = small.graph
     measured = replay(target, small.weights(graph.weight), None, small.work(graph.weight, graph))
-    arrivals = [_into(target, measured, int(a)) if a >= 0 else None for a in target.arrival.tolist()]
-    ends = [_into(target, measured, s.end) for s in target.steps]
+    arrivals, ends = _sink_tables(target, measured)
     all_arrivals, all_ends = {MEASURED: arrivals}, {MEASURED: ends}
     on_path = np.zeros(len(graph.src), dtype=bool)
     tags = fsdp_tags(graph)
     pieces, step_pieces = _pieces(graph, small, measured, on_path, tags[0] if tags else None)
+    del measured  # the what-ifs' replays come one at a time, each released before the next
     for cause in causes:
         change = cause_change(graph, cause)
         if change is not None and _matters(graph, change, on_path):
             all_arrivals[cause], all_ends[cause] = tables(graph, change, small)
+        del change
     t = graph.t
     return RankPaths(
         format=formats.PATHS.version, rank=graph.trace.rank, world_size=graph.trace.world_size,
