@@ -163,6 +163,7 @@ def test_streamed_batches_hold_every_event_once(tmp_path: Path, compress: bool, 
         validated = TraceStream(path, chunk_bytes=chunk)
         got = [msgspec.json.decode(r) for batch in validated.batches() for r in batch]
         assert got == want and validated.metadata == {"schemaVersion": 1, "baseTimeNanoseconds": 5}
+        assert set(TraceStream(path, chunk_bytes=chunk).batches(lambda text: None)) == {None}
         texts = list(TraceStream(path, chunk_bytes=chunk, validate=False).batches())
         assert all(t[:1] == b"[" and t[-1:] == b"]" for t in texts)
         assert [msgspec.json.decode(r) for t in texts for r in raw.decode(t)] == want

@@ -320,7 +320,7 @@ class TraceStream:
                 if found is not None:
                     cut, decoded = found
                     pending = bytes(buf[cut + 2 :]).lstrip(_WS)  # past the "}," closing the batch
-                    if decoded is None:  # not validated: the text itself, "]" over the ","
+                    if not self.validate:  # the text itself, "]" over the ","
                         buf[cut + 1] = 0x5D
                         del buf[cut + 2 :]
                         decoded = buf
