@@ -66,10 +66,13 @@ def run_once(path: Path, sample: bool = False, command_name: str = "summary", co
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    command = [sys.executable, "-m", "torchprof_args", command_name, "--json", "--no-progress", str(path)]
+    command = [sys.executable, "-m", "torchprof_args", command_name, "--json", "--no-progress",
+               str(path.resolve())]
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    # cwd: ``python -m`` puts the working directory before PYTHONPATH, so from another checkout's
+    # root its code would be measured, not this one's.
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            preexec_fn=pin)
+                            preexec_fn=pin, cwd=REPO)
     peak = peak_rss = 0.0
     stop = threading.Event()
 
@@ -136,8 +139,9 @@ def floor_seconds(path: Path, cores: set[int] | None) -> float:
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     best = float("inf")
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                             check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=pin)
+        out = subprocess.run([sys.executable, "-c", code, str(path.resolve())], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             preexec_fn=pin, cwd=REPO)
         best = min(best, float(out.stdout))
     return best
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from helpers.hta_reference import temporal_breakdown
 from helpers.paths import DATA, REPO
@@ -141,6 +142,31 @@ def test_nested_layout_and_compact_form(tmp_path: Path) -> None:
     s = summarize(load_trace(path))
     assert s.rank == 3 and s.gpu is None and s.top_cpu_ops[0].calls == 1
     assert s.cpu is not None and s.cpu.threads[0].busy_us == pytest.approx(3000 * 5)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_streamed_batches_hold_every_event_once(tmp_path: Path, compress: bool, indent: int | None) -> None:
+    """Each streamed batch is read into its own buffer, ``[`` events ``]``: for any chunk size, the
+    batches (validated or not) hold the document's events in order, events larger than a chunk and
+    ``},`` inside strings included, and the keys after the array are the metadata."""
+    tricky = ' "},[{" '  # a cut the validated reader tries and rejects ("}," then no object: not unvalidated)
+    events = [{"ph": "X", "name": f"op{i}{tricky}", "ts": i, "dur": 1, "args": {"blob": "x" * (i % 7 * 900)}}
+              if i % 3 else {"ph": "i", "name": "[memory]", "ts": i, "args": {"l": [{"a": i}, {"b": 2}]}}
+              for i in range(200)]
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events, "baseTimeNanoseconds": 5}, indent=indent)
+    path = tmp_path / ("t.json.gz" if compress else "t.json")
+    path.write_bytes(gzip.compress(text.encode()) if compress else text.encode())
+    raw = msgspec.json.Decoder(list[msgspec.Raw])
+    want = [msgspec.json.decode(r) for r in raw.decode(json.dumps(events))]
+    for chunk in (64, 1000, 4096, 1 << 20):
+        validated = TraceStream(path, chunk_bytes=chunk)
+        got = [msgspec.json.decode(r) for batch in validated.batches() for r in batch]
+        assert got == want and validated.metadata == {"schemaVersion": 1, "baseTimeNanoseconds": 5}
+        assert set(TraceStream(path, chunk_bytes=chunk).batches(lambda text: None)) == {None}
+        texts = list(TraceStream(path, chunk_bytes=chunk, validate=False).batches())
+        assert all(t[:1] == b"[" and t[-1:] == b"]" for t in texts)
+        assert [msgspec.json.decode(r) for t in texts for r in raw.decode(t)] == want
 
 
 @pytest.fixture(scope="module")

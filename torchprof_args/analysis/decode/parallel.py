@@ -41,15 +41,18 @@ def decode_part(text: Any, comms: bool = False, memory: bool | None = None, flop
     """Columns of one range or streamed text; :class:`WrongCut` when it is not a JSON array.
 
     ``memory``: whether the trace has ``[memory]`` events (:func:`has_memory_events`); None
-    looks in this text (a search in C, cheaper than a scan of its events in Python).
+    scans the decoded events for them: cheaper than searching the text first, because a
+    substring search through event text runs at only about 0.5 GB/s where the tag is absent (for
+    a streamed ``.json.gz`` trace it cost a tenth of the decoding) and where it is present the
+    events are scanned anyway.
     ``memory_rows``: keep every ``[memory]`` event (:mod:`.memory_rows`).
     """
     try:
         events = decode_events(text, comms, flops)
     except msgspec.DecodeError:
         raise WrongCut from None
-    return reduce_batch(events, comms, memory_events=(MEMORY_TAG in text) if memory is None else memory,
-                        flops=flops, memory_rows=memory_rows)
+    return reduce_batch(events, comms, memory_events=True if memory is None else memory, flops=flops,
+                        memory_rows=memory_rows)
 
 
 MEMORY_TAG = b'"[memory]"'

@@ -28,8 +28,10 @@ import msgspec
 
 from torchprof_args.errors import TraceError
 
-__all__ = ["GZIP_ERRORS", "ProgressBar", "TraceStream", "is_gzip", "not_utf8", "open_gzip"]
+__all__ = ["GZIP_ERRORS", "EventText", "ProgressBar", "TraceStream", "is_gzip", "not_utf8", "open_gzip"]
 
+#: the text of a batch of events as :meth:`TraceStream.batches` hands it to its ``decode``.
+EventText = bytes | bytearray | memoryview
 #: what reading a corrupt or truncated gzip stream raises (isal's own error included).
 GZIP_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, gzip.BadGzipFile)
 _gzip_impl: types.ModuleType
@@ -79,7 +81,7 @@ _KEY = b'"traceEvents"'
 _WS = b" \t\r\n"
 # The end of the events array: the last event's "}" then "]" then either more keys or the end.
 _ARRAY_END_RE = re.compile(rb"\}\s*\](\s*,\s*\"|\s*\}\s*$)")
-_EMPTY_ARRAY_RE = re.compile(rb"^\s*\]")
+_EMPTY_ARRAY_RE = re.compile(rb"\s*\]")  # matched from after the "["
 #: where the end of the events array is looked for first (the keys after it are small).
 _TAIL_WINDOW = 1 << 20
 _json_any = msgspec.json.Decoder()
@@ -158,7 +160,7 @@ class TraceStream:
         self.file_bytes = 0
         self.uncompressed_bytes = 0
         self._bar: ProgressBar | None = None
-        self._decode: Callable[[bytes], Any] = msgspec.json.Decoder(list[msgspec.Raw]).decode
+        self._decode: Callable[[EventText], Any] = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
     # -- opening -----------------------------------------------------------------------------
     def _open(self) -> IO[bytes]:
@@ -192,7 +194,7 @@ class TraceStream:
         return data
 
     # -- iteration ---------------------------------------------------------------------------
-    def batches(self, decode: Callable[[bytes], Any] | None = None,
+    def batches(self, decode: Callable[[EventText], Any] | None = None,
                 start: int | None = None) -> Iterator[Any]:
         """Yield ``decode(text)`` for successive ``[...]`` JSON texts of events.
 
@@ -260,98 +262,135 @@ class TraceStream:
         finally:
             fh.close()
 
+    def _read_into(self, fh: IO[bytes], buf: bytearray, at: int) -> int:
+        """Fill ``buf`` from offset ``at`` (fewer bytes only at the end of the file); bytes read."""
+        view = memoryview(buf)[at:]
+        done = 0
+        try:
+            while done < len(view):
+                n = fh.readinto(view[done:])  # type: ignore[attr-defined]  # IO lacks readinto
+                if not n:
+                    break
+                done += n
+        except GZIP_ERRORS as exc:
+            raise TraceError(f"{self.path}: the gzip stream is truncated or corrupt ({exc})") from None
+        finally:
+            view.release()
+        self.uncompressed_bytes += done
+        return done
+
     def _batches(self, fh: IO[bytes], start: int | None = None) -> Iterator[Any]:
-        """Batches as :meth:`batches` yields them: decoded (``validate``) or their text."""
+        """Batches as :meth:`batches` yields them: decoded (``validate``) or their text.
+
+        Each batch's text is one buffer, ``[`` then the events then ``]``, that the file is read
+        straight into (only the part of an event after the cut is copied into the next one): no
+        copy of the text is made to cut it or to wrap it, which for a ``.json.gz`` trace cost
+        several times the decompression.  A text handed out is never written to again.
+        """
         if start is None:
             head = self._head(fh)
             if isinstance(head, bytes):
                 yield from self._whole_file(head)
                 return
-            buf = head[0]
+            pending = head[0]
         else:
             fh.seek(start)
-            buf = b""
+            pending = b""
             self.uncompressed_bytes = start
         eof = False
         while True:
-            while not eof and len(buf) < self.chunk_bytes:
-                data = self._read(fh, self.chunk_bytes)
-                if not data:
-                    eof = True
+            # "[" + the text left from the last batch + at least chunk_bytes more of the file.
+            buf = bytearray(1 + len(pending) + self.chunk_bytes)
+            buf[0] = 0x5B
+            buf[1 : 1 + len(pending)] = pending
+            fill = 1 + len(pending)
+            if not eof:
+                got = self._read_into(fh, buf, fill)
+                eof = fill + got < len(buf)
+                fill += got
+            del buf[fill:]
+            while True:
+                if _EMPTY_ARRAY_RE.match(buf, 1):
+                    tail = bytes(buf[1:]).lstrip(_WS)[1:]
+                    if not eof:
+                        tail += self._read(fh, -1)
+                    self._parse_tail(tail)
+                    return
+                found = None if eof else self._find_cut(buf)
+                if found is not None:
+                    cut, decoded = found
+                    pending = bytes(buf[cut + 2 :]).lstrip(_WS)  # past the "}," closing the batch
+                    if not self.validate:  # the text itself, "]" over the ","
+                        buf[cut + 1] = 0x5D
+                        del buf[cut + 2 :]
+                        decoded = buf
+                    del buf
+                    yield decoded
+                    break
+                # No event boundary found: the array may end in this buffer.
+                end = self._find_array_end(buf)
+                if end is not None:
+                    events, tail = end
+                    if not eof:
+                        tail += self._read(fh, -1)
+                    self._parse_tail(tail)
+                    yield events
+                    return
+                if eof:
+                    raise TraceError(
+                        f"{self.path}: the trace ends before its traceEvents array is closed "
+                        "(the file is truncated or not valid JSON)"
+                    )
+                # One event (or a nested structure) larger than the chunk: read more and retry.
+                data = self._read(fh, max(self.chunk_bytes, len(buf)))
+                eof = not data
                 buf += data
-            if _EMPTY_ARRAY_RE.match(buf):
-                tail = buf.lstrip(_WS)[1:]
-                if not eof:
-                    tail += self._read(fh, -1)
-                self._parse_tail(tail)
-                return
-            found = None if eof else self._find_cut(buf)
-            if found is not None:
-                cut, decoded = found
-                yield decoded
-                buf = buf[cut + 1 :].lstrip(_WS)
-                if buf.startswith(b","):
-                    buf = buf[1:]
-                continue
-            # No event boundary found: the array may end in this buffer.
-            end = self._find_array_end(buf)
-            if end is not None:
-                events, tail = end
-                if not eof:
-                    tail += self._read(fh, -1)
-                self._parse_tail(tail)
-                yield events
-                return
-            if eof:
-                raise TraceError(
-                    f"{self.path}: the trace ends before its traceEvents array is closed "
-                    "(the file is truncated or not valid JSON)"
-                )
-            # One event (or a nested structure) larger than the chunk: read more and retry.
-            data = self._read(fh, max(self.chunk_bytes, len(buf)))
-            if not data:
-                eof = True
-            buf += data
 
-    def _find_cut(self, buf: bytes) -> tuple[int, Any] | None:
-        """The ``}`` closing the last complete event in ``buf`` and the decoded batch before it.
+    def _find_cut(self, buf: bytearray) -> tuple[int, Any] | None:
+        """The ``}`` closing the last complete event in ``buf`` (``[`` then events) and, when
+        validating, the decoded batch before it (else None: the caller ends the text there).
 
         A candidate is accepted only if the batch decodes: a prefix of the array that parses as
-        an array necessarily ends at an event boundary.
+        an array necessarily ends at an event boundary.  Without ``validate`` it is accepted when
+        an object follows it, and the consumer checks that the batch decodes.
         """
         pos = len(buf)
         for _ in range(4):
-            pos = buf.rfind(b"},", 0, pos)
+            pos = buf.rfind(b"},", 1, pos)
             if pos < 0:
                 return None
             if not self.validate:
                 if buf[pos + 2 : pos + 64].lstrip(_WS).startswith(b"{"):
-                    return pos, _wrap(buf, pos + 1)
+                    return pos, None
                 continue
+            buf[pos + 1] = 0x5D  # decode "[" ... "}]" in place, then put the "," back
             try:
-                return pos, self._decode(_wrap(buf, pos + 1))
+                with memoryview(buf) as view:
+                    return pos, self._decode(view[: pos + 2])
             except msgspec.DecodeError as exc:
                 raise_if_not_utf8(exc)
                 continue
+            finally:
+                buf[pos + 1] = 0x2C
         return None
 
-    def _find_array_end(self, buf: bytes) -> tuple[Any, bytes] | None:
+    def _find_array_end(self, buf: bytearray) -> tuple[Any, bytes] | None:
         # The array ends near the end of the file: look in its last 64 KiB, then MiB first
         # (scanning a whole small trace with the regex cost more than decoding it), then everywhere.
         for window in (_TAIL_WINDOW >> 4, _TAIL_WINDOW):
-            start = max(len(buf) - window, 0)
-            if start:
+            start = max(len(buf) - window, 1)
+            if start > 1:
                 found = self._array_end_from(buf, start)
                 if found is not None:
                     return found
-        return self._array_end_from(buf, 0)
+        return self._array_end_from(buf, 1)
 
-    def _array_end_from(self, buf: bytes, start: int) -> tuple[Any, bytes] | None:
+    def _array_end_from(self, buf: bytearray, start: int) -> tuple[Any, bytes] | None:
         for match in _ARRAY_END_RE.finditer(buf, start):
-            tail = buf[match.start() + 1 :].lstrip(_WS)[1:]
+            tail = bytes(buf[match.start() + 1 :]).lstrip(_WS)[1:]
             try:
                 _json_any.decode(b'{"traceEvents": null' + tail)
-                events = b"[" + buf[: match.start() + 1] + b"]"
+                events: Any = bytes(buf[: match.start() + 1]) + b"]"
                 if self.validate:
                     events = self._decode(events)
             except msgspec.DecodeError as exc:
@@ -403,7 +442,3 @@ class TraceStream:
             f"{self.path}: not a Kineto trace: it has no 'traceEvents' array (is it a torch.profiler export?)"
         )
 
-
-def _wrap(buf: bytes, end: int) -> bytes:
-    """``b"[" + buf[:end] + b"]"`` in one copy instead of three (these are megabytes each)."""
-    return b"".join((b"[", memoryview(buf)[:end], b"]"))

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.steps import STEP_RE
-from torchprof_args.analysis.decode.reader import TraceStream
+from torchprof_args.analysis.decode.reader import EventText, TraceStream
 from torchprof_args.analysis.jsonout import ArrayWriter
 from torchprof_args.atomic import atomic_output
 from torchprof_args.errors import TraceError
@@ -38,7 +38,7 @@ _light = msgspec.json.Decoder(list[_Light], strict=False)
 _any = msgspec.json.Decoder()
 
 
-def _decode_both(text: bytes) -> tuple[list[msgspec.Raw], list[Any]]:
+def _decode_both(text: EventText) -> tuple[list[msgspec.Raw], list[Any]]:
     """Each event's original bytes, and its ``ph`` / ``name`` / ``ts`` (loosely for odd values)."""
     raws = _raw.decode(text)
     try:
