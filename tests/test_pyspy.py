@@ -320,6 +320,11 @@ def test_program_seen_before_exec_keeps_its_samples() -> None:
     assert profile.total_samples == 7
     (stack,) = profile.stacks
     assert [f.name for f in stack.frames] == ["step"]
+    # a busy host: py-spy read the child's stale command line but not its parent, so the stale
+    # launcher frame is the stack's only process; its Python frames are the program's, kept
+    alone = parse_raw_text(f"{stale_child}step (t.py:3) 5\n{launcher[:-1]} 5\n")
+    assert alone.total_samples == 5 and alone.launcher_samples == 5
+    assert [f.name for f in alone.stacks[0].frames] == ["step"]
 
 
 def test_record_command_runs_the_launcher_that_the_parser_strips() -> None:

@@ -43,6 +43,8 @@ __all__ = [
 #: earlier versions still lose the launcher's frames.
 _LAUNCHER_MARKERS = (LAUNCHER_MARKER, os.path.join("torchprof_args", "pyspy", "launcher.py"),
                      "_pyspy_child.py")
+#: their file names, as py-spy may name the launcher's own Python frames.
+_LAUNCHER_FILES = frozenset(os.path.basename(marker) for marker in _LAUNCHER_MARKERS)
 
 PYTHON, NATIVE, PROCESS, THREAD, UNKNOWN = "python", "native", "process", "thread", "unknown"
 
@@ -243,9 +245,11 @@ def _strip_launcher(frames: list[Frame]) -> list[Frame] | None:
 
     The launcher starts the program with ``Popen(preexec_fn=...)``: when py-spy first sees the
     child between fork and exec, it keeps the launcher's command line for that pid, so the
-    program's own stacks may sit under a second, stale launcher frame.  Only stacks whose
-    innermost process is the outermost launcher, or whose outermost Python frame is the
-    launcher's (py-spy may read its command line as empty), are the launcher's own."""
+    program's own stacks may sit under a second, stale launcher frame, or (a busy host: the
+    parent not read in time) under that stale frame alone.  Only stacks whose outermost Python
+    frame is the launcher's (py-spy may read its command line as empty), or with no Python frame
+    or only the launcher's file under the launcher as their innermost process, are the launcher's
+    own."""
     first_python = next((f for f in frames if f.kind == PYTHON), None)
     if first_python is not None and (first_python.path or "").endswith(_LAUNCHER_MARKERS):
         return None
@@ -254,8 +258,9 @@ def _strip_launcher(frames: list[Frame]) -> list[Frame] | None:
                 if any(m in (frames[i].path or "") for m in _LAUNCHER_MARKERS)]
     if not launcher:
         return frames
-    if process_indexes[-1] == launcher[0]:
-        return None  # the launcher's own (waiting) stack
+    if process_indexes[-1] == launcher[0] and (
+            first_python is None or os.path.basename(first_python.path or "") in _LAUNCHER_FILES):
+        return None  # the launcher's own (waiting) stack; py-spy may give its file's name alone
     return [f for i, f in enumerate(frames) if i not in launcher]
 
 
