@@ -9,10 +9,10 @@ that meet at files: the offline side ``analysis/`` and the in-job side ``capture
 between them is the foundation:
 
  1. foundation  ``errors``, ``naming``, ``atomic``, ``private_dir``, ``log``, ``_dist``,
-                ``torch_support``, ``device_peaks``, ``import_state``, ``time_limit``, ``shared/`` (what
-                the job and the tools over its files agree on: the straggler rule, its heatmap, the
-                metrics.jsonl records, the stacks file, the Prometheus names): shared by everything,
-                no feature
+                ``torch_support``, ``device_peaks``, ``import_state``, ``time_limit``, ``lazy``,
+                ``shared/`` (what the job and the tools over its files agree on: the straggler rule,
+                its heatmap, the metrics.jsonl records, the stacks file, the formats, the Prometheus
+                names): shared by everything, no feature
  2. analysis    ``analysis/``: the tools over the job's files (the trace toolkit, memory, ``trend``,
                 ``dashboard``, ``pyspy`` reports, "where is each rank" from the stacks files); below
                 every module of ``capture/``, so it imports none of them
@@ -93,7 +93,7 @@ FILES = module_files(ROOT, PACKAGE)
 #: names below ``torchprof_args`` ("" is the package's own ``__init__``, the facade on top).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "naming", "atomic", "private_dir", "log", "_dist", "torch_support",
-                    "device_peaks", "import_state", "time_limit", "shared")),
+                    "device_peaks", "import_state", "time_limit", "lazy", "shared")),
     ("analysis", ("analysis",)),
     ("flags", ("capture", "capture.flags")),
     ("ondemand", ("capture.ondemand",)),
@@ -137,8 +137,7 @@ OFFLINE_LAYER = "analysis"
 
 #: The dynamic imports whose module is not a string in the call, and why each is safe.
 HIDDEN_IMPORTS = {
-    PACKAGE: "the facade's lazy names: each module is a string in its _LAZY table (an edge)",
-    ANALYSIS: "the analysis facade's lazy names, the same way",
+    f"{PACKAGE}.lazy": "the facades' lazy names: each module is a string in their _LAZY tables",
     f"{PACKAGE}.capture.frameworks.megatron_install": "Megatron-LM's training module, outside the package",
 }
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from torchprof_args.capture.config import add_torch_profile_args, configs_from_args, validate_args
 from torchprof_args.errors import TorchProfileArgsError
+from torchprof_args.lazy import lazy_attribute
 
 __version__ = "0.1.0"
 
@@ -36,9 +37,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name == "cli":  # the decorator module, callable as the decorator itself
         return importlib.import_module("torchprof_args.cli")
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'torchprof_args' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(globals(), _LAZY, __name__, name)

@@ -26,8 +26,9 @@ nothing; its public names load on first use.  Needs numpy and msgspec, never tor
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from torchprof_args.lazy import lazy_attribute
 
 #: public name -> module that defines it (loaded lazily, like the package's own facade).
 _LAZY = {
@@ -47,9 +48,4 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'torchprof_args.analysis' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(globals(), _LAZY, __name__, name)

@@ -30,7 +30,7 @@ import numpy as np
 from torchprof_args.analysis.analyzers.callsites import call_sites
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
-from torchprof_args.analysis.analyzers.nesting import Nesting
+from torchprof_args.analysis.analyzers.nesting import enclosing
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.trace import Trace
@@ -120,29 +120,6 @@ def _module_events(trace: Trace) -> np.ndarray:
     return np.flatnonzero(lookup(trace.names, lambda n: n.startswith(MODULE_PREFIX))[trace.name_id])
 
 
-def _around(trace: Trace, idx: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-    """Per event of ``idx``, the innermost event of ``candidates`` (indices, properly nested per
-    thread) on its thread that encloses it; -1 where none does."""
-    out = np.full(len(idx), -1, dtype=np.int64)
-    if not len(candidates) or not len(idx):
-        return out
-    c_thread, q_thread = trace.thread_id[candidates], trace.thread_id[idx]
-    for thread in np.unique(q_thread).tolist():
-        mine = candidates[c_thread == thread]
-        if not len(mine):
-            continue
-        c_end = trace.ts[mine] + trace.dur[mine]
-        nest = Nesting(trace.ts[mine], c_end)
-        asked = np.flatnonzero(q_thread == thread)
-        ends = (trace.ts[idx[asked]] + trace.dur[idx[asked]]).tolist()
-        for q, found, end in zip(asked.tolist(), nest.innermost(trace.ts[idx[asked]]).tolist(), ends,
-                                 strict=True):
-            around = [c for c in nest.chain(found) if c_end[c] >= end] if found >= 0 else []
-            if around:
-                out[q] = mine[around[0]]
-    return out
-
-
 def _named(trace: Trace, wanted: Callable[[str], bool]) -> np.ndarray:
     return np.flatnonzero(lookup(trace.names, wanted)[trace.name_id])
 
@@ -151,7 +128,7 @@ def modules_around(trace: Trace, idx: np.ndarray) -> list[str | None]:
     """Per event of ``idx``, the innermost ``nn.Module`` event of its thread around it (its name
     without the prefix: ``Block_1``); None where none is."""
     modules = _named(trace, lambda n: n.startswith(MODULE_PREFIX))
-    found = _around(trace, np.asarray(idx, dtype=np.int64), modules)
+    found = enclosing(trace, np.asarray(idx, dtype=np.int64), modules)
     return [trace.names[trace.name_id[f]][len(MODULE_PREFIX):] if f >= 0 else None for f in found.tolist()]
 
 
@@ -177,8 +154,8 @@ def _owners(trace: Trace, idx: np.ndarray) -> list[str]:
     args = trace.compiled_args
     seq_of = dict(zip(args.idx.tolist(), args.seq.tolist(), strict=True))
     forward = _forward_modules(trace)
-    compiled_bwd = _around(trace, idx[missing], _named(trace, lambda n: n == _BACKWARD_FUNCTION))
-    engine = _around(trace, idx[missing], _named(trace, lambda n: n.startswith(_ENGINE)))
+    compiled_bwd = enclosing(trace, idx[missing], _named(trace, lambda n: n == _BACKWARD_FUNCTION))
+    engine = enclosing(trace, idx[missing], _named(trace, lambda n: n.startswith(_ENGINE)))
     sites = call_sites(trace, idx[missing])
     for k, i in enumerate(missing.tolist()):
         of = forward.get(seq_of.get(int(compiled_bwd[k]), -1)) if compiled_bwd[k] >= 0 else None

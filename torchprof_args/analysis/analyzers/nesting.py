@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Nesting"]
+from torchprof_args.analysis.trace import Trace
+
+__all__ = ["Nesting", "enclosing"]
 
 
 class Nesting:
@@ -82,3 +84,43 @@ class Nesting:
     def inside(self, moments: np.ndarray) -> np.ndarray:
         """Whether each moment lies inside any interval."""
         return self.innermost(moments) >= 0
+
+
+def enclosing(trace: Trace, idx: np.ndarray, candidates: np.ndarray,
+              preferred: np.ndarray | None = None) -> np.ndarray:
+    """Per event of ``idx``, the innermost event of ``candidates`` on its thread that encloses it
+    whole (-1 where none does); with ``preferred`` (a bool per name id), the innermost enclosing
+    one whose name is preferred, else the innermost.
+
+    Args:
+        trace: the trace the indices point into.
+        idx: the events asked about.
+        candidates: the events that may enclose them (properly nested per thread: Python frames,
+            ``nn.Module`` events, operators).
+        preferred: which names to prefer (a user's frame over a library's), or None.
+
+    Returns:
+        An index into the trace per event of ``idx``, or -1."""
+    idx = np.asarray(idx, dtype=np.int64)
+    out = np.full(len(idx), -1, dtype=np.int64)
+    if not len(candidates) or not len(idx):
+        return out
+    c_thread, q_thread = trace.thread_id[candidates], trace.thread_id[idx]
+    for thread in np.unique(q_thread).tolist():
+        mine = candidates[c_thread == thread]
+        if not len(mine):
+            continue
+        c_end = trace.ts[mine] + trace.dur[mine]
+        nest = Nesting(trace.ts[mine], c_end)
+        asked = np.flatnonzero(q_thread == thread)
+        ends = (trace.ts[idx[asked]] + trace.dur[idx[asked]]).tolist()
+        for q, found, end in zip(asked.tolist(), nest.innermost(trace.ts[idx[asked]]).tolist(), ends,
+                                 strict=True):
+            # the chain is innermost first
+            around = [c for c in nest.chain(found) if c_end[c] >= end] if found >= 0 else []
+            if not around:
+                continue
+            best = around[0] if preferred is None else next(
+                (c for c in around if preferred[trace.name_id[mine[c]]]), around[0])
+            out[q] = mine[best]
+    return out
