@@ -24,17 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchprof_args.naming import cycle_of_name
+from torchprof_args.analysis.diagnose.beside import read_beside, traced_cycle
 
-__all__ = ["MEGATRON_TPE", "TPE_FOLDER", "ExpertTokens", "expert_tokens_beside", "find_expert_tokens",
+__all__ = ["MEGATRON_TPE", "TPE_FOLDER", "ExpertTokens", "expert_tokens_beside",
            "megatron_expert_tokens"]
 
 #: the folder Megatron-LM writes its tokens-per-expert files into.
 TPE_FOLDER = "tokens_per_expert"
 #: the source those files are named by.
 MEGATRON_TPE = "Megatron-LM's --save-tokens-per-expert-interval (tokens_per_expert/rank<R>.jsonl)"
-#: folders above a trace searched: its cycle folder, the profile folder, the run.
-_LEVELS = 3
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
 
 
@@ -75,17 +73,11 @@ class ExpertTokens:
         return max(found, key=found.__getitem__)
 
 
-def find_expert_tokens(traces: Sequence[Path], within: Sequence[str] | None = None) -> Path | None:
-    """The :data:`TPE_FOLDER` holding ``rank<R>.jsonl`` files beside ``traces`` (their folder or up to
-    two folders above, inside ``within`` when given), None where there is none."""
-    for trace in traces[:1]:
-        for folder in list(trace.resolve().parents)[:_LEVELS]:
-            if within is not None and not any(folder.is_relative_to(root) for root in within):
-                break
-            candidate = folder / TPE_FOLDER
-            if candidate.is_dir() and any(_RANK_FILE.match(p.name) for p in candidate.iterdir()):
-                return candidate
-    return None
+def _tpe_in(folder: Path) -> Path | None:
+    """``folder``'s :data:`TPE_FOLDER` where it holds ``rank<R>.jsonl`` files."""
+    candidate = folder / TPE_FOLDER
+    has_ranks = candidate.is_dir() and any(_RANK_FILE.match(p.name) for p in candidate.iterdir())
+    return candidate if has_ranks else None
 
 
 def megatron_expert_tokens(folder: Path, traces: Sequence[Path] = ()) -> ExpertTokens | None:
@@ -126,8 +118,7 @@ def megatron_expert_tokens(folder: Path, traces: Sequence[Path] = ()) -> ExpertT
             by_rank[int(match.group(1))] = dict(per_iter)
     if not by_rank:
         return None
-    cycle = (cycle_of_name(traces[0].parent.name, folder=True) or cycle_of_name(traces[0].name, folder=False)
-             if traces else None)
+    cycle = traced_cycle(traces)
     logged = sorted({i for rows in by_rank.values() for i in rows})
     in_cycle = [i for i in logged if cycle is not None and cycle[0] <= i <= cycle[1]]
     chosen = in_cycle or logged
@@ -141,12 +132,7 @@ def megatron_expert_tokens(folder: Path, traces: Sequence[Path] = ()) -> ExpertT
 
 
 def expert_tokens_beside(traces: Sequence[Path], within: Sequence[str] | None = None) -> ExpertTokens | None:
-    """The framework's tokens per expert beside ``traces`` (:func:`find_expert_tokens`), None where
-    there are none or they cannot be read."""
-    folder = find_expert_tokens(traces, within)
-    if folder is None:
-        return None
-    try:
-        return megatron_expert_tokens(folder, traces)
-    except (OSError, ValueError):
-        return None
+    """The framework's tokens per expert beside ``traces`` (a :data:`TPE_FOLDER` holding
+    ``rank<R>.jsonl`` files: :func:`~.beside.find_beside`), None where there are none or they
+    cannot be read."""
+    return read_beside(traces, within, _tpe_in, megatron_expert_tokens)

@@ -15,12 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchprof_args.naming import METRICS_FILENAME, cycle_of_name
+from torchprof_args.analysis.diagnose.beside import find_beside, read_beside, traced_cycle
+from torchprof_args.naming import METRICS_FILENAME
 
 __all__ = ["FormulaFlops", "find_metrics", "formula_beside", "formula_flops"]
-
-#: folders above a trace searched for ``metrics.jsonl``: its cycle folder, the profile folder, the run.
-_LEVELS = 3
 
 
 @dataclass(frozen=True)
@@ -43,20 +41,17 @@ class FormulaFlops:
 
 
 def find_metrics(traces: Sequence[Path], within: Sequence[str] | None = None) -> Path | None:
-    """The ``metrics.jsonl`` beside ``traces`` (in their folder or up to two folders above), None
-    when there is none.
+    """The ``metrics.jsonl`` beside ``traces`` (:func:`~.beside.find_beside`), None when there is none.
 
     Args:
         traces: the cycle's trace files.
         within: folders (real paths) the file must lie under (``torchprof mcp``'s roots); None: any.
     """
-    for trace in traces[:1]:
-        for folder in list(trace.resolve().parents)[:_LEVELS]:
-            if within is not None and not any(folder.is_relative_to(root) for root in within):
-                break
-            if (folder / METRICS_FILENAME).is_file():
-                return folder / METRICS_FILENAME
-    return None
+    return find_beside(traces, within, _metrics_in)
+
+
+def _metrics_in(folder: Path) -> Path | None:
+    return folder / METRICS_FILENAME if (folder / METRICS_FILENAME).is_file() else None
 
 
 def formula_flops(path: Path, traces: Sequence[Path]) -> FormulaFlops | None:
@@ -80,8 +75,7 @@ def formula_flops(path: Path, traces: Sequence[Path]) -> FormulaFlops | None:
               if r.metrics.get("throughput") and r.metrics.get("iteration-time")]
     if not logged:
         return None
-    names = [(t.parent.name, True) for t in traces[:1]] + [(t.name, False) for t in traces[:1]]
-    cycle = next((found for name, folder in names if (found := cycle_of_name(name, folder=folder))), None)
+    cycle = traced_cycle(traces)
     covering = logged
     if cycle is not None:
         first, last = cycle
@@ -100,10 +94,4 @@ def formula_beside(traces: Sequence[Path], within: Sequence[str] | None = None) 
     """The step timers' FLOPs from the ``metrics.jsonl`` beside ``traces`` (:func:`find_metrics`),
     None where there is none or it cannot be read (a best effort: ``diagnose --metrics`` names a
     file and is told why it cannot be read)."""
-    path = find_metrics(traces, within)
-    if path is None:
-        return None
-    try:
-        return formula_flops(path, traces)
-    except (OSError, ValueError):
-        return None
+    return read_beside(traces, within, _metrics_in, formula_flops)
