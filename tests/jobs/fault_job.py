@@ -37,7 +37,7 @@ import torch.distributed as dist
 from helpers import faults  # tests/ is on PYTHONPATH (helpers.processes.subprocess_env)
 
 from torchprof_args import TorchProfileArgsError, TorchProfiler, add_torch_profile_args
-from torchprof_args.atomic import write_json_atomically
+from torchprof_args.atomic import PARTIAL_PREFIX, write_json_atomically
 from torchprof_args.capture.config import configs_from_args
 from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 
@@ -141,11 +141,13 @@ def watch_publishers(prof: TorchProfiler, args: argparse.Namespace, rank: int, s
         os.kill(pid, signal.SIGKILL)
 
     def freeze() -> None:
-        """At each trace staged for the publisher (until it is published), freeze the publisher."""
+        """At each trace staged for the publisher (until it is published), freeze the publisher.  A
+        trace still under its hidden partial name (``glob`` matches it too) is not staged yet: on a
+        busy host the poll sees both names, and one trace froze the publisher twice."""
         seen: set[str] = set()
         while True:
             for staged in (p for d in staging for p in d.glob("*.pt.trace.json")):
-                if staged.name not in seen:
+                if staged.name not in seen and not staged.name.startswith(PARTIAL_PREFIX):
                     seen.add(staged.name)
                     for pid in faults.publishers_of():
                         faults.stop_for(pid, stop_seconds[0])
