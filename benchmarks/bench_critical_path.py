@@ -58,7 +58,7 @@ def _slower(paths: dict, extra_us: float) -> dict:
 
 def build_cycle(out: Path, ranks: int) -> Path:
     cycle = out / f"run{ranks}" / "iter000100-000101"
-    marker = cycle / ".complete"
+    marker = cycle / ".complete-v2"  # sidecars with the summary's work per step
     if marker.exists():
         return cycle
     cycle.mkdir(parents=True, exist_ok=True)
@@ -83,6 +83,7 @@ def build_cycle(out: Path, ranks: int) -> Path:
             d["steps"] = [dict(st, dur_us=st["dur_us"] + SLOW_MS * 1e3, work_us=st["work_us"] + SLOW_MS * 1e3)
                           for st in d["steps"]]
             d["step_mean_us"] += SLOW_MS * 1e3
+            s["work_mean_us"] += SLOW_MS * 1e3
         write_sidecar(path, {"summary": s, "diagnosis": d, "critical_path": p})
     marker.touch()
     return cycle

@@ -55,6 +55,7 @@ def _rank_docs(rank: int, world: int, summary: dict, diagnosis: dict) -> tuple[d
     if rank // 8 == SLOW_NODE:
         d["steps"] = [dict(st, dur_us=st["dur_us"] + SLOW_MS * 1e3) for st in d["steps"]]
         d["step_mean_us"] += SLOW_MS * 1e3
+        s["work_mean_us"] += SLOW_MS * 1e3
     for f in d["findings"]:
         f["ranks"] = [rank]
     return s, d
@@ -62,7 +63,7 @@ def _rank_docs(rank: int, world: int, summary: dict, diagnosis: dict) -> tuple[d
 
 def build_cycle(out: Path, ranks: int) -> Path:
     cycle = out / f"run{ranks}" / "iter000100-000101"
-    marker = cycle / ".complete-v2"  # sidecars with the critical path's graph too
+    marker = cycle / ".complete-v3"  # sidecars with the critical path's graph and the work per step
     if marker.exists():
         return cycle
     cycle.mkdir(parents=True, exist_ok=True)

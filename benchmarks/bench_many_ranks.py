@@ -58,6 +58,8 @@ def _perturbed(summary: dict, rank: int, world: int, rng: random.Random, slow_no
              parallel={"dp": rank // (TP * PP), "tp": rank % TP, "pp": (rank // TP) % PP})
     s["steps"] = [dict(step, dur_us=step["dur_us"] * factor * rng.gauss(1.0, 0.005)) for step in s["steps"]]
     s["step_mean_us"] = sum(step["dur_us"] for step in s["steps"]) / max(len(s["steps"]), 1)
+    if s.get("work_mean_us") is not None:  # the slow node works longer; the others wait in collectives
+        s["work_mean_us"] *= factor * rng.gauss(1.0, 0.005)
     gpu = s.get("gpu")
     if gpu:
         gpu["idle_pct"] = min(max(gpu["idle_pct"] * rng.gauss(1.0, 0.05) * factor, 0.0), 100.0)
@@ -74,7 +76,7 @@ def build(out: Path, ranks: int) -> Path:
     """The run folder (built once): one cycle of ``ranks`` traces with their sidecars."""
     run = out / f"run{ranks}"
     cycle = run / cycle_dir_name(100, 101)
-    marker = run / ".complete"
+    marker = run / ".complete-v2"  # sidecars with the summary's work per step
     if marker.exists():
         return run
     cycle.mkdir(parents=True, exist_ok=True)

@@ -350,6 +350,22 @@ def _diagnosis(prof: Path, capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 @pytest.mark.slow
+def test_summary_names_the_overloaded_rank_not_the_one_that_waits(traced: Callable[..., Path],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The MoE job's rank 0 waits in the all-to-alls for rank 1, whose experts get most tokens: its
+    step is as long or longer, so step times would name rank 0.  ``summary``'s cross-rank view scores
+    the work and names rank 1, the rank ``diagnose``'s top finding names."""
+    prof = traced("moe", *HEAVY_MOE)
+    assert torchprof(["summary", str(prof), "--json", "--no-progress"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (view,) = [line["cross_rank"] for line in lines if "cross_rank" in line]
+    assert view["slowest_rank"] == 1 and [r["rank"] for r in view["stragglers"]] == [1], view["ranks"]
+    work = {r["rank"]: r["work_mean_us"] for r in view["ranks"]}
+    assert work[1] > 1.2 * work[0]
+    assert _diagnosis(prof, capsys)["findings"][0]["ranks"] == [1]
+
+
+@pytest.mark.slow
 def test_the_moe_router_s_imbalance_is_expert_imbalance_on_the_overloaded_rank(
         traced: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 1's experts get most tokens: ``critical-path`` runs through rank 1, ``diagnose``'s top

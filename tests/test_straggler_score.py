@@ -76,8 +76,8 @@ def test_timers_summary_and_diagnose_agree_on_the_same_figures(tmp_path: Path, x
     _, per_rank = straggler_figures(["work"], times, [0, 1], ["work"])
     warnings = StragglerTracker(STRAGGLER_THRESHOLD, 1, rank=1).update(1, ["work"], times, per_rank, [0, 1])
     warned = tuple(int(w.split()[2]) for w in warnings)  # "straggler: rank N ..."
-    # summary's view: the same ranks with the work as their mean step
-    view = cross_rank([msgspec.structs.replace(s, step_mean_us=work[s.rank] * 1e3) for s in summaries])
+    # summary's view: the same ranks with diagnose's work as theirs
+    view = cross_rank([msgspec.structs.replace(s, work_mean_us=work[s.rank] * 1e3) for s in summaries])
     assert warned == tuple(r.rank for r in view.stragglers) == expected
     scores = [work[0] / work[1], work[1] / work[0]]
     assert per_rank["stragglers/work-score"] == pytest.approx(scores)
@@ -86,13 +86,17 @@ def test_timers_summary_and_diagnose_agree_on_the_same_figures(tmp_path: Path, x
         assert found.evidence["straggler_score"] == {"1": pytest.approx(scores[1], abs=1e-3)}
 
 
-def test_step_times_of_a_synchronous_job_name_no_straggler(tmp_path: Path) -> None:
-    """The rule is one; the figure differs where the tool has no better one: summary has each
-    rank's mean step, equal on both ranks of a synchronous job (rank 0 waits in the collectives),
-    so its view names no straggler where diagnose, from the work, names rank 1."""
+def test_summary_names_the_rank_the_others_wait_for_not_the_waiting_one(tmp_path: Path) -> None:
+    """Both ranks' steps are as long (rank 0 waits for rank 1 in the collectives): scored by step
+    time no rank stands out; summary scores each rank's work (its step less its own time in
+    collectives) and names rank 1, as diagnose does."""
     summaries, work, found = _pair(tmp_path, 100e3)
     view = cross_rank(summaries)
     assert found is not None and found.ranks == (1,) and work[1] > 10 * work[0]
-    assert view.stragglers == [] and view.ranks[1].straggler_score == pytest.approx(1.0, abs=0.01)
+    steps = [s.step_mean_us or 0.0 for s in summaries]
+    assert abs(steps[1] - steps[0]) < 0.05 * max(steps)  # the step times alone name nobody
+    assert [r.rank for r in view.stragglers] == [1] and view.slowest_rank == 1 and view.fastest_rank == 0
+    assert all(s.work_mean_us is not None and s.work_mean_us <= (s.step_mean_us or 0.0) for s in summaries)
     text = format_cross_rank(view)
-    assert "stragglers (mean step >= 1.05x the other ranks' median and 2 ms over it): none" in text
+    assert ("stragglers (work (the mean step less the time in collectives) >= 1.05x the other ranks' median "
+            "and 2 ms over it): 1, rank(s) 1") in text

@@ -39,10 +39,11 @@ class FileFormat:
 
 
 SIDECAR = FileFormat(
-    "torchprof-summary", 5, "<cycle>/summaries/<stem>.summary.json",
+    "torchprof-summary", 6, "<cycle>/summaries/<stem>.summary.json",
     "analysis/collect/sidecar.py (the header: format, version, trace, left_out; one key per part)",
     "ignored: the trace is parsed again; the command's last line counts such sidecars by version",
-    ("5: the summary's compiled code (regions, Triton kernels on the roofline)",
+    ("6: the summary's work per step (work_mean_us: the cross-rank view's straggler figure)",
+     "5: the summary's compiled code (regions, Triton kernels on the roofline)",
      "4: the summary's step by FSDP2 phase (fsdp_step)", "3: the summary's FSDP2 annotations"))
 DIAGNOSIS = FileFormat(
     "the sidecar's diagnosis part", 8, "the sidecar's `diagnosis` key",

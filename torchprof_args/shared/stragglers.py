@@ -7,10 +7,11 @@ cross-rank view, ``diagnose``'s ``straggler``).
 * A rank **is a straggler** when its score reaches :data:`STRAGGLER_THRESHOLD` (``1.05``;
   ``--straggler-threshold`` for the timers' warning) and its value exceeds the others' median by
   :data:`STRAGGLER_MIN_MS` (2 ms) or more.
-* The figure is the rank's own *work* where the tool knows it: in a synchronous job every rank's
-  step lasts as long as the slowest rank's (the others wait in the collectives).  ``diagnose``:
-  the mean step minus the time waited in collectives; a step timer: its reading (the rank's own
-  work where it holds no collective); ``summary``: the mean step, the one figure a summary has.
+* The figure is the rank's own *work*: in a synchronous job every rank's step lasts as long as the
+  slowest rank's (the others wait in the collectives).  ``summary``: the mean step less the rank's
+  time in collectives (``analysis/analyzers/step_work.py``); ``diagnose``: the same, less only the
+  time waited for the last rank where it matched the collectives across ranks; a step timer: its
+  reading (the rank's own work where it holds no collective).
 
 No import of torch or numpy: the training process imports it with the timers.
 """

@@ -35,14 +35,15 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.origin import origin
-from torchprof_args.analysis.analyzers.select import member
+from torchprof_args.analysis.analyzers.select import lookup, member
 from torchprof_args.analysis.analyzers.steps import steps
-from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
+from torchprof_args.analysis.decode.comm_events import COMM_FIELDS, is_comm_name
 from torchprof_args.analysis.trace import StepSpan, Trace
 from torchprof_args.errors import TraceError
 
 __all__ = ["GPU_CHANNEL", "CommRecord", "CompactRecords", "RankComms", "absolute_steps", "backend_of",
-           "canonical_kind", "dtype_bytes", "match_issues", "rank_collectives", "run_kind", "tensor_bytes"]
+           "canonical_kind", "collective_spans", "dtype_bytes", "match_issues", "rank_collectives",
+           "run_kind", "tensor_bytes"]
 
 SOURCE_KERNELS = "NCCL kernels on the GPU"
 SOURCE_GLOO = "gloo collectives on the CPU (gloo:<op> on its worker threads)"
@@ -509,14 +510,54 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> RankComms:
     return _rank_collectives(trace, rank)
 
 
+#: the category of the NCCL kernels that are collective instances.
+KERNEL_CAT = "kernel"
+#: the CPU events that are collective instances where no NCCL kernel is: gloo's (and XCCL's) worker
+#: threads' ``gloo:<op>``, else the host-side ``nccl:<op>`` records.
+GLOO_OPS = ("gloo:", "xccl:")
+HOST_OPS = "nccl:"
+
+
+def _is_nccl(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+def collective_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The rank's collective instances' intervals, from the trace's columns alone (no ``comms=True``).
+
+    The same instances as :func:`rank_collectives`'s records, from the same source: NCCL kernels,
+    else gloo's CPU events, else the host-side records.
+
+    Args:
+        trace: one rank's trace.
+
+    Returns:
+        Their starts and ends (trace-relative us, float64), in file order.
+    """
+    comm = lookup(trace.names, is_comm_name)
+    cpu = trace.stream == -1
+    kernel = lookup(trace.cats, {KERNEL_CAT})[trace.cat_id]
+    sources = (
+        (lookup(trace.names, _is_nccl) & comm)[trace.name_id] & kernel,
+        lookup(trace.names, lambda n: n.startswith(GLOO_OPS))[trace.name_id] & cpu,
+        lookup(trace.names, lambda n: n.startswith(HOST_OPS))[trace.name_id] & cpu,
+    )
+    for mask in sources:
+        idx = np.flatnonzero(mask)
+        if len(idx):
+            starts = trace.ts[idx].astype(np.float64)
+            return starts, starts + np.maximum(trace.dur[idx].astype(np.float64), 0.0)
+    return np.zeros(0), np.zeros(0)
+
+
 def _rank_collectives(trace: Trace, rank: int | None) -> RankComms:
     """:func:`rank_collectives`, computed."""
     assert trace.comms is not None
     rows = [dict(zip(COMM_FIELDS, row, strict=True)) for row in trace.comms]
-    kernels = [r for r in rows if r["cat"] == "kernel" and "nccl" in r["name"].lower()]
+    kernels = [r for r in rows if r["cat"] == KERNEL_CAT and _is_nccl(r["name"])]
     cpu = [r for r in rows if r["stream"] == -1]
-    gloo = [r for r in cpu if r["name"].startswith(("gloo:", "xccl:"))]
-    host = [r for r in cpu if r["name"].startswith("nccl:")]
+    gloo = [r for r in cpu if r["name"].startswith(GLOO_OPS)]
+    host = [r for r in cpu if r["name"].startswith(HOST_OPS)]
     params = [r for r in cpu if r["name"] == "record_param_comms"]
     issued = [r for r in cpu if r["name"].startswith("c10d::")]
     base_us = trace.base_time_ns / 1000.0

@@ -354,44 +354,73 @@ def median_into(graph: CycleGraph, ranks: Sequence[int]) -> dict[tuple[int, str,
     return _scaled_into(graph, keep)
 
 
+@dataclass(frozen=True)
+class _Stretch:
+    """One expert stretch of a rank: its start label's and its arrival's measured times, and its own
+    work in a scenario (the path's work less the stretches nested in it, which the path also runs)."""
+
+    begin: float
+    end: float
+    own_us: float
+
+
+def _expert_stretches(graph: CycleGraph, scenario: Scenario) -> dict[int, list[_Stretch]]:
+    """Per rank, its expert stretches (:attr:`CycleGraph.expert_arrivals`), each with its own work.
+
+    The path into an arrival runs from its start label through everything the rank's thread did
+    since, so a stretch that starts after another's label and ends before its arrival (the backward's
+    combine inside a longer path) is on both paths: counted once, in the inner one.  One sort and a
+    stack: the stretches nest or are apart."""
+    found: dict[int, list[tuple[float, float, float, int]]] = {r: [] for r in graph.ranks}
+    for v, kind in enumerate(graph.kind):
+        rank = graph.rank[v]
+        if kind != A or (rank, graph.index[v]) not in graph.expert_arrivals:
+            continue
+        into = graph.into(v, scenario)
+        start = None if into is None else graph.label_node(rank, into.label1)
+        if into is not None and start is not None:
+            found[rank].append((graph.measured[start], graph.measured[v], into.w1, v))
+    out: dict[int, list[_Stretch]] = {}
+    for rank, rows in found.items():
+        rows.sort(key=lambda row: (row[0], -row[1], row[3]))
+        inner = [0.0] * len(rows)  # the work of the stretches directly inside each
+        open_: list[int] = []  # the stretches around the current one, the innermost last
+        for i, (_, end, w, _) in enumerate(rows):
+            while open_ and rows[open_[-1]][1] < end:
+                open_.pop()
+            if open_:
+                inner[open_[-1]] += w
+            open_.append(i)
+        out[rank] = [_Stretch(begin, end, w - inner[i]) for i, (begin, end, w, _) in enumerate(rows)]
+    return out
+
+
 def expert_work_per_step(graph: CycleGraph, scenario: Scenario | None = None) -> dict[int, float]:
     """Each rank's expert work per step (us) in ``scenario`` (default: as measured): its own work on
     the paths into its arrivals at the experts' side of the variable-size all-to-alls since the last
     completion (:attr:`CycleGraph.expert_arrivals`: the stretch from the dispatch to the combine,
-    forward and backward)."""
-    base = scenario or Scenario()
-    out: dict[int, float] = {r: 0.0 for r in graph.ranks}
-    for v, kind in enumerate(graph.kind):
-        rank = graph.rank[v]
-        if kind == A and (rank, graph.index[v]) in graph.expert_arrivals and (into := graph.into(v, base)):
-            out[rank] += into.w1
-    return {r: w / max(len(graph.parts[r].steps), 1) for r, w in out.items()}
+    forward and backward), each stretch's work counted once (:func:`_expert_stretches`)."""
+    stretches = _expert_stretches(graph, scenario or Scenario())
+    return {r: sum(s.own_us for s in rows) / max(len(graph.parts[r].steps), 1)
+            for r, rows in stretches.items()}
 
 
 def mean_into(graph: CycleGraph) -> dict[tuple[int, str, int], Into]:
     """Every rank's expert work (:func:`expert_work_per_step`) scaled to the ranks' mean: the heavy
     ranks' down to it, the light ranks' up to it, the total kept (a balanced MoE router moves the
     heavy ranks' tokens to the light ranks' experts: the work moves, it is not removed).  Each expert
-    stretch changes by its share, and so does every path of the rank that runs through it (from a
-    label at or before the stretch's start to a sink after it: an asynchronous collective issued
-    after the experts, the step's end).  Empty (the measured replay) without variable-size
-    all-to-alls."""
+    stretch's own work changes by its share, and so does every path of the rank that runs through it
+    (from a label at or before the stretch's start to a sink after it: an outer stretch, an
+    asynchronous collective issued after the experts, the step's end).  Empty (the measured replay)
+    without variable-size all-to-alls."""
     work = expert_work_per_step(graph)
     if not graph.expert_arrivals or not work:
         return {}
     mean = statistics.fmean(work.values())
     base = Scenario()
     # per rank, each expert stretch: (its start label's time, its arrival's time, how much it changes)
-    stretches: dict[int, list[tuple[float, float, float]]] = {r: [] for r in work}
-    for v, kind in enumerate(graph.kind):
-        rank = graph.rank[v]
-        if kind != A or (rank, graph.index[v]) not in graph.expert_arrivals or work.get(rank, 0.0) <= 0:
-            continue
-        into = graph.into(v, base)
-        start = None if into is None else graph.label_node(rank, into.label1)
-        if into is not None and start is not None:
-            delta = into.w1 * (mean / work[rank] - 1)
-            stretches[rank].append((graph.measured[start], graph.measured[v], delta))
+    stretches = {rank: [(s.begin, s.end, s.own_us * (mean / work[rank] - 1)) for s in rows]
+                 for rank, rows in _expert_stretches(graph, base).items() if work.get(rank, 0.0) > 0}
     out: dict[tuple[int, str, int], Into] = {}
     for v, kind in enumerate(graph.kind):
         rank = graph.rank[v]

@@ -17,23 +17,14 @@ import msgspec
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms, absolute_steps
 from torchprof_args.analysis.analyzers.compiled import KernelRoofline
+from torchprof_args.analysis.analyzers.step_work import StepWork
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.trace import StepSpan
 
 __all__ = [
  "CompactRecords", "JobDiagnosis", "JobGap", "MfuInputs",
-    "RankDiagnosis", "StepWork",
+    "RankDiagnosis",
 ]
-
-
-class StepWork(msgspec.Struct, frozen=True):
-    """One step of a rank (us, trace-relative): its time in collectives and the rest, its work."""
-
-    name: str
-    start_us: float
-    dur_us: float
-    collective_us: float
-    work_us: float
 
 
 class MfuInputs(msgspec.Struct, frozen=True):

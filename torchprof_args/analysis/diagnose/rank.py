@@ -14,12 +14,11 @@ import statistics
 
 from torchprof_args.analysis.analyzers.collectives import rank_collectives
 from torchprof_args.analysis.analyzers.origin import origin
-from torchprof_args.analysis.analyzers.steps import steps
+from torchprof_args.analysis.analyzers.step_work import trace_step_work
 from torchprof_args.analysis.diagnose.context import KindContext, Peak
 from torchprof_args.analysis.diagnose.documents import CompactRecords, RankDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.diagnose.kinds import low_mfu
-from torchprof_args.analysis.diagnose.kinds.straggler import step_work
 from torchprof_args.analysis.diagnose.registry import PER_RANK, PerRankKind
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.shared import formats
@@ -75,7 +74,7 @@ def rank_diagnosis(trace: Trace) -> RankDiagnosis:
     comms = rank_collectives(trace) if trace.comms is not None else None
     records = comms.records if comms is not None else []
     base_us = trace.base_time_ns / 1000.0
-    work = step_work(steps(trace), records, base_us)
+    work = trace_step_work(trace)
     return RankDiagnosis(
         format=formats.DIAGNOSIS.version, rank=trace.rank, world_size=trace.world_size, base_us=base_us,
         steps=work,

@@ -28,7 +28,7 @@ from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.memory import memory_section
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import CrossRankView, Summary
-from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
+from torchprof_args.analysis.summary.cross_rank import WORK, Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.shared.heatmap import Layout, heatmap_svg
 from torchprof_args.shared.stragglers import describe
@@ -64,16 +64,16 @@ def _where(row: RankRow) -> str:
 
 
 def _rank_rows(rows: list[RankRow]) -> list[list[Any]]:
-    return [[r.rank, _where(r), r.steps, fmt_us(r.step_mean_us),
+    return [[r.rank, _where(r), r.steps, fmt_us(r.step_mean_us), fmt_us(r.work_mean_us),
              "-" if r.straggler_score is None else f"{r.straggler_score:.2f}x",
              fmt_pct(r.idle_pct), fmt_pct(r.compute_pct), fmt_pct(r.comm_comp_overlap_pct), Path(r.file).name]
             for r in rows]
 
 
-_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "straggler score", "GPU idle", "compute",
-                 "overlap", "file"]
+_RANK_HEADERS = ["rank", "host / parallel", "steps", "mean step", "work", "straggler score", "GPU idle",
+                 "compute", "overlap", "file"]
 #: the numeric columns of :data:`_RANK_HEADERS`.
-_RANK_NUMERIC = {0, 2, 3, 4, 5, 6, 7}
+_RANK_NUMERIC = {0, 2, 3, 4, 5, 6, 7, 8}
 
 
 def _heatmap(view: CrossRankView) -> str:
@@ -204,7 +204,8 @@ def _cycle_section(title: str, summaries: list[Summary], view: CrossRankView,
     parts = [f"<h2>{html.escape(title)} ({len(rows)} rank(s))</h2>", _findings(findings), path_section(path),
              _distributions(view)]
     if view.slowest_rank is not None:
-        parts.append(f"<p>Slowest rank <b>{view.slowest_rank}</b>, fastest {view.fastest_rank}, spread "
+        parts.append(f"<p>Slowest rank <b>{view.slowest_rank}</b>, fastest {view.fastest_rank} (by work per "
+                     "step), spread "
                      f"{view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)}); "
                      f"{len(view.stragglers)} straggler(s) ({html.escape(_rule(view))}).</p>")
     parts += ["<h3>Step time per rank and step</h3>", _heatmap(view), "<h3>Across ranks</h3><div class=row>",
@@ -234,7 +235,7 @@ def _distributions(view: CrossRankView) -> str:
 
 
 def _rule(view: CrossRankView) -> str:
-    return describe("mean step", view.straggler_threshold, view.straggler_min_ms)
+    return describe(WORK, view.straggler_threshold, view.straggler_min_ms)
 
 
 def _stragglers(view: CrossRankView) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, FSDP_PHASES
 from torchprof_args.analysis.summary import CrossRankView, Summary
-from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
+from torchprof_args.analysis.summary.cross_rank import WORK, Distribution, RankRow
 from torchprof_args.shared.stragglers import describe
 
 __all__ = ["compiled_lines", "fmt_pct", "fmt_us", "format_cross_rank", "format_operator_table",
@@ -241,13 +241,14 @@ def _coords(row: RankRow, axes: list[str]) -> str:
 def _rank_table(rows: list[RankRow], axes: list[str]) -> list[str]:
     hosts = max([len(r.host or "-") for r in rows] + [4])
     head = f"    {'rank':>5} {'host':<{hosts}} " + " ".join(f"{a:>3}" for a in axes)
-    head += f" {'steps':>5} {'mean step':>11} {'score':>8} {'GPU idle':>9} {'overlap':>8}  file"
+    head += f" {'steps':>5} {'mean step':>11} {'work':>11} {'score':>8} {'GPU idle':>9} {'overlap':>8}  file"
     lines = [head]
     for r in rows:
         vs = "-" if r.straggler_score is None else f"{r.straggler_score:.2f}x"
         lines.append(
             f"    {r.rank:>5} {(r.host or '-'):<{hosts}} " + _coords(r, axes)
-            + f" {r.steps:>5} {fmt_us(r.step_mean_us):>11} {vs:>8} {fmt_pct(r.idle_pct):>9} "
+            + f" {r.steps:>5} {fmt_us(r.step_mean_us):>11} {fmt_us(r.work_mean_us):>11} {vs:>8} "
+            f"{fmt_pct(r.idle_pct):>9} "
             f"{fmt_pct(r.comm_comp_overlap_pct):>8}  {r.file.rsplit('/', 1)[-1]}"
         )
     return lines
@@ -296,11 +297,11 @@ def format_cross_rank(view: CrossRankView, title: str = "", all_ranks: bool = Fa
     lines += _distribution_line("comm/comp overlap", dist.comm_comp_overlap_pct, fmt_pct)
     if view.slowest_rank is not None:
         lines.append(
-            f"  slowest rank {view.slowest_rank}, fastest rank {view.fastest_rank},"
+            f"  slowest rank {view.slowest_rank}, fastest rank {view.fastest_rank} (by work per step),"
             f" spread {view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)})"
         )
         n = len(view.stragglers)
-        rule = describe("mean step", view.straggler_threshold, view.straggler_min_ms)
+        rule = describe(WORK, view.straggler_threshold, view.straggler_min_ms)
         lines.append(f"  stragglers ({rule}): "
                      + (f"{n}, rank(s) " + ", ".join(str(r.rank) for r in view.stragglers[:20])
                         + (" ..." if n > 20 else "") if n else "none"))

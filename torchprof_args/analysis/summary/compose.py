@@ -16,6 +16,7 @@ from torchprof_args.analysis.analyzers.gpu import gpu_view
 from torchprof_args.analysis.analyzers.memory_events import memory_view
 from torchprof_args.analysis.analyzers.origin import device_name, origin
 from torchprof_args.analysis.analyzers.step_ops import step_ops
+from torchprof_args.analysis.analyzers.step_work import mean_work_us, trace_step_work
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.summary.document import StepTime, Summary
 from torchprof_args.analysis.trace import Trace
@@ -54,6 +55,7 @@ def summarize(trace: Trace, top: int | None = 30) -> Summary:
         uncompressed_bytes=trace.uncompressed_bytes,
         steps=[StepTime(s["name"], s["dur_us"]) for s in step_list],
         step_mean_us=float(np.mean(durs)) if durs else None,
+        work_mean_us=mean_work_us(trace_step_work(trace)),
         gpu=gpu,
         cpu=cpu_view(trace),
         top_kernels=top_kernels,

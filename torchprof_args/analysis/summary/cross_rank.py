@@ -4,9 +4,11 @@ Built from per-rank summaries (sidecars or parsed traces), so it costs nothing p
 ranks take milliseconds.  For each rank: its mean step time, each step's time (the heatmap),
 GPU idle / compute and communication/computation overlap (HTA definitions), where it runs (host,
 parallel coordinates).  Over ranks: min / p50 / p90 / max of step time, idle and overlap; the k
-slowest and fastest ranks; the stragglers by the one rule (:mod:`torchprof_args.shared.stragglers`)
-over the one per-rank figure a summary has, the mean step (``diagnose``'s ``straggler`` scores the
-work, which names the rank the others wait for in a synchronous job, where every step is as long).
+slowest and fastest ranks and the stragglers by the one rule (:mod:`torchprof_args.shared.stragglers`),
+all by each rank's *work* per step (its mean step less its time in collectives:
+:mod:`~torchprof_args.analysis.analyzers.step_work`).  In a synchronous job every rank's step is as
+long: the rank the others wait for has the most work, and the ranks that wait have the longest
+collectives (their step can even be the longest), so step times would name a waiting rank.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from torchprof_args.analysis.summary.document import Summary
 from torchprof_args.shared import stragglers as rule
 
 __all__ = [
-    "DISTRIBUTION_KEYS", "CrossRankView", "Distribution", "Distributions", "RankRow", "cross_rank",
+    "DISTRIBUTION_KEYS", "WORK", "CrossRankView", "Distribution", "Distributions", "RankRow", "cross_rank",
     "distribution",
 ]
 
+#: what the view ranks and scores, in words (the straggler rule's figure here).
+WORK = "work (the mean step less the time in collectives)"
 #: the per-rank figures whose distribution over ranks the view reports (:class:`Distributions`).
 DISTRIBUTION_KEYS = ("step_mean_us", "idle_pct", "comm_comp_overlap_pct")
 
@@ -52,9 +56,10 @@ class RankRow(msgspec.Struct, frozen=True):
     Attributes:
         rank: its rank (its position among the summaries when its trace does not say).
         file: its trace; ``host`` and ``parallel``: where it ran.
-        steps: how many steps; ``step_us`` each one's time by name; ``step_mean_us`` their mean.
+        steps: how many steps; ``step_us`` each one's time by name; ``step_mean_us`` their mean;
+            ``work_mean_us`` the mean step less its time in collectives.
         idle_pct, compute_pct, comm_comp_overlap_pct: its GPU breakdown's (None without kernels).
-        straggler_score: its mean step over the other ranks' median (None without steps).
+        straggler_score: its work over the other ranks' median (None without steps).
         fsdp_step: its mean step by FSDP2 phase (None: not ``fully_shard``-ed).
     """
 
@@ -65,6 +70,7 @@ class RankRow(msgspec.Struct, frozen=True):
     steps: int
     step_us: dict[str, float]
     step_mean_us: float | None
+    work_mean_us: float | None
     idle_pct: float | None
     compute_pct: float | None
     comm_comp_overlap_pct: float | None
@@ -79,11 +85,12 @@ class CrossRankView(msgspec.Struct, frozen=True):
         ranks: every rank's row, by rank.
         distributions: mean step, GPU idle and overlap over the ranks.
         steps: every step name of the cycle, in ``ProfilerStep#N`` order.
-        slowest, fastest: the ``k`` ranks with the longest / shortest mean step.
-        stragglers: the ranks whose mean step is at least ``straggler_threshold`` times the other
+        slowest, fastest: the ``k`` ranks with the most / least work per step.
+        stragglers: the ranks whose work is at least ``straggler_threshold`` times the other
             ranks' median and ``straggler_min_ms`` over it, the highest score first.
-        slowest_rank, fastest_rank: None when no rank has steps; ``spread_pct`` (slowest - fastest)
-            in % of ``step_mean_us``, the mean over ranks.
+        slowest_rank, fastest_rank: None when no rank has steps; ``spread_pct`` their difference in
+            work, in % of ``step_mean_us`` (the mean step over ranks): the share of the step the
+            imbalance costs.
     """
 
     ranks: list[RankRow]
@@ -125,13 +132,13 @@ def cross_rank(summaries: list[Summary], k: int = 5) -> CrossRankView:
                           idle_pct=distribution([r.idle_pct for r in rows]),
                           comm_comp_overlap_pct=distribution([r.comm_comp_overlap_pct for r in rows]))
     rows, slow_ranks = _scored(rows)
-    timed = [r for r in rows if r.step_mean_us is not None]
-    by_time = sorted(timed, key=lambda r: (-(r.step_mean_us or 0.0), r.rank))
+    timed = [r for r in rows if r.work_mean_us is not None]
+    by_time = sorted(timed, key=lambda r: (-(r.work_mean_us or 0.0), r.rank))
     mean = dists.step_mean_us.mean
     slow, fast = (by_time[0], by_time[-1]) if by_time else (None, None)
     spread = None
     if slow is not None and fast is not None:
-        spread = 100.0 * ((slow.step_mean_us or 0.0) - (fast.step_mean_us or 0.0)) / mean if mean else 0.0
+        spread = 100.0 * ((slow.work_mean_us or 0.0) - (fast.work_mean_us or 0.0)) / mean if mean else 0.0
     return CrossRankView(
         ranks=rows,
         distributions=dists,
@@ -150,12 +157,12 @@ def cross_rank(summaries: list[Summary], k: int = 5) -> CrossRankView:
 
 def _scored(rows: list[RankRow]) -> tuple[list[RankRow], list[RankRow]]:
     """``rows`` with their straggler scores; the stragglers, the highest score first."""
-    timed = [i for i, r in enumerate(rows) if r.step_mean_us is not None]
-    mean = {i: rows[i].step_mean_us or 0.0 for i in timed}
-    others = dict(zip(timed, rule.others_medians(list(mean.values())), strict=True)) if len(timed) > 1 else {}
+    timed = [i for i, r in enumerate(rows) if r.work_mean_us is not None]
+    work = {i: rows[i].work_mean_us or 0.0 for i in timed}
+    others = dict(zip(timed, rule.others_medians(list(work.values())), strict=True)) if len(timed) > 1 else {}
     for i, other in others.items():
-        rows[i] = msgspec.structs.replace(rows[i], straggler_score=rule.straggler_score(mean[i], other))
-    slow = [rows[i] for i in others if rule.is_straggler(mean[i] / 1e3, others[i] / 1e3)]
+        rows[i] = msgspec.structs.replace(rows[i], straggler_score=rule.straggler_score(work[i], other))
+    slow = [rows[i] for i in others if rule.is_straggler(work[i] / 1e3, others[i] / 1e3)]
     return rows, sorted(slow, key=lambda r: -(r.straggler_score or 0.0))
 
 
@@ -169,6 +176,7 @@ def _rank_row(index: int, summary: Summary) -> RankRow:
         steps=len(summary.steps),
         step_us={s.name: s.dur_us for s in summary.steps},
         step_mean_us=summary.step_mean_us,
+        work_mean_us=summary.work_mean_us,
         idle_pct=gpu.idle_pct if gpu is not None else None,
         compute_pct=gpu.compute_pct if gpu is not None else None,
         comm_comp_overlap_pct=gpu.comm_comp_overlap_pct if gpu is not None else None,

@@ -41,6 +41,9 @@ class Summary(msgspec.Struct, frozen=True):
         events: the complete events kept; ``uncompressed_bytes`` the trace's JSON size.
         steps: the ``ProfilerStep#N`` annotations in time order; ``step_mean_us`` their mean
             (None without steps).
+        work_mean_us: the mean step less the rank's time in collectives, its work
+            (:mod:`~torchprof_args.analysis.analyzers.step_work`: what the cross-rank view's straggler
+            rule scores; None without steps).
         gpu: the GPU breakdown with HTA's definitions (None without kernels).
         cpu: each CPU thread's busy time (None without CPU operators).
         top_kernels: the kernel names with the longest total time.
@@ -66,6 +69,7 @@ class Summary(msgspec.Struct, frozen=True):
     uncompressed_bytes: int
     steps: list[StepTime]
     step_mean_us: float | None
+    work_mean_us: float | None
     gpu: GpuBreakdown | None
     cpu: CpuThreads | None
     top_kernels: list[KernelTotal]

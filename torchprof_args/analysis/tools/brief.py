@@ -200,13 +200,13 @@ def _odd_ranks(inp: BriefInputs) -> list[BriefLine]:
     straggler = next((f for f in doc.findings if f.kind == "straggler"), None) if doc is not None else None
     if view is not None and view.stragglers:
         slow = [r.rank for r in view.stragglers]
-        text = (f"{len(slow)} of {n} ranks' mean step {view.straggler_threshold:g}x the others' median or "
-                f"more: {rank_runs(slow, inp.hosts, n)}")
+        text = (f"{len(slow)} of {n} ranks work {view.straggler_threshold:g}x the others' median or "
+                f"more outside collectives: {rank_runs(slow, inp.hosts, n)}")
     elif straggler is not None:
         text = (f"{len(straggler.ranks)} of {n} ranks work {STRAGGLER_THRESHOLD:g}x the others' median or "
                 f"more outside collectives: {rank_runs(straggler.ranks, inp.hosts, n)}")
     elif view is not None and view.step_mean_us is not None:
-        text = (f"no rank stands out (step spread {view.spread_pct or 0.0:.1f} %: slowest rank "
+        text = (f"no rank stands out (work spread {view.spread_pct or 0.0:.1f} % of the step: slowest rank "
                 f"{view.slowest_rank}, fastest {view.fastest_rank})")
     else:
         return []

@@ -3,10 +3,11 @@
 In a synchronous job every rank's step lasts about as long as the slowest rank's: the fast ranks
 wait for the slow one inside the step's collectives.  So step times alone cannot name the slow
 rank.  What can is each rank's *work* per step: the step's time minus the time the rank spent in
-collectives (where it waits for the others).  :func:`step_work` measures it on one rank (it goes
-into the summary sidecar, a few numbers per step); :func:`analyze` names the stragglers by the one rule
-(:mod:`torchprof_args.shared.stragglers`: work at least 1.05x the median of the *other* ranks' and
-2 ms over it, the 2 ms being :data:`THRESHOLD`), each by its excess per step.
+collectives (where it waits for the others).  :mod:`~torchprof_args.analysis.analyzers.step_work`
+measures it on one rank (it goes into the summary sidecar, a few numbers per step); :func:`analyze`
+names the stragglers by the one rule (:mod:`torchprof_args.shared.stragglers`: work at least
+1.05x the median of the *other* ranks' and 2 ms over it, the 2 ms being :data:`THRESHOLD`), each by
+its excess per step.
 
 A straggler whose experts receive more than their share of the routed tokens (an earlier
 ``expert_imbalance`` finding names it: the registry runs that kind first) is left to that finding:
@@ -19,45 +20,18 @@ most the worst straggler's excess per step (less if the collectives' transfer ti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-
-from torchprof_args.analysis.analyzers.collectives import CommRecord
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
-from torchprof_args.analysis.diagnose.documents import StepWork
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
 from torchprof_args.analysis.diagnose.kinds import expert_imbalance
-from torchprof_args.analysis.intervals import merge_intervals, total
-from torchprof_args.analysis.trace import StepSpan
 from torchprof_args.shared import stragglers as rule
 
-__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "step_work"]
+__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze"]
 
 KIND = "straggler"
 SCOPE = Scope.CROSS_RANK
 #: no share of the step: the straggler rule's (a rank's work 1.05x the others' median) and its 2 ms.
 THRESHOLD = Threshold(share_of_step=0.0, min_ms=rule.STRAGGLER_MIN_MS)
-
-
-def step_work(steps: Sequence[StepSpan], records: Sequence[CommRecord],
-              base_us: float) -> list[StepWork]:
-    """Per step (``steps``: :func:`torchprof_args.analysis.analyzers.steps.steps` rows, trace-relative):
-    its duration, the time it spent in collectives (union of the collective instances' intervals clipped
-    to the step; ``records`` have absolute times, ``base_us`` the trace's base) and the difference, its
-    work."""
-    starts = np.array([r.start_us - base_us for r in records], dtype=np.float64)
-    ends = starts + np.array([max(r.dur_us, 0.0) for r in records], dtype=np.float64)
-    out = []
-    for step in steps:
-        lo, hi = step["start_us"], step["start_us"] + step["dur_us"]
-        inside = (ends > lo) & (starts < hi)
-        union = merge_intervals(np.maximum(starts[inside], lo), np.minimum(ends[inside], hi))
-        comm = total(union) if inside.any() else 0.0
-        out.append(StepWork(name=step["name"], start_us=lo, dur_us=step["dur_us"], collective_us=comm,
-                            work_us=max(step["dur_us"] - comm, 0.0)))
-    return out
 
 
 def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:
