@@ -118,9 +118,11 @@ def test_a_part_running_past_the_budget_is_stopped(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(trace_results, "PARTS", (SUMMARY, DIAGNOSIS, slow, MEMORY))
     trace = _published_copy(tmp_path)
     started = time.process_time()
+    # 3 s of CPU: the summary and diagnosis fit (~0.1 s, with any import they pay first even on a
+    # loaded host), the 30 s part does not
     outcome = parse_results(trace, (SUMMARY,), top=None, write=True, workers=1,
-                            budget=Deadline(1.5, "a test budget"))
-    assert time.process_time() - started < 5.0
+                            budget=Deadline(3.0, "a test budget"))
+    assert time.process_time() - started < 8.0
     assert outcome.left_out == {"critical_path": "stopped: it ran past a test budget",
                                 "memory": "not started: a test budget was spent"}  # what came after it
     stored = stored_parts(trace)

@@ -312,6 +312,7 @@ def _budgeted(part: Part[T], trace: Trace, top: int | None, path: Path, deadline
         with time_limit(deadline.left()):
             return _computed(part, trace, top, path, given), None
     except TimeLimitExceeded:
+        deadline.spend()  # the parts after it are not started
         return None, f"stopped: it ran past {deadline.what}"
     except Exception as err:  # noqa: BLE001 - one line in the sidecar, the trace published all the same
         return None, f"failed: {type(err).__name__}: {err}"
