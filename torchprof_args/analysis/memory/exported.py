@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,14 +76,16 @@ def write_exported(result: Any, path: str | os.PathLike[str], trace_bytes: int,
 
 #: the longest part of an internal error's message kept in the one line that reports it
 _GIST_CHARS = 100
+#: where a dump of internals starts in a message: a dict or list, or a tuple after a colon
+_DUMP = re.compile(r"\s*:?\s*[{\[]|:\s*\(")
 
 
 def _gist(err: BaseException) -> str:
     """The head of ``err``'s message: its first line, before any dump of internals (PyTorch's memory
-    profiler asserts with its whole tensor-version table: ``version mismatch: {id=125: ...}``)."""
+    profiler asserts with its tensor-version tables: ``version mismatch: {id=125: ...}``,
+    ``duplicate outputs: MmBackward0 {id=94: ...}``)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
-    for dump in (": {", ": [", ": ("):
-        text = text.split(dump, 1)[0]
+    text = _DUMP.split(text, maxsplit=1)[0] or "no message"
     return text if len(text) <= _GIST_CHARS else text[: _GIST_CHARS - 3] + "..."
 
 
