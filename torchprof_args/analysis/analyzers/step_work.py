@@ -21,7 +21,10 @@ from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.intervals import merge_intervals, total
 from torchprof_args.analysis.trace import StepSpan, Trace
 
-__all__ = ["StepWork", "mean_work_us", "step_work", "trace_step_work"]
+__all__ = ["WORK_IN_WORDS", "StepWork", "mean_work_us", "step_work", "trace_step_work"]
+
+#: the figure in words, where a view ranks or scores ranks by it.
+WORK_IN_WORDS = "work (the mean step less the time in collectives)"
 
 
 class StepWork(msgspec.Struct, frozen=True):

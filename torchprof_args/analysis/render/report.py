@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from torchprof_args.analysis.analyzers.gpu import GpuBreakdown
+from torchprof_args.analysis.analyzers.step_work import WORK_IN_WORDS
 from torchprof_args.analysis.diagnose.documents import JobDiagnosis
 from torchprof_args.analysis.diagnose.finding import Finding
 from torchprof_args.analysis.render import svg
@@ -28,7 +29,7 @@ from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.memory import memory_section
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import CrossRankView, Summary
-from torchprof_args.analysis.summary.cross_rank import WORK, Distribution, RankRow
+from torchprof_args.analysis.summary.cross_rank import Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.shared.heatmap import Layout, heatmap_svg
 from torchprof_args.shared.stragglers import describe
@@ -235,7 +236,7 @@ def _distributions(view: CrossRankView) -> str:
 
 
 def _rule(view: CrossRankView) -> str:
-    return describe(WORK, view.straggler_threshold, view.straggler_min_ms)
+    return describe(WORK_IN_WORDS, view.straggler_threshold, view.straggler_min_ms)
 
 
 def _stragglers(view: CrossRankView) -> list[str]:
