@@ -41,12 +41,15 @@ class RouterChoices:
     def __init__(self, moe: nn.Module, experts: int) -> None:
         self.experts = experts
         self.calls: list[list[int]] = []
+        #: the expert of each token (top-1) in the last counted call.
+        self.last: torch.Tensor | None = None
         moe.router.register_forward_hook(self._hook)
 
     def _hook(self, module: nn.Module, args: object, output: tuple[torch.Tensor, ...]) -> None:
         if not module.training or torch._C._current_graph_task_id() != -1:  # noqa: SLF001
             return  # an evaluation (torchtitan counts none) or a recomputation in the backward
         ids = output[1].detach().flatten()
+        self.last = ids
         self.calls.append(torch.bincount(ids, minlength=self.experts).tolist())
 
     def take(self) -> list[int]:
