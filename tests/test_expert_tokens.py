@@ -5,6 +5,7 @@ tests/test_modern_jobs.py (``--titan-router``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -120,6 +121,27 @@ def test_a_dropped_window_writes_nothing(titan_moe: tuple[nn.Module, nn.Module],
     counter.end_step(2)
     path = counter.finish(tmp_path)
     assert path is not None and load_expert_tokens(path)["counts"] == [[[0.0] * EXPERTS] * 2]
+
+
+@pytest.mark.slow
+def test_the_torchtitan_trainer_watches_every_model_part(titan_moe: tuple[nn.Module, nn.Module]) -> None:
+    """What the trainer mixin does at its start (its loop needs CUDA: tests/gpu/test_gpu_torchtitan.py):
+    every model part's MoE layers watched, no expert-parallel group without expert parallelism."""
+    from types import SimpleNamespace
+
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from torchprof_args import TorchProfiler, add_torch_profile_args
+    from torchprof_args.capture.frameworks.torchtitan_trainer import titan_ep_ranks, watch_titan_experts
+
+    model, _ = titan_moe
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+    trainer = SimpleNamespace(model_parts=[model, nn.Linear(2, 2)], parallel_dims=dims)
+    parser = add_torch_profile_args(argparse.ArgumentParser())
+    prof = TorchProfiler.from_args(parser.parse_args(["--torch-profile"]))
+    assert titan_ep_ranks(dims) is None
+    assert watch_titan_experts(prof, trainer) == 2
+    assert watch_titan_experts(prof, trainer) == 0  # watched once
 
 
 # -- the offline side: each expert's received tokens ------------------------------------------------
