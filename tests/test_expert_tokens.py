@@ -107,6 +107,34 @@ def test_the_counts_are_the_router_s_choices_zeroed_or_not_and_recomputed_or_not
 
 
 @pytest.mark.slow
+def test_a_compiled_model_counts_as_the_same_model_in_eager_mode(
+        titan_moe: tuple[nn.Module, nn.Module], tmp_path: Path) -> None:
+    """torchtitan compiles each block with ``fullgraph=True``: the hooks trace into its graph (no
+    graph break) and count what the same model counts uncompiled."""
+    import copy
+
+    model, layers = titan_moe
+    eager = copy.deepcopy(model)
+    counters = [_counter(model), _counter(eager)]
+    for layer in layers:
+        layer.compile(backend="aot_eager", fullgraph=True)
+    generator = torch.Generator().manual_seed(7)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):  # as torchtitan's apply_compile
+        for iteration in (1, 2, 3):
+            if iteration == 2:
+                for counter in counters:
+                    counter.start()
+            x = torch.randn(2, 32, DIM, generator=generator)
+            for net, counter in zip((model, eager), counters, strict=True):
+                net(x).square().mean().backward()
+                counter.end_step(iteration)
+    torch._dynamo.reset()
+    docs = [load_expert_tokens(c.finish(tmp_path / str(i)) or tmp_path) for i, c in enumerate(counters)]
+    assert docs[0]["iterations"] == [2, 3] and docs[0]["counts"] == docs[1]["counts"]
+    assert all(sum(layer) == 2 * 32 for step in docs[0]["counts"] for layer in step)
+
+
+@pytest.mark.slow
 def test_a_dropped_window_writes_nothing(titan_moe: tuple[nn.Module, nn.Module], tmp_path: Path) -> None:
     model, _ = titan_moe
     counter = _counter(model)

@@ -46,7 +46,8 @@ class RouterChoices:
         moe.router.register_forward_hook(self._hook)
 
     def _hook(self, module: nn.Module, args: object, output: tuple[torch.Tensor, ...]) -> None:
-        if not module.training or torch._C._current_graph_task_id() != -1:  # noqa: SLF001
+        if not module.training or (not torch.compiler.is_compiling()
+                                   and torch._C._current_graph_task_id() != -1):  # noqa: SLF001
             return  # an evaluation (torchtitan counts none) or a recomputation in the backward
         ids = output[1].detach().flatten()
         self.last = ids

@@ -14,7 +14,10 @@ which the publisher puts in the cycle folder's ``expert_tokens/``.
 Activation checkpointing recomputes a layer's forward in the backward pass, and torchtitan's buffer
 counts those tokens again (its optimizer halves the buffer under full recomputation).  The hooks
 skip a forward that runs inside the backward (autograd's current graph task: a recomputation,
-reentrant or not), so each training forward counts once, whatever the checkpointing.  Forwards outside
+reentrant or not), so each training forward counts once, whatever the checkpointing.  Under
+torch.compile (torchtitan compiles each block with ``fullgraph=True``) the hooks trace into the graph
+without a break; the flag ``active`` is guarded, so a window's start and end each recompile the
+blocks once (then both variants are cached).  Forwards outside
 training mode add nothing (torchtitan counts only in training).  The buffer is float32: its counts are
 exact up to 2**24 tokens per expert, so without load balancing (never zeroed) a long run's deltas are
 as exact as torchtitan's own count, no more.
@@ -64,7 +67,11 @@ def _counts(module: nn.Module) -> torch.Tensor:
 
 
 def _in_backward() -> bool:
-    """Whether autograd's engine runs this code (an activation-checkpointing recomputation)."""
+    """Whether autograd's engine runs this code (an activation-checkpointing recomputation); never
+    inside a graph torch.compile traces (the hooks run in its forward, and a compiled recomputation
+    replays no Python side effect: torchtitan sets ``skip_fwd_side_effects_in_bwd_under_checkpoint``)."""
+    if torch.compiler.is_compiling():
+        return False
     current = getattr(torch._C, "_current_graph_task_id", None)  # noqa: SLF001
     return current is not None and current() != -1
 
