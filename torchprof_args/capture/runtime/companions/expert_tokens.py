@@ -16,8 +16,8 @@ counts those tokens again (its optimizer halves the buffer under full recomputat
 skip a forward that runs inside the backward (autograd's current graph task: a recomputation,
 reentrant or not), so each training forward counts once, whatever the checkpointing.  Under
 torch.compile (torchtitan compiles each block with ``fullgraph=True``) the hooks trace into the graph
-without a break; the flag ``active`` is guarded, so a window's start and end each recompile the
-blocks once (then both variants are cached).  Forwards outside
+without a break; dynamo guards on the flag ``active``, so the first window's start recompiles each
+block once (both variants then stay cached; ``TORCH_LOGS=recompiles`` shows it).  Forwards outside
 training mode add nothing (torchtitan counts only in training).  The buffer is float32: its counts are
 exact up to 2**24 tokens per expert, so without load balancing (never zeroed) a long run's deltas are
 as exact as torchtitan's own count, no more.
