@@ -215,8 +215,8 @@ def test_without_expert_parallelism_each_rank_holds_every_expert(tmp_path: Path)
 @pytest.mark.parametrize("damage", ["version", "corrupt", "rows"])
 def test_a_file_of_another_version_or_a_damaged_one_is_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
-    """Through ``--expert-tokens``: one line naming the file, no traceback; beside the traces: passed
-    over (the finding is made without per-expert evidence)."""
+    """Through ``--expert-tokens``: the command's one error line naming the file, no traceback; beside
+    the traces: one stderr line naming it, and the diagnosis goes on without tokens per expert."""
     cycle = tmp_path / cycle_dir_name(3, 4)
     path = _write(cycle / EXPERT_TOKENS_SUBDIR, 0, [3], [[[1, 2]]])
     doc = json.loads(path.read_text())
@@ -228,10 +228,17 @@ def test_a_file_of_another_version_or_a_damaged_one_is_one_line(
         path.write_text(json.dumps({**doc, "counts": [[[1]]]}))
     trace = cycle / "rank00000_h_pid1.pt.trace.json.gz"
     shutil.copy(DATA / "cpu_2rank_gloo_rank0_iter3.json.gz", trace)  # a real trace: diagnose reads it
-    assert expert_tokens_beside([trace]) is None
+    problems: list[str] = []
+    assert expert_tokens_beside([trace], problems=problems) is None
+    assert len(problems) == 1 and str(path) in problems[0] and "\n" not in problems[0], problems
     assert torchprof(["diagnose", str(cycle), "--expert-tokens", str(cycle), "--no-progress"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0] and "Traceback" not in err[0], err
     if damage == "version":
         assert f"version {formats.EXPERT_TOKENS.version + 1}" in err[0]
         assert f"reads version {formats.EXPERT_TOKENS.version}" in err[0]
+    assert torchprof(["diagnose", str(cycle), "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["findings"] is not None
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0] == f"torchprof diagnose: tokens per expert not read: {problems[0]}", err

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,11 @@ def _expert_tokens(args: argparse.Namespace, traces: list[Path]) -> ExpertTokens
     )
 
     if not args.expert_tokens:
-        return expert_tokens_beside(traces, args.roots)
+        problems: list[str] = []
+        found = expert_tokens_beside(traces, args.roots, problems)
+        for problem in problems:  # one line each; the diagnosis goes on without them
+            print(f"torchprof diagnose: tokens per expert not read: {problem}", file=sys.stderr)
+        return found
     folder = Path(args.expert_tokens)
     folder = expert_tokens_folder(folder) or folder
     try:

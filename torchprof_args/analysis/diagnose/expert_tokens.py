@@ -21,8 +21,9 @@ it, expert ``e`` living on ``ep_ranks[e // experts_per_rank]`` as its local expe
 iteration, summed over the layers, the mean over the cycle's iterations (``traced``), else all.
 
 One search finds either (:func:`~.beside.find_beside`, nearest folder first; the torchtitan files
-first where one folder holds both); a file of another version or a damaged one is passed over beside
-the traces and refused in one line naming it through ``--expert-tokens``.
+first where one folder holds both); a file of another version or a damaged one is refused in one
+line naming it: beside the traces ``diagnose`` says it on stderr and goes on without, through
+``--expert-tokens`` it is the command's error.
 """
 
 from __future__ import annotations
@@ -200,7 +201,9 @@ def megatron_expert_tokens(folder: Path, traces: Sequence[Path] = ()) -> ExpertT
     return ExpertTokens(MEGATRON_TPE, str(folder), per_rank, chosen, bool(in_cycle))
 
 
-def expert_tokens_beside(traces: Sequence[Path], within: Sequence[str] | None = None) -> ExpertTokens | None:
+def expert_tokens_beside(traces: Sequence[Path], within: Sequence[str] | None = None,
+                         problems: list[str] | None = None) -> ExpertTokens | None:
     """The framework's tokens per expert beside ``traces`` (:func:`expert_tokens_folder`, by
-    :func:`~.beside.find_beside`), None where there are none or they cannot be read."""
-    return read_beside(traces, within, expert_tokens_folder, read_expert_tokens)
+    :func:`~.beside.find_beside`), None where there are none or they cannot be read (why: one line
+    appended to ``problems`` when given)."""
+    return read_beside(traces, within, expert_tokens_folder, read_expert_tokens, problems)
