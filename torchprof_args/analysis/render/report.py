@@ -28,7 +28,7 @@ from torchprof_args.analysis.render.gaps import gap_text_lines
 from torchprof_args.analysis.render.memory import memory_section
 from torchprof_args.analysis.render.text import fmt_pct, fmt_us
 from torchprof_args.analysis.summary import CrossRankView, Summary
-from torchprof_args.analysis.summary.cross_rank import WORK, Distribution, RankRow
+from torchprof_args.analysis.summary.cross_rank import WORK_LABEL, Distribution, RankRow
 from torchprof_args.atomic import write_text_atomically
 from torchprof_args.shared.heatmap import Layout, heatmap_svg
 from torchprof_args.shared.stragglers import describe
@@ -235,7 +235,7 @@ def _distributions(view: CrossRankView) -> str:
 
 
 def _rule(view: CrossRankView) -> str:
-    return describe(WORK, view.straggler_threshold, view.straggler_min_ms)
+    return describe(WORK_LABEL, view.straggler_threshold, view.straggler_min_ms)
 
 
 def _stragglers(view: CrossRankView) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, FSDP_PHASES
 from torchprof_args.analysis.summary import CrossRankView, Summary
-from torchprof_args.analysis.summary.cross_rank import WORK, Distribution, RankRow
+from torchprof_args.analysis.summary.cross_rank import WORK_LABEL, Distribution, RankRow
 from torchprof_args.shared.stragglers import describe
 
 __all__ = ["compiled_lines", "fmt_pct", "fmt_us", "format_cross_rank", "format_operator_table",
@@ -301,7 +301,7 @@ def format_cross_rank(view: CrossRankView, title: str = "", all_ranks: bool = Fa
             f" spread {view.spread_pct:.2f}% of the mean step ({fmt_us(view.step_mean_us)})"
         )
         n = len(view.stragglers)
-        rule = describe(WORK, view.straggler_threshold, view.straggler_min_ms)
+        rule = describe(WORK_LABEL, view.straggler_threshold, view.straggler_min_ms)
         lines.append(f"  stragglers ({rule}): "
                      + (f"{n}, rank(s) " + ", ".join(str(r.rank) for r in view.stragglers[:20])
                         + (" ..." if n > 20 else "") if n else "none"))

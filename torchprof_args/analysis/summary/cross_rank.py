@@ -21,12 +21,12 @@ from torchprof_args.analysis.summary.document import Summary
 from torchprof_args.shared import stragglers as rule
 
 __all__ = [
-    "DISTRIBUTION_KEYS", "WORK", "CrossRankView", "Distribution", "Distributions", "RankRow", "cross_rank",
-    "distribution",
+    "DISTRIBUTION_KEYS", "WORK_LABEL", "CrossRankView", "Distribution", "Distributions", "RankRow",
+    "cross_rank", "distribution",
 ]
 
 #: what the view ranks and scores, in words (the straggler rule's figure here).
-WORK = "work (the mean step less the time in collectives)"
+WORK_LABEL = "work (the mean step less the time in collectives)"
 #: the per-rank figures whose distribution over ranks the view reports (:class:`Distributions`).
 DISTRIBUTION_KEYS = ("step_mean_us", "idle_pct", "comm_comp_overlap_pct")
 
