@@ -105,7 +105,7 @@ class Recorder:
             )
             self._profiler.step_num = first
             if action in RECORDING:
-                self._start_execution_trace(first)
+                self._start_companions(first)
             self._profiler.start()
         except Exception as err:  # noqa: BLE001
             self.disable("starting the profiler", err)
@@ -127,7 +127,7 @@ class Recorder:
             self.expert_tokens.end_step(iteration)
         if upcoming in RECORDING and current not in RECORDING:
             self._window_first = iteration + 1
-            self._start_execution_trace(iteration + 1)  # before torch.profiler opens ProfilerStep#N+1
+            self._start_companions(iteration + 1)  # before torch.profiler opens ProfilerStep#N+1
         self._next_action = upcoming
         self._iteration = iteration
         self._profiler.step_num = iteration
@@ -182,7 +182,7 @@ class Recorder:
         if self.expert_tokens is not None:
             self.expert_tokens.discard()
 
-    def _start_execution_trace(self, first: int) -> None:
+    def _start_companions(self, first: int) -> None:
         """A window opens at ``first``: its companions start (the execution trace, the tokens per expert)."""
         if self.execution_trace is not None:
             self.execution_trace.start(first)
@@ -232,4 +232,4 @@ class Recorder:
         elif finished is not None:
             finished.unlink(missing_ok=True)
         if self._next_action in RECORDING:
-            self._start_execution_trace(last + 1)  # a window that follows at once (no wait, no warmup)
+            self._start_companions(last + 1)  # a window that follows at once (no wait, no warmup)
