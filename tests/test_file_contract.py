@@ -22,8 +22,9 @@ from torchprof_args.analysis.tools.debug_dumps import find_server_dumps
 from torchprof_args.capture.ondemand.protocol import RequestRejected, parse_request
 from torchprof_args.capture.stacks.dumper import StackDumper
 from torchprof_args.console import main as torchprof
-from torchprof_args.naming import DEBUG_SERVER_DUMPS, sidecar_path
+from torchprof_args.naming import DEBUG_SERVER_DUMPS, EXPERT_TOKENS_SUFFIX, sidecar_path
 from torchprof_args.shared import formats
+from torchprof_args.shared.expert_tokens_file import load_expert_tokens, make_document
 from torchprof_args.shared.metrics_log import RunMarker, read_runs
 from torchprof_args.shared.stacks_file import load_stacks
 
@@ -153,6 +154,21 @@ def _debug_server_fr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     found = find_server_dumps(tmp_path)
     assert found is not None and not found.recorders
     assert len(found.problems) == 1 and str(path) in found.problems[0] and "\n" not in found.problems[0]
+
+
+@_case(formats.EXPERT_TOKENS)
+def _expert_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / f"rank00000_h_pid1{EXPERT_TOKENS_SUFFIX}"
+    doc = make_document(rank=0, source="a test", iterations=[3], layers=["layers.1.moe"], experts=2,
+                        ep_ranks=[0, 1], counts=[[[5.0, 7.0]]])
+    path.write_text(json.dumps(doc))
+    assert load_expert_tokens(path)["counts"] == [[[5.0, 7.0]]]
+    path.write_text(json.dumps({**doc, "version": formats.EXPERT_TOKENS.version + 1}))
+    with pytest.raises(ValueError) as err:
+        load_expert_tokens(path)
+    line = str(err.value)
+    assert "\n" not in line and str(path) in line
+    assert str(formats.EXPERT_TOKENS.version) in line and str(formats.EXPERT_TOKENS.version + 1) in line
 
 
 @pytest.mark.parametrize("fmt", formats.FORMATS, ids=lambda f: f.name)

@@ -29,13 +29,18 @@ from torchprof_args.analysis.analyzers.fsdp import FSDP2_STEP_PHASES, annotation
 from torchprof_args.analysis.analyzers.steps import steps
 from torchprof_args.analysis.collect.trace_results import CRITICAL_PATH, read_results
 from torchprof_args.analysis.critical_path.cycle import Scenario, cycle_graph, expert_work_per_step, mean_into
-from torchprof_args.analysis.diagnose.expert_tokens import MEGATRON_TPE, expert_tokens_beside
+from torchprof_args.analysis.diagnose.expert_tokens import (
+    MEGATRON_TPE,
+    TORCHTITAN_TOKENS,
+    expert_tokens_beside,
+)
 from torchprof_args.analysis.diagnose.kinds.exposed_comm import FSDP2_REMEDY, fsdp2_exposed
 from torchprof_args.analysis.memory.findings import findings_of
 from torchprof_args.analysis.memory.trace_memory import trace_memory_part
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.console import main as torchprof
-from torchprof_args.naming import cycle_of_name
+from torchprof_args.naming import EXPERT_TOKENS_SUBDIR, cycle_of_name
+from torchprof_args.shared.expert_tokens_file import load_expert_tokens
 
 JOB = REPO / "tests" / "jobs" / "modern_job.py"
 COMMANDS = ("summary", "diagnose", "critical-path", "collectives", "mem")
@@ -459,6 +464,47 @@ def test_megatron_s_tokens_per_expert_name_the_hot_expert(tmp_path: Path,
     assert f"rank {hot_rank}'s local expert {hot_expert}" in found[0]["summary"]
     for rank, row in logged.per_rank.items():  # 2 MoE layers: one dispatch each per step
         assert evidence["tokens_per_rank"][str(rank)] == pytest.approx(sum(row) / 2, rel=0.02)
+
+@pytest.mark.slow
+def test_torchtitan_s_tokens_per_expert_name_the_hot_expert(traced: Callable[..., Path],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The MoE job routed by real torchtitan MoE layers (their router biased to expert 2, rank 1's
+    first), watched by the profiler: each rank's file in the cycle folder's ``expert_tokens/`` holds
+    exactly the router's choices the job counted, per traced step and layer (layer 0's buffer zeroed
+    each step, layer 1's never); ``diagnose`` names rank 1's expert 0 from them, each expert's tokens
+    the sum over both ranks of what they routed to it."""
+    pytest.importorskip("torchtitan.models.common.moe", reason="torchtitan is not installed")
+    # the experts' time per token (as on an accelerator): the imbalance shows on a busy 2-core host too
+    prof = traced("moe", "--titan-router", "--expert-us-per-token", "50", *HEAVY_MOE)
+    truth = rank_results(prof.parent)
+    (cycle,) = prof.glob("iter*")
+    first, last = cycle_of_name(cycle.name, folder=True) or (0, 0)
+    files = sorted((cycle / EXPERT_TOKENS_SUBDIR).iterdir())
+    assert len(files) == 2, files
+    for path in files:
+        doc = load_expert_tokens(path)
+        assert doc["iterations"] == list(range(first, last + 1)) and doc["ep_ranks"] == [0, 1]
+        assert doc["layers"] == ["moes.0.titan", "moes.1.titan"] and doc["experts"] == 4
+        assert doc["counts"] == truth[doc["rank"]]["titan_routed_per_step"][first - 1:last]
+    logged = expert_tokens_beside(sorted(cycle.glob("*.pt.trace.json.gz")))
+    assert logged is not None and logged.source == TORCHTITAN_TOKENS and logged.traced
+    steps = range(first - 1, last)
+    for rank, local in itertools.product((0, 1), (0, 1)):  # expert 2 * rank + local
+        routed = [sum(truth[r]["titan_routed_per_step"][i][layer][2 * rank + local]
+                      for r in (0, 1) for layer in (0, 1)) for i in steps]
+        assert logged.per_rank[rank][local] == pytest.approx(statistics.fmean(routed)), (rank, local)
+    assert logged.hottest == (1, 0) and logged.imbalance_factor > 1.5, logged
+    doc = _diagnosis(prof, capsys)
+    found = [f for f in doc["findings"] if f["kind"] == "expert_imbalance"]
+    assert found and found[0]["ranks"] == [1], doc["findings"]
+    evidence = found[0]["evidence"]
+    assert evidence["expert_tokens_source"].startswith(TORCHTITAN_TOKENS)
+    assert next(iter(evidence["tokens_per_expert"])) == "rank 1 expert 0"
+    assert evidence["expert_imbalance_factor"] == pytest.approx(logged.imbalance_factor, abs=1e-3)
+    assert "rank 1's local expert 0" in found[0]["summary"]
+    for rank, row in logged.per_rank.items():  # the all-to-alls agree: 2 layers, one dispatch each
+        assert evidence["tokens_per_rank"][str(rank)] == pytest.approx(sum(row) / 2, rel=0.02)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", [("moe", "--balanced", *HEAVY_MOE), ("fsdp2",)], ids=["balanced", "fsdp2"])

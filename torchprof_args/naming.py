@@ -20,6 +20,8 @@ __all__ = [
     "DEBUG_SERVER_SUBDIR",
     "DEFAULT_PROFILE_DIR",
     "EXECUTION_TRACE_SUFFIX",
+    "EXPERT_TOKENS_SUBDIR",
+    "EXPERT_TOKENS_SUFFIX",
     "FLIGHT_RECORDER_PREFIXES",
     "FLIGHT_RECORDER_SUBDIR",
     "GZIP_SUFFIX",
@@ -76,7 +78,11 @@ SUMMARIES_SUBDIR = "summaries"
 CYCLE_DIR_PREFIX = "iter"
 #: Files published with a trace that are not traces go into a subfolder of the cycle folder
 #: named for what they hold (a ``.json.gz`` beside the traces would be read by HTA as a trace).
-COMPANION_SUBDIRS = {EXECUTION_TRACE_SUFFIX: "execution_traces"}
+#: Each traced rank's routed tokens per expert over a window (torchtitan's MoE layers), in the cycle
+#: folder's ``expert_tokens/`` (``shared/expert_tokens_file.py``).
+EXPERT_TOKENS_SUFFIX = ".expert_tokens.json"
+EXPERT_TOKENS_SUBDIR = "expert_tokens"
+COMPANION_SUBDIRS = {EXECUTION_TRACE_SUFFIX: "execution_traces", EXPERT_TOKENS_SUFFIX: EXPERT_TOKENS_SUBDIR}
 #: The file of the ``torchprof_args.cli`` decorator's run-level operator tables (its seed name).
 PROFILER_LIST_NAME = "profiler_list.dat"
 #: Where traces go without --torch-profile-dir (or Megatron-LM's --tensorboard-dir).

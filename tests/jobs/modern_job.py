@@ -17,6 +17,14 @@ cores for their expert work); tokens travel to
 their expert's rank by ``all_to_all_single_autograd`` (dispatch) and back (combine), with
 variable split sizes; the dense parts' gradients are all-reduced by hand.
 
+``--titan-router`` (MoE): each layer's tokens are routed by a real torchtitan MoE layer
+(``tests/helpers/titan_moe.py``: torchtitan's ``MoE`` built from its config classes, top-1 over the 4
+experts, its routing bias raised for expert 2, rank 1's first: most tokens choose it) whose output
+is added to the layer's; the profiler watches those layers (``prof.watch_experts``, the world as the
+expert-parallel group), and the job counts the router's choices per step and layer itself
+(``titan_routed_per_step``).  Layer 0's ``tokens_per_expert_E`` is zeroed after each step (as
+torchtitan's load balancing does), layer 1's never.
+
 Profiled by ``TorchProfiler`` with the flags given; writes ``--result-dir/rank<R>.json`` with the
 analytic sizes and the tokens each rank's experts received.
 
@@ -80,6 +88,14 @@ class ExpertParallelMoE(nn.Module):
         self.us_per_token = us_per_token
         self.expert_weights = nn.ParameterList(
             nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(self.local))
+        self.titan: nn.Module | None = None  # --titan-router: torchtitan's MoE layer routes the tokens
+        self.titan_out: torch.Tensor | None = None
+
+    def use_titan_router(self, seed: int) -> None:
+        from helpers.titan_moe import RouterChoices, tiny_moe
+
+        self.titan = tiny_moe(self.router.in_features, self.experts, hot=self.local, bias=0.15, seed=seed)
+        self.choices = RouterChoices(self.titan, self.experts)
 
     def route(self, x: torch.Tensor) -> torch.Tensor:
         """The expert of each token: the router's choice, biased so that ``hot_share`` of the tokens go
@@ -87,6 +103,10 @@ class ExpertParallelMoE(nn.Module):
         ``i mod experts``, every expert the same share."""
         if self.balanced:
             return torch.arange(x.shape[0]) % self.experts
+        if self.titan is not None:  # torchtitan's router chose (its MoE layer's forward, counted)
+            self.titan_out = self.titan(x.unsqueeze(0)).squeeze(0)
+            assert self.choices.last is not None
+            return self.choices.last
         choice = self.router(x).argmax(dim=-1)
         hot = torch.rand(x.shape[0], generator=self._generator) < self.hot_share
         last_rank_first_expert = (self.world - 1) * self.local
@@ -117,6 +137,9 @@ class ExpertParallelMoE(nn.Module):
         back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
         combined = torch.empty_like(back)
         combined[order] = back
+        if self.titan_out is not None:
+            combined = combined + self.titan_out
+            self.titan_out = None
         return combined, int(sum(recv_splits))
 
     def _received_experts(self, sorted_experts: torch.Tensor, send_splits: list[int],
@@ -160,6 +183,8 @@ def main() -> int:
     parser.add_argument("--expert-us-per-token", type=float, default=0.0,
                         help="MoE: each rank's experts also wait this many us per token received")
     parser.add_argument("--result-dir", required=True)
+    parser.add_argument("--titan-router", action="store_true",
+                        help="MoE: torchtitan's MoE layers route the tokens (watched by the profiler)")
     parser.add_argument("--megatron-tpe-dir", default=None,
                         help="MoE: tokens per expert by Megatron-LM's own writer, into DIR/tokens_per_expert")
     add_torch_profile_args(parser)
@@ -172,6 +197,9 @@ def main() -> int:
     if args.shape == "moe":
         model: nn.Module = MoEModel(args.dim, 2, 4, args.hot_share, rank, world, args.balanced,
                                     args.expert_us_per_token)
+        if args.titan_router:
+            for index, moe in enumerate(model.moes):
+                moe.use_titan_router(seed=index)  # replicated, as a real router
         dense = [p for name, p in model.named_parameters() if "expert_weights" not in name]
     else:
         from torch.distributed.fsdp import fully_shard
@@ -195,7 +223,10 @@ def main() -> int:
         tpe_logger = ActivationLogger(args.megatron_tpe_dir)
         hooks = [tpe_logger._make_tpe_hook("", f"decoder.layers.{i}.mlp.experts.linear_fc1")
                  for i in range(len(model.moes))]
+    titan_routed: list[list[list[int]]] = []
     with TorchProfiler.from_args(args) as prof:
+        if args.titan_router:
+            assert prof.watch_experts(model, ep_ranks=list(range(world))) == 2
         for iteration in range(1, args.iters + 1):
             optimizer.zero_grad()
             x = torch.randn(args.batch, args.dim)
@@ -214,8 +245,12 @@ def main() -> int:
                 dist.all_reduce(parameter.grad)
                 parameter.grad /= world
             optimizer.step()
+            if args.titan_router:
+                moes = [moe for moe in model.moes if moe.titan is not None]
+                titan_routed.append([moe.choices.take() for moe in moes])
+                moes[0].titan.tokens_per_expert_E.zero_()  # load balancing's pre-hook; layer 1: never
             prof.step(iteration)
-    result.update(ended="done", received_tokens_per_step=received_tokens)
+    result.update(ended="done", received_tokens_per_step=received_tokens, titan_routed_per_step=titan_routed)
     write_json_atomically(os.path.join(args.result_dir, f"rank{rank}.json"), result)
     dist.destroy_process_group()
     return 0

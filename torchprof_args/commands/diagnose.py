@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,21 +76,25 @@ def _expert_tokens(args: argparse.Namespace, traces: list[Path]) -> ExpertTokens
     """The framework's tokens per expert (``expert_imbalance``): from ``--expert-tokens``, else the
     folder beside the traces; None where there is none."""
     from torchprof_args.analysis.diagnose.expert_tokens import (
-        TPE_FOLDER,
         expert_tokens_beside,
-        megatron_expert_tokens,
+        expert_tokens_folder,
+        read_expert_tokens,
     )
 
     if not args.expert_tokens:
-        return expert_tokens_beside(traces, args.roots)
+        problems: list[str] = []
+        found = expert_tokens_beside(traces, args.roots, problems)
+        for problem in problems:  # one line each; the diagnosis goes on without them
+            print(f"torchprof diagnose: tokens per expert not read: {problem}", file=sys.stderr)
+        return found
     folder = Path(args.expert_tokens)
-    if (folder / TPE_FOLDER).is_dir():
-        folder = folder / TPE_FOLDER
+    folder = expert_tokens_folder(folder) or folder
     try:
-        return megatron_expert_tokens(folder, traces)
+        return read_expert_tokens(folder, traces)
     except OSError as err:
-        raise CommandError(f"--expert-tokens {args.expert_tokens}: {err.strerror or err}: give Megatron-LM's "
-                           "tokens_per_expert folder (or its --save folder)") from None
+        raise CommandError(f"--expert-tokens {args.expert_tokens}: {err.strerror or err}: give a cycle "
+                           "folder (its expert_tokens/) or Megatron-LM's tokens_per_expert folder (or its "
+                           "--save folder)") from None
     except ValueError as err:
         raise CommandError(str(err)) from None
 
@@ -138,9 +143,10 @@ def register(subparsers: Subparsers) -> None:
                         "mfu_disagreement compares with the traces' (default: one beside the traces, in "
                         "the cycle folder or up to two folders above)")
     p.add_argument("--expert-tokens", default=None, metavar="DIR",
-                   help="Megatron-LM's tokens_per_expert folder (--save-tokens-per-expert-interval; or its "
-                        "--save folder), whose tokens per expert expert_imbalance names (default: one "
-                        "beside the traces, in the cycle folder or up to two folders above)")
+                   help="the tokens per expert expert_imbalance names: a cycle folder's expert_tokens "
+                        "(torchtitan's MoE layers, recorded with the traces), or Megatron-LM's "
+                        "tokens_per_expert folder (--save-tokens-per-expert-interval; or its --save folder) "
+                        "(default: one beside the traces, in the cycle folder or up to two folders above)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_run, document=_document)
 

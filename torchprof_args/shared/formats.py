@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEBUG_SERVER_FR", "DIAGNOSIS", "FINDINGS", "FORMATS", "MEMORY", "METRICS_RUN", "ONDEMAND",
-           "PATHS", "SIDECAR", "STACKS", "FileFormat"]
+__all__ = ["DEBUG_SERVER_FR", "DIAGNOSIS", "EXPERT_TOKENS", "FINDINGS", "FORMATS", "MEMORY", "METRICS_RUN",
+           "ONDEMAND", "PATHS", "SIDECAR", "STACKS", "FileFormat"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,11 @@ DEBUG_SERVER_FR = FileFormat(
     "torchprof-debug-server-fr", 1, "<profile dir>/debug_server/torchprof_fr_trace_<time>.txt",
     "capture/runtime/debug_server/pages.py (written), analysis/tools/debug_dumps.py (read)",
     "skipped by `torchprof hang`, with the reason in one line")
+EXPERT_TOKENS = FileFormat(
+    "torchprof-expert-tokens", 1, "<cycle>/expert_tokens/<stem>.expert_tokens.json (one per traced rank "
+    "and window: its routed tokens per expert, layer and step)",
+    "shared/expert_tokens_file.py", "refused in one line naming the file and both versions")
 
 #: every format of the contract (the test of each one's other version iterates over these).
-FORMATS = (SIDECAR, DIAGNOSIS, PATHS, MEMORY, FINDINGS, METRICS_RUN, STACKS, ONDEMAND, DEBUG_SERVER_FR)
+FORMATS = (SIDECAR, DIAGNOSIS, PATHS, MEMORY, FINDINGS, METRICS_RUN, STACKS, ONDEMAND, DEBUG_SERVER_FR,
+           EXPERT_TOKENS)

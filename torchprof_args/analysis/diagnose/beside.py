@@ -3,7 +3,8 @@
 
 Looked for in the traces' folder or up to two folders above (a cycle folder, its run, the profile
 directory), never outside ``torchprof mcp``'s roots, and read as a best effort: a flag that names
-the file instead is told why it cannot be read, here it is only passed over.
+the file instead is told why it cannot be read, here it is passed over (a caller may collect why:
+``read_beside``'s ``problems``).
 """
 
 from __future__ import annotations
@@ -41,15 +42,18 @@ def find_beside(traces: Sequence[Path], within: Sequence[str] | None,
 
 
 def read_beside(traces: Sequence[Path], within: Sequence[str] | None, found: Callable[[Path], Path | None],
-                read: Callable[[Path, Sequence[Path]], _Read | None]) -> _Read | None:
+                read: Callable[[Path, Sequence[Path]], _Read | None],
+                problems: list[str] | None = None) -> _Read | None:
     """``read(path, traces)`` of what :func:`find_beside` finds; None where nothing is found or it
-    cannot be read (OSError, ValueError)."""
+    cannot be read (OSError, ValueError: the reason appended to ``problems`` when given)."""
     path = find_beside(traces, within, found)
     if path is None:
         return None
     try:
         return read(path, traces)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as err:
+        if problems is not None:
+            problems.append(str(err) if isinstance(err, ValueError) else f"{path}: {err.strerror or err}")
         return None
 
 

@@ -12,6 +12,10 @@ the config's ``_owner`` names (see :mod:`~torchprof_args.capture.frameworks.torc
   slowest rank and straggler scores, ``throughput`` (TFLOP/s per GPU) and ``mfu`` from torchtitan's
   own ``num_flops_per_token`` (against ``--torch_profile.metrics_peak_tflops`` or the device table),
   ``profiler/...``: its TensorBoard and wandb loggers write them with its own.
+* The MoE layers' routed tokens per expert (their ``tokens_per_expert_E``), per layer and recorded
+  step, go with each trace into the cycle folder's ``expert_tokens/`` (``TorchProfiler.watch_experts``
+  on every model part, with the expert-parallel group's ranks from torchtitan's ``ep`` mesh), for
+  ``torchprof diagnose``'s ``expert_imbalance``.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from typing import Any
 from torchprof_args import _dist
 from torchprof_args.capture.frameworks.hosted_profiling import FLUSH_TIMER, HostedProfiling
 from torchprof_args.capture.frameworks.torchtitan_config import run_config
+from torchprof_args.capture.runtime.profiler import TorchProfiler
+from torchprof_args.log import get_logger
 
 __all__ = ["FLUSH_TIMER", "STEP_TIMER", "TitanProfiling", "TorchProfileTrainerMixin"]
 
 STEP_TIMER = "step"
+
+logger = get_logger(__name__)
 
 
 class TitanProfiling:
@@ -43,6 +51,7 @@ class TitanProfiling:
                                       metadata=titan_layout(self.trainer))
         self._logged_step = start_iteration
         self._wrap_metrics_log()
+        watch_titan_experts(self.hosted.prof, self.trainer)
         self.hosted.start()
 
     def close(self, clean: bool) -> None:
@@ -100,6 +109,32 @@ def model_flops_per_step(processor: Any, steps: int) -> float | None:
         return None
     replicas = dims.world_size / max(1, dims.non_data_parallel_size)
     return float(per_token) * tokens * replicas / steps
+
+
+def titan_ep_ranks(dims: Any) -> list[int] | None:
+    """The global ranks of this rank's expert-parallel group (torchtitan's ``ep`` mesh, in its order);
+    None without expert parallelism or where the mesh does not say."""
+    if int(getattr(dims, "ep", 1)) <= 1:
+        return None
+    try:
+        import torch.distributed as dist
+
+        mesh = dims.get_optional_mesh("ep")
+        return None if mesh is None else [int(r) for r in dist.get_process_group_ranks(mesh.get_group())]
+    except Exception:  # noqa: BLE001 - a release or layout without it: the file says "not known"
+        return None
+
+
+def watch_titan_experts(prof: TorchProfiler, trainer: Any) -> int:
+    """Every model part's MoE layers watched for their tokens per expert; returns how many."""
+    dims = getattr(trainer, "parallel_dims", None)
+    ep_ranks = titan_ep_ranks(dims) if dims is not None else None
+    try:
+        parts = getattr(trainer, "model_parts", [])
+        return sum(prof.watch_experts(part, ep_ranks=ep_ranks) for part in parts)
+    except ValueError as err:  # layers of different expert counts: no per-expert file, training goes on
+        logger.warning("torchtitan's tokens per expert are not recorded: %s", err)
+        return 0
 
 
 def titan_layout(trainer: Any) -> dict[str, Any]:

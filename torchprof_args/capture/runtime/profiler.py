@@ -20,13 +20,16 @@ import argparse
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from torchprof_args import _dist
 from torchprof_args.capture.ondemand.dynolog import check_kineto_daemon_env
 from torchprof_args.capture.runtime.agreements import StepAgreements
+from torchprof_args.capture.runtime.companions.expert_tokens import ExpertTokenCounter
 from torchprof_args.capture.runtime.config import ProfiledRun, ProfilerConfig
 from torchprof_args.capture.runtime.cost import ProfilingCost
 from torchprof_args.capture.runtime.debug_server.server import DebugServer
@@ -392,6 +395,27 @@ class TorchProfiler:
         now on, e.g. ``pipeline=pipeline_metadata(stages, micro_batches)`` for ``torchprof diagnose``.
         """
         self.extra_metadata.update(values)
+
+    def watch_experts(self, model: nn.Module, *, ep_ranks: Sequence[int] | None = None) -> int:
+        """Record, in each window this rank traces, the routed tokens per expert of ``model``'s MoE
+        layers (torchtitan's: modules with a ``tokens_per_expert_E`` buffer), per layer and recorded
+        step, published with the trace in the cycle folder's ``expert_tokens/`` for ``torchprof
+        diagnose``'s ``expert_imbalance``
+        (:mod:`~torchprof_args.capture.runtime.companions.expert_tokens`: no collective, one copy to
+        the host per window).  Call it once per model (part), best before the profiler starts (a
+        window already recording is counted from here on); returns the MoE layers found.
+
+        Args:
+            model: the model, or one pipeline stage of it.
+            ep_ranks: the global ranks of this rank's expert-parallel group in its order (expert ``e``
+                lives on ``ep_ranks[e // experts_per_rank]``); None: not known (no expert parallelism).
+        """
+        counter = self._recorder.expert_tokens or ExpertTokenCounter(rank=self.rank)
+        found = counter.watch(model, list(ep_ranks) if ep_ranks is not None else None)
+        self._recorder.expert_tokens = counter
+        if self._recorder.in_window and not counter.active:
+            counter.start()
+        return found
 
     @property
     def stats(self) -> dict[str, float]:

@@ -4,8 +4,11 @@ torch.profiler's own schedule counts steps from its creation; ours follows globa
 and on-demand windows.  So the ``torch.profiler.profile`` here gets a schedule that answers
 whatever action :class:`Recorder` was told for the next step, and its ``step_num`` is kept equal
 to the global iteration (``ProfilerStep#N`` in the trace is iteration N).  With an
-:class:`~torchprof_args.capture.runtime.execution_trace.ExecutionTrace` set, each recorded window also
-gets PyTorch's execution trace.  A flushed window goes straight to the
+:class:`~torchprof_args.capture.runtime.companions.execution_trace.ExecutionTrace` set, each recorded
+window also gets PyTorch's execution trace, and with an
+:class:`~torchprof_args.capture.runtime.companions.expert_tokens.ExpertTokenCounter` set
+(``TorchProfiler.watch_experts``) the MoE layers' routed tokens per expert of each recorded step.
+A flushed window goes straight to the
 :class:`~torchprof_args.capture.runtime.export.writer.TraceWriter`.
 """
 
@@ -18,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchprof_args.capture.runtime.companions.execution_trace import ExecutionTrace
+from torchprof_args.capture.runtime.companions.expert_tokens import ExpertTokenCounter
 from torchprof_args.capture.runtime.config import TraceConfig
-from torchprof_args.capture.runtime.execution_trace import ExecutionTrace
 from torchprof_args.capture.runtime.export.child import Companion
 from torchprof_args.capture.runtime.export.writer import Route
 from torchprof_args.capture.runtime.schedule import RECORDING, Action
@@ -72,10 +76,17 @@ class Recorder:
         self.writer: TraceWriter | None = None
         #: Set by the profiler with --torch-profile-execution-trace.
         self.execution_trace: ExecutionTrace | None = None
+        #: Set by TorchProfiler.watch_experts: the MoE layers' tokens per expert of each recorded step.
+        self.expert_tokens: ExpertTokenCounter | None = None
 
     @property
     def active(self) -> bool:
         return self._profiler is not None
+
+    @property
+    def in_window(self) -> bool:
+        """A window records now (from its first step to its flush)."""
+        return self._profiler is not None and self._window_first is not None
 
     def start(self, first: int, action: Action) -> bool:
         """Create and start torch.profiler in the state ``action`` asks for iteration ``first``.
@@ -94,7 +105,7 @@ class Recorder:
             )
             self._profiler.step_num = first
             if action in RECORDING:
-                self._start_execution_trace(first)
+                self._start_companions(first)
             self._profiler.start()
         except Exception as err:  # noqa: BLE001
             self.disable("starting the profiler", err)
@@ -112,9 +123,11 @@ class Recorder:
             if upcoming is Action.NONE or self.broken:
                 return False
             return self.start(iteration + 1, upcoming)
+        if current in RECORDING and self.expert_tokens is not None:
+            self.expert_tokens.end_step(iteration)
         if upcoming in RECORDING and current not in RECORDING:
             self._window_first = iteration + 1
-            self._start_execution_trace(iteration + 1)  # before torch.profiler opens ProfilerStep#N+1
+            self._start_companions(iteration + 1)  # before torch.profiler opens ProfilerStep#N+1
         self._next_action = upcoming
         self._iteration = iteration
         self._profiler.step_num = iteration
@@ -166,10 +179,15 @@ class Recorder:
             self._discard = False
         if self.execution_trace is not None:
             self.execution_trace.discard()
+        if self.expert_tokens is not None:
+            self.expert_tokens.discard()
 
-    def _start_execution_trace(self, first: int) -> None:
+    def _start_companions(self, first: int) -> None:
+        """A window opens at ``first``: its companions start (the execution trace, the tokens per expert)."""
         if self.execution_trace is not None:
             self.execution_trace.start(first)
+        if self.expert_tokens is not None:
+            self.expert_tokens.start()
 
     def _memory_companion(self, profiler: torch.profiler.profile) -> Companion | None:
         """PyTorch's memory categorisation for the forked exporter to run, when the window records
@@ -191,18 +209,27 @@ class Recorder:
         if self._discard:
             if execution_trace is not None:
                 execution_trace.discard()
+            if self.expert_tokens is not None:
+                self.expert_tokens.discard()
             return
         last = self._iteration
         first = self._window_first if self._window_first is not None else last
         self._window_first = None
         finished = execution_trace.finish() if execution_trace is not None else None
+        tokens = None
+        if self.expert_tokens is not None:
+            staging = self.writer.staging.dirs if self.writer is not None else []
+            if staging:
+                tokens = self.expert_tokens.finish(staging[0])
+            else:
+                self.expert_tokens.discard()
         if self.writer is not None:
             companion = self._memory_companion(profiler)
             submitted = self.writer.submit_window(profiler.export_chrome_trace, first, last, finished,
-                                                  companion=companion)
+                                                  companion=companion, expert_tokens=tokens)
             # a window exported inline got no categorisation: the next one may have it
             self._categorised |= companion is not None and submitted.route is Route.FORKED
         elif finished is not None:
             finished.unlink(missing_ok=True)
-        if execution_trace is not None and self._next_action in RECORDING:
-            execution_trace.start(last + 1)  # a window that follows at once (no wait, no warmup)
+        if self._next_action in RECORDING:
+            self._start_companions(last + 1)  # a window that follows at once (no wait, no warmup)

@@ -17,8 +17,8 @@ import sys
 import torch
 
 from torchprof_args.capture.ondemand.controller import OnDemandController
+from torchprof_args.capture.runtime.companions.execution_trace import ExecutionTrace
 from torchprof_args.capture.runtime.config import ProfilerConfig
-from torchprof_args.capture.runtime.execution_trace import ExecutionTrace
 from torchprof_args.capture.runtime.export.staging import StagingArea
 from torchprof_args.capture.runtime.export.writer import TraceWriter
 from torchprof_args.capture.runtime.fence import Fence

@@ -12,7 +12,8 @@ its experts receive per dispatch; where a row's size is not known, the experts' 
 stand in (``tokens_measure`` says which).
 The traces do not say which expert of a rank got the tokens: the figures are per rank.  Where the
 framework logged its tokens per expert (:mod:`..expert_tokens`: Megatron-LM's
-``--save-tokens-per-expert-interval``), the finding names the busiest expert and gives each expert's
+``--save-tokens-per-expert-interval``, or torchtitan's MoE layers' counts the profiler recorded with
+the traces), the finding names the busiest expert and gives each expert's
 tokens, the source named (``tokens_per_expert``, ``expert_imbalance_factor``, ``expert_tokens_source``).
 
 ``imbalance_factor`` is the heaviest rank's routed tokens over the ranks' mean.  A finding needs it

@@ -48,6 +48,7 @@ from torchprof_args.capture.runtime.export.status import PublishStatus
 from torchprof_args.log import get_logger
 from torchprof_args.naming import (
     EXECUTION_TRACE_SUFFIX,
+    EXPERT_TOKENS_SUFFIX,
     TRACE_SUFFIX,
     companion_relpath,
     cycle_dir_name,
@@ -169,17 +170,20 @@ class TraceWriter:
 
     def submit_window(self, export: Callable[[str], None], first: int, last: int,
                       execution_trace: Path | None = None,
-                      companion: Companion | None = None) -> Submission:
+                      companion: Companion | None = None, expert_tokens: Path | None = None) -> Submission:
         """Publish the trace of the window that recorded iterations ``first..last`` (its cycle folder
         and this rank's stem from :mod:`~torchprof_args.naming`), with the window's execution trace
-        (a finished file in staging) beside it when there is one; ``companion``: what a forked
-        exporter runs after the trace (:func:`~.child.fork_export`)."""
+        and its tokens per expert (finished files in staging) beside it when there are; ``companion``:
+        what a forked exporter runs after the trace (:func:`~.child.fork_export`)."""
         stem = trace_stem(self.rank)
         level = self.config.gzip_level
         extra: list[ExtraFile] = []
         if execution_trace is not None:
             relpath = companion_relpath(stem, EXECUTION_TRACE_SUFFIX, gzip=level is not None)
             extra.append((str(execution_trace), relpath, level))
+        if expert_tokens is not None:  # small: kept plain JSON
+            relpath = companion_relpath(stem, EXPERT_TOKENS_SUFFIX, gzip=False)
+            extra.append((str(expert_tokens), relpath, None))
         return self.submit(export, cycle_dir_name(first, last), stem, steps=last - first + 1,
                            extra_files=extra, companion=companion)
 
