@@ -30,6 +30,11 @@ import numpy as np
 from torchprof_args.analysis.analyzers.callsites import call_sites
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
+from torchprof_args.analysis.analyzers.kernel_modules import (
+    CompiledModule,
+    compiled_modules,
+    kernel_module_match,
+)
 from torchprof_args.analysis.analyzers.nesting import enclosing
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import context
@@ -106,6 +111,9 @@ class CompiledCode(msgspec.Struct, frozen=True):
         inductor_flop_share: the share of the GPU's kernel time in Triton kernels inductor gave a
             FLOP count (None without kernels; kernels it calls out to, cuBLAS's, are counted from
             their operators' shapes in ``low_mfu``).
+        modules: the generated kernels' time by the module each came from, the most first
+            (``--torch-profile-compiled-modules``' file beside the trace; empty without it).
+        module_map: that file's path; where it could not be read, why (one line); None: none found.
     """
 
     regions: list[CompiledRegion]
@@ -114,6 +122,8 @@ class CompiledCode(msgspec.Struct, frozen=True):
     peak_tflops: float | None
     peak_tbps: float | None
     inductor_flop_share: float | None
+    modules: list[CompiledModule] = []
+    module_map: str | None = None
 
 
 def _module_events(trace: Trace) -> np.ndarray:
@@ -297,5 +307,8 @@ def compiled_code(trace: Trace, device: str | None, top: int | None = 30) -> Com
     kernels, known = _kernels(trace, peak_t, peak_b)
     if not regions and not kernels:
         return None
+    modules = compiled_modules(trace, ctx.start, ctx.end, ctx.n_steps)
     return CompiledCode(regions=regions, kernels=kernels if top is None else kernels[:top], device=device,
-                        peak_tflops=peak_t, peak_tbps=peak_b, inductor_flop_share=known)
+                        peak_tflops=peak_t, peak_tbps=peak_b, inductor_flop_share=known,
+                        modules=modules if top is None else modules[:top],
+                        module_map=kernel_module_match(trace).source)

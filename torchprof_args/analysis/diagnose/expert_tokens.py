@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchprof_args.analysis.diagnose.beside import read_beside, traced_cycle
+from torchprof_args.analysis.beside import read_beside, traced_cycle
 
 __all__ = ["MEGATRON_TPE", "TPE_FOLDER", "ExpertTokens", "expert_tokens_beside",
            "megatron_expert_tokens"]

@@ -1,0 +1,134 @@
+"""``--torch-profile-compiled-modules`` on a real compiled job (tests/jobs/compiled_modules_job.py: a
+2-layer model compiled whole, one graph, CPU inductor, on a gloo rank): the map inductor's provenance
+gives is written beside the traces, each generated C++ kernel in the trace is given to the layer it
+came from (layer 0's sigmoid kernels to layer 0, layer 1's tanh kernels to layer 1: the job's one
+difference between them, which the analysis does not read), a trace without the map keeps the
+region's attribution, and a corrupt map or one of another version is one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.examples import run_doc_example
+from helpers.paths import REPO
+from helpers.processes import rank_results, subprocess_env
+
+from torchprof_args.analysis import load_trace
+from torchprof_args.analysis.analyzers.kernel_modules import ROOT, kernel_module_match
+from torchprof_args.analysis.analyzers.stepwise import context
+from torchprof_args.console import main as torchprof
+from torchprof_args.naming import COMPILED_MODULES_SUBDIR
+from torchprof_args.shared.kernel_modules import read_kernel_modules
+
+
+def _compiler() -> str | None:
+    """Why inductor cannot compile C++ kernels here (None: it can)."""
+    if shutil.which("g++") is None:
+        return "no g++ on PATH: CPU inductor compiles its kernels with it"
+    return None
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The profile folder of the trace toolkit's example, run verbatim (the job with the flag)."""
+    if (why := _compiler()) is not None:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("compiled_modules")
+    proc = run_doc_example("summary-compiled-modules", folder, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(rank_results(folder)) == [0]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Generated kernels per step by the module they came from"), proc.stdout
+    assert any(" layers.0.attn " in line and "sigmoid" in line for line in lines), proc.stdout
+    return folder / "prof"
+
+
+def _summary(folder: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    assert torchprof(["summary", str(folder), "--json", "--no-progress", *extra]) == 0
+    (doc,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"compiled"' in line]
+    return doc
+
+
+def _trace(folder: Path) -> Path:
+    (trace,) = folder.glob("iter*/*.pt.trace.json.gz")
+    return trace
+
+
+@pytest.mark.slow
+def test_each_generated_kernel_goes_to_the_layer_it_came_from(profiled: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (path,) = (profiled / COMPILED_MODULES_SUBDIR).glob("*.json")
+    graphs = read_kernel_modules(path).graphs
+    assert sorted(g.phase for g in graphs) == ["backward", "forward"]  # one graph: the model compiled whole
+    trace = load_trace(_trace(profiled))
+    match = kernel_module_match(trace)
+    assert match.source == str(path)
+    kernels = [i for i, name_id in enumerate(trace.name_id.tolist())
+               if trace.names[name_id].startswith("graph_") and "_cpp_" in trace.names[name_id]]
+    assert kernels and sorted(match.idx.tolist()) == kernels  # every generated kernel call matched
+    by_layer: dict[str, set[str]] = {"sigmoid": set(), "tanh": set()}
+    for i, module in zip(match.idx.tolist(), match.module, strict=True):
+        name = trace.names[trace.name_id[i]]
+        for fn, modules in by_layer.items():
+            if fn in name:
+                modules.add(module)
+    # layer 0's sigmoid and layer 1's tanh: in their own layer, or (fused with the next layer's
+    # first kernel) in the module around both, never in the other layer
+    assert "layers.0.attn" in by_layer["sigmoid"] and "layers.1.attn" in by_layer["tanh"], by_layer
+    assert not any(m.startswith("layers.1") for m in by_layer["sigmoid"]), by_layer
+    assert not any(m.startswith("layers.0") for m in by_layer["tanh"]), by_layer
+    assert by_layer["sigmoid"] | by_layer["tanh"] <= {"layers.0.attn", "layers.1.attn", "layers", ROOT}
+    doc = _summary(profiled, capsys)  # from the sidecar the publisher wrote
+    assert doc == _summary(profiled, capsys, "--reparse")
+    modules = {m["module"]: m for m in doc["compiled"]["modules"]}
+    assert {"layers.0.attn", "layers.1.attn", "layers.0.mlp", "layers.1.mlp"} <= set(modules), modules
+    assert doc["compiled"]["module_map"] == str(path)
+    ctx = context(trace)
+    in_steps = [i for i in kernels if ctx.start <= trace.ts[i] < ctx.end]
+    assert sum(m["calls"] for m in modules.values()) == len(in_steps)
+    total_ms = sum(float(trace.dur[i]) for i in in_steps) / 1e3 / ctx.n_steps
+    assert sum(m["ms_per_step"] for m in modules.values()) == pytest.approx(total_ms, rel=1e-6)
+    assert any("sigmoid" in k for k in modules["layers.0.attn"]["kernels"])
+    assert not any("tanh" in k for k in modules["layers.0.attn"]["kernels"])
+
+
+@pytest.mark.slow
+def test_without_the_map_the_region_s_modules_remain(profiled: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _trace(profiled)
+    alone = tmp_path / "prof" / trace.parent.name
+    alone.mkdir(parents=True)
+    shutil.copy(trace, alone / trace.name)
+    doc = _summary(tmp_path / "prof", capsys)
+    regions = {r["name"]: r for r in doc["compiled"]["regions"]}
+    assert regions["Torch-Compiled Region: 0/0"]["modules"] == ["Model_0"]
+    assert doc["compiled"]["modules"] == [] and doc["compiled"]["module_map"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content", ["{not json", "other version"])
+def test_a_corrupt_map_or_one_of_another_version_is_one_line(profiled: Path, tmp_path: Path,
+                                                             content: str) -> None:
+    copy = tmp_path / "prof"
+    shutil.copytree(profiled, copy, ignore=shutil.ignore_patterns("summaries"))
+    (path,) = (copy / COMPILED_MODULES_SUBDIR).glob("*.json")
+    if content == "other version":
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "version": doc["version"] + 1}))
+    else:
+        path.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "torchprof_args", "summary", str(copy), "--no-progress"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, check=False,
+                          env=subprocess_env())
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("Generated kernels")]
+    assert len(lines) == 1 and str(path) in lines[0], proc.stdout
+    assert "no module map" in lines[0]
+    if content == "other version":
+        assert "version 2, this torchprof-args reads version 1" in lines[0]
+    assert "Torch-Compiled Region: 0/0" in proc.stdout  # the region's attribution kept
