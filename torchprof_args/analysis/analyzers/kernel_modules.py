@@ -8,8 +8,10 @@ name is unique in its graph's code, not across graphs (two graphs both have a ``
 and one kernel can be called more than once in a graph (block 0's ReLU and block 1's share the
 code): so the file lists, per graph (its id and phase), the kernel calls in the order the graph
 makes them, and each call of a graph in the trace is matched as a whole: its kernel events in time
-order against the graph of the same id whose call sequence has the same names.  A call that matches
-no graph, or several with different modules, keeps its region's attribution.
+order against the graph of the same id whose call sequence has the same names: its C++ kernels with
+the operators inductor calls out to (``extern_kernels.mm``, an ``aten::mm`` event), else its C++
+kernels alone.  A call that matches no graph, or several with different modules, keeps its region's
+attribution.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ __all__ = ["ROOT", "CompiledModule", "KernelModuleMatch", "compiled_modules", "k
            "kernel_modules_file", "kernel_name"]
 
 _KERNEL = re.compile(r"^graph_(\d+)_(cpp_\w+)$")
+#: the provenance name of an operator inductor calls out to (``extern_kernels.addmm``: ``aten::addmm``).
+_EXTERN = "extern_kernels."
 _GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph \w+ ##$")
 #: the compiled module itself (a kernel of nodes of several top-level modules, or of none).
 ROOT = "(compiled module)"
@@ -45,7 +49,8 @@ def kernel_name(event_name: str) -> str:
 
 
 class CompiledModule(msgspec.Struct, frozen=True, gc=False):
-    """The generated kernels' time of one module (``Summary.compiled.modules``).
+    """The time of one module's kernels in compiled code (``Summary.compiled.modules``): the C++
+    kernels inductor generated and the operators it called out to (``aten::mm``).
 
     Attributes:
         module: its qualified name in the compiled module (``layers.1.mlp``; ``(compiled module)``:
@@ -62,12 +67,14 @@ class CompiledModule(msgspec.Struct, frozen=True, gc=False):
 
 @dataclass(frozen=True)
 class KernelModuleMatch:
-    """The trace's kernel events matched to the file: ``idx`` (event indices) and each one's
-    ``module``; ``source``: the file read, or why none was (one line), None: none beside the trace."""
+    """The trace's kernel events matched to the file: ``idx`` (event indices), each one's ``module``
+    and ``graph_call`` (its ``## Call CompiledFxGraph`` event); ``source``: the file read, or why
+    none was (one line), None: none beside the trace."""
 
     idx: np.ndarray
     module: list[str]
     source: str | None
+    graph_call: np.ndarray
 
 
 def kernel_modules_file(trace_path: Path, within: Sequence[str] | None = None) -> Path | None:
@@ -94,6 +101,29 @@ def _read(trace: Trace) -> tuple[KernelModules | None, str | None]:
         return None, str(err)
 
 
+def _matched(trace: Trace, group: list[int],
+             sequences: dict[tuple[int, tuple[str, ...]], set[tuple[str | None, ...]]]
+             ) -> list[tuple[int, str | None]]:
+    """One graph call's kernel events (time order) with their modules: all of them where a graph
+    of their id makes the same calls, generated and called-out kernels alike; else its generated
+    kernels alone where a graph's generated kernels are these; else none."""
+    names = [trace.names[trace.name_id[i]] for i in group]
+    parsed = [_KERNEL.match(n) for n in names]
+    ids = {int(p.group(1)) for p in parsed if p}
+    if len(ids) != 1:
+        return []
+    graph_id = ids.pop()
+    whole = tuple(p.group(2) if p else _EXTERN + n.removeprefix("aten::")
+                  for p, n in zip(parsed, names, strict=True))
+    generated = [(i, p.group(2)) for i, p in zip(group, parsed, strict=True) if p]
+    for events, calls in ((group, whole), ([i for i, _ in generated], tuple(k for _, k in generated))):
+        found = sequences.get((graph_id, calls))
+        if found is not None and len(found) == 1:  # several: graphs with other modules, none told
+            (mods,) = found
+            return list(zip(events, mods, strict=True))
+    return []
+
+
 def kernel_module_match(trace: Trace) -> KernelModuleMatch:
     """The trace's generated-kernel events with the module each came from (see the module docstring)."""
     memo = trace.memo.kernel_modules
@@ -105,44 +135,46 @@ def kernel_module_match(trace: Trace) -> KernelModuleMatch:
     kernels = np.flatnonzero(is_kernel[trace.name_id])
     doc, source = _read(trace) if len(kernels) else (None, None)
     if doc is None:
-        match = KernelModuleMatch(empty, [], source)
+        match = KernelModuleMatch(empty, [], source, empty)
         trace.memo.kernel_modules = match
         return match
     sequences: dict[tuple[int, tuple[str, ...]], set[tuple[str | None, ...]]] = {}
+    extern: set[str] = set()
     for graph in doc.graphs:
-        calls = [k for k in graph.kernels if not k.name.startswith("extern_kernels.")]
-        key = (graph.graph_id, tuple(k.name for k in calls))
-        sequences.setdefault(key, set()).add(tuple(k.module for k in calls))
+        for made in (graph.kernels, [k for k in graph.kernels if not k.name.startswith(_EXTERN)]):
+            key = (graph.graph_id, tuple(k.name for k in made))
+            sequences.setdefault(key, set()).add(tuple(k.module for k in made))
+        extern.update(f"aten::{k.name[len(_EXTERN):]}" for k in graph.kernels if k.name.startswith(_EXTERN))
+    called = np.flatnonzero(lookup(names, lambda n: n in extern)[trace.name_id])
     graph_calls = np.flatnonzero(lookup(names, lambda n: _GRAPH_CALL.match(n) is not None)[trace.name_id])
-    around = enclosing(trace, kernels, graph_calls)
+    events = np.concatenate([kernels, called])
+    around = enclosing(trace, events, graph_calls)
     idx: list[int] = []
     modules: list[str] = []
-    inside = kernels[around >= 0]
+    calls: list[int] = []
+    inside = events[around >= 0]
     owner = around[around >= 0]
     order = np.lexsort((trace.ts[inside], owner))
     inside, owner = inside[order], owner[order]
     bounds = np.flatnonzero(np.diff(owner)) + 1
-    for group in np.split(inside, bounds) if len(inside) else []:
-        parsed = [_KERNEL.match(names[trace.name_id[i]]) for i in group.tolist()]
-        ids = {int(p.group(1)) for p in parsed if p}
-        if len(ids) != 1:
-            continue
-        found = sequences.get((ids.pop(), tuple(p.group(2) for p in parsed if p)))
-        if found is None or len(found) != 1:
-            continue  # no graph of this id calls these kernels, or several with other modules
-        (mods,) = found
-        for i, module in zip(group.tolist(), mods, strict=True):
+    firsts = owner[np.r_[0, bounds]].tolist() if len(inside) else []
+    for group, call in zip(np.split(inside, bounds) if len(inside) else [], firsts, strict=True):
+        for i, module in _matched(trace, group.tolist(), sequences):
             if module is not None:
                 idx.append(i)
                 modules.append(module or ROOT)
-    match = KernelModuleMatch(np.asarray(idx, dtype=np.int64), modules, source)
+                calls.append(call)
+    match = KernelModuleMatch(np.asarray(idx, dtype=np.int64), modules, source,
+                              np.asarray(calls, dtype=np.int64))
     trace.memo.kernel_modules = match
     return match
 
 
-def compiled_modules(trace: Trace, start: float, end: float, n_steps: int) -> list[CompiledModule]:
-    """The generated kernels' time in the steps (``start``..``end``, ``n_steps`` of them) by the module
-    each came from, the most time first (empty without the file or a match)."""
+def compiled_modules(trace: Trace, start: float, end: float, n_steps: int,
+                     labels: list[str] | None = None) -> list[CompiledModule]:
+    """Compiled code's kernels' time in the steps (``start``..``end``, ``n_steps`` of them) by the
+    module each came from (or by ``labels``, one per matched event), the most time first (empty
+    without the file or a match)."""
     match = kernel_module_match(trace)
     if not len(match.idx):
         return []
@@ -150,7 +182,7 @@ def compiled_modules(trace: Trace, start: float, end: float, n_steps: int) -> li
     time: dict[str, float] = {}
     calls: dict[str, int] = {}
     per_kernel: dict[str, dict[str, float]] = {}
-    for i, module, keep in zip(match.idx.tolist(), match.module, in_steps.tolist(), strict=True):
+    for i, module, keep in zip(match.idx.tolist(), labels or match.module, in_steps.tolist(), strict=True):
         if not keep:
             continue
         dur = float(trace.dur[i])
