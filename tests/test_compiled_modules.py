@@ -110,6 +110,9 @@ def test_each_generated_kernel_goes_to_the_layer_it_came_from(profiled: Path,
     assert sum(m["ms_per_step"] for m in modules.values()) == pytest.approx(total_ms, rel=1e-6)
     assert any("sigmoid" in k for k in modules["layers.0.attn"]["kernels"])
     assert not any("tanh" in k for k in modules["layers.0.attn"]["kernels"])
+    assert torchprof(["critical-path", str(profiled), "--no-progress"]) == 0  # call sites: the module
+    sites = [line for line in capsys.readouterr().out.splitlines() if " at layers." in line]
+    assert any("(aten::mm)" in line or "(aten::addmm)" in line for line in sites), sites
 
 
 @pytest.mark.slow
