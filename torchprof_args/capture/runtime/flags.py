@@ -76,9 +76,10 @@ COMPILED_MODULES = Flag("--torch-profile-compiled-modules",
                         "it generates computes (its provenance tracking and the nodes' nn_module_stack), "
                         "written beside the traces as compiled_modules/<trace stem>.json, and record its C++ "
                         "kernels in CPU traces: the summary, the critical path and diagnose then give "
-                        "compiled code's time to the innermost module (layers.2.attn) instead of the "
-                        "region's. Compile-time cost only (docs/guides/trace-toolkit.md measures it); graphs "
-                        "compiled before profiling starts, or loaded from inductor's cache, have none.",
+                        "compiled code's time on CPU to the innermost module (layers.2.attn) instead of "
+                        "the region's (a GPU's Triton kernels are not matched yet). Compile-time cost only "
+                        "(docs/guides/trace-toolkit.md measures it); graphs compiled before profiling "
+                        "starts, or loaded from inductor's cache, have none.",
                         default=False, action="store_true")
 EXECUTION_TRACE = Flag("--torch-profile-execution-trace",
                        "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the "

@@ -8,15 +8,18 @@ Two of inductor's own settings and one documented hook give them:
 - ``trace.provenance_tracking_level = 1`` (``INDUCTOR_PROVENANCE``): inductor notes, for each kernel
   call it generates, the post-grad FX nodes it computes (``torch._inductor.debug``'s kernel -> nodes
   table, ``cpp_fused_relu_0:2`` -> ``[relu]``, in the order the graph calls them; tlparse's provenance
-  view reads the same table).  It is part of inductor's cache key;
+  view reads the same table from the structured trace, which has no hook in the job: the pass reads
+  the module's global, ``_inductor_triton_kernel_to_post_grad_node_info``, a private name; where a
+  torch renames it each graph logs one warning and the map has none).  It is part of inductor's
+  cache key;
 - ``post_grad_custom_post_pass`` (:class:`torch._inductor.custom_graph_pass.CustomGraphPass`): a pass
   that changes nothing and reads each post-grad graph's nodes' ``nn_module_stack`` (a backward node's
   ``fwd_nn_module_stack``), AOT autograd's graph id and phase (``TracingContext.aot_graph_name``,
   ``3_forward``), and where inductor's table stands before the graph's kernels are generated;
   chained after a pass the job set, never replacing it; its ``uuid`` enters the cache key;
 - ``cpp.enable_kernel_profile`` (``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE``): on CPU each generated
-  C++ kernel records itself in the trace, ``graph_<graph id>_cpp_fused_relu_0`` (Triton kernels
-  are in a GPU trace anyway).
+  C++ kernel records itself in the trace, ``graph_<graph id>_cpp_fused_relu_0`` (a GPU's Triton
+  kernels are in the map too, but the analysis matches only CPU traces' C++ kernels so far).
 
 The map is complete for graphs compiled in this process after the flag took effect: a graph
 inductor loads from its cache runs no pass (its kernels keep their region's modules).
