@@ -16,15 +16,27 @@ from pathlib import Path
 import pytest
 from helpers.paths import DATA
 
+from torchprof_args.analysis.analyzers.kernel_modules import kernel_modules_file
 from torchprof_args.analysis.collect.sidecar import write_sidecar
 from torchprof_args.analysis.collect.trace_results import PARTS, SUMMARY, parse_results, read_stored
 from torchprof_args.analysis.tools.debug_dumps import find_server_dumps
 from torchprof_args.capture.ondemand.protocol import RequestRejected, parse_request
 from torchprof_args.capture.stacks.dumper import StackDumper
 from torchprof_args.console import main as torchprof
-from torchprof_args.naming import DEBUG_SERVER_DUMPS, EXPERT_TOKENS_SUFFIX, sidecar_path
+from torchprof_args.naming import (
+    COMPILED_MODULES_SUBDIR,
+    DEBUG_SERVER_DUMPS,
+    EXPERT_TOKENS_SUFFIX,
+    sidecar_path,
+)
 from torchprof_args.shared import formats
 from torchprof_args.shared.expert_tokens_file import load_expert_tokens, make_document
+from torchprof_args.shared.kernel_modules import (
+    CompiledGraph,
+    GraphKernel,
+    encode_kernel_modules,
+    read_kernel_modules,
+)
 from torchprof_args.shared.metrics_log import RunMarker, read_runs
 from torchprof_args.shared.stacks_file import load_stacks
 
@@ -169,6 +181,27 @@ def _expert_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = str(err.value)
     assert "\n" not in line and str(path) in line
     assert str(formats.EXPERT_TOKENS.version) in line and str(formats.EXPERT_TOKENS.version + 1) in line
+
+
+@_case(formats.KERNEL_MODULES)
+def _kernel_modules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "prof" / COMPILED_MODULES_SUBDIR
+    folder.mkdir(parents=True)
+    path = folder / "rank00000_h_pid1.json"
+    graphs = [CompiledGraph(0, "forward", [GraphKernel("cpp_fused_relu_0", ["relu"], "layers.0.mlp")])]
+    path.write_bytes(encode_kernel_modules(graphs))  # the job's encoder
+    trace = tmp_path / "prof" / "iter000001-000002" / "rank00000_h_pid1.pt.trace.json.gz"
+    assert kernel_modules_file(trace) == path and read_kernel_modules(path).graphs == graphs
+    record = json.loads(path.read_text())
+    for other in ({**record, "version": formats.KERNEL_MODULES.version + 1}, "{not json"):
+        path.write_text(other if isinstance(other, str) else json.dumps(other))
+        with pytest.raises(ValueError) as err:
+            read_kernel_modules(path)
+        line = str(err.value)
+        assert "\n" not in line and str(path) in line
+        if not isinstance(other, str):
+            assert f"version {formats.KERNEL_MODULES.version + 1}" in line
+            assert f"reads version {formats.KERNEL_MODULES.version}" in line
 
 
 @pytest.mark.parametrize("fmt", formats.FORMATS, ids=lambda f: f.name)

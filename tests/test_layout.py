@@ -30,7 +30,7 @@ between them is the foundation:
                 ``flags`` speak to the job and its options, the others read its files)
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
-Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``) <
+Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``, ``beside``) <
 ``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
 graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
 ``render`` < ``staged`` (the job's one seam into the analysis: ``capture/`` imports nothing else of
@@ -110,7 +110,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``analysis/``'s layers, lowest first, by the first component below ``torchprof_args.analysis``.
 ANALYSIS = f"{PACKAGE}.analysis"
 ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("trace model", ("trace", "intervals", "jsonout")),
+    ("trace model", ("trace", "intervals", "jsonout", "beside")),
     ("decode", ("decode",)),
     ("analyzers", ("analyzers", "memory")),
     ("critical path", ("critical_path",)),

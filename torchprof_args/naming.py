@@ -23,6 +23,7 @@ __all__ = [
     "EXPERT_TOKENS_SUBDIR",
     "EXPERT_TOKENS_SUFFIX",
     "FLIGHT_RECORDER_PREFIXES",
+    "COMPILED_MODULES_SUBDIR",
     "FLIGHT_RECORDER_SUBDIR",
     "GZIP_SUFFIX",
     "MEMORY_SNAPSHOT_SUBDIR",
@@ -90,6 +91,9 @@ DEFAULT_PROFILE_DIR = "./prof"
 MEMORY_SNAPSHOT_SUBDIR = "memory_snapshots"
 #: ``<profile dir>/flight_recorder/``: PyTorch flight-recorder dumps, ``<prefix><rank>`` each.
 FLIGHT_RECORDER_SUBDIR = "flight_recorder"
+#: ``<profile dir>/compiled_modules/<trace stem>.json``: which module each kernel inductor generated in
+#: that process came from (``--torch-profile-compiled-modules``; :mod:`torchprof_args.shared.kernel_modules`).
+COMPILED_MODULES_SUBDIR = "compiled_modules"
 #: Dump file prefixes by recorder: NCCL's is PyTorch's own default name (its watchdog writes it);
 #: the CPU backends' recorder (gloo) is dumped by torchprof-args under the other.
 FLIGHT_RECORDER_PREFIXES = {"nccl": "nccl_trace_rank_", "gloo": "gloo_trace_rank_"}

@@ -115,6 +115,9 @@ class TraceMemo:
     #: the rank's collectives as its trace names its rank (:func:`.analyzers.collectives.rank_collectives`:
     #: ``diagnose`` and the critical path both need them; not to be changed by a reader).
     rank_comms: Any = None
+    #: the generated kernels matched to the compiled-modules file beside the trace
+    #: (:func:`.analyzers.kernel_modules.kernel_module_match`).
+    kernel_modules: Any = None
 
     def clear(self) -> None:
         """Forget every table (after a change to the trace's columns)."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEBUG_SERVER_FR", "DIAGNOSIS", "EXPERT_TOKENS", "FINDINGS", "FORMATS", "MEMORY", "METRICS_RUN",
-           "ONDEMAND", "PATHS", "SIDECAR", "STACKS", "FileFormat"]
+__all__ = ["DEBUG_SERVER_FR", "DIAGNOSIS", "EXPERT_TOKENS", "FINDINGS", "FORMATS", "KERNEL_MODULES", "MEMORY",
+           "METRICS_RUN", "ONDEMAND", "PATHS", "SIDECAR", "STACKS", "FileFormat"]
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,11 @@ class FileFormat:
 
 
 SIDECAR = FileFormat(
-    "torchprof-summary", 6, "<cycle>/summaries/<stem>.summary.json",
+    "torchprof-summary", 7, "<cycle>/summaries/<stem>.summary.json",
     "analysis/collect/sidecar.py (the header: format, version, trace, left_out; one key per part)",
     "ignored: the trace is parsed again; the command's last line counts such sidecars by version",
-    ("6: the summary's work per step (work_mean_us: the cross-rank view's straggler figure)",
+    ("7: the compiled code's generated kernels by module (modules, module_map)",
+     "6: the summary's work per step (work_mean_us: the cross-rank view's straggler figure)",
      "5: the summary's compiled code (regions, Triton kernels on the roofline)",
      "4: the summary's step by FSDP2 phase (fsdp_step)", "3: the summary's FSDP2 annotations"))
 DIAGNOSIS = FileFormat(
@@ -83,6 +84,11 @@ EXPERT_TOKENS = FileFormat(
     "and window: its routed tokens per expert, layer and step)",
     "shared/expert_tokens_file.py", "refused in one line naming the file and both versions")
 
+KERNEL_MODULES = FileFormat(
+    "torchprof-kernel-modules", 1, "<profile dir>/compiled_modules/<trace stem>.json",
+    "shared/kernel_modules.py KernelModules (written by capture/runtime/inductor/kernel_modules.py)",
+    "refused in one line naming the file and both versions: compiled code keeps its region's modules")
+
 #: every format of the contract (the test of each one's other version iterates over these).
 FORMATS = (SIDECAR, DIAGNOSIS, PATHS, MEMORY, FINDINGS, METRICS_RUN, STACKS, ONDEMAND, DEBUG_SERVER_FR,
-           EXPERT_TOKENS)
+           EXPERT_TOKENS, KERNEL_MODULES)

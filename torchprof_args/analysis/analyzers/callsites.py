@@ -1,5 +1,7 @@
 """Python call sites of CPU events: the innermost user frame (``python_function`` events, recorded
-with ``--torch-profile-with-stack``) enclosing an event on its thread."""
+with ``--torch-profile-with-stack``) enclosing an event on its thread; in a kernel inductor
+generated, the module it came from (``--torch-profile-compiled-modules``' map,
+:mod:`.kernel_modules`) instead of the frame of inductor's generated code."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import re
 
 import numpy as np
 
+from torchprof_args.analysis.analyzers.kernel_modules import kernel_module_match, kernel_name
 from torchprof_args.analysis.analyzers.nesting import enclosing
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.trace import Trace
@@ -30,7 +33,8 @@ def has_stacks(trace: Trace) -> bool:
 
 def call_sites(trace: Trace, idx: np.ndarray) -> list[str | None]:
     """Per event of ``idx``, its innermost enclosing user frame (``file.py(line): function``), else
-    its innermost frame of any kind, else None (no frame on its thread encloses it).
+    its innermost frame of any kind, else None (no frame on its thread encloses it); an event in a
+    generated kernel matched to the compiled-modules map: ``layers.0.attn (cpp_fused_relu_2)``.
 
     A thread's frames nest, so the frames around an event are one chain of ancestors: each event
     climbs it from the innermost frame around its start (:func:`~.nesting.enclosing`, a Nesting per
@@ -44,4 +48,10 @@ def call_sites(trace: Trace, idx: np.ndarray) -> list[str | None]:
     for q, found in enumerate(enclosing(trace, idx, frames, preferred=user_name).tolist()):
         if found >= 0:
             out[q] = trace.names[trace.name_id[found]]
+    match = kernel_module_match(trace)
+    if len(match.idx):
+        module_of = dict(zip(match.idx.tolist(), match.module, strict=True))
+        for q, found in enumerate(enclosing(trace, idx, match.idx).tolist()):
+            if found >= 0:
+                out[q] = f"{module_of[found]} ({kernel_name(trace.names[trace.name_id[found]])})"
     return out

@@ -30,6 +30,11 @@ import numpy as np
 from torchprof_args.analysis.analyzers.callsites import call_sites
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
+from torchprof_args.analysis.analyzers.kernel_modules import (
+    CompiledModule,
+    compiled_modules,
+    kernel_module_match,
+)
 from torchprof_args.analysis.analyzers.nesting import enclosing
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import context
@@ -106,6 +111,9 @@ class CompiledCode(msgspec.Struct, frozen=True):
         inductor_flop_share: the share of the GPU's kernel time in Triton kernels inductor gave a
             FLOP count (None without kernels; kernels it calls out to, cuBLAS's, are counted from
             their operators' shapes in ``low_mfu``).
+        modules: compiled code's kernels' time by the module each came from, the most first
+            (``--torch-profile-compiled-modules``' file beside the trace; empty without it).
+        module_map: that file's path; where it could not be read, why (one line); None: none found.
     """
 
     regions: list[CompiledRegion]
@@ -114,6 +122,8 @@ class CompiledCode(msgspec.Struct, frozen=True):
     peak_tflops: float | None
     peak_tbps: float | None
     inductor_flop_share: float | None
+    modules: list[CompiledModule] = []
+    module_map: str | None = None
 
 
 def _module_events(trace: Trace) -> np.ndarray:
@@ -187,6 +197,24 @@ def _regions(trace: Trace, start: float, end: float, n_steps: int) -> list[Compi
     rows = [CompiledRegion(name, calls=sum(c.values()), ms_per_step=wall[name] / 1e3 / n_steps,
                            modules=[m for m, _ in c.most_common(_MODULES_KEPT)]) for name, c in calls.items()]
     return sorted(rows, key=lambda r: -r.ms_per_step)
+
+
+def _shared_labels(trace: Trace) -> list[str] | None:
+    """Per matched kernel event, its module, named with what its graph's call ran for
+    (``up in Block_2``) where that graph ran for several (one graph serving blocks 1-3: the module
+    path inside the graph is the same in each); None where no graph did."""
+    match = kernel_module_match(trace)
+    if not len(match.idx):
+        return None
+    calls = np.unique(match.graph_call)
+    owner = dict(zip(calls.tolist(), _owners(trace, calls), strict=True))
+    runs_for: dict[int, set[str]] = defaultdict(set)  # graph (its name id) -> what its calls ran for
+    for call in calls.tolist():
+        runs_for[int(trace.name_id[call])].add(owner[call].removesuffix(f" {IN_BACKWARD}"))
+    if all(len(ran) < 2 for ran in runs_for.values()):
+        return None
+    return [f"{module} in {owner[call]}" if len(runs_for[int(trace.name_id[call])]) > 1 else module
+            for module, call in zip(match.module, match.graph_call.tolist(), strict=True)]
 
 
 def kernel_launchers(trace: Trace, launches: np.ndarray) -> np.ndarray:
@@ -297,5 +325,8 @@ def compiled_code(trace: Trace, device: str | None, top: int | None = 30) -> Com
     kernels, known = _kernels(trace, peak_t, peak_b)
     if not regions and not kernels:
         return None
+    modules = compiled_modules(trace, ctx.start, ctx.end, ctx.n_steps, _shared_labels(trace))
     return CompiledCode(regions=regions, kernels=kernels if top is None else kernels[:top], device=device,
-                        peak_tflops=peak_t, peak_tbps=peak_b, inductor_flop_share=known)
+                        peak_tflops=peak_t, peak_tbps=peak_b, inductor_flop_share=known,
+                        modules=modules if top is None else modules[:top],
+                        module_map=kernel_module_match(trace).source)

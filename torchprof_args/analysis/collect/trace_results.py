@@ -268,6 +268,7 @@ def parse_results(path: str | os.PathLike[str], parts: Sequence[Part[Any]], *, t
         trace = load_trace(path, progress=progress, workers=workers, comms=any(p.comms for p in computed),
                            flops=any(p.flops for p in computed),
                            memory_rows=any(p.memory_rows for p in computed))
+        trace.path = described  # what lies beside the trace (compiled_modules/) is the published one's
         size = trace.uncompressed_bytes
         made, kept_top = given or {}, None if write else top
         values = {p.name: _computed(p, trace, kept_top, described, made.get(p.name))

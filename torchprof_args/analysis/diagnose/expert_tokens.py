@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchprof_args.analysis.diagnose.beside import read_beside, traced_cycle
+from torchprof_args.analysis.beside import read_beside, traced_cycle
 from torchprof_args.naming import EXPERT_TOKENS_SUBDIR, EXPERT_TOKENS_SUFFIX
 from torchprof_args.shared.expert_tokens_file import load_expert_tokens
 

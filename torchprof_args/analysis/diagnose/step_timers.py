@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchprof_args.analysis.diagnose.beside import find_beside, read_beside, traced_cycle
+from torchprof_args.analysis.beside import find_beside, read_beside, traced_cycle
 from torchprof_args.naming import METRICS_FILENAME
 
 __all__ = ["FormulaFlops", "find_metrics", "formula_beside", "formula_flops"]

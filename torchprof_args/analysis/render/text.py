@@ -210,6 +210,14 @@ def compiled_lines(summary: Summary, rows: int = 10) -> list[str]:
             lines.append(f"  {k.ms_per_step:>9.3f} {k.calls:>6} {_num(k.gflop, 3):>8} {_num(k.gb, 4):>8} "
                          f"{_num(k.tflops, 1):>8} {_num(k.tbps, 2):>6} {k.bound or '-':>7} {roof:>7}  "
                          f"{_cut(k.name, 60)} [{modules}]")
+    if code.modules:
+        lines.append(f"Kernels of compiled code per step by the module they came from (inductor's "
+                     f"provenance, {code.module_map}):")
+        for m in code.modules[:rows]:
+            lines.append(f"  {fmt_us(m.ms_per_step * 1e3):>12} {m.calls:>5}x {_cut(m.module, 40):<40} "
+                         f"[{', '.join(m.kernels[:3])}{' ...' if len(m.kernels) > 3 else ''}]")
+    elif code.module_map is not None:
+        lines.append(f"Kernels of compiled code: no module map ({code.module_map})")
     return lines
 
 

@@ -78,6 +78,8 @@ class TraceConfig:
     with_stack: bool = config_field(flags.WITH_STACK)
     with_flops: bool = config_field(flags.WITH_FLOPS)
     with_modules: bool = config_field(flags.WITH_MODULES)
+    #: ``--torch-profile-compiled-modules``: inductor's kernel -> module map beside the traces.
+    compiled_modules: bool = config_field(flags.COMPILED_MODULES)
     execution_trace: bool = config_field(flags.EXECUTION_TRACE)
     #: ``--torch-profile-memory-categories``: the windows whose exporter runs PyTorch's memory
     #: categorisation ("first" of each rank, "every", "off").

@@ -71,6 +71,16 @@ WITH_FLOPS = Flag("--torch-profile-with-flops",
 WITH_MODULES = Flag("--torch-profile-with-modules",
                     "Record the nn.Module hierarchy of operators.",
                     default=False, action="store_true")
+COMPILED_MODULES = Flag("--torch-profile-compiled-modules",
+                        "Have inductor (torch.compile) note which FX nodes, and so which module, each kernel "
+                        "it generates computes (its provenance tracking and the nodes' nn_module_stack), "
+                        "written beside the traces as compiled_modules/<trace stem>.json, and record its C++ "
+                        "kernels in CPU traces: the summary, the critical path and diagnose then give "
+                        "compiled code's time on CPU to the innermost module (layers.2.attn) instead of "
+                        "the region's (a GPU's Triton kernels are not matched yet). Compile-time cost only "
+                        "(docs/guides/trace-toolkit.md measures it); graphs compiled before profiling "
+                        "starts, or loaded from inductor's cache, have none.",
+                        default=False, action="store_true")
 EXECUTION_TRACE = Flag("--torch-profile-execution-trace",
                        "Also record PyTorch's execution trace (ExecutionTraceObserver, Chakra input) of the "
                        "same windows on the traced ranks, published in each cycle folder's "
@@ -181,7 +191,7 @@ PROFILE_FLAGS = register_group(FlagGroup(
                 "timeouts (torchprof-args).",
     flags=(TORCH_PROFILE, RANKS, WAIT, WARMUP, ACTIVE, REPEAT, SKIP_FIRST, STEP_START, STEP_END,
            RECORD_SHAPES, PROFILE_MEMORY, WITH_STACK, MEMORY_CATEGORIES, WITH_FLOPS, WITH_MODULES,
-           EXECUTION_TRACE, ACTIVITIES,
+           COMPILED_MODULES, EXECUTION_TRACE, ACTIVITIES,
            PROFILE_DIR, GZIP, GZIP_LEVEL, STAGING_DIR, EXPORT, PUBLISHER_PRIORITY, PUBLISHER_SERVER,
            PUBLISH_WAIT, PUBLISH_WAIT_TIMEOUT, ANALYSIS_BUDGET,
            FLUSH_TIMEOUT, EXIT_TIMEOUT, TERM_GRACE, MIN_FREE_HOST_MB, MAX_PUBLISHING, OPERATOR_TABLE,

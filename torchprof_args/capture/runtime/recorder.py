@@ -26,6 +26,7 @@ from torchprof_args.capture.runtime.companions.expert_tokens import ExpertTokenC
 from torchprof_args.capture.runtime.config import TraceConfig
 from torchprof_args.capture.runtime.export.child import Companion
 from torchprof_args.capture.runtime.export.writer import Route
+from torchprof_args.capture.runtime.inductor.kernel_modules import write_kernel_modules
 from torchprof_args.capture.runtime.schedule import RECORDING, Action
 from torchprof_args.log import get_logger
 
@@ -203,6 +204,14 @@ class Recorder:
 
         return exporter_companion(profiler)
 
+    def _write_kernel_modules(self) -> None:
+        """The kernel -> module map of the graphs compiled so far (``--torch-profile-compiled-modules``)."""
+        try:
+            write_kernel_modules(self.config.output_dir, self.rank)
+        except (OSError, ValueError) as err:
+            logger.warning("rank %d: --torch-profile-compiled-modules: the map not written (%s)",
+                           self.rank, err)
+
     def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
         """Called by torch.profiler on the training thread right after it stopped recording."""
         execution_trace = self.execution_trace
@@ -224,6 +233,8 @@ class Recorder:
             else:
                 self.expert_tokens.discard()
         if self.writer is not None:
+            if self.config.compiled_modules:  # before the trace: a reader of the trace finds it
+                self._write_kernel_modules()
             companion = self._memory_companion(profiler)
             submitted = self.writer.submit_window(profiler.export_chrome_trace, first, last, finished,
                                                   companion=companion, expert_tokens=tokens)

@@ -22,6 +22,7 @@ from torchprof_args.capture.runtime.config import ProfilerConfig
 from torchprof_args.capture.runtime.export.staging import StagingArea
 from torchprof_args.capture.runtime.export.writer import TraceWriter
 from torchprof_args.capture.runtime.fence import Fence
+from torchprof_args.capture.runtime.inductor.kernel_modules import enable_kernel_modules
 from torchprof_args.capture.runtime.memory_snapshots import MemorySnapshotter
 from torchprof_args.capture.runtime.nsys import NsysController
 from torchprof_args.capture.runtime.ranks import traced_ranks
@@ -60,6 +61,8 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
     timeline.record = trace.enabled and selected
     if timeline.record and trace.with_flops:
         _write_kernel_costs()
+    if timeline.record and trace.compiled_modules:
+        enable_kernel_modules()
     fence.open(world_size)
     if memory is None and config.memory.enabled and selected:
         memory = MemorySnapshotter(config.memory, rank=rank)
