@@ -31,7 +31,7 @@ from helpers.processes import subprocess_env
 
 from torchprof_args import TorchProfiler
 from torchprof_args.analysis import load_trace
-from torchprof_args.analysis.analyzers.compiled import kernel_roofline
+from torchprof_args.analysis.analyzers.compiled.regions import kernel_roofline
 from torchprof_args.analysis.diagnose.context import KindContext
 from torchprof_args.analysis.diagnose.finding import Finding
 from torchprof_args.analysis.diagnose.kinds import low_mfu

@@ -19,7 +19,7 @@ from helpers.paths import REPO
 from helpers.processes import rank_results, run_torchrun, subprocess_env
 
 from torchprof_args.analysis import load_trace
-from torchprof_args.analysis.analyzers.kernel_modules import ROOT, kernel_module_match
+from torchprof_args.analysis.analyzers.compiled.kernel_modules import ROOT, kernel_module_match
 from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.console import main as torchprof
 from torchprof_args.naming import COMPILED_MODULES_SUBDIR

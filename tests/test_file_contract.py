@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers.paths import DATA
 
-from torchprof_args.analysis.analyzers.kernel_modules import kernel_modules_file
+from torchprof_args.analysis.analyzers.compiled.kernel_modules import kernel_modules_file
 from torchprof_args.analysis.collect.sidecar import write_sidecar
 from torchprof_args.analysis.collect.trace_results import PARTS, SUMMARY, parse_results, read_stored
 from torchprof_args.analysis.tools.debug_dumps import find_server_dumps

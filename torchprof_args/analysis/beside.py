@@ -1,6 +1,6 @@
 """What the run wrote beside a cycle's traces: the step timers' ``metrics.jsonl``
 (:mod:`.diagnose.step_timers`), a framework's tokens per expert (:mod:`.diagnose.expert_tokens`), the
-compiled-modules file (:mod:`.analyzers.kernel_modules`).
+compiled-modules file (:mod:`.analyzers.compiled.kernel_modules`).
 
 Looked for in the traces' folder or up to two folders above (a cycle folder, its run, the profile
 directory), never outside ``torchprof mcp``'s roots, and read as a best effort: a flag that names

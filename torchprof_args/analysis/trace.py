@@ -116,7 +116,7 @@ class TraceMemo:
     #: ``diagnose`` and the critical path both need them; not to be changed by a reader).
     rank_comms: Any = None
     #: the generated kernels matched to the compiled-modules file beside the trace
-    #: (:func:`.analyzers.kernel_modules.kernel_module_match`).
+    #: (:func:`.analyzers.compiled.kernel_modules.kernel_module_match`).
     kernel_modules: Any = None
 
     def clear(self) -> None:

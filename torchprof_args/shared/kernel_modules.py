@@ -3,7 +3,7 @@
 
 Written in the job (``--torch-profile-compiled-modules``, capture/runtime/inductor/kernel_modules.py) beside
 the traces as ``<profile dir>/compiled_modules/<trace stem>.json``, one per process, and read by
-analysis/analyzers/compiled.py.  Per graph inductor compiled in the process (its
+analysis/analyzers/compiled/regions.py.  Per graph inductor compiled in the process (its
 graph id, the ``graph_<id>_`` of its C++ kernels' names in the trace, and forward or backward), the
 kernels in the order the graph calls them: each one's name, the FX nodes it computes (inductor's
 provenance tracking) and the innermost module around all of them (their ``nn_module_stack``).

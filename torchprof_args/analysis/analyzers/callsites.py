@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.kernel_modules import kernel_module_match, kernel_name
+from torchprof_args.analysis.analyzers.compiled.kernel_modules import kernel_module_match, kernel_name
 from torchprof_args.analysis.analyzers.nesting import enclosing
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.trace import Trace

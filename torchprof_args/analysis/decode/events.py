@@ -38,7 +38,7 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     #: the operator's FLOP count (``with_flops``; 0 when absent), kept only when asked (``flops=True``).
     flops: float = 0.0
     #: what inductor estimates for a Triton kernel it launches, written into the launch's ``args``
-    #: (FLOPs and GB read + written; -1 when absent): :mod:`..analyzers.compiled`.
+    #: (FLOPs and GB read + written; -1 when absent): :mod:`..analyzers.compiled.regions`.
     kernel_flop: float = -1.0
     kernel_num_gb: float = -1.0
     #: the autograd sequence number (ties a compiled function's backward to its forward; -1: none).

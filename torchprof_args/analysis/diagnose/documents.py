@@ -16,7 +16,7 @@ import msgspec
 
 from torchprof_args.analysis.analyzers.clock_alignment import ClockAlignment
 from torchprof_args.analysis.analyzers.collectives import CompactRecords, RankComms, absolute_steps
-from torchprof_args.analysis.analyzers.compiled import KernelRoofline
+from torchprof_args.analysis.analyzers.compiled.regions import KernelRoofline
 from torchprof_args.analysis.analyzers.step_work import StepWork
 from torchprof_args.analysis.diagnose.finding import Finding, Gap
 from torchprof_args.analysis.trace import StepSpan

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from msgspec.structs import replace
 
-from torchprof_args.analysis.analyzers.compiled import compiled_code
+from torchprof_args.analysis.analyzers.compiled.regions import compiled_code
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_ops, cpu_view, top_ops
 from torchprof_args.analysis.analyzers.fsdp import fsdp_phases, fsdp_step_split
 from torchprof_args.analysis.analyzers.gpu import gpu_view

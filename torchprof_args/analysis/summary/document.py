@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from torchprof_args.analysis.analyzers.compiled import CompiledCode
+from torchprof_args.analysis.analyzers.compiled.regions import CompiledCode
 from torchprof_args.analysis.analyzers.cpu_ops import CpuThreads, OperatorTotal
 from torchprof_args.analysis.analyzers.fsdp import FsdpPhase, FsdpStepSplit
 from torchprof_args.analysis.analyzers.gpu import GpuBreakdown, KernelTotal

@@ -97,7 +97,7 @@ def _write_kernel_costs() -> None:
     torch.profiler counts no FLOPs of a kernel inductor generated (its operators are gone), but
     inductor estimates them itself and writes ``kernel_flop`` and ``kernel_num_gb`` into each kernel
     launch's ``args`` when its ``benchmark_kernel`` setting was on as the kernel was generated
-    (torch/_inductor/codegen/triton.py; read back by :mod:`torchprof_args.analysis.analyzers.compiled`
+    (torch/_inductor/codegen/triton.py; read back by :mod:`torchprof_args.analysis.analyzers.compiled.regions`
     and ``low_mfu``).  The setting is part of inductor's cache key, so kernels cached without it are
     generated again; a graph compiled before profiling starts keeps its kernels without the figures.
     Its cost: the estimate per kernel at compile time and a benchmark harness in each generated

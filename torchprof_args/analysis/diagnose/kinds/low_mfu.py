@@ -6,7 +6,7 @@ products and attention operators, computed from their recorded input shapes
 writes no FLOP counts into the trace itself: :mod:`~torchprof_args.analysis.decode.op_flops`), the
 ``flops`` an operator carries where a writer put them there, and for a compiled model the
 ``kernel_flop`` inductor writes into its Triton kernels' launches (``--torch-profile-with-flops``
-has it written: :mod:`~torchprof_args.analysis.analyzers.compiled`; a kernel it gave a count, 0 for
+has it written: :mod:`~torchprof_args.analysis.analyzers.compiled.regions`; a kernel it gave a count, 0 for
 a pointwise one, has known FLOPs); the peak comes from the trace's
 ``deviceProperties`` name through :mod:`torchprof_args.device_peaks` (bf16 dense by default), or
 the context's :class:`~..context.Peak` for a device the table lacks or another data type.  The
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchprof_args.analysis.analyzers.compiled import kernel_launchers, kernel_roofline
+from torchprof_args.analysis.analyzers.compiled.regions import kernel_launchers, kernel_roofline
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.analyzers.origin import device_name

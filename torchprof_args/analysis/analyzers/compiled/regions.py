@@ -28,13 +28,13 @@ import msgspec
 import numpy as np
 
 from torchprof_args.analysis.analyzers.callsites import call_sites
-from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
-from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
-from torchprof_args.analysis.analyzers.kernel_modules import (
+from torchprof_args.analysis.analyzers.compiled.kernel_modules import (
     CompiledModule,
     compiled_modules,
     kernel_module_match,
 )
+from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
+from torchprof_args.analysis.analyzers.event_names import MODULE_PREFIX
 from torchprof_args.analysis.analyzers.nesting import enclosing
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.stepwise import context
