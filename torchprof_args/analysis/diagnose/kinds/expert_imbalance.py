@@ -163,7 +163,8 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
         saving_bound=(f"rank {worst}'s work per step over the mean rank's: balanced, the expert work moves "
                       "to the lighter ranks (it is not removed), so the step shortens at most by that"),
         remedy=("Balance the router: a load-balancing auxiliary loss (Megatron --moe-aux-loss-coeff) or "
-                "aux-loss-free bias updates (--moe-router-enable-expert-bias), a capacity factor that "
+                "aux-loss-free bias updates (Megatron --moe-router-enable-expert-bias; torchtitan: a larger "
+                "load_balance_coeff in the MoE config), a capacity factor that "
                 "drops or re-routes the overflow (--moe-expert-capacity-factor), or place (replicate) the "
                 f"hot experts apart from rank {worst}'s."),
         evidence={
