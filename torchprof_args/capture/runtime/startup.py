@@ -3,9 +3,10 @@ each rank, and the start-up agreement.  Collective: every rank calls :func:`set_
 
 It resolves the traced ranks (``--torch-profile-parallel-ranks`` needs every rank), opens the
 fence's gloo group, builds the memory snapshotter, nsys, the on-demand controller and this rank's
-writer (private staging), and gives the :class:`~torchprof_args.capture.runtime.timeline.Timeline` what
-its plans need.  Then every rank agrees: all raise together when any rank cannot stage, and all
-fence at the memory-snapshot interval of any rank that dumps snapshots.
+private staging, and gives the :class:`~torchprof_args.capture.runtime.timeline.Timeline` what its
+plans need.  Then every rank agrees: all raise together when any rank cannot stage, and all fence at
+the memory-snapshot interval of any rank that dumps snapshots.  Only then is the rank's writer built
+(its publisher starts with it).
 """
 
 from __future__ import annotations
@@ -74,15 +75,17 @@ def set_up_rank(config: ProfilerConfig, timeline: Timeline, fence: Fence, *, wor
         setup.on_demand = OnDemandController(config.on_demand, rank=rank, world_size=world_size)
         setup.on_demand.setup(fence.group)  # collective; raises on every rank if unsafe
         timeline.next_check = setup.on_demand.start_checks(timeline.first_iteration - 1)
-    problem = None
+    staging, problem = None, None
     if timeline.record or setup.on_demand is not None:
-        problem = _build_writer(setup, config, rank)
+        staging, problem = _open_staging(setup, config, rank)
     try:
         timeline.snapshot_interval = _agree(fence, problem, setup.memory)
     except BaseException:
-        if setup.writer is not None:
-            setup.writer.close(0.0, "start-up")
+        if staging is not None:
+            staging.close()
         raise
+    if staging is not None:  # agreed: only now the writer and its publisher (nothing to stop on a refusal)
+        setup.writer = TraceWriter(config.trace.output_dir, staging, config.export, rank=rank)
     if rank == 0 and trace.modules_via_stack:
         logger.info("rank 0: --torch-profile-with-modules: torch %s records the module hierarchy only "
                     "through with_stack (with_modules does nothing in eager mode), so with_stack is on "
@@ -114,19 +117,22 @@ def _write_kernel_costs() -> None:
         os.environ["TORCHINDUCTOR_BENCHMARK_KERNEL"] = "1"
 
 
-def _build_writer(setup: RankSetup, config: ProfilerConfig, rank: int) -> str | None:
-    """This rank's private staging, its writer (and execution-trace file); returns the problem
-    when staging is unsafe here (every rank raises together in :func:`_agree`)."""
+def _open_staging(setup: RankSetup, config: ProfilerConfig,
+                  rank: int) -> tuple[StagingArea | None, str | None]:
+    """This rank's private staging (and execution-trace file): (the staging, None), or (None, the
+    problem) when staging is unsafe here (every rank raises together in :func:`_agree`).  The writer
+    is built once every rank agreed: its publisher starts with it, and a refused start that had to
+    stop one lasted long enough on this rank for torchrun to SIGTERM it (another rank had exited with
+    the same error), its staging lock left behind."""
     staging = StagingArea(config.export.staging_dir, rank=rank)
     try:
         staging.open()
-        setup.writer = TraceWriter(config.trace.output_dir, staging, config.export, rank=rank)
         if config.trace.execution_trace:  # on disk: an execution trace can be as large as the trace
             setup.execution_trace = ExecutionTrace((staging.disk_dirs or staging.dirs)[0], rank=rank)
     except TorchProfileArgsError as err:
         staging.close()
-        return str(err)
-    return None
+        return None, str(err)
+    return staging, None
 
 
 def _agree(fence: Fence, problem: str | None, memory: MemorySnapshotter | None) -> int:
