@@ -133,7 +133,7 @@ def _hta_rows(path: Path, name: str, size: str) -> list[Row]:
 
     from torchprof_args.analysis import load_trace, summarize
     from torchprof_args.analysis.diagnose.kinds.gpu_idle import idle_time_breakdown
-    from torchprof_args.analysis.diagnose.kinds.launch_bound import launch_stats
+    from torchprof_args.analysis.diagnose.launches import launch_stats
 
     logging.getLogger("hta").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as folder:

@@ -14,7 +14,7 @@ from helpers.paths import DATA
 
 from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.diagnose.kinds.gpu_idle import idle_time_breakdown
-from torchprof_args.analysis.diagnose.kinds.launch_bound import launch_stats
+from torchprof_args.analysis.diagnose.launches import launch_stats
 
 GPU_TRACES = sorted(DATA.glob("gpu_*.json.gz")) + sorted(DATA.glob("rocm_*.json.gz"))
 #: HTA's results are sums of integer microseconds (its rounding, reproduced): they must be equal.

@@ -21,6 +21,7 @@ from torchprof_args.analysis.analyzers.stepwise import context
 from torchprof_args.analysis.diagnose.documents import MfuInputs
 from torchprof_args.analysis.diagnose.kinds import host_sync
 from torchprof_args.analysis.diagnose.kinds.low_mfu import mfu_inputs
+from torchprof_args.analysis.diagnose.spans import sync_events
 from torchprof_args.analysis.render.diagnosis import MAX_LINES
 
 CLEAN = DATA / "gpu_1rank_h200_torchprof_clean.json.gz"
@@ -75,7 +76,7 @@ def _step_ms(path) -> float:
 def test_the_item_in_every_step_is_seen_and_costs_nothing_here() -> None:
     trace = load_trace(FAULTY)
     ctx = context(trace)
-    calls = host_sync.sync_events(trace, ctx)
+    calls = sync_events(trace, ctx)
     blocked_ms = float(trace.dur[calls].sum()) / ctx.n_steps / 1000.0
     assert len(calls) / ctx.n_steps >= 2  # .item(): the DtoH copy's runtime call and its stream sync
     assert blocked_ms < 1.0  # the GPU had finished: the CPU, not the GPU, is this step's bottleneck

@@ -1,7 +1,7 @@
 """The repository's layout: imports point down the package's layers, no import cycle anywhere (the
 package, ``benchmarks/``, ``tests/``, ``integrations/``), every import visible in the source, no
 public name defined in two modules of one layer, no module or folder too big, every diagnose kind
-of one shape.  The checker is :mod:`helpers.layout`.
+of one shape and importing no other kind.  The checker is :mod:`helpers.layout`.
 
 The layers of ``torchprof_args``, lowest first.  A module imports from its own layer or a lower
 one, never from a higher one (a *back-arrow*); within a layer, no cycle.  The package is two sides
@@ -38,7 +38,9 @@ graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose
 
 Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
 ``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
-(``analysis/diagnose/registry.py``), and the registry has no other kind.
+(``analysis/diagnose/registry.py``), and the registry has no other kind.  The kinds are plugins: none
+imports another (what several share is in a module of ``analysis/diagnose/`` named for it, and a
+kind that reads another's finding names it by ``analysis/diagnose/kind_names.py``).
 
 One documented exception: a components' ``from_args`` class method (``TorchProfiler``, ``Timers``,
 ``MetricsWriter``, ``MemorySnapshotter``) imports ``torchprof_args.capture.config`` inside itself, a thin
@@ -80,6 +82,7 @@ from helpers.layout import (
     module_files,
     reachable,
     shorten,
+    sibling_imports,
 )
 from helpers.paths import REPO
 
@@ -419,6 +422,27 @@ def test_the_shape_check_names_what_a_kind_lacks() -> None:
                                         "analyze must take (CycleRanks, KindContext)",
                                         "analyze must return Finding | Gap | None"]
     assert kind_shape_problems(straggler) == []
+
+
+def test_a_kind_that_imports_another_kind_is_found(tmp_path: Path) -> None:
+    kinds = "analysis/diagnose/kinds"
+    root = _tree(tmp_path / PACKAGE, {"__init__.py": 0, "analysis/__init__.py": 0,
+                                      "analysis/diagnose/__init__.py": 0, "analysis/diagnose/spans.py": 0,
+                                      f"{kinds}/__init__.py": 0, f"{kinds}/a.py": 0, f"{kinds}/d.py": 0})
+    (root / kinds / "b.py").write_text(f"from {KINDS_PACKAGE} import a\n"
+                                       "from torchprof_args.analysis.diagnose.spans import x\n")
+    (root / kinds / "c.py").write_text("def f():\n    from .a import y\n")  # relative, in a function
+    (root / kinds / "d.py").write_text("from torchprof_args.analysis.diagnose import spans\n")  # shared: fine
+    assert sibling_imports(import_graph(module_files(root, PACKAGE)), KINDS_PACKAGE, PACKAGE) == [
+        "analysis.diagnose.kinds.b -> analysis.diagnose.kinds.a",
+        "analysis.diagnose.kinds.c -> analysis.diagnose.kinds.a"]
+
+
+def test_no_diagnose_kind_imports_another() -> None:
+    found = sibling_imports(import_graph(FILES), KINDS_PACKAGE, PACKAGE)
+    assert not found, "diagnose kinds importing other kinds (they are plugins: move what several share " \
+        "to a module of analysis/diagnose/ named for it; name another kind by diagnose/kind_names.py):\n" \
+        + "\n".join(found)
 
 
 def test_every_diagnose_kind_has_the_one_shape_and_is_registered() -> None:

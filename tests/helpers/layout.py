@@ -1,5 +1,6 @@
 """The layout checker ``tests/test_layout.py`` runs: an import graph read from the source (``ast``),
-its cycles, layers and their back-arrows, names defined twice, modules too long, folders too full.
+its cycles, layers and their back-arrows, plugins importing each other, names defined twice, modules
+too long, folders too full.
 
 It reads any tree of Python files, the package (``torchprof_args``) or a folder of scripts that
 import each other by bare name (``benchmarks/``, ``tests/``).  What counts as an import:
@@ -191,6 +192,15 @@ class Layering:
                 found.append(f"{shorten(module, short)} -> {shorten(dep, short)} "
                              f"(layer {there[1]} above {here[1]})")
         return found
+
+
+def sibling_imports(graph: dict[str, set[str]], plugins: str, short: str) -> list[str]:
+    """``a -> b`` for each import of one module below ``plugins`` (a package of plugins, which
+    import none of each other) by another (names without the ``short.`` prefix)."""
+    def inside(module: str) -> bool:
+        return module.startswith(plugins + ".")
+    return [f"{shorten(module, short)} -> {shorten(dep, short)}" for module, deps in sorted(graph.items())
+            if inside(module) for dep in sorted(deps) if inside(dep)]
 
 
 def shorten(module: str, package: str) -> str:

@@ -5,6 +5,10 @@
   :class:`~.finding.Threshold` below which a kind reports nothing;
 * :mod:`.kinds`: one module per kind, every one of one shape (``KIND``, ``SCOPE``, ``THRESHOLD``,
   ``analyze``), and :mod:`.registry`: the one ordered list of them that everything reads;
+* what several kinds share (a kind is a plugin: it imports no other kind): :mod:`.spans` (the spans
+  of a rank's steps one kind explains and the others leave alone, the computation kernels' union),
+  :mod:`.launches` (HTA's launch table, the launch-bound verdict) and :mod:`.kind_names` (the names
+  of the kinds whose findings later kinds read);
 * :mod:`.context` (what a kind is told: earlier findings, the GPU peak) and :mod:`.cycle` (one
   cycle's rank parts, as the cross-rank kinds read them);
 * :mod:`.documents`: the rank's part (kept in its sidecar) and the job's diagnosis (``--json``);

@@ -18,7 +18,8 @@ tokens; ``collective_skew`` runs after both and leaves out what their extra work
 order docs/guides/diagnose-kinds.md lists them in.
 
 To add a kind: write ``kinds/<kind>.py`` with the four names (a test injects the problem into a
-real trace and requires the finding at its size), add the module to :data:`REGISTRY` where it
+real trace and requires the finding at its size; it imports no other kind: what kinds share is in
+:mod:`.spans`, :mod:`.launches`, :mod:`.kind_names`), add the module to :data:`REGISTRY` where it
 belongs in the order, and document it and its threshold in docs/guides/diagnose-kinds.md (a test
 compares the table with this registry).
 """

@@ -27,7 +27,7 @@ import msgspec
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks, union_us
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
-from torchprof_args.analysis.diagnose.kinds import expert_imbalance, straggler
+from torchprof_args.analysis.diagnose.kind_names import EXPERT_IMBALANCE, STRAGGLER
 
 __all__ = ["KIND", "LATE_SHARE_MIN_PCT", "SCOPE", "THRESHOLD", "analyze"]
 
@@ -58,7 +58,7 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
         The finding; None without matched collectives or below :data:`THRESHOLD`.
     """
     skew = _skew(ranks, kind_ctx.threshold(THRESHOLD))
-    slow = [f for kind in (expert_imbalance.KIND, straggler.KIND) if (f := kind_ctx.earlier_of(kind))]
+    slow = [f for kind in (EXPERT_IMBALANCE, STRAGGLER) if (f := kind_ctx.earlier_of(kind))]
     if skew is None or not slow:
         return skew
     return _beyond_stragglers(skew, slow, ranks.step_ms, kind_ctx.threshold(THRESHOLD))

@@ -13,7 +13,6 @@ import numpy as np
 
 from torchprof_args.analysis.analyzers.event_names import LOADER_RE
 from torchprof_args.analysis.analyzers.stepwise import (
-    StepContext,
     context,
     cpu_spans,
     events_named,
@@ -22,10 +21,10 @@ from torchprof_args.analysis.analyzers.stepwise import (
 )
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
-from torchprof_args.analysis.intervals import Intervals, covered, overlap
+from torchprof_args.analysis.intervals import covered, overlap
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["KIND", "LOADER_RE", "SCOPE", "THRESHOLD", "analyze", "loader_spans"]
+__all__ = ["KIND", "LOADER_RE", "SCOPE", "THRESHOLD", "analyze"]
 
 KIND = "dataloader_stall"
 SCOPE = Scope.PER_RANK
@@ -33,12 +32,6 @@ SCOPE = Scope.PER_RANK
 THRESHOLD = Threshold(share_of_step=0.03)
 REMEDY = ("pin_memory=True, more DataLoader num_workers (and prefetch_factor), persistent_workers=True; "
           "move heavy preprocessing out of the loop")
-
-
-def loader_spans(trace: Trace, ctx: StepContext | None = None) -> Intervals:
-    """The union of the data loader's spans within the steps."""
-    ctx = ctx or context(trace)
-    return cpu_spans(trace, events_named(trace, LOADER_RE), ctx)
 
 
 def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:

@@ -41,11 +41,12 @@ from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContex
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
 from torchprof_args.analysis.diagnose.expert_tokens import ExpertTokens
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
+from torchprof_args.analysis.diagnose.kind_names import EXPERT_IMBALANCE
 from torchprof_args.shared import stragglers as rule
 
 __all__ = ["IMBALANCE_MIN", "KIND", "SCOPE", "THRESHOLD", "RoutedTokens", "analyze", "routed_tokens"]
 
-KIND = "expert_imbalance"
+KIND = EXPERT_IMBALANCE
 SCOPE = Scope.CROSS_RANK
 #: the overloaded rank's work over the mean rank's must reach 2 % of the step and 1 ms.
 THRESHOLD = Threshold(share_of_step=0.02, min_ms=1.0)

@@ -27,7 +27,7 @@ from torchprof_args.analysis.analyzers.stepwise import StepContext, context, top
 from torchprof_args.analysis.decode.comm_events import COMM_FIELDS
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
-from torchprof_args.analysis.diagnose.kinds.memcpy import compute_union
+from torchprof_args.analysis.diagnose.spans import compute_union
 from torchprof_args.analysis.intervals import covered, merge_intervals, minus
 from torchprof_args.analysis.trace import Trace
 

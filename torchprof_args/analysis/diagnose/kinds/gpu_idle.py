@@ -31,9 +31,8 @@ from torchprof_args.analysis.analyzers.stepwise import (
 )
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
-from torchprof_args.analysis.diagnose.kinds import launch_bound
-from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
-from torchprof_args.analysis.diagnose.kinds.host_sync import claimed
+from torchprof_args.analysis.diagnose.launches import is_launch_bound, launch_waits
+from torchprof_args.analysis.diagnose.spans import claimed, loader_spans
 from torchprof_args.analysis.intervals import Intervals, merge_intervals, overlap, total
 from torchprof_args.analysis.trace import Trace
 
@@ -103,8 +102,9 @@ def classify_gaps(trace: Trace, ctx: StepContext,
 
 def _explained(trace: Trace, ctx: StepContext) -> Intervals:
     parts = [loader_spans(trace, ctx), claimed(trace, ctx)]
-    if isinstance(launch_bound.analyze(trace, DEFAULT_CONTEXT), Finding):
-        parts.append(launch_bound.host_wait_gaps(trace, ctx)[0])
+    launches = launch_waits(trace, ctx)
+    if is_launch_bound(launches, ctx, DEFAULT_CONTEXT):  # as launch_bound decides, at its thresholds
+        parts.append(launches.gaps)
     return merge_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 

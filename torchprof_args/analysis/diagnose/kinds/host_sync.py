@@ -6,8 +6,9 @@ names) and blocking device-to-host copies (the runtime call of a ``Memcpy DtoH``
 the GPU idles until the CPU launches again.  A synchronisation's cost is the GPU idle time while it
 blocks and, when it found the GPU busy (it waited for the queue to drain), from its return to the
 next kernel (the copy's own GPU time is the ``memcpy`` kind's); the time blocked is reported
-beside it.  With ``--torch-profile-with-stack`` each is
-tied to its Python call site.
+beside it.  The calls and their windows are :mod:`..spans`' (``sync_events``, ``claimed``):
+``gpu_idle`` and ``launch_bound`` leave those windows to this kind.  With
+``--torch-profile-with-stack`` each is tied to its Python call site.
 
 CPU-only traces (:func:`cpu_waits`) have no device to wait for; their synchronisation is the step's
 thread waiting for a collective it issued itself, at the step's top level (not DDP's gradient
@@ -31,24 +32,21 @@ from torchprof_args.analysis.analyzers.collectives import are_metrics, canonical
 from torchprof_args.analysis.analyzers.cpu_ops import cpu_tree
 from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_ISSUE_RE as _ISSUE_RE
 from torchprof_args.analysis.analyzers.event_names import COLLECTIVE_RUN_RE as _RUN_RE
-from torchprof_args.analysis.analyzers.event_names import DTOH_RE, SYNC_RE
 from torchprof_args.analysis.analyzers.select import lookup
 from torchprof_args.analysis.analyzers.steps import STEP_RE, steps
 from torchprof_args.analysis.analyzers.stepwise import (
-    NO_LAUNCH,
     StepContext,
     context,
     cpu_spans,
-    events_named,
     top_names,
 )
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
-from torchprof_args.analysis.diagnose.kinds.dataloader_stall import loader_spans
-from torchprof_args.analysis.intervals import Intervals, covered, empty, merge_intervals, subtract
+from torchprof_args.analysis.diagnose.spans import loader_spans, sync_events, sync_window_end
+from torchprof_args.analysis.intervals import covered, merge_intervals, subtract
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["KIND", "SCOPE", "SYNC_RE", "THRESHOLD", "analyze", "claimed", "cpu_waits", "sync_events"]
+__all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze", "cpu_waits"]
 
 KIND = "host_sync"
 SCOPE = Scope.PER_RANK
@@ -58,46 +56,11 @@ THRESHOLD = Threshold(share_of_step=0.02)
 SITES_OF = 32
 
 
-def sync_events(trace: Trace, ctx: StepContext | None = None) -> np.ndarray:
-    """Indices of the blocking calls within the steps: synchronisations and the runtime calls of
-    device-to-host copies."""
-    ctx = ctx or context(trace)
-    syncs = events_named(trace, SYNC_RE)
-    is_dtoh = lookup(trace.names, DTOH_RE.search)[trace.name_id[ctx.kernels]]
-    copies = ctx.launch[is_dtoh & (ctx.launch != NO_LAUNCH)]
-    idx = np.union1d(syncs, copies).astype(np.int64)
-    return idx[(trace.ts[idx] < ctx.end) & (trace.ts[idx] + trace.dur[idx] > ctx.start)]
-
-
-def claimed(trace: Trace, ctx: StepContext | None = None) -> Intervals:
-    """The union of each blocking call's window, its start to the first kernel after it returns
-    (the idle time this kind accounts for; ``gpu_idle`` and ``launch_bound`` leave it alone)."""
-    ctx = ctx or context(trace)
-    idx = sync_events(trace, ctx)
-    if len(idx) == 0 or not ctx.has_gpu:
-        return empty()
-    ts = trace.ts[idx]
-    return merge_intervals(ts, _stop(ctx, ts, ts + trace.dur[idx]))
-
-
-def _stop(ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per call, the end of its window: when the GPU was busy as it began (it waited for the GPU
-    to drain), the end of the idle gap it returns into (the CPU had queued nothing meanwhile);
-    else its own end (a call that finds the GPU idle delays nothing after it returns)."""
-    idle_s, idle_e = ctx.idle
-    if len(idle_s) == 0:
-        return end
-    busy_at_start = covered(ctx.busy, ts, np.minimum(ts + 1.0, end)) > 0
-    j = np.searchsorted(idle_s, end, side="right") - 1
-    last = idle_e[np.maximum(j, 0)]
-    return np.where(busy_at_start & (j >= 0) & (last > end), last, end)
-
-
 def _idle_caused(trace: Trace, ctx: StepContext, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Per call, the GPU idle time from its start to the first kernel after it returns, except
     while the data loader runs (``dataloader_stall``'s: the CPU fetching a batch is what keeps the
     GPU idle then, whatever drained the queue before; no idle time is counted twice)."""
-    return covered(subtract(ctx.idle, loader_spans(trace, ctx)), ts, _stop(ctx, ts, end))
+    return covered(subtract(ctx.idle, loader_spans(trace, ctx)), ts, sync_window_end(ctx, ts, end))
 
 
 def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:

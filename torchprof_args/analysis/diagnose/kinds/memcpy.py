@@ -12,15 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from torchprof_args.analysis.analyzers.event_names import COPY_RE
-from torchprof_args.analysis.analyzers.gpu import COMPUTATION, kernel_type
 from torchprof_args.analysis.analyzers.select import lookup
-from torchprof_args.analysis.analyzers.stepwise import StepContext, context, top_names
+from torchprof_args.analysis.analyzers.stepwise import context, top_names
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold, no_gpu_gap
-from torchprof_args.analysis.intervals import Intervals, covered, merge_intervals
+from torchprof_args.analysis.diagnose.spans import compute_union
+from torchprof_args.analysis.intervals import covered
 from torchprof_args.analysis.trace import Trace
 
-__all__ = ["COPY_RE", "KIND", "SCOPE", "THRESHOLD", "analyze", "compute_union"]
+__all__ = ["COPY_RE", "KIND", "SCOPE", "THRESHOLD", "analyze"]
 
 KIND = "memcpy"
 SCOPE = Scope.PER_RANK
@@ -28,12 +28,6 @@ SCOPE = Scope.PER_RANK
 THRESHOLD = Threshold(share_of_step=0.03)
 REMEDY = ("pin host memory (pin_memory=True) and copy with non_blocking=True so copies overlap compute; "
           "keep tensors on the GPU between steps")
-
-
-def compute_union(trace: Trace, ctx: StepContext) -> Intervals:
-    """The union of the computation kernels in the steps."""
-    is_comp = lookup(trace.names, lambda n: kernel_type(n) == COMPUTATION)[trace.name_id[ctx.kernels]]
-    return merge_intervals(ctx.k_ts[is_comp], ctx.k_end[is_comp])
 
 
 def analyze(trace: Trace, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Finding | Gap | None:

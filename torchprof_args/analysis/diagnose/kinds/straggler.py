@@ -23,12 +23,12 @@ from __future__ import annotations
 from torchprof_args.analysis.diagnose.context import DEFAULT_CONTEXT, KindContext, Scope
 from torchprof_args.analysis.diagnose.cycle import CycleRanks
 from torchprof_args.analysis.diagnose.finding import Finding, Gap, Threshold
-from torchprof_args.analysis.diagnose.kinds import expert_imbalance
+from torchprof_args.analysis.diagnose.kind_names import EXPERT_IMBALANCE, STRAGGLER
 from torchprof_args.shared import stragglers as rule
 
 __all__ = ["KIND", "SCOPE", "THRESHOLD", "analyze"]
 
-KIND = "straggler"
+KIND = STRAGGLER
 SCOPE = Scope.CROSS_RANK
 #: no share of the step: the straggler rule's (a rank's work 1.05x the others' median) and its 2 ms.
 THRESHOLD = Threshold(share_of_step=0.0, min_ms=rule.STRAGGLER_MIN_MS)
@@ -57,7 +57,7 @@ def analyze(ranks: CycleRanks, kind_ctx: KindContext = DEFAULT_CONTEXT) -> Findi
     min_ms = kind_ctx.threshold(THRESHOLD).min_ms
     slow = sorted((r for r in work if rule.is_straggler(work[r], others[r], ratio, min_ms)),
                   key=lambda r: -excess[r])
-    overloaded = kind_ctx.earlier_of(expert_imbalance.KIND)
+    overloaded = kind_ctx.earlier_of(EXPERT_IMBALANCE)
     deferred = [r for r in slow if overloaded is not None and r in overloaded.ranks]
     slow = [r for r in slow if r not in deferred]
     if not slow:
