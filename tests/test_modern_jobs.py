@@ -553,7 +553,9 @@ def test_runs_gloo_starts_out_of_order_are_matched_as_issued(traced: Callable[..
     the order issued, so the routed tokens and the finding are those of the traces as recorded."""
     cycle = next(traced("moe", *HEAVY_MOE).glob("iter*"))
     swapped = tmp_path / "swapped" / cycle.name
-    assert _start_overlapping_runs_swapped(cycle, swapped) >= 2
+    # how many runs overlap so depends on the host's load (usually one pair per rank, on a busy
+    # host sometimes one in all): one swapped pair is a dispatch started out of order
+    assert _start_overlapping_runs_swapped(cycle, swapped) >= 1
     as_recorded = _diagnosis(cycle, capsys)["findings"][0]
     reordered = _diagnosis(swapped, capsys)["findings"][0]
     assert as_recorded["kind"] == reordered["kind"] == "expert_imbalance", reordered
