@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
+import threading
 import types
 import urllib.error
 import urllib.request
@@ -21,6 +23,7 @@ from helpers.logs import LogRecords
 from helpers.paths import REPO
 from helpers.processes import free_port, kill_job, rank_results, run_torchrun, start_torchrun, wait_until
 
+from torchprof_args.analysis.tools.debug_dumps import find_server_dumps
 from torchprof_args.analysis.tools.hang import analyse_dumps
 from torchprof_args.capture.runtime.config import DebugServerConfig
 from torchprof_args.capture.runtime.debug_server.server import DebugServer, unavailable
@@ -228,3 +231,48 @@ def test_docs_example_a_job_that_still_hangs(tmp_path: Path) -> None:
     assert "<h2>Rank 0: http://" in done.stdout and "<h2>Rank 1: http://" in done.stdout, done.stdout
     assert "torchprof hang: prof/debug_server" in done.stdout, done.stdout
     assert "rank 1 did not join gloo:all_reduce #2" in done.stdout, done.stdout
+
+
+def _stacks_dump(innermost: str) -> str:
+    """PyTorch's stacks dump of one rank (faulthandler's text), its main thread in ``innermost``."""
+    return ("=== Rank 1: http://node1:52271/handler/dump_traceback? ===\n"
+            "Current thread 0x00007facb3fff6c0 (most recent call first):\n  <no Python frame>\n\n"
+            "Thread 0x00007face1e97b80 (most recent call first):\n"
+            f'  File "/job/stacks_job.py", line 44 in {innermost}\n'
+            '  File "/job/stacks_job.py", line 100 in <module>\n')
+
+
+def _dump_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """A debug-server folder with an older stacks dump (rank 1 still importing) and the newest one's
+    path (as PyTorch's dumper names them: the second each was taken in)."""
+    folder = tmp_path / "debug_server"
+    folder.mkdir()
+    stem = DEBUG_SERVER_DUMPS["stacks"]
+    (folder / f"{stem}_20261129_203454.txt").write_text(_stacks_dump("_compile_bytecode"))
+    return folder, folder / f"{stem}_20261129_203455.txt"
+
+
+def test_the_newest_dump_is_read_once_written_not_passed_over_for_an_older_one(tmp_path: Path) -> None:
+    """PyTorch's dumper writes a dump in place (a second one within the same second rewrites it):
+    found empty while it is written, the newest dump is read again once whole, not passed over for
+    the older one, which shows rank 1 from before it got stuck."""
+    _, newest = _dump_folder(tmp_path)
+    newest.write_text("")  # opened for writing, not written yet
+    writer = threading.Timer(0.3, newest.write_text, args=(_stacks_dump("read_from_pipe_nobody_writes"),))
+    writer.start()
+    try:
+        found = find_server_dumps(tmp_path)
+    finally:
+        writer.join()
+    assert found is not None and not found.problems, found
+    assert found.stacks[1]["threads"][0]["frames"][0]["function"] == "read_from_pipe_nobody_writes"
+
+
+def test_an_empty_dump_left_long_ago_gives_way_to_the_one_before(tmp_path: Path) -> None:
+    """A newest dump that stayed empty (a frontend stopped while writing it) is passed over at once
+    for the one before it."""
+    _, newest = _dump_folder(tmp_path)
+    newest.write_text("")
+    os.utime(newest, (1.0, 1.0))
+    found = find_server_dumps(tmp_path)
+    assert found is not None and found.stacks[1]["threads"][0]["frames"][0]["function"] == "_compile_bytecode"

@@ -13,16 +13,23 @@ In ``<profile dir>/debug_server/`` (names in :data:`~torchprof_args.naming.DEBUG
   the thread answering the dump ("Current thread") never.
 
 The newest dump of each kind that reads whole is taken (the frontend may have been stopped while
-writing the last one).  Import-light (standard library only).
+writing the last one).  PyTorch's dumper writes each dump in place under the second it was taken
+in (opened for writing, then written; a second dump within the same second rewrites the first), so
+a dump that changed in the last :data:`SETTLE_S` seconds and reads empty, not whole, or changes
+while it is read is being written: it is read again until it is whole or settled, never passed
+over for an older one (which can show a rank from before it got stuck).  Import-light (standard
+library only).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torchprof_args.naming import DEBUG_SERVER_DUMPS, DEBUG_SERVER_SUBDIR
 from torchprof_args.shared import formats
@@ -56,15 +63,43 @@ def _newest(directory: Path, kind: str) -> list[Path]:
     return sorted(directory.glob(f"{DEBUG_SERVER_DUMPS[kind]}_*.txt"), reverse=True)
 
 
+#: A dump changed this recently may still be being written (see the module).
+SETTLE_S = 2.0
+_RETRY_S = 0.05
+T = TypeVar("T")
+
+
 def _read(path: Path) -> str:
     if path.stat().st_size > MAX_BYTES:
         raise ValueError(f"larger than {MAX_BYTES >> 20} MiB")
     return path.read_text(encoding="utf-8")
 
 
+def _whole(path: Path, parse: Callable[[str], T]) -> T:
+    """``parse`` of the dump at ``path``, read again while it is being written: changed within
+    :data:`SETTLE_S` seconds and empty (``parse`` gives nothing), not whole (ValueError) or changed
+    during the read.  Raises the last ValueError once settled."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        before = path.stat()
+        try:
+            value: T | None = parse(_read(path))
+            error: ValueError | None = None
+        except ValueError as err:
+            value, error = None, err
+        after = path.stat()
+        changed = (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
+        writing = time.time() - after.st_mtime < SETTLE_S and time.monotonic() < deadline
+        if not writing or (value and not changed):
+            if error is not None:
+                raise error
+            return value  # type: ignore[return-value]  # parse gave it (falsy: nothing there)
+        time.sleep(_RETRY_S)
+
+
 def _recorders(path: Path, out: ServerDumps) -> None:
     """The flight-recorder dump at ``path`` into ``out``; ValueError when it is not one, whole."""
-    document = json.loads(_read(path))
+    document = _whole(path, json.loads)
     format_name, version = formats.DEBUG_SERVER_FR.name, formats.DEBUG_SERVER_FR.version
     if not isinstance(document, dict) or document.get("format") != format_name:
         raise ValueError(f"not a torchprof debug-server dump (no \"format\": \"{format_name}\")")
@@ -144,7 +179,9 @@ def find_server_dumps(path: str | Path) -> ServerDumps | None:
             out.problems.append(f"{candidate}: not read ({err})")
     for candidate in _newest(directory, "stacks"):
         try:
-            out.stacks = parse_stacks_dump(_read(candidate), candidate.stat().st_mtime)
+            out.stacks = _whole(candidate, parse_stacks_dump)
+            for record in out.stacks.values():
+                record["time"] = candidate.stat().st_mtime  # when it was taken: once written whole
         except (OSError, ValueError) as err:
             out.problems.append(f"{candidate}: not read ({err})")
             continue
