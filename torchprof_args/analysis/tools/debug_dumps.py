@@ -66,7 +66,7 @@ def _newest(directory: Path, kind: str) -> list[Path]:
 #: A dump changed this recently may still be being written (see the module).
 SETTLE_S = 2.0
 _RETRY_S = 0.05
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 def _read(path: Path) -> str:
@@ -75,7 +75,7 @@ def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _whole(path: Path, parse: Callable[[str], T]) -> T:
+def _whole(path: Path, parse: Callable[[str], _T]) -> _T:
     """``parse`` of the dump at ``path``, read again while it is being written: changed within
     :data:`SETTLE_S` seconds and empty (``parse`` gives nothing), not whole (ValueError) or changed
     during the read.  Raises the last ValueError once settled."""
@@ -83,7 +83,7 @@ def _whole(path: Path, parse: Callable[[str], T]) -> T:
     while True:
         before = path.stat()
         try:
-            value: T | None = parse(_read(path))
+            value: _T | None = parse(_read(path))
             error: ValueError | None = None
         except ValueError as err:
             value, error = None, err
