@@ -78,22 +78,21 @@ def _read(path: Path) -> str:
 def _whole(path: Path, parse: Callable[[str], _T]) -> _T:
     """``parse`` of the dump at ``path``, read again while it is being written: changed within
     :data:`SETTLE_S` seconds and empty (``parse`` gives nothing), not whole (ValueError) or changed
-    during the read.  Raises the last ValueError once settled."""
+    during the read.  Once settled, what ``parse`` gives or raises."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         before = path.stat()
+        settled = time.time() - before.st_mtime >= SETTLE_S or time.monotonic() >= deadline
         try:
-            value: _T | None = parse(_read(path))
-            error: ValueError | None = None
-        except ValueError as err:
-            value, error = None, err
-        after = path.stat()
-        changed = (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
-        writing = time.time() - after.st_mtime < SETTLE_S and time.monotonic() < deadline
-        if not writing or (value and not changed):
-            if error is not None:
-                raise error
-            return value  # type: ignore[return-value]  # parse gave it (falsy: nothing there)
+            value = parse(_read(path))
+        except ValueError:
+            if settled:
+                raise
+        else:
+            after = path.stat()
+            unchanged = (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns)
+            if settled or (value and unchanged):
+                return value
         time.sleep(_RETRY_S)
 
 
@@ -159,6 +158,11 @@ def _mark_main(threads: list[dict[str, Any]]) -> None:
         threads.insert(0, main)
 
 
+def _stacks_of(path: Path) -> Callable[[str], dict[int, dict[str, Any]]]:
+    """Parses ``path``'s text as a stacks dump taken when the file was last written."""
+    return lambda text: parse_stacks_dump(text, path.stat().st_mtime)
+
+
 def find_server_dumps(path: str | Path) -> ServerDumps | None:
     """The debug server's dumps in ``path`` (its ``debug_server/`` folder, or a profile directory
     holding one); None when there are none.  A dump that does not read whole is a problem, said,
@@ -179,9 +183,7 @@ def find_server_dumps(path: str | Path) -> ServerDumps | None:
             out.problems.append(f"{candidate}: not read ({err})")
     for candidate in _newest(directory, "stacks"):
         try:
-            out.stacks = _whole(candidate, parse_stacks_dump)
-            for record in out.stacks.values():
-                record["time"] = candidate.stat().st_mtime  # when it was taken: once written whole
+            out.stacks = _whole(candidate, _stacks_of(candidate))
         except (OSError, ValueError) as err:
             out.problems.append(f"{candidate}: not read ({err})")
             continue
