@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The supported torch range's smoke test: builds a venv with one torch release (from PyPI) and runs a
-# subset of the suite on it.  Usage: ci/torch_range.sh VERSION [VENV_DIR]   (e.g. 2.9.1, 2.15.0)
+# subset of the suite on it.  Usage: ci/torch_range.sh [--build-only] VERSION [VENV_DIR]   (e.g. 2.9.1)
 #
+# --build-only builds the venv and runs no test (.ci/run builds both releases' venvs in the
+# background while lint runs, then runs each smoke with no download left to do).
 # VENV_DIR defaults to /tmp/venvs/torch-VERSION and is reused when it already holds that torch.
 # PyPI's x86_64 torch wheels are CUDA builds (several GB with their nvidia-* dependencies).
 # The last line says which torch passed or failed; the exit status is pytest's.
 set -euo pipefail
-VERSION=${1:?usage: ci/torch_range.sh TORCH_VERSION [VENV_DIR]}
+BUILD_ONLY=0
+if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
+VERSION=${1:?usage: ci/torch_range.sh [--build-only] TORCH_VERSION [VENV_DIR]}
 VENV=${2:-/tmp/venvs/torch-$VERSION}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -29,6 +33,10 @@ if [ ! -f "$STAMP" ]; then
     touch "$STAMP"
 fi
 built=$(date +%s)
+if [ "$BUILD_ONLY" -eq 1 ]; then
+    echo "torch $VERSION: venv ready in $VENV ($((built - start)) s)"
+    exit 0
+fi
 
 # A fenced 2-rank flush, summary and diff, flags, timers and metrics, on-demand, hang, the
 # execution trace (version-specific leftovers), corrupt traces, the torch-range checks, and PyTorch's
