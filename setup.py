@@ -4,7 +4,14 @@ tested, torchprof_args.torch_support.MIN_TORCH): users bring their own
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+
+# Compiled fast paths, each with a pure-Python fallback that gives the same results: optional, so an
+# install without a C compiler still succeeds (the fallback is then used).
+EXTENSIONS = [
+    Extension("torchprof_args.analysis.critical_path._replay",
+              ["torchprof_args/analysis/critical_path/_replay.c"], optional=True),
+]
 
 EXTRAS = {
     "wandb": ["wandb>=0.16", "wandb-workspaces>=0.1"],
@@ -54,6 +61,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["torchprof_args", "torchprof_args.*"]),
+    ext_modules=EXTENSIONS,
     package_data={"torchprof_args": ["py.typed", "assets/*"]},
     install_requires=["torch>=2.9", "msgspec>=0.18", "numpy", "tqdm"],
     extras_require=EXTRAS,

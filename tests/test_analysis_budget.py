@@ -18,12 +18,10 @@ import time
 from pathlib import Path
 
 import msgspec
-import numpy as np
 import pytest
 from helpers.paths import DATA, REPO
 from helpers.processes import run_torchrun
 
-from torchprof_args.analysis import load_trace
 from torchprof_args.analysis.collect import trace_results
 from torchprof_args.analysis.collect.sidecar import stored_parts
 from torchprof_args.analysis.collect.trace_results import (
@@ -34,9 +32,6 @@ from torchprof_args.analysis.collect.trace_results import (
     parse_results,
     results_of,
 )
-from torchprof_args.analysis.critical_path import replay_kernel
-from torchprof_args.analysis.critical_path.graph import local_graph
-from torchprof_args.analysis.critical_path.propagate import replay
 from torchprof_args.capture.runtime.export.job import MIN_ANALYSIS_SECONDS, PublishJob
 from torchprof_args.time_limit import Deadline, TimeLimitExceeded, time_limit
 
@@ -127,19 +122,6 @@ def test_a_part_running_past_the_budget_is_stopped(tmp_path: Path, monkeypatch: 
                                 "memory": "not started: a test budget was spent"}  # what came after it
     stored = stored_parts(trace)
     assert stored is not None and msgspec.json.decode(stored["diagnosis"]) is not None
-
-
-@pytest.mark.parametrize("path", [DATA / "gpu_2rank_nccl_rank0.json.gz", TRACE], ids=lambda p: p.name)
-def test_the_compiled_replay_equals_the_plain_one(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("numba", reason="numba (the analysis extra) compiles the replay")
-    graph = local_graph(load_trace(path, comms=True))
-    monkeypatch.setattr(replay_kernel, "COMPILE_FROM_EDGES", 0)
-    compiled = replay(graph)
-    monkeypatch.setattr(replay_kernel, "COMPILE_FROM_EDGES", 1 << 62)
-    plain = replay(graph)
-    for field in ("label1", "time1", "work1", "label2", "time2", "work2", "via"):
-        assert np.array_equal(getattr(compiled, field), getattr(plain, field)), field
-    assert compiled.sinks == plain.sinks
 
 
 @pytest.mark.slow

@@ -1,18 +1,19 @@
-"""The replay's inner loop (:func:`~.propagate.replay`), compiled by numba where it is installed.
+"""The replay's inner loop (:func:`~.propagate.replay`), compiled where it can be.
 
-One source for both: :func:`kernel` is written in the subset of Python that numba compiles and that
-runs as plain Python over lists.  :func:`compiled` returns it compiled (numba's ``njit``, cached on
-disk), or None without numba (``pip install 'torchprof-args[analysis]'``) and for graphs under
-:data:`COMPILE_FROM_EDGES`, when the caller runs it over lists: about 1 us per edge instead of about
-50 ns.  Loading numba and the cached kernel costs a process about 0.75 s once (compiling, in a fresh
-environment, about 1.5 s), what the plain loop takes for 5 replays of ~150k edges.
+:func:`kernel` is the reference, written in the subset of Python that numba compiles and that runs as
+plain Python over lists (about 1 us per edge).  :func:`compiled` returns, in this order: the same loop
+in C (``_replay.c``, an optional extension that ``pip install`` builds where a compiler exists: about
+10 ns per edge, nothing to load); numba's compilation of :func:`kernel` for graphs of at least
+:data:`COMPILE_FROM_EDGES` edges (loading numba and the cached kernel costs a process about 0.75 s
+once, compiling it in a fresh environment about 1.5 s: what the plain loop takes for 5 replays of
+~150k edges); else None, when the caller runs :func:`kernel` over lists.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, MutableSequence, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -90,13 +91,22 @@ def kernel(order: Sequence[int], ptr: Sequence[int], ins: Sequence[int], src: Se
 
 
 def compiled(edges: int) -> Callable[..., Any] | None:
-    """:func:`kernel` compiled by numba for a graph of ``edges`` edges; None under
-    :data:`COMPILE_FROM_EDGES` or where numba is not installed."""
-    return _compiled() if edges >= COMPILE_FROM_EDGES else None
+    """:func:`kernel` compiled for a graph of ``edges`` edges: the C extension's, else numba's (from
+    :data:`COMPILE_FROM_EDGES` edges, where numba is installed), else None."""
+    return _c_kernel() or (_numba_kernel() if edges >= COMPILE_FROM_EDGES else None)
 
 
 @functools.cache
-def _compiled() -> Callable[..., Any] | None:
+def _c_kernel() -> Callable[..., Any] | None:
+    try:
+        from torchprof_args.analysis.critical_path import _replay  # type: ignore[attr-defined]
+    except ImportError:  # not built (no compiler at install): numba's, or the plain loop
+        return None
+    return cast("Callable[..., Any]", _replay.kernel)
+
+
+@functools.cache
+def _numba_kernel() -> Callable[..., Any] | None:
     try:
         import numba
     except ImportError:
