@@ -10,7 +10,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-fast docs lint bench setup clean gpu-check wheelhouse gpu-install
 
-$(STAMP): setup.py constraints.txt pyproject.toml
+# The package's C sources are built in place by the editable install (optional extensions: without
+# a compiler the install still succeeds and their Python fallbacks run); a changed source reinstalls.
+C_SOURCES := $(shell find torchprof_args -name '*.c')
+
+$(STAMP): setup.py constraints.txt pyproject.toml $(C_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -c constraints.txt torch

@@ -19,8 +19,8 @@ from torchprof_args.analysis.critical_path.graph import local_graph
 from torchprof_args.analysis.critical_path.propagate import Replay, replay
 
 FIELDS = ("label1", "time1", "work1", "label2", "time2", "work2", "via")
-TRACES = ["gpu_2rank_nccl_rank0.json.gz", "gpu_128rank_sampled_rank0.json.gz", "cpu_2rank_manual_dp_rank0.json.gz",
-          "cpu_2rank_ddp_rank0.json.gz"]
+TRACES = ["gpu_2rank_nccl_rank0.json.gz", "gpu_128rank_sampled_rank0.json.gz",
+          "cpu_2rank_manual_dp_rank0.json.gz", "cpu_2rank_ddp_rank0.json.gz"]
 
 
 def _c_kernel() -> Callable[..., Any]:
