@@ -1,5 +1,6 @@
 """The array machinery under the critical path's graph: many short ranges expanded at once
-(:mod:`~torchprof_args.analysis.critical_path.ranges`), and the contracted graph's two ways of
+(:mod:`~torchprof_args.analysis.critical_path.ranges`), the stable order of integer keys
+(:mod:`~torchprof_args.analysis.critical_path.sorting`), and the contracted graph's two ways of
 finding its runs (the builder's edge order, checked; pointer jumping for any other order) giving
 the same replay."""
 
@@ -17,6 +18,18 @@ from torchprof_args.analysis.critical_path.edges import INDEX
 from torchprof_args.analysis.critical_path.graph import local_graph
 from torchprof_args.analysis.critical_path.ranges import first_of_each, last_of_each, range_pairs
 from torchprof_args.analysis.critical_path.reduced import tables
+from torchprof_args.analysis.critical_path.sorting import stable_order
+
+
+@pytest.mark.parametrize("low, high, n", [(0, 5, 100_000), (-3, 40_000, 100_000), (-10**9, 10**9, 100_000),
+                                          (-2**62, 2**62, 1000), (0, 1, 0), (7, 8, 1)])
+def test_stable_order_is_numpy_s_stable_argsort(low: int, high: int, n: int) -> None:
+    """Each of its three ways (16-bit radix, packed pairs, numpy's own past what packs) and the
+    trivial sizes: the same order as ``np.argsort(kind="stable")``, ties in position order."""
+    keys = np.random.default_rng(n).integers(low, high, n)
+    for dtype in (np.int64, np.int32) if high < 2**31 and low >= -2**31 else (np.int64,):
+        got = stable_order(keys.astype(dtype))
+        assert got.dtype == np.int64 and np.array_equal(got, np.argsort(keys, kind="stable"))
 
 
 @pytest.mark.parametrize("pairs", [1, 3, 1 << 20])

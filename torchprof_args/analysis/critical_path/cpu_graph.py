@@ -46,6 +46,7 @@ from torchprof_args.analysis.analyzers.steps import STEP_RE
 from torchprof_args.analysis.critical_path import categories as cat
 from torchprof_args.analysis.critical_path.edges import CHAIN, INDEX, ISSUE, WAIT, WAKE, EdgeList
 from torchprof_args.analysis.critical_path.ranges import first_of_each, range_pairs
+from torchprof_args.analysis.critical_path.sorting import stable_order
 from torchprof_args.analysis.trace import Trace
 
 __all__ = ["RESUME_US", "CpuEvents", "cpu_edges", "cpu_events"]
@@ -125,7 +126,7 @@ def inherit(flag: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> np.ndarr
     out = flag.copy()
     if not len(out):
         return out
-    order = np.argsort(depth, kind="stable")
+    order = stable_order(depth)
     bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
     for d in range(1, len(bounds) - 1):
         members = order[bounds[d]:bounds[d + 1]]

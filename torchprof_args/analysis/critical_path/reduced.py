@@ -30,6 +30,7 @@ from torchprof_args.analysis.critical_path.edges import INDEX, WAIT
 from torchprof_args.analysis.critical_path.fsdp_edges import fsdp_tags
 from torchprof_args.analysis.critical_path.graph import LocalGraph, local_graph
 from torchprof_args.analysis.critical_path.propagate import NONE, WINDOW, Replay, replay, step_of_label
+from torchprof_args.analysis.critical_path.sorting import stable_order
 from torchprof_args.analysis.critical_path.variants import CAUSES, Change, cause_change
 from torchprof_args.analysis.trace import Trace
 from torchprof_args.shared import formats
@@ -225,7 +226,7 @@ def _walks(small: Contracted, run: Replay, nodes: list[int]) -> tuple[np.ndarray
             e = via_list[int(src[e])]
     walk = np.concatenate([*walk_of, np.array(rest_walk, dtype=np.int64)])
     edge = np.concatenate([*step, np.array(rest_edge, dtype=np.int64)])
-    order = np.argsort(walk, kind="stable")  # per walk, its edges in the order followed
+    order = stable_order(walk)  # per walk, its edges in the order followed
     return edge[order], np.bincount(walk, minlength=len(nodes))
 
 
@@ -278,7 +279,7 @@ def _batch_pieces(graph: LocalGraph, small: Contracted, chosen: np.ndarray, leng
     pair = key_of[path] * n_cat + category  # a contributor: a name in a category
     span = int(pair.max()) + 1 if len(pair) else 1
     key = piece * span + pair
-    by_key = np.argsort(key, kind="stable")  # one sort: paths are contiguous, path order kept within
+    by_key = stable_order(key)  # one sort: paths are contiguous, path order kept within
     key_sorted, w_sorted = key[by_key], weight[by_key]
     starts = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]]) if len(key) else by_key
     groups = key_sorted[starts]
