@@ -30,7 +30,7 @@ between them is the foundation:
                 ``flags`` speak to the job and its options, the others read its files)
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
-Inside ``analysis/``, lowest first: the trace model (``trace``, ``intervals``, ``jsonout``, ``beside``) <
+Inside ``analysis/``, lowest first: the C extensions' loader (``extensions``) < the trace model (``trace``, ``intervals``, ``jsonout``, ``beside``) <
 ``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
 graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
 ``render`` < ``staged`` (the job's one seam into the analysis: ``capture/`` imports nothing else of
@@ -113,6 +113,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: ``analysis/``'s layers, lowest first, by the first component below ``torchprof_args.analysis``.
 ANALYSIS = f"{PACKAGE}.analysis"
 ANALYSIS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("compiled paths", ("extensions",)),
     ("trace model", ("trace", "intervals", "jsonout", "beside")),
     ("decode", ("decode",)),
     ("analyzers", ("analyzers", "memory")),
@@ -142,6 +143,7 @@ OFFLINE_LAYER = "analysis"
 HIDDEN_IMPORTS = {
     f"{PACKAGE}.lazy": "the facades' lazy names: each module is a string in their _LAZY tables",
     f"{PACKAGE}.capture.frameworks.megatron_install": "Megatron-LM's training module, outside the package",
+    f"{PACKAGE}.analysis.extensions": "the C extensions (built from .c sources): each caller names its own",
 }
 
 #: Names every plugin of one kind defines: a diagnose kind's shape, a command module's ``register``,

@@ -2,8 +2,8 @@
 
 :func:`kernel` is the reference, written in the subset of Python that numba compiles and that runs as
 plain Python over lists (about 1 us per edge).  :func:`compiled` returns, in this order: the same loop
-in C (``_replay.c``, an optional extension that ``pip install`` builds where a compiler exists: about
-10 ns per edge, nothing to load); numba's compilation of :func:`kernel` for graphs of at least
+in C (``_replay.c``, an optional extension: :mod:`~torchprof_args.analysis.extensions`; about 10 ns
+per edge, nothing to load); numba's compilation of :func:`kernel` for graphs of at least
 :data:`COMPILE_FROM_EDGES` edges (loading numba and the cached kernel costs a process about 0.75 s
 once, compiling it in a fresh environment about 1.5 s: what the plain loop takes for 5 replays of
 ~150k edges); else None, when the caller runs :func:`kernel` over lists.
@@ -16,6 +16,8 @@ from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any, cast
 
 import numpy as np
+
+from torchprof_args.analysis.extensions import extension
 
 __all__ = ["COMPILE_FROM_EDGES", "NONE", "WINDOW", "compiled", "kernel"]
 
@@ -96,13 +98,9 @@ def compiled(edges: int) -> Callable[..., Any] | None:
     return _c_kernel() or (_numba_kernel() if edges >= COMPILE_FROM_EDGES else None)
 
 
-@functools.cache
 def _c_kernel() -> Callable[..., Any] | None:
-    try:
-        from torchprof_args.analysis.critical_path import _replay  # type: ignore[attr-defined]
-    except ImportError:  # not built (no compiler at install): numba's, or the plain loop
-        return None
-    return cast("Callable[..., Any]", _replay.kernel)
+    module = extension("torchprof_args.analysis.critical_path._replay")
+    return None if module is None else cast("Callable[..., Any]", module.kernel)
 
 
 @functools.cache
