@@ -30,11 +30,12 @@ between them is the foundation:
                 ``flags`` speak to the job and its options, the others read its files)
     facade      ``__init__.py``: the public names, loaded lazily (nothing in the package imports it)
 
-Inside ``analysis/``, lowest first: the C extensions' loader (``extensions``) < the trace model (``trace``, ``intervals``, ``jsonout``, ``beside``) <
-``decode`` (which builds a ``Trace``) < ``analyzers``, ``memory`` < ``critical_path`` (the dependency
-graph over ranks: diagnose computes its savings on it) < ``summary``, ``diagnose`` < ``collect`` <
-``render`` < ``staged`` (the job's one seam into the analysis: ``capture/`` imports nothing else of
-``analysis/``) < ``tools``, ``trend``, ``dashboard``, ``pyspy`` < ``analysis/__init__.py`` (its facade).
+Inside ``analysis/``, lowest first: the C extensions' loader (``extensions``) < the trace model
+(``trace``, ``intervals``, ``jsonout``, ``beside``) < ``decode`` (which builds a ``Trace``) <
+``analyzers``, ``memory`` < ``critical_path`` (the dependency graph over ranks: diagnose computes
+its savings on it) < ``summary``, ``diagnose`` < ``collect`` < ``render`` < ``staged`` (the job's
+one seam into the analysis: ``capture/`` imports nothing else of ``analysis/``) < ``tools``,
+``trend``, ``dashboard``, ``pyspy`` < ``analysis/__init__.py`` (its facade).
 
 Every module of ``analysis/diagnose/kinds/`` is a diagnose kind of the one shape (``KIND``,
 ``SCOPE``, ``THRESHOLD``, ``analyze`` with its scope's signature) and is in the registry
