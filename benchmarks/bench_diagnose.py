@@ -13,7 +13,9 @@ Builds once, under benchmarks/out/diagnose/ (git-ignored):
 Then, in fresh processes (the wall time a user waits, interpreter start included), best of
 ``--repeat``: ``torchprof diagnose --json`` of the 512-rank cycle, and of the 1 GB trace with
 ``--reparse`` (decoded like ``torchprof summary``'s, with the communication events) beside
-``torchprof summary --reparse --json`` of the same trace.
+``torchprof summary --reparse --json`` of the same trace: with the package's C extensions, then with
+``TORCHPROF_PURE_PYTHON=1`` (their Python fallbacks), with each one's peak RSS, and whether the outputs
+are the same.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +43,7 @@ from torchprof_args.analysis import load_trace, summarize  # noqa: E402
 from torchprof_args.analysis.collect.sidecar import write_sidecar  # noqa: E402
 from torchprof_args.analysis.critical_path.reduced import rank_paths  # noqa: E402
 from torchprof_args.analysis.diagnose.rank import rank_diagnosis  # noqa: E402
+from torchprof_args.analysis.extensions import PURE_PYTHON_ENV  # noqa: E402
 from torchprof_args.analysis.jsonout import finite  # noqa: E402
 
 #: rank 0 of a real 128-rank job (its rank 1 arrives ~180 ms late at an all-to-all: a real straggler,
@@ -84,21 +88,28 @@ def build_cycle(out: Path, ranks: int) -> Path:
     return cycle
 
 
-def timed(args: list[str]) -> tuple[float, str]:
-    """``torchprof ARGS`` in a fresh process: (wall seconds, stdout)."""
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torchprof_args", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    wall = time.perf_counter() - started
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"torchprof {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return wall, proc.stdout
+def timed(args: list[str], pure_python: bool = False) -> tuple[float, str, float]:
+    """``torchprof ARGS`` in a fresh process: (wall seconds, stdout, peak RSS in MB); ``pure_python``:
+    with ``TORCHPROF_PURE_PYTHON=1`` (no C extension)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), PURE_PYTHON_ENV: "1" if pure_python else "0"}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "torchprof_args", *args], stdout=out, stderr=err,
+                                env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"torchprof {' '.join(args)} failed:\n{err.read()[-3000:]}")
+        return wall, out.read(), usage.ru_maxrss / 1024
 
 
-def best_of(args: list[str], repeat: int) -> tuple[float, str]:
-    """The best wall time of ``repeat`` runs of :func:`timed`, and the first run's output."""
-    runs = [timed(args) for _ in range(max(repeat, 1))]
-    return min(r[0] for r in runs), runs[0][1]
+def best_of(args: list[str], repeat: int, pure_python: bool = False) -> tuple[float, str, float]:
+    """The best wall time of ``repeat`` runs of :func:`timed`, the first run's output, the peak RSS."""
+    runs = [timed(args, pure_python) for _ in range(max(repeat, 1))]
+    return min(r[0] for r in runs), runs[0][1], max(r[2] for r in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
 
     cycle = build_cycle(args.out, args.ranks)
-    wall, out = best_of(["diagnose", str(cycle), "--json", "--no-progress"], args.repeat)
+    wall, out, _ = best_of(["diagnose", str(cycle), "--json", "--no-progress"], args.repeat)
     doc = json.loads(out)
     kinds = ", ".join(f"{f['kind']} ({len(f['ranks'])} ranks)" for f in doc["findings"])
     print(f"diagnose, {doc['ranks']} ranks from sidecars: {wall:.2f} s (target < 5 s); findings: {kinds}")
@@ -121,12 +132,24 @@ def main(argv: list[str] | None = None) -> int:
         big.parent.mkdir(parents=True, exist_ok=True)
         build_big(DEFAULT_SOURCE, big, args.size_mb, False)
     mb = big.stat().st_size / 1e6
-    wall, out = best_of(["diagnose", str(big), "--json", "--reparse", "--no-progress"], args.repeat)
-    print(f"diagnose, one {mb:,.0f} MB trace without sidecar: {wall:.2f} s, {mb / wall:,.0f} MB/s; "
-          f"{len(json.loads(out)['findings'])} findings")
-    wall_s, _ = best_of(["summary", str(big), "--json", "--reparse", "--no-progress"], args.repeat)
-    print(f"summary, the same trace: {wall_s:.2f} s, {mb / wall_s:,.0f} MB/s "
-          f"(diagnose / summary time: {wall / wall_s:.2f})")
+    print(f"one {mb:,.0f} MB trace without sidecar (--reparse), best of {args.repeat}; the package's C "
+          f"extensions, then {PURE_PYTHON_ENV}=1 (the Python fallbacks):")
+    print(f"  {'command':<10} {'code':<7} {'s':>7} {'MB/s':>6} {'peak MB':>8} {'% of file':>9}")
+    walls: dict[tuple[str, bool], float] = {}
+    outputs: dict[tuple[str, bool], str] = {}
+    for pure in (False, True):
+        for command in ("summary", "diagnose"):
+            command_line = [command, str(big), "--json", "--reparse", "--no-progress"]
+            wall, out, peak = best_of(command_line, args.repeat, pure)
+            walls[command, pure], outputs[command, pure] = wall, out
+            code = "python" if pure else "C"
+            share = 100 * peak / mb
+            print(f"  {command:<10} {code:<7} {wall:7.2f} {mb / wall:6,.0f} {peak:8,.0f} {share:8.0f}%", flush=True)
+    for pure in (False, True):
+        print(f"diagnose / summary time, {'Python' if pure else 'C'}: "
+              f"{walls['diagnose', pure] / walls['summary', pure]:.2f} (target <= 1.5)")
+    same = all(outputs[c, False] == outputs[c, True] for c in ("summary", "diagnose"))
+    print(f"same output with and without the C extensions: {'yes' if same else 'NO'}")
     return 0
 
 
