@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             walls[command, pure], outputs[command, pure] = wall, out
             code = "python" if pure else "C"
             share = 100 * peak / mb
-            print(f"  {command:<10} {code:<7} {wall:7.2f} {mb / wall:6,.0f} {peak:8,.0f} {share:8.0f}%", flush=True)
+            print(f"  {command:<10} {code:<7} {wall:7.2f} {mb / wall:6,.0f} {peak:8,.0f} {share:8.0f}%",
+                  flush=True)
     for pure in (False, True):
         print(f"diagnose / summary time, {'Python' if pure else 'C'}: "
               f"{walls['diagnose', pure] / walls['summary', pure]:.2f} (target <= 1.5)")
