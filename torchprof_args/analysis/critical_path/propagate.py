@@ -116,10 +116,11 @@ def replay(graph: LocalGraph, weight: np.ndarray | None = None, cut: np.ndarray 
     restart = np.full(n, -1, dtype=np.int64)
     restart[ends] = np.arange(len(ends))
     done_by = np.where(np.isin(graph.category, WORK), weights, 0.0) if work is None else work
-    inputs = (np.asarray(graph.order, dtype=np.int64), np.asarray(ptr, dtype=np.int64),  # no copies
-              np.asarray(in_edges, dtype=np.int64), np.asarray(graph.src, dtype=np.int64),
-              np.asarray(weights, dtype=np.float64), np.asarray(done_by, dtype=np.float64), start_label,
-              graph.t <= start, restart, np.asarray(graph.t, dtype=np.float64))
+    flat = np.ascontiguousarray  # a copy only where the dtype differs or the array is a strided view
+    inputs = (flat(graph.order, dtype=np.int64), flat(ptr, dtype=np.int64),
+              flat(in_edges, dtype=np.int64), flat(graph.src, dtype=np.int64),
+              flat(weights, dtype=np.float64), flat(done_by, dtype=np.float64),
+              start_label, graph.t <= start, restart, flat(graph.t, dtype=np.float64))
     out = [*_slots(n), *_slots(len(ends))]  # per node, then per step end as a sink
     fast = compiled(len(in_edges))
     if fast is not None:
