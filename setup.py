@@ -4,7 +4,7 @@ tested, torchprof_args.torch_support.MIN_TORCH): users bring their own
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 EXTRAS = {
     "wandb": ["wandb>=0.16", "wandb-workspaces>=0.1"],
@@ -57,6 +57,9 @@ setup(
     package_data={"torchprof_args": ["py.typed", "assets/*"]},
     install_requires=["torch>=2.9", "msgspec>=0.18", "numpy", "tqdm"],
     extras_require=EXTRAS,
+    # the trace decoder's C fast path; optional: without a compiler the msgspec path decodes alone
+    ext_modules=[Extension("torchprof_args.analysis.decode._fastcolumns",
+                           ["torchprof_args/analysis/decode/_fastcolumns.c"], optional=True)],
     entry_points={"console_scripts": ["torchprof=torchprof_args.console:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
 )
