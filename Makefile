@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-fast docs lint bench setup clean gpu-check wheelhouse gpu-install
 
-$(STAMP): setup.py constraints.txt pyproject.toml
+$(STAMP): setup.py constraints.txt pyproject.toml torchprof_args/analysis/decode/_fastcolumns.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -c constraints.txt torch

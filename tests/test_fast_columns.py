@@ -27,14 +27,18 @@ TRACES = sorted(p for p in DATA.iterdir() if p.name.endswith((".json", ".json.gz
 LARGE = {p for p in TRACES if p.stat().st_size > 300_000}
 
 
-def c_batch(text: Any, memory: bool = True) -> ColumnBatch | None:
+#: the modes: (comms, flops): summary's, diagnose's, critical-path's and FLOPs alone
+MODES = [(False, False), (True, True), (True, False), (False, True)]
+
+
+def c_batch(text: Any, memory: bool = True, comms: bool = False, flops: bool = False) -> ColumnBatch | None:
     """The C decoder's columns, None where it leaves the batch to msgspec."""
-    raw = fast.plain(text, memory)
-    return None if raw is None else columns._fast_batch(*raw)
+    raw = fast.plain(text, memory, comms or flops)
+    return None if raw is None else columns._fast_batch(text, comms, flops, *raw)
 
 
-def py_batch(text: Any, memory: bool = True) -> ColumnBatch:
-    return reduce_batch(decode_events(text), memory_events=memory)
+def py_batch(text: Any, memory: bool = True, comms: bool = False, flops: bool = False) -> ColumnBatch:
+    return reduce_batch(decode_events(text, comms, flops), comms, memory_events=memory, flops=flops)
 
 
 def assert_same(got: ColumnBatch, want: ColumnBatch) -> None:
@@ -54,8 +58,10 @@ def assert_same(got: ColumnBatch, want: ColumnBatch) -> None:
     for name in ("idx", "flop", "gb", "seq"):
         a, b = getattr(got.compiled_args, name), getattr(want.compiled_args, name)
         assert a.dtype == b.dtype and np.array_equal(a, b), name
-    assert got.comms == want.comms == []
-    assert len(got.flops[0]) == len(want.flops[0]) == 0
+    assert got.comms == want.comms
+    assert [type(v) for row in got.comms for v in row] == [type(v) for row in want.comms for v in row]
+    for a, b in zip(got.flops, want.flops, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
     assert len(got.memory_rows) == len(want.memory_rows) == 0
 
 
@@ -80,12 +86,13 @@ def event_text(*events: str) -> bytes:
 def test_every_trace_decodes_to_the_same_columns(path: Path) -> None:
     taken = 0
     for text in batches(path):
-        for memory in (True, False):
-            got = c_batch(text, memory)
+        for (comms, flops), memory in zip(MODES, (True, False, True, False), strict=True):
+            want = py_batch(text, memory, comms, flops)
+            got = c_batch(text, memory, comms, flops)
             if got is not None:
-                assert_same(got, py_batch(text, memory))
+                assert_same(got, want)
                 taken += 1
-            assert_same(decode_columns(text, memory_events=memory), py_batch(text, memory))
+            assert_same(decode_columns(text, comms, memory, flops), want)
     if path.name != "rocm_mi250_1rank_minitoy.json.gz":  # its streams are strings ("0x0"): msgspec's
         assert taken
 
@@ -121,7 +128,10 @@ COVERED = {
         '{"ph": "X", "name": "a", "cat": "c", "ts": 1e-300, "dur": 4.9406564584124654e-324}',
         '{"ph": "X", "name": "a", "cat": "c", "ts": 9223372036854775807, "dur": -9223372036854775808}',
         '{"ph": "X", "name": "a", "cat": "c", "ts": 18446744073709551616, "dur": 0.1e1}',
-        '{"ph": "X", "name": "a", "cat": "c", "ts": 1.7976931348623157e308, "dur": 12345678901234567890.5}'),
+        '{"ph": "X", "name": "a", "cat": "c", "ts": 1.7976931348623157e308, "dur": 12345678901234567890.5}',
+        '{"ph": "X", "name": "a", "cat": "c", "ts": -0e5, "dur": 1e-400}',
+        '{"ph": "X", "name": "a", "cat": "c", "ts": 2.4703282292062328e-324, "dur": 0.1e-330}',
+        '{"ph": "X", "name": "a", "cat": "c", "ts": 18446744073709551615, "dur": -9223372036854775809}'),
     "ints_and_strings": event_text(
         _x(name="a", cat="c", ts=1, dur=2, pid=5, tid="5"),
         _x(name="a", cat="c", ts=1, dur=2, pid="5", tid=5),
@@ -163,6 +173,34 @@ COVERED = {
         json.dumps({"ph": ph, "name": ["not", "a", "string"], "cat": {"x": 1}, "ts": "late", "id": 3,
                     "args": {"stream": "s", "nested": {"a": [{"b": "},"}]}}})
         for ph in "BEbnestfPNODMVvRcC()"), _x(name="k", cat="c", ts=1, dur=2)),
+    "comms": event_text(
+        _x(name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+           cat="kernel", ts=10, dur=5, pid=0, tid=7, args={"stream": 7, "correlation": 11,
+           "Collective name": "allreduce", "Process Group Name": "0", "Process Group Ranks": [0, 1],
+           "Group size": 2, "Seq": 3, "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "Float"}),
+        _x(name="record_param_comms", cat="cpu_op", ts=9, dur=7, args={"Collective name": "allreduce",
+           "Process Group Description": "default_pg", "Input Dims": [[1024]], "Input type": ["float"]}),
+        _x(name="gloo:all_reduce", cat="user_annotation", ts=9, dur=7, pid=5, tid=6,
+           args={"Input Dims": [[4, 8], []], "Input type": ["float", ""]}),
+        _x(name="c10d::allreduce_", cat="cpu_op", ts=8, dur=9, args={"Collective name": None}),
+        _x(name="marked_only", cat="cpu_op", ts=8, dur=9, args={"Collective name": ["odd", 1]}),
+        _x(name="not_marked", cat="cpu_op", ts=8, dur=9, args={"Collective name": None}),
+        _x(name="nccl:all_gather", ts=8, dur=9, args={"Collective name": "allgather"}),
+        _x(name="NCCL late", cat="cpu_op", dur=9, args={"Seq": 5}),
+        _x(name="xccl:broadcast", cat="cpu_op", ts=8, dur=9, args={"Seq": "x", "dtype": {"a": 1}})),
+    "flops": event_text(
+        _x(name="aten::mm", cat="cpu_op", ts=1, dur=2, args={"Input Dims": [[64, 128], [128, 32]]}),
+        _x(name="aten::mm", cat="cpu_op", ts=1, dur=2,
+           args={"Input Dims": [[64, 128], [128, 32]], "flops": 7}),
+        _x(name="aten::addmm", cat="cpu_op", ts=1, dur=2, args={"Input Dims": [[32], [64, 128], [128, 32]]}),
+        _x(name="aten::bmm", cat="cpu_op", ts=1, dur=2, args={"Input Dims": "odd"}),
+        _x(name="aten::bmm", cat="cpu_op", ts=1, dur=2),
+        _x(name="aten::mm", cat="kernel", ts=1, dur=2, args={"Input Dims": [[2, 2], [2, 2]]}),
+        _x(name="aten::mm", ts=1, dur=2, args={"Input Dims": [[2, 2], [2, 2]]}),
+        _x(name="aten::_scaled_dot_product_flash_attention", cat="cpu_op", ts=1, dur=2,
+           args={"Input Dims": [[2, 4, 128, 64], [2, 4, 128, 64], [2, 4, 128, 64]]}),
+        _x(name="triton_mm", cat="kernel", ts=1, dur=2, args={"kernel_flop": 1e6, "flops": 0}),
+        _x(name="conv", cat="cpu_op", ts=1, dur=2, args={"flops": 1.5e9})),
     "ph_last": event_text('{"name": "k", "cat": "c", "ts": 1, "dur": 2, "args": {"stream": 3}, "ph": "X"}'),
     "whitespace": b'[\n  {\n\t"ph" :\r\n "X" , "name":"k","cat"  :"c","ts":1,"dur":2 }\n,\n{"ph":"M"}  ]  ',
 }
@@ -171,12 +209,12 @@ COVERED = {
 @pytest.mark.parametrize("name", sorted(COVERED))
 def test_edge_cases_are_decoded_in_c_as_msgspec_decodes_them(name: str) -> None:
     text = COVERED[name]
-    for memory in (True, False):
-        got = c_batch(text, memory)
+    for (comms, flops), memory in [(mode, memory) for mode in MODES for memory in (True, False)]:
+        got = c_batch(text, memory, comms, flops)
         assert got is not None, "the C decoder left a batch it covers"
-        assert_same(got, py_batch(text, memory))
-        assert_same(c_batch(bytearray(text), memory) or got, got)
-        assert_same(c_batch(memoryview(text), memory) or got, got)
+        assert_same(got, py_batch(text, memory, comms, flops))
+        assert_same(c_batch(bytearray(text), memory, comms, flops) or got, got)
+        assert_same(c_batch(memoryview(text), memory, comms, flops) or got, got)
 
 
 #: batches the C decoder leaves to msgspec (None): unusual types, unknown phases, duplicates ...
@@ -212,8 +250,9 @@ UNCOVERED = {
 @pytest.mark.parametrize("name", sorted(UNCOVERED))
 def test_what_c_does_not_cover_goes_through_msgspec(name: str) -> None:
     text = UNCOVERED[name]
-    assert fast.plain(text, True) is None
-    assert_same(decode_columns(text), py_batch(text))
+    assert fast.plain(text, True, False) is None
+    for comms, flops in MODES:
+        assert_same(decode_columns(text, comms, True, flops), py_batch(text, True, comms, flops))
 
 
 #: malformed texts: msgspec raises DecodeError (a wrong cut, for the reader), so must decode_columns
@@ -234,11 +273,12 @@ MALFORMED = [
 
 @pytest.mark.parametrize("text", MALFORMED, ids=range(len(MALFORMED)))
 def test_malformed_text_raises_as_msgspec_does(text: bytes) -> None:
-    assert fast.plain(text, True) is None
-    with pytest.raises(msgspec.DecodeError):
-        decode_events(text)
-    with pytest.raises(msgspec.DecodeError):
-        decode_columns(text)
+    assert fast.plain(text, True, True) is None
+    for comms, flops in MODES:
+        with pytest.raises(msgspec.DecodeError):
+            decode_events(text, comms, flops)
+        with pytest.raises(msgspec.DecodeError):
+            decode_columns(text, comms, True, flops)
 
 
 def _random_number(rng: random.Random) -> str:
@@ -263,7 +303,7 @@ def test_numbers_are_rounded_as_msgspec_rounds_them() -> None:
               f' "dur": {_random_number(rng)}}}' for _ in range(2000)]
     for i in range(0, len(events), 50):
         text = event_text(*events[i : i + 50])
-        want = py_batch(text) if fast.plain(text, True) is not None else None
+        want = py_batch(text) if fast.plain(text, True, False) is not None else None
         if want is None:  # a number out of range: check the others one by one
             for event in events[i : i + 50]:
                 one = event_text(event)
@@ -296,11 +336,11 @@ def _mutations(text: bytes, rng: random.Random, n: int) -> list[bytes]:
 def _check_mutation(text: bytes) -> None:
     """C gives either None or msgspec's result, and None whenever msgspec rejects the text."""
     try:
-        want = py_batch(text)
+        want = py_batch(text, True, True, True)
     except msgspec.DecodeError:
-        assert fast.plain(text, True) is None, text
+        assert fast.plain(text, True, True) is None, text
         return
-    got = c_batch(text)
+    got = c_batch(text, True, True, True)
     if got is not None:
         assert_same(got, want)
 

@@ -1,12 +1,16 @@
-/* One batch of Kineto event text (a JSON array) -> the plain columns, without per-event Python objects.
+/* One batch of Kineto event text (a JSON array) -> the trace model's columns, without per-event Python
+ * objects.
  *
- * The C half of columns.decode_columns for the plain mode (no comms, FLOPs or memory rows): it
- * tokenises the array, validating it as strictly as msgspec does, and writes each complete event's
- * ts, dur, interned (name, cat, pid, tid) key, stream and correlation into growable buffers,
- * returned as bytearrays that Python wraps with numpy.  Whenever it meets anything it does not
+ * The C half of columns.decode_columns (every mode but memory rows): it tokenises the array,
+ * validating it as strictly as msgspec does, and writes each complete event's ts, dur, interned
+ * (name, cat, pid, tid) key, stream and correlation into growable buffers, returned as bytearrays
+ * that Python wraps with numpy; for the comms and FLOPs modes also each event's args.flops, whether
+ * it names a collective, and where its text is, so that Python decodes again only the few events
+ * whose other fields it needs.  Whenever it meets anything it does not
  * reproduce exactly (a value of an unusual type, an unknown phase, a duplicated field, a number out
  * of range, invalid JSON ...) it returns None and the batch is decoded by the msgspec path, which
- * stays the reference: correctness never depends on what this file covers.
+ * stays the reference: correctness never depends on what this file covers.  Built by setup.py where a
+ * compiler exists (optional); after editing it: python setup.py build_ext --inplace.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,7 +54,7 @@ static int buf_put(Buf *b, const void *src, size_t n) {
 }
 
 /* -- values ---------------------------------------------------------------------------------- */
-enum { V_ABSENT = 0, V_STR, V_INT, V_NUM, V_OBJ, V_OTHER };
+enum { V_ABSENT = 0, V_STR, V_INT, V_NUM, V_OBJ, V_NULL, V_OTHER };
 
 typedef struct {
     int type;
@@ -423,15 +427,16 @@ static int skip_value(Parser *ps, int depth) {
 /* -- events ---------------------------------------------------------------------------------- */
 /* the top-level fields read, and the args fields (both a complete event's and a memory event's) */
 enum { F_PH, F_NAME, F_CAT, F_TS, F_DUR, F_PID, F_TID, F_ARGS, N_TOP };
-enum { A_STREAM, A_CORR, A_FLOPS, A_KFLOP, A_KGB, A_SEQ, A_TALLOC, A_TRES, A_DTYPE, A_DID, A_ADDR, A_BYTES, N_ARGS };
+enum { A_STREAM, A_CORR, A_FLOPS, A_KFLOP, A_KGB, A_SEQ, A_TALLOC, A_TRES, A_DTYPE, A_DID, A_ADDR, A_BYTES, A_COLL,
+       N_ARGS };
 
 static const char *const TOP_NAMES[N_TOP] = {"ph", "name", "cat", "ts", "dur", "pid", "tid", "args"};
 static const char *const ARG_NAMES[N_ARGS] = {
     "stream", "correlation", "flops", "kernel_flop", "kernel_num_gb", "Sequence number",
-    "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr", "Bytes"};
+    "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr", "Bytes", "Collective name"};
 
 static int lookup(const char *const *names, int n, const char *s, Py_ssize_t len) {
-    if (len == 0 || len > 15) return -1;
+    if (len == 0 || len > 15) return -1; /* the longest name: 15 bytes */
     for (int k = 0; k < n; k++) {
         if (names[k][0] == s[0] && (Py_ssize_t)strlen(names[k]) == len && memcmp(names[k], s, (size_t)len) == 0)
             return k;
@@ -460,7 +465,10 @@ static int parse_args(Parser *ps, Val *args) {
             if ((r = skip_value(ps, 2))) return r;
         } else {
             if (args[f].type != V_ABSENT) return FAIL; /* duplicated */
+            skip_ws(ps);
+            int null = ps->p < ps->end && *ps->p == 'n';
             if ((r = parse_value(ps, &args[f], NULL, 2))) return r;
+            if (null) args[f].type = V_NULL;
             if (args[f].type == V_STR) args[f].type = V_OTHER;
         }
         skip_ws(ps);
@@ -654,7 +662,7 @@ static int intern(Interner *in, const Val *const *parts, int32_t *index, char *f
 }
 
 /* -- the batch ------------------------------------------------------------------------------- */
-enum { C_TS, C_DUR, C_KEY, C_STREAM, C_CORR, C_CIDX, C_CROW, C_MEM, N_COLS };
+enum { C_TS, C_DUR, C_KEY, C_STREAM, C_CORR, C_CIDX, C_CROW, C_MEM, C_FLOPS, C_MARKED, C_SPAN, N_COLS };
 
 static int is_skipped_phase(long ph) {
     return ph && strchr("BEbnestfPNODMVvRcC()", (int)ph) != NULL;
@@ -685,7 +693,8 @@ static int id_field(Val *v) {
     return v->type == V_INT || v->type == V_STR ? 0 : FAIL;
 }
 
-static int decode(Parser *ps, int memory, Buf *cols, Interner *in, Py_ssize_t *n_events) {
+static int decode(Parser *ps, int memory, int wide, Buf *cols, Interner *in, Py_ssize_t *n_events) {
+    const char *base = ps->p;
     Val top[N_TOP], args[N_ARGS];
     int r;
     skip_ws(ps);
@@ -698,7 +707,9 @@ static int decode(Parser *ps, int memory, Buf *cols, Interner *in, Py_ssize_t *n
         for (;;) {
             skip_ws(ps);
             if (ps->p >= ps->end || *ps->p != '{') return FAIL;
+            int64_t span[2] = {ps->p - base, 0};
             if ((r = parse_event(ps, top, args))) return r;
+            span[1] = ps->p - base;
             (*n_events)++;
             long ph = top[F_PH].type == V_STR ? (long)top[F_PH].i : 0;
             if (ph == 'X') {
@@ -731,6 +742,12 @@ static int decode(Parser *ps, int memory, Buf *cols, Interner *in, Py_ssize_t *n
                     || buf_put(&cols[C_KEY], &index, 4) || buf_put(&cols[C_STREAM], &stream, 8)
                     || buf_put(&cols[C_CORR], &corr, 8))
                     return PYERR;
+                if (wide) { /* the FLOP count, a collective's name (not null), where the event's text is */
+                    char marked = args[A_COLL].type != V_ABSENT && args[A_COLL].type != V_NULL;
+                    if (buf_put(&cols[C_FLOPS], &flops, 8) || buf_put(&cols[C_MARKED], &marked, 1)
+                        || buf_put(&cols[C_SPAN], span, sizeof span))
+                        return PYERR;
+                }
                 if (compiled) {
                     double row[3] = {kf, kgb, (double)seq};
                     if (buf_put(&cols[C_CIDX], &event, 8) || buf_put(&cols[C_CROW], row, sizeof row))
@@ -775,22 +792,24 @@ static int decode(Parser *ps, int memory, Buf *cols, Interner *in, Py_ssize_t *n
 }
 
 PyDoc_STRVAR(plain_doc,
-"plain(text, memory) -> (n_events, ts, dur, key, stream, corr, keys, compiled_idx, compiled_rows, memory)"
-" or None\n\n"
-"The plain columns of one batch of event text as bytearrays (float64, float64, int32, int64, int64,\n"
-"int64, float64 rows of (kernel_flop, kernel_num_gb, sequence), int64 rows of the [memory] events'\n"
-"(allocated, reserved, device type, device id): those only when ``memory``) and the interned keys;\n"
-"None where the text holds anything this decoder does not reproduce exactly (the caller decodes it\n"
-"with msgspec).");
+"plain(text, memory, wide) -> (n_events, ts, dur, key, stream, corr, keys, compiled_idx, compiled_rows,\n"
+"memory, flops, marked, spans) or None\n\n"
+"The columns of one batch of event text as bytearrays (float64, float64, int32, int64, int64; int64\n"
+"indices and float64 rows of (kernel_flop, kernel_num_gb, sequence) of the events named like compiled\n"
+"code; int64 rows of the [memory] events' (allocated, reserved, device type, device id), only when\n"
+"``memory``) and the interned keys; with ``wide``, per complete event its args.flops (float64),\n"
+"whether its args hold a collective name (not null, uint8) and its text's (start, end) in ``text``\n"
+"(int64 pairs), else empty.  None where the text holds anything this decoder does not reproduce\n"
+"exactly (the caller decodes it with msgspec).");
 
 static PyObject *plain(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     (void)self;
-    if (argc != 2) {
-        PyErr_SetString(PyExc_TypeError, "plain(text, memory) takes 2 arguments");
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "plain(text, memory, wide) takes 3 arguments");
         return NULL;
     }
-    int memory = PyObject_IsTrue(argv[1]);
-    if (memory < 0) return NULL;
+    int memory = PyObject_IsTrue(argv[1]), wide = PyObject_IsTrue(argv[2]);
+    if (memory < 0 || wide < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     Parser ps;
@@ -809,7 +828,7 @@ static PyObject *plain(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         size_t guess = (size_t)view.len / 128 + 16; /* events: ~200-400 bytes each */
         for (int c = 0; c < C_CIDX && !r; c++) r = buf_reserve(&cols[c], guess * 8);
     }
-    if (!r) r = decode(&ps, memory, cols, &in, &n_events);
+    if (!r) r = decode(&ps, memory, wide, cols, &in, &n_events);
     PyBuffer_Release(&view);
     if (r == FAIL) {
         result = Py_None;
@@ -822,9 +841,9 @@ static PyObject *plain(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
             if (!arrays[c]) break;
         }
         if (c == N_COLS) {
-            result = Py_BuildValue("(nNNNNNONNN)", n_events, arrays[C_TS], arrays[C_DUR], arrays[C_KEY],
+            result = Py_BuildValue("(nNNNNNONNNNNN)", n_events, arrays[C_TS], arrays[C_DUR], arrays[C_KEY],
                                    arrays[C_STREAM], arrays[C_CORR], in.keys, arrays[C_CIDX], arrays[C_CROW],
-                                   arrays[C_MEM]);
+                                   arrays[C_MEM], arrays[C_FLOPS], arrays[C_MARKED], arrays[C_SPAN]);
         } else {
             for (int j = 0; j < c; j++) Py_DECREF(arrays[j]);
         }
@@ -845,7 +864,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_fastcolumns",
-    "A batch of Kineto event text -> plain columns in C (columns.decode_columns' fast path).", -1, methods,
+    "A batch of Kineto event text -> columns in C (columns.decode_columns' fast path).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -7,9 +7,10 @@ key, CUDA stream and correlation id (~36 bytes an event), and per device the pea
 the ``(name, cat, pid, tid)`` tuple: a few hundred distinct keys cover millions of events.
 
 :func:`decode_columns` is the one way from text to columns, here or in a worker process
-(:mod:`.parallel`): in the plain mode (no comms, FLOPs or memory rows: ``summary``) the project's C
-extension ``_fastcolumns`` writes the columns straight from the text, about twice as fast; any batch
-it does not reproduce exactly, every other mode, and every batch where the extension is not built
+(:mod:`.parallel`): the project's C extension ``_fastcolumns`` writes the columns straight from the
+text, about twice as fast, in every mode but ``memory_rows`` (with ``comms`` or ``flops`` msgspec
+decodes again only the events whose rows or shapes are needed, from their own text); any batch it
+does not reproduce exactly, the memory rows' mode, and every batch where the extension is not built
 or ``TORCHPROF_PURE_PYTHON_DECODE=1`` is set go through msgspec (:func:`decode_events`,
 :func:`reduce_batch`), the reference.  :mod:`.loader` assembles a file's parts into a
 :class:`~.trace.Trace`.
@@ -98,24 +99,27 @@ _FAST = fast_decoder()
 def decode_columns(text: Any, comms: bool = False, memory_events: bool = True, flops: bool = False,
                    memory_rows: bool = False) -> ColumnBatch:
     """One batch of event text (a JSON array) -> its columns: ``reduce_batch(decode_events(...))``,
-    the same columns written by the C decoder where it can (the plain mode; a batch it leaves, None,
-    goes through msgspec).  The arguments are :func:`reduce_batch`'s.
+    the same columns written by the C decoder where it can (not with ``memory_rows``; a batch it
+    leaves, None, goes through msgspec).  The arguments are :func:`reduce_batch`'s.
 
     Raises ``msgspec.DecodeError`` only when ``text`` is not a JSON array (a wrong cut).
     """
-    if _FAST is not None and not (comms or flops or memory_rows):
-        raw = _FAST.plain(text, memory_events)
+    if _FAST is not None and not memory_rows:
+        raw = _FAST.plain(text, memory_events, comms or flops)
         if raw is not None:
-            return _fast_batch(*raw)
+            return _fast_batch(text, comms, flops, *raw)
     return reduce_batch(decode_events(text, comms, flops), comms, memory_events, flops, memory_rows)
 
 
-def _fast_batch(n_events: int, ts: bytearray, dur: bytearray, key: bytearray, stream: bytearray,
-                corr: bytearray, keys: list[tuple[Any, Any, Any, Any]], compiled_idx: bytearray,
-                compiled_rows: bytearray, memory: bytearray) -> ColumnBatch:
+def _fast_batch(text: Any, comms: bool, flops: bool, n_events: int, ts: bytearray, dur: bytearray,
+                key: bytearray, stream: bytearray, corr: bytearray, keys: list[tuple[Any, Any, Any, Any]],
+                compiled_idx: bytearray, compiled_rows: bytearray, memory: bytearray, flop_counts: bytearray,
+                marked: bytearray, spans: bytearray) -> ColumnBatch:
     """The :class:`ColumnBatch` of what ``_fastcolumns.plain`` returned (every complete event's
-    columns, the compiled names' args, the ``[memory]`` events' totals), reduced as
-    :func:`reduce_batch` reduces its own."""
+    columns, the compiled names' args, the ``[memory]`` events' totals; with ``comms`` or ``flops``
+    the FLOP counts and where each event's text is), reduced as :func:`reduce_batch` reduces its
+    own.  The few events whose rows or shapes it needs (communication, operators with FLOPs from their
+    shapes) are decoded again from their own text by msgspec."""
     keyed = np.frombuffer(key, np.int32)
     rows = np.frombuffer(compiled_rows, np.float64).reshape(-1, 3)
     at = np.frombuffer(compiled_idx, np.int64)
@@ -124,7 +128,21 @@ def _fast_batch(n_events: int, ts: bytearray, dur: bytearray, key: bytearray, st
     part = ColumnBatch(n_events, np.frombuffer(ts, np.float64), np.frombuffer(dur, np.float64), keyed,
                        _stream32(np.frombuffer(stream, np.int64)), np.frombuffer(corr, np.int64), keys,
                        _device_peaks(mem[:, 0], mem[:, 1], mem[:, 2], mem[:, 3]), compiled_args=costs)
-    return _kept(part, None)
+    counts = None
+    if comms or flops:
+        where = np.frombuffer(spans, np.int64).reshape(-1, 2)
+
+        def events_at(at: list[int]) -> list[Any]:  # the complete events ``at``, decoded from their text
+            with memoryview(text) as view:
+                return decode_events(b"[" + b",".join([view[s:e] for s, e in where[at].tolist()]) + b"]",
+                                     comms, flops)
+
+        if comms:
+            part.comms = comm_rows(keyed, keys, np.frombuffer(marked, np.bool_), events_at)
+        if flops:
+            counts = _flop_counts(np.frombuffer(flop_counts, np.float64).copy(), keyed, keys, costs,
+                                  lambda at: [e.args for e in events_at(at)])
+    return _kept(part, counts)
 
 
 def _mismatch() -> np.ndarray:
@@ -189,12 +207,17 @@ def reduce_batch(events: list[Any], comms: bool = False, memory_events: bool = T
     dur = np.fromiter(map(_get_dur, xs), np.float64, n)
     key, keys = _intern(xs)
     args = list(map(_get_args, xs))
-    rows = comm_rows(xs, args, key, keys) if comms else []
+    if comms:
+        rows = comm_rows(key, keys, np.fromiter((a.collective is not None for a in args), bool, n),
+                         partial(_pick, xs))
+    else:
+        rows = []
     del xs
     stream = _stream32(_int_column(args, _get_stream, n))
     corr = _int_column(args, _get_corr, n)
     costs = _compiled_args(key, keys, partial(_arg_rows, args))
-    counts = _flop_counts(args, key, keys, costs) if flops else None
+    counts = (_flop_counts(np.fromiter(map(_get_flops, args), np.float64, n), key, keys, costs,
+                           partial(_pick, args)) if flops else None)
     del args
     part = ColumnBatch(len(events), ts, dur, key, stream, corr, keys, memory, rows, memory_rows=mem_rows,
                        compiled_args=costs)
@@ -234,6 +257,10 @@ _get_compiled_args = attrgetter("kernel_flop", "kernel_num_gb", "sequence")
 _COMPILED_FUNCTIONS = ("CompiledFunction", "CompiledFunctionBackward")
 
 
+def _pick(items: list[Any], at: list[int]) -> list[Any]:
+    return [items[i] for i in at]
+
+
 def _arg_rows(args: list[Any], at: np.ndarray) -> np.ndarray:
     """The (kernel_flop, kernel_num_gb, sequence) rows of the decoded events ``at`` (their ``args``)."""
     return np.array([_get_compiled_args(args[i]) for i in at.tolist()], dtype=np.float64).reshape(-1, 3)
@@ -257,18 +284,19 @@ def _compiled_args(key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]],
     return CompiledArgs(at[has].astype(np.int64), rows[has, 0], rows[has, 1], rows[has, 2].astype(np.int64))
 
 
-def _flop_counts(args: list[Any], key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]],
-                 costs: CompiledArgs) -> np.ndarray:
-    """Each event's ``args.flops``, else inductor's ``kernel_flop`` (:func:`_compiled_args`), else for
-    the operators of :data:`FLOP_OPS` the FLOPs of its input shapes (torch.profiler writes no
-    ``flops`` into the trace: :mod:`.op_flops`)."""
-    counts = np.fromiter(map(_get_flops, args), np.float64, len(args))
+def _flop_counts(counts: np.ndarray, key: np.ndarray, keys: list[tuple[Any, Any, Any, Any]],
+                 costs: CompiledArgs, args_at: Callable[[list[int]], list[Any]]) -> np.ndarray:
+    """Each event's ``args.flops`` (``counts``, written to), else inductor's ``kernel_flop``
+    (:func:`_compiled_args`), else for the operators of :data:`FLOP_OPS` the FLOPs of its input shapes
+    (torch.profiler writes no ``flops`` into the trace: :mod:`.op_flops`; ``args_at(at)``: the
+    decoded ``args`` of events ``at``, with their shapes)."""
     if len(costs):  # (a compiled function's row has flop -1: it adds 0)
         counts[costs.idx] = np.where(counts[costs.idx] > 0, counts[costs.idx], np.maximum(costs.flop, 0))
     rules = [i for i, k in enumerate(keys) if k[0] in FLOP_OPS and k[1] == "cpu_op"]
     if rules:
-        for i in np.flatnonzero(np.isin(key, rules) & (counts == 0)).tolist():
-            counts[i] = shape_flops(keys[key[i]][0], args[i].input_dims)
+        at = np.flatnonzero(np.isin(key, rules) & (counts == 0)).tolist()
+        for i, args in zip(at, args_at(at), strict=True):
+            counts[i] = shape_flops(keys[key[i]][0], args.input_dims)
     return counts
 
 
