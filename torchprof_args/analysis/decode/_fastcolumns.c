@@ -47,6 +47,7 @@ static int buf_reserve(Buf *b, size_t extra) {
 }
 
 static int buf_put(Buf *b, const void *src, size_t n) {
+    if (!n) return 0; /* (memcpy with a null buffer, even of 0 bytes, is undefined) */
     if (buf_reserve(b, n)) return PYERR;
     memcpy(b->data + b->len, src, n);
     b->len += n;
