@@ -9,6 +9,8 @@ from setuptools import Extension, find_packages, setup
 # Compiled fast paths, each with a pure-Python fallback that gives the same results: optional, so an
 # install without a C compiler still succeeds (the fallback is then used).
 EXTENSIONS = [
+    Extension("torchprof_args.analysis.decode._fastcolumns",
+              ["torchprof_args/analysis/decode/_fastcolumns.c"], optional=True),
     Extension("torchprof_args.analysis.critical_path._replay",
               ["torchprof_args/analysis/critical_path/_replay.c"], optional=True),
 ]
@@ -65,6 +67,7 @@ setup(
     package_data={"torchprof_args": ["py.typed", "assets/*"]},
     install_requires=["torch>=2.9", "msgspec>=0.18", "numpy", "tqdm"],
     extras_require=EXTRAS,
+    # the trace decoder's C fast path; optional: without a compiler the msgspec path decodes alone
     entry_points={"console_scripts": ["torchprof=torchprof_args.console:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
 )

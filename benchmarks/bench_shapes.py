@@ -1,6 +1,7 @@
 """`torchprof summary` and `diagnose` on every real trace shape, each replicated to ~1 GB, side by side.
 
-    python benchmarks/bench_shapes.py [--size-mb 1024] [--repeat 3] [--gzip] [--all-cores] [SOURCE ...]
+    python benchmarks/bench_shapes.py [--size-mb 1024] [--repeat 3] [--gzip] [--all-cores]
+        [--commands summary diagnose] [--decoders c python] [SOURCE ...]
 
 For each source trace (default: every trace in tests/data: GPU traces with many kernels, GPU
 traces with record_shapes, CPU-only traces dominated by CPU operators and Python functions, the
@@ -9,7 +10,9 @@ many collectives) a replica of about ``--size-mb`` MB of uncompressed JSON is bu
 benchmarks/out/shapes/ (git-ignored) by ``make_big_trace.py`` (the source's steps again and again:
 no data copied from elsewhere); then the real commands ``python -m torchprof_args summary --json
 FILE`` and ``diagnose --json FILE`` (no sidecar: parsed) run ``--repeat`` times each in a fresh
-process, pinned to one core unless ``--all-cores``.  Reported per shape and command:
+process, pinned to one core unless ``--all-cores``, with each decoder of ``--decoders``: ``c``, the
+package's C extension where the mode has it (``summary``), and ``python``, the msgspec path alone
+(``TORCHPROF_PURE_PYTHON=1``), side by side.  Reported per shape, command and decoder:
 
 * wall seconds (best run) and MB/s of uncompressed JSON; CPU seconds of the process tree;
 * peak memory, in one more run (reading /proc every 10 ms slows the command, so the timed runs do
@@ -39,11 +42,17 @@ import psutil
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
 
 from make_big_trace import build  # noqa: E402
 
+from torchprof_args.analysis.decode.columns import fast_decoder  # noqa: E402
+from torchprof_args.analysis.extensions import PURE_PYTHON_ENV  # noqa: E402
+
 TARGET_MBPS = 300.0
 COMMANDS = ("summary", "diagnose")
+#: the decoders compared: the C extension (where built and the mode has it), the msgspec path alone
+DECODERS = {"c": {}, "python": {PURE_PYTHON_ENV: "1"}}
 TARGET_MEMORY_SHARE = 0.25
 
 
@@ -58,12 +67,14 @@ def _pss_mb(root: psutil.Process) -> float:
     return total / 1e6
 
 
-def run_once(path: Path, sample: bool = False, command_name: str = "summary", cores: set[int] | None = None
-             ) -> dict:
-    """One ``torchprof <command_name> --json`` of ``path`` (on ``cores``): wall and CPU time; with
-    ``sample``, the peak memory of the process tree (sampling /proc slows the command down: time runs
-    do not sample)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def run_once(path: Path, sample: bool = False, command_name: str = "summary", cores: set[int] | None = None,
+             decoder: str = "c") -> dict:
+    """One ``torchprof <command_name> --json`` of ``path`` (on ``cores``, with ``decoder``): wall and
+    CPU time; with ``sample``, the peak memory of the process tree (sampling /proc slows the command
+    down: time runs do not sample)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **DECODERS[decoder]}
+    if decoder == "c":
+        env.pop(PURE_PYTHON_ENV, None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     command = [sys.executable, "-m", "torchprof_args", command_name, "--json", "--no-progress",
@@ -156,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "out" / "shapes")
     parser.add_argument("--all-cores", action="store_true", help="do not pin the commands to one core")
     parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
+    parser.add_argument("--decoders", nargs="+", choices=list(DECODERS), default=list(DECODERS),
+                        help="c: the C extension where the mode has it; python: the msgspec path alone")
     args = parser.parse_args(argv)
+    if "c" in args.decoders and fast_decoder() is None:
+        print("the C extension is not built (python setup.py build_ext --inplace): 'c' runs the msgspec "
+              "path", file=sys.stderr)
     sources = args.sources or sorted((REPO / "tests" / "data").glob("*.json.gz"))
     cores = None if args.all_cores else {sorted(os.sched_getaffinity(0))[-1]}
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -166,12 +182,18 @@ def main(argv: list[str] | None = None) -> int:
         mb = uncompressed_mb(path)
         floor = floor_seconds(path, cores)
         for command in args.commands:
-            runs = [run_once(path, command_name=command, cores=cores) for _ in range(max(args.repeat, 1))]
-            best = min(runs, key=lambda r: r["wall_s"])
-            memory = run_once(path, sample=True, command_name=command, cores=cores)
-            rows.append((source.name, command, mb, best, memory["pss_mb"], memory["max_rss_mb"], floor))
-            times = ", ".join(f"{r['wall_s']:.2f} s" for r in runs)
-            print(f"{source.name} {command}: {times} (floor {floor:.2f} s)", file=sys.stderr, flush=True)
+            runs: dict[str, list[dict]] = {d: [] for d in args.decoders}
+            for _ in range(max(args.repeat, 1)):  # the decoders interleaved
+                for decoder in args.decoders:
+                    runs[decoder].append(run_once(path, command_name=command, cores=cores, decoder=decoder))
+            for decoder in args.decoders:
+                best = min(runs[decoder], key=lambda r: r["wall_s"])
+                memory = run_once(path, sample=True, command_name=command, cores=cores, decoder=decoder)
+                rows.append((source.name, command, decoder, mb, best, memory["pss_mb"], memory["max_rss_mb"],
+                             floor))
+                times = ", ".join(f"{r['wall_s']:.2f} s" for r in runs[decoder])
+                print(f"{source.name} {command} {decoder}: {times} (floor {floor:.2f} s)", file=sys.stderr,
+                      flush=True)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     kind = ".json.gz" if args.gzip else ".json"
@@ -179,14 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n`torchprof summary | diagnose --json` on ~{args.size_mb:.0f} MB replicas ({kind}), {where} "
           f"of {os.cpu_count()}, load average {load_before} at start, {load_after} at end; "
           f"best of {args.repeat}")
-    print(f"{'shape (source trace)':36} {'command':8} {'MB':>6} {'wall s':>7} {'MB/s':>6} {'CPU s':>6} "
+    print(f"{'shape (source trace)':36} {'command':8} {'decoder':7} {'MB':>6} {'wall s':>7} {'MB/s':>6} "
+          f"{'CPU s':>6} "
           f"{'peak PSS MB':>11} {'PSS/size':>8} {'main RSS MB':>11} {'floor s':>7} {'floor MB/s':>10}  "
           f"targets (>= {TARGET_MBPS:.0f} MB/s, <= {TARGET_MEMORY_SHARE:.0%})")
-    for name, command, mb, best, pss, rss, floor in rows:
+    for name, command, decoder, mb, best, pss, rss, floor in rows:
         speed = mb / best["wall_s"]
         ok = (("ok" if speed >= TARGET_MBPS else "SLOW") + " / "
               + ("ok" if pss / mb <= TARGET_MEMORY_SHARE else "OVER"))
-        print(f"{name:36} {command:8} {mb:6.0f} {best['wall_s']:7.2f} {speed:6.0f} {best['cpu_s']:6.2f} "
+        print(f"{name:36} {command:8} {decoder:7} {mb:6.0f} {best['wall_s']:7.2f} {speed:6.0f} "
+              f"{best['cpu_s']:6.2f} "
               f"{pss:11.0f} {pss / mb:8.1%} {rss:11.0f} {floor:7.2f} {mb / floor:10.0f}  {ok}")
     return 0
 

@@ -18,6 +18,7 @@ decoding processes).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -138,16 +139,16 @@ def comm_row(event: XComm) -> tuple[Any, ...] | None:
             a.in_nelems, a.out_nelems, a.dtype, _text(a.input_dims), _text(a.input_type))
 
 
-def comm_rows(xs: list[XComm], args: list[_CommArgs], key: np.ndarray, keys: list[tuple[Any, ...]]
-              ) -> list[tuple[Any, ...]]:
+def comm_rows(key: np.ndarray, keys: list[tuple[Any, ...]], marked: np.ndarray,
+              events_at: Callable[[list[int]], list[XComm]]) -> list[tuple[Any, ...]]:
     """Rows of the communication events of one batch: named like one, or carrying a collective
-    name.
+    name (``marked``: a bool per complete event).
 
     ``key[i]`` indexes ``keys`` (event i's interned (name, cat, pid, tid)): the name test runs
-    once per distinct key, not per event.
+    once per distinct key, not per event; ``events_at(at)``: the complete events ``at``, decoded.
     """
-    if not xs:
+    if not len(key):
         return []
     named = np.array([is_comm_name(k[0]) for k in keys] + [False], dtype=bool)[key]
-    marked = np.fromiter((a.collective is not None for a in args), bool, len(args))
-    return [row for i in np.flatnonzero(named | marked) if (row := comm_row(xs[i])) is not None]
+    at = np.flatnonzero(named | marked).tolist()
+    return [row for event in events_at(at) if (row := comm_row(event)) is not None]

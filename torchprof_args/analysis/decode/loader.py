@@ -25,8 +25,7 @@ from torchprof_args.analysis.decode.columns import (
     I32_MIN,
     MEMORY_COLUMNS,
     ColumnBatch,
-    decode_events,
-    reduce_batch,
+    decode_columns,
     reduce_memory,
 )
 from torchprof_args.analysis.decode.events import NO_CAT
@@ -235,9 +234,9 @@ def load_trace(path: str | Path, progress: bool = False, workers: int | None = N
         except parallel.WrongCut:  # an unusual layout fooled the fast cuts: redo it validated, in order
             store = ColumnStore()
             stream = TraceStream(path, progress=progress)
-            for events in stream.batches(lambda text: decode_events(text, comms, flops)):
-                store.add(reduce_batch(events, comms, flops=flops, memory_rows=memory_rows))
-                del events
+            for part in stream.batches(lambda text: decode_columns(text, comms, True, flops, memory_rows)):
+                store.add(part)
+                del part
         columns = store.finish()
         del store
     except UnicodeDecodeError as exc:

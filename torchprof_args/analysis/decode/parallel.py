@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from torchprof_args.analysis.decode.columns import BATCH_COLUMNS, ColumnBatch, decode_events, reduce_batch
+from torchprof_args.analysis.decode.columns import BATCH_COLUMNS, ColumnBatch, decode_columns
 from torchprof_args.analysis.decode.reader import ProgressBar, TraceStream
 from torchprof_args.errors import TraceError
 
@@ -48,11 +48,9 @@ def decode_part(text: Any, comms: bool = False, memory: bool | None = None, flop
     ``memory_rows``: keep every ``[memory]`` event (:mod:`.memory_rows`).
     """
     try:
-        events = decode_events(text, comms, flops)
+        return decode_columns(text, comms, True if memory is None else memory, flops, memory_rows)
     except msgspec.DecodeError:
         raise WrongCut from None
-    return reduce_batch(events, comms, memory_events=True if memory is None else memory, flops=flops,
-                        memory_rows=memory_rows)
 
 
 MEMORY_TAG = b'"[memory]"'
