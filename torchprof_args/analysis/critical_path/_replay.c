@@ -94,6 +94,27 @@ index:
     return -1;
 }
 
+/* A node's best and second-best (label, time, work) so far, and the edge of its best. */
+typedef struct {
+    int64_t bl;
+    double bt, bw;
+    int64_t sl;
+    double st, sw;
+    int64_t be;
+} Slots;
+
+/* One value (label lx at time x with work wx) arriving by edge e: the kernel's comparisons. */
+static inline void offer(Slots *b, int64_t lx, double x, double wx, int64_t e) {
+    if (x > b->bt) {
+        if (lx != b->bl) {
+            b->sl = b->bl; b->st = b->bt; b->sw = b->bw;
+        }
+        b->bl = lx; b->bt = x; b->bw = wx; b->be = e;
+    } else if (lx != b->bl && x > b->st) {
+        b->sl = lx; b->st = x; b->sw = wx;
+    }
+}
+
 static void run(Array *a) {
     const int64_t *order = a[0].view.buf, *ptr = a[1].view.buf, *ins = a[2].view.buf, *src = a[3].view.buf;
     const double *w = a[4].view.buf, *done = a[5].view.buf;
@@ -121,34 +142,15 @@ static void run(Array *a) {
             t1[v] = t[v];
             continue;
         }
-        int64_t bl = NONE, sl = NONE, be = -1;
-        double bt = -INFINITY, bw = 0.0, st = -INFINITY, sw = 0.0;
+        Slots b = {NONE, -INFINITY, 0.0, NONE, -INFINITY, 0.0, -1};
         for (int64_t j = lo; j < hi; j++) {
             const int64_t e = ins[j], u = src[e];
-            const double we = w[e], mine = done[e];
-            int64_t lx = l1[u];
-            double x = t1[u] + we;
-            if (x > bt) {
-                if (lx != bl) {
-                    sl = bl; st = bt; sw = bw;
-                }
-                bl = lx; bt = x; bw = w1[u] + mine; be = e;
-            } else if (lx != bl && x > st) {
-                sl = lx; st = x; sw = w1[u] + mine;
-            }
-            lx = l2[u];
-            if (lx != NONE) {
-                x = t2[u] + we;
-                if (x > bt) {
-                    if (lx != bl) {
-                        sl = bl; st = bt; sw = bw;
-                    }
-                    bl = lx; bt = x; bw = w2[u] + mine; be = e;
-                } else if (lx != bl && x > st) {
-                    sl = lx; st = x; sw = w2[u] + mine;
-                }
-            }
+            offer(&b, l1[u], t1[u] + w[e], w1[u] + done[e], e);
+            if (l2[u] != NONE)
+                offer(&b, l2[u], t2[u] + w[e], w2[u] + done[e], e);
         }
+        int64_t bl = b.bl, sl = b.sl, be = b.be;
+        double bt = b.bt, bw = b.bw, st = b.st, sw = b.sw;
         if (bl == NONE) {
             bl = WINDOW;
             bt = t[v];

@@ -445,6 +445,33 @@ static int lookup(const char *const *names, int n, const char *s, Py_ssize_t len
     return -1;
 }
 
+/* an object member's key and its ":" (the text at the key's opening quote, after whitespace) */
+static int member_key(Parser *ps, Val *key) {
+    int r;
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != '"') return FAIL;
+    if ((r = parse_string(ps, key, &ps->scratch[4]))) return r;
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != ':') return FAIL;
+    ps->p++;
+    return 0;
+}
+
+/* after a member's value: 1 at a "," (another member follows), 0 past the object's "}", FAIL else */
+static int member_end(Parser *ps) {
+    skip_ws(ps);
+    if (ps->p >= ps->end) return FAIL;
+    if (*ps->p == ',') {
+        ps->p++;
+        return 1;
+    }
+    if (*ps->p == '}') {
+        ps->p++;
+        return 0;
+    }
+    return FAIL;
+}
+
 static int parse_args(Parser *ps, Val *args) {
     int r;
     ps->p++; /* the "{" */
@@ -455,12 +482,7 @@ static int parse_args(Parser *ps, Val *args) {
     }
     for (;;) {
         Val key;
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') return FAIL;
-        if ((r = parse_string(ps, &key, &ps->scratch[4]))) return r;
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') return FAIL;
-        ps->p++;
+        if ((r = member_key(ps, &key))) return r;
         int f = lookup(ARG_NAMES, N_ARGS, key.s, key.n);
         if (f < 0) {
             if ((r = skip_value(ps, 2))) return r;
@@ -472,17 +494,7 @@ static int parse_args(Parser *ps, Val *args) {
             if (null) args[f].type = V_NULL;
             if (args[f].type == V_STR) args[f].type = V_OTHER;
         }
-        skip_ws(ps);
-        if (ps->p >= ps->end) return FAIL;
-        if (*ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (*ps->p == '}') {
-            ps->p++;
-            return 0;
-        }
-        return FAIL;
+        if ((r = member_end(ps)) <= 0) return r;
     }
 }
 
@@ -499,12 +511,7 @@ static int parse_event(Parser *ps, Val *top, Val *args) {
     }
     for (;;) {
         Val key;
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') return FAIL;
-        if ((r = parse_string(ps, &key, &ps->scratch[4]))) return r;
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') return FAIL;
-        ps->p++;
+        if ((r = member_key(ps, &key))) return r;
         int f = lookup(TOP_NAMES, N_TOP, key.s, key.n);
         if (f < 0) {
             if ((r = skip_value(ps, 1))) return r;
@@ -525,17 +532,7 @@ static int parse_event(Parser *ps, Val *top, Val *args) {
                 }
             }
         }
-        skip_ws(ps);
-        if (ps->p >= ps->end) return FAIL;
-        if (*ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (*ps->p == '}') {
-            ps->p++;
-            return 0;
-        }
-        return FAIL;
+        if ((r = member_end(ps)) <= 0) return r;
     }
 }
 
