@@ -339,6 +339,46 @@ static int parse_number(Parser *ps, Val *v) {
     return 0;
 }
 
+/* past an array's "[" or an object's "{" (the text at it): 1 when it is empty, its "]" or "}" (close)
+ * passed too */
+static int opened_empty(Parser *ps, char close) {
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* an object member's key (decoded into key; NULL: only checked) and its ":" */
+static int member_key(Parser *ps, Val *key) {
+    int r;
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != '"') return FAIL;
+    if ((r = parse_string(ps, key, key ? &ps->scratch[4] : NULL))) return r;
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != ':') return FAIL;
+    ps->p++;
+    return 0;
+}
+
+/* after an element or a member's value: 1 at a "," (another follows), 0 past the closing "]" or "}"
+ * (close), FAIL else */
+static int member_end(Parser *ps, char close) {
+    skip_ws(ps);
+    if (ps->p >= ps->end) return FAIL;
+    if (*ps->p == ',') {
+        ps->p++;
+        return 1;
+    }
+    if (*ps->p == close) {
+        ps->p++;
+        return 0;
+    }
+    return FAIL;
+}
+
 static int skip_value(Parser *ps, int depth);
 
 /* Any value, validated; its type in v (strings and numbers with their value). */
@@ -371,53 +411,18 @@ static int skip_value(Parser *ps, int depth) {
     case 'n': return match_lit(ps, "null", 4);
     case '[':
         if (depth >= MAX_DEPTH) return FAIL;
-        ps->p++;
-        skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == ']') {
-            ps->p++;
-            return 0;
-        }
+        if (opened_empty(ps, ']')) return 0;
         for (;;) {
             if ((r = skip_value(ps, depth + 1))) return r;
-            skip_ws(ps);
-            if (ps->p >= ps->end) return FAIL;
-            if (*ps->p == ',') {
-                ps->p++;
-                continue;
-            }
-            if (*ps->p == ']') {
-                ps->p++;
-                return 0;
-            }
-            return FAIL;
+            if ((r = member_end(ps, ']')) <= 0) return r;
         }
     case '{':
         if (depth >= MAX_DEPTH) return FAIL;
-        ps->p++;
-        skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == '}') {
-            ps->p++;
-            return 0;
-        }
+        if (opened_empty(ps, '}')) return 0;
         for (;;) {
-            skip_ws(ps);
-            if (ps->p >= ps->end || *ps->p != '"') return FAIL;
-            if ((r = parse_string(ps, NULL, NULL))) return r;
-            skip_ws(ps);
-            if (ps->p >= ps->end || *ps->p != ':') return FAIL;
-            ps->p++;
+            if ((r = member_key(ps, NULL))) return r;
             if ((r = skip_value(ps, depth + 1))) return r;
-            skip_ws(ps);
-            if (ps->p >= ps->end) return FAIL;
-            if (*ps->p == ',') {
-                ps->p++;
-                continue;
-            }
-            if (*ps->p == '}') {
-                ps->p++;
-                return 0;
-            }
-            return FAIL;
+            if ((r = member_end(ps, '}')) <= 0) return r;
         }
     default:
         if (c == '-' || (c >= '0' && c <= '9')) return parse_number(ps, &v);
@@ -445,41 +450,9 @@ static int lookup(const char *const *names, int n, const char *s, Py_ssize_t len
     return -1;
 }
 
-/* an object member's key and its ":" (the text at the key's opening quote, after whitespace) */
-static int member_key(Parser *ps, Val *key) {
-    int r;
-    skip_ws(ps);
-    if (ps->p >= ps->end || *ps->p != '"') return FAIL;
-    if ((r = parse_string(ps, key, &ps->scratch[4]))) return r;
-    skip_ws(ps);
-    if (ps->p >= ps->end || *ps->p != ':') return FAIL;
-    ps->p++;
-    return 0;
-}
-
-/* after a member's value: 1 at a "," (another member follows), 0 past the object's "}", FAIL else */
-static int member_end(Parser *ps) {
-    skip_ws(ps);
-    if (ps->p >= ps->end) return FAIL;
-    if (*ps->p == ',') {
-        ps->p++;
-        return 1;
-    }
-    if (*ps->p == '}') {
-        ps->p++;
-        return 0;
-    }
-    return FAIL;
-}
-
 static int parse_args(Parser *ps, Val *args) {
     int r;
-    ps->p++; /* the "{" */
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return 0;
-    }
+    if (opened_empty(ps, '}')) return 0;
     for (;;) {
         Val key;
         if ((r = member_key(ps, &key))) return r;
@@ -494,7 +467,7 @@ static int parse_args(Parser *ps, Val *args) {
             if (null) args[f].type = V_NULL;
             if (args[f].type == V_STR) args[f].type = V_OTHER;
         }
-        if ((r = member_end(ps)) <= 0) return r;
+        if ((r = member_end(ps, '}')) <= 0) return r;
     }
 }
 
@@ -503,12 +476,7 @@ static int parse_event(Parser *ps, Val *top, Val *args) {
     int r;
     for (int k = 0; k < N_TOP; k++) top[k].type = V_ABSENT;
     for (int k = 0; k < N_ARGS; k++) args[k].type = V_ABSENT;
-    ps->p++; /* the "{" */
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return 0;
-    }
+    if (opened_empty(ps, '}')) return 0;
     for (;;) {
         Val key;
         if ((r = member_key(ps, &key))) return r;
@@ -532,7 +500,7 @@ static int parse_event(Parser *ps, Val *top, Val *args) {
                 }
             }
         }
-        if ((r = member_end(ps)) <= 0) return r;
+        if ((r = member_end(ps, '}')) <= 0) return r;
     }
 }
 
