@@ -67,7 +67,6 @@ setup(
     package_data={"torchprof_args": ["py.typed", "assets/*"]},
     install_requires=["torch>=2.9", "msgspec>=0.18", "numpy", "tqdm"],
     extras_require=EXTRAS,
-    # the trace decoder's C fast path; optional: without a compiler the msgspec path decodes alone
     entry_points={"console_scripts": ["torchprof=torchprof_args.console:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
 )
