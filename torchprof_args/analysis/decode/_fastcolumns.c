@@ -55,7 +55,9 @@ static int buf_put(Buf *b, const void *src, size_t n) {
 }
 
 /* -- values ---------------------------------------------------------------------------------- */
-enum { V_ABSENT = 0, V_STR, V_INT, V_NUM, V_OBJ, V_NULL, V_OTHER };
+/* V_NOINT: a string in an integer field that Python's int() refuses (the field's default, as on the
+ * loose path: refused_by_int) */
+enum { V_ABSENT = 0, V_STR, V_INT, V_NUM, V_OBJ, V_NULL, V_OTHER, V_NOINT };
 
 typedef struct {
     int type;
@@ -450,6 +452,26 @@ static int lookup(const char *const *names, int n, const char *s, Py_ssize_t len
     return -1;
 }
 
+/* the args fields read as integers (HTA's rule, the loose path's _int: int(value), else the default) */
+static int is_int_arg(int f) {
+    return f == A_STREAM || f == A_CORR || f == A_SEQ || f == A_TALLOC || f == A_TRES || f == A_DTYPE
+        || f == A_DID || f == A_ADDR || f == A_BYTES;
+}
+
+/* A string (its raw text, no escape) that int() refuses for certain: ASCII with a character int()
+ * never takes in base 10 (ROCm's stream ids, "0x0").  Anything else (digits, signs, underscores,
+ * whitespace, an escape, non-ASCII: Unicode digits) is left to the loose path. */
+static int refused_by_int(const Val *v) {
+    if (v->s == NULL) return 0; /* it held escapes: not looked at */
+    int other = 0;
+    for (Py_ssize_t k = 0; k < v->n; k++) {
+        unsigned char c = (unsigned char)v->s[k];
+        if (c >= 0x80) return 0;
+        if (!((c >= '0' && c <= '9') || c == '+' || c == '-' || c == '_' || c == ' ')) other = 1;
+    }
+    return other;
+}
+
 static int parse_args(Parser *ps, Val *args) {
     int r;
     if (opened_empty(ps, '}')) return 0;
@@ -465,7 +487,8 @@ static int parse_args(Parser *ps, Val *args) {
             int null = ps->p < ps->end && *ps->p == 'n';
             if ((r = parse_value(ps, &args[f], NULL, 2))) return r;
             if (null) args[f].type = V_NULL;
-            if (args[f].type == V_STR) args[f].type = V_OTHER;
+            if (args[f].type == V_STR)
+                args[f].type = is_int_arg(f) && refused_by_int(&args[f]) ? V_NOINT : V_OTHER;
         }
         if ((r = member_end(ps, '}')) <= 0) return r;
     }
@@ -636,7 +659,7 @@ static int is_skipped_phase(long ph) {
 
 /* an int field: absent -> default, an integer -> it, anything else: not handled here */
 static int int_field(const Val *v, int64_t dflt, int64_t *out) {
-    if (v->type == V_ABSENT) *out = dflt;
+    if (v->type == V_ABSENT || v->type == V_NOINT) *out = dflt;
     else if (v->type == V_INT) *out = v->i;
     else return FAIL;
     return 0;
