@@ -309,7 +309,9 @@ def test_goodput_of_a_job_with_known_costs_killed_and_restarted(tmp_path: Path) 
     saves = sum(1 for run in logged for it in run if it % 4 == 0)
     assert lost["checkpoint"] == pytest.approx(0.4 * saves + 0.5, rel=0.1)
     steps = sum(len(run) * 2 for run in logged)
-    assert lost["data"] == pytest.approx(0.02 * steps, rel=0.1)
+    # 0.02 s sleeps, the shortest cost: what they overshoot (two ranks on two busy cores, the slower
+    # rank's per interval, the first step's lazy set-up) is a larger share of them, and never negative
+    assert 0.02 * steps <= lost["data"] <= 0.02 * steps * 1.3, (lost["data"], steps)
     evals = sum(1 for run in logged for it in run if it % 6 == 0)
     assert lost["evaluation"] == pytest.approx(0.3 * evals, rel=0.1)
     # the restart: from the end of checkpoint 12 to the second process's start, less what the logged
