@@ -12,7 +12,8 @@ no data copied from elsewhere); then the real commands ``python -m torchprof_arg
 FILE`` and ``diagnose --json FILE`` (no sidecar: parsed) run ``--repeat`` times each in a fresh
 process, pinned to one core unless ``--all-cores``, with each decoder of ``--decoders``: ``c``, the
 package's C extensions (the decoder in every mode these commands use, the critical path's replay), and
-``python``, their fallbacks alone (``TORCHPROF_PURE_PYTHON=1``: msgspec, numba), side by side.  Reported per shape, command and decoder:
+``python``, their fallbacks alone (``TORCHPROF_PURE_PYTHON=1``: msgspec, numba), side by side.
+Reported per shape, command and decoder:
 
 * wall seconds (best run) and MB/s of uncompressed JSON; CPU seconds of the process tree;
 * peak memory, in one more run (reading /proc every 10 ms slows the command, so the timed runs do
