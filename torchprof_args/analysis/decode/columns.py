@@ -83,9 +83,6 @@ def fast_decoder() -> Any:
     return extension("torchprof_args.analysis.decode._fastcolumns")
 
 
-_FAST = fast_decoder()
-
-
 def decode_columns(text: Any, comms: bool = False, memory_events: bool = True, flops: bool = False,
                    memory_rows: bool = False) -> ColumnBatch:
     """One batch of event text (a JSON array) -> its columns: ``reduce_batch(decode_events(...))``,
@@ -94,8 +91,9 @@ def decode_columns(text: Any, comms: bool = False, memory_events: bool = True, f
 
     Raises ``msgspec.DecodeError`` only when ``text`` is not a JSON array (a wrong cut).
     """
-    if _FAST is not None and not memory_rows:
-        raw = _FAST.plain(text, memory_events, comms or flops)
+    fast = None if memory_rows else fast_decoder()  # read per batch: the switch holds at any time
+    if fast is not None:
+        raw = fast.plain(text, memory_events, comms or flops)
         if raw is not None:
             return _fast_batch(text, comms, flops, *raw)
     return reduce_batch(decode_events(text, comms, flops), comms, memory_events, flops, memory_rows)
